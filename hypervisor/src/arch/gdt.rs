@@ -1,0 +1,76 @@
+//! Per-CPU GDT and TSS, with separate interrupt stacks (IST) for NMI, #DF and #MC so that those
+//! three always run on a known-good stack (Intel SDM Vol. 3A §7.14.5, "Interrupt Stack Table").
+
+use x86_64::VirtAddr;
+use x86_64::instructions::segmentation::{CS, DS, ES, FS, GS, SS, Segment};
+use x86_64::instructions::tables::load_tss;
+use x86_64::registers::segmentation::SegmentSelector;
+use x86_64::structures::gdt::{Descriptor, GlobalDescriptorTable};
+use x86_64::structures::tss::TaskStateSegment;
+
+/// IST slots (1-based in the IDT, 0-based in the TSS array).
+pub const IST_NMI: u16 = 0;
+pub const IST_DOUBLE_FAULT: u16 = 1;
+pub const IST_MACHINE_CHECK: u16 = 2;
+
+pub const IST_STACK_SIZE: usize = 16 * 1024;
+
+/// What one CPU needs: its GDT, its TSS and the IST stacks the TSS points at.
+#[repr(C, align(16))]
+pub struct CpuTables {
+    gdt: GlobalDescriptorTable,
+    tss: TaskStateSegment,
+    stacks: [[u8; IST_STACK_SIZE]; 3],
+}
+
+/// The boot CPU's tables: static, so they exist before the heap does.
+static mut BSP_TABLES: CpuTables = CpuTables {
+    gdt: GlobalDescriptorTable::new(),
+    tss: TaskStateSegment::new(),
+    stacks: [[0; IST_STACK_SIZE]; 3],
+};
+
+pub struct Selectors {
+    pub code: SegmentSelector,
+    pub data: SegmentSelector,
+    pub tss: SegmentSelector,
+}
+
+/// Loads the boot CPU's GDT and TSS. Call once, on the boot CPU, before the IDT is loaded.
+pub fn init_bsp() -> Selectors {
+    // SAFETY: called once on the boot CPU before any other CPU runs, so this is the only
+    // reference to BSP_TABLES that will ever exist.
+    let tables: &'static mut CpuTables = unsafe { &mut *core::ptr::addr_of_mut!(BSP_TABLES) };
+    load(tables)
+}
+
+fn load(tables: &'static mut CpuTables) -> Selectors {
+    for (slot, stack) in tables.stacks.iter().enumerate() {
+        let top = VirtAddr::from_ptr(stack.as_ptr()) + IST_STACK_SIZE as u64;
+        tables.tss.interrupt_stack_table[slot] = top;
+    }
+    let tss: &'static TaskStateSegment = &tables.tss;
+    let gdt = &mut tables.gdt;
+    let code = gdt.append(Descriptor::kernel_code_segment());
+    let data = gdt.append(Descriptor::kernel_data_segment());
+    let tss_sel = gdt.append(Descriptor::tss_segment(tss));
+    let gdt: &'static GlobalDescriptorTable = gdt;
+    gdt.load();
+    // SAFETY: the selectors index the GDT just loaded: a 64-bit code segment, a data segment and
+    // an available 64-bit TSS (SDM Vol. 3A §3.4.5, §8.2.3). The TSS is not busy: it was never
+    // loaded before.
+    unsafe {
+        CS::set_reg(code);
+        SS::set_reg(data);
+        DS::set_reg(data);
+        ES::set_reg(data);
+        FS::set_reg(SegmentSelector(0));
+        GS::set_reg(SegmentSelector(0));
+        load_tss(tss_sel);
+    }
+    Selectors {
+        code,
+        data,
+        tss: tss_sel,
+    }
+}

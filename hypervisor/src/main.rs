@@ -1,0 +1,332 @@
+//! hvprof: a Type-1 micro-hypervisor for Intel VMX with EPT, whose first feature is a profiler
+//! built into its VM-exit and NMI paths.
+//!
+//! Boot order (the boot CPU): `boot/` brings us to 64-bit mode and calls [`hvprof_boot_main`],
+//! which copies the boot information, opens the console, loads the GDT/TSS/IDT, reads the boot
+//! options, builds the frame allocator and the heap, lists the modules, reads ACPI, reports the
+//! CPU and refuses clearly what it cannot run on.
+#![no_std]
+#![no_main]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+extern crate alloc;
+
+mod acpi;
+mod arch;
+mod console;
+mod memory;
+mod platform;
+mod power;
+
+use core::fmt::Write;
+use hvprof_boot::cmdline::{self, Options, SelfTest};
+use hvprof_boot::entry::MULTIBOOT2_BOOTLOADER_MAGIC;
+use hvprof_boot::info::{self, BootInfo};
+use hvprof_boot::memory::{FreeRanges, Range};
+
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The boot information is copied here first thing: GRUB may leave it anywhere in free memory
+/// (under UEFI in low memory), and the frame allocator must be free to hand that memory out.
+const BOOT_INFO_MAX: usize = 64 * 1024;
+#[repr(C, align(8))]
+struct BootInfoCopy([u8; BOOT_INFO_MAX]);
+static mut BOOT_INFO_COPY: BootInfoCopy = BootInfoCopy([0; BOOT_INFO_MAX]);
+
+/// Called by the trampoline in `boot/src/entry.rs` on the boot stack, 64-bit mode, interrupts
+/// off, the first 4 GiB identity-mapped.
+#[unsafe(no_mangle)]
+extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
+    console::init(cmdline::DEFAULT_SERIAL);
+    arch::gdt::init_bsp();
+    arch::idt::init();
+    println!("hvprof {VERSION} build-id {}", BuildId);
+
+    if magic != MULTIBOOT2_BOOTLOADER_MAGIC {
+        println!(
+            "hvprof: error: not started by a Multiboot2 loader (EAX={magic:#x}, expected {MULTIBOOT2_BOOTLOADER_MAGIC:#x})"
+        );
+        power::off();
+    }
+    let (bytes, original) = match copy_boot_info(info_addr) {
+        Ok(v) => v,
+        Err(e) => {
+            println!("hvprof: error: {e}");
+            power::off();
+        }
+    };
+    let boot = match info::parse(bytes) {
+        Ok(b) => b,
+        Err(e) => {
+            println!("hvprof: error: {e}");
+            power::off();
+        }
+    };
+    println!(
+        "boot: loader \"{}\" cmdline \"{}\"",
+        boot.bootloader_name().unwrap_or("unknown"),
+        boot.cmdline().unwrap_or("")
+    );
+    let options = match cmdline::parse(boot.cmdline().unwrap_or("")) {
+        Ok(o) => o,
+        Err(e) => {
+            println!("hvprof: error: {e}");
+            power::off();
+        }
+    };
+    if options.serial != cmdline::DEFAULT_SERIAL {
+        console::init(options.serial);
+    }
+    println!("options: {options}");
+
+    init_memory(&boot, original);
+    list_modules(&boot, original);
+    let cpus = init_acpi(&boot);
+
+    let _cpu = match platform::report() {
+        Ok(report) => report,
+        Err(refusal) => {
+            println!("hvprof: refused: {refusal}");
+            power::off();
+        }
+    };
+
+    selftest(&options);
+    println!("hvprof: ready ({cpus} CPUs)");
+    power::off()
+}
+
+/// Copies the boot information into `BOOT_INFO_COPY`; returns the copy and the original range.
+fn copy_boot_info(addr: u32) -> Result<(&'static [u8], Range), &'static str> {
+    if addr == 0 || addr % 8 != 0 {
+        return Err("boot information address is null or not 8-byte aligned");
+    }
+    // SAFETY: a Multiboot2 loader passes the physical address of the boot information, which
+    // starts with its total size (Multiboot2 spec §3.6.1); it lies below 4 GiB (it came in a
+    // 32-bit register), where everything is identity-mapped.
+    let size = unsafe { core::ptr::read_volatile(addr as *const u32) } as usize;
+    if !(16..=BOOT_INFO_MAX).contains(&size) {
+        return Err("boot information size is below 16 bytes or above 64 KiB");
+    }
+    // SAFETY: called once, before anything else reads BOOT_INFO_COPY; the source range
+    // [addr, addr + size) is the boot information the loader left in identity-mapped memory.
+    let copy = unsafe {
+        let dst = &mut *core::ptr::addr_of_mut!(BOOT_INFO_COPY);
+        core::ptr::copy_nonoverlapping(addr as *const u8, dst.0.as_mut_ptr(), size);
+        &dst.0[..size]
+    };
+    Ok((copy, Range::new(addr as u64, addr as u64 + size as u64)))
+}
+
+fn init_memory(boot: &BootInfo, boot_info: Range) {
+    let mut available = 0u64;
+    for region in boot.memory_map() {
+        println!(
+            "memory: {:#018x}-{:#018x} {}",
+            region.start,
+            region.end(),
+            region.kind
+        );
+        if region.is_available() {
+            available += region.len;
+        }
+    }
+    let image = memory::image_range();
+    let mut excluded = [Range::default(); 3 + 32];
+    // The first MiB: real-mode IVT, BDA, EBDA, option ROMs, and later the AP start-up page.
+    excluded[0] = Range::new(0, 1 << 20);
+    excluded[1] = image;
+    excluded[2] = boot_info;
+    let mut n = 3;
+    for m in boot.modules().take(32) {
+        excluded[n] = Range::new(m.start as u64, (m.end as u64).max(m.start as u64));
+        n += 1;
+    }
+    let free = FreeRanges::new(
+        boot.memory_map()
+            .filter(|r| r.is_available())
+            .map(|r| Range::new(r.start, r.end())),
+        &excluded[..n],
+        memory::MAPPED_LIMIT,
+    );
+    let above_limit: u64 = boot
+        .memory_map()
+        .filter(|r| r.is_available() && r.end() > memory::MAPPED_LIMIT)
+        .map(|r| r.end() - r.start.max(memory::MAPPED_LIMIT))
+        .sum();
+    let free_bytes = free.total_bytes();
+    let dropped = free.dropped_bytes;
+    if let Err(e) = memory::init(free) {
+        println!("hvprof: error: {e}");
+        power::off();
+    }
+    println!(
+        "memory: usable {} MiB, {} free frames after excluding the image {image}, the boot info {boot_info}, the first MiB and {} modules; heap {} MiB",
+        available >> 20,
+        (free_bytes - memory::HEAP_SIZE) / 4096,
+        boot.modules().count(),
+        memory::HEAP_SIZE >> 20,
+    );
+    if above_limit > 0 || dropped > 0 {
+        println!(
+            "memory: warning: {} MiB above 4 GiB and {} MiB in excess ranges are not used",
+            above_limit >> 20,
+            dropped >> 20
+        );
+    }
+}
+
+fn list_modules(boot: &BootInfo, boot_info: Range) {
+    let image = memory::image_range();
+    let forbidden = [
+        (image.start, image.end, "the hypervisor image"),
+        (boot_info.start, boot_info.end, "the boot information"),
+        (0, 1 << 20, "the first MiB"),
+    ];
+    for (i, m) in boot.modules().enumerate() {
+        if let Err(e) = info::check_module(&m, &forbidden, boot.memory_map()) {
+            println!("module {i}: error: {e}");
+            continue;
+        }
+        // SAFETY: `check_module` verified that [start, end) is non-empty, lies in memory the map
+        // marks available (below 4 GiB: module addresses are 32-bit) and overlaps nothing of
+        // ours; the frame allocator excluded it, so the bytes stay as GRUB loaded them.
+        let bytes =
+            unsafe { core::slice::from_raw_parts(m.start as *const u8, m.len() as usize) };
+        let name = m.name().unwrap_or("?");
+        match hvprof_boot::image::inspect(bytes) {
+            Ok(img) => println!(
+                "module {i}: {name} {:#x}-{:#x} {} bytes, args \"{}\": ELF64 x86-64 executable, entry {:#x}, {} load segments at {:#x}-{:#x}",
+                m.start,
+                m.end,
+                m.len(),
+                m.args().unwrap_or(""),
+                img.entry,
+                img.load_segments,
+                img.lowest,
+                img.highest
+            ),
+            Err(e) => println!(
+                "module {i}: error: '{name}' ({:#x}-{:#x}, {} bytes) is not a loadable guest image: {e}",
+                m.start,
+                m.end,
+                m.len()
+            ),
+        }
+    }
+}
+
+/// Reads the MADT and FADT; returns the number of CPUs.
+fn init_acpi(boot: &BootInfo) -> usize {
+    let Some(rsdp) = boot.rsdp() else {
+        println!("acpi: warning: the loader passed no RSDP; assuming 1 CPU, no ACPI power-off");
+        return 1;
+    };
+    println!(
+        "acpi: RSDP v{} at {:#x} (copy in the boot info), OEM \"{}\"",
+        rsdp.version,
+        rsdp.bytes.as_ptr() as usize,
+        core::str::from_utf8(rsdp.oem_id()).unwrap_or("?")
+    );
+    match acpi::init(rsdp.bytes.as_ptr() as usize) {
+        Ok(p) => {
+            let mut line = alloc::string::String::new();
+            for (i, id) in p.cpus[..p.cpu_count].iter().enumerate() {
+                let _ = write!(
+                    line,
+                    "{}apic-id {id}{}",
+                    if i == 0 { "" } else { ", " },
+                    if i == 0 { " (boot CPU)" } else { "" }
+                );
+            }
+            println!(
+                "acpi: MADT: {} CPUs: {line}; local APIC at {:#x}",
+                p.cpu_count, p.local_apic_address
+            );
+            if p.cpus_ignored > 0 {
+                println!("acpi: warning: {} more CPUs ignored", p.cpus_ignored);
+            }
+            match p.power_off {
+                Some(s5) => println!(
+                    "acpi: FADT: PM1a_CNT {:#x}, S5 sleep type {}",
+                    s5.pm1a_control, s5.slp_typ_a
+                ),
+                None => println!("acpi: FADT: no usable S5 power-off (will try emulator exits)"),
+            }
+            power::set_acpi(p.power_off);
+            p.cpu_count.max(1)
+        }
+        Err(e) => {
+            println!("acpi: warning: {e}; assuming 1 CPU");
+            1
+        }
+    }
+}
+
+/// `selftest=`: fault on purpose to show the handlers work.
+fn selftest(options: &Options) {
+    match options.selftest {
+        SelfTest::None => {}
+        SelfTest::Ud => {
+            println!("selftest: executing UD2");
+            // SAFETY: deliberately raises #UD; the exception handler reports it and powers off.
+            unsafe { core::arch::asm!("ud2") };
+        }
+        SelfTest::PageFault => {
+            println!("selftest: reading a non-canonical-free unmapped address (64 GiB)");
+            // SAFETY: deliberately raises #PF: only the first 4 GiB are mapped.
+            unsafe { core::ptr::read_volatile(0x10_0000_0000 as *const u64) };
+        }
+        SelfTest::Gp => {
+            println!("selftest: reading a non-canonical address");
+            // SAFETY: deliberately raises #GP (non-canonical address).
+            unsafe { core::ptr::read_volatile(0x8000_0000_0000_0000u64 as *const u64) };
+        }
+        SelfTest::Panic => panic!("selftest: deliberate panic"),
+    }
+}
+
+/// The GNU build id of this image (`--build-id=sha1`), read from its own ELF note.
+struct BuildId;
+
+unsafe extern "C" {
+    static __build_id_note: u8;
+    static __build_id_note_end: u8;
+}
+
+impl BuildId {
+    fn bytes() -> &'static [u8] {
+        // SAFETY: the linker script brackets the .note.gnu.build-id section with these symbols;
+        // it is read-only data inside the loaded image.
+        let note = unsafe {
+            let start = core::ptr::addr_of!(__build_id_note);
+            let end = core::ptr::addr_of!(__build_id_note_end);
+            core::slice::from_raw_parts(start, end.offset_from(start) as usize)
+        };
+        // Elf64_Nhdr: namesz, descsz, type (3 = NT_GNU_BUILD_ID), name "GNU\0", desc.
+        let word = |i: usize| {
+            note.get(i..i + 4)
+                .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        };
+        let (namesz, descsz) = (word(0), word(4));
+        let desc = 12 + namesz.next_multiple_of(4);
+        note.get(desc..desc + descsz).unwrap_or(&[])
+    }
+}
+
+impl core::fmt::Display for BuildId {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let bytes = Self::bytes();
+        if bytes.is_empty() {
+            return f.write_str("none");
+        }
+        bytes.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo) -> ! {
+    let mut w = console::emergency_writer();
+    let _ = writeln!(w, "PANIC: {info}");
+    power::off_after_fault()
+}
