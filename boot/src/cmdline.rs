@@ -335,3 +335,243 @@ fn parse_serial(value: &str) -> Result<u16, ValueProblem> {
         Err(ValueProblem::SerialRange)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn err(s: &str) -> CmdlineError<'_> {
+        parse(s).unwrap_err()
+    }
+
+    #[test]
+    fn defaults() {
+        let o = parse("").unwrap();
+        assert_eq!(o, Options::default());
+        assert_eq!(parse(" \t\n ").unwrap(), o);
+        assert_eq!(o.period, Period::Nanos(1_000_000));
+        assert_eq!(o.export, Export::Stream);
+        assert_eq!(o.selftest, SelfTest::None);
+        assert_eq!(o.serial, 0x3f8);
+        assert_eq!(
+            o.to_string(),
+            "period=1ms export=stream selftest=none serial=0x3f8"
+        );
+    }
+
+    #[test]
+    fn all_options() {
+        let o = parse("  period=250us\texport=end selftest=pagefault serial=0x2F8 ").unwrap();
+        assert_eq!(
+            o,
+            Options {
+                period: Period::Nanos(250_000),
+                export: Export::End,
+                selftest: SelfTest::PageFault,
+                serial: 0x2f8,
+            }
+        );
+        assert_eq!(
+            o.to_string(),
+            "period=250us export=end selftest=pagefault serial=0x2f8"
+        );
+        assert_eq!(
+            parse("period=100000ticks").unwrap().period,
+            Period::Ticks(100_000)
+        );
+        assert_eq!(parse("period=7ns").unwrap().period, Period::Nanos(7));
+        assert_eq!(parse("period=2000ns").unwrap().period.to_string(), "2us");
+        assert_eq!(parse("period=3000us").unwrap().period.to_string(), "3ms");
+        assert_eq!(parse("serial=0X3F8").unwrap().serial, 0x3f8);
+        for (v, t) in [
+            ("none", SelfTest::None),
+            ("ud", SelfTest::Ud),
+            ("pagefault", SelfTest::PageFault),
+            ("gp", SelfTest::Gp),
+            ("panic", SelfTest::Panic),
+        ] {
+            assert_eq!(parse(&format!("selftest={v}")).unwrap().selftest, t);
+        }
+    }
+
+    #[test]
+    fn structural_errors() {
+        assert_eq!(
+            err("period=1ms bogus"),
+            CmdlineError::NotKeyValue { token: "bogus" }
+        );
+        assert_eq!(
+            err("bogus").to_string(),
+            "boot option 'bogus' is not of the form key=value"
+        );
+        assert_eq!(err("bogus=1"), CmdlineError::UnknownKey { key: "bogus" });
+        assert_eq!(
+            err("bogus=1").to_string(),
+            "unknown boot option 'bogus' (known: period, export, selftest, serial)"
+        );
+        assert_eq!(err("=1"), CmdlineError::UnknownKey { key: "" });
+        assert_eq!(
+            err("Period=1ms"),
+            CmdlineError::UnknownKey { key: "Period" }
+        );
+        assert_eq!(err("export="), CmdlineError::EmptyValue { key: "export" });
+        assert_eq!(
+            err("export=").to_string(),
+            "boot option export= has an empty value"
+        );
+        assert_eq!(
+            err("period=1ms export=end period=2ms"),
+            CmdlineError::Repeated { key: "period" }
+        );
+        assert_eq!(
+            err("serial=0x3f8 serial=0x3f8").to_string(),
+            "boot option serial is given more than once"
+        );
+        assert_eq!(
+            err("bad\u{1b}=1").to_string(),
+            "unknown boot option 'bad\\u{1b}' (known: period, export, selftest, serial)"
+        );
+    }
+
+    #[test]
+    fn value_errors() {
+        let cases = [
+            ("period=5parsecs", ValueProblem::PeriodSyntax),
+            ("period=ms", ValueProblem::PeriodSyntax),
+            ("period=5", ValueProblem::PeriodSyntax),
+            ("period=+5ms", ValueProblem::PeriodSyntax),
+            ("period=1.5ms", ValueProblem::PeriodSyntax),
+            ("period=5MS", ValueProblem::PeriodSyntax),
+            ("period=0ms", ValueProblem::PeriodZero),
+            ("period=0ticks", ValueProblem::PeriodZero),
+            (
+                "period=18446744073709551616ns",
+                ValueProblem::PeriodTooLarge,
+            ),
+            ("period=18446744073710ms", ValueProblem::PeriodTooLarge),
+            ("export=later", ValueProblem::ExportChoice),
+            ("selftest=df", ValueProblem::SelfTestChoice),
+            ("serial=3f8", ValueProblem::SerialSyntax),
+            ("serial=0x", ValueProblem::SerialSyntax),
+            ("serial=0x3g8", ValueProblem::SerialSyntax),
+            ("serial=0x+3f8", ValueProblem::SerialSyntax),
+            ("serial=0x0", ValueProblem::SerialRange),
+            ("serial=0xfff9", ValueProblem::SerialRange),
+            ("serial=0x10000", ValueProblem::SerialRange),
+        ];
+        for (s, problem) in cases {
+            match parse(s) {
+                Err(CmdlineError::BadValue {
+                    problem: p, value, ..
+                }) => {
+                    assert_eq!(p, problem, "{s}");
+                    assert_eq!(Some(value), s.split_once('=').map(|(_, v)| v));
+                }
+                other => panic!("{s}: {other:?}"),
+            }
+        }
+        assert_eq!(parse("serial=0x0000fff8").unwrap().serial, 0xfff8);
+        assert_eq!(
+            parse("period=18446744073709551615ticks").unwrap().period,
+            Period::Ticks(u64::MAX)
+        );
+        assert_eq!(
+            err("period=5parsecs").to_string(),
+            "boot option period='5parsecs': expected a number with unit ns, us, ms or ticks \
+             (e.g. period=1ms)"
+        );
+        assert_eq!(
+            err("export=later").to_string(),
+            "boot option export='later': expected stream or end"
+        );
+        let _: &dyn core::error::Error = &err("x");
+    }
+
+    #[test]
+    fn tsc_ticks() {
+        assert_eq!(
+            Period::Nanos(1_000_000).to_tsc_ticks(3_000_000_000),
+            3_000_000
+        );
+        assert_eq!(Period::Ticks(42).to_tsc_ticks(3_000_000_000), 42);
+        assert_eq!(Period::Nanos(1).to_tsc_ticks(1_000), 1);
+        assert_eq!(Period::Nanos(u64::MAX).to_tsc_ticks(u64::MAX), u64::MAX);
+    }
+
+    fn period() -> impl Strategy<Value = Period> {
+        prop_oneof![
+            (1..=u64::MAX).prop_map(Period::Nanos),
+            (1..=u64::MAX).prop_map(Period::Ticks),
+            (1u64..100_000).prop_map(|n| Period::Nanos(n * 1_000)),
+            (1u64..100_000).prop_map(|n| Period::Nanos(n * 1_000_000)),
+        ]
+    }
+
+    fn options() -> impl Strategy<Value = Options> {
+        (
+            period(),
+            prop_oneof![Just(Export::Stream), Just(Export::End)],
+            prop_oneof![
+                Just(SelfTest::None),
+                Just(SelfTest::Ud),
+                Just(SelfTest::PageFault),
+                Just(SelfTest::Gp),
+                Just(SelfTest::Panic),
+            ],
+            1..=MAX_SERIAL,
+        )
+            .prop_map(|(period, export, selftest, serial)| Options {
+                period,
+                export,
+                selftest,
+                serial,
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics(s in any::<String>()) {
+            if let Err(e) = parse(&s) {
+                let _ = e.to_string();
+            }
+        }
+
+        #[test]
+        fn never_panics_on_near_misses(
+            s in "((period|export|selftest|serial|x)=?(0x)?[0-9a-fA-Fx]{0,22}(ns|us|ms|ticks|stream|end|ud|gp)?[ \t]?){0,5}"
+        ) {
+            match parse(&s) {
+                Ok(o) => prop_assert_eq!(parse(&o.to_string()).unwrap(), o),
+                Err(e) => { let _ = e.to_string(); }
+            }
+        }
+
+        #[test]
+        fn display_round_trips(o in options()) {
+            let text = o.to_string();
+            prop_assert_eq!(parse(&text).unwrap(), o);
+        }
+
+        #[test]
+        fn subset_and_order_do_not_matter(o in options(), mask in 0u8..16, rotate in 0usize..4) {
+            let text = o.to_string();
+            let mut tokens: Vec<&str> = text.split(' ').collect();
+            tokens.rotate_left(rotate);
+            let kept: Vec<&str> = tokens
+                .iter()
+                .copied()
+                .filter(|t| {
+                    let i = KNOWN_KEYS.iter().position(|k| t.starts_with(k)).unwrap();
+                    mask & (1 << i) != 0
+                })
+                .collect();
+            let parsed = parse(&kept.join("  ")).unwrap();
+            let d = Options::default();
+            prop_assert_eq!(parsed.period, if mask & 1 != 0 { o.period } else { d.period });
+            prop_assert_eq!(parsed.export, if mask & 2 != 0 { o.export } else { d.export });
+            prop_assert_eq!(parsed.selftest, if mask & 4 != 0 { o.selftest } else { d.selftest });
+            prop_assert_eq!(parsed.serial, if mask & 8 != 0 { o.serial } else { d.serial });
+        }
+    }
+}

@@ -851,10 +851,10 @@ impl<'a> Iterator for Modules<'a> {
     fn next(&mut self) -> Option<ModuleTag<'a>> {
         loop {
             let tag = self.walker.next()?.ok()?;
-            if tag.tag == TAG_MODULE {
-                if let Some(module) = module_from_payload(tag.payload) {
-                    return Some(module);
-                }
+            if tag.tag == TAG_MODULE
+                && let Some(module) = module_from_payload(tag.payload)
+            {
+                return Some(module);
             }
         }
     }
@@ -1073,7 +1073,7 @@ mod tests {
         }
 
         fn pad(&mut self) {
-            while self.buf.len() % 8 != 0 {
+            while !self.buf.len().is_multiple_of(8) {
                 self.buf.push(0);
             }
         }
@@ -2140,10 +2140,10 @@ mod tests {
             Mutation::Set(i, b) => image[i % len] = b,
             Mutation::Truncate(n) => image.truncate(n % len),
             Mutation::TagSize(i, size) => {
-                if let Some(&h) = headers.get(i % headers.len().max(1)) {
-                    if let Some(field) = image.get_mut(h + 4..h + 8) {
-                        field.copy_from_slice(&size.to_le_bytes());
-                    }
+                if let Some(&h) = headers.get(i % headers.len().max(1))
+                    && let Some(field) = image.get_mut(h + 4..h + 8)
+                {
+                    field.copy_from_slice(&size.to_le_bytes());
                 }
             }
             Mutation::TotalSize(size) => {

@@ -15,11 +15,18 @@ const MAPPED_LIMIT: usize = 4 << 30;
 pub struct IdentityMapped;
 
 impl AcpiHandler for IdentityMapped {
-    unsafe fn map_physical_region<T>(&self, physical: usize, size: usize) -> PhysicalMapping<Self, T> {
+    unsafe fn map_physical_region<T>(
+        &self,
+        physical: usize,
+        size: usize,
+    ) -> PhysicalMapping<Self, T> {
         // The crate takes the mapping on trust: refuse (by panicking, which reports and powers
         // off) what lies outside the identity map instead of faulting somewhere inside it.
         assert!(
-            physical.checked_add(size).is_some_and(|end| end <= MAPPED_LIMIT) && physical != 0,
+            physical
+                .checked_add(size)
+                .is_some_and(|end| end <= MAPPED_LIMIT)
+                && physical != 0,
             "ACPI table at {physical:#x} (+{size:#x}) lies outside the identity-mapped 4 GiB"
         );
         // SAFETY: physical memory below 4 GiB is identity-mapped, so the physical address is
@@ -41,7 +48,6 @@ impl AcpiHandler for IdentityMapped {
 /// What the hypervisor needs from ACPI.
 #[derive(Clone, Copy, Debug)]
 pub struct Platform {
-    pub revision: u8,
     pub oem_id: [u8; 6],
     /// APIC IDs of the enabled (or online-capable) CPUs, boot CPU first.
     pub cpus: [u32; MAX_CPUS],
@@ -84,7 +90,6 @@ pub fn init(rsdp: usize) -> Result<Platform, Error> {
     // verified; the handler maps only identity-mapped memory.
     let tables = unsafe { AcpiTables::from_rsdp(IdentityMapped, rsdp) }.map_err(Error::Tables)?;
     let mut p = Platform {
-        revision: tables.revision(),
         oem_id: [0; 6],
         cpus: [0; MAX_CPUS],
         cpu_count: 0,
@@ -136,7 +141,8 @@ fn power_off_registers(tables: &AcpiTables<IdentityMapped>, fadt: &Fadt) -> Opti
     }
     // SAFETY: the DSDT lies in identity-mapped memory (checked above); its length comes from
     // its own header, which the crate validated.
-    let aml = unsafe { core::slice::from_raw_parts(dsdt.address as *const u8, dsdt.length as usize) };
+    let aml =
+        unsafe { core::slice::from_raw_parts(dsdt.address as *const u8, dsdt.length as usize) };
     let (slp_typ_a, slp_typ_b) = hvprof_boot::acpi::find_s5(aml)?;
     Some(PowerOff {
         pm1a_control,

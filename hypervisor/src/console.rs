@@ -75,11 +75,6 @@ pub fn _print(args: fmt::Arguments) {
     let _ = CONSOLE.lock().write_fmt(args);
 }
 
-/// Writes raw bytes (for binary exports sharing the line with console text).
-pub fn write_bytes(bytes: &[u8]) {
-    CONSOLE.lock().write_bytes(bytes);
-}
-
 /// Waits until the UART has sent every byte (LSR.TEMT): powering off earlier loses the tail.
 pub fn drain() {
     emergency_writer().drain();

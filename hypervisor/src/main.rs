@@ -98,7 +98,7 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
 
 /// Copies the boot information into `BOOT_INFO_COPY`; returns the copy and the original range.
 fn copy_boot_info(addr: u32) -> Result<(&'static [u8], Range), &'static str> {
-    if addr == 0 || addr % 8 != 0 {
+    if addr == 0 || !addr.is_multiple_of(8) {
         return Err("boot information address is null or not 8-byte aligned");
     }
     // SAFETY: a Multiboot2 loader passes the physical address of the boot information, which
@@ -154,7 +154,6 @@ fn init_memory(boot: &BootInfo, boot_info: Range) {
         .filter(|r| r.is_available() && r.end() > memory::MAPPED_LIMIT)
         .map(|r| r.end() - r.start.max(memory::MAPPED_LIMIT))
         .sum();
-    let free_bytes = free.total_bytes();
     let dropped = free.dropped_bytes;
     if let Err(e) = memory::init(free) {
         println!("hvprof: error: {e}");
@@ -163,7 +162,7 @@ fn init_memory(boot: &BootInfo, boot_info: Range) {
     println!(
         "memory: usable {} MiB, {} free frames after excluding the image {image}, the boot info {boot_info}, the first MiB and {} modules; heap {} MiB",
         available >> 20,
-        (free_bytes - memory::HEAP_SIZE) / 4096,
+        memory::free_bytes() / 4096,
         boot.modules().count(),
         memory::HEAP_SIZE >> 20,
     );
@@ -181,7 +180,6 @@ fn list_modules(boot: &BootInfo, boot_info: Range) {
     let forbidden = [
         (image.start, image.end, "the hypervisor image"),
         (boot_info.start, boot_info.end, "the boot information"),
-        (0, 1 << 20, "the first MiB"),
     ];
     for (i, m) in boot.modules().enumerate() {
         if let Err(e) = info::check_module(&m, &forbidden, boot.memory_map()) {
@@ -191,8 +189,7 @@ fn list_modules(boot: &BootInfo, boot_info: Range) {
         // SAFETY: `check_module` verified that [start, end) is non-empty, lies in memory the map
         // marks available (below 4 GiB: module addresses are 32-bit) and overlaps nothing of
         // ours; the frame allocator excluded it, so the bytes stay as GRUB loaded them.
-        let bytes =
-            unsafe { core::slice::from_raw_parts(m.start as *const u8, m.len() as usize) };
+        let bytes = unsafe { core::slice::from_raw_parts(m.start as *const u8, m.len() as usize) };
         let name = m.name().unwrap_or("?");
         match hvprof_boot::image::inspect(bytes) {
             Ok(img) => println!(
@@ -273,7 +270,7 @@ fn selftest(options: &Options) {
             unsafe { core::arch::asm!("ud2") };
         }
         SelfTest::PageFault => {
-            println!("selftest: reading a non-canonical-free unmapped address (64 GiB)");
+            println!("selftest: reading an unmapped address (64 GiB)");
             // SAFETY: deliberately raises #PF: only the first 4 GiB are mapped.
             unsafe { core::ptr::read_volatile(0x10_0000_0000 as *const u64) };
         }

@@ -22,14 +22,12 @@ unsafe extern "C" {
 
 /// The hypervisor image in physical memory (identity-mapped, so the link addresses).
 pub fn image_range() -> Range {
-    // SAFETY: the linker script defines both symbols around the one loadable segment; only their
+    // The linker script defines both symbols around the one loadable segment; only their
     // addresses are taken.
-    unsafe {
-        Range::new(
-            core::ptr::addr_of!(__image_start) as u64,
-            core::ptr::addr_of!(__image_end) as u64,
-        )
-    }
+    Range::new(
+        core::ptr::addr_of!(__image_start) as u64,
+        core::ptr::addr_of!(__image_end) as u64,
+    )
 }
 
 /// Hands the free ranges to the allocator and sets up the heap.
@@ -42,17 +40,6 @@ pub fn init(mut free: FreeRanges) -> Result<(), &'static str> {
     unsafe { HEAP.lock().init(heap as *mut u8, HEAP_SIZE as usize) };
     *FRAMES.lock() = Some(free);
     Ok(())
-}
-
-/// Allocates zeroed, physically contiguous memory: `bytes` rounded up to pages, aligned to
-/// `align`. Returns the physical (= virtual) address.
-pub fn alloc_zeroed(bytes: u64, align: u64) -> Option<u64> {
-    let addr = FRAMES.lock().as_mut()?.take(bytes, align)?;
-    let len = hvprof_boot::memory::align_up(bytes);
-    // SAFETY: the range was just taken from the free ranges (owned by nobody) and lies in the
-    // identity map.
-    unsafe { core::ptr::write_bytes(addr as *mut u8, 0, len as usize) };
-    Some(addr)
 }
 
 /// Free memory left in the frame allocator, in bytes.

@@ -36,7 +36,8 @@ impl fmt::Display for Refusal {
     }
 }
 
-/// What the rest of the hypervisor needs to know about this CPU.
+/// What the rest of the hypervisor needs to know about this CPU (the VMX core, next, reads it).
+#[allow(dead_code)]
 pub struct CpuReport {
     pub vmx: VmxCaps,
     pub feature_control: FeatureControl,
@@ -49,9 +50,9 @@ pub fn report() -> Result<CpuReport, Refusal> {
     let vendor = cpuid.get_vendor_info();
     let features = cpuid.get_feature_info();
     let brand = cpuid.get_processor_brand_string();
-    let (family, model, stepping) = features
-        .as_ref()
-        .map_or((0, 0, 0), |f| (f.family_id(), f.model_id(), f.stepping_id()));
+    let (family, model, stepping) = features.as_ref().map_or((0, 0, 0), |f| {
+        (f.family_id(), f.model_id(), f.stepping_id())
+    });
     println!(
         "cpu: {} family {family} model {model} stepping {stepping} \"{}\"",
         vendor.as_ref().map_or("unknown vendor", |v| v.as_str()),
@@ -65,13 +66,22 @@ pub fn report() -> Result<CpuReport, Refusal> {
         println!("cpu: VMX no");
         return Err(Refusal::NoVmx { svm });
     }
-    let feature_control =
-        FeatureControl(msr::read_safe(vmsr::IA32_FEATURE_CONTROL).map_err(Refusal::CapsUnreadable)?);
+    let feature_control = FeatureControl(
+        msr::read_safe(vmsr::IA32_FEATURE_CONTROL).map_err(Refusal::CapsUnreadable)?,
+    );
     println!(
         "cpu: VMX yes (IA32_FEATURE_CONTROL {:#x}: {}, VMX outside SMX {})",
         feature_control.0,
-        if feature_control.locked() { "locked" } else { "unlocked" },
-        if feature_control.vmx_outside_smx() { "enabled" } else { "disabled" },
+        if feature_control.locked() {
+            "locked"
+        } else {
+            "unlocked"
+        },
+        if feature_control.vmx_outside_smx() {
+            "enabled"
+        } else {
+            "disabled"
+        },
     );
     if feature_control.vmx_locked_off() {
         return Err(Refusal::VmxLockedOff);
@@ -120,7 +130,9 @@ fn read_caps() -> Result<RawCaps, probe::MsrFault> {
 
 /// Probes the PMU functionally and prints the `pmu:` line.
 fn probe_pmu(cpuid: &CpuId<raw_cpuid::CpuIdReaderNative>) -> Probe {
-    let info = if cpuid.get_vendor_info().is_some_and(|v| v.as_str() == "GenuineIntel")
+    let info = if cpuid
+        .get_vendor_info()
+        .is_some_and(|v| v.as_str() == "GenuineIntel")
         && cpuid.get_feature_info().is_some()
     {
         let leaf = raw_cpuid::native_cpuid::cpuid_count(0xa, 0);
@@ -134,7 +146,11 @@ fn probe_pmu(cpuid: &CpuId<raw_cpuid::CpuIdReaderNative>) -> Probe {
         PmuInfo::default()
     };
     let result = probe::probe(&info, &mut msr::SafeMsrs, probe_workload);
-    let verdict = if result.counting() { "counting" } else { "not counting" };
+    let verdict = if result.counting() {
+        "counting"
+    } else {
+        "not counting"
+    };
     println!("pmu: {verdict} ({info}; probe: {result})");
     result
 }

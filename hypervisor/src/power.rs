@@ -26,7 +26,10 @@ pub fn off() -> ! {
 
 /// Powers off from a fault path without taking the console lock.
 pub fn off_after_fault() -> ! {
-    let _ = writeln!(console::emergency_writer(), "hvprof: power off (after a fatal error)");
+    let _ = writeln!(
+        console::emergency_writer(),
+        "hvprof: power off (after a fatal error)"
+    );
     shut_down()
 }
 

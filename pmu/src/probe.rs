@@ -236,8 +236,16 @@ mod tests {
             if !self.counts {
                 return;
             }
-            let global = self.regs.get(&msr::IA32_PERF_GLOBAL_CTRL).copied().unwrap_or(0);
-            let fixed = self.regs.get(&msr::IA32_FIXED_CTR_CTRL).copied().unwrap_or(0);
+            let global = self
+                .regs
+                .get(&msr::IA32_PERF_GLOBAL_CTRL)
+                .copied()
+                .unwrap_or(0);
+            let fixed = self
+                .regs
+                .get(&msr::IA32_FIXED_CTR_CTRL)
+                .copied()
+                .unwrap_or(0);
             if global & (1 << 33) != 0 && fixed & (0b11 << 4) != 0 {
                 *self.regs.entry(FIXED_CTR1).or_default() += n;
             }
@@ -252,14 +260,20 @@ mod tests {
         fn read(&mut self, m: u32) -> Result<u64, MsrFault> {
             let s = self.borrow();
             if s.faulting.contains(&m) {
-                return Err(MsrFault { msr: m, write: false });
+                return Err(MsrFault {
+                    msr: m,
+                    write: false,
+                });
             }
             Ok(s.regs.get(&m).copied().unwrap_or(0))
         }
         fn write(&mut self, m: u32, v: u64) -> Result<(), MsrFault> {
             let mut s = self.borrow_mut();
             if s.faulting.contains(&m) {
-                return Err(MsrFault { msr: m, write: true });
+                return Err(MsrFault {
+                    msr: m,
+                    write: true,
+                });
             }
             s.writes.push((m, v));
             s.regs.insert(m, v);
@@ -367,6 +381,9 @@ mod tests {
     #[test]
     fn absent_pmu() {
         let m = model(true);
-        assert_eq!(probe(&PmuInfo::default(), &mut m.clone(), || {}), Probe::Absent);
+        assert_eq!(
+            probe(&PmuInfo::default(), &mut m.clone(), || {}),
+            Probe::Absent
+        );
     }
 }

@@ -201,7 +201,11 @@ impl VmxCaps {
     }
 
     fn pick(&self, plain: u64, true_: u64) -> AllowedBits {
-        AllowedBits(if self.has_true_controls() { true_ } else { plain })
+        AllowedBits(if self.has_true_controls() {
+            true_
+        } else {
+            plain
+        })
     }
     /// The pin-based controls, through the TRUE MSR when it exists (SDM Vol. 3D §A.3.1).
     pub fn pinbased(&self) -> AllowedBits {
@@ -258,10 +262,14 @@ impl VmxCaps {
     /// What hvprof cannot run without, first missing item first. `None` when everything is there.
     pub fn missing_requirement(&self) -> Option<Missing> {
         if !self.has_secondary() {
-            return Some(Missing::Ept("the CPU has no secondary processor-based controls"));
+            return Some(Missing::Ept(
+                "the CPU has no secondary processor-based controls",
+            ));
         }
         if !self.has_ept() {
-            return Some(Missing::Ept("the secondary control 'enable EPT' is not allowed"));
+            return Some(Missing::Ept(
+                "the secondary control 'enable EPT' is not allowed",
+            ));
         }
         if !self.ept_cap(ept_cap::WALK_LENGTH_4) {
             return Some(Missing::Ept("EPT has no 4-level page walk"));
@@ -370,7 +378,11 @@ impl fmt::Display for Report<'_> {
         } else {
             writeln!(f, "cpu: VPID no")?;
         }
-        writeln!(f, "cpu: unrestricted guest {}", yes(c.has_unrestricted_guest()))?;
+        writeln!(
+            f,
+            "cpu: unrestricted guest {}",
+            yes(c.has_unrestricted_guest())
+        )?;
         if c.has_preemption_timer() {
             writeln!(
                 f,
@@ -426,7 +438,10 @@ mod tests {
         assert!(c.ept_cap(ept_cap::ACCESSED_DIRTY));
         assert_eq!(c.missing_requirement(), None);
         let text = alloc_report(&c);
-        assert!(text.contains("cpu: EPT yes (4 KiB, 2 MiB, 1 GiB pages"), "{text}");
+        assert!(
+            text.contains("cpu: EPT yes (4 KiB, 2 MiB, 1 GiB pages"),
+            "{text}"
+        );
         assert!(text.contains("cpu: VMX-preemption timer yes (counts every 2^0 TSC ticks)"));
     }
 
@@ -461,7 +476,10 @@ mod tests {
         assert_eq!(c.procbased().must_be_one() & cr3_exiting, 0);
         let mut raw = haswell();
         raw.basic &= !(1 << 55);
-        assert_eq!(VmxCaps::new(raw).procbased().must_be_one() & cr3_exiting, cr3_exiting);
+        assert_eq!(
+            VmxCaps::new(raw).procbased().must_be_one() & cr3_exiting,
+            cr3_exiting
+        );
     }
 
     #[test]

@@ -30,21 +30,15 @@ static mut BSP_TABLES: CpuTables = CpuTables {
     stacks: [[0; IST_STACK_SIZE]; 3],
 };
 
-pub struct Selectors {
-    pub code: SegmentSelector,
-    pub data: SegmentSelector,
-    pub tss: SegmentSelector,
-}
-
 /// Loads the boot CPU's GDT and TSS. Call once, on the boot CPU, before the IDT is loaded.
-pub fn init_bsp() -> Selectors {
+pub fn init_bsp() {
     // SAFETY: called once on the boot CPU before any other CPU runs, so this is the only
     // reference to BSP_TABLES that will ever exist.
     let tables: &'static mut CpuTables = unsafe { &mut *core::ptr::addr_of_mut!(BSP_TABLES) };
-    load(tables)
+    load(tables);
 }
 
-fn load(tables: &'static mut CpuTables) -> Selectors {
+fn load(tables: &'static mut CpuTables) {
     for (slot, stack) in tables.stacks.iter().enumerate() {
         let top = VirtAddr::from_ptr(stack.as_ptr()) + IST_STACK_SIZE as u64;
         tables.tss.interrupt_stack_table[slot] = top;
@@ -67,10 +61,5 @@ fn load(tables: &'static mut CpuTables) -> Selectors {
         FS::set_reg(SegmentSelector(0));
         GS::set_reg(SegmentSelector(0));
         load_tss(tss_sel);
-    }
-    Selectors {
-        code,
-        data,
-        tss: tss_sel,
     }
 }

@@ -53,17 +53,13 @@ const _: () = assert!(offset_of!(TrapFrame, rax) == 14 * 8);
 const _: () = assert!(offset_of!(TrapFrame, vector) == 15 * 8);
 const _: () = assert!(offset_of!(TrapFrame, rip) == 17 * 8);
 // 22 quadwords keep RSP 16-byte aligned at the `call` (the CPU aligns before pushing its frame).
-const _: () = assert!(size_of::<TrapFrame>() % 16 == 0);
-
-/// Exceptions that push an error code (SDM Vol. 3A Table 7-1).
-const fn has_error_code(vector: u8) -> bool {
-    matches!(vector, 8 | 10 | 11 | 12 | 13 | 14 | 17 | 21 | 29 | 30)
-}
+const _: () = assert!(size_of::<TrapFrame>().is_multiple_of(16));
 
 /// Stub length: every stub is padded to this many bytes so stub N is at `trap_stubs + 16 * N`.
 const STUB_SIZE: usize = 16;
 
-// 256 stubs, then the common part. `.rept` with an assembler counter keeps the vector numbers
+// 256 stubs, then the common part. The vectors with an error code (SDM Vol. 3A Table 7-1) skip
+// the dummy push. `.rept` with an assembler counter keeps the vector numbers
 // out of Rust; each stub is `[push 0] ; push vector ; jmp trap_common`, padded to 16 bytes.
 core::arch::global_asm!(
     r#"
@@ -146,7 +142,7 @@ pub fn init() {
         let mut idt = InterruptDescriptorTable::new();
         let base = VirtAddr::from_ptr(core::ptr::addr_of!(trap_stubs));
         let stub = |v: u64| base + v * STUB_SIZE as u64;
-        // SAFETY (all `set_handler_addr` calls): stub N is an entry stub written above for
+        // SAFETY: (all `set_handler_addr` calls) stub N is an entry stub written above for
         // vector N, with the right error-code handling for that vector; the IST indices name
         // stacks that every CPU's TSS provides (see `gdt`).
         unsafe {
