@@ -1,0 +1,458 @@
+//! The emulators a scenario can run on, and how each is started.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+/// The Bochs BIOS the Debian `bochsbios` package installs.
+pub const BOCHS_BIOS: &str = "/usr/share/bochs/BIOS-bochs-latest";
+/// The VGA BIOS the Debian `vgabios` package installs.
+pub const BOCHS_VGA_BIOS: &str = "/usr/share/vgabios/vgabios.bin";
+/// Guest memory, MiB, in every emulator.
+pub const GUEST_MEGS: u32 = 512;
+/// Bochs' emulated instructions per second: scales only time-based devices (UART, PIT, BIOS and
+/// GRUB delays); with `clock: sync=none` the TSC counts instructions whatever this is.
+pub const BOCHS_IPS: u64 = 4_000_000;
+/// The Bochs CPU model used when none is named: VMX, EPT, VPID, unrestricted guest and the
+/// VMX-preemption timer, and Linux guests run on it.
+pub const DEFAULT_BOCHS_MODEL: &str = "corei7_haswell_4770";
+
+/// An emulator (or accelerator) to boot the ISO on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Emulator {
+    /// Bochs with the given CPU model (e.g. `corei7_haswell_4770`): VMX with EPT, no PMU.
+    Bochs {
+        /// The `cpu: model=` value.
+        model: String,
+    },
+    /// QEMU TCG with SeaBIOS: no VMX.
+    QemuTcgBios,
+    /// QEMU TCG with OVMF: no VMX; the UEFI boot path.
+    QemuTcgUefi,
+    /// QEMU with KVM and nested VMX (`-cpu host,+vmx,pmu=on`); only where the host offers VMX.
+    QemuKvm,
+}
+
+impl Emulator {
+    /// Bochs with `model`.
+    pub fn bochs(model: &str) -> Self {
+        Self::Bochs {
+            model: model.to_owned(),
+        }
+    }
+
+    /// A short human name.
+    pub fn label(&self) -> String {
+        match self {
+            Self::Bochs { model } => format!("bochs ({model})"),
+            Self::QemuTcgBios => "qemu-tcg (SeaBIOS)".to_owned(),
+            Self::QemuTcgUefi => "qemu-tcg (OVMF)".to_owned(),
+            Self::QemuKvm => "qemu-kvm (nested VMX)".to_owned(),
+        }
+    }
+
+    /// How long a scenario on this emulator may take by default.
+    pub fn default_timeout(&self) -> Duration {
+        match self {
+            Self::Bochs { .. } | Self::QemuTcgUefi => Duration::from_secs(60),
+            Self::QemuTcgBios | Self::QemuKvm => Duration::from_secs(30),
+        }
+    }
+
+    /// `Ok` when this machine can run the emulator as intended, else why not (the scenario is
+    /// then skipped). Only nested KVM depends on the host; missing programs are errors, reported
+    /// when the emulator is started.
+    pub fn availability(&self) -> Result<(), String> {
+        match self {
+            Self::QemuKvm => kvm_vmx_available(),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Whether nested VMX under KVM can work, from the host's `/proc/cpuinfo` text and whether
+/// `/dev/kvm` opened read-write.
+pub fn kvm_decision(cpuinfo: &str, dev_kvm_rw: bool) -> Result<(), String> {
+    let has_vmx = cpuinfo
+        .lines()
+        .filter(|line| line.starts_with("flags"))
+        .filter_map(|line| line.split_once(':'))
+        .any(|(_, flags)| flags.split_whitespace().any(|flag| flag == "vmx"));
+    match (dev_kvm_rw, has_vmx) {
+        (true, true) => Ok(()),
+        (false, true) => Err("/dev/kvm cannot be opened read-write".to_owned()),
+        (true, false) => Err("the host CPU has no vmx flag in /proc/cpuinfo".to_owned()),
+        (false, false) => {
+            Err("/dev/kvm cannot be opened read-write and the host CPU has no vmx flag".to_owned())
+        }
+    }
+}
+
+/// [`kvm_decision`] for this machine.
+pub fn kvm_vmx_available() -> Result<(), String> {
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let dev_kvm_rw = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok();
+    kvm_decision(&cpuinfo, dev_kvm_rw)
+}
+
+/// The UEFI firmware for QEMU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ovmf {
+    /// One combined image, given with `-bios`.
+    Combined(PathBuf),
+    /// Code and variable-store templates, given as two pflash drives (the variables on a copy).
+    Split {
+        /// The read-only code image.
+        code: PathBuf,
+        /// The variable-store template (copied per run).
+        vars: PathBuf,
+    },
+}
+
+/// Where the Debian `ovmf` package puts its images, best first.
+const OVMF_COMBINED: &[&str] = &["/usr/share/ovmf/OVMF.fd", "/usr/share/qemu/OVMF.fd"];
+const OVMF_SPLIT: &[(&str, &str)] = &[
+    (
+        "/usr/share/OVMF/OVMF_CODE.fd",
+        "/usr/share/OVMF/OVMF_VARS.fd",
+    ),
+    (
+        "/usr/share/OVMF/OVMF_CODE_4M.fd",
+        "/usr/share/OVMF/OVMF_VARS_4M.fd",
+    ),
+];
+
+/// The first OVMF installation found on this machine.
+pub fn find_ovmf() -> Option<Ovmf> {
+    if let Some(path) = OVMF_COMBINED.iter().map(Path::new).find(|p| p.is_file()) {
+        return Some(Ovmf::Combined(path.to_path_buf()));
+    }
+    OVMF_SPLIT
+        .iter()
+        .find(|(code, vars)| Path::new(code).is_file() && Path::new(vars).is_file())
+        .map(|(code, vars)| Ovmf::Split {
+            code: code.into(),
+            vars: vars.into(),
+        })
+}
+
+/// The values a generated `bochsrc` needs.
+#[derive(Debug, Clone)]
+pub struct BochsConfig<'a> {
+    /// The `cpu: model=` value.
+    pub model: &'a str,
+    /// Number of CPUs.
+    pub cpus: u32,
+    /// The ISO to boot.
+    pub iso: &'a Path,
+    /// Where COM1 goes.
+    pub serial_log: &'a Path,
+    /// Bochs' own log.
+    pub log: &'a Path,
+}
+
+/// A headless, deterministic `bochsrc` (`clock: sync=none`: runs are repeatable to the byte).
+pub fn bochsrc(cfg: &BochsConfig<'_>) -> String {
+    format!(
+        "# Generated by qemu-tests. Run: bochs-bin -q -f bochsrc -rc continue.rc </dev/null\n\
+         megs: {GUEST_MEGS}\n\
+         romimage: file={BOCHS_BIOS}\n\
+         vgaromimage: file={BOCHS_VGA_BIOS}\n\
+         display_library: term\n\
+         cpu: model={model}, count={cpus}, ips={BOCHS_IPS}, reset_on_triple_fault=0, ignore_bad_msrs=1\n\
+         clock: sync=none, time0=1\n\
+         ata0: enabled=1, ioaddr1=0x1f0, ioaddr2=0x3f0, irq=14\n\
+         ata0-master: type=cdrom, path=\"{iso}\", status=inserted\n\
+         boot: cdrom\n\
+         com1: enabled=1, mode=file, dev=\"{serial}\"\n\
+         port_e9_hack: enabled=1\n\
+         speaker: enabled=0\n\
+         sound: waveoutdrv=dummy, waveindrv=dummy, midioutdrv=dummy\n\
+         mouse: enabled=0\n\
+         log: {log}\n\
+         panic: action=fatal\n\
+         error: action=ignore\n\
+         info: action=report\n\
+         debug: action=ignore\n",
+        model = cfg.model,
+        cpus = cfg.cpus,
+        iso = cfg.iso.display(),
+        serial = cfg.serial_log.display(),
+        log = cfg.log.display(),
+    )
+}
+
+/// Bochs' config parser splits on commas and whitespace and knows no escapes.
+fn check_bochs_path(path: &Path) -> Result<()> {
+    let text = path.display().to_string();
+    if text
+        .chars()
+        .any(|c| c.is_whitespace() || c == ',' || c == '"')
+    {
+        bail!("Bochs cannot take the path {text:?} (it holds whitespace, a comma or a quote)");
+    }
+    Ok(())
+}
+
+/// The files of one emulator run.
+#[derive(Debug, Clone)]
+pub struct RunFiles {
+    /// The folder the run's files go to (bochsrc, continue.rc, OVMF variables).
+    pub dir: PathBuf,
+    /// The ISO to boot.
+    pub iso: PathBuf,
+    /// Where COM1 goes.
+    pub serial_log: PathBuf,
+    /// The emulator's log: Bochs' `log:` file, or QEMU's stdout and stderr.
+    pub emulator_log: PathBuf,
+    /// Where the emulator's stdout and stderr go: for Bochs `emulator.out` (the term display's
+    /// screen, escape codes and all), for QEMU the same file as `emulator_log`.
+    pub emulator_out: PathBuf,
+}
+
+impl RunFiles {
+    /// The usual names inside `dir` for `emulator`.
+    pub fn in_dir(dir: &Path, iso: &Path, emulator: &Emulator) -> Self {
+        let emulator_log = dir.join("emulator.log");
+        let emulator_out = match emulator {
+            Emulator::Bochs { .. } => dir.join("emulator.out"),
+            _ => emulator_log.clone(),
+        };
+        Self {
+            dir: dir.to_path_buf(),
+            iso: iso.to_path_buf(),
+            serial_log: dir.join("serial.log"),
+            emulator_log,
+            emulator_out,
+        }
+    }
+}
+
+/// QEMU's arguments (pure: the firmware is passed in, the OVMF variables copy is named by
+/// `vars_copy`).
+pub fn qemu_args(
+    emulator: &Emulator,
+    cpus: u32,
+    files: &RunFiles,
+    ovmf: Option<&Ovmf>,
+    vars_copy: &Path,
+) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "-m".into(),
+        GUEST_MEGS.to_string(),
+        "-cdrom".into(),
+        files.iso.display().to_string(),
+        "-serial".into(),
+        format!("file:{}", files.serial_log.display()),
+        "-display".into(),
+        "none".into(),
+        "-no-reboot".into(),
+        "-monitor".into(),
+        "none".into(),
+        "-smp".into(),
+        cpus.to_string(),
+    ];
+    match emulator {
+        Emulator::QemuKvm => {
+            args.extend(["-accel", "kvm", "-cpu", "host,+vmx,pmu=on"].map(String::from));
+        }
+        Emulator::QemuTcgBios | Emulator::QemuTcgUefi => {
+            args.extend(["-accel", "tcg"].map(String::from));
+        }
+        Emulator::Bochs { .. } => {}
+    }
+    if *emulator == Emulator::QemuTcgUefi {
+        match ovmf {
+            Some(Ovmf::Combined(path)) => {
+                args.extend(["-bios".into(), path.display().to_string()]);
+            }
+            Some(Ovmf::Split { code, .. }) => {
+                args.extend([
+                    "-drive".into(),
+                    format!(
+                        "if=pflash,format=raw,unit=0,readonly=on,file={}",
+                        code.display()
+                    ),
+                    "-drive".into(),
+                    format!("if=pflash,format=raw,unit=1,file={}", vars_copy.display()),
+                ]);
+            }
+            None => {}
+        }
+    }
+    args
+}
+
+/// Prepares the run's files and returns the command that starts the emulator (stdin, stdout and
+/// stderr not yet set: [`crate::process`] sets them).
+pub fn command(emulator: &Emulator, cpus: u32, files: &RunFiles) -> Result<Command> {
+    fs::create_dir_all(&files.dir)
+        .with_context(|| format!("cannot create {}", files.dir.display()))?;
+    match emulator {
+        Emulator::Bochs { model } => {
+            for path in [&files.iso, &files.serial_log, &files.emulator_log] {
+                check_bochs_path(path)?;
+            }
+            let rc = files.dir.join("bochsrc");
+            let text = bochsrc(&BochsConfig {
+                model,
+                cpus,
+                iso: &files.iso,
+                serial_log: &files.serial_log,
+                log: &files.emulator_log,
+            });
+            fs::write(&rc, text).with_context(|| format!("cannot write {}", rc.display()))?;
+            let cont = files.dir.join("continue.rc");
+            fs::write(&cont, "continue\n")
+                .with_context(|| format!("cannot write {}", cont.display()))?;
+            let mut cmd = Command::new("bochs-bin");
+            cmd.arg("-q").arg("-f").arg(&rc).arg("-rc").arg(&cont);
+            // The term display needs a terminal description even when its screen goes to a file.
+            cmd.env("TERM", "xterm");
+            Ok(cmd)
+        }
+        Emulator::QemuTcgBios | Emulator::QemuTcgUefi | Emulator::QemuKvm => {
+            let vars_copy = files.dir.join("OVMF_VARS.fd");
+            let ovmf = if *emulator == Emulator::QemuTcgUefi {
+                let ovmf = find_ovmf().context(
+                    "no OVMF firmware found (install the Debian package ovmf): looked for \
+                     /usr/share/ovmf/OVMF.fd and /usr/share/OVMF/OVMF_CODE.fd",
+                )?;
+                if let Ovmf::Split { vars, .. } = &ovmf {
+                    fs::copy(vars, &vars_copy).with_context(|| {
+                        format!("cannot copy the OVMF variables {}", vars.display())
+                    })?;
+                }
+                Some(ovmf)
+            } else {
+                None
+            };
+            let mut cmd = Command::new("qemu-system-x86_64");
+            cmd.args(qemu_args(emulator, cpus, files, ovmf.as_ref(), &vars_copy));
+            Ok(cmd)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bochsrc_is_headless_and_deterministic() {
+        let text = bochsrc(&BochsConfig {
+            model: "corei7_haswell_4770",
+            cpus: 2,
+            iso: Path::new("/t/s/hvprof.iso"),
+            serial_log: Path::new("/t/s/serial.log"),
+            log: Path::new("/t/s/emulator.log"),
+        });
+        let lines: Vec<&str> = text.lines().collect();
+        for wanted in [
+            "megs: 512",
+            "display_library: term",
+            "cpu: model=corei7_haswell_4770, count=2, ips=4000000, reset_on_triple_fault=0, ignore_bad_msrs=1",
+            "clock: sync=none, time0=1",
+            "ata0-master: type=cdrom, path=\"/t/s/hvprof.iso\", status=inserted",
+            "boot: cdrom",
+            "com1: enabled=1, mode=file, dev=\"/t/s/serial.log\"",
+            "port_e9_hack: enabled=1",
+            "log: /t/s/emulator.log",
+            "romimage: file=/usr/share/bochs/BIOS-bochs-latest",
+            "vgaromimage: file=/usr/share/vgabios/vgabios.bin",
+        ] {
+            assert!(lines.contains(&wanted), "missing {wanted:?} in:\n{text}");
+        }
+        assert!(!text.contains("realtime"));
+    }
+
+    #[test]
+    fn bochs_paths_are_checked() {
+        assert!(check_bochs_path(Path::new("/a/b.iso")).is_ok());
+        assert!(check_bochs_path(Path::new("/a b/c.iso")).is_err());
+        assert!(check_bochs_path(Path::new("/a,b/c.iso")).is_err());
+    }
+
+    const CPUINFO_VMX: &str = "processor\t: 0\nvendor_id\t: GenuineIntel\n\
+        flags\t\t: fpu vme de pse tsc msr pae vmx smx est\nbugs\t\t: spectre_v1\n";
+    const CPUINFO_NO_VMX: &str = "processor\t: 0\nvendor_id\t: GenuineIntel\n\
+        flags\t\t: fpu vme de pse tsc msr pae hypervisor\nvmx flags\t: none\n";
+
+    #[test]
+    fn kvm_needs_both_the_device_and_the_flag() {
+        assert_eq!(kvm_decision(CPUINFO_VMX, true), Ok(()));
+        let err = kvm_decision(CPUINFO_NO_VMX, true).unwrap_err();
+        assert!(err.contains("vmx"), "{err}");
+        let err = kvm_decision(CPUINFO_VMX, false).unwrap_err();
+        assert!(err.contains("/dev/kvm"), "{err}");
+        assert!(kvm_decision(CPUINFO_NO_VMX, false).is_err());
+        assert!(kvm_decision("", true).is_err());
+        // "vmxe" or a "vmx flags" line is not the vmx flag.
+        assert!(kvm_decision("flags\t: vmxe svm\n", true).is_err());
+    }
+
+    fn files() -> RunFiles {
+        RunFiles::in_dir(
+            Path::new("/t/s"),
+            Path::new("/t/s/hvprof.iso"),
+            &Emulator::QemuTcgBios,
+        )
+    }
+
+    #[test]
+    fn qemu_bios_args() {
+        let args = qemu_args(&Emulator::QemuTcgBios, 2, &files(), None, Path::new("/v"));
+        let joined = args.join(" ");
+        assert_eq!(
+            joined,
+            "-m 512 -cdrom /t/s/hvprof.iso -serial file:/t/s/serial.log -display none \
+             -no-reboot -monitor none -smp 2 -accel tcg"
+        );
+    }
+
+    #[test]
+    fn qemu_uefi_and_kvm_args() {
+        let combined = Ovmf::Combined("/usr/share/ovmf/OVMF.fd".into());
+        let args = qemu_args(
+            &Emulator::QemuTcgUefi,
+            1,
+            &files(),
+            Some(&combined),
+            Path::new("/v"),
+        );
+        assert!(
+            args.join(" ")
+                .ends_with("-accel tcg -bios /usr/share/ovmf/OVMF.fd")
+        );
+        let split = Ovmf::Split {
+            code: "/c.fd".into(),
+            vars: "/v.fd".into(),
+        };
+        let args = qemu_args(
+            &Emulator::QemuTcgUefi,
+            1,
+            &files(),
+            Some(&split),
+            Path::new("/t/s/V.fd"),
+        );
+        let joined = args.join(" ");
+        assert!(joined.contains("if=pflash,format=raw,unit=0,readonly=on,file=/c.fd"));
+        assert!(joined.contains("if=pflash,format=raw,unit=1,file=/t/s/V.fd"));
+        let args = qemu_args(&Emulator::QemuKvm, 2, &files(), None, Path::new("/v"));
+        assert!(args.join(" ").ends_with("-accel kvm -cpu host,+vmx,pmu=on"));
+    }
+
+    #[test]
+    fn timeouts() {
+        assert_eq!(Emulator::bochs("ryzen").default_timeout().as_secs(), 60);
+        assert_eq!(Emulator::QemuTcgBios.default_timeout().as_secs(), 30);
+        assert_eq!(Emulator::QemuTcgUefi.default_timeout().as_secs(), 60);
+    }
+}

@@ -1,0 +1,22 @@
+//! The end-to-end scenario runner: builds a GRUB ISO around the hypervisor, boots it in Bochs or
+//! QEMU, follows the serial log, and checks it.
+//!
+//! - [`iso`]: the ISO builder (`grub.cfg`, `grub-mkrescue`).
+//! - [`emulator`]: Bochs, QEMU TCG (SeaBIOS and OVMF) and QEMU KVM with nested VMX.
+//! - [`process`]: starting an emulator and ending it at the end marker, a timeout or Ctrl-C.
+//! - [`log`]: [`SerialLog`], what checks read.
+//! - [`runner`]: [`Scenario`] and the parallel runner.
+//! - [`scenarios`]: the scenarios themselves, and the log text they expect.
+//! - [`tools`]: the host programs needed, and the Debian packages that bring them.
+
+pub mod emulator;
+pub mod iso;
+pub mod log;
+pub mod process;
+pub mod runner;
+pub mod scenarios;
+pub mod tools;
+
+pub use emulator::Emulator;
+pub use log::SerialLog;
+pub use runner::{RunnerConfig, Scenario, Summary, Verdict, run_scenarios};

@@ -1,0 +1,371 @@
+//! Starting an emulator, watching its serial log, and ending it: at the end marker, at a
+//! timeout, at Ctrl-C, or when it exits by itself.
+//!
+//! Each emulator runs in its own process group (so a timeout can kill all of it, and Ctrl-C on the
+//! terminal reaches only us: we then kill the emulators we started), and dies with the thread that
+//! started it (`PR_SET_PDEATHSIG`) should we be killed outright.
+
+use std::fs::{self, File};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, ExitStatus, Stdio};
+use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::emulator::{self, Emulator, RunFiles};
+use crate::log::SerialLog;
+
+/// The few libc functions this module needs (std links libc already).
+mod sys {
+    use std::ffi::{c_int, c_ulong};
+
+    pub const SIGHUP: c_int = 1;
+    pub const SIGINT: c_int = 2;
+    pub const SIGKILL: c_int = 9;
+    pub const SIGTERM: c_int = 15;
+    pub const PR_SET_PDEATHSIG: c_int = 1;
+
+    unsafe extern "C" {
+        pub fn kill(pid: c_int, sig: c_int) -> c_int;
+        pub fn signal(signum: c_int, handler: extern "C" fn(c_int)) -> usize;
+        pub fn prctl(option: c_int, ...) -> c_int;
+    }
+
+    /// `prctl(PR_SET_PDEATHSIG, SIGKILL)`.
+    pub fn die_with_parent() -> std::io::Result<()> {
+        // SAFETY: prctl with PR_SET_PDEATHSIG takes one unsigned long argument and touches no
+        // memory of ours; it is async-signal-safe (a plain system call).
+        let rc = unsafe { prctl(PR_SET_PDEATHSIG, SIGKILL as c_ulong) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+static HANDLER: Once = Once::new();
+
+extern "C" fn on_signal(_signum: std::ffi::c_int) {
+    // Only an atomic store: async-signal-safe.
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Turns SIGINT, SIGTERM and SIGHUP into a flag ([`interrupted`]) that the run loops poll, so
+/// they can kill their emulators before we exit. Idempotent.
+pub fn install_interrupt_handler() {
+    HANDLER.call_once(|| {
+        for sig in [sys::SIGINT, sys::SIGTERM, sys::SIGHUP] {
+            // SAFETY: `on_signal` only stores to an atomic, which is async-signal-safe; glibc's
+            // `signal` installs it with BSD semantics (restartable system calls).
+            unsafe {
+                sys::signal(sig, on_signal);
+            }
+        }
+    });
+}
+
+/// Whether Ctrl-C (or SIGTERM/SIGHUP) arrived since [`install_interrupt_handler`].
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunEnd {
+    /// The serial log showed the end marker (the emulator then exited or was killed).
+    Marker,
+    /// The emulator exited before the end marker appeared.
+    Exited(ExitStatus),
+    /// The timeout passed first; the emulator was killed.
+    TimedOut(Duration),
+    /// Ctrl-C (or SIGTERM/SIGHUP); the emulator was killed.
+    Interrupted,
+}
+
+impl RunEnd {
+    /// A reason to print when the run did not reach its end marker.
+    pub fn describe(&self, end_marker: &str) -> String {
+        match self {
+            Self::Marker => format!("reached {end_marker:?}"),
+            Self::Exited(status) => {
+                format!("the emulator exited ({status}) before printing {end_marker:?}")
+            }
+            Self::TimedOut(limit) => format!("timed out after {} s", limit.as_secs()),
+            Self::Interrupted => "interrupted".to_owned(),
+        }
+    }
+}
+
+/// What one run gave.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    /// How it ended.
+    pub end: RunEnd,
+    /// Wall time from start to end.
+    pub elapsed: Duration,
+    /// The whole serial log.
+    pub serial: SerialLog,
+}
+
+/// One emulator run.
+#[derive(Debug, Clone)]
+pub struct Launch<'a> {
+    /// The emulator.
+    pub emulator: &'a Emulator,
+    /// Number of CPUs.
+    pub cpus: u32,
+    /// Where the run's files go.
+    pub files: &'a RunFiles,
+    /// The run ends once the serial log contains this.
+    pub end_marker: &'a str,
+    /// Kill the emulator after this long (`None`: no limit).
+    pub timeout: Option<Duration>,
+}
+
+/// How long the emulator may take to exit by itself once the end marker appeared.
+const GRACE: Duration = Duration::from_secs(2);
+const POLL: Duration = Duration::from_millis(50);
+
+/// A started emulator in its own process group.
+struct Emu {
+    child: Child,
+    reaped: Option<ExitStatus>,
+}
+
+impl Emu {
+    fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
+        if self.reaped.is_none() {
+            self.reaped = self.child.try_wait().context("cannot poll the emulator")?;
+        }
+        Ok(self.reaped)
+    }
+
+    /// Kills the whole process group and reaps the emulator.
+    fn kill(&mut self) -> Result<()> {
+        if self.reaped.is_some() {
+            return Ok(());
+        }
+        if let Ok(pgid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill has no memory-safety preconditions; the group is the one we created
+            // with `process_group(0)` and have not reaped yet, so its id is still ours.
+            unsafe {
+                sys::kill(-pgid, sys::SIGKILL);
+            }
+        }
+        let _ = self.child.kill();
+        self.reaped = Some(self.child.wait().context("cannot reap the emulator")?);
+        Ok(())
+    }
+}
+
+impl Drop for Emu {
+    fn drop(&mut self) {
+        let _ = self.kill();
+    }
+}
+
+/// Reads what was appended to the serial log since the last call.
+struct Tail<'a> {
+    path: &'a Path,
+    file: Option<File>,
+    offset: u64,
+}
+
+impl Tail<'_> {
+    fn read_new(&mut self, into: &mut Vec<u8>) -> Result<usize> {
+        if self.file.is_none() {
+            match File::open(self.path) {
+                Ok(file) => self.file = Some(file),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+                Err(e) => {
+                    return Err(e).with_context(|| format!("cannot open {}", self.path.display()));
+                }
+            }
+        }
+        let Some(file) = self.file.as_mut() else {
+            return Ok(0);
+        };
+        file.seek(SeekFrom::Start(self.offset))
+            .with_context(|| format!("cannot seek in {}", self.path.display()))?;
+        let n = file
+            .read_to_end(into)
+            .with_context(|| format!("cannot read {}", self.path.display()))?;
+        self.offset += n as u64;
+        Ok(n)
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    needle.is_empty() || haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Starts the emulator and follows its serial log until the run ends; every new chunk of the
+/// log is passed to `on_output` as it arrives.
+pub fn launch(launch: &Launch<'_>, on_output: &mut dyn FnMut(&[u8])) -> Result<RunOutcome> {
+    install_interrupt_handler();
+    let files = launch.files;
+    for path in [&files.serial_log, &files.emulator_log, &files.emulator_out] {
+        if path.exists() {
+            fs::remove_file(path).with_context(|| format!("cannot remove {}", path.display()))?;
+        }
+    }
+    let mut cmd = emulator::command(launch.emulator, launch.cpus, files)?;
+    let out = File::create(&files.emulator_out)
+        .with_context(|| format!("cannot create {}", files.emulator_out.display()))?;
+    let err = out
+        .try_clone()
+        .with_context(|| format!("cannot reopen {}", files.emulator_out.display()))?;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        .process_group(0);
+    // SAFETY: the closure runs in the child between fork and exec and only makes one
+    // async-signal-safe system call (prctl); it allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(sys::die_with_parent);
+    }
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let start = Instant::now();
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("cannot start {program} (is it installed?)"))?;
+    let mut emu = Emu {
+        child,
+        reaped: None,
+    };
+
+    let mut tail = Tail {
+        path: &files.serial_log,
+        file: None,
+        offset: 0,
+    };
+    let marker = launch.end_marker.as_bytes();
+    let mut log = Vec::new();
+    let mut marker_seen: Option<Instant> = None;
+    let end = loop {
+        let before = log.len();
+        if tail.read_new(&mut log)? > 0 {
+            on_output(&log[before..]);
+            if marker_seen.is_none() {
+                let from = before.saturating_sub(marker.len());
+                if contains(&log[from..], marker) {
+                    marker_seen = Some(Instant::now());
+                }
+            }
+        }
+        if let Some(status) = emu.try_wait()? {
+            break if marker_seen.is_some() {
+                RunEnd::Marker
+            } else {
+                RunEnd::Exited(status)
+            };
+        }
+        if let Some(seen) = marker_seen {
+            if seen.elapsed() >= GRACE {
+                emu.kill()?;
+                break RunEnd::Marker;
+            }
+        } else if let Some(limit) = launch.timeout
+            && start.elapsed() >= limit
+        {
+            emu.kill()?;
+            break RunEnd::TimedOut(limit);
+        }
+        if interrupted() {
+            emu.kill()?;
+            break RunEnd::Interrupted;
+        }
+        thread::sleep(POLL);
+    };
+    let elapsed = start.elapsed();
+    // The emulator is gone: whatever it wrote last is in the file now.
+    let before = log.len();
+    if tail.read_new(&mut log)? > 0 {
+        on_output(&log[before..]);
+    }
+    let end = match end {
+        RunEnd::Exited(_) | RunEnd::TimedOut(_) if contains(&log, marker) => RunEnd::Marker,
+        other => other,
+    };
+    Ok(RunOutcome {
+        end,
+        elapsed,
+        serial: SerialLog::from_bytes(&log),
+    })
+}
+
+/// The last `n` lines of a text file, with terminal control sequences removed (Bochs' term
+/// display writes escape codes); empty if the file cannot be read.
+pub fn file_tail(path: &Path, n: usize) -> Vec<String> {
+    let Ok(bytes) = fs::read(path) else {
+        return Vec::new();
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<String> = text
+        .lines()
+        .map(strip_control)
+        .filter(|line| !line.trim().is_empty())
+        .collect();
+    lines[lines.len().saturating_sub(n)..].to_vec()
+}
+
+/// Removes ANSI escape sequences and other control characters from one line.
+pub fn strip_control(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ params final-byte; other escapes: ESC + one char.
+            if chars.peek() == Some(&'[') {
+                chars.next();
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            } else if matches!(chars.next(), Some('(' | ')')) {
+                // Character-set designation: ESC ( X.
+                chars.next();
+            }
+        } else if c == '\t' || !c.is_control() {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strip_control_removes_escapes() {
+        assert_eq!(strip_control("\u{1b}[2J\u{1b}[1;1Hhello\r"), "hello");
+        assert_eq!(strip_control("a\u{1b}(Bb\tc"), "ab\tc");
+    }
+
+    #[test]
+    fn contains_finds_marker() {
+        assert!(contains(
+            b"xx hvprof: power off (acpi)",
+            b"hvprof: power off"
+        ));
+        assert!(!contains(b"hvprof: power", b"hvprof: power off"));
+    }
+
+    #[test]
+    fn run_end_descriptions() {
+        assert_eq!(
+            RunEnd::TimedOut(Duration::from_secs(60)).describe("m"),
+            "timed out after 60 s"
+        );
+        assert!(RunEnd::Interrupted.describe("m").contains("interrupted"));
+    }
+}

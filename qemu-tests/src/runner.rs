@@ -1,0 +1,479 @@
+//! Scenarios and the parallel runner.
+
+use std::fmt;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::emulator::{Emulator, RunFiles};
+use crate::iso::{IsoModule, IsoSpec, build_iso};
+use crate::log::SerialLog;
+use crate::process::{self, Launch, RunEnd};
+
+/// The line the hypervisor prints last, and the default end of a run.
+pub const DEFAULT_END_MARKER: &str = "hvprof: power off";
+
+/// A scenario's verdict on a serial log: `Err` says what was wrong.
+pub type Check = Box<dyn Fn(&SerialLog) -> Result<(), String> + Send + Sync>;
+
+/// Where a module's bytes come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModuleSource {
+    /// A copy of the hypervisor ELF under test (a valid ELF64 executable).
+    HypervisorCopy,
+    /// These bytes.
+    Bytes(Vec<u8>),
+    /// An existing file.
+    File(PathBuf),
+}
+
+/// One boot module of a scenario.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScenarioModule {
+    /// The module's file name in the ISO, and the first token of its command line.
+    pub file_name: String,
+    /// Its contents.
+    pub source: ModuleSource,
+    /// The rest of its command line (`vm=sample`).
+    pub args: String,
+}
+
+/// One end-to-end scenario: boot an ISO on an emulator and check the serial log.
+pub struct Scenario {
+    /// Unique name; also the folder of its artifacts.
+    pub name: String,
+    /// Where it runs.
+    pub emulator: Emulator,
+    /// Number of CPUs.
+    pub cpus: u32,
+    /// The hypervisor's command line.
+    pub cmdline: String,
+    /// Boot modules, module 0 first.
+    pub modules: Vec<ScenarioModule>,
+    /// The run ends when the serial log contains this.
+    pub end_marker: String,
+    /// The run fails when it takes longer.
+    pub timeout: Duration,
+    /// The verdict on the serial log.
+    pub check: Check,
+}
+
+impl fmt::Debug for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scenario")
+            .field("name", &self.name)
+            .field("emulator", &self.emulator)
+            .field("cpus", &self.cpus)
+            .field("cmdline", &self.cmdline)
+            .field("modules", &self.modules)
+            .field("end_marker", &self.end_marker)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Scenario {
+    /// A scenario with 1 CPU, an empty command line, no modules, the default end marker, the
+    /// emulator's default timeout, and a check that accepts everything.
+    pub fn new(name: &str, emulator: Emulator) -> Self {
+        let timeout = emulator.default_timeout();
+        Self {
+            name: name.to_owned(),
+            emulator,
+            cpus: 1,
+            cmdline: String::new(),
+            modules: Vec::new(),
+            end_marker: DEFAULT_END_MARKER.to_owned(),
+            timeout,
+            check: Box::new(|_| Ok(())),
+        }
+    }
+
+    /// Sets the CPU count.
+    #[must_use]
+    pub fn cpus(mut self, cpus: u32) -> Self {
+        self.cpus = cpus;
+        self
+    }
+
+    /// Sets the hypervisor's command line.
+    #[must_use]
+    pub fn cmdline(mut self, cmdline: &str) -> Self {
+        self.cmdline = cmdline.to_owned();
+        self
+    }
+
+    /// Adds a module.
+    #[must_use]
+    pub fn module(mut self, file_name: &str, source: ModuleSource, args: &str) -> Self {
+        self.modules.push(ScenarioModule {
+            file_name: file_name.to_owned(),
+            source,
+            args: args.to_owned(),
+        });
+        self
+    }
+
+    /// Sets the end marker.
+    #[must_use]
+    pub fn end_marker(mut self, marker: &str) -> Self {
+        self.end_marker = marker.to_owned();
+        self
+    }
+
+    /// Sets the timeout.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets the check.
+    #[must_use]
+    pub fn check(
+        mut self,
+        check: impl Fn(&SerialLog) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        self.check = Box::new(check);
+        self
+    }
+}
+
+/// A scenario's verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The check passed.
+    Pass,
+    /// It failed, and why.
+    Fail(String),
+    /// It could not run here, and why.
+    Skip(String),
+}
+
+/// One scenario's result.
+#[derive(Debug, Clone)]
+pub struct ScenarioResult {
+    /// The scenario's name.
+    pub name: String,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// Wall time of the whole scenario (ISO included).
+    pub elapsed: Duration,
+}
+
+/// The results of one [`run_scenarios`] call, in scenario order.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    /// One per scenario run (or skipped).
+    pub results: Vec<ScenarioResult>,
+}
+
+impl Summary {
+    fn count(&self, f: impl Fn(&Verdict) -> bool) -> usize {
+        self.results.iter().filter(|r| f(&r.verdict)).count()
+    }
+
+    /// How many passed.
+    pub fn passed(&self) -> usize {
+        self.count(|v| matches!(v, Verdict::Pass))
+    }
+
+    /// How many failed.
+    pub fn failed(&self) -> usize {
+        self.count(|v| matches!(v, Verdict::Fail(_)))
+    }
+
+    /// How many were skipped.
+    pub fn skipped(&self) -> usize {
+        self.count(|v| matches!(v, Verdict::Skip(_)))
+    }
+
+    /// The closing line: `scenarios: N passed, M failed, K skipped`.
+    pub fn closing_line(&self) -> String {
+        format!(
+            "scenarios: {} passed, {} failed, {} skipped",
+            self.passed(),
+            self.failed(),
+            self.skipped()
+        )
+    }
+}
+
+/// What every scenario of a run shares.
+#[derive(Debug, Clone)]
+pub struct RunnerConfig {
+    /// The hypervisor ELF under test.
+    pub hypervisor_elf: PathBuf,
+    /// Artifacts go to `<out_dir>/<scenario name>/`.
+    pub out_dir: PathBuf,
+    /// Run only scenarios whose name contains this.
+    pub filter: Option<String>,
+    /// How many scenarios run at once (0: the core count, at most 2).
+    pub jobs: usize,
+}
+
+/// The default parallelism: the core count, at most 2 (each Bochs takes a whole core).
+pub fn default_jobs() -> usize {
+    thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, 2)
+}
+
+/// The scenarios `filter` selects (all when `None`).
+pub fn select<'a>(scenarios: &'a [Scenario], filter: Option<&str>) -> Vec<&'a Scenario> {
+    scenarios
+        .iter()
+        .filter(|s| filter.is_none_or(|f| s.name.contains(f)))
+        .collect()
+}
+
+/// Runs the selected scenarios, in parallel up to `config.jobs`, printing one line per scenario
+/// as it ends (and, for a failure, the tails of its logs). The caller prints the closing line.
+pub fn run_scenarios(scenarios: &[Scenario], config: &RunnerConfig) -> Summary {
+    process::install_interrupt_handler();
+    let selected = select(scenarios, config.filter.as_deref());
+    let jobs = if config.jobs == 0 {
+        default_jobs()
+    } else {
+        config.jobs
+    }
+    .min(selected.len().max(1));
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<ScenarioResult>>> = Mutex::new(vec![None; selected.len()]);
+    let stdout = Mutex::new(());
+    thread::scope(|scope| {
+        for _ in 0..jobs {
+            scope.spawn(|| {
+                loop {
+                    let index = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(scenario) = selected.get(index) else {
+                        break;
+                    };
+                    let (result, details) = if process::interrupted() {
+                        let r = ScenarioResult {
+                            name: scenario.name.clone(),
+                            verdict: Verdict::Skip("interrupted".to_owned()),
+                            elapsed: Duration::ZERO,
+                        };
+                        (r, String::new())
+                    } else {
+                        run_scenario(scenario, config)
+                    };
+                    {
+                        let _guard = stdout.lock().unwrap_or_else(|e| e.into_inner());
+                        let mut out = std::io::stdout().lock();
+                        let _ = writeln!(out, "{}", result_line(&result));
+                        let _ = out.write_all(details.as_bytes());
+                        let _ = out.flush();
+                    }
+                    results.lock().unwrap_or_else(|e| e.into_inner())[index] = Some(result);
+                }
+            });
+        }
+    });
+    Summary {
+        results: results
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .into_iter()
+            .flatten()
+            .collect(),
+    }
+}
+
+/// `PASS name (3.1 s)`, `FAIL name: reason`, `SKIP name: reason`.
+pub fn result_line(result: &ScenarioResult) -> String {
+    match &result.verdict {
+        Verdict::Pass => format!(
+            "PASS {} ({:.1} s)",
+            result.name,
+            result.elapsed.as_secs_f64()
+        ),
+        Verdict::Fail(reason) => format!("FAIL {}: {reason}", result.name),
+        Verdict::Skip(reason) => format!("SKIP {}: {reason}", result.name),
+    }
+}
+
+/// Writes the scenario's module files into `dir` and returns them as ISO modules.
+fn materialize_modules(
+    scenario: &Scenario,
+    hypervisor: &Path,
+    dir: &Path,
+) -> Result<Vec<IsoModule>> {
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    scenario
+        .modules
+        .iter()
+        .map(|m| {
+            let path = dir.join(&m.file_name);
+            match &m.source {
+                ModuleSource::HypervisorCopy => fs::copy(hypervisor, &path)
+                    .map(drop)
+                    .with_context(|| format!("cannot copy {}", hypervisor.display()))?,
+                ModuleSource::Bytes(bytes) => fs::write(&path, bytes)
+                    .with_context(|| format!("cannot write {}", path.display()))?,
+                ModuleSource::File(src) => fs::copy(src, &path)
+                    .map(drop)
+                    .with_context(|| format!("cannot copy {}", src.display()))?,
+            }
+            IsoModule::with_args(path, &m.args)
+        })
+        .collect()
+}
+
+/// Runs one scenario; returns its result and, for a failure, the text to print under the
+/// result line (the log tails).
+pub fn run_scenario(scenario: &Scenario, config: &RunnerConfig) -> (ScenarioResult, String) {
+    let start = Instant::now();
+    let finish = |verdict: Verdict| ScenarioResult {
+        name: scenario.name.clone(),
+        verdict,
+        elapsed: start.elapsed(),
+    };
+    if let Err(reason) = scenario.emulator.availability() {
+        return (finish(Verdict::Skip(reason)), String::new());
+    }
+    let dir = config.out_dir.join(&scenario.name);
+    let files = RunFiles::in_dir(&dir, &dir.join("hvprof.iso"), &scenario.emulator);
+    let outcome = (|| -> Result<_> {
+        if dir.exists() {
+            fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
+        }
+        let modules = materialize_modules(scenario, &config.hypervisor_elf, &dir.join("modules"))?;
+        build_iso(
+            &IsoSpec {
+                hypervisor: &config.hypervisor_elf,
+                cmdline: &scenario.cmdline,
+                modules: &modules,
+            },
+            &dir.join("iso"),
+            &files.iso,
+        )?;
+        process::launch(
+            &Launch {
+                emulator: &scenario.emulator,
+                cpus: scenario.cpus,
+                files: &files,
+                end_marker: &scenario.end_marker,
+                timeout: Some(scenario.timeout),
+            },
+            &mut |_| {},
+        )
+    })();
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            let details = format!("  in {}\n", dir.display());
+            return (finish(Verdict::Fail(format!("{e:#}"))), details);
+        }
+    };
+    let verdict = match &outcome.end {
+        RunEnd::Marker => match (scenario.check)(&outcome.serial) {
+            Ok(()) => Verdict::Pass,
+            Err(reason) => Verdict::Fail(reason),
+        },
+        RunEnd::Interrupted => Verdict::Skip("interrupted".to_owned()),
+        other => Verdict::Fail(other.describe(&scenario.end_marker)),
+    };
+    let details = match verdict {
+        Verdict::Fail(_) => failure_details(scenario, &files, &outcome.serial),
+        _ => String::new(),
+    };
+    (finish(verdict), details)
+}
+
+fn failure_details(scenario: &Scenario, files: &RunFiles, serial: &SerialLog) -> String {
+    let mut text = format!(
+        "  --- {}: {} with {} CPU(s), cmdline {:?}; artifacts in {}\n",
+        scenario.name,
+        scenario.emulator.label(),
+        scenario.cpus,
+        scenario.cmdline,
+        files.dir.display()
+    );
+    let tail = serial.tail(30);
+    text.push_str(&format!(
+        "  --- last {} lines of {}:\n",
+        tail.len(),
+        files.serial_log.display()
+    ));
+    for line in tail {
+        text.push_str(&format!("  | {}\n", process::strip_control(line)));
+    }
+    let mut emu_tail = process::file_tail(&files.emulator_log, 10);
+    let mut emu_path = &files.emulator_log;
+    if emu_tail.is_empty() {
+        emu_tail = process::file_tail(&files.emulator_out, 10);
+        emu_path = &files.emulator_out;
+    }
+    text.push_str(&format!(
+        "  --- last {} lines of {}:\n",
+        emu_tail.len(),
+        emu_path.display()
+    ));
+    for line in emu_tail {
+        text.push_str(&format!("  | {line}\n"));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builder_defaults() {
+        let s = Scenario::new("x", Emulator::QemuTcgBios);
+        assert_eq!(s.cpus, 1);
+        assert_eq!(s.end_marker, DEFAULT_END_MARKER);
+        assert_eq!(s.timeout, Duration::from_secs(30));
+        assert!((s.check)(&SerialLog::default()).is_ok());
+        let s = s
+            .cpus(2)
+            .cmdline("a=1")
+            .module("m.elf", ModuleSource::Bytes(vec![1]), "vm=m");
+        assert_eq!((s.cpus, s.cmdline.as_str(), s.modules.len()), (2, "a=1", 1));
+    }
+
+    #[test]
+    fn summary_lines() {
+        let r = |name: &str, verdict| ScenarioResult {
+            name: name.into(),
+            verdict,
+            elapsed: Duration::from_millis(3140),
+        };
+        let summary = Summary {
+            results: vec![
+                r("a", Verdict::Pass),
+                r("b", Verdict::Fail("no line".into())),
+                r("c", Verdict::Skip("no kvm".into())),
+                r("d", Verdict::Pass),
+            ],
+        };
+        assert_eq!(
+            summary.closing_line(),
+            "scenarios: 2 passed, 1 failed, 1 skipped"
+        );
+        assert_eq!(result_line(&summary.results[0]), "PASS a (3.1 s)");
+        assert_eq!(result_line(&summary.results[1]), "FAIL b: no line");
+        assert_eq!(result_line(&summary.results[2]), "SKIP c: no kvm");
+    }
+
+    #[test]
+    fn filter_selects_by_substring() {
+        let list = vec![
+            Scenario::new("bochs-a", Emulator::bochs("ryzen")),
+            Scenario::new("qemu-b", Emulator::QemuTcgBios),
+        ];
+        assert_eq!(select(&list, None).len(), 2);
+        assert_eq!(select(&list, Some("qemu"))[0].name, "qemu-b");
+        assert!(select(&list, Some("nothing")).is_empty());
+    }
+}

@@ -1,0 +1,128 @@
+//! `cargo xtask`: build the hypervisor, make its ISO, run it, test everything.
+
+mod build;
+mod run;
+mod test;
+mod tools;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Build, run and test hvprof")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Build the hypervisor for x86_64-unknown-none (release unless --debug).
+    Build {
+        /// Build the debug profile (slow in Bochs: it counts instructions).
+        #[arg(long)]
+        debug: bool,
+    },
+    /// Build the hypervisor and a bootable ISO (target/hvprof.iso).
+    Iso(IsoArgs),
+    /// Build, make the ISO, boot it and stream the serial log (kept in target/run/serial.log).
+    Run(RunArgs),
+    /// Run with the best emulator here and summarize the platform report.
+    Demo,
+    /// fmt, clippy, unit tests, hypervisor build, end-to-end scenarios.
+    Test {
+        /// Run only the scenarios whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Skip the end-to-end scenarios.
+        #[arg(long)]
+        no_e2e: bool,
+    },
+    /// Benchmarks (none yet).
+    Bench,
+}
+
+#[derive(clap::Args, Clone, Debug, Default)]
+struct IsoArgs {
+    /// The hypervisor's command line.
+    #[arg(long, default_value = "")]
+    cmdline: String,
+    /// A boot module: FILE, or FILE=ARGS (its command line becomes "<file name> ARGS").
+    #[arg(long = "module", value_name = "FILE[=ARGS]")]
+    modules: Vec<String>,
+    /// Use the debug build of the hypervisor.
+    #[arg(long)]
+    debug: bool,
+}
+
+#[derive(clap::Args, Clone, Debug, Default)]
+struct RunArgs {
+    #[command(flatten)]
+    iso: IsoArgs,
+    /// The emulator (default: qemu-kvm where nested VMX works, else bochs).
+    #[arg(long, value_enum)]
+    emulator: Option<EmulatorArg>,
+    /// Number of CPUs.
+    #[arg(long, default_value_t = 1)]
+    cpus: u32,
+    /// The Bochs CPU model.
+    #[arg(long, default_value = qemu_tests::emulator::DEFAULT_BOCHS_MODEL)]
+    cpu_model: String,
+    /// Stop after this many seconds (default: no limit).
+    #[arg(long)]
+    timeout: Option<u64>,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum EmulatorArg {
+    Bochs,
+    QemuKvm,
+    QemuTcg,
+    QemuUefi,
+}
+
+/// The workspace root (xtask lives one level below it).
+fn workspace_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(PathBuf::from).unwrap_or(manifest)
+}
+
+/// Cargo's target folder (CARGO_TARGET_DIR when set).
+fn target_dir() -> PathBuf {
+    let root = workspace_root();
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => root.join(dir),
+        None => root.join("target"),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result: Result<ExitCode> = match cli.command {
+        Cmd::Build { debug } => build::build_hypervisor(debug).map(|path| {
+            println!("{}", path.display());
+            ExitCode::SUCCESS
+        }),
+        Cmd::Iso(args) => run::iso(&args).map(|path| {
+            println!("{}", path.display());
+            ExitCode::SUCCESS
+        }),
+        Cmd::Run(args) => run::run(&args),
+        Cmd::Demo => run::demo(),
+        Cmd::Test { filter, no_e2e } => test::test(filter.as_deref(), no_e2e),
+        Cmd::Bench => {
+            println!("no benchmarks yet");
+            Ok(ExitCode::SUCCESS)
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! `iso`, `run` and `demo`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use qemu_tests::emulator::{Emulator, RunFiles, kvm_vmx_available};
+use qemu_tests::iso::{IsoModule, IsoSpec, build_iso};
+use qemu_tests::process::{Launch, RunEnd, RunOutcome, launch};
+use qemu_tests::runner::DEFAULT_END_MARKER;
+
+use crate::build::build_hypervisor;
+use crate::tools::ensure_tools;
+use crate::{EmulatorArg, IsoArgs, RunArgs, target_dir};
+
+/// Parses `FILE` or `FILE=ARGS`.
+fn parse_module(spec: &str) -> Result<IsoModule> {
+    let (file, args) = spec.split_once('=').unwrap_or((spec, ""));
+    let path = PathBuf::from(file);
+    if !path.is_file() {
+        bail!("module file {} does not exist", path.display());
+    }
+    IsoModule::with_args(path, args)
+}
+
+/// Builds the hypervisor and target/hvprof.iso; returns the ISO's path.
+pub fn iso(args: &IsoArgs) -> Result<PathBuf> {
+    let modules = args
+        .modules
+        .iter()
+        .map(|m| parse_module(m))
+        .collect::<Result<Vec<_>>>()?;
+    ensure_tools()?;
+    let hypervisor = build_hypervisor(args.debug)?;
+    let target = target_dir();
+    let iso = target.join("hvprof.iso");
+    build_iso(
+        &IsoSpec {
+            hypervisor: &hypervisor,
+            cmdline: &args.cmdline,
+            modules: &modules,
+        },
+        &target.join("iso"),
+        &iso,
+    )?;
+    Ok(iso)
+}
+
+/// The emulator `--emulator` names, or the best one here.
+fn choose_emulator(arg: Option<EmulatorArg>, cpu_model: &str) -> Result<Emulator> {
+    Ok(match arg {
+        Some(EmulatorArg::Bochs) => Emulator::bochs(cpu_model),
+        Some(EmulatorArg::QemuTcg) => Emulator::QemuTcgBios,
+        Some(EmulatorArg::QemuUefi) => Emulator::QemuTcgUefi,
+        Some(EmulatorArg::QemuKvm) => {
+            if let Err(why) = kvm_vmx_available() {
+                bail!("qemu-kvm cannot run a VMX guest here: {why}");
+            }
+            Emulator::QemuKvm
+        }
+        None => match kvm_vmx_available() {
+            Ok(()) => Emulator::QemuKvm,
+            Err(why) => {
+                eprintln!("xtask: using Bochs: no nested VMX under KVM here ({why})");
+                Emulator::bochs(cpu_model)
+            }
+        },
+    })
+}
+
+/// Builds, makes the ISO, boots it and streams the serial log.
+fn boot(args: &RunArgs) -> Result<RunOutcome> {
+    let emulator = choose_emulator(args.emulator, &args.cpu_model)?;
+    let iso = iso(&args.iso)?;
+    let dir = target_dir().join("run");
+    let files = RunFiles::in_dir(&dir, &iso, &emulator);
+    eprintln!(
+        "xtask: booting {} on {} with {} CPU(s); serial log in {} (Ctrl-C stops)",
+        iso.display(),
+        emulator.label(),
+        args.cpus,
+        files.serial_log.display()
+    );
+    let mut stdout = std::io::stdout();
+    let outcome = launch(
+        &Launch {
+            emulator: &emulator,
+            cpus: args.cpus,
+            files: &files,
+            end_marker: DEFAULT_END_MARKER,
+            timeout: args.timeout.map(Duration::from_secs),
+        },
+        &mut |bytes| {
+            let _ = stdout.write_all(bytes);
+            let _ = stdout.flush();
+        },
+    )?;
+    eprintln!(
+        "xtask: {} after {:.1} s (emulator log: {})",
+        outcome.end.describe(DEFAULT_END_MARKER),
+        outcome.elapsed.as_secs_f64(),
+        files.emulator_log.display()
+    );
+    Ok(outcome)
+}
+
+fn exit_code(end: &RunEnd) -> ExitCode {
+    match end {
+        RunEnd::Marker => ExitCode::SUCCESS,
+        RunEnd::Interrupted => ExitCode::from(130),
+        RunEnd::Exited(_) | RunEnd::TimedOut(_) => ExitCode::FAILURE,
+    }
+}
+
+/// `cargo xtask run`.
+pub fn run(args: &RunArgs) -> Result<ExitCode> {
+    let outcome = boot(args)?;
+    Ok(exit_code(&outcome.end))
+}
+
+/// `cargo xtask demo`: a run with the defaults, then the platform report.
+pub fn demo() -> Result<ExitCode> {
+    let args = RunArgs {
+        cpus: 1,
+        cpu_model: qemu_tests::emulator::DEFAULT_BOCHS_MODEL.to_owned(),
+        ..RunArgs::default()
+    };
+    let outcome = boot(&args)?;
+    println!();
+    println!("== platform report ==");
+    let report: Vec<&str> = outcome
+        .serial
+        .lines()
+        .filter(|l| ["cpu:", "pmu:", "acpi:"].iter().any(|p| l.starts_with(p)))
+        .collect();
+    if report.is_empty() {
+        println!("(the hypervisor printed no cpu:, pmu: or acpi: lines)");
+    }
+    for line in report {
+        println!("  {line}");
+    }
+    Ok(exit_code(&outcome.end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_specs() {
+        let dir = std::env::temp_dir();
+        let file = dir.join("xtask-module-spec-test.elf");
+        std::fs::write(&file, b"x").unwrap();
+        let m = parse_module(&format!("{}=vm=hello mem=16M", file.display())).unwrap();
+        assert_eq!(m.cmdline, "xtask-module-spec-test.elf vm=hello mem=16M");
+        let m = parse_module(&file.display().to_string()).unwrap();
+        assert_eq!(m.cmdline, "xtask-module-spec-test.elf");
+        assert!(parse_module("/no/such/file.elf=vm=x").is_err());
+        let _ = std::fs::remove_file(&file);
+    }
+}

@@ -1,0 +1,133 @@
+//! `cargo xtask test`: every check CI runs, in order.
+
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use qemu_tests::runner::{RunnerConfig, default_jobs, run_scenarios, select};
+use qemu_tests::scenarios;
+
+use crate::build::{TARGET, build_hypervisor, cargo, ensure_rust_target};
+use crate::target_dir;
+use crate::tools::ensure_tools;
+
+/// The bare-metal crates, linted for their own target.
+const BARE_METAL_CRATES: &[&str] = &[
+    "hvprof-hypervisor",
+    "hvprof-boot",
+    "hvprof-vmx",
+    "hvprof-ept",
+    "hvprof-pmu",
+];
+
+#[derive(Default)]
+struct Tally {
+    passed: usize,
+    failed: usize,
+    skipped: usize,
+}
+
+impl Tally {
+    fn stage(&mut self, name: &str, f: impl FnOnce() -> Result<()>) -> bool {
+        println!("--- {name}");
+        let start = Instant::now();
+        match f() {
+            Ok(()) => {
+                println!("PASS stage {name} ({:.1} s)", start.elapsed().as_secs_f64());
+                self.passed += 1;
+                true
+            }
+            Err(e) => {
+                println!("FAIL stage {name}: {e:#}");
+                self.failed += 1;
+                false
+            }
+        }
+    }
+}
+
+/// Runs a cargo command from the workspace root; an error names it when it fails.
+fn cargo_stage(args: &[&str]) -> Result<()> {
+    let mut cmd: Command = cargo();
+    cmd.args(args);
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run cargo {}", args.join(" ")))?;
+    if status.success() {
+        Ok(())
+    } else {
+        bail!("cargo {} failed ({status})", args.join(" "))
+    }
+}
+
+/// `cargo xtask test [--filter S] [--no-e2e]`.
+pub fn test(filter: Option<&str>, no_e2e: bool) -> Result<ExitCode> {
+    let mut tally = Tally::default();
+    // The bare-metal lint and build need the target; a fresh machine may lack it.
+    ensure_rust_target()?;
+    tally.stage("fmt", || cargo_stage(&["fmt", "--all", "--", "--check"]));
+    // The host crates are the workspace's default members.
+    tally.stage("clippy (host)", || {
+        cargo_stage(&["clippy", "--all-targets", "--", "-D", "warnings"])
+    });
+    tally.stage("clippy (x86_64-unknown-none)", || {
+        let mut args = vec!["clippy"];
+        for krate in BARE_METAL_CRATES {
+            args.extend(["-p", krate]);
+        }
+        args.extend(["--target", TARGET, "--", "-D", "warnings"]);
+        cargo_stage(&args)
+    });
+    tally.stage("unit tests", || cargo_stage(&["test"]));
+    let mut hypervisor = None;
+    tally.stage("build hypervisor", || {
+        hypervisor = Some(build_hypervisor(false)?);
+        Ok(())
+    });
+
+    if !no_e2e {
+        println!("--- end-to-end scenarios");
+        let all = scenarios::all();
+        if select(&all, filter).is_empty() {
+            println!(
+                "FAIL e2e: no scenario name contains {:?}",
+                filter.unwrap_or("")
+            );
+            tally.failed += 1;
+        } else if let Some(hypervisor) = hypervisor {
+            match ensure_tools() {
+                Ok(()) => {
+                    let summary = run_scenarios(
+                        &all,
+                        &RunnerConfig {
+                            hypervisor_elf: hypervisor,
+                            out_dir: target_dir().join("scenarios"),
+                            filter: filter.map(str::to_owned),
+                            jobs: default_jobs(),
+                        },
+                    );
+                    println!("{}", summary.closing_line());
+                    tally.passed += summary.passed();
+                    tally.failed += summary.failed();
+                    tally.skipped += summary.skipped();
+                }
+                Err(e) => {
+                    println!("FAIL e2e: {e:#}");
+                    tally.failed += 1;
+                }
+            }
+        } else {
+            println!("e2e scenarios not run: the hypervisor did not build");
+        }
+    }
+
+    println!(
+        "total: {} passed, {} failed, {} skipped",
+        tally.passed, tally.failed, tally.skipped
+    );
+    Ok(if tally.failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
