@@ -1,6 +1,6 @@
 //! The Multiboot2 header and the 32→64-bit trampoline.
 //!
-//! GRUB loads the hypervisor ELF (one loadable segment at 2 MiB, see `hypervisor/linker.ld`) and
+//! GRUB loads the hypervisor ELF (one loadable segment at 16 MiB, see `hypervisor/linker.ld`) and
 //! jumps to `_start` in 32-bit protected mode with paging off, `EAX` = the Multiboot2 magic and
 //! `EBX` = the physical address of the boot information (Multiboot2 specification 2.0, §3.3,
 //! "I386 machine state"). The trampoline:

@@ -1,0 +1,229 @@
+//! A VM's configuration from its boot module's command line (docs/GUEST-ABI.md, "The module"):
+//! `<image-name> vm=<name> mem=<size> [budget=<ticks>] [target=...] [other key=value ...]`.
+//! Keys the hypervisor does not know are passed through to the guest.
+
+use core::fmt;
+
+pub const MIB: u64 = 1 << 20;
+/// Guest memory is allocated and EPT-mapped in 2 MiB pages.
+pub const MEM_GRANULE: u64 = 2 * MIB;
+pub const MEM_MIN: u64 = 4 * MIB;
+/// Four page directories in the guest's boot page tables map at most 4 GiB.
+pub const MEM_MAX: u64 = 4 << 30;
+pub const MEM_DEFAULT: u64 = 16 * MIB;
+/// Default run budget in TSC ticks (in Bochs, instructions): a guest that never stops is stopped.
+pub const BUDGET_DEFAULT: u64 = 2_000_000_000;
+pub const NAME_MAX: usize = 32;
+
+/// What an attack guest aims at (resolved by the loader to a host-physical address).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target<'a> {
+    Hypervisor,
+    Vm(&'a str),
+    Unmapped,
+    Mmio,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VmConfig<'a> {
+    pub name: &'a str,
+    pub mem: u64,
+    pub budget: u64,
+    pub target: Option<Target<'a>>,
+    /// Every argument after the image name, passed to the guest as is.
+    pub args: &'a str,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigError<'a> {
+    NoImageName,
+    BadName(&'a str),
+    BadMem(&'a str),
+    MemRange(u64),
+    BadBudget(&'a str),
+    BadTarget(&'a str),
+    Repeated(&'a str),
+}
+
+impl fmt::Display for ConfigError<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::NoImageName => f.write_str("the module command line has no image name"),
+            ConfigError::BadName(n) => write!(
+                f,
+                "vm={n:?}: a VM name is 1-{NAME_MAX} characters of [A-Za-z0-9_.-]"
+            ),
+            ConfigError::BadMem(v) => write!(
+                f,
+                "mem={v:?}: expected a size with a K, M or G suffix, e.g. mem=16M"
+            ),
+            ConfigError::MemRange(b) => write!(
+                f,
+                "mem={} KiB: guest memory must be a multiple of 2 MiB between {} MiB and {} GiB",
+                b >> 10,
+                MEM_MIN >> 20,
+                MEM_MAX >> 30
+            ),
+            ConfigError::BadBudget(v) => {
+                write!(f, "budget={v:?}: expected a positive number of TSC ticks")
+            }
+            ConfigError::BadTarget(v) => write!(
+                f,
+                "target={v:?}: expected hypervisor, vm:<name>, unmapped or mmio"
+            ),
+            ConfigError::Repeated(k) => write!(f, "{k}= given twice"),
+        }
+    }
+}
+
+/// Parses a module command line (the image name first).
+pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
+    let cmdline = cmdline.trim();
+    let mut words = cmdline.split_whitespace();
+    let image = words.next().ok_or(ConfigError::NoImageName)?;
+    let args = cmdline[image.len()..].trim_start();
+    let mut name = None;
+    let mut mem = None;
+    let mut budget = None;
+    let mut target = None;
+    for word in words {
+        let Some((key, value)) = word.split_once('=') else {
+            continue;
+        };
+        match key {
+            "vm" => set(&mut name, key, parse_name(value)?)?,
+            "mem" => set(&mut mem, key, parse_mem(value)?)?,
+            "budget" => set(
+                &mut budget,
+                key,
+                value
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&b| b > 0)
+                    .ok_or(ConfigError::BadBudget(value))?,
+            )?,
+            "target" => set(&mut target, key, parse_target(value)?)?,
+            _ => {}
+        }
+    }
+    let default_name = image.strip_suffix(".elf").unwrap_or(image);
+    Ok(VmConfig {
+        name: match name {
+            Some(n) => n,
+            None => parse_name(default_name).map_err(|_| ConfigError::BadName(default_name))?,
+        },
+        mem: mem.unwrap_or(MEM_DEFAULT),
+        budget: budget.unwrap_or(BUDGET_DEFAULT),
+        target,
+        args,
+    })
+}
+
+fn set<'a, T>(slot: &mut Option<T>, key: &'a str, value: T) -> Result<(), ConfigError<'a>> {
+    if slot.is_some() {
+        return Err(ConfigError::Repeated(key));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+fn parse_name(n: &str) -> Result<&str, ConfigError<'_>> {
+    let ok = !n.is_empty()
+        && n.len() <= NAME_MAX
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    if ok {
+        Ok(n)
+    } else {
+        Err(ConfigError::BadName(n))
+    }
+}
+
+fn parse_mem(v: &str) -> Result<u64, ConfigError<'_>> {
+    let (digits, shift) = match v.as_bytes().last() {
+        Some(b'K' | b'k') => (&v[..v.len() - 1], 10),
+        Some(b'M' | b'm') => (&v[..v.len() - 1], 20),
+        Some(b'G' | b'g') => (&v[..v.len() - 1], 30),
+        _ => return Err(ConfigError::BadMem(v)),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(ConfigError::BadMem(v));
+    }
+    let n: u64 = digits.parse().map_err(|_| ConfigError::BadMem(v))?;
+    let bytes = n
+        .checked_shl(shift)
+        .filter(|b| b >> shift == n)
+        .ok_or(ConfigError::BadMem(v))?;
+    if !(MEM_MIN..=MEM_MAX).contains(&bytes) || !bytes.is_multiple_of(MEM_GRANULE) {
+        return Err(ConfigError::MemRange(bytes));
+    }
+    Ok(bytes)
+}
+
+fn parse_target(v: &str) -> Result<Target<'_>, ConfigError<'_>> {
+    match v {
+        "hypervisor" => Ok(Target::Hypervisor),
+        "unmapped" => Ok(Target::Unmapped),
+        "mmio" => Ok(Target::Mmio),
+        _ => match v.strip_prefix("vm:") {
+            Some(name) => parse_name(name)
+                .map(Target::Vm)
+                .map_err(|_| ConfigError::BadTarget(v)),
+            None => Err(ConfigError::BadTarget(v)),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn defaults_and_pass_through() {
+        let c = parse("hello.elf code=7").unwrap();
+        assert_eq!(c.name, "hello");
+        assert_eq!(c.mem, MEM_DEFAULT);
+        assert_eq!(c.budget, BUDGET_DEFAULT);
+        assert_eq!(c.args, "code=7");
+        let c = parse("attack.elf vm=a1 mem=8M attack=write target=vm:hello").unwrap();
+        assert_eq!((c.name, c.mem), ("a1", 8 * MIB));
+        assert_eq!(c.target, Some(Target::Vm("hello")));
+        assert_eq!(c.args, "vm=a1 mem=8M attack=write target=vm:hello");
+        assert_eq!(parse("x.elf mem=1G").unwrap().mem, 1 << 30);
+        assert_eq!(parse("x.elf mem=6144K").unwrap().mem, 6 * MIB);
+    }
+
+    #[test]
+    fn refusals() {
+        assert_eq!(parse("  "), Err(ConfigError::NoImageName));
+        assert_eq!(parse("x.elf mem=3M"), Err(ConfigError::MemRange(3 * MIB)));
+        assert_eq!(parse("x.elf mem=5M"), Err(ConfigError::MemRange(5 * MIB)));
+        assert_eq!(parse("x.elf mem=8G"), Err(ConfigError::MemRange(8 << 30)));
+        assert_eq!(parse("x.elf mem=16"), Err(ConfigError::BadMem("16")));
+        assert_eq!(
+            parse("x.elf mem=99999999999999999999M"),
+            Err(ConfigError::BadMem("99999999999999999999M"))
+        );
+        assert_eq!(parse("x.elf vm=a/b"), Err(ConfigError::BadName("a/b")));
+        assert_eq!(parse("x.elf vm=a vm=b"), Err(ConfigError::Repeated("vm")));
+        assert_eq!(parse("x.elf budget=0"), Err(ConfigError::BadBudget("0")));
+        assert_eq!(
+            parse("x.elf target=kernel"),
+            Err(ConfigError::BadTarget("kernel"))
+        );
+        assert!(
+            parse("x.elf mem=3M")
+                .unwrap_err()
+                .to_string()
+                .contains("multiple of 2 MiB")
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics(s in "\\PC{0,80}") {
+            let _ = parse(&s);
+        }
+    }
+}
