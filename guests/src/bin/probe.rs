@@ -1,0 +1,241 @@
+//! `probe`: checks the guest ABI's CPUID, MSR, I/O, hypercall and entry-state policy from
+//! inside the guest.
+//!
+//! No arguments. Each check prints `probe: ok <name>` or
+//! `probe: FAIL <name>: got <X> expected <Y>`; the last line is
+//! `probe: <n> passed, <m> failed`, and the exit code is 0 when all passed, 1 otherwise.
+//! Besides the serial output, the `hypercall.print` check prints one line through PRINT.
+#![no_std]
+#![no_main]
+
+use core::fmt::{self, Display};
+use hvprof_guests::cpu::{self, Fault, cpuid, rdmsr_safe, wrmsr_safe};
+use hvprof_guests::{hypercall, io, println, serial};
+
+hvprof_guests::guest_entry!(main);
+
+const IA32_TSC: u32 = 0x10;
+const IA32_APIC_BASE: u32 = 0x1b;
+const IA32_FEATURE_CONTROL: u32 = 0x3a;
+const IA32_VMX_BASIC: u32 = 0x480;
+const IA32_VMX_VMFUNC: u32 = 0x491;
+const UNKNOWN_MSR: u32 = 0x1234_5678;
+const IA32_EFER: u32 = 0xc000_0080;
+const IA32_LSTAR: u32 = 0xc000_0082;
+const IA32_KERNEL_GS_BASE: u32 = 0xc000_0102;
+
+const UNUSED_PORT: u16 = 0x2e8;
+
+/// What an MSR access or hypercall produced, for printing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Value(u64),
+    Fault(Fault),
+}
+
+impl Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Value(v) => write!(f, "{v:#x}"),
+            Outcome::Fault(fault) => write!(f, "{fault}"),
+        }
+    }
+}
+
+impl From<Result<u64, Fault>> for Outcome {
+    fn from(r: Result<u64, Fault>) -> Self {
+        match r {
+            Ok(v) => Outcome::Value(v),
+            Err(f) => Outcome::Fault(f),
+        }
+    }
+}
+
+impl From<Result<(), Fault>> for Outcome {
+    fn from(r: Result<(), Fault>) -> Self {
+        match r {
+            // A write that went through: shown as "no fault".
+            Ok(()) => Outcome::Value(0),
+            Err(f) => Outcome::Fault(f),
+        }
+    }
+}
+
+/// Prints a value as hex.
+struct Hex(u64);
+
+impl Display for Hex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+#[derive(Default)]
+struct Probe {
+    passed: u32,
+    failed: u32,
+}
+
+impl Probe {
+    fn check(&mut self, name: &str, ok: bool, got: impl Display, expected: impl Display) {
+        if ok {
+            self.passed += 1;
+            println!("probe: ok {name}");
+        } else {
+            self.failed += 1;
+            println!("probe: FAIL {name}: got {got} expected {expected}");
+        }
+    }
+
+    fn eq<T: PartialEq + Display>(&mut self, name: &str, got: T, expected: T) {
+        let ok = got == expected;
+        self.check(name, ok, got, expected);
+    }
+
+    fn hex(&mut self, name: &str, got: u64, expected: u64) {
+        self.check(name, got == expected, Hex(got), Hex(expected));
+    }
+
+    fn msr_reads(&mut self, name: &str, msr: u32, expected: u64) {
+        self.eq(name, rdmsr_safe(msr).into(), Outcome::Value(expected));
+    }
+
+    fn msr_read_faults(&mut self, name: &str, msr: u32) {
+        self.eq(name, rdmsr_safe(msr).into(), Outcome::Fault(Fault::GP));
+    }
+
+    /// Writes `value`, reads it back, restores the old value.
+    ///
+    /// # Safety
+    /// `msr` must be one whose temporary value does not matter to this guest.
+    unsafe fn msr_round_trip(&mut self, name: &str, msr: u32, value: u64) {
+        let old = match rdmsr_safe(msr) {
+            Ok(v) => v,
+            Err(f) => return self.check(name, false, f, Hex(value)),
+        };
+        // SAFETY: the caller vouches that the value does not matter; it is restored below.
+        if let Err(f) = unsafe { wrmsr_safe(msr, value) } {
+            return self.check(name, false, format_args!("{f} on write"), Hex(value));
+        }
+        let back = rdmsr_safe(msr);
+        // SAFETY: puts back what was there.
+        let _ = unsafe { wrmsr_safe(msr, old) };
+        self.eq(name, back.into(), Outcome::Value(value));
+    }
+}
+
+fn bit(value: u32, n: u32) -> u32 {
+    (value >> n) & 1
+}
+
+fn main(_args: &str) -> u8 {
+    let mut p = Probe::default();
+
+    // CPUID.
+    let leaf1 = cpuid(1, 0);
+    p.eq("cpuid.1.ecx.vmx", bit(leaf1.ecx, 5), 0);
+    p.eq("cpuid.1.ecx.hypervisor", bit(leaf1.ecx, 31), 1);
+    let base = cpuid(0x4000_0000, 0);
+    p.check(
+        "cpuid.40000000.eax",
+        base.eax >= 0x4000_0001,
+        Hex(base.eax.into()),
+        ">= 0x40000001",
+    );
+    let mut sig = [0u8; 12];
+    sig[0..4].copy_from_slice(&base.ebx.to_le_bytes());
+    sig[4..8].copy_from_slice(&base.ecx.to_le_bytes());
+    sig[8..12].copy_from_slice(&base.edx.to_le_bytes());
+    let sig = core::str::from_utf8(&sig).unwrap_or("<not UTF-8>");
+    p.eq("cpuid.40000000.signature", sig, "hvprofhvprof");
+    let features = cpuid(0x4000_0001, 0);
+    p.hex("cpuid.40000001.eax", features.eax.into(), 1);
+
+    // Hypercalls.
+    p.eq("hypercall.version", hypercall::version(), 1);
+    p.hex(
+        "hypercall.print",
+        hypercall::print(b"probe: hypercall print\n"),
+        0,
+    );
+    p.hex(
+        "hypercall.print.outside",
+        hypercall::hypercall(hypercall::PRINT, 1 << 40, 16),
+        hypercall::ERR_BAD_BUFFER,
+    );
+    p.hex(
+        "hypercall.unknown",
+        hypercall::hypercall(0x1234, 0, 0),
+        hypercall::ERR_UNKNOWN,
+    );
+
+    // MSRs.
+    p.msr_reads("msr.feature_control.read", IA32_FEATURE_CONTROL, 1);
+    // SAFETY: the write must fault; were it to succeed, writing the value just read changes
+    // nothing.
+    let write = unsafe { wrmsr_safe(IA32_FEATURE_CONTROL, 1) };
+    p.eq(
+        "msr.feature_control.write",
+        write.into(),
+        Outcome::Fault(Fault::GP),
+    );
+    p.msr_read_faults("msr.vmx_basic.read", IA32_VMX_BASIC);
+    p.msr_read_faults("msr.vmx_vmfunc.read", IA32_VMX_VMFUNC);
+    p.msr_read_faults("msr.unknown.read", UNKNOWN_MSR);
+    p.msr_reads("msr.apic_base.read", IA32_APIC_BASE, 0xfee0_0900);
+    let efer = rdmsr_safe(IA32_EFER);
+    let want = (1 << 8) | (1 << 10) | (1 << 11); // LME, LMA, NXE
+    p.check(
+        "msr.efer.read",
+        efer.is_ok_and(|e| e & want == want),
+        Outcome::from(efer),
+        "LME|LMA|NXE (0xd00) set",
+    );
+    let tsc = rdmsr_safe(IA32_TSC);
+    p.check("msr.tsc.read", tsc.is_ok(), Outcome::from(tsc), "no fault");
+    // SAFETY: this guest never executes SYSCALL nor SWAPGS; both are restored.
+    unsafe {
+        p.msr_round_trip("msr.lstar.roundtrip", IA32_LSTAR, 0xffff_8000_dead_b000);
+        p.msr_round_trip(
+            "msr.kernel_gs_base.roundtrip",
+            IA32_KERNEL_GS_BASE,
+            0xffff_8000_cafe_f000,
+        );
+    }
+
+    // I/O ports.
+    // SAFETY: nothing is behind port 0x2e8.
+    let unused = unsafe { io::inb(UNUSED_PORT) };
+    p.hex("io.unused.read", unused.into(), 0xff);
+    // SAFETY: reading the virtual UART's LSR has no side effect.
+    let lsr = unsafe { io::inb(serial::LSR) };
+    p.hex("io.uart.lsr", lsr.into(), 0x60);
+    for value in [0xa5u8, 0x5a] {
+        // SAFETY: the scratch register stores a byte and does nothing else.
+        let back = unsafe {
+            io::outb(serial::SCR, value);
+            io::inb(serial::SCR)
+        };
+        p.hex("io.uart.scratch", back.into(), value.into());
+    }
+
+    // Entry state as the guest sees it.
+    let cr0 = cpu::read_cr0();
+    let want = 1 | (1 << 4) | (1 << 5) | (1 << 16) | (1 << 31); // PE, ET, NE, WP, PG
+    p.check(
+        "cr0",
+        cr0 & want == want,
+        Hex(cr0),
+        "PE|ET|NE|WP|PG (0x80010031) set",
+    );
+    let cr4 = cpu::read_cr4();
+    p.check(
+        "cr4.vmxe.hidden",
+        cr4 & (1 << 13) == 0,
+        Hex(cr4),
+        "VMXE (bit 13) clear",
+    );
+
+    println!("probe: {} passed, {} failed", p.passed, p.failed);
+    u8::from(p.failed != 0)
+}

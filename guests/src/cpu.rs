@@ -1,0 +1,166 @@
+//! CPU instructions: CPUID, MSR access that survives #GP/#UD, control registers, `invlpg`, `hlt`.
+//!
+//! [`rdmsr_safe`] and [`wrmsr_safe`] record their instruction in the `.fixup` section (a pair:
+//! faulting RIP, continuation RIP). When that instruction raises #GP or #UD, the exception
+//! handler resumes at the continuation with `0x100 | vector` in R8, which was zero before.
+
+pub use crate::fault::Fault;
+
+/// The four registers CPUID returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cpuid {
+    pub eax: u32,
+    pub ebx: u32,
+    pub ecx: u32,
+    pub edx: u32,
+}
+
+/// Executes exactly one CPUID (a VM exit under VMX) for `leaf`/`subleaf`.
+pub fn cpuid(leaf: u32, subleaf: u32) -> Cpuid {
+    let (eax, ebx, ecx, edx): (u32, u64, u32, u32);
+    // SAFETY: CPUID only writes the four registers; RBX is reserved by LLVM, so it is saved in a
+    // scratch register and swapped back.
+    unsafe {
+        core::arch::asm!(
+            "mov {b}, rbx",
+            "cpuid",
+            "xchg {b}, rbx",
+            b = out(reg) ebx,
+            inout("eax") leaf => eax,
+            inout("ecx") subleaf => ecx,
+            out("edx") edx,
+            options(nomem, nostack, preserves_flags),
+        );
+    }
+    Cpuid {
+        eax,
+        ebx: ebx as u32,
+        ecx,
+        edx,
+    }
+}
+
+fn fault_from(r8: u64) -> Result<(), Fault> {
+    if r8 == 0 {
+        Ok(())
+    } else {
+        Err(Fault { vector: r8 as u8 })
+    }
+}
+
+/// Reads an MSR; `Err` with the vector when RDMSR faulted.
+pub fn rdmsr_safe(msr: u32) -> Result<u64, Fault> {
+    let (lo, hi, fault): (u32, u32, u64);
+    // SAFETY: RDMSR writes only EDX:EAX; a #GP/#UD is caught through the fixup entry and
+    // reported in R8. The guest runs at CPL 0.
+    unsafe {
+        core::arch::asm!(
+            "xor r8d, r8d",
+            "2: rdmsr",
+            "3:",
+            ".pushsection .fixup, \"a\"",
+            ".balign 8",
+            ".quad 2b, 3b",
+            ".popsection",
+            in("ecx") msr,
+            out("eax") lo,
+            out("edx") hi,
+            out("r8") fault,
+            options(nostack),
+        );
+    }
+    fault_from(fault).map(|()| ((hi as u64) << 32) | lo as u64)
+}
+
+/// Writes an MSR; `Err` with the vector when WRMSR faulted.
+///
+/// # Safety
+/// A successful write changes processor behaviour: the caller must know what it does.
+pub unsafe fn wrmsr_safe(msr: u32, value: u64) -> Result<(), Fault> {
+    let fault: u64;
+    // SAFETY: the caller vouches for the effect; a #GP/#UD is caught through the fixup entry.
+    unsafe {
+        core::arch::asm!(
+            "xor r8d, r8d",
+            "2: wrmsr",
+            "3:",
+            ".pushsection .fixup, \"a\"",
+            ".balign 8",
+            ".quad 2b, 3b",
+            ".popsection",
+            in("ecx") msr,
+            in("eax") value as u32,
+            in("edx") (value >> 32) as u32,
+            out("r8") fault,
+            options(nostack),
+        );
+    }
+    fault_from(fault)
+}
+
+/// CR0.
+pub fn read_cr0() -> u64 {
+    let v: u64;
+    // SAFETY: reading CR0 has no side effect at CPL 0.
+    unsafe {
+        core::arch::asm!("mov {}, cr0", out(reg) v, options(nomem, nostack, preserves_flags))
+    };
+    v
+}
+
+/// CR2, the last page-fault address.
+pub fn read_cr2() -> u64 {
+    let v: u64;
+    // SAFETY: reading CR2 has no side effect at CPL 0.
+    unsafe {
+        core::arch::asm!("mov {}, cr2", out(reg) v, options(nomem, nostack, preserves_flags))
+    };
+    v
+}
+
+/// CR3, the page-table root.
+pub fn read_cr3() -> u64 {
+    let v: u64;
+    // SAFETY: reading CR3 has no side effect at CPL 0.
+    unsafe {
+        core::arch::asm!("mov {}, cr3", out(reg) v, options(nomem, nostack, preserves_flags))
+    };
+    v
+}
+
+/// CR4 (as the guest sees it: the hypervisor hides VMXE).
+pub fn read_cr4() -> u64 {
+    let v: u64;
+    // SAFETY: reading CR4 has no side effect at CPL 0.
+    unsafe {
+        core::arch::asm!("mov {}, cr4", out(reg) v, options(nomem, nostack, preserves_flags))
+    };
+    v
+}
+
+/// Invalidates the TLB entries for the page holding `va`.
+///
+/// # Safety
+/// Only flushes; unsafe because it is meant for code that changed page tables and must make sure
+/// the change is complete first.
+pub unsafe fn invlpg(va: u64) {
+    // SAFETY: INVLPG only drops cached translations.
+    unsafe { core::arch::asm!("invlpg [{}]", in(reg) va, options(nostack, preserves_flags)) };
+}
+
+/// Executes one HLT (a VM exit under hvprof; with interrupts off, the vCPU resumes only when
+/// the hypervisor lets it).
+pub fn hlt() {
+    // SAFETY: HLT waits; it touches no memory.
+    unsafe { core::arch::asm!("hlt", options(nomem, nostack, preserves_flags)) };
+}
+
+/// The guest's physical-address width (CPUID.80000008H:EAX[7:0]), 36 when the leaf is missing
+/// (SDM Vol. 3A §5.1.4).
+pub fn max_phys_addr_bits() -> u32 {
+    if cpuid(0x8000_0000, 0).eax >= 0x8000_0008 {
+        cpuid(0x8000_0008, 0).eax & 0xff
+    } else {
+        36
+    }
+}
