@@ -17,11 +17,17 @@ mod console;
 mod memory;
 mod platform;
 mod power;
+mod tsc;
+mod vcpu;
+mod vm;
+mod vmexit;
+mod vmx_root;
 
+use alloc::vec::Vec;
 use core::fmt::Write;
 use hvprof_boot::cmdline::{self, Options, SelfTest};
 use hvprof_boot::entry::MULTIBOOT2_BOOTLOADER_MAGIC;
-use hvprof_boot::info::{self, BootInfo};
+use hvprof_boot::info::{self, BootInfo, ModuleTag};
 use hvprof_boot::memory::{FreeRanges, Range};
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -38,6 +44,7 @@ static mut BOOT_INFO_COPY: BootInfoCopy = BootInfoCopy([0; BOOT_INFO_MAX]);
 #[unsafe(no_mangle)]
 extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     console::init(cmdline::DEFAULT_SERIAL);
+    mask_pic();
     arch::gdt::init_bsp();
     arch::idt::init();
     println!("hvprof {VERSION} build-id {}", BuildId);
@@ -80,10 +87,10 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     println!("options: {options}");
 
     init_memory(&boot, original);
-    list_modules(&boot, original);
+    let guests = list_modules(&boot, original);
     let cpus = init_acpi(&boot);
 
-    let _cpu = match platform::report() {
+    let cpu = match platform::report() {
         Ok(report) => report,
         Err(refusal) => {
             println!("hvprof: refused: {refusal}");
@@ -92,8 +99,39 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     };
 
     selftest(&options);
-    println!("hvprof: ready ({cpus} CPUs)");
+    let tsc = tsc::calibrate();
+    let period = options.period.to_tsc_ticks(tsc.hz).max(1);
+    println!(
+        "tsc: {} Hz ({}), invariant {}; sampling period {} = {period} ticks",
+        tsc.hz,
+        tsc.source,
+        if tsc.invariant { "yes" } else { "no" },
+        options.period
+    );
+    if let Err(e) = vmx_root::enable(&cpu.vmx) {
+        println!("hvprof: error: cannot enter VMX operation: {e}");
+        power::off();
+    }
+    println!("vmx: VMXON done on the boot CPU");
+    let mut vms = vm::build_all(&cpu.vmx, &guests);
+    println!("hvprof: ready ({cpus} CPUs, {} VMs)", vms.len());
+    for vm in vms.iter_mut() {
+        vm::run(vm, &cpu.vmx, period);
+    }
+    println!("hvprof: all VMs stopped");
     power::off()
+}
+
+/// Masks every line of the legacy 8259 PICs: the hypervisor takes no legacy interrupts, and
+/// with external-interrupt exiting an unmasked PIT would interrupt every guest.
+fn mask_pic() {
+    use x86_64::instructions::port::Port;
+    // SAFETY: ports 0x21 and 0xa1 are the interrupt mask registers of the master and slave
+    // 8259 (OCW1); masking all lines has no other effect.
+    unsafe {
+        Port::<u8>::new(0x21).write(0xff);
+        Port::<u8>::new(0xa1).write(0xff);
+    }
 }
 
 /// Copies the boot information into `BOOT_INFO_COPY`; returns the copy and the original range.
@@ -175,7 +213,9 @@ fn init_memory(boot: &BootInfo, boot_info: Range) {
     }
 }
 
-fn list_modules(boot: &BootInfo, boot_info: Range) {
+/// Reports every module; returns those that are loadable guest images.
+fn list_modules(boot: &BootInfo<'static>, boot_info: Range) -> Vec<(usize, ModuleTag<'static>)> {
+    let mut guests = Vec::new();
     let image = memory::image_range();
     let forbidden = [
         (image.start, image.end, "the hypervisor image"),
@@ -192,17 +232,20 @@ fn list_modules(boot: &BootInfo, boot_info: Range) {
         let bytes = unsafe { core::slice::from_raw_parts(m.start as *const u8, m.len() as usize) };
         let name = m.name().unwrap_or("?");
         match hvprof_boot::image::inspect(bytes) {
-            Ok(img) => println!(
-                "module {i}: {name} {:#x}-{:#x} {} bytes, args \"{}\": ELF64 x86-64 executable, entry {:#x}, {} load segments at {:#x}-{:#x}",
-                m.start,
-                m.end,
-                m.len(),
-                m.args().unwrap_or(""),
-                img.entry,
-                img.load_segments,
-                img.lowest,
-                img.highest
-            ),
+            Ok(img) => {
+                guests.push((i, m));
+                println!(
+                    "module {i}: {name} {:#x}-{:#x} {} bytes, args \"{}\": ELF64 x86-64 executable, entry {:#x}, {} load segments at {:#x}-{:#x}",
+                    m.start,
+                    m.end,
+                    m.len(),
+                    m.args().unwrap_or(""),
+                    img.entry,
+                    img.load_segments,
+                    img.lowest,
+                    img.highest
+                )
+            }
             Err(e) => println!(
                 "module {i}: error: '{name}' ({:#x}-{:#x}, {} bytes) is not a loadable guest image: {e}",
                 m.start,
@@ -211,6 +254,7 @@ fn list_modules(boot: &BootInfo, boot_info: Range) {
             ),
         }
     }
+    guests
 }
 
 /// Reads the MADT and FADT; returns the number of CPUs.

@@ -42,6 +42,17 @@ pub fn init(mut free: FreeRanges) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Allocates zeroed, physically contiguous memory: `bytes` rounded up to pages, aligned to
+/// `align`. Returns the physical (= virtual) address.
+pub fn alloc_zeroed(bytes: u64, align: u64) -> Option<u64> {
+    let addr = FRAMES.lock().as_mut()?.take(bytes, align)?;
+    let len = hvprof_boot::memory::align_up(bytes);
+    // SAFETY: the range was just taken from the free ranges (owned by nobody else) and lies in
+    // the identity map.
+    unsafe { core::ptr::write_bytes(addr as *mut u8, 0, len as usize) };
+    Some(addr)
+}
+
 /// Free memory left in the frame allocator, in bytes.
 pub fn free_bytes() -> u64 {
     FRAMES.lock().as_ref().map_or(0, FreeRanges::total_bytes)

@@ -16,6 +16,7 @@ pub mod process;
 pub mod runner;
 pub mod scenarios;
 pub mod tools;
+pub mod vm_scenarios;
 
 pub use emulator::Emulator;
 pub use log::SerialLog;

@@ -31,6 +31,8 @@ pub enum ModuleSource {
     Bytes(Vec<u8>),
     /// An existing file.
     File(PathBuf),
+    /// A test guest from `guests/` (the binary's name: `hello`, `probe`, `busy`, `attack`).
+    Guest(&'static str),
 }
 
 /// One boot module of a scenario.
@@ -210,6 +212,8 @@ impl Summary {
 pub struct RunnerConfig {
     /// The hypervisor ELF under test.
     pub hypervisor_elf: PathBuf,
+    /// Where the test guests' ELF files are (`target/x86_64-unknown-none/release`).
+    pub guest_dir: PathBuf,
     /// Artifacts go to `<out_dir>/<scenario name>/`.
     pub out_dir: PathBuf,
     /// Run only scenarios whose name contains this.
@@ -305,6 +309,7 @@ pub fn result_line(result: &ScenarioResult) -> String {
 fn materialize_modules(
     scenario: &Scenario,
     hypervisor: &Path,
+    guest_dir: &Path,
     dir: &Path,
 ) -> Result<Vec<IsoModule>> {
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -322,6 +327,15 @@ fn materialize_modules(
                 ModuleSource::File(src) => fs::copy(src, &path)
                     .map(drop)
                     .with_context(|| format!("cannot copy {}", src.display()))?,
+                ModuleSource::Guest(name) => {
+                    let src = guest_dir.join(name);
+                    fs::copy(&src, &path).map(drop).with_context(|| {
+                        format!(
+                            "cannot copy the test guest {} (built by xtask?)",
+                            src.display()
+                        )
+                    })?
+                }
             }
             IsoModule::with_args(path, &m.args)
         })
@@ -346,7 +360,12 @@ pub fn run_scenario(scenario: &Scenario, config: &RunnerConfig) -> (ScenarioResu
         if dir.exists() {
             fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
         }
-        let modules = materialize_modules(scenario, &config.hypervisor_elf, &dir.join("modules"))?;
+        let modules = materialize_modules(
+            scenario,
+            &config.hypervisor_elf,
+            &config.guest_dir,
+            &dir.join("modules"),
+        )?;
         build_iso(
             &IsoSpec {
                 hypervisor: &config.hypervisor_elf,

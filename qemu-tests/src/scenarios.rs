@@ -8,7 +8,7 @@
 //! Scenario::new("bochs-skylake-2cpu", Emulator::bochs("corei7_skylake_x"))
 //!     .cpus(2)
 //!     .cmdline("period=1ms")
-//!     .module("sample.elf", ModuleSource::HypervisorCopy, "vm=sample")
+//!     .module("hello.elf", ModuleSource::Guest("hello"), "vm=hello")
 //!     .check(|log| check_full_boot(log, 2, PmuExpect::NotCounting))
 //! ```
 //! A check gets the [`SerialLog`] and returns `Err(reason)`; [`SerialLog::expect`] and its
@@ -80,9 +80,11 @@ pub const PENRYN: &str = "core2_penryn_t9600";
 /// A Bochs model with SVM only.
 pub const RYZEN: &str = "ryzen";
 
-/// The valid module every booting scenario carries: a copy of the hypervisor ELF.
-const SAMPLE: &str = "sample.elf";
-const SAMPLE_ARGS: &str = "vm=sample";
+/// The valid module every booting scenario carries: the `hello` test guest, which prints and
+/// exits with code 42.
+const SAMPLE: &str = "hello.elf";
+const SAMPLE_ARGS: &str = "vm=hello";
+const SAMPLE_GUEST: ModuleSource = ModuleSource::Guest("hello");
 
 /// Collects every problem a check finds, so one failure names all of them.
 #[derive(Default)]
@@ -189,6 +191,12 @@ pub fn check_full_boot(log: &SerialLog, cpus: u32, pmu: PmuExpect) -> Result<(),
     f.note(log.expect(&expect::madt_cpus(cpus)));
     f.note(log.expect_none(expect::REFUSED));
     f.note(log.expect_after(expect::READY, expect::POWER_OFF));
+    f.note(crate::vm_scenarios::check_exit_code(
+        log,
+        "hello",
+        42,
+        "port 0xf4",
+    ));
     f.finish()
 }
 
@@ -263,13 +271,13 @@ pub fn garbage_module() -> Vec<u8> {
 fn full_boot(name: &str, emulator: Emulator, cpus: u32, pmu: PmuExpect) -> Scenario {
     Scenario::new(name, emulator)
         .cpus(cpus)
-        .module(SAMPLE, ModuleSource::HypervisorCopy, SAMPLE_ARGS)
+        .module(SAMPLE, SAMPLE_GUEST, SAMPLE_ARGS)
         .check(move |log| check_full_boot(log, cpus, pmu))
 }
 
 fn refusal(name: &str, emulator: Emulator, missing: &'static str) -> Scenario {
     Scenario::new(name, emulator)
-        .module(SAMPLE, ModuleSource::HypervisorCopy, SAMPLE_ARGS)
+        .module(SAMPLE, SAMPLE_GUEST, SAMPLE_ARGS)
         .check(move |log| check_refusal(log, missing))
 }
 
@@ -298,14 +306,37 @@ pub fn all() -> Vec<Scenario> {
         refusal("bochs-ryzen-no-vmx", Emulator::bochs(RYZEN), "VMX"),
         refusal("qemu-tcg-bios-no-vmx", Emulator::QemuTcgBios, "VMX"),
         refusal("qemu-tcg-uefi-no-vmx", Emulator::QemuTcgUefi, "VMX"),
+        // A module that is no ELF, and an ELF that passes the header checks but does not fit
+        // in its VM's memory (the hypervisor's own image, linked at 16 MiB): both refused with a
+        // message, and the good guest after them still runs.
         Scenario::new("bochs-malformed-module", Emulator::bochs(HASWELL))
-            .module(SAMPLE, ModuleSource::HypervisorCopy, SAMPLE_ARGS)
+            .module(SAMPLE, SAMPLE_GUEST, SAMPLE_ARGS)
             .module("bad.elf", ModuleSource::Bytes(garbage_module()), "vm=bad")
+            .module(
+                "toobig.elf",
+                ModuleSource::HypervisorCopy,
+                "vm=toobig mem=16M",
+            )
+            .module("hello2.elf", SAMPLE_GUEST, "vm=hello2 code=9")
             .check(|log| {
                 let mut f = Findings::default();
                 f.note(check_module_ok(log, 0, SAMPLE));
                 f.note(check_module_error(log, 1));
+                f.note(log.expect_containing("module 1: error:", "not an ELF image"));
+                f.note(log.expect_containing("vm toobig: error:", "does not fit in guest memory"));
                 f.note(log.expect_after(expect::READY, expect::POWER_OFF));
+                f.note(crate::vm_scenarios::check_exit_code(
+                    log,
+                    "hello",
+                    42,
+                    "port 0xf4",
+                ));
+                f.note(crate::vm_scenarios::check_exit_code(
+                    log,
+                    "hello2",
+                    9,
+                    "port 0xf4",
+                ));
                 f.finish()
             }),
         Scenario::new("bochs-unknown-option", Emulator::bochs(HASWELL))
@@ -318,6 +349,9 @@ pub fn all() -> Vec<Scenario> {
         selftest("panic", check_panic),
         full_boot("qemu-kvm-nested", Emulator::QemuKvm, 2, PmuExpect::Either),
     ]
+    .into_iter()
+    .chain(crate::vm_scenarios::all())
+    .collect()
 }
 
 #[cfg(test)]
@@ -338,7 +372,7 @@ mod tests {
              options: period=1ms export=stream selftest=none serial=0x3f8\r\n\
              memory: 0x0000000000000000-0x000000000009fc00 available\r\n\
              memory: usable 511 MiB, 130000 free frames after excluding the image, the boot info and 1 modules\r\n\
-             module 0: sample.elf 0x400000-0x500000 1048576 bytes, args \"vm=sample\": ELF64 x86-64 executable, entry 0x200000\r\n\
+             module 0: hello.elf 0x400000-0x500000 1048576 bytes, args \"vm=hello\": ELF64 x86-64 executable, entry 0x200000\r\n\
              acpi: RSDP v2 at 0xf0000, OEM \"BOCHS \"\r\n\
              {madt}\r\n\
              acpi: FADT: PM1a_CNT 0xb004, S5 sleep type 0\r\n\
@@ -350,6 +384,7 @@ mod tests {
              cpu: VMX-preemption timer yes (shift 0)\r\n\
              pmu: not counting (counter 0 did not move)\r\n\
              hvprof: ready ({cpus} CPUs)\r\n\
+             vm hello: stopped: exit code 42 (port 0xf4) after 47385 ticks\r\n\
              hvprof: power off (acpi)\r\n"
         )
     }
@@ -378,7 +413,7 @@ mod tests {
         let err = check_full_boot(&log, 1, PmuExpect::NotCounting).unwrap_err();
         assert!(err.contains("build id"), "{err}");
         let log =
-            SerialLog::new(full_log(1).replace("module 0: sample.elf", "module 0: error: bad"));
+            SerialLog::new(full_log(1).replace("module 0: hello.elf", "module 0: error: bad"));
         assert!(check_full_boot(&log, 1, PmuExpect::NotCounting).is_err());
     }
 
@@ -447,9 +482,13 @@ mod tests {
             .find(|s| s.name == "bochs-malformed-module")
             .unwrap();
         let good = SerialLog::new(
-            "module 0: sample.elf 0x1-0x2 1 bytes, args \"vm=sample\": ELF64 x86-64 executable, entry 0x1\n\
-             module 1: error: bad.elf is not an ELF file (magic 4e 4f 54 45)\n\
-             hvprof: ready (1 CPUs)\nhvprof: power off (acpi)\n",
+            "module 0: hello.elf 0x1-0x2 1 bytes, args \"vm=hello\": ELF64 x86-64 executable, entry 0x1\n\
+             module 1: error: 'bad.elf' (0x2-0x3, 1 bytes) is not a loadable guest image: not an ELF image (bad magic)\n\
+             vm toobig: error: ELF segment 0 (0x1000000-0x1060000) does not fit in guest memory [0x100000, 0x1000000); VM not created, the others go on\n\
+             hvprof: ready (1 CPUs)\n\
+             vm hello: stopped: exit code 42 (port 0xf4) after 1 ticks\n\
+             vm hello2: stopped: exit code 9 (port 0xf4) after 1 ticks\n\
+             hvprof: power off (acpi)\n",
         );
         assert_eq!((s.check)(&good), Ok(()));
         let bad = SerialLog::new(good.text().replace("module 1: error:", "module 1: bad.elf"));

@@ -60,11 +60,20 @@ pub fn hypervisor_path(debug: bool) -> PathBuf {
         .join("hvprof")
 }
 
-/// Builds the hypervisor and returns its ELF.
+/// Builds the hypervisor and the test guests (`guests/`, next to it in the same folder); returns
+/// the hypervisor's ELF.
 pub fn build_hypervisor(debug: bool) -> Result<PathBuf> {
     ensure_rust_target()?;
     let mut cmd = cargo();
-    cmd.args(["build", "-p", "hvprof-hypervisor", "--target", TARGET]);
+    cmd.args([
+        "build",
+        "-p",
+        "hvprof-hypervisor",
+        "-p",
+        "hvprof-guests",
+        "--target",
+        TARGET,
+    ]);
     if !debug {
         cmd.arg("--release");
     }

@@ -1,5 +1,6 @@
 //! `cargo xtask test`: every check CI runs, in order.
 
+use std::path::Path;
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
@@ -18,6 +19,7 @@ const BARE_METAL_CRATES: &[&str] = &[
     "hvprof-vmx",
     "hvprof-ept",
     "hvprof-pmu",
+    "hvprof-guests",
 ];
 
 #[derive(Default)]
@@ -94,7 +96,14 @@ pub fn test(filter: Option<&str>, no_e2e: bool) -> Result<ExitCode> {
     // The hypervisor crate is not a default member (its binary is bare metal); its library of
     // pure logic is tested on the host.
     tally.stage("unit tests (hypervisor logic)", || {
-        cargo_stage(&["test", "-p", "hvprof-hypervisor", "--lib"])
+        cargo_stage(&[
+            "test",
+            "-p",
+            "hvprof-hypervisor",
+            "-p",
+            "hvprof-guests",
+            "--lib",
+        ])
     });
     let mut hypervisor = None;
     tally.stage("build hypervisor", || {
@@ -117,6 +126,10 @@ pub fn test(filter: Option<&str>, no_e2e: bool) -> Result<ExitCode> {
                     let summary = run_scenarios(
                         &all,
                         &RunnerConfig {
+                            guest_dir: hypervisor
+                                .parent()
+                                .map(Path::to_path_buf)
+                                .unwrap_or_default(),
                             hypervisor_elf: hypervisor,
                             out_dir: target_dir().join("scenarios"),
                             filter: filter.map(str::to_owned),

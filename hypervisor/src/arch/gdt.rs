@@ -30,20 +30,38 @@ static mut BSP_TABLES: CpuTables = CpuTables {
     stacks: [[0; IST_STACK_SIZE]; 3],
 };
 
+/// The selectors and TSS base of this CPU, for the VMCS host-state area.
+#[derive(Clone, Copy, Debug)]
+pub struct Selectors {
+    pub code: u16,
+    pub data: u16,
+    pub tss: u16,
+    pub tss_base: u64,
+}
+
+static BSP_SELECTORS: spin::Once<Selectors> = spin::Once::new();
+
+/// The boot CPU's selectors (set by `init_bsp`).
+pub fn selectors() -> Selectors {
+    *BSP_SELECTORS.get().expect("gdt::init_bsp ran at boot")
+}
+
 /// Loads the boot CPU's GDT and TSS. Call once, on the boot CPU, before the IDT is loaded.
 pub fn init_bsp() {
     // SAFETY: called once on the boot CPU before any other CPU runs, so this is the only
     // reference to BSP_TABLES that will ever exist.
     let tables: &'static mut CpuTables = unsafe { &mut *core::ptr::addr_of_mut!(BSP_TABLES) };
-    load(tables);
+    let selectors = load(tables);
+    BSP_SELECTORS.call_once(|| selectors);
 }
 
-fn load(tables: &'static mut CpuTables) {
+fn load(tables: &'static mut CpuTables) -> Selectors {
     for (slot, stack) in tables.stacks.iter().enumerate() {
         let top = VirtAddr::from_ptr(stack.as_ptr()) + IST_STACK_SIZE as u64;
         tables.tss.interrupt_stack_table[slot] = top;
     }
     let tss: &'static TaskStateSegment = &tables.tss;
+    let tss_base = tss as *const TaskStateSegment as u64;
     let gdt = &mut tables.gdt;
     let code = gdt.append(Descriptor::kernel_code_segment());
     let data = gdt.append(Descriptor::kernel_data_segment());
@@ -61,5 +79,11 @@ fn load(tables: &'static mut CpuTables) {
         FS::set_reg(SegmentSelector(0));
         GS::set_reg(SegmentSelector(0));
         load_tss(tss_sel);
+    }
+    Selectors {
+        code: code.0,
+        data: data.0,
+        tss: tss_sel.0,
+        tss_base,
     }
 }

@@ -59,7 +59,7 @@ impl Uart {
     /// A guest write to `base + offset`. Returns a line to print when one is complete.
     pub fn write(&mut self, offset: u8, value: u8) -> Option<&[u8]> {
         match (offset & 7, self.dlab()) {
-            (THR_RBR_DLL, false) => return self.put(value),
+            (THR_RBR_DLL, false) => return self.send(value),
             (THR_RBR_DLL, true) => self.dll = value,
             (IER_DLM, false) => self.ier = value & 0x0f,
             (IER_DLM, true) => self.dlm = value,
@@ -88,7 +88,8 @@ impl Uart {
         }
     }
 
-    fn put(&mut self, byte: u8) -> Option<&[u8]> {
+    /// A byte for the transmitter (what a THR write does; the PRINT hypercall uses it too).
+    pub fn send(&mut self, byte: u8) -> Option<&[u8]> {
         self.bytes_out += 1;
         match byte {
             b'\n' => return Some(self.take()),

@@ -1,0 +1,425 @@
+//! Virtual machines: each owns its memory (taken from the frame allocator, never shared), its EPT
+//! and its vCPU. VMs are built from the boot modules, then run one after another on the boot CPU
+//! until each stops (the scheduler that interleaves them is a later step).
+
+use crate::tsc::rdtsc;
+use crate::vcpu::{Bitmaps, Vcpu};
+use crate::{memory, print, println, vmexit};
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use hvprof_boot::info::ModuleTag;
+use hvprof_ept::{Ept, EptCaps, FrameSource, MemoryType, PageSizes, Permissions, PhysMem};
+use hvprof_hypervisor::devices::uart::Uart;
+use hvprof_hypervisor::exit_stats::ExitStats;
+use hvprof_hypervisor::guest_image;
+use hvprof_hypervisor::vm_config::{self, MEM_GRANULE, Target};
+use hvprof_vmx::caps::{VmxCaps, ept_cap};
+use hvprof_vmx::exit::BasicExit;
+use hvprof_vmx::instructions::{self, CurrentVmcs};
+use hvprof_vmx::vmcs::{Guest32, VmcsExt};
+
+/// Host-physical memory as the EPT builder sees it: identity-mapped, frames from the allocator.
+pub struct HostPhys;
+
+impl FrameSource for HostPhys {
+    fn alloc_zeroed_frame(&mut self) -> Option<u64> {
+        memory::alloc_zeroed(4096, 4096)
+    }
+}
+
+impl PhysMem for HostPhys {
+    fn read_u64(&self, hpa: u64) -> u64 {
+        // SAFETY: the EPT builder only reads its own table frames, which came from
+        // `alloc_zeroed_frame` and are identity-mapped and 8-byte aligned.
+        unsafe { core::ptr::read_volatile(hpa as *const u64) }
+    }
+    fn write_u64(&mut self, hpa: u64, v: u64) {
+        // SAFETY: as for `read_u64`: only its own table frames.
+        unsafe { core::ptr::write_volatile(hpa as *mut u64, v) }
+    }
+}
+
+/// Why a VM stopped.
+pub enum Stop {
+    /// The guest asked: exit port 0xf4 or the EXIT hypercall.
+    Exited { code: u8, how: &'static str },
+    /// The guest did something it may not: the report says what.
+    Fault(String),
+    /// The run budget ran out.
+    Budget,
+    /// The vCPU halted with nothing that could ever wake it.
+    HaltedForever,
+}
+
+/// What an attack guest aims at, and the checksum of that host page before it ran.
+pub struct AttackTarget {
+    pub hpa: u64,
+    pub what: String,
+    pub checksum: Option<u64>,
+}
+
+pub struct Vm {
+    pub name: String,
+    pub mem_hpa: u64,
+    pub mem_size: u64,
+    pub ept: Ept<HostPhys>,
+    pub vcpu: Vcpu,
+    pub uart: Uart,
+    pub stats: ExitStats,
+    pub budget: u64,
+    pub target: Option<AttackTarget>,
+    /// MSRs and ports already reported once.
+    pub logged_msrs: Vec<u32>,
+    pub logged_ports: Vec<u16>,
+    /// TSC ticks the guest ran, from the first VM entry to the stop.
+    pub run_ticks: u64,
+}
+
+impl Vm {
+    /// The VM's memory as a byte slice (guest-physical address = index).
+    pub fn memory(&mut self) -> &mut [u8] {
+        // SAFETY: [mem_hpa, mem_hpa + mem_size) was taken from the frame allocator for this VM
+        // alone and is identity-mapped; `&mut self` makes the borrow exclusive.
+        unsafe { core::slice::from_raw_parts_mut(self.mem_hpa as *mut u8, self.mem_size as usize) }
+    }
+
+    /// Logs `what` the first time `msr` is seen.
+    pub fn log_msr_once(&mut self, msr: u32, what: &str) {
+        if !self.logged_msrs.contains(&msr) && self.logged_msrs.len() < 64 {
+            self.logged_msrs.push(msr);
+            println!(
+                "vm {}: {what} MSR {msr:#x}: #GP injected (reported once)",
+                self.name
+            );
+        }
+    }
+
+    pub fn log_port_once(&mut self, port: u16, write: bool) {
+        if !self.logged_ports.contains(&port) && self.logged_ports.len() < 64 {
+            self.logged_ports.push(port);
+            let access = if write { "write to" } else { "read from" };
+            println!(
+                "vm {}: {access} unhandled I/O port {port:#x} (reads all ones, writes dropped; reported once)",
+                self.name
+            );
+        }
+    }
+}
+
+/// Builds every VM from the boot modules that passed `check_module`. A module that cannot
+/// become a VM is reported and skipped.
+pub fn build_all(caps: &VmxCaps, modules: &[(usize, ModuleTag<'static>)]) -> Vec<Vm> {
+    let Some(bitmaps) = Bitmaps::new() else {
+        println!("hvprof: error: no memory for the I/O and MSR bitmaps");
+        return Vec::new();
+    };
+    let bitmaps = alloc::boxed::Box::leak(alloc::boxed::Box::new(bitmaps));
+    let mut vms: Vec<Vm> = Vec::new();
+    for (index, module) in modules {
+        let cmdline = module.cmdline_str().unwrap_or("");
+        let config = match vm_config::parse(cmdline) {
+            Ok(c) => c,
+            Err(e) => {
+                println!("module {index}: error: {e}; VM not created");
+                continue;
+            }
+        };
+        if vms.iter().any(|v| v.name == config.name) {
+            println!(
+                "module {index}: error: a VM named {:?} exists already; VM not created",
+                config.name
+            );
+            continue;
+        }
+        // An attack target naming a VM must name one built before (an earlier module).
+        let target = match config.target.map(|t| resolve(&vms, t)).transpose() {
+            Ok(t) => t,
+            Err(e) => {
+                println!("vm {}: error: {e}; VM not created", config.name);
+                continue;
+            }
+        };
+        // SAFETY: the caller passes modules that `check_module` accepted: inside available
+        // memory, excluded from the frame allocator, unchanged since GRUB loaded them.
+        let image = unsafe {
+            core::slice::from_raw_parts(module.start as *const u8, module.len() as usize)
+        };
+        match build(caps, bitmaps, vms.len(), &config, image, target) {
+            Ok(vm) => {
+                println!(
+                    "vm {}: created from module {index}: {} MiB of guest memory at host {:#x}-{:#x}, EPT {}, VPID {}, budget {} ticks",
+                    vm.name,
+                    vm.mem_size >> 20,
+                    vm.mem_hpa,
+                    vm.mem_hpa + vm.mem_size,
+                    vm.ept.stats(),
+                    vm.vcpu.vpid,
+                    vm.budget
+                );
+                if let Some(t) = &vm.target {
+                    println!(
+                        "vm {}: attack target: {} at host {:#x}{}",
+                        vm.name,
+                        t.what,
+                        t.hpa,
+                        if t.hpa < vm.mem_size {
+                            " (inside this VM's own guest-physical range: the access reaches its own memory)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                vms.push(vm);
+            }
+            Err(e) => println!(
+                "vm {}: error: {e}; VM not created, the others go on",
+                config.name
+            ),
+        }
+    }
+    vms
+}
+
+/// Where no memory or device sits on the test machines (Bochs and QEMU with 512 MiB).
+pub const UNMAPPED_TARGET: u64 = 0xc000_0000;
+pub const LAPIC_BASE: u64 = 0xfee0_0000;
+
+fn resolve(vms: &[Vm], t: Target) -> Result<AttackTarget, String> {
+    let (hpa, what, ram) = match t {
+        Target::Hypervisor => (
+            memory::image_range().start,
+            String::from("the hypervisor image"),
+            true,
+        ),
+        Target::Vm(name) => {
+            let vm = vms
+                .iter()
+                .find(|v| v.name == name)
+                .ok_or_else(|| format!("target=vm:{name}: no VM of that name before this one"))?;
+            (vm.mem_hpa, format!("VM {name}'s memory"), true)
+        }
+        Target::Unmapped => (UNMAPPED_TARGET, String::from("unmapped space"), false),
+        Target::Mmio => (LAPIC_BASE, String::from("the local APIC"), false),
+    };
+    Ok(AttackTarget {
+        hpa,
+        what,
+        checksum: ram.then(|| page_checksum(hpa)),
+    })
+}
+
+/// FNV-1a over the 4 KiB host page at `hpa` (RAM only).
+pub fn page_checksum(hpa: u64) -> u64 {
+    // SAFETY: called only for pages of RAM the hypervisor owns (its image, a VM's memory), all
+    // identity-mapped; read-only.
+    let page = unsafe { core::slice::from_raw_parts((hpa & !0xfff) as *const u8, 4096) };
+    page.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+fn build(
+    caps: &VmxCaps,
+    bitmaps: &Bitmaps,
+    index: usize,
+    config: &vm_config::VmConfig,
+    image: &[u8],
+    target: Option<AttackTarget>,
+) -> Result<Vm, String> {
+    let mem_hpa = memory::alloc_zeroed(config.mem, MEM_GRANULE)
+        .ok_or_else(|| format!("no {} MiB of contiguous memory left", config.mem >> 20))?;
+    // The attack guest learns its target's address through its arguments.
+    let mut args = String::from(config.args);
+    if let Some(t) = &target {
+        args.push_str(&format!(" addr={:#x}", t.hpa));
+    }
+    // SAFETY: the range was just allocated for this VM (zeroed, identity-mapped).
+    let mem = unsafe { core::slice::from_raw_parts_mut(mem_hpa as *mut u8, config.mem as usize) };
+    let boot = guest_image::load(mem, image, &args).map_err(|e| format!("{e}"))?;
+
+    let ept_caps = EptCaps {
+        pages: PageSizes {
+            two_mib: caps.ept_cap(ept_cap::PAGE_2M),
+            one_gib: caps.ept_cap(ept_cap::PAGE_1G),
+        },
+        execute_only: caps.ept_cap(ept_cap::EXECUTE_ONLY),
+        phys_addr_bits: phys_addr_bits(),
+    };
+    let mut ept = Ept::new(HostPhys, ept_caps).map_err(|e| format!("EPT: {e}"))?;
+    ept.map(
+        0,
+        mem_hpa,
+        config.mem,
+        Permissions::all(),
+        MemoryType::WriteBack,
+    )
+    .map_err(|e| format!("EPT: {e}"))?;
+    let eptp = ept.eptp(false);
+    let vpid = (index + 1) as u16;
+    let (vcpu, _vmcs) = Vcpu::new(caps, bitmaps, eptp, vpid, &boot).map_err(|e| format!("{e}"))?;
+    Ok(Vm {
+        name: String::from(config.name),
+        mem_hpa,
+        mem_size: config.mem,
+        ept,
+        vcpu,
+        uart: Uart::default(),
+        stats: ExitStats::default(),
+        budget: config.budget,
+        target,
+        logged_msrs: Vec::new(),
+        logged_ports: Vec::new(),
+        run_ticks: 0,
+    })
+}
+
+/// MAXPHYADDR (CPUID.80000008H:EAX[7:0]), 36 when the leaf is missing (SDM Vol. 3A §4.1.4).
+fn phys_addr_bits() -> u8 {
+    raw_cpuid::CpuId::new()
+        .get_processor_capacity_feature_info()
+        .map_or(36, |c| c.physical_address_bits())
+}
+
+/// Runs a VM's vCPU until the VM stops, then reports. The VMX-preemption timer stops the guest
+/// every `period` TSC ticks of its run time (the profiler's deadline clock) and at the end of its
+/// budget.
+pub fn run(vm: &mut Vm, caps: &VmxCaps, period: u64) {
+    // SAFETY: in VMX root operation; the VMCS was prepared by `Vcpu::new` and is not current on
+    // any other CPU.
+    if let Err(e) = unsafe { instructions::vmptrld(vm.vcpu.vmcs) } {
+        println!("vm {}: error: VMPTRLD failed: {e}", vm.name);
+        return;
+    }
+    // SAFETY: VMX root operation with this VM's VMCS current, on this CPU only.
+    let mut vmcs = unsafe { CurrentVmcs::new() };
+    vm.vcpu.load_state();
+    let shift = caps.preemption_timer_shift();
+    let start = rdtsc();
+    let deadline = start.saturating_add(vm.budget);
+    let mut next_tick = start.saturating_add(period);
+    let mut exit_at: Option<(u16, u64)> = None;
+    println!("vm {}: running", vm.name);
+    let stop = loop {
+        let now = rdtsc();
+        if now >= deadline {
+            break Stop::Budget;
+        }
+        while next_tick <= now {
+            next_tick = next_tick.saturating_add(period);
+        }
+        // The VMX-preemption timer stops the guest at the next tick or the deadline, whichever
+        // comes first (SDM Vol. 3C §26.5.1).
+        let until = next_tick.min(deadline) - now;
+        let timer = (until >> shift).min(u32::MAX as u64) as u32;
+        if let Err(e) = vmcs.write32(Guest32::PreemptionTimerValue, timer) {
+            break Stop::Fault(format!("VMWRITE of the preemption timer failed: {e}"));
+        }
+        if let Some((reason, t)) = exit_at.take() {
+            vm.stats.record(reason, rdtsc() - t);
+        }
+        // SAFETY: the VMCS is current and complete (host state is this hypervisor's);
+        // `launched` tracks VMLAUNCH since the VMCLEAR in `Vcpu::new`.
+        let flags =
+            unsafe { crate::vcpu::entry::vmx_run(&mut vm.vcpu.regs, vm.vcpu.launched as u64) };
+        let t_exit = rdtsc();
+        if flags != 0 {
+            let why = hvprof_vmx::errors::VmFail::from_rflags(flags, || {
+                vmcs.read32(hvprof_vmx::vmcs::ReadOnly32::VmInstructionError)
+                    .unwrap_or(0)
+            });
+            let what = if vm.vcpu.launched {
+                "VMRESUME"
+            } else {
+                "VMLAUNCH"
+            };
+            break Stop::Fault(match why {
+                Err(e) => format!("{what} failed: {e}"),
+                Ok(()) => format!("{what} returned with RFLAGS {flags:#x}"),
+            });
+        }
+        let reason = match vmcs.exit_reason() {
+            Ok(r) => r,
+            Err(e) => break Stop::Fault(format!("VMREAD of the exit reason failed: {e}")),
+        };
+        if reason.entry_failure() {
+            let qual = vmcs.exit_qualification().unwrap_or(0);
+            let detail = hvprof_vmx::errors::EntryFailure::decode(reason, qual)
+                .map(|f| format!("{f}"))
+                .unwrap_or_default();
+            break Stop::Fault(format!("VM entry failed: {reason} {detail}"));
+        }
+        vm.vcpu.launched = true;
+        exit_at = Some((reason.basic(), t_exit));
+        if let Some(stop) = vmexit::handle(vm, &mut vmcs, reason) {
+            if let Some((reason, t)) = exit_at.take() {
+                vm.stats.record(reason, rdtsc() - t);
+            }
+            break stop;
+        }
+    };
+    vm.run_ticks = rdtsc() - start;
+    vm.vcpu.save_state();
+    if let Some(rest) = vm.uart.flush() {
+        println!(
+            "[{}] {}",
+            vm.name,
+            core::str::from_utf8(rest).unwrap_or("<not UTF-8>")
+        );
+    }
+    report(vm, &stop);
+}
+
+fn report(vm: &Vm, stop: &Stop) {
+    let name = &vm.name;
+    match stop {
+        Stop::Exited { code, how } => {
+            println!(
+                "vm {name}: stopped: exit code {code} ({how}) after {} ticks",
+                vm.run_ticks
+            )
+        }
+        Stop::Fault(report) => {
+            for (i, line) in report.lines().enumerate() {
+                if i == 0 {
+                    println!("vm {name}: stopped: {line}");
+                } else {
+                    println!("vm {name}:   {line}");
+                }
+            }
+        }
+        Stop::Budget => println!(
+            "vm {name}: stopped: run budget of {} ticks exhausted (budget= module argument)",
+            vm.budget
+        ),
+        Stop::HaltedForever => println!(
+            "vm {name}: stopped: HLT with no event that could wake the vCPU (no virtual interrupt source yet)"
+        ),
+    }
+    if let Some(t) = &vm.target {
+        match t.checksum {
+            Some(before) => {
+                let after = page_checksum(t.hpa);
+                println!(
+                    "vm {name}: target {} at host {:#x}: page checksum {before:#018x} before, {after:#018x} after: {}",
+                    t.what,
+                    t.hpa,
+                    if before == after {
+                        "unchanged"
+                    } else {
+                        "CHANGED"
+                    }
+                );
+            }
+            None => println!(
+                "vm {name}: target {} at {:#x} (not RAM: no checksum)",
+                t.what, t.hpa
+            ),
+        }
+    }
+    print!("{}", vm.stats.table(name, exit_name));
+}
+
+pub fn exit_name(reason: u16) -> &'static str {
+    BasicExit::from_number(reason).map_or("UNKNOWN", |b| b.name())
+}

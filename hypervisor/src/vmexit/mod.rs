@@ -1,0 +1,275 @@
+//! VM-exit dispatch: one function per exit reason the test guests can cause (docs/GUEST-ABI.md
+//! says what each does from the guest's side). Exit reasons and qualifications are decoded by the
+//! `hvprof-vmx` crate (Intel SDM Vol. 3C chapter 28, Appendix C).
+//!
+//! A handler either resumes the guest (returns `None`) or stops this VM with a report
+//! (`Some(Stop)`); a guest can never stop the hypervisor or another VM.
+
+mod cpuid;
+mod io;
+mod msr;
+mod vmcall;
+
+use crate::vm::{Stop, Vm};
+use alloc::format;
+use alloc::string::String;
+use core::fmt::Write;
+use hvprof_ept::EptViolation;
+use hvprof_vmx::exit::{BasicExit, ExitReason, InterruptionInfo, InterruptionType};
+use hvprof_vmx::instructions::CurrentVmcs;
+use hvprof_vmx::vmcs::{Control32, GuestNatural, ReadOnly32, ReadOnly64, ReadOnlyNatural, VmcsExt};
+
+/// Handles one VM exit of `vm`, whose VMCS is current.
+pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Option<Stop> {
+    let kind = reason.kind();
+    match kind {
+        Some(BasicExit::Cpuid) => cpuid::handle(vm, vmcs),
+        Some(BasicExit::IoInstruction) => io::handle(vm, vmcs),
+        Some(BasicExit::Rdmsr) => msr::rdmsr(vm, vmcs),
+        Some(BasicExit::Wrmsr) => msr::wrmsr(vm, vmcs),
+        Some(BasicExit::Vmcall) => vmcall::handle(vm, vmcs),
+        // The deadline check before the next VM entry decides whether the budget is spent.
+        Some(BasicExit::PreemptionTimer) => None,
+        Some(BasicExit::ExternalInterrupt) => {
+            // "Acknowledge interrupt on exit" took the vector; the hypervisor enables no
+            // interrupt source yet, so one arriving is noted and the guest resumes.
+            let info = InterruptionInfo(vmcs.read32(ReadOnly32::ExitInterruptionInfo).unwrap_or(0));
+            crate::println!(
+                "vm {}: note: external interrupt vector {} while the guest ran",
+                vm.name,
+                info.vector()
+            );
+            None
+        }
+        Some(BasicExit::ExceptionNmi) => {
+            // NMI exiting is on: an NMI that hit the guest. The profiler takes its samples here
+            // later; for now it is counted (by the statistics) and the guest resumes.
+            None
+        }
+        Some(BasicExit::Hlt) => {
+            // HLT blocks the vCPU until an event; no virtual interrupt source exists yet, so
+            // nothing could ever wake it.
+            Some(Stop::HaltedForever)
+        }
+        Some(BasicExit::Invd | BasicExit::Wbinvd) => {
+            // Caches are coherent and the guest owns no device: nothing to do.
+            skip_instruction(vmcs);
+            None
+        }
+        Some(BasicExit::Xsetbv) => xsetbv(vm, vmcs),
+        Some(
+            BasicExit::Vmclear
+            | BasicExit::Vmlaunch
+            | BasicExit::Vmptrld
+            | BasicExit::Vmptrst
+            | BasicExit::Vmread
+            | BasicExit::Vmresume
+            | BasicExit::Vmwrite
+            | BasicExit::Vmxoff
+            | BasicExit::Vmxon
+            | BasicExit::Invept
+            | BasicExit::Invvpid
+            | BasicExit::Getsec
+            | BasicExit::Vmfunc,
+        ) => {
+            // VMX is hidden from guests (CPUID.1:ECX.VMX = 0): these are invalid opcodes.
+            inject_exception(vmcs, 6, None);
+            None
+        }
+        Some(BasicExit::CrAccess) => cr_access(vm, vmcs),
+        Some(BasicExit::TripleFault) => Some(fatal(vm, vmcs, String::from("triple fault"))),
+        Some(BasicExit::EptViolation) => {
+            let v = EptViolation::new(
+                vmcs.exit_qualification().unwrap_or(0),
+                vmcs.read64(ReadOnly64::GuestPhysicalAddress).unwrap_or(0),
+            );
+            let mut what = format!("EPT violation: {v}");
+            if v.linear_address_valid() {
+                let la = vmcs
+                    .read_natural(ReadOnlyNatural::GuestLinearAddress)
+                    .unwrap_or(0);
+                let _ = write!(what, ", guest linear address {la:#x}");
+            }
+            let _ = write!(what, "; guest memory is GPA 0x0-{:#x}", vm.mem_size);
+            Some(fatal(vm, vmcs, what))
+        }
+        Some(BasicExit::EptMisconfig) => {
+            let gpa = vmcs.read64(ReadOnly64::GuestPhysicalAddress).unwrap_or(0);
+            let walk = vm.ept.walk(gpa);
+            Some(fatal(
+                vm,
+                vmcs,
+                format!("EPT misconfiguration at GPA {gpa:#x} (a hypervisor bug): {walk:?}"),
+            ))
+        }
+        _ => Some(fatal(
+            vm,
+            vmcs,
+            format!(
+                "unhandled VM exit {reason} (qualification {:#x})",
+                vmcs.exit_qualification().unwrap_or(0)
+            ),
+        )),
+    }
+}
+
+/// VMREAD/VMWRITE of fields every VMCS has: a failure is a hypervisor bug, reported by a panic
+/// that names the access (and powers off), never ignored.
+pub fn must<T>(r: Result<T, hvprof_vmx::errors::VmFail>, what: &str) -> T {
+    r.unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// Advances the guest RIP past the instruction that exited (SDM Vol. 3C §28.2.5: the VM-exit
+/// instruction-length field is valid for the exits that call this).
+pub fn skip_instruction(vmcs: &mut CurrentVmcs) {
+    let len = must(
+        vmcs.read32(ReadOnly32::ExitInstructionLength),
+        "VMREAD exit instruction length",
+    );
+    let rip = must(vmcs.read_natural(GuestNatural::Rip), "VMREAD guest RIP");
+    must(
+        vmcs.write_natural(GuestNatural::Rip, rip.wrapping_add(len.into())),
+        "VMWRITE guest RIP",
+    );
+}
+
+/// Injects a hardware exception at the next VM entry (SDM Vol. 3C §25.8.3, §27.6). The guest RIP
+/// stays at the faulting instruction, as for a real fault.
+pub fn inject_exception(vmcs: &mut CurrentVmcs, vector: u8, error_code: Option<u32>) {
+    let info = InterruptionInfo::inject(
+        vector,
+        InterruptionType::HardwareException,
+        error_code.is_some(),
+    );
+    must(
+        vmcs.write32(Control32::EntryInterruptionInfo, info.0),
+        "VMWRITE entry interruption info",
+    );
+    if let Some(code) = error_code {
+        must(
+            vmcs.write32(Control32::EntryExceptionErrorCode, code),
+            "VMWRITE entry error code",
+        );
+    }
+}
+
+/// CPL of the guest: the DPL of SS (SDM Vol. 3C §25.4.1).
+pub fn guest_cpl(vmcs: &CurrentVmcs) -> u8 {
+    let ar = vmcs
+        .read32(hvprof_vmx::vmcs::Guest32::SsAccessRights)
+        .unwrap_or(0);
+    ((ar >> 5) & 3) as u8
+}
+
+/// XSETBV (exit reason 55, unconditional): allow x87|SSE (and AVX where the host allows it).
+fn xsetbv(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
+    let index = vm.vcpu.regs.rcx as u32;
+    let value = (vm.vcpu.regs.rdx << 32) | (vm.vcpu.regs.rax & 0xffff_ffff);
+    let supported = raw_cpuid::CpuId::new()
+        .get_extended_state_info()
+        .map_or(0b11, |s| {
+            (s.xcr0_supports_legacy_x87() as u64)
+                | (s.xcr0_supports_sse_128() as u64) << 1
+                | (s.xcr0_supports_avx_256() as u64) << 2
+        });
+    // SDM Vol. 2D, XSETBV: #GP for index != 0, bit 0 clear, AVX without SSE, unsupported bits.
+    if guest_cpl(vmcs) != 0
+        || index != 0
+        || value & 1 == 0
+        || (value & 0b100 != 0 && value & 0b10 == 0)
+        || value & !supported != 0
+    {
+        inject_exception(vmcs, 13, Some(0));
+        return None;
+    }
+    // SAFETY: `value` passed the checks above, so XSETBV will not fault; XCR0 only affects
+    // XSAVE-managed state, which the hypervisor does not use.
+    unsafe {
+        core::arch::asm!("xsetbv", in("ecx") 0, in("eax") value as u32, in("edx") (value >> 32) as u32)
+    };
+    skip_instruction(vmcs);
+    None
+}
+
+/// MOV to CR0/CR4 touching bits the host owns (SDM Vol. 3C §28.2.1 Table 28-3, §25.6.6): the guest
+/// sees what it wrote (read shadow); the CPU runs with the VMX fixed bits forced.
+fn cr_access(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
+    use hvprof_vmx::exit::{CrAccess, CrAccessType};
+    use hvprof_vmx::vmcs::ControlNatural;
+    let q = CrAccess::decode(vmcs.exit_qualification().unwrap_or(0));
+    if q.access != CrAccessType::MovToCr {
+        return Some(fatal(
+            vm,
+            vmcs,
+            format!("unexpected control-register access {q:?}"),
+        ));
+    }
+    let value = if q.gpr == hvprof_vmx::regs::Gpr::Rsp {
+        vmcs.read_natural(GuestNatural::Rsp).unwrap_or(0)
+    } else {
+        vm.vcpu.regs.get(q.gpr).unwrap_or(0)
+    };
+    match q.cr {
+        0 => {
+            must(
+                vmcs.write_natural(ControlNatural::Cr0ReadShadow, value),
+                "VMWRITE CR0 shadow",
+            );
+            must(
+                vmcs.write_natural(GuestNatural::Cr0, vm.vcpu.force_cr0(value)),
+                "VMWRITE guest CR0",
+            );
+        }
+        4 => {
+            must(
+                vmcs.write_natural(ControlNatural::Cr4ReadShadow, value),
+                "VMWRITE CR4 shadow",
+            );
+            must(
+                vmcs.write_natural(GuestNatural::Cr4, vm.vcpu.force_cr4(value)),
+                "VMWRITE guest CR4",
+            );
+        }
+        _ => return Some(fatal(vm, vmcs, format!("unexpected MOV to CR{}", q.cr))),
+    }
+    skip_instruction(vmcs);
+    None
+}
+
+/// Stops the VM with a report: what happened, where, and the guest's registers.
+pub fn fatal(vm: &Vm, vmcs: &CurrentVmcs, what: String) -> Stop {
+    let rd = |f| vmcs.read_natural(f).unwrap_or(0);
+    let r = &vm.vcpu.regs;
+    let mut s = what;
+    let _ = write!(
+        s,
+        "\nguest RIP={:#018x} RSP={:#018x} RFLAGS={:#x} CR0={:#x} CR3={:#x} CR4={:#x} CPL={}",
+        rd(GuestNatural::Rip),
+        rd(GuestNatural::Rsp),
+        rd(GuestNatural::Rflags),
+        rd(GuestNatural::Cr0),
+        rd(GuestNatural::Cr3),
+        rd(GuestNatural::Cr4),
+        guest_cpl(vmcs)
+    );
+    let _ = write!(
+        s,
+        "\nRAX={:#018x} RBX={:#018x} RCX={:#018x} RDX={:#018x}\nRSI={:#018x} RDI={:#018x} RBP={:#018x} R8 ={:#018x}\nR9 ={:#018x} R10={:#018x} R11={:#018x} R12={:#018x}\nR13={:#018x} R14={:#018x} R15={:#018x}",
+        r.rax,
+        r.rbx,
+        r.rcx,
+        r.rdx,
+        r.rsi,
+        r.rdi,
+        r.rbp,
+        r.r8,
+        r.r9,
+        r.r10,
+        r.r11,
+        r.r12,
+        r.r13,
+        r.r14,
+        r.r15
+    );
+    Stop::Fault(s)
+}
