@@ -164,3 +164,10 @@ pub fn max_phys_addr_bits() -> u32 {
         36
     }
 }
+
+/// The time-stamp counter. In Bochs with `clock: sync=none` it counts instructions, so a delta
+/// around an exiting instruction is the hypervisor's path length for that exit.
+pub fn rdtsc() -> u64 {
+    // SAFETY: RDTSC has no side effects; the hypervisor does not set CR4.TSD for guests.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}

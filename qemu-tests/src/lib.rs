@@ -9,6 +9,7 @@
 //! - [`scenarios`]: the scenarios themselves, and the log text they expect.
 //! - [`tools`]: the host programs needed, and the Debian packages that bring them.
 
+pub mod benches;
 pub mod emulator;
 pub mod iso;
 pub mod log;

@@ -64,6 +64,34 @@ fn main(args: &str) -> u8 {
             cpu::hlt();
         }
     }
+    let measure = match arg_num(args, "measure", 0) {
+        Ok(n) => n,
+        Err(e) => {
+            println!("busy: {e}");
+            return exit_code::BAD_ARGS;
+        }
+    };
+    if measure > 0 {
+        let time = |f: &dyn Fn()| {
+            (0..measure)
+                .map(|_| {
+                    let t = cpu::rdtsc();
+                    f();
+                    cpu::rdtsc() - t
+                })
+                .min()
+                .unwrap_or(0)
+        };
+        let c = time(&|| {
+            cpu::cpuid(0, 0);
+        });
+        // SAFETY: nothing is behind port 0x2e8 (guest ABI: writes are dropped).
+        let o = time(&|| unsafe { io::outb(UNUSED_PORT, 0) });
+        let v = time(&|| {
+            hypercall::version();
+        });
+        println!("busy: round trip cpuid={c} io={o} vmcall={v} ticks");
+    }
     if hlts > 0 {
         println!("busy: done cpuid={cpuids} io={ios} vmcall={vmcalls} hlt={hlts}");
     } else {
