@@ -26,9 +26,24 @@ const GDT: [u64; 3] = [0, 0x00af_9b00_0000_ffff, 0x00cf_9300_0000_ffff];
 pub const CODE_ACCESS_RIGHTS: u32 = 0xa09b;
 pub const DATA_ACCESS_RIGHTS: u32 = 0xc093;
 
+/// The mode a guest starts in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartMode {
+    /// 64-bit mode with the hypervisor's page tables and GDT.
+    Long64,
+    /// Real mode, paging and protection off (needs unrestricted guest, SDM Vol. 3C §26.6).
+    Real16,
+}
+
+/// A flat real-mode image loads here (0000:7C00, like a boot sector) ...
+pub const REAL16_LOAD: u64 = 0x7c00;
+/// ... and may reach up to the EBDA's usual start.
+pub const REAL16_END: u64 = 0x8_0000;
+
 /// Where the guest starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BootState {
+    pub mode: StartMode,
     pub entry: u64,
     pub rsp: u64,
     pub cr3: u64,
@@ -50,6 +65,7 @@ pub enum LoadError {
     EntryOutsideImage(u64),
     ArgsTooLong(usize),
     MemoryTooSmall(u64),
+    FlatImageSize(usize),
 }
 
 impl fmt::Display for LoadError {
@@ -75,6 +91,10 @@ impl fmt::Display for LoadError {
                 write!(f, "module arguments are {n} bytes, above {ARGS_MAX}")
             }
             LoadError::MemoryTooSmall(m) => write!(f, "guest memory of {m:#x} bytes is too small"),
+            LoadError::FlatImageSize(n) => write!(
+                f,
+                "a real-mode image of {n} bytes does not fit between {REAL16_LOAD:#x} and {REAL16_END:#x}"
+            ),
         }
     }
 }
@@ -139,11 +159,42 @@ pub fn load(mem: &mut [u8], elf: &[u8], args: &str) -> Result<BootState, LoadErr
         put_u64(mem, PD_GPA + 8 * p, (p << 21) | 0x83);
     }
     Ok(BootState {
+        mode: StartMode::Long64,
         entry: info.entry,
         rsp: size,
         cr3: PML4_GPA,
         gdt_base: GDT_GPA,
         gdt_limit: (GDT.len() * 8 - 1) as u16,
+        rdi: ARGS_GPA,
+        rsi: args.len() as u64,
+    })
+}
+
+/// Loads a flat real-mode image at 0000:7C00; the arguments go to the argument page as for
+/// 64-bit guests (DS:SI would reach them at 0000:2000). Starts at CS:IP = 0000:7C00 with
+/// SS:SP = 0000:7C00.
+pub fn load_real16(mem: &mut [u8], image: &[u8], args: &str) -> Result<BootState, LoadError> {
+    if (mem.len() as u64) < REAL16_END {
+        return Err(LoadError::MemoryTooSmall(mem.len() as u64));
+    }
+    if image.is_empty() || image.len() as u64 > REAL16_END - REAL16_LOAD {
+        return Err(LoadError::FlatImageSize(image.len()));
+    }
+    if args.len() > ARGS_MAX {
+        return Err(LoadError::ArgsTooLong(args.len()));
+    }
+    let at = REAL16_LOAD as usize;
+    mem[at..at + image.len()].copy_from_slice(image);
+    let a = ARGS_GPA as usize;
+    mem[a..a + args.len()].copy_from_slice(args.as_bytes());
+    mem[a + args.len()] = 0;
+    Ok(BootState {
+        mode: StartMode::Real16,
+        entry: REAL16_LOAD,
+        rsp: REAL16_LOAD,
+        cr3: 0,
+        gdt_base: 0,
+        gdt_limit: 0xffff,
         rdi: ARGS_GPA,
         rsi: args.len() as u64,
     })
@@ -213,6 +264,27 @@ mod tests {
         }
         assert_eq!(u64_at(&mem, PD_GPA + 32), 0, "nothing beyond guest memory");
         assert_eq!(u64_at(&mem, GDT_GPA + 8), GDT[1]);
+    }
+
+    #[test]
+    fn real_mode_image() {
+        let mut mem = vec![0u8; 4 << 20];
+        let s = load_real16(&mut mem, &[0xf4; 3], "x=1").unwrap();
+        assert_eq!(
+            (s.mode, s.entry, s.rsp),
+            (StartMode::Real16, 0x7c00, 0x7c00)
+        );
+        assert_eq!(&mem[0x7c00..0x7c04], &[0xf4, 0xf4, 0xf4, 0]);
+        assert_eq!(&mem[0x2000..0x2004], b"x=1\0");
+        assert_eq!(
+            load_real16(&mut mem, &[], ""),
+            Err(LoadError::FlatImageSize(0))
+        );
+        let big = vec![0u8; 0x8_0000];
+        assert_eq!(
+            load_real16(&mut mem, &big, ""),
+            Err(LoadError::FlatImageSize(0x8_0000))
+        );
     }
 
     #[test]

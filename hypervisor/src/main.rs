@@ -231,6 +231,19 @@ fn list_modules(boot: &BootInfo<'static>, boot_info: Range) -> Vec<(usize, Modul
         // ours; the frame allocator excluded it, so the bytes stay as GRUB loaded them.
         let bytes = unsafe { core::slice::from_raw_parts(m.start as *const u8, m.len() as usize) };
         let name = m.name().unwrap_or("?");
+        let format =
+            hvprof_hypervisor::vm_config::parse(m.cmdline_str().unwrap_or("")).map(|c| c.format);
+        if format == Ok(hvprof_hypervisor::vm_config::Format::Real16) {
+            guests.push((i, m));
+            println!(
+                "module {i}: {name} {:#x}-{:#x} {} bytes, args \"{}\": flat real-mode image",
+                m.start,
+                m.end,
+                m.len(),
+                m.args().unwrap_or("")
+            );
+            continue;
+        }
         match hvprof_boot::image::inspect(bytes) {
             Ok(img) => {
                 guests.push((i, m));

@@ -236,7 +236,11 @@ fn build(
     }
     // SAFETY: the range was just allocated for this VM (zeroed, identity-mapped).
     let mem = unsafe { core::slice::from_raw_parts_mut(mem_hpa as *mut u8, config.mem as usize) };
-    let boot = guest_image::load(mem, image, &args).map_err(|e| format!("{e}"))?;
+    let boot = match config.format {
+        vm_config::Format::Elf64 => guest_image::load(mem, image, &args),
+        vm_config::Format::Real16 => guest_image::load_real16(mem, image, &args),
+    }
+    .map_err(|e| format!("{e}"))?;
 
     let ept_caps = EptCaps {
         pages: PageSizes {

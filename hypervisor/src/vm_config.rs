@@ -24,9 +24,21 @@ pub enum Target<'a> {
     Mmio,
 }
 
+/// What the module holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Format {
+    /// An ELF64 x86-64 executable, started in 64-bit mode (docs/GUEST-ABI.md).
+    #[default]
+    Elf64,
+    /// A flat real-mode image, loaded at 0000:7C00 and started there in real mode under
+    /// unrestricted guest (like a boot sector).
+    Real16,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VmConfig<'a> {
     pub name: &'a str,
+    pub format: Format,
     pub mem: u64,
     pub budget: u64,
     pub target: Option<Target<'a>>,
@@ -42,6 +54,7 @@ pub enum ConfigError<'a> {
     MemRange(u64),
     BadBudget(&'a str),
     BadTarget(&'a str),
+    BadFormat(&'a str),
     Repeated(&'a str),
 }
 
@@ -71,6 +84,9 @@ impl fmt::Display for ConfigError<'_> {
                 f,
                 "target={v:?}: expected hypervisor, vm:<name>, unmapped or mmio"
             ),
+            ConfigError::BadFormat(v) => {
+                write!(f, "format={v:?}: expected elf64 or real16")
+            }
             ConfigError::Repeated(k) => write!(f, "{k}= given twice"),
         }
     }
@@ -86,6 +102,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
     let mut mem = None;
     let mut budget = None;
     let mut target = None;
+    let mut format = None;
     for word in words {
         let Some((key, value)) = word.split_once('=') else {
             continue;
@@ -103,15 +120,28 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                     .ok_or(ConfigError::BadBudget(value))?,
             )?,
             "target" => set(&mut target, key, parse_target(value)?)?,
+            "format" => set(
+                &mut format,
+                key,
+                match value {
+                    "elf64" => Format::Elf64,
+                    "real16" => Format::Real16,
+                    _ => return Err(ConfigError::BadFormat(value)),
+                },
+            )?,
             _ => {}
         }
     }
-    let default_name = image.strip_suffix(".elf").unwrap_or(image);
+    let default_name = image
+        .strip_suffix(".elf")
+        .or_else(|| image.strip_suffix(".bin"))
+        .unwrap_or(image);
     Ok(VmConfig {
         name: match name {
             Some(n) => n,
             None => parse_name(default_name).map_err(|_| ConfigError::BadName(default_name))?,
         },
+        format: format.unwrap_or_default(),
         mem: mem.unwrap_or(MEM_DEFAULT),
         budget: budget.unwrap_or(BUDGET_DEFAULT),
         target,
@@ -192,6 +222,15 @@ mod tests {
         assert_eq!(c.args, "vm=a1 mem=8M attack=write target=vm:hello");
         assert_eq!(parse("x.elf mem=1G").unwrap().mem, 1 << 30);
         assert_eq!(parse("x.elf mem=6144K").unwrap().mem, 6 * MIB);
+        assert_eq!(parse("x.elf").unwrap().format, Format::Elf64);
+        assert_eq!(
+            parse("boot.bin format=real16").unwrap().format,
+            Format::Real16
+        );
+        assert_eq!(
+            parse("boot.bin format=pe"),
+            Err(ConfigError::BadFormat("pe"))
+        );
     }
 
     #[test]

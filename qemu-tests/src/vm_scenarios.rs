@@ -116,9 +116,53 @@ fn attack(
     .check(check)
 }
 
+/// A flat real-mode image (16-bit code loaded at 0000:7C00), hand-assembled: it prints its
+/// message on COM1 with a `lodsb`/`out` loop, then writes 7 to the exit port.
+///
+/// ```text
+/// 7c00  BA F8 03     mov dx, 0x3f8
+/// 7c03  BE 13 7C     mov si, msg
+/// 7c06  AC           lodsb
+/// 7c07  84 C0        test al, al
+/// 7c09  74 03        jz 7c0e
+/// 7c0b  EE           out dx, al
+/// 7c0c  EB F8        jmp 7c06
+/// 7c0e  B0 07        mov al, 7
+/// 7c10  E6 F4        out 0xf4, al
+/// 7c12  F4           hlt
+/// 7c13  msg: "hello from real mode\n", 0
+/// ```
+pub fn real_mode_image() -> Vec<u8> {
+    let mut code = vec![
+        0xba, 0xf8, 0x03, 0xbe, 0x13, 0x7c, 0xac, 0x84, 0xc0, 0x74, 0x03, 0xee, 0xeb, 0xf8, 0xb0,
+        0x07, 0xe6, 0xf4, 0xf4,
+    ];
+    assert_eq!(code.len(), 0x13, "msg must start at 0x7c13");
+    code.extend_from_slice(b"hello from real mode\n\0");
+    code
+}
+
 /// The VMX-core scenarios.
 pub fn all() -> Vec<Scenario> {
     vec![
+        // A flat real-mode image under unrestricted guest, then a 64-bit guest.
+        Scenario::new("bochs-vm-real-mode", Emulator::bochs(HASWELL))
+            .module("boot.bin", ModuleSource::Bytes(real_mode_image()), "vm=real format=real16")
+            .module("after.elf", HELLO, "vm=after")
+            .check(|log| {
+                all_of([
+                    log.expect("module 0: boot.bin").and_then(|l| {
+                        if l.contains("flat real-mode image") {
+                            Ok(())
+                        } else {
+                            Err(format!("not reported as a real-mode image: {l:?}"))
+                        }
+                    }),
+                    log.expect("[real] hello from real mode").map(drop),
+                    check_exit_code(log, "real", 7, "port 0xf4"),
+                    check_exit_code(log, "after", 42, "port 0xf4"),
+                ])
+            }),
         // hello through both exits: the exit port and the EXIT hypercall.
         Scenario::new("bochs-vm-hello", Emulator::bochs(HASWELL))
             .module("hello.elf", HELLO, "vm=hello code=42")

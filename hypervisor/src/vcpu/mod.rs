@@ -7,7 +7,7 @@ pub mod entry;
 use crate::arch::gdt;
 use crate::arch::msr;
 use hvprof_boot::memory::PAGE_SIZE;
-use hvprof_hypervisor::guest_image::{self, BootState};
+use hvprof_hypervisor::guest_image::{self, BootState, StartMode};
 use hvprof_vmx::caps::{
     AllowedBits, VmxCaps, entry as entry_ctl, exit, msr as vmsr, pin, proc1, proc2,
 };
@@ -18,7 +18,7 @@ use hvprof_vmx::vmcs::{
     Control16, Control32, Control64, ControlNatural, Guest16, Guest32, Guest64, GuestNatural,
     Host16, Host32, Host64, HostNatural, VmcsExt,
 };
-use x86_64::registers::control::{Cr0, Cr3, Cr4};
+use x86_64::registers::control::{Cr0, Cr0Flags, Cr3, Cr4};
 
 pub const IA32_PAT: u32 = 0x277;
 pub const IA32_EFER: u32 = 0xc000_0080;
@@ -168,6 +168,7 @@ fn control_name(which: &str, bit: u32) -> &'static str {
         ("primary processor-based", proc1::ACTIVATE_SECONDARY) => "activate secondary controls",
         ("secondary processor-based", proc2::ENABLE_EPT) => "enable EPT",
         ("secondary processor-based", proc2::ENABLE_VPID) => "enable VPID",
+        ("secondary processor-based", proc2::UNRESTRICTED_GUEST) => "unrestricted guest",
         ("VM-exit", exit::HOST_ADDRESS_SPACE_SIZE) => "host address-space size",
         ("VM-exit", exit::ACK_INTERRUPT_ON_EXIT) => "acknowledge interrupt on exit",
         ("VM-exit", exit::SAVE_IA32_PAT) => "save IA32_PAT",
@@ -252,9 +253,18 @@ impl Vcpu {
             0,
             "VM-exit",
         )?;
+        let real = boot.mode == StartMode::Real16;
+        let unrestricted = proc2 & proc2::UNRESTRICTED_GUEST != 0;
+        if real && !unrestricted {
+            return Err(SetupError::Control {
+                which: "secondary processor-based",
+                missing: proc2::UNRESTRICTED_GUEST,
+            });
+        }
+        let long_mode = if real { 0 } else { entry_ctl::IA32E_MODE_GUEST };
         let entry = adjust(
             caps.entry(),
-            entry_ctl::IA32E_MODE_GUEST | entry_ctl::LOAD_IA32_PAT | entry_ctl::LOAD_IA32_EFER,
+            long_mode | entry_ctl::LOAD_IA32_PAT | entry_ctl::LOAD_IA32_EFER,
             0,
             "VM-entry",
         )?;
@@ -308,18 +318,26 @@ impl Vcpu {
         // CR0/CR4 (§25.6.6, Appendix A.7-A.8): the bits VMX fixes are owned by the host (set in
         // the mask) and read by the guest from the shadow as it wrote them.
         let read = |m| msr::read_safe(m).unwrap_or(0);
-        let cr0_fixed = (
+        let mut cr0_fixed = (
             read(vmsr::IA32_VMX_CR0_FIXED0),
             read(vmsr::IA32_VMX_CR0_FIXED1),
         );
+        if unrestricted {
+            // With unrestricted guest, CR0.PE and CR0.PG may be 0 (Appendix A.7): the guest owns
+            // them.
+            cr0_fixed.0 &= !(Cr0Flags::PROTECTED_MODE_ENABLE | Cr0Flags::PAGING).bits();
+        }
         let cr4_fixed = (
             read(vmsr::IA32_VMX_CR4_FIXED0),
             read(vmsr::IA32_VMX_CR4_FIXED1),
         );
-        // PE | MP | ET | NE | WP | PG.
-        let guest_cr0 = 0x8001_0033u64;
-        // PAE | OSFXSR | OSXMMEXCPT.
-        let guest_cr4 = 0x0620u64;
+        let (guest_cr0, guest_cr4) = if real {
+            // ET | NE: real mode, no paging.
+            (0x30u64, 0u64)
+        } else {
+            // PE | MP | ET | NE | WP | PG; PAE | OSFXSR | OSXMMEXCPT.
+            (0x8001_0033u64, 0x0620u64)
+        };
         let vcpu = Vcpu {
             vmcs,
             regs: GuestRegisters {
@@ -416,7 +434,19 @@ impl Vcpu {
             "host RIP",
         )?;
 
-        // Guest state (§25.4, checked by §27.3.1): 64-bit mode as docs/GUEST-ABI.md describes.
+        // Guest state (§25.4, checked by §27.3.1): 64-bit mode as docs/GUEST-ABI.md describes,
+        // or real mode (selectors 0, bases 0, 64 KiB limits) for a flat image.
+        let (code_sel, data_sel, limit, code_ar, data_ar) = if real {
+            (0, 0, 0xffff, 0x9b, 0x93)
+        } else {
+            (
+                guest_image::CODE_SELECTOR,
+                guest_image::DATA_SELECTOR,
+                0xffff_ffff,
+                guest_image::CODE_ACCESS_RIGHTS,
+                guest_image::DATA_ACCESS_RIGHTS,
+            )
+        };
         let segments = [
             (
                 Guest16::EsSelector,
@@ -450,22 +480,16 @@ impl Vcpu {
             ),
         ];
         for (s, l, a, b) in segments {
-            w(v.write16(s, guest_image::DATA_SELECTOR), s)?;
-            w(v.write32(l, 0xffff_ffff), l)?;
-            w(v.write32(a, guest_image::DATA_ACCESS_RIGHTS), a)?;
+            w(v.write16(s, data_sel), s)?;
+            w(v.write32(l, limit), l)?;
+            w(v.write32(a, data_ar), a)?;
             w(v.write_natural(b, 0), b)?;
         }
-        w(
-            v.write16(Guest16::CsSelector, guest_image::CODE_SELECTOR),
-            "guest CS",
-        )?;
-        w(v.write32(Guest32::CsLimit, 0xffff_ffff), "guest CS limit")?;
-        w(
-            v.write32(Guest32::CsAccessRights, guest_image::CODE_ACCESS_RIGHTS),
-            "guest CS AR",
-        )?;
+        w(v.write16(Guest16::CsSelector, code_sel), "guest CS")?;
+        w(v.write32(Guest32::CsLimit, limit), "guest CS limit")?;
+        w(v.write32(Guest32::CsAccessRights, code_ar), "guest CS AR")?;
         w(v.write_natural(GuestNatural::CsBase, 0), "guest CS base")?;
-        // LDTR unusable (bit 16); TR a busy 64-bit TSS, as IA-32e mode requires (§27.3.1.2).
+        // LDTR unusable (bit 16); TR a busy TSS (64-bit in IA-32e mode, §27.3.1.2).
         w(v.write16(Guest16::LdtrSelector, 0), "guest LDTR")?;
         w(v.write32(Guest32::LdtrLimit, 0), "guest LDTR limit")?;
         w(
@@ -488,11 +512,15 @@ impl Vcpu {
             v.write32(Guest32::GdtrLimit, boot.gdt_limit.into()),
             "guest GDTR limit",
         )?;
+        // Real mode: the interrupt vector table at 0 (256 vectors of 4 bytes).
         w(
             v.write_natural(GuestNatural::IdtrBase, 0),
             "guest IDTR base",
         )?;
-        w(v.write32(Guest32::IdtrLimit, 0), "guest IDTR limit")?;
+        w(
+            v.write32(Guest32::IdtrLimit, if real { 0x3ff } else { 0 }),
+            "guest IDTR limit",
+        )?;
         w(v.write_natural(GuestNatural::Dr7, 0x400), "guest DR7")?;
         w(v.write_natural(GuestNatural::Rsp, boot.rsp), "guest RSP")?;
         w(v.write_natural(GuestNatural::Rip, boot.entry), "guest RIP")?;
@@ -525,7 +553,11 @@ impl Vcpu {
         let nx = raw_cpuid::CpuId::new()
             .get_extended_processor_and_feature_identifiers()
             .is_some_and(|f| f.has_execute_disable());
-        let efer = 0x500 | if nx { 0x800 } else { 0 };
+        let efer = if real {
+            0
+        } else {
+            0x500 | if nx { 0x800 } else { 0 }
+        };
         w(v.write64(Guest64::Ia32Efer, efer), "guest EFER")?;
         w(
             v.write32(Guest32::PreemptionTimerValue, u32::MAX),
