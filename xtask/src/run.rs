@@ -122,21 +122,42 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
 
 /// `cargo xtask demo`: a run with the defaults, then the platform report.
 pub fn demo() -> Result<ExitCode> {
+    // The demo guests: hello, the policy probe, and a busy guest with a known exit mix.
+    let guests = crate::build::hypervisor_path(false)
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
+    let module = |name: &str, args: &str| format!("{}={args}", guests.join(name).display());
+    // Build first so the guest files exist before the module paths are checked.
+    crate::build::build_hypervisor(false)?;
     let args = RunArgs {
         cpus: 1,
         cpu_model: qemu_tests::emulator::DEFAULT_BOCHS_MODEL.to_owned(),
+        iso: IsoArgs {
+            modules: vec![
+                module("hello", "vm=hello code=42"),
+                module("probe", "vm=probe"),
+                module("busy", "vm=busy cpuid=1000 io=300 vmcall=200 measure=100"),
+            ],
+            ..IsoArgs::default()
+        },
         ..RunArgs::default()
     };
     let outcome = boot(&args)?;
     println!();
-    println!("== platform report ==");
+    println!("== summary ==");
     let report: Vec<&str> = outcome
         .serial
         .lines()
-        .filter(|l| ["cpu:", "pmu:", "acpi:"].iter().any(|p| l.starts_with(p)))
+        .filter(|l| {
+            ["cpu: VMX yes", "cpu: EPT", "pmu:", "acpi: MADT", "tsc:"]
+                .iter()
+                .any(|p| l.starts_with(p))
+                || (l.starts_with("vm ") && (l.contains(": stopped:") || l.contains(": exit ")))
+        })
         .collect();
     if report.is_empty() {
-        println!("(the hypervisor printed no cpu:, pmu: or acpi: lines)");
+        println!("(the hypervisor printed none of the summary lines)");
     }
     for line in report {
         println!("  {line}");
