@@ -1,0 +1,81 @@
+//! `mix`: functions that execute a known number of instructions, for the profiler's accuracy
+//! tests. In Bochs the TSC counts instructions, so each function's expected share of the samples
+//! is exact by construction.
+//!
+//! Arguments: `mix=W0,W1[,W2,W3]` (weights, e.g. `mix=80,20` or `mix=40,30,20,10`), `unit=U`
+//! (loop iterations per weight point, default 997), `rounds=R` (default 100). Each round calls
+//! `work_a` for W0 x U iterations, `work_b` for W1 x U, and so on. Every iteration is two
+//! instructions (`dec`, `jnz`), so function i executes 2 x Wi x U instructions per round plus a
+//! handful of call overhead. Prints `mix: done rounds=R` and exits with 0.
+#![no_std]
+#![no_main]
+
+use hvprof_guests::{arg, arg_num, exit_code, println};
+
+hvprof_guests::guest_entry!(main);
+
+macro_rules! work {
+    ($name:ident, $id:literal) => {
+        /// `iterations` rounds of a two-instruction loop.
+        #[inline(never)]
+        #[unsafe(no_mangle)]
+        pub extern "C" fn $name(iterations: u64) {
+            if iterations == 0 {
+                return;
+            }
+            // SAFETY: a register-only countdown loop; no memory, no flags the compiler relies on.
+            // The `mov` of a per-function constant keeps the four bodies distinct, so the linker
+            // cannot fold them into one symbol.
+            unsafe {
+                core::arch::asm!(
+                    "mov {id:e}, {tag}",
+                    "2:",
+                    "dec {n}",
+                    "jnz 2b",
+                    n = inout(reg) iterations => _,
+                    id = out(reg) _,
+                    tag = const $id,
+                    options(nomem, nostack),
+                );
+            }
+        }
+    };
+}
+
+work!(work_a, 0xa);
+work!(work_b, 0xb);
+work!(work_c, 0xc);
+work!(work_d, 0xd);
+
+const WORK: [extern "C" fn(u64); 4] = [work_a, work_b, work_c, work_d];
+
+fn main(args: &str) -> u8 {
+    let mut weights = [0u64; 4];
+    let mut n = 0;
+    for (i, w) in arg(args, "mix").unwrap_or("80,20").split(',').enumerate() {
+        match (weights.get_mut(i), w.parse::<u64>()) {
+            (Some(slot), Ok(v)) => {
+                *slot = v;
+                n = i + 1;
+            }
+            _ => {
+                println!("mix: bad argument mix=: up to four comma-separated weights");
+                return exit_code::BAD_ARGS;
+            }
+        }
+    }
+    let (unit, rounds) = match (arg_num(args, "unit", 997), arg_num(args, "rounds", 100)) {
+        (Ok(u), Ok(r)) => (u, r),
+        (Err(e), _) | (_, Err(e)) => {
+            println!("mix: {e}");
+            return exit_code::BAD_ARGS;
+        }
+    };
+    for _ in 0..rounds {
+        for (f, w) in WORK.iter().zip(&weights[..n]) {
+            f(core::hint::black_box(w * unit));
+        }
+    }
+    println!("mix: done rounds={rounds}");
+    0
+}
