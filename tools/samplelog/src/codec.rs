@@ -1,0 +1,629 @@
+//! The record bitstream of a block frame: per-block delta state, Rice-parameter choice, and the
+//! encoder / decoder of one record. The byte-exact description is in the crate documentation.
+
+#[cfg(feature = "std")]
+use crate::bits::{BitReader, Malformed, unzigzag};
+use crate::bits::{BitWriter, RICE_ESCAPE, bit_len, zigzag};
+use crate::types::{Event, Record, Sample, SampleKind};
+#[cfg(feature = "std")]
+use crate::types::{EventKind, OutReason};
+
+/// Recent guest RIPs per context, the references of RIP deltas.
+pub(crate) const RIP_SLOTS: usize = 16;
+/// Recent CR3 values / exit reasons per context: the current one and four earlier ones.
+const HISTORY: usize = 5;
+
+pub(crate) const F_KIND: u8 = 0;
+pub(crate) const F_VM: u8 = 1;
+pub(crate) const F_VCPU: u8 = 2;
+pub(crate) const F_VPID: u8 = 3;
+pub(crate) const F_CR3: u8 = 4;
+pub(crate) const F_MODE: u8 = 5;
+pub(crate) const F_EXIT: u8 = 6;
+pub(crate) const F_HOST_RIP: u8 = 7;
+
+/// Most bits one record can take (a sample with every field changed and every value escaped).
+pub(crate) const MAX_RECORD_BITS: usize = 512;
+
+/// Bytes of the packed [`Params`].
+pub(crate) const PARAMS_LEN: usize = 4;
+
+/// The block's code parameters, packed in a little-endian u32 in the block header: bits 0..6
+/// `k_tsc`, 6..12 `k_rip`, 12..18 `k_cost`, 18..24 `k_evt`, 24..26 `k_slot`, 26..32 zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Params {
+    k_tsc: u32,
+    k_rip: u32,
+    k_cost: u32,
+    k_evt: u32,
+    k_slot: u32,
+}
+
+impl Params {
+    pub(crate) fn pack(self) -> [u8; PARAMS_LEN] {
+        (self.k_tsc | self.k_rip << 6 | self.k_cost << 12 | self.k_evt << 18 | self.k_slot << 24)
+            .to_le_bytes()
+    }
+
+    #[cfg(feature = "std")]
+    pub(crate) fn unpack(b: [u8; PARAMS_LEN]) -> Result<Self, Malformed> {
+        let v = u32::from_le_bytes(b);
+        if v >> 26 != 0 {
+            return Err(Malformed);
+        }
+        Ok(Self {
+            k_tsc: v & 63,
+            k_rip: (v >> 6) & 63,
+            k_cost: (v >> 12) & 63,
+            k_evt: (v >> 18) & 63,
+            k_slot: (v >> 24) & 3,
+        })
+    }
+}
+
+/// The vCPU-side fields of one context.
+#[derive(Clone, Copy)]
+struct Ctx {
+    vm: u16,
+    vcpu: u16,
+    vpid: u16,
+    /// Current CR3 first, then earlier distinct values, most recent first.
+    cr3: [u64; HISTORY],
+    /// Current guest mode, then the previous different one.
+    mode: [u8; 2],
+    /// Current exit reason first, then earlier distinct values.
+    exit: [u16; HISTORY],
+    /// Recent guest RIPs, most recently used first.
+    rips: [u64; RIP_SLOTS],
+}
+
+/// The delta state, reset at the start of every block.
+#[derive(Clone, Copy)]
+struct State {
+    /// TSC of the previous record (sample or event).
+    last_tsc: u64,
+    /// TSC of the previous sample.
+    last_sample_tsc: u64,
+    /// Kind of the previous sample.
+    kind: SampleKind,
+    /// Context 0 serves guest and hypervisor samples, context 1 idle samples.
+    ctx: [Ctx; 2],
+    /// Last host RIP per sample kind.
+    host_rip: [u64; 3],
+    /// Last non-zero host RIP, any kind: the reference of host RIP deltas.
+    host_ref: u64,
+    /// Last cost per sample kind.
+    cost: [u32; 3],
+}
+
+impl State {
+    const ZERO: State = State {
+        last_tsc: 0,
+        last_sample_tsc: 0,
+        kind: SampleKind::Guest,
+        ctx: [Ctx {
+            vm: 0,
+            vcpu: 0,
+            vpid: 0,
+            cr3: [0; HISTORY],
+            mode: [0; 2],
+            exit: [0; HISTORY],
+            rips: [0; RIP_SLOTS],
+        }; 2],
+        host_rip: [0; 3],
+        host_ref: 0,
+        cost: [0; 3],
+    };
+}
+
+#[inline]
+fn ctx_index(kind: SampleKind) -> usize {
+    usize::from(kind == SampleKind::Idle)
+}
+
+/// Moves `v` to the front of a most-recent-first history: an existing entry at `hit` moves,
+/// otherwise everything shifts down and the last entry falls off.
+#[inline]
+fn to_front<T: Copy>(list: &mut [T], hit: Option<usize>, v: T) {
+    match hit {
+        Some(i) => list[..=i].rotate_right(1),
+        None => {
+            list.rotate_right(1);
+            list[0] = v;
+        }
+    }
+}
+
+/// Index `1..HISTORY` of `v` in an earlier-values history.
+#[inline]
+fn history_hit<T: Copy + PartialEq>(list: &[T], v: T) -> Option<usize> {
+    (1..list.len()).find(|&i| list[i] == v)
+}
+
+/// How one sample is coded against the state.
+struct SamplePlan {
+    mask: u8,
+    tsc: u64,
+    slot: usize,
+    /// `None` when the RIP equals the slot's exactly, else `zigzag(delta) - 1`.
+    rip: Option<u64>,
+    cost: u64,
+}
+
+#[inline]
+fn plan_sample(st: &State, s: &Sample, period: u64) -> SamplePlan {
+    let c = &st.ctx[ctx_index(s.kind)];
+    let k = s.kind as usize;
+    let mut mask = 0;
+    let mut flag = |changed: bool, f: u8| {
+        if changed {
+            mask |= 1 << f;
+        }
+    };
+    flag(s.kind != st.kind, F_KIND);
+    flag(s.vm != c.vm, F_VM);
+    flag(s.vcpu != c.vcpu, F_VCPU);
+    flag(s.vpid != c.vpid, F_VPID);
+    flag(s.guest_cr3 != c.cr3[0], F_CR3);
+    flag(s.guest_mode != c.mode[0], F_MODE);
+    flag(s.exit_reason != c.exit[0], F_EXIT);
+    flag(s.host_rip != st.host_rip[k], F_HOST_RIP);
+    let tsc = zigzag(s.tsc.wrapping_sub(st.last_sample_tsc).wrapping_sub(period) as i64);
+    let mut slot = 0;
+    let mut best = u64::MAX;
+    for (j, &r) in c.rips.iter().enumerate() {
+        let d = zigzag(s.guest_rip.wrapping_sub(r) as i64);
+        if d < best {
+            best = d;
+            slot = j;
+        }
+    }
+    let rip = if best == 0 { None } else { Some(best - 1) };
+    let cost = zigzag(i64::from(s.cost) - i64::from(st.cost[k]));
+    SamplePlan {
+        mask,
+        tsc,
+        slot,
+        rip,
+        cost,
+    }
+}
+
+#[inline]
+fn apply_sample(st: &mut State, s: &Sample, slot: usize, exact: bool) {
+    st.last_tsc = s.tsc;
+    st.last_sample_tsc = s.tsc;
+    st.kind = s.kind;
+    let k = s.kind as usize;
+    st.host_rip[k] = s.host_rip;
+    if s.host_rip != 0 {
+        st.host_ref = s.host_rip;
+    }
+    st.cost[k] = s.cost;
+    let c = &mut st.ctx[ctx_index(s.kind)];
+    c.vm = s.vm;
+    c.vcpu = s.vcpu;
+    c.vpid = s.vpid;
+    if c.cr3[0] != s.guest_cr3 {
+        let hit = history_hit(&c.cr3, s.guest_cr3);
+        to_front(&mut c.cr3, hit, s.guest_cr3);
+    }
+    if c.mode[0] != s.guest_mode {
+        c.mode = [s.guest_mode, c.mode[0]];
+    }
+    if c.exit[0] != s.exit_reason {
+        let hit = history_hit(&c.exit, s.exit_reason);
+        to_front(&mut c.exit, hit, s.exit_reason);
+    }
+    to_front(&mut c.rips, exact.then_some(slot), s.guest_rip);
+}
+
+#[inline]
+fn event_tsc(st: &State, e: &Event) -> u64 {
+    zigzag(e.tsc.wrapping_sub(st.last_tsc) as i64)
+}
+
+#[inline]
+fn apply_event(st: &mut State, e: &Event) {
+    st.last_tsc = e.tsc;
+    st.ctx[0].vm = e.vm;
+    st.ctx[0].vcpu = e.vcpu;
+}
+
+/// Accumulates the exact cost of the escaped Rice code for every parameter 0..=63.
+///
+/// For a value of bit length `b`, parameter `k` costs `1 + k` bits when `b ≤ k`, `2 + k` when
+/// `b = k + 1`, `3 + k` when `b = k + 2` and `v >> k = 2`, and `b + 8` (escape) otherwise.
+struct RiceCost {
+    /// Values per bit length.
+    count: [u32; 65],
+    /// Values with `v >> k == 2`, indexed by `k = b - 2`.
+    q2: [u32; 64],
+}
+
+impl RiceCost {
+    const fn new() -> Self {
+        Self {
+            count: [0; 65],
+            q2: [0; 64],
+        }
+    }
+
+    #[inline]
+    fn add(&mut self, v: u64) {
+        let b = bit_len(v) as usize;
+        self.count[b] += 1;
+        if b >= 2 && v >> (b - 2) == 2 {
+            self.q2[b - 2] += 1;
+        }
+    }
+
+    /// The parameter with the fewest total bits (the smallest on ties).
+    fn best(&self) -> u32 {
+        let esc = RICE_ESCAPE + 6 - 1;
+        let count = |b: usize| u64::from(self.count.get(b).copied().unwrap_or(0));
+        // Σ over b of count·(b + 8), for b > k + 2, maintained as k grows.
+        let mut esc_above: u64 = (3..=64).map(|b| count(b) * (b as u64 + esc)).sum();
+        let mut at_most_k = count(0);
+        let mut best_k = 0;
+        let mut best_bits = u64::MAX;
+        for k in 0..64usize {
+            if k > 0 {
+                at_most_k += count(k);
+                esc_above -= count(k + 2) * ((k + 2) as u64 + esc);
+            }
+            let k64 = k as u64;
+            let q2 = u64::from(self.q2[k]);
+            let bits = at_most_k * (1 + k64)
+                + count(k + 1) * (2 + k64)
+                + q2 * (3 + k64)
+                + (count(k + 2) - q2) * ((k + 2) as u64 + esc)
+                + esc_above;
+            if bits < best_bits {
+                best_bits = bits;
+                best_k = k;
+            }
+        }
+        best_k as u32
+    }
+}
+
+/// Chooses the block's code parameters for `records` (each the one giving the fewest bits, the
+/// smallest on ties).
+pub(crate) fn choose_params(records: &[Record], period: u64) -> Params {
+    let [mut tsc, mut rip, mut cost, mut evt] = [const { RiceCost::new() }; 4];
+    let mut slots = [0u32; RIP_SLOTS];
+    let mut st = State::ZERO;
+    for r in records {
+        match r {
+            Record::Sample(s) => {
+                let p = plan_sample(&st, s, period);
+                tsc.add(p.tsc);
+                if let Some(v) = p.rip {
+                    rip.add(v);
+                }
+                slots[p.slot] += 1;
+                cost.add(p.cost);
+                apply_sample(&mut st, s, p.slot, p.rip.is_none());
+            }
+            Record::Event(e) => {
+                evt.add(event_tsc(&st, e));
+                apply_event(&mut st, e);
+            }
+        }
+    }
+    let slot_bits = |k: u32| -> u64 {
+        (0..RIP_SLOTS)
+            .map(|i| u64::from(slots[i]) * u64::from((i as u32 >> k) + 1 + k))
+            .sum()
+    };
+    Params {
+        k_tsc: tsc.best(),
+        k_rip: rip.best(),
+        k_cost: cost.best(),
+        k_evt: evt.best(),
+        k_slot: (0..4).min_by_key(|&k| (slot_bits(k), k)).unwrap_or(0),
+    }
+}
+
+fn write_history<T: Copy + PartialEq>(
+    w: &mut BitWriter<'_>,
+    list: &[T; HISTORY],
+    v: T,
+    literal: impl FnOnce(&mut BitWriter<'_>),
+) {
+    match history_hit(list, v) {
+        Some(i) => {
+            w.bit(true);
+            w.put((i - 1) as u64, 2);
+        }
+        None => {
+            w.bit(false);
+            literal(w);
+        }
+    }
+}
+
+/// Writes the records' bitstream into `out`; the number of bytes, `None` if `out` is too small.
+pub(crate) fn write_records(
+    records: &[Record],
+    period: u64,
+    ks: Params,
+    out: &mut [u8],
+) -> Option<usize> {
+    let mut w = BitWriter::new(out);
+    let mut st = State::ZERO;
+    for r in records {
+        match r {
+            Record::Sample(s) => {
+                let p = plan_sample(&st, s, period);
+                let c = &st.ctx[ctx_index(s.kind)];
+                match p.mask.count_ones() {
+                    0 => w.bit(false),
+                    1 => {
+                        w.put(0b01, 2); // '1', '0'
+                        w.put(u64::from(p.mask.trailing_zeros()), 3);
+                    }
+                    _ => {
+                        w.put(0b011, 3); // '1', '1', '0'
+                        w.put(u64::from(p.mask), 8);
+                    }
+                }
+                let has = |f: u8| p.mask & (1 << f) != 0;
+                if has(F_KIND) {
+                    w.put(s.kind as u64, 2);
+                }
+                if has(F_VM) {
+                    w.lp(u64::from(s.vm), 5);
+                }
+                if has(F_VCPU) {
+                    w.lp(u64::from(s.vcpu), 5);
+                }
+                if has(F_VPID) {
+                    w.lp(u64::from(s.vpid), 5);
+                }
+                if has(F_CR3) {
+                    write_history(&mut w, &c.cr3, s.guest_cr3, |w| {
+                        w.lp(zigzag(s.guest_cr3.wrapping_sub(c.cr3[0]) as i64), 7);
+                    });
+                }
+                if has(F_MODE) {
+                    if s.guest_mode == c.mode[1] {
+                        w.bit(true);
+                    } else {
+                        w.bit(false);
+                        w.put(u64::from(s.guest_mode & 0xf), 4);
+                        let high = s.guest_mode >> 4;
+                        w.bit(high != 0);
+                        if high != 0 {
+                            w.put(u64::from(high), 4);
+                        }
+                    }
+                }
+                if has(F_EXIT) {
+                    write_history(&mut w, &c.exit, s.exit_reason, |w| {
+                        w.lp(u64::from(s.exit_reason), 5);
+                    });
+                }
+                if has(F_HOST_RIP) {
+                    w.lp(zigzag(s.host_rip.wrapping_sub(st.host_ref) as i64), 7);
+                }
+                w.rice(ks.k_tsc, p.tsc);
+                w.small_rice(ks.k_slot, p.slot as u64);
+                match p.rip {
+                    None => w.bit(true),
+                    Some(v) => {
+                        w.bit(false);
+                        w.rice(ks.k_rip, v);
+                    }
+                }
+                w.rice(ks.k_cost, p.cost);
+                apply_sample(&mut st, s, p.slot, p.rip.is_none());
+            }
+            Record::Event(e) => {
+                w.put(0b111, 3);
+                w.put(e.kind as u64, 1);
+                if (e.vm, e.vcpu) == (st.ctx[0].vm, st.ctx[0].vcpu) {
+                    w.bit(false);
+                } else {
+                    w.bit(true);
+                    w.lp(u64::from(e.vm), 5);
+                    w.lp(u64::from(e.vcpu), 5);
+                }
+                w.put(e.reason as u64, 2);
+                w.rice(ks.k_evt, event_tsc(&st, e));
+                apply_event(&mut st, e);
+            }
+        }
+    }
+    w.finish()
+}
+
+/// Decodes `count` records from the bitstream at the start of `data`, appending them to `out`.
+/// Returns the number of bytes the bitstream occupies (`ceil(bits / 8)`).
+#[cfg(feature = "std")]
+pub(crate) fn read_records(
+    data: &[u8],
+    count: usize,
+    period: u64,
+    ks: Params,
+    out: &mut Vec<Record>,
+) -> Result<usize, Malformed> {
+    let mut r = BitReader::new(data);
+    let mut st = State::ZERO;
+    out.reserve(count);
+    for _ in 0..count {
+        let mask = if !r.bit() {
+            Some(0)
+        } else if !r.bit() {
+            Some(1u8 << r.get(3))
+        } else if !r.bit() {
+            Some(r.get(8) as u8)
+        } else {
+            None
+        };
+        match mask {
+            Some(mask) => {
+                let s = read_sample(&mut r, &mut st, mask, period, ks)?;
+                out.push(Record::Sample(s));
+            }
+            None => {
+                let kind = if r.bit() {
+                    EventKind::VcpuOut
+                } else {
+                    EventKind::VcpuIn
+                };
+                let (vm, vcpu) = if r.bit() {
+                    (lp16(&mut r)?, lp16(&mut r)?)
+                } else {
+                    (st.ctx[0].vm, st.ctx[0].vcpu)
+                };
+                let reason = OutReason::from_u8(r.get(2) as u8).ok_or(Malformed)?;
+                let tsc = st.last_tsc.wrapping_add(unzigzag(r.rice(ks.k_evt)?) as u64);
+                let e = Event {
+                    tsc,
+                    kind,
+                    vm,
+                    vcpu,
+                    reason,
+                };
+                apply_event(&mut st, &e);
+                out.push(Record::Event(e));
+            }
+        }
+        if r.overrun() {
+            return Err(Malformed);
+        }
+    }
+    Ok(r.consumed_bits().div_ceil(8))
+}
+
+#[cfg(feature = "std")]
+#[inline]
+fn lp16(r: &mut BitReader<'_>) -> Result<u16, Malformed> {
+    // At most 16 bits: fits.
+    Ok(r.lp(5, 16)? as u16)
+}
+
+#[cfg(feature = "std")]
+#[inline]
+fn read_history<T: Copy>(
+    r: &mut BitReader<'_>,
+    list: &[T; HISTORY],
+    literal: impl FnOnce(&mut BitReader<'_>) -> Result<T, Malformed>,
+) -> Result<T, Malformed> {
+    if r.bit() {
+        Ok(list[1 + r.get(2) as usize])
+    } else {
+        literal(r)
+    }
+}
+
+#[cfg(feature = "std")]
+#[inline]
+fn read_sample(
+    r: &mut BitReader<'_>,
+    st: &mut State,
+    mask: u8,
+    period: u64,
+    ks: Params,
+) -> Result<Sample, Malformed> {
+    let has = |f: u8| mask & (1 << f) != 0;
+    let kind = if has(F_KIND) {
+        SampleKind::from_u8(r.get(2) as u8).ok_or(Malformed)?
+    } else {
+        st.kind
+    };
+    let k = kind as usize;
+    let c = &st.ctx[ctx_index(kind)];
+    let mut s = Sample {
+        tsc: 0,
+        kind,
+        vm: c.vm,
+        vcpu: c.vcpu,
+        vpid: c.vpid,
+        guest_rip: 0,
+        guest_cr3: c.cr3[0],
+        guest_mode: c.mode[0],
+        exit_reason: c.exit[0],
+        host_rip: st.host_rip[k],
+        cost: 0,
+    };
+    if mask & !(1 << F_KIND) != 0 {
+        if has(F_VM) {
+            s.vm = lp16(r)?;
+        }
+        if has(F_VCPU) {
+            s.vcpu = lp16(r)?;
+        }
+        if has(F_VPID) {
+            s.vpid = lp16(r)?;
+        }
+        if has(F_CR3) {
+            s.guest_cr3 = read_history(r, &c.cr3, |r| {
+                Ok(c.cr3[0].wrapping_add(unzigzag(r.lp(7, 64)?) as u64))
+            })?;
+        }
+        if has(F_MODE) {
+            s.guest_mode = if r.bit() {
+                c.mode[1]
+            } else {
+                let low = r.get(4) as u8;
+                let high = if r.bit() { r.get(4) as u8 } else { 0 };
+                low | (high << 4)
+            };
+        }
+        if has(F_EXIT) {
+            s.exit_reason = read_history(r, &c.exit, lp16)?;
+        }
+        if has(F_HOST_RIP) {
+            s.host_rip = st.host_ref.wrapping_add(unzigzag(r.lp(7, 64)?) as u64);
+        }
+    }
+    s.tsc = st
+        .last_sample_tsc
+        .wrapping_add(period)
+        .wrapping_add(unzigzag(r.rice(ks.k_tsc)?) as u64);
+    // The slot's quotient is at most 15 >> k_slot.
+    let slot = r.small_rice(ks.k_slot, (15 >> ks.k_slot) + 1)? as usize;
+    let base = c.rips[slot];
+    let exact = r.bit();
+    s.guest_rip = if exact {
+        base
+    } else {
+        let v = r.rice(ks.k_rip)?.checked_add(1).ok_or(Malformed)?;
+        base.wrapping_add(unzigzag(v) as u64)
+    };
+    let cost = i64::from(st.cost[k]).wrapping_add(unzigzag(r.rice(ks.k_cost)?));
+    s.cost = u32::try_from(cost).map_err(|_| Malformed)?;
+    apply_sample(st, &s, slot, exact);
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bits::rice_bits;
+
+    #[test]
+    fn rice_cost_picks_the_exact_optimum() {
+        let sets: [&[u64]; 7] = [
+            &[0, 0, 0, 1],
+            &[100, 200, 300, 150, 90, 5000],
+            &[u64::MAX, 1 << 40, 3],
+            &[7; 10],
+            &[1 << 20, (1 << 20) + 5, 1 << 22, 12, 1 << 63],
+            &[2, 3, 2, 3, 5, 6, 8, 11, 12],
+            &[u64::MAX; 3],
+        ];
+        for set in sets {
+            let mut c = RiceCost::new();
+            for &v in set {
+                c.add(v);
+            }
+            let bits = |k: u32| set.iter().map(|&v| u64::from(rice_bits(k, v))).sum::<u64>();
+            let brute = (0..64u32).min_by_key(|&k| (bits(k), k)).unwrap();
+            assert_eq!(c.best(), brute, "{set:?}");
+        }
+    }
+}

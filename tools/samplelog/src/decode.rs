@@ -1,0 +1,793 @@
+//! The decoder (feature `std`): a streaming frame splitter/classifier ([`StreamDecoder`]), an
+//! accumulator of its items ([`Collector`] → [`Decoded`]), and [`decode`] for a whole capture.
+//! Never panics, whatever the input; allocation is bounded by the input size.
+
+use std::collections::{BTreeMap, HashSet};
+use std::mem;
+
+use crate::bits::{ByteReader, Malformed};
+use crate::cobs;
+use crate::codec;
+use crate::encode::{
+    CRC32C, FRAME_BLOCK, FRAME_END, FRAME_HEADER, MAGIC, MAX_BLOCK_RECORDS, MAX_END_PCPUS,
+    MAX_FRAME_BYTES, MAX_FRAME_TYPE,
+};
+use crate::types::{
+    BUILD_ID_LEN, BlockHeader, BuildId, FixedStr, Header, MAX_VMS, PcpuTotals, Record, VmInfo,
+};
+
+/// Spans (bytes between two `0x00`) longer than this are classified in pieces, bounding memory.
+const MAX_SPAN: usize = 4 << 20;
+/// Failed frame candidates tried per span (with `MAX_FRAME_BYTES`, bounds work on hostile input).
+const MAX_ATTEMPTS: usize = 16;
+
+/// What was wrong with a stretch of bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DamageKind {
+    /// Looked like a frame, decoded completely, but its CRC did not match.
+    Crc,
+    /// Looked like a frame but its COBS structure was broken (a byte lost, a `0x00` injected).
+    Cobs,
+    /// CRC matched but the body was malformed (an encoder bug, or a 2^-32 CRC collision).
+    Malformed,
+    /// Looked like a frame and the stream ended inside it.
+    Truncated,
+    /// Neither a frame nor UTF-8 text (for example the tail of a frame cut by an injected `0x00`).
+    Unrecognized,
+}
+
+/// A damaged stretch of the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Damage {
+    /// Stream offset of its first byte.
+    pub offset: u64,
+    /// Its length in bytes (delimiters excluded).
+    pub len: u64,
+    /// What was wrong.
+    pub kind: DamageKind,
+}
+
+/// Console text found between frames.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TextSpan {
+    /// Stream offset of its first byte.
+    pub offset: u64,
+    /// The text, as received (lines keep their `\n`).
+    pub text: String,
+}
+
+/// One thing found in the stream, in stream order. Borrowed data lives until the next call
+/// into the decoder.
+#[derive(Clone, Copy, Debug)]
+pub enum Item<'a> {
+    /// A header frame.
+    Header {
+        /// Stream offset of the frame (its COBS code byte).
+        offset: u64,
+        /// The header.
+        header: &'a Header,
+    },
+    /// A block frame.
+    Block {
+        /// Stream offset of the frame.
+        offset: u64,
+        /// Its header.
+        header: BlockHeader,
+        /// Its records.
+        records: &'a [Record],
+    },
+    /// An end frame.
+    End {
+        /// Stream offset of the frame.
+        offset: u64,
+        /// Per-pCPU totals.
+        totals: &'a [PcpuTotals],
+    },
+    /// A valid frame of a type this decoder does not know (4..=8).
+    Unknown {
+        /// Stream offset of the frame.
+        offset: u64,
+        /// Its type byte.
+        frame_type: u8,
+    },
+    /// Console text.
+    Text {
+        /// Stream offset of the text.
+        offset: u64,
+        /// The text.
+        text: &'a str,
+    },
+    /// Damage.
+    Damage(Damage),
+}
+
+/// Which body a frame carried.
+#[derive(Clone, Copy)]
+enum Parsed {
+    Header,
+    Block(BlockHeader),
+    End,
+    Unknown(u8),
+}
+
+/// Scratch space the body parsers fill.
+struct Scratch {
+    payload: Vec<u8>,
+    records: Vec<Record>,
+    header: Box<Header>,
+    totals: Vec<PcpuTotals>,
+}
+
+/// Incremental decoder: feed it the capture in chunks of any size.
+pub struct StreamDecoder {
+    /// Bytes of the current span not yet ended by a `0x00`.
+    pending: Vec<u8>,
+    pending_start: u64,
+    pos: u64,
+    scratch: Scratch,
+}
+
+impl Default for StreamDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StreamDecoder {
+    /// A decoder at stream offset 0.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            pending: Vec::new(),
+            pending_start: 0,
+            pos: 0,
+            scratch: Scratch {
+                payload: Vec::new(),
+                records: Vec::new(),
+                header: Box::default(),
+                totals: Vec::new(),
+            },
+        }
+    }
+
+    /// Bytes fed so far.
+    #[must_use]
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// Feeds the next bytes of the stream; `sink` receives every item completed by them.
+    pub fn feed(&mut self, bytes: &[u8], sink: &mut dyn FnMut(Item<'_>)) {
+        let mut rest = bytes;
+        while let Some(z) = rest.iter().position(|&b| b == 0) {
+            let span = &rest[..z];
+            if self.pending.is_empty() {
+                let start = self.pos;
+                self.scratch.span(span, start, false, sink);
+            } else {
+                self.pending.extend_from_slice(span);
+                let pending = mem::take(&mut self.pending);
+                self.scratch.span(&pending, self.pending_start, false, sink);
+                self.pending = pending;
+                self.pending.clear();
+            }
+            self.pos += z as u64 + 1;
+            rest = &rest[z + 1..];
+        }
+        if !rest.is_empty() {
+            if self.pending.is_empty() {
+                self.pending_start = self.pos;
+            }
+            self.pending.extend_from_slice(rest);
+            self.pos += rest.len() as u64;
+            if self.pending.len() > MAX_SPAN {
+                let pending = mem::take(&mut self.pending);
+                self.scratch.span(&pending, self.pending_start, false, sink);
+                self.pending = pending;
+                self.pending.clear();
+            }
+        }
+    }
+
+    /// Ends the stream: classifies what follows the last `0x00` (a frame missing only its final
+    /// delimiter is still recovered; an incomplete one is reported as truncated).
+    pub fn finish(&mut self, sink: &mut dyn FnMut(Item<'_>)) {
+        if !self.pending.is_empty() {
+            let pending = mem::take(&mut self.pending);
+            self.scratch.span(&pending, self.pending_start, true, sink);
+            self.pending = pending;
+            self.pending.clear();
+        }
+    }
+}
+
+/// Whether a frame may start at `span[i]`: first COBS code ≥ 5 (magic and type are in the first
+/// group, copied verbatim), then `"HVP"`, then a frame type in `1..=MAX_FRAME_TYPE`.
+#[inline]
+fn is_candidate(span: &[u8], i: usize) -> bool {
+    matches!(span.get(i..i + 5), Some(&[code, b'H', b'V', b'P', t])
+        if code >= 5 && (1..=MAX_FRAME_TYPE).contains(&t))
+}
+
+fn find_candidate(span: &[u8], from: usize) -> Option<usize> {
+    (from..span.len().saturating_sub(4)).find(|&i| is_candidate(span, i))
+}
+
+fn text_or_garbage(bytes: &[u8], offset: u64, sink: &mut dyn FnMut(Item<'_>)) {
+    if bytes.is_empty() {
+        return;
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(text) => sink(Item::Text { offset, text }),
+        Err(_) => sink(Item::Damage(Damage {
+            offset,
+            len: bytes.len() as u64,
+            kind: DamageKind::Unrecognized,
+        })),
+    }
+}
+
+/// Reports `seg` (which holds no valid frame): text before the first failed frame candidate,
+/// damage from it on — unless that part is valid UTF-8 (console text that happens to contain the
+/// frame pattern; a damaged binary frame practically never is).
+fn filler(
+    seg: &[u8],
+    offset: u64,
+    failed: Option<(usize, DamageKind)>,
+    sink: &mut dyn FnMut(Item<'_>),
+) {
+    match failed {
+        Some((at, kind)) if at < seg.len() && std::str::from_utf8(&seg[at..]).is_err() => {
+            text_or_garbage(&seg[..at], offset, sink);
+            sink(Item::Damage(Damage {
+                offset: offset + at as u64,
+                len: (seg.len() - at) as u64,
+                kind,
+            }));
+        }
+        _ => text_or_garbage(seg, offset, sink),
+    }
+}
+
+fn crc_ok(data: &[u8], crc: &[u8]) -> bool {
+    match <[u8; 4]>::try_from(crc) {
+        Ok(c) => CRC32C.checksum(data) == u32::from_le_bytes(c),
+        Err(_) => false,
+    }
+}
+
+impl Scratch {
+    /// Classifies one span (the bytes between two `0x00`).
+    fn span(&mut self, span: &[u8], offset: u64, at_eof: bool, sink: &mut dyn FnMut(Item<'_>)) {
+        if span.is_empty() {
+            return;
+        }
+        let mut seg_start = 0;
+        let mut search = 0;
+        // First failed candidate since the last success, relative to `seg_start`.
+        let mut failed: Option<(usize, DamageKind)> = None;
+        let mut attempts = 0;
+        while attempts < MAX_ATTEMPTS {
+            let Some(c) = find_candidate(span, search) else {
+                break;
+            };
+            let raw = &span[c..span.len().min(c + MAX_FRAME_BYTES)];
+            match self.frame(raw, at_eof) {
+                Ok((parsed, used)) => {
+                    filler(
+                        &span[seg_start..c],
+                        offset + seg_start as u64,
+                        failed.take(),
+                        sink,
+                    );
+                    self.emit(parsed, offset + c as u64, sink);
+                    seg_start = c + used;
+                    search = seg_start;
+                }
+                Err(kind) => {
+                    if failed.is_none() {
+                        failed = Some((c - seg_start, kind));
+                    }
+                    search = c + 1;
+                    attempts += 1;
+                }
+            }
+        }
+        filler(&span[seg_start..], offset + seg_start as u64, failed, sink);
+    }
+
+    fn emit(&self, parsed: Parsed, offset: u64, sink: &mut dyn FnMut(Item<'_>)) {
+        sink(match parsed {
+            Parsed::Header => Item::Header {
+                offset,
+                header: &self.header,
+            },
+            Parsed::Block(header) => Item::Block {
+                offset,
+                header,
+                records: &self.records,
+            },
+            Parsed::End => Item::End {
+                offset,
+                totals: &self.totals,
+            },
+            Parsed::Unknown(frame_type) => Item::Unknown { offset, frame_type },
+        });
+    }
+
+    /// Tries to decode a frame at the start of `raw` (a candidate position). On success returns
+    /// what it held and how many bytes of `raw` it used.
+    fn frame(&mut self, raw: &[u8], at_eof: bool) -> Result<(Parsed, usize), DamageKind> {
+        let mut payload = mem::take(&mut self.payload);
+        payload.clear();
+        let complete = cobs::decode(raw, &mut payload);
+        let result = self.frame_payload(&payload, raw.len(), complete, at_eof);
+        self.payload = payload;
+        result
+    }
+
+    fn frame_payload(
+        &mut self,
+        p: &[u8],
+        raw_len: usize,
+        complete: bool,
+        at_eof: bool,
+    ) -> Result<(Parsed, usize), DamageKind> {
+        let failure = if at_eof {
+            DamageKind::Truncated
+        } else if complete {
+            DamageKind::Crc
+        } else {
+            DamageKind::Cobs
+        };
+        if p.len() < 8 || p[..3] != MAGIC {
+            return Err(failure);
+        }
+        let frame_type = p[3];
+        // Fast path: the span is exactly one frame.
+        if complete {
+            let (covered, crc) = p.split_at(p.len() - 4);
+            if crc_ok(covered, crc) {
+                let body = &covered[4..];
+                return match self.body(frame_type, body) {
+                    Ok((parsed, n)) if n == body.len() => Ok((parsed, raw_len)),
+                    Ok(_) | Err(Malformed) => Err(DamageKind::Malformed),
+                };
+            }
+        }
+        // Slow path: the frame's structure may end before the span does (its trailing delimiter
+        // was lost); the CRC must then sit right after the structure.
+        if let Ok((parsed, n)) = self.body(frame_type, &p[4..]) {
+            let end = 4 + n;
+            if let (Some(covered), Some(crc)) = (p.get(..end), p.get(end..end + 4))
+                && !matches!(parsed, Parsed::Unknown(_))
+                && crc_ok(covered, crc)
+            {
+                let used = cobs::encoded_len(&p[..end + 4]);
+                if used <= raw_len {
+                    return Ok((parsed, used));
+                }
+            }
+        }
+        Err(failure)
+    }
+
+    /// Parses a body; returns what it was and the bytes it used (unknown types use everything).
+    fn body(&mut self, frame_type: u8, body: &[u8]) -> Result<(Parsed, usize), Malformed> {
+        match frame_type {
+            FRAME_HEADER => parse_header(body, &mut self.header).map(|n| (Parsed::Header, n)),
+            FRAME_BLOCK => parse_block(body, &mut self.records).map(|(h, n)| (Parsed::Block(h), n)),
+            FRAME_END => parse_end(body, &mut self.totals).map(|n| (Parsed::End, n)),
+            t => Ok((Parsed::Unknown(t), body.len())),
+        }
+    }
+}
+
+fn short_bytes<'a>(r: &mut ByteReader<'a>, max: usize) -> Result<&'a [u8], Malformed> {
+    let n = usize::from(r.u8()?);
+    if n > max {
+        return Err(Malformed);
+    }
+    r.bytes(n)
+}
+
+fn parse_header(body: &[u8], h: &mut Header) -> Result<usize, Malformed> {
+    let mut r = ByteReader::new(body);
+    h.version = r.varint_u16()?;
+    h.build_id = BuildId::new(short_bytes(&mut r, BUILD_ID_LEN)?).map_err(|_| Malformed)?;
+    h.tsc_hz = r.varint()?;
+    h.pcpus = r.varint_u16()?;
+    h.tsc_skew = r.varint()?;
+    h.period_ticks = r.varint()?;
+    h.source = r.u8()?;
+    let n = usize::from(r.u8()?);
+    if n > MAX_VMS {
+        return Err(Malformed);
+    }
+    h.vms.clear();
+    for _ in 0..n {
+        let id = r.varint_u16()?;
+        let name = FixedStr::from_utf8(short_bytes(&mut r, 32)?).ok_or(Malformed)?;
+        let vcpus = r.varint_u16()?;
+        let image = FixedStr::from_utf8(short_bytes(&mut r, 64)?).ok_or(Malformed)?;
+        let image_build_id =
+            BuildId::new(short_bytes(&mut r, BUILD_ID_LEN)?).map_err(|_| Malformed)?;
+        h.vms
+            .push(VmInfo {
+                id,
+                name,
+                vcpus,
+                image,
+                image_build_id,
+            })
+            .map_err(|_| Malformed)?;
+    }
+    Ok(r.pos())
+}
+
+fn parse_block(body: &[u8], records: &mut Vec<Record>) -> Result<(BlockHeader, usize), Malformed> {
+    let mut r = ByteReader::new(body);
+    let h = BlockHeader {
+        pcpu: r.varint_u16()?,
+        seq: r.varint()?,
+        first_sample: r.varint()?,
+        first_event: r.varint()?,
+        ring_drops: r.varint()?,
+        period_ticks: r.varint()?,
+    };
+    let count = usize::try_from(r.varint()?).map_err(|_| Malformed)?;
+    if count > MAX_BLOCK_RECORDS {
+        return Err(Malformed);
+    }
+    let mut ks = [0u8; codec::PARAMS_LEN];
+    ks.copy_from_slice(r.bytes(codec::PARAMS_LEN)?);
+    let ks = codec::Params::unpack(ks)?;
+    records.clear();
+    let bits = codec::read_records(r.rest(), count, h.period_ticks, ks, records)?;
+    Ok((h, r.pos() + bits))
+}
+
+fn parse_end(body: &[u8], totals: &mut Vec<PcpuTotals>) -> Result<usize, Malformed> {
+    let mut r = ByteReader::new(body);
+    let n = usize::try_from(r.varint()?).map_err(|_| Malformed)?;
+    if n > MAX_END_PCPUS {
+        return Err(Malformed);
+    }
+    totals.clear();
+    totals.reserve(n.min(body.len() / 5));
+    for _ in 0..n {
+        totals.push(PcpuTotals {
+            pcpu: r.varint_u16()?,
+            samples: r.varint()?,
+            events: r.varint()?,
+            ring_drops: r.varint()?,
+            blocks: r.varint()?,
+        });
+    }
+    Ok(r.pos())
+}
+
+/// Records missing from a pCPU's stream because blocks were lost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Gap {
+    /// Index in `PcpuLog::records` where the missing records belong.
+    pub at_record: usize,
+    /// Blocks lost here.
+    pub blocks: u64,
+    /// Samples those blocks held.
+    pub samples: u64,
+    /// Events those blocks held.
+    pub events: u64,
+    /// TSC of the last record before the gap (`None` at the start of the stream).
+    pub after_tsc: Option<u64>,
+    /// TSC of the first record after the gap (`None` at the end of the stream).
+    pub before_tsc: Option<u64>,
+}
+
+/// One pCPU's decoded stream and its losses.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PcpuLog {
+    /// The pCPU.
+    pub pcpu: u16,
+    /// Records of all received blocks, in block order.
+    pub records: Vec<Record>,
+    /// Distinct blocks received.
+    pub blocks_received: u64,
+    /// Blocks lost: sequence gaps, including before the first block received and — when the end
+    /// frame was seen — after the last.
+    pub blocks_lost: u64,
+    /// Samples in the lost blocks (exact).
+    pub samples_lost: u64,
+    /// Events in the lost blocks (exact).
+    pub events_lost: u64,
+    /// Blocks received more than once (later copies are ignored).
+    pub duplicate_blocks: u64,
+    /// Blocks whose numbering contradicts their neighbours or the end frame (should be 0).
+    pub inconsistent_blocks: u64,
+    /// The pCPU's ring drops: samples never recorded because its ring was full (from the end
+    /// frame, else from the last block received).
+    pub ring_drops: u64,
+    /// This pCPU's entry of the end frame.
+    pub totals: Option<PcpuTotals>,
+    /// Where records are missing.
+    pub gaps: Vec<Gap>,
+}
+
+impl PcpuLog {
+    /// The samples received.
+    pub fn samples(&self) -> impl Iterator<Item = &crate::Sample> {
+        self.records.iter().filter_map(Record::as_sample)
+    }
+
+    /// Whether every block this pCPU sent was received (needs the end frame).
+    #[must_use]
+    pub fn is_complete(&self) -> bool {
+        self.totals.is_some() && self.blocks_lost == 0 && self.inconsistent_blocks == 0
+    }
+}
+
+/// A decoded capture.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decoded {
+    /// The first header frame received.
+    pub header: Option<Header>,
+    /// Header frames received.
+    pub header_frames: u64,
+    /// Header frames that differ from the first one.
+    pub header_conflicts: u64,
+    /// Per-pCPU streams (pCPUs seen in blocks or in the end frame).
+    pub pcpus: BTreeMap<u16, PcpuLog>,
+    /// The last end frame received (`None`: the capture is truncated, or its end frame damaged).
+    pub end: Option<Vec<PcpuTotals>>,
+    /// Valid frames of every type.
+    pub frames: u64,
+    /// Valid frames of unknown types.
+    pub unknown_frames: u64,
+    /// Damaged frames and unrecognised bytes, in stream order.
+    pub damaged: Vec<Damage>,
+    /// Console text, in stream order.
+    pub text: Vec<TextSpan>,
+    /// Bytes decoded.
+    pub bytes: u64,
+}
+
+impl Decoded {
+    /// Whether the end frame was received (otherwise losses after the last block of each pCPU
+    /// are unknown).
+    #[must_use]
+    pub fn end_seen(&self) -> bool {
+        self.end.is_some()
+    }
+
+    /// End frame seen, no block lost on any pCPU.
+    #[must_use]
+    pub fn is_complete(&self) -> bool {
+        self.end_seen() && self.pcpus.values().all(PcpuLog::is_complete)
+    }
+
+    /// Samples received, all pCPUs.
+    #[must_use]
+    pub fn samples(&self) -> u64 {
+        self.pcpus
+            .values()
+            .map(|p| p.samples().count() as u64)
+            .sum()
+    }
+
+    /// Blocks lost, all pCPUs.
+    #[must_use]
+    pub fn blocks_lost(&self) -> u64 {
+        self.pcpus.values().map(|p| p.blocks_lost).sum()
+    }
+
+    /// Samples lost in lost blocks, all pCPUs.
+    #[must_use]
+    pub fn samples_lost(&self) -> u64 {
+        self.pcpus.values().map(|p| p.samples_lost).sum()
+    }
+
+    /// Ring drops, all pCPUs.
+    #[must_use]
+    pub fn ring_drops(&self) -> u64 {
+        self.pcpus.values().map(|p| p.ring_drops).sum()
+    }
+
+    /// All text spans concatenated.
+    #[must_use]
+    pub fn text_joined(&self) -> String {
+        self.text.iter().map(|t| t.text.as_str()).collect()
+    }
+}
+
+#[derive(Clone, Copy)]
+struct BlockMeta {
+    h: BlockHeader,
+    start: usize,
+    len: usize,
+    samples: u64,
+}
+
+#[derive(Default)]
+struct PcpuAcc {
+    blocks: Vec<BlockMeta>,
+    records: Vec<Record>,
+    seqs: HashSet<u64>,
+    sorted: bool,
+    duplicates: u64,
+}
+
+/// Builds a [`Decoded`] from [`Item`]s (what [`decode`] does with a [`StreamDecoder`]).
+#[derive(Default)]
+pub struct Collector {
+    d: Decoded,
+    acc: BTreeMap<u16, PcpuAcc>,
+}
+
+impl Collector {
+    /// Nothing collected yet.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Takes one item.
+    pub fn push(&mut self, item: Item<'_>) {
+        match item {
+            Item::Header { header, .. } => {
+                self.d.frames += 1;
+                self.d.header_frames += 1;
+                match &self.d.header {
+                    None => self.d.header = Some(header.clone()),
+                    Some(first) if first != header => self.d.header_conflicts += 1,
+                    Some(_) => {}
+                }
+            }
+            Item::Block {
+                header, records, ..
+            } => {
+                self.d.frames += 1;
+                let acc = self.acc.entry(header.pcpu).or_insert_with(|| PcpuAcc {
+                    sorted: true,
+                    ..PcpuAcc::default()
+                });
+                if !acc.seqs.insert(header.seq) {
+                    acc.duplicates += 1;
+                    return;
+                }
+                if acc.blocks.last().is_some_and(|b| b.h.seq > header.seq) {
+                    acc.sorted = false;
+                }
+                let samples = records
+                    .iter()
+                    .filter(|r| matches!(r, Record::Sample(_)))
+                    .count() as u64;
+                acc.blocks.push(BlockMeta {
+                    h: header,
+                    start: acc.records.len(),
+                    len: records.len(),
+                    samples,
+                });
+                acc.records.extend_from_slice(records);
+            }
+            Item::End { totals, .. } => {
+                self.d.frames += 1;
+                self.d.end = Some(totals.to_vec());
+            }
+            Item::Unknown { .. } => {
+                self.d.frames += 1;
+                self.d.unknown_frames += 1;
+            }
+            Item::Text { offset, text } => self.d.text.push(TextSpan {
+                offset,
+                text: text.to_owned(),
+            }),
+            Item::Damage(d) => self.d.damaged.push(d),
+        }
+    }
+
+    /// Orders each pCPU's blocks and computes the losses. `bytes`: the stream length.
+    #[must_use]
+    pub fn finish(mut self, bytes: u64) -> Decoded {
+        self.d.bytes = bytes;
+        let mut totals: BTreeMap<u16, PcpuTotals> = BTreeMap::new();
+        for t in self.d.end.iter().flatten() {
+            totals.insert(t.pcpu, *t);
+        }
+        for &pcpu in totals.keys() {
+            self.acc.entry(pcpu).or_insert_with(|| PcpuAcc {
+                sorted: true,
+                ..PcpuAcc::default()
+            });
+        }
+        for (pcpu, acc) in mem::take(&mut self.acc) {
+            let log = finish_pcpu(pcpu, acc, totals.get(&pcpu).copied());
+            self.d.pcpus.insert(pcpu, log);
+        }
+        self.d
+    }
+}
+
+fn finish_pcpu(pcpu: u16, mut acc: PcpuAcc, totals: Option<PcpuTotals>) -> PcpuLog {
+    if !acc.sorted {
+        acc.blocks.sort_by_key(|b| b.h.seq);
+        let mut records = Vec::with_capacity(acc.records.len());
+        for b in &mut acc.blocks {
+            let start = records.len();
+            records.extend_from_slice(&acc.records[b.start..b.start + b.len]);
+            b.start = start;
+        }
+        acc.records = records;
+    }
+    let mut log = PcpuLog {
+        pcpu,
+        blocks_received: acc.blocks.len() as u64,
+        duplicate_blocks: acc.duplicates,
+        totals,
+        ..PcpuLog::default()
+    };
+    let (mut next_seq, mut next_sample, mut next_event) = (0u64, 0u64, 0u64);
+    let mut last_tsc: Option<u64> = None;
+    for b in &acc.blocks {
+        let events = b.len as u64 - b.samples;
+        if b.h.seq > next_seq {
+            if b.h.first_sample < next_sample || b.h.first_event < next_event {
+                log.inconsistent_blocks += 1;
+            }
+            let gap = Gap {
+                at_record: b.start,
+                blocks: b.h.seq - next_seq,
+                samples: b.h.first_sample.saturating_sub(next_sample),
+                events: b.h.first_event.saturating_sub(next_event),
+                after_tsc: last_tsc,
+                before_tsc: acc.records.get(b.start).map(Record::tsc),
+            };
+            log.blocks_lost += gap.blocks;
+            log.samples_lost += gap.samples;
+            log.events_lost += gap.events;
+            log.gaps.push(gap);
+        } else if b.h.first_sample != next_sample || b.h.first_event != next_event {
+            log.inconsistent_blocks += 1;
+        }
+        next_seq = b.h.seq.saturating_add(1);
+        next_sample = b.h.first_sample.saturating_add(b.samples);
+        next_event = b.h.first_event.saturating_add(events);
+        log.ring_drops = b.h.ring_drops;
+        if b.len > 0 {
+            last_tsc = acc.records.get(b.start + b.len - 1).map(Record::tsc);
+        }
+    }
+    if let Some(t) = totals {
+        if t.blocks > next_seq {
+            if t.samples < next_sample || t.events < next_event {
+                log.inconsistent_blocks += 1;
+            }
+            let gap = Gap {
+                at_record: acc.records.len(),
+                blocks: t.blocks - next_seq,
+                samples: t.samples.saturating_sub(next_sample),
+                events: t.events.saturating_sub(next_event),
+                after_tsc: last_tsc,
+                before_tsc: None,
+            };
+            log.blocks_lost += gap.blocks;
+            log.samples_lost += gap.samples;
+            log.events_lost += gap.events;
+            log.gaps.push(gap);
+        } else if t.blocks < next_seq || t.samples != next_sample || t.events != next_event {
+            log.inconsistent_blocks += 1;
+        }
+        log.ring_drops = t.ring_drops;
+    }
+    log.records = acc.records;
+    log
+}
+
+/// Decodes a whole capture. Never panics.
+#[must_use]
+pub fn decode(bytes: &[u8]) -> Decoded {
+    let mut dec = StreamDecoder::new();
+    let mut col = Collector::new();
+    dec.feed(bytes, &mut |item| col.push(item));
+    dec.finish(&mut |item| col.push(item));
+    col.finish(dec.position())
+}
