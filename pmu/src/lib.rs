@@ -1,5 +1,6 @@
-//! Sampling sources. For now: the functional probe of the architectural PMU. Pure parts build and
-//! test on the host.
+//! Sampling sources: the functional probe of the architectural PMU and the counter-overflow
+//! (PMI-as-NMI) sampler. Pure parts build and test on the host.
 #![cfg_attr(not(test), no_std)]
 
 pub mod probe;
+pub mod sampler;

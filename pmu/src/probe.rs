@@ -13,11 +13,21 @@ use core::fmt;
 pub mod msr {
     pub const IA32_PMC0: u32 = 0xc1;
     pub const IA32_PERFEVTSEL0: u32 = 0x186;
+    /// IA32_DEBUGCTL; bit 12 is Freeze_PerfMon_On_PMI.
+    pub const IA32_DEBUGCTL: u32 = 0x1d9;
     pub const IA32_FIXED_CTR0: u32 = 0x309;
+    /// Present when CPUID.01H:ECX.PDCM\[bit 15\] = 1.
+    pub const IA32_PERF_CAPABILITIES: u32 = 0x345;
     pub const IA32_FIXED_CTR_CTRL: u32 = 0x38d;
     pub const IA32_PERF_GLOBAL_STATUS: u32 = 0x38e;
     pub const IA32_PERF_GLOBAL_CTRL: u32 = 0x38f;
     pub const IA32_PERF_GLOBAL_OVF_CTRL: u32 = 0x390;
+    /// The name of 0x390 from architectural PMU version 4 on (same write-1-to-clear semantics).
+    pub const IA32_PERF_GLOBAL_STATUS_RESET: u32 = 0x390;
+    /// Full-width write aliases of IA32_PMCx (when IA32_PERF_CAPABILITIES.FW_WRITE = 1).
+    pub const IA32_A_PMC0: u32 = 0x4c1;
+    /// The x2APIC MSR of the LVT performance-monitoring counters register (xAPIC offset 0x340).
+    pub const IA32_X2APIC_LVT_PMI: u32 = 0x834;
 }
 
 /// What CPUID leaf 0AH says (SDM Vol. 2A, CPUID, "Architectural Performance Monitoring Leaf").
