@@ -10,6 +10,7 @@
 //! | `export`   | `stream` or `end`                                | `stream` |
 //! | `selftest` | `none`, `ud`, `pagefault`, `gp`, `panic`         | `none`   |
 //! | `serial`   | `0x`-prefixed hexadecimal I/O port, `0x1..=0xfff8` | `0x3f8` |
+//! | `buffer`   | records kept in memory for `export=end`: `auto` or a decimal number | `auto` |
 //!
 //! [`Options`] prints in the same syntax, and `parse(&options.to_string())` gives the options
 //! back.
@@ -114,6 +115,8 @@ pub struct Options {
     pub selftest: SelfTest,
     /// Base I/O port of the 16550 UART (at most 0xfff8: it uses 8 ports).
     pub serial: u16,
+    /// Records the `end` export keeps in memory; 0 = automatic (a quarter of free memory).
+    pub buffer: u32,
 }
 
 /// The default serial port (COM1).
@@ -129,6 +132,7 @@ impl Default for Options {
             export: Export::default(),
             selftest: SelfTest::default(),
             serial: DEFAULT_SERIAL,
+            buffer: 0,
         }
     }
 }
@@ -137,9 +141,13 @@ impl fmt::Display for Options {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "period={} export={} selftest={} serial={:#x}",
+            "period={} export={} selftest={} serial={:#x} buffer=",
             self.period, self.export, self.selftest, self.serial
-        )
+        )?;
+        match self.buffer {
+            0 => f.write_str("auto"),
+            n => write!(f, "{n}"),
+        }
     }
 }
 
@@ -160,6 +168,8 @@ pub enum ValueProblem {
     SerialSyntax,
     /// `serial`: outside `0x1..=0xfff8`.
     SerialRange,
+    /// `buffer`: not `auto` or a positive decimal number below 2^32.
+    BufferSyntax,
 }
 
 impl fmt::Display for ValueProblem {
@@ -175,6 +185,9 @@ impl fmt::Display for ValueProblem {
             Self::SerialSyntax => "expected a hexadecimal I/O port such as 0x3f8",
             Self::SerialRange => {
                 "the port must lie in 0x1..=0xfff8 (a 16550 UART uses 8 consecutive ports)"
+            }
+            Self::BufferSyntax => {
+                "expected auto or a positive number of records (e.g. buffer=100000)"
             }
         })
     }
@@ -200,7 +213,7 @@ pub enum CmdlineError<'a> {
 }
 
 /// The known keys, in the order of the messages.
-pub const KNOWN_KEYS: [&str; 4] = ["period", "export", "selftest", "serial"];
+pub const KNOWN_KEYS: [&str; 5] = ["period", "export", "selftest", "serial", "buffer"];
 
 impl fmt::Display for CmdlineError<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -212,7 +225,7 @@ impl fmt::Display for CmdlineError<'_> {
             ),
             Self::UnknownKey { key } => write!(
                 f,
-                "unknown boot option '{}' (known: period, export, selftest, serial)",
+                "unknown boot option '{}' (known: period, export, selftest, serial, buffer)",
                 key.escape_debug()
             ),
             Self::EmptyValue { key } => write!(f, "boot option {key}= has an empty value"),
@@ -276,7 +289,17 @@ pub fn parse(s: &str) -> Result<Options, CmdlineError<'_>> {
                     _ => return Err(bad(ValueProblem::SelfTestChoice)),
                 }
             }
-            _ => options.serial = parse_serial(value).map_err(bad)?,
+            "serial" => options.serial = parse_serial(value).map_err(bad)?,
+            _ => {
+                options.buffer = match value {
+                    "auto" => 0,
+                    v => v
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|&n| n > 0 && v.bytes().all(|b| b.is_ascii_digit()))
+                        .ok_or(bad(ValueProblem::BufferSyntax))?,
+                }
+            }
         }
     }
     Ok(options)
@@ -356,7 +379,7 @@ mod tests {
         assert_eq!(o.serial, 0x3f8);
         assert_eq!(
             o.to_string(),
-            "period=1ms export=stream selftest=none serial=0x3f8"
+            "period=1ms export=stream selftest=none serial=0x3f8 buffer=auto"
         );
     }
 
@@ -370,11 +393,21 @@ mod tests {
                 export: Export::End,
                 selftest: SelfTest::PageFault,
                 serial: 0x2f8,
+                buffer: 0,
+            }
+        );
+        assert_eq!(parse("buffer=100").unwrap().buffer, 100);
+        assert_eq!(
+            parse("buffer=0").unwrap_err(),
+            CmdlineError::BadValue {
+                key: "buffer",
+                value: "0",
+                problem: ValueProblem::BufferSyntax
             }
         );
         assert_eq!(
             o.to_string(),
-            "period=250us export=end selftest=pagefault serial=0x2f8"
+            "period=250us export=end selftest=pagefault serial=0x2f8 buffer=auto"
         );
         assert_eq!(
             parse("period=100000ticks").unwrap().period,
@@ -408,7 +441,7 @@ mod tests {
         assert_eq!(err("bogus=1"), CmdlineError::UnknownKey { key: "bogus" });
         assert_eq!(
             err("bogus=1").to_string(),
-            "unknown boot option 'bogus' (known: period, export, selftest, serial)"
+            "unknown boot option 'bogus' (known: period, export, selftest, serial, buffer)"
         );
         assert_eq!(err("=1"), CmdlineError::UnknownKey { key: "" });
         assert_eq!(
@@ -430,7 +463,7 @@ mod tests {
         );
         assert_eq!(
             err("bad\u{1b}=1").to_string(),
-            "unknown boot option 'bad\\u{1b}' (known: period, export, selftest, serial)"
+            "unknown boot option 'bad\\u{1b}' (known: period, export, selftest, serial, buffer)"
         );
     }
 
@@ -520,12 +553,14 @@ mod tests {
                 Just(SelfTest::Panic),
             ],
             1..=MAX_SERIAL,
+            prop_oneof![Just(0u32), 1..=u32::MAX],
         )
-            .prop_map(|(period, export, selftest, serial)| Options {
+            .prop_map(|(period, export, selftest, serial, buffer)| Options {
                 period,
                 export,
                 selftest,
                 serial,
+                buffer,
             })
     }
 
@@ -554,7 +589,7 @@ mod tests {
         }
 
         #[test]
-        fn subset_and_order_do_not_matter(o in options(), mask in 0u8..16, rotate in 0usize..4) {
+        fn subset_and_order_do_not_matter(o in options(), mask in 0u8..32, rotate in 0usize..5) {
             let text = o.to_string();
             let mut tokens: Vec<&str> = text.split(' ').collect();
             tokens.rotate_left(rotate);
@@ -572,6 +607,7 @@ mod tests {
             prop_assert_eq!(parsed.export, if mask & 2 != 0 { o.export } else { d.export });
             prop_assert_eq!(parsed.selftest, if mask & 4 != 0 { o.selftest } else { d.selftest });
             prop_assert_eq!(parsed.serial, if mask & 8 != 0 { o.serial } else { d.serial });
+            prop_assert_eq!(parsed.buffer, if mask & 16 != 0 { o.buffer } else { d.buffer });
         }
     }
 }

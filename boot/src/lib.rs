@@ -4,6 +4,8 @@
 #![cfg_attr(not(test), no_std)]
 
 pub mod acpi;
+#[cfg(target_os = "none")]
+pub mod ap;
 pub mod cmdline;
 #[cfg(target_os = "none")]
 pub mod entry;

@@ -75,6 +75,15 @@ pub fn _print(args: fmt::Arguments) {
     let _ = CONSOLE.lock().write_fmt(args);
 }
 
+/// Writes bytes as they are (binary sample-log frames: no newline translation). Frames hold no
+/// 0x00 inside and are delimited by it, so they share the line with text.
+pub fn write_raw(bytes: &[u8]) {
+    let mut console = CONSOLE.lock();
+    if let Some(uart) = console.uart.as_mut() {
+        uart.send_bytes_exact(bytes);
+    }
+}
+
 /// Waits until the UART has sent every byte (LSR.TEMT): powering off earlier loses the tail.
 pub fn drain() {
     emergency_writer().drain();

@@ -200,6 +200,24 @@ pub fn load_real16(mem: &mut [u8], image: &[u8], args: &str) -> Result<BootState
     })
 }
 
+/// The GNU build id of an ELF image (its `NT_GNU_BUILD_ID` note), if it has one.
+pub fn build_id(elf: &[u8]) -> Option<&[u8]> {
+    let file = ElfFile64::<Endianness>::parse(elf).ok()?;
+    let endian = file.endian();
+    let data = file.data();
+    for ph in file.elf_program_headers() {
+        let Ok(Some(mut notes)) = ph.notes(endian, data) else {
+            continue;
+        };
+        while let Ok(Some(note)) = notes.next() {
+            if note.name() == b"GNU" && note.n_type(endian) == object::elf::NT_GNU_BUILD_ID {
+                return Some(note.desc());
+            }
+        }
+    }
+    None
+}
+
 fn put_u64(mem: &mut [u8], gpa: u64, v: u64) {
     mem[gpa as usize..gpa as usize + 8].copy_from_slice(&v.to_le_bytes());
 }

@@ -9,4 +9,5 @@ extern crate alloc;
 pub mod devices;
 pub mod exit_stats;
 pub mod guest_image;
+pub mod ring;
 pub mod vm_config;

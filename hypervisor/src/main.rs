@@ -17,6 +17,8 @@ mod console;
 mod memory;
 mod platform;
 mod power;
+mod profiler;
+mod smp;
 mod tsc;
 mod vcpu;
 mod vm;
@@ -87,8 +89,9 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     println!("options: {options}");
 
     init_memory(&boot, original);
+    let ap_page = trampoline_page(&boot, original);
     let guests = list_modules(&boot, original);
-    let cpus = init_acpi(&boot);
+    let (cpus, apic_ids) = init_acpi(&boot);
 
     let cpu = match platform::report() {
         Ok(report) => report,
@@ -114,10 +117,67 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     }
     println!("vmx: VMXON done on the boot CPU");
     let mut vms = vm::build_all(&cpu.vmx, &guests);
+    let lapic = arch::lapic::Lapic::init();
+    match &lapic {
+        Some(l) => println!(
+            "profiler: deadline clock: VMX-preemption timer in guests, LAPIC timer ({:?}) in the hypervisor; period {period} ticks",
+            l.timer
+        ),
+        None => println!(
+            "profiler: deadline clock: VMX-preemption timer in guests; no usable local APIC, so hypervisor time is sampled only at VM entries"
+        ),
+    }
+    let mut online = 1usize;
+    let mut tsc_skew = 0u64;
+    if let (Some(l), true) = (&lapic, apic_ids.len() > 1) {
+        match ap_page {
+            Some(page) => {
+                let r = smp::start_aps(l, &apic_ids, page, tsc.hz);
+                online = r.online;
+                tsc_skew = r.tsc_skew;
+                println!(
+                    "smp: {} of {} CPUs online; TSC skew at most {} ticks",
+                    r.online,
+                    apic_ids.len(),
+                    r.tsc_skew
+                );
+            }
+            None => println!(
+                "smp: error: no free page below 1 MiB for the AP trampoline; running on the boot CPU only"
+            ),
+        }
+    }
+    let pmu = cpu.pmu.counting().then_some(&cpu.pmu_info);
+    let source = profiler::start(period, lapic, pmu);
+    println!("profiler: sampling source: {source:?}");
+    let entries: Vec<profiler::export::VmEntry> = vms
+        .iter()
+        .map(|v| profiler::export::VmEntry {
+            name: &v.name,
+            vcpus: 1,
+            image: &v.image,
+            build_id: &v.build_id,
+        })
+        .collect();
+    profiler::export::init(
+        options.export,
+        BuildId::bytes(),
+        tsc.hz,
+        online as u16,
+        tsc_skew,
+        period,
+        source == profiler::Source::Pmu,
+        options.buffer,
+        &entries,
+    );
+    drop(entries);
+
     println!("hvprof: ready ({cpus} CPUs, {} VMs)", vms.len());
     for vm in vms.iter_mut() {
-        vm::run(vm, &cpu.vmx, period);
+        vm::run(vm, &cpu.vmx);
     }
+    profiler::stop();
+    profiler::export::finish(profiler::this_cpu());
     println!("hvprof: all VMs stopped");
     power::off()
 }
@@ -270,11 +330,31 @@ fn list_modules(boot: &BootInfo<'static>, boot_info: Range) -> Vec<(usize, Modul
     guests
 }
 
-/// Reads the MADT and FADT; returns the number of CPUs.
-fn init_acpi(boot: &BootInfo) -> usize {
+/// A free 4 KiB page below 1 MiB for the AP start-up trampoline: available in the memory map,
+/// not page 0 (the real-mode IVT), not the boot information, not a module.
+fn trampoline_page(boot: &BootInfo, boot_info: Range) -> Option<u32> {
+    let taken = |page: &Range| {
+        page.overlaps(&boot_info)
+            || boot
+                .modules()
+                .any(|m| page.overlaps(&Range::new(m.start.into(), m.end.into())))
+    };
+    (1..0x100u64)
+        .map(|i| Range::new(i << 12, (i + 1) << 12))
+        .find(|page| {
+            !taken(page)
+                && boot
+                    .memory_map()
+                    .any(|r| r.is_available() && r.start <= page.start && page.end <= r.end())
+        })
+        .map(|page| page.start as u32)
+}
+
+/// Reads the MADT and FADT; returns the number of CPUs and their APIC ids.
+fn init_acpi(boot: &BootInfo) -> (usize, Vec<u32>) {
     let Some(rsdp) = boot.rsdp() else {
         println!("acpi: warning: the loader passed no RSDP; assuming 1 CPU, no ACPI power-off");
-        return 1;
+        return (1, Vec::new());
     };
     println!(
         "acpi: RSDP v{} at {:#x} (copy in the boot info), OEM \"{}\"",
@@ -308,11 +388,11 @@ fn init_acpi(boot: &BootInfo) -> usize {
                 None => println!("acpi: FADT: no usable S5 power-off (will try emulator exits)"),
             }
             power::set_acpi(p.power_off);
-            p.cpu_count.max(1)
+            (p.cpu_count.max(1), p.cpus[..p.cpu_count].to_vec())
         }
         Err(e) => {
             println!("acpi: warning: {e}; assuming 1 CPU");
-            1
+            (1, Vec::new())
         }
     }
 }

@@ -42,6 +42,7 @@ pub struct CpuReport {
     pub vmx: VmxCaps,
     pub feature_control: FeatureControl,
     pub pmu: Probe,
+    pub pmu_info: PmuInfo,
 }
 
 /// Prints the CPU lines of the boot report and decides whether hvprof can run here.
@@ -88,7 +89,7 @@ pub fn report() -> Result<CpuReport, Refusal> {
     }
     let caps = VmxCaps::new(read_caps().map_err(Refusal::CapsUnreadable)?);
     println!("{}", Report(&caps));
-    let pmu = probe_pmu(&cpuid);
+    let (pmu, pmu_info) = probe_pmu(&cpuid);
     if let Some(missing) = caps.missing_requirement() {
         return Err(Refusal::Missing(missing));
     }
@@ -96,6 +97,7 @@ pub fn report() -> Result<CpuReport, Refusal> {
         vmx: caps,
         feature_control,
         pmu,
+        pmu_info,
     })
 }
 
@@ -129,7 +131,7 @@ fn read_caps() -> Result<RawCaps, probe::MsrFault> {
 }
 
 /// Probes the PMU functionally and prints the `pmu:` line.
-fn probe_pmu(cpuid: &CpuId<raw_cpuid::CpuIdReaderNative>) -> Probe {
+fn probe_pmu(cpuid: &CpuId<raw_cpuid::CpuIdReaderNative>) -> (Probe, PmuInfo) {
     let info = if cpuid
         .get_vendor_info()
         .is_some_and(|v| v.as_str() == "GenuineIntel")
@@ -152,7 +154,7 @@ fn probe_pmu(cpuid: &CpuId<raw_cpuid::CpuIdReaderNative>) -> Probe {
         "not counting"
     };
     println!("pmu: {verdict} ({info}; probe: {result})");
-    result
+    (result, info)
 }
 
 /// About 10,000 instructions of work the optimiser cannot remove.

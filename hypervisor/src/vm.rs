@@ -4,7 +4,7 @@
 
 use crate::tsc::rdtsc;
 use crate::vcpu::{Bitmaps, Vcpu};
-use crate::{memory, print, println, vmexit};
+use crate::{memory, print, println, profiler, vmexit};
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -60,6 +60,8 @@ pub struct AttackTarget {
 }
 
 pub struct Vm {
+    /// Index in the VM table of the sample log's header.
+    pub index: u16,
     pub name: String,
     pub mem_hpa: u64,
     pub mem_size: u64,
@@ -74,6 +76,9 @@ pub struct Vm {
     pub logged_ports: Vec<u16>,
     /// TSC ticks the guest ran, from the first VM entry to the stop.
     pub run_ticks: u64,
+    /// The module's image name and its GNU build id (for the sample log's VM table).
+    pub image: String,
+    pub build_id: Vec<u8>,
 }
 
 impl Vm {
@@ -145,7 +150,8 @@ pub fn build_all(caps: &VmxCaps, modules: &[(usize, ModuleTag<'static>)]) -> Vec
         let image = unsafe {
             core::slice::from_raw_parts(module.start as *const u8, module.len() as usize)
         };
-        match build(caps, bitmaps, vms.len(), &config, image, target) {
+        let image_name = module.name().unwrap_or("?");
+        match build(caps, bitmaps, vms.len(), &config, image, image_name, target) {
             Ok(vm) => {
                 println!(
                     "vm {}: created from module {index}: {} MiB of guest memory at host {:#x}-{:#x}, EPT {}, VPID {}, budget {} ticks",
@@ -225,6 +231,7 @@ fn build(
     index: usize,
     config: &vm_config::VmConfig,
     image: &[u8],
+    image_name: &str,
     target: Option<AttackTarget>,
 ) -> Result<Vm, String> {
     let mem_hpa = memory::alloc_zeroed(config.mem, MEM_GRANULE)
@@ -263,6 +270,7 @@ fn build(
     let vpid = (index + 1) as u16;
     let (vcpu, _vmcs) = Vcpu::new(caps, bitmaps, eptp, vpid, &boot).map_err(|e| format!("{e}"))?;
     Ok(Vm {
+        index: index as u16,
         name: String::from(config.name),
         mem_hpa,
         mem_size: config.mem,
@@ -275,6 +283,10 @@ fn build(
         logged_msrs: Vec::new(),
         logged_ports: Vec::new(),
         run_ticks: 0,
+        image: String::from(image_name),
+        build_id: guest_image::build_id(image)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default(),
     })
 }
 
@@ -286,9 +298,9 @@ fn phys_addr_bits() -> u8 {
 }
 
 /// Runs a VM's vCPU until the VM stops, then reports. The VMX-preemption timer stops the guest
-/// every `period` TSC ticks of its run time (the profiler's deadline clock) and at the end of its
-/// budget.
-pub fn run(vm: &mut Vm, caps: &VmxCaps, period: u64) {
+/// at the profiler's next sampling deadline and at the end of the VM's budget; while the
+/// hypervisor handles an exit, interrupts are on and the LAPIC timer takes the samples.
+pub fn run(vm: &mut Vm, caps: &VmxCaps) {
     // SAFETY: in VMX root operation; the VMCS was prepared by `Vcpu::new` and is not current on
     // any other CPU.
     if let Err(e) = unsafe { instructions::vmptrld(vm.vcpu.vmcs) } {
@@ -297,24 +309,28 @@ pub fn run(vm: &mut Vm, caps: &VmxCaps, period: u64) {
     }
     // SAFETY: VMX root operation with this VM's VMCS current, on this CPU only.
     let mut vmcs = unsafe { CurrentVmcs::new() };
+    let prof = profiler::this_cpu();
     vm.vcpu.load_state();
     let shift = caps.preemption_timer_shift();
     let start = rdtsc();
     let deadline = start.saturating_add(vm.budget);
-    let mut next_tick = start.saturating_add(period);
     let mut exit_at: Option<(u16, u64)> = None;
     println!("vm {}: running", vm.name);
+    prof.set_current(vm.index, 0, vm.vcpu.vpid, profiler::NO_EXIT);
+    prof.event(profiler::Kind::VcpuIn, 0);
     let stop = loop {
+        // Interrupts stay off from here to the VM exit: a tick that falls in this window is
+        // taken as a hypervisor sample right here.
+        x86_64::instructions::interrupts::disable();
+        prof.disarm_host_clock();
+        prof.sample_host_if_due(run as *const () as u64, false);
         let now = rdtsc();
         if now >= deadline {
             break Stop::Budget;
         }
-        while next_tick <= now {
-            next_tick = next_tick.saturating_add(period);
-        }
-        // The VMX-preemption timer stops the guest at the next tick or the deadline, whichever
-        // comes first (SDM Vol. 3C §26.5.1).
-        let until = next_tick.min(deadline) - now;
+        // The VMX-preemption timer stops the guest at the next sampling deadline or at the end
+        // of the budget, whichever comes first (SDM Vol. 3C §26.5.1).
+        let until = prof.next_tick().min(deadline).saturating_sub(now);
         let timer = (until >> shift).min(u32::MAX as u64) as u32;
         if let Err(e) = vmcs.write32(Guest32::PreemptionTimerValue, timer) {
             break Stop::Fault(format!("VMWRITE of the preemption timer failed: {e}"));
@@ -354,14 +370,27 @@ pub fn run(vm: &mut Vm, caps: &VmxCaps, period: u64) {
             break Stop::Fault(format!("VM entry failed: {reason} {detail}"));
         }
         vm.vcpu.launched = true;
+        // The guest sample (if the deadline has come: the preemption timer's exit, or any exit
+        // that found it passed) carries the previous exit reason; then this exit becomes the
+        // last one.
+        prof.sample_guest_if_due(&vmcs, t_exit);
+        prof.set_current(vm.index, 0, vm.vcpu.vpid, reason.basic());
         exit_at = Some((reason.basic(), t_exit));
+        prof.arm_host_clock();
+        x86_64::instructions::interrupts::enable();
         if let Some(stop) = vmexit::handle(vm, &mut vmcs, reason) {
+            x86_64::instructions::interrupts::disable();
             if let Some((reason, t)) = exit_at.take() {
                 vm.stats.record(reason, rdtsc() - t);
             }
             break stop;
         }
+        profiler::export::drain_if_full(prof);
     };
+    x86_64::instructions::interrupts::disable();
+    prof.disarm_host_clock();
+    prof.event(profiler::Kind::VcpuOut, profiler::OUT_STOPPED);
+    prof.set_current(profiler::NO_VM, 0xffff, 0, profiler::NO_EXIT);
     vm.run_ticks = rdtsc() - start;
     vm.vcpu.save_state();
     if let Some(rest) = vm.uart.flush() {

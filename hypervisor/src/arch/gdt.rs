@@ -55,6 +55,26 @@ pub fn init_bsp() {
     BSP_SELECTORS.call_once(|| selectors);
 }
 
+/// Builds and loads the GDT and TSS of application processor `index` (in memory from the frame
+/// allocator: they live as long as the machine).
+pub fn init_ap(_index: usize) {
+    let size = core::mem::size_of::<CpuTables>() as u64;
+    let Some(addr) = crate::memory::alloc_zeroed(size, 4096) else {
+        // Without its own IST stacks this CPU cannot take an NMI safely: stop it.
+        crate::power::halt_forever();
+    };
+    let ptr = addr as *mut CpuTables;
+    // SAFETY: a fresh, zeroed, page-aligned block from the frame allocator, owned by this CPU
+    // alone from now on. The stacks are valid zeroed; the GDT and TSS are written before the
+    // reference is made (not built on this CPU's small stack).
+    let tables: &'static mut CpuTables = unsafe {
+        core::ptr::addr_of_mut!((*ptr).gdt).write(GlobalDescriptorTable::new());
+        core::ptr::addr_of_mut!((*ptr).tss).write(TaskStateSegment::new());
+        &mut *ptr
+    };
+    load(tables);
+}
+
 fn load(tables: &'static mut CpuTables) -> Selectors {
     for (slot, stack) in tables.stacks.iter().enumerate() {
         let top = VirtAddr::from_ptr(stack.as_ptr()) + IST_STACK_SIZE as u64;

@@ -227,6 +227,25 @@ extern "C" fn dispatch(frame: &mut TrapFrame) {
         frame.rip = fix.continue_rip;
         return;
     }
+    if frame.vector == 2 {
+        // NMI: the PMU's overflow (a sample), or something else, reported and survived.
+        if !crate::profiler::pmu::on_nmi_host(frame.rip) {
+            let _ = writeln!(
+                emergency_writer(),
+                "hvprof: warning: NMI not from the profiler's counter at RIP={:#018x}",
+                frame.rip
+            );
+        }
+        return;
+    }
+    if frame.vector == super::lapic::TIMER_VECTOR as u64 {
+        crate::profiler::on_timer(frame.rip);
+        return;
+    }
+    if frame.vector == super::lapic::SPURIOUS_VECTOR as u64 {
+        // A spurious interrupt needs no EOI (SDM Vol. 3A §12.9).
+        return;
+    }
     if frame.vector >= 32 {
         // Interrupts stay masked in the hypervisor so far; one arriving anyway is reported and
         // ignored, not fatal.

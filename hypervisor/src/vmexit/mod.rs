@@ -42,9 +42,26 @@ pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Option
             None
         }
         Some(BasicExit::ExceptionNmi) => {
-            // NMI exiting is on: an NMI that hit the guest. The profiler takes its samples here
-            // later; for now it is counted (by the statistics) and the guest resumes.
-            None
+            let info = InterruptionInfo(vmcs.read32(ReadOnly32::ExitInterruptionInfo).unwrap_or(0));
+            if info.kind() == InterruptionType::Nmi {
+                // NMI exiting: an NMI that hit the guest. The PMU's overflow is a guest sample;
+                // any other NMI belongs to the platform, not to the guest, and is reported.
+                let now = crate::tsc::rdtsc();
+                if !crate::profiler::pmu::on_nmi_exit(vmcs, now) {
+                    crate::println!(
+                        "vm {}: note: an NMI not from the profiler's counter hit the guest",
+                        vm.name
+                    );
+                }
+                None
+            } else {
+                // The exception bitmap is 0: no guest exception should exit.
+                Some(fatal(
+                    vm,
+                    vmcs,
+                    format!("unexpected exception exit ({info:?})"),
+                ))
+            }
         }
         Some(BasicExit::Hlt) => {
             // HLT blocks the vCPU until an event; no virtual interrupt source exists yet, so

@@ -1,0 +1,350 @@
+//! The profiler's sampling side: per-pCPU state, the sample path, and the sampling clock.
+//!
+//! Sampling follows the paper's Key Technique 1: everything is sampled centrally by the
+//! hypervisor, with no delegation to guests and no virtual interrupt injected. Where no PMU
+//! counts (Bochs, QEMU TCG) the source is a per-pCPU deadline clock: while a guest runs, the
+//! VMX-preemption timer stops it exactly at the deadline (`vm::run` programs it); while the
+//! hypervisor runs, the LAPIC timer interrupts it there (`on_timer`). On real hardware with a
+//! counting PMU, counter overflows arrive as NMIs instead (`hvprof-pmu`'s sampler).
+//!
+//! The sample path reads the TSC and what ran — from the VMCS for a guest (RIP, CR3, CPL and
+//! mode), from the interrupt frame for the hypervisor — writes one record into this pCPU's ring
+//! and measures its own cost. No lock, no allocation, bounded time; a full ring counts a drop.
+//! Encoding and export happen later, outside the path (`export`).
+
+pub mod export;
+pub mod pmu;
+
+use crate::arch::lapic::Lapic;
+use crate::tsc::rdtsc;
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use hvprof_hypervisor::ring::Ring;
+use hvprof_vmx::instructions::CurrentVmcs;
+use hvprof_vmx::vmcs::{Guest32, Guest64, GuestNatural, VmcsExt};
+
+/// What a record is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    Guest = 0,
+    Hypervisor = 1,
+    Idle = 2,
+    VcpuIn = 3,
+    VcpuOut = 4,
+}
+
+/// One record as the sample path writes it (encoding happens later, in `export`).
+#[derive(Clone, Copy, Debug)]
+pub struct RawRecord {
+    pub tsc: u64,
+    pub guest_rip: u64,
+    pub guest_cr3: u64,
+    pub host_rip: u64,
+    pub cost: u32,
+    pub exit_reason: u16,
+    pub vm: u16,
+    pub vcpu: u16,
+    pub vpid: u16,
+    pub kind: Kind,
+    /// Samples: bits 1:0 CPL, bits 3:2 mode (0 real, 1 protected, 2 long). VcpuOut: the reason.
+    pub mode: u8,
+}
+
+impl RawRecord {
+    pub const ZERO: RawRecord = RawRecord {
+        tsc: 0,
+        guest_rip: 0,
+        guest_cr3: 0,
+        host_rip: 0,
+        cost: 0,
+        exit_reason: 0,
+        vm: 0,
+        vcpu: 0,
+        vpid: 0,
+        kind: Kind::Guest,
+        mode: 0,
+    };
+}
+
+pub const NO_VM: u16 = 0xffff;
+pub const NO_EXIT: u16 = 0xffff;
+pub const RING_RECORDS: usize = 4096;
+
+/// This pCPU's profiler state. Shared between the run loop and the timer/NMI handlers of the
+/// same CPU, so every field is atomic.
+pub struct CpuProfiler {
+    pub ring: Ring<RawRecord, RING_RECORDS>,
+    enabled: AtomicBool,
+    period: AtomicU64,
+    next_tick: AtomicU64,
+    /// (vm, vcpu, vpid, last exit reason) of what this pCPU runs, packed in 16-bit fields.
+    current: AtomicU64,
+    /// The TSC when the sample path last finished: samples never overlap themselves.
+    pub samples_taken: AtomicU64,
+    lapic: spin::Once<Lapic>,
+}
+
+impl CpuProfiler {
+    pub const fn new() -> Self {
+        CpuProfiler {
+            ring: Ring::new(),
+            enabled: AtomicBool::new(false),
+            period: AtomicU64::new(u64::MAX),
+            next_tick: AtomicU64::new(u64::MAX),
+            current: AtomicU64::new(pack(NO_VM, 0xffff, 0, NO_EXIT)),
+            samples_taken: AtomicU64::new(0),
+            lapic: spin::Once::new(),
+        }
+    }
+}
+
+impl Default for CpuProfiler {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+const fn pack(vm: u16, vcpu: u16, vpid: u16, exit: u16) -> u64 {
+    (vm as u64) | (vcpu as u64) << 16 | (vpid as u64) << 32 | (exit as u64) << 48
+}
+
+/// The boot CPU's profiler (the others come with SMP bring-up).
+pub static BSP: CpuProfiler = CpuProfiler::new();
+
+/// This CPU's profiler.
+pub fn this_cpu() -> &'static CpuProfiler {
+    &BSP
+}
+
+/// The sampling source in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The VMX-preemption timer in guests, the LAPIC timer in the hypervisor.
+    Deadline,
+    /// Counter overflows of the PMU, delivered as NMIs.
+    Pmu,
+}
+
+/// Starts sampling every `period` TSC ticks (or reference cycles) on this CPU: with the PMU when
+/// `pmu` names a counting one, else with the deadline clock.
+pub fn start(
+    period: u64,
+    lapic: Option<Lapic>,
+    pmu: Option<&hvprof_pmu::probe::PmuInfo>,
+) -> Source {
+    let p = this_cpu();
+    p.period.store(period, Ordering::Relaxed);
+    let mut source = Source::Deadline;
+    if let (Some(info), Some(l)) = (pmu, lapic) {
+        match self::pmu::start(info, period, l) {
+            Ok(()) => source = Source::Pmu,
+            Err(e) => {
+                crate::println!("profiler: the PMU cannot sample ({e}); using the deadline clock")
+            }
+        }
+    }
+    if source == Source::Deadline {
+        if let Some(l) = lapic {
+            p.lapic.call_once(|| l);
+        }
+        p.next_tick
+            .store(rdtsc().saturating_add(period), Ordering::Relaxed);
+    } else {
+        p.next_tick.store(u64::MAX, Ordering::Relaxed);
+    }
+    p.enabled.store(true, Ordering::Release);
+    source
+}
+
+pub fn stop() {
+    let p = this_cpu();
+    p.enabled.store(false, Ordering::Release);
+    if let Some(l) = p.lapic.get() {
+        l.disarm();
+    }
+    self::pmu::stop();
+}
+
+impl CpuProfiler {
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Acquire)
+    }
+
+    /// The next sampling deadline (u64::MAX when off).
+    pub fn next_tick(&self) -> u64 {
+        if self.enabled() {
+            self.next_tick.load(Ordering::Relaxed)
+        } else {
+            u64::MAX
+        }
+    }
+
+    /// Whether a sample is due at `now`; if so, moves the deadline past `now` (ticks missed while
+    /// the sample could not be taken are skipped, not bunched: one sample per elapsed deadline
+    /// would fake time the CPU did not spend there).
+    fn take_due(&self, now: u64) -> bool {
+        if !self.enabled() {
+            return false;
+        }
+        let next = self.next_tick.load(Ordering::Relaxed);
+        if now < next {
+            return false;
+        }
+        let period = self.period.load(Ordering::Relaxed).max(1);
+        let missed = (now - next) / period;
+        self.next_tick
+            .store(next + (missed + 1) * period, Ordering::Relaxed);
+        true
+    }
+
+    /// Sets what this pCPU runs now (the run loop calls it on every VM exit).
+    pub fn set_current(&self, vm: u16, vcpu: u16, vpid: u16, exit: u16) {
+        self.current
+            .store(pack(vm, vcpu, vpid, exit), Ordering::Relaxed);
+    }
+
+    fn current(&self) -> (u16, u16, u16, u16) {
+        let c = self.current.load(Ordering::Relaxed);
+        (
+            c as u16,
+            (c >> 16) as u16,
+            (c >> 32) as u16,
+            (c >> 48) as u16,
+        )
+    }
+
+    fn push(&self, mut r: RawRecord, t0: u64) {
+        r.cost = (rdtsc() - t0).min(u32::MAX as u64) as u32;
+        self.ring.push(r);
+        self.samples_taken.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The deadline clock's guest sample, at a VM exit taken at `now` (the VMX-preemption
+    /// timer's, or any exit that finds the deadline passed).
+    pub fn sample_guest_if_due(&self, vmcs: &CurrentVmcs, now: u64) {
+        if self.take_due(now) {
+            self.sample_guest(vmcs, now);
+        }
+    }
+
+    /// The sample path for a guest: reads its state from the current VMCS.
+    pub fn sample_guest(&self, vmcs: &CurrentVmcs, now: u64) {
+        let t0 = rdtsc();
+        let (vm, vcpu, vpid, exit) = self.current();
+        let rip = vmcs.read_natural(GuestNatural::Rip).unwrap_or(0);
+        let cr3 = vmcs.read_natural(GuestNatural::Cr3).unwrap_or(0);
+        let ss_ar = vmcs.read32(Guest32::SsAccessRights).unwrap_or(0);
+        let cs_ar = vmcs.read32(Guest32::CsAccessRights).unwrap_or(0);
+        let cr0 = vmcs.read_natural(GuestNatural::Cr0).unwrap_or(0);
+        let efer = vmcs.read64(Guest64::Ia32Efer).unwrap_or(0);
+        let cpl = ((ss_ar >> 5) & 3) as u8;
+        // Mode: real (CR0.PE = 0), long 64-bit (EFER.LMA and CS.L), else protected.
+        let mode = if cr0 & 1 == 0 {
+            0
+        } else if efer & (1 << 10) != 0 && cs_ar & (1 << 13) != 0 {
+            2
+        } else {
+            1
+        };
+        self.push(
+            RawRecord {
+                tsc: now,
+                guest_rip: rip,
+                guest_cr3: cr3,
+                host_rip: 0,
+                cost: 0,
+                exit_reason: exit,
+                vm,
+                vcpu,
+                vpid,
+                kind: Kind::Guest,
+                mode: cpl | mode << 2,
+            },
+            t0,
+        );
+    }
+
+    /// The deadline clock's hypervisor sample, from the LAPIC timer's interrupt frame, or at a
+    /// VM entry that finds the deadline passed (`rip` = the run loop).
+    pub fn sample_host_if_due(&self, rip: u64, idle: bool) {
+        let t0 = rdtsc();
+        if self.take_due(t0) {
+            self.sample_host(rip, idle, t0);
+        }
+    }
+
+    /// The sample path for the hypervisor itself (`t0`: when the sample was triggered).
+    pub fn sample_host(&self, rip: u64, idle: bool, t0: u64) {
+        let (vm, vcpu, vpid, exit) = self.current();
+        self.push(
+            RawRecord {
+                tsc: t0,
+                guest_rip: 0,
+                guest_cr3: 0,
+                host_rip: rip,
+                cost: 0,
+                exit_reason: exit,
+                vm,
+                vcpu,
+                vpid,
+                kind: if idle { Kind::Idle } else { Kind::Hypervisor },
+                mode: 0,
+            },
+            t0,
+        );
+    }
+
+    /// Arms the LAPIC timer for the next deadline (while the hypervisor runs).
+    pub fn arm_host_clock(&self) {
+        if let (true, Some(l)) = (self.enabled(), self.lapic.get()) {
+            l.arm(self.next_tick());
+        }
+    }
+
+    /// Disarms it (before VM entry: in the guest the VMX-preemption timer takes over).
+    pub fn disarm_host_clock(&self) {
+        if let Some(l) = self.lapic.get() {
+            l.disarm();
+        }
+    }
+}
+
+/// `VcpuOut` reasons (the `mode` byte of the record).
+pub const OUT_PREEMPTED: u8 = 0;
+pub const OUT_HALTED: u8 = 1;
+pub const OUT_STOPPED: u8 = 2;
+
+impl CpuProfiler {
+    /// A scheduling event: this pCPU starts (`VcpuIn`) or stops (`VcpuOut`, with its reason)
+    /// running the current vCPU. Exact times for the steal/halt analysis, beside the samples.
+    pub fn event(&self, kind: Kind, reason: u8) {
+        if !self.enabled() {
+            return;
+        }
+        let (vm, vcpu, vpid, exit) = self.current();
+        self.ring.push(RawRecord {
+            tsc: rdtsc(),
+            guest_rip: 0,
+            guest_cr3: 0,
+            host_rip: 0,
+            cost: 0,
+            exit_reason: exit,
+            vm,
+            vcpu,
+            vpid,
+            kind,
+            mode: reason,
+        });
+    }
+}
+
+/// The LAPIC timer interrupt (vector `TIMER_VECTOR`): a hypervisor sample at the interrupted RIP,
+/// then the next deadline.
+pub fn on_timer(rip: u64) {
+    let p = this_cpu();
+    p.sample_host_if_due(rip, false);
+    if let Some(l) = p.lapic.get() {
+        l.eoi();
+    }
+    p.arm_host_clock();
+}
