@@ -14,6 +14,8 @@ pub mod emulator;
 pub mod iso;
 pub mod log;
 pub mod process;
+pub mod profile;
+pub mod profile_scenarios;
 pub mod runner;
 pub mod scenarios;
 pub mod tools;

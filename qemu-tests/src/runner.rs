@@ -64,6 +64,8 @@ pub struct Scenario {
     pub timeout: Duration,
     /// The verdict on the serial log.
     pub check: Check,
+    /// A verdict on the profile (`hvprof-analyze`'s report of the capture), after `check`.
+    pub profile: Option<crate::profile::ProfileCheck>,
 }
 
 impl fmt::Debug for Scenario {
@@ -94,7 +96,18 @@ impl Scenario {
             end_marker: DEFAULT_END_MARKER.to_owned(),
             timeout,
             check: Box::new(|_| Ok(())),
+            profile: None,
         }
+    }
+
+    /// Adds a check of the run's profile.
+    #[must_use]
+    pub fn profile(
+        mut self,
+        check: impl Fn(&crate::profile::ProfileRun) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        self.profile = Some(Box::new(check));
+        self
     }
 
     /// Sets the CPU count.
@@ -214,6 +227,8 @@ pub struct RunnerConfig {
     pub hypervisor_elf: PathBuf,
     /// Where the test guests' ELF files are (`target/x86_64-unknown-none/release`).
     pub guest_dir: PathBuf,
+    /// The `hvprof-analyze` binary, for scenarios that check a profile.
+    pub analyzer: Option<PathBuf>,
     /// Artifacts go to `<out_dir>/<scenario name>/`.
     pub out_dir: PathBuf,
     /// Run only scenarios whose name contains this.
@@ -342,6 +357,29 @@ fn materialize_modules(
         .collect()
 }
 
+fn profile_verdict(
+    check: &crate::profile::ProfileCheck,
+    scenario: &Scenario,
+    config: &RunnerConfig,
+    files: &RunFiles,
+) -> Result<(), String> {
+    let analyzer = config.analyzer.clone().ok_or_else(|| {
+        format!(
+            "{} needs hvprof-analyze, which was not built",
+            scenario.name
+        )
+    })?;
+    let capture = fs::read(&files.serial_log)
+        .map_err(|e| format!("cannot read {}: {e}", files.serial_log.display()))?;
+    check(&crate::profile::ProfileRun {
+        capture,
+        dir: files.dir.clone(),
+        analyzer,
+        hypervisor: config.hypervisor_elf.clone(),
+        guest_dir: config.guest_dir.clone(),
+    })
+}
+
 /// Runs one scenario; returns its result and, for a failure, the text to print under the
 /// result line (the log tails).
 pub fn run_scenario(scenario: &Scenario, config: &RunnerConfig) -> (ScenarioResult, String) {
@@ -395,7 +433,13 @@ pub fn run_scenario(scenario: &Scenario, config: &RunnerConfig) -> (ScenarioResu
     };
     let verdict = match &outcome.end {
         RunEnd::Marker => match (scenario.check)(&outcome.serial) {
-            Ok(()) => Verdict::Pass,
+            Ok(()) => match &scenario.profile {
+                None => Verdict::Pass,
+                Some(check) => match profile_verdict(check, scenario, config, &files) {
+                    Ok(()) => Verdict::Pass,
+                    Err(reason) => Verdict::Fail(format!("profile: {reason}")),
+                },
+            },
             Err(reason) => Verdict::Fail(reason),
         },
         RunEnd::Interrupted => Verdict::Skip("interrupted".to_owned()),

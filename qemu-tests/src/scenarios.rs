@@ -351,6 +351,7 @@ pub fn all() -> Vec<Scenario> {
     ]
     .into_iter()
     .chain(crate::vm_scenarios::all())
+    // PROFILE_SCENARIOS
     .collect()
 }
 

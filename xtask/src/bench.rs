@@ -22,6 +22,7 @@ pub fn bench() -> Result<ExitCode> {
             .map(Path::to_path_buf)
             .unwrap_or_default(),
         hypervisor_elf: hypervisor,
+        analyzer: None,
         out_dir: target_dir().join("bench"),
         filter: None,
         jobs: 1,

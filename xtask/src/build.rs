@@ -87,3 +87,19 @@ pub fn build_hypervisor(debug: bool) -> Result<PathBuf> {
     }
     Ok(path)
 }
+
+/// Builds `hvprof-analyze` (release) and returns its path.
+pub fn build_analyzer() -> Result<PathBuf> {
+    let status = cargo()
+        .args(["build", "--release", "-p", "hvprof-analyze"])
+        .status()
+        .context("cannot run cargo build")?;
+    if !status.success() {
+        bail!("building hvprof-analyze failed ({status})");
+    }
+    let path = target_dir().join("release").join("hvprof-analyze");
+    if !path.is_file() {
+        bail!("cargo build succeeded but {} is missing", path.display());
+    }
+    Ok(path)
+}

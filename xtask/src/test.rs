@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use qemu_tests::runner::{RunnerConfig, default_jobs, run_scenarios, select};
 use qemu_tests::scenarios;
 
-use crate::build::{TARGET, build_hypervisor, cargo, ensure_rust_target};
+use crate::build::{TARGET, build_analyzer, build_hypervisor, cargo, ensure_rust_target};
 use crate::target_dir;
 use crate::tools::ensure_tools;
 
@@ -110,6 +110,11 @@ pub fn test(filter: Option<&str>, no_e2e: bool) -> Result<ExitCode> {
         hypervisor = Some(build_hypervisor(false)?);
         Ok(())
     });
+    let mut analyzer = None;
+    tally.stage("build hvprof-analyze", || {
+        analyzer = Some(build_analyzer()?);
+        Ok(())
+    });
 
     if !no_e2e {
         println!("--- end-to-end scenarios");
@@ -131,6 +136,7 @@ pub fn test(filter: Option<&str>, no_e2e: bool) -> Result<ExitCode> {
                                 .map(Path::to_path_buf)
                                 .unwrap_or_default(),
                             hypervisor_elf: hypervisor,
+                            analyzer: analyzer.clone(),
                             out_dir: target_dir().join("scenarios"),
                             filter: filter.map(str::to_owned),
                             jobs: default_jobs(),

@@ -1,0 +1,263 @@
+//! End-to-end scenarios of the profiler: a guest whose functions execute a known number of
+//! instructions runs in Bochs (where the TSC counts instructions, so the truth is exact by
+//! construction), `hvprof-analyze` reports the capture, and the shares are checked against the
+//! truth with stated tolerances. Damaged captures and an overfilled buffer must be accounted for
+//! exactly.
+
+use crate::emulator::Emulator;
+use crate::profile::{ProfileRun, num, row_samples, vm, within};
+use crate::runner::{ModuleSource, Scenario};
+use crate::scenarios::HASWELL;
+use crate::vm_scenarios::check_exit_code;
+use serde_json::Value;
+
+/// Share tolerance, in percentage points (issue: ±1.5).
+pub const TOLERANCE: f64 = 1.5;
+
+/// The guest-level shares of `functions` among the VM's own samples (its OS and USER samples:
+/// `[steal]` and `[idle]` rows excluded), in percent.
+fn guest_shares(report: &Value, vm_name: &str, functions: &[&str]) -> Result<Vec<f64>, String> {
+    let v = vm(report, vm_name)?;
+    let rows = v.get("rows").ok_or("the VM has no rows")?;
+    let own: f64 = rows
+        .as_array()
+        .ok_or("rows is not an array")?
+        .iter()
+        .filter(|r| {
+            let f = r.get("function").and_then(Value::as_str).unwrap_or("");
+            f != "[steal]" && f != "[idle]"
+        })
+        .filter_map(|r| r.get("samples").and_then(Value::as_f64))
+        .sum();
+    if own < 1000.0 {
+        return Err(format!(
+            "only {own} guest samples for VM {vm_name}: too few to judge shares"
+        ));
+    }
+    Ok(functions
+        .iter()
+        .map(|f| 100.0 * row_samples(rows, f) / own)
+        .collect())
+}
+
+/// The host-level table adds up: the VM rows, the hypervisor's rows and `[idle]` make 100 %, and
+/// the VM's row holds exactly the VM's guest samples.
+fn check_host_level(report: &Value, vm_name: &str) -> Result<(), String> {
+    let rows = report
+        .pointer("/host/rows")
+        .and_then(Value::as_array)
+        .ok_or("the report has no host rows")?;
+    let total = num(report, "/total_samples")?;
+    let sum: f64 = rows
+        .iter()
+        .filter_map(|r| r.get("samples").and_then(Value::as_f64))
+        .sum();
+    if sum != total {
+        return Err(format!(
+            "host rows add up to {sum} samples, total is {total}"
+        ));
+    }
+    let pct: f64 = rows
+        .iter()
+        .filter_map(|r| r.get("percent").and_then(Value::as_f64))
+        .sum();
+    within("host-level percentages, summed", pct, 100.0, 0.01)?;
+    let vm_row = row_samples(&Value::Array(rows.clone()), &format!("[{vm_name}]"));
+    let v = vm(report, vm_name)?;
+    let guest = num(v, "/os")? + num(v, "/user")?;
+    let vm_samples = num(v, "/samples")?;
+    // `os` and `user` are percentages of the VM's samples.
+    let guest_samples = (guest / 100.0 * vm_samples).round();
+    if (vm_row - guest_samples).abs() > 0.5 {
+        return Err(format!(
+            "host-level [{vm_name}] row has {vm_row} samples, the VM's OS+USER samples are {guest_samples}"
+        ));
+    }
+    Ok(())
+}
+
+fn shares_scenario(
+    name: &str,
+    mix: &'static str,
+    truth: &'static [(&'static str, f64)],
+) -> Scenario {
+    Scenario::new(name, Emulator::bochs(HASWELL))
+        .cmdline("export=end")
+        .module(
+            "mix.elf",
+            ModuleSource::Guest("mix"),
+            &format!("vm=mix mix={mix} rounds=100"),
+        )
+        .check(|log| check_exit_code(log, "mix", 0, "port 0xf4"))
+        .profile(move |run: &ProfileRun| {
+            let report = run.report(None)?;
+            let functions: Vec<&str> = truth.iter().map(|(f, _)| *f).collect();
+            let shares = guest_shares(&report, "mix", &functions)?;
+            let mut errors = Vec::new();
+            for ((f, want), got) in truth.iter().zip(&shares) {
+                if let Err(e) = within(&format!("{f} share of VM mix"), *got, *want, TOLERANCE) {
+                    errors.push(e);
+                }
+            }
+            if let Err(e) = check_host_level(&report, "mix") {
+                errors.push(e);
+            }
+            if num(&report, "/lost/blocks")? != 0.0 || num(&report, "/lost/dropped")? != 0.0 {
+                errors.push("a clean capture reports losses".to_owned());
+            }
+            if errors.is_empty() {
+                Ok(())
+            } else {
+                Err(errors.join("; "))
+            }
+        })
+}
+
+/// The frames of a capture: (start, end) byte ranges of the spans between 0x00 delimiters that
+/// start with a COBS-encoded "HVP" block frame would be ideal, but any long span between zeros is
+/// a frame: console text holds no 0x00 and frames are delimited by a pair of zeros.
+fn frame_spans(capture: &[u8]) -> Vec<(usize, usize)> {
+    let zeros: Vec<usize> = capture
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &b)| (b == 0).then_some(i))
+        .collect();
+    zeros
+        .windows(2)
+        .filter(|w| w[1] - w[0] > 16)
+        .map(|w| (w[0] + 1, w[1]))
+        .collect()
+}
+
+/// Flips one byte in the middle of three block frames and cuts a range out of a fourth: the
+/// damaged copy must yield every other block, and exactly the samples of the four as lost.
+fn check_damage(run: &ProfileRun) -> Result<(), String> {
+    let clean = run.report(None)?;
+    let frames = frame_spans(&run.capture);
+    // Frame 0 is the header, the last is the end frame: damage block frames only.
+    if frames.len() < 40 {
+        return Err(format!("only {} frames in the capture", frames.len()));
+    }
+    let mut damaged = run.capture.clone();
+    for &i in &[5usize, 12, 20] {
+        let (a, b) = frames[i];
+        damaged[(a + b) / 2] ^= 0x5a;
+    }
+    let (a, b) = frames[30];
+    damaged.drain(a + 5..b - 5);
+    let report = run.report(Some(("damaged.bin", &damaged)))?;
+    let clean_total = num(&clean, "/total_samples")?;
+    let total = num(&report, "/total_samples")?;
+    let lost_blocks = num(&report, "/lost/blocks")?;
+    let lost_samples = num(&report, "/lost/samples")?;
+    let mut errors = Vec::new();
+    if lost_blocks != 4.0 {
+        errors.push(format!(
+            "{lost_blocks} blocks reported lost, 4 were damaged"
+        ));
+    }
+    if total + lost_samples != clean_total {
+        errors.push(format!(
+            "{total} samples kept + {lost_samples} reported lost != {clean_total} in the clean capture"
+        ));
+    }
+    // Blocks hold 64 records; the damaged ones are full blocks of samples.
+    if lost_samples != 4.0 * 64.0 {
+        errors.push(format!(
+            "{lost_samples} samples reported lost, 4 full blocks hold 256"
+        ));
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+/// The hypervisor's own count of the records it took and of those it could not keep:
+/// `profiler: sample log sent: <taken> records taken, <dropped> records dropped ...`.
+fn hypervisor_counts(log: &crate::log::SerialLog) -> Result<(f64, f64), String> {
+    let prefix = "profiler: sample log sent: ";
+    let line = log.expect(prefix)?;
+    let parse = |s: Option<&str>| s.and_then(|s| s.trim().parse::<f64>().ok());
+    let rest = &line[prefix.len()..];
+    let (taken, rest) = rest
+        .split_once(" records taken, ")
+        .ok_or_else(|| format!("no 'records taken' in {line:?}"))?;
+    let dropped = rest.split_once(" records dropped").map(|(d, _)| d);
+    match (parse(Some(taken)), parse(dropped)) {
+        (Some(t), Some(d)) => Ok((t, d)),
+        _ => Err(format!("cannot read the counts in {line:?}")),
+    }
+}
+
+/// The profiler's scenarios.
+pub fn all() -> Vec<Scenario> {
+    vec![
+        shares_scenario(
+            "bochs-profile-80-20",
+            "80,20",
+            &[("work_a", 80.0), ("work_b", 20.0)],
+        ),
+        shares_scenario(
+            "bochs-profile-mix4",
+            "40,30,20,10",
+            &[("work_a", 40.0), ("work_b", 30.0), ("work_c", 20.0), ("work_d", 10.0)],
+        ),
+        Scenario::new("bochs-profile-damaged", Emulator::bochs(HASWELL))
+            .cmdline("export=end")
+            .module("mix.elf", ModuleSource::Guest("mix"), "vm=mix mix=80,20 rounds=100")
+            .check(|log| check_exit_code(log, "mix", 0, "port 0xf4"))
+            .profile(check_damage),
+        // A buffer of 1000 records for a run of about 6000 samples: exactly the rest is dropped,
+        // and the log says so.
+        Scenario::new("bochs-profile-overfill", Emulator::bochs(HASWELL))
+            .cmdline("export=end buffer=1000")
+            .module("mix.elf", ModuleSource::Guest("mix"), "vm=mix mix=80,20 rounds=100")
+            .check(|log| {
+                check_exit_code(log, "mix", 0, "port 0xf4")?;
+                let (taken, _) = hypervisor_counts(log)?;
+                if taken < 2000.0 {
+                    return Err(format!("only {taken} records taken: the buffer was not overfilled"));
+                }
+                Ok(())
+            })
+            .profile(|run: &ProfileRun| {
+                let report = run.report(None)?;
+                let log = crate::log::SerialLog::from_bytes(&run.capture);
+                let (taken, _) = hypervisor_counts(&log)?;
+                let kept = num(&report, "/total_samples")? + num(&report, "/events").unwrap_or(0.0);
+                let dropped = num(&report, "/lost/dropped")?;
+                if kept != 1000.0 || dropped != taken - 1000.0 {
+                    return Err(format!(
+                        "kept {kept} records and reports {dropped} dropped; the hypervisor took {taken} into a 1000-record buffer"
+                    ));
+                }
+                Ok(())
+            }),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_and_frames() {
+        let log = crate::log::SerialLog::new(
+            "profiler: sample log sent: 6112 records taken, 5112 records dropped (ring or buffer full), 998 samples and 2 events in 16 blocks, 4000 bytes (4.00 bytes per record)\n",
+        );
+        assert_eq!(hypervisor_counts(&log), Ok((6112.0, 5112.0)));
+        let capture = [
+            b"text\n".as_slice(),
+            &[0],
+            &[7; 20],
+            &[0, 0],
+            &[9; 30],
+            &[0],
+            b"more",
+        ]
+        .concat();
+        assert_eq!(frame_spans(&capture), vec![(6, 26), (28, 58)]);
+    }
+}
