@@ -21,6 +21,7 @@ impl VmFail {
     /// Decodes the arithmetic flags a VMX instruction left behind (SDM Vol. 3C §32.2):
     /// CF = 1 is VMfailInvalid, else ZF = 1 is VMfailValid, whose error number `read_error`
     /// fetches from the current VMCS (it is only called in that case), else VMsucceed.
+    #[inline]
     pub fn from_flags(cf: bool, zf: bool, read_error: impl FnOnce() -> u32) -> Result<(), VmFail> {
         if cf {
             Err(VmFail::Invalid)

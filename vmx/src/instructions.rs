@@ -176,6 +176,29 @@ pub unsafe fn vmread(encoding: u32) -> Result<u64, VmFail> {
     Ok(value)
 }
 
+/// VMREAD for the profiler's sample path: no error decoding, a handful of instructions. A failed
+/// VMREAD (no current VMCS, unsupported encoding) yields 0, which the caller must accept as a
+/// possible value (a sample with RIP 0 is attributed to `[unknown]`, never trusted for control
+/// flow).
+///
+/// # Safety
+/// In VMX operation (else #UD).
+#[inline(always)]
+pub unsafe fn vmread_fast(encoding: u32) -> u64 {
+    let mut value: u64 = 0;
+    // SAFETY: the caller guarantees VMX operation; VMREAD with a register destination touches no
+    // memory, and on failure leaves the destination as it was (0).
+    unsafe {
+        asm!(
+            "vmread {v}, {e}",
+            v = inout(reg) value,
+            e = in(reg) u64::from(encoding),
+            options(nostack, nomem),
+        );
+    }
+    value
+}
+
 /// VMWRITE of a field of the current VMCS (SDM Vol. 3C §32.3 "VMWRITE"). Fails with error 12 for
 /// an unsupported encoding and 13 for a read-only one.
 ///

@@ -288,9 +288,16 @@ pub fn finish(p: &CpuProfiler) {
         ex.send(n);
     }
     let sent = ex.bytes_sent;
+    let period = ex.header.period_ticks;
     let t = totals[0];
     drop(guard);
     let taken = p.ring.pushed() + p.ring.dropped();
+    let (n, mean, min, max) = p.cost();
+    println!(
+        "profiler: sample path cost over {n} samples: mean {mean}, min {min}, max {max} TSC ticks ({:.2}% of the {}-tick period)",
+        mean as f64 * 100.0 / period.max(1) as f64,
+        period
+    );
     println!(
         "profiler: sample log sent: {taken} records taken, {} records dropped (ring or buffer full), {} samples and {} events in {} blocks, {sent} bytes ({:.2} bytes per record)",
         t.ring_drops,

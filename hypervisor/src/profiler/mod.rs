@@ -20,7 +20,7 @@ use crate::tsc::rdtsc;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use hvprof_hypervisor::ring::Ring;
 use hvprof_vmx::instructions::CurrentVmcs;
-use hvprof_vmx::vmcs::{Guest32, Guest64, GuestNatural, VmcsExt};
+use hvprof_vmx::vmcs::{Guest32, Guest64, GuestNatural};
 
 /// What a record is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,8 +79,11 @@ pub struct CpuProfiler {
     next_tick: AtomicU64,
     /// (vm, vcpu, vpid, last exit reason) of what this pCPU runs, packed in 16-bit fields.
     current: AtomicU64,
-    /// The TSC when the sample path last finished: samples never overlap themselves.
+    /// Samples taken, and the total, smallest and largest cost of the sample path (TSC ticks).
     pub samples_taken: AtomicU64,
+    cost_total: AtomicU64,
+    cost_min: AtomicU64,
+    cost_max: AtomicU64,
     lapic: spin::Once<Lapic>,
 }
 
@@ -93,6 +96,9 @@ impl CpuProfiler {
             next_tick: AtomicU64::new(u64::MAX),
             current: AtomicU64::new(pack(NO_VM, 0xffff, 0, NO_EXIT)),
             samples_taken: AtomicU64::new(0),
+            cost_total: AtomicU64::new(0),
+            cost_min: AtomicU64::new(u64::MAX),
+            cost_max: AtomicU64::new(0),
             lapic: spin::Once::new(),
         }
     }
@@ -214,9 +220,26 @@ impl CpuProfiler {
     }
 
     fn push(&self, mut r: RawRecord, t0: u64) {
-        r.cost = (rdtsc() - t0).min(u32::MAX as u64) as u32;
+        let cost = rdtsc() - t0;
+        r.cost = cost.min(u32::MAX as u64) as u32;
         self.ring.push(r);
         self.samples_taken.fetch_add(1, Ordering::Relaxed);
+        self.cost_total.fetch_add(cost, Ordering::Relaxed);
+        self.cost_min.fetch_min(cost, Ordering::Relaxed);
+        self.cost_max.fetch_max(cost, Ordering::Relaxed);
+    }
+
+    /// (samples, mean, min, max) of the sample path's own cost in TSC ticks.
+    pub fn cost(&self) -> (u64, u64, u64, u64) {
+        let n = self.samples_taken.load(Ordering::Relaxed);
+        let total = self.cost_total.load(Ordering::Relaxed);
+        let min = self.cost_min.load(Ordering::Relaxed);
+        (
+            n,
+            total.checked_div(n).unwrap_or(0),
+            if n == 0 { 0 } else { min },
+            self.cost_max.load(Ordering::Relaxed),
+        )
     }
 
     /// The deadline clock's guest sample, at a VM exit taken at `now` (the VMX-preemption
@@ -231,12 +254,16 @@ impl CpuProfiler {
     pub fn sample_guest(&self, vmcs: &CurrentVmcs, now: u64) {
         let t0 = rdtsc();
         let (vm, vcpu, vpid, exit) = self.current();
-        let rip = vmcs.read_natural(GuestNatural::Rip).unwrap_or(0);
-        let cr3 = vmcs.read_natural(GuestNatural::Cr3).unwrap_or(0);
-        let ss_ar = vmcs.read32(Guest32::SsAccessRights).unwrap_or(0);
-        let cs_ar = vmcs.read32(Guest32::CsAccessRights).unwrap_or(0);
-        let cr0 = vmcs.read_natural(GuestNatural::Cr0).unwrap_or(0);
-        let efer = vmcs.read64(Guest64::Ia32Efer).unwrap_or(0);
+        let _ = vmcs;
+        // SAFETY: the caller is the run loop right after a VM exit, in VMX operation with this
+        // vCPU's VMCS current; every encoding below exists in every VMCS.
+        let read = |field: u32| unsafe { hvprof_vmx::instructions::vmread_fast(field) };
+        let rip = read(GuestNatural::Rip as u32);
+        let cr3 = read(GuestNatural::Cr3 as u32);
+        let ss_ar = read(Guest32::SsAccessRights as u32) as u32;
+        let cs_ar = read(Guest32::CsAccessRights as u32) as u32;
+        let cr0 = read(GuestNatural::Cr0 as u32);
+        let efer = read(Guest64::Ia32Efer as u32);
         let cpl = ((ss_ar >> 5) & 3) as u8;
         // Mode: real (CR0.PE = 0), long 64-bit (EFER.LMA and CS.L), else protected.
         let mode = if cr0 & 1 == 0 {
