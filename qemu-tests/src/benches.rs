@@ -99,3 +99,82 @@ mod tests {
         assert!(exit_path_figures(&SerialLog::new("nothing")).is_err());
     }
 }
+
+/// The profiler's own costs: the `mix` guest (80/20) profiled at the default 1 ms period, the log
+/// kept in memory and sent at the end.
+pub fn profile_costs() -> Scenario {
+    Scenario::new("bench-profile-costs", Emulator::bochs(HASWELL))
+        .cmdline("export=end")
+        .module(
+            "mix.elf",
+            ModuleSource::Guest("mix"),
+            "vm=bench mix=80,20 rounds=100",
+        )
+        .check(|log| profile_figures(log).map(drop))
+}
+
+/// Figures of a finished `bench-profile-costs` run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileFigures {
+    pub samples: u64,
+    pub cost_mean: u64,
+    pub cost_min: u64,
+    pub cost_max: u64,
+    pub period: u64,
+    pub bytes_per_record: f64,
+    pub timer_exit_mean: u64,
+}
+
+pub fn profile_figures(log: &SerialLog) -> Result<ProfileFigures, String> {
+    let cost = log.expect("profiler: sample path cost over ")?;
+    let nums: Vec<u64> = cost
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // "over N samples: mean A, min B, max C TSC ticks (x.yz% of the P-tick period)"
+    let [samples, mean, min, max, _, _, period] = nums[..] else {
+        return Err(format!("cannot read {cost:?}"));
+    };
+    let sent = log.expect("profiler: sample log sent: ")?;
+    let bytes_per_record = sent
+        .rsplit_once('(')
+        .and_then(|(_, r)| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("cannot read {sent:?}"))?;
+    let timer = log.expect("vm bench: exit PREEMPTION_TIMER ")?;
+    let cols: Vec<u64> = timer["vm bench: exit PREEMPTION_TIMER ".len()..]
+        .split_whitespace()
+        .filter_map(|c| c.parse().ok())
+        .collect();
+    Ok(ProfileFigures {
+        samples,
+        cost_mean: mean,
+        cost_min: min,
+        cost_max: max,
+        period,
+        bytes_per_record,
+        timer_exit_mean: cols.get(4).copied().unwrap_or(0),
+    })
+}
+
+#[cfg(test)]
+mod profile_tests {
+    use super::*;
+
+    #[test]
+    fn profile_figures_are_read() {
+        let log = SerialLog::new(
+            "vm bench: exit PREEMPTION_TIMER             5567        2163815       315      5030       388\n\
+             profiler: sample path cost over 5675 samples: mean 30, min 30, max 35 TSC ticks (0.75% of the 4000-tick period)\n\
+             profiler: sample log sent: 5679 records taken, 0 records dropped (ring or buffer full), 5675 samples and 4 events in 89 blocks, 9972 bytes (1.76 bytes per record)\n",
+        );
+        let f = profile_figures(&log).unwrap();
+        assert_eq!(
+            (f.samples, f.cost_mean, f.cost_min, f.cost_max, f.period),
+            (5675, 30, 30, 35, 4000)
+        );
+        assert_eq!(f.bytes_per_record, 1.76);
+        assert_eq!(f.timer_exit_mean, 388);
+    }
+}
