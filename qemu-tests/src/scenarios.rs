@@ -351,7 +351,7 @@ pub fn all() -> Vec<Scenario> {
     ]
     .into_iter()
     .chain(crate::vm_scenarios::all())
-    // PROFILE_SCENARIOS
+    .chain(crate::profile_scenarios::all())
     .collect()
 }
 

@@ -1,1 +1,122 @@
-fn main() {}
+//! `hvprof-analyze`: reads a serial capture of hvprof (console text with the sample log's frames
+//! in it) and prints the unified profile of the machine.
+//!
+//! ```text
+//! hvprof-analyze report LOG [--hypervisor ELF] [--image ELF]... [--json] [--top N] [--vm NAME]
+//! hvprof-analyze decode LOG [--text] [--records]
+//! ```
+
+mod report;
+mod symbols;
+mod text;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "hvprof-analyze",
+    version,
+    about = "The unified profile of a machine running hvprof"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// The host-level and guest-level tables (the paper's Tables 3-5).
+    Report {
+        /// The serial capture.
+        log: PathBuf,
+        /// The hypervisor's ELF, for its function names.
+        #[arg(long)]
+        hypervisor: Option<PathBuf>,
+        /// A guest image (ELF), matched to VMs by build id, else by file name. Repeatable.
+        #[arg(long = "image")]
+        images: Vec<PathBuf>,
+        /// Print JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+        /// Rows per table.
+        #[arg(long, default_value_t = 20)]
+        top: usize,
+        /// Only this VM's guest-level table.
+        #[arg(long)]
+        vm: Option<String>,
+    },
+    /// What the capture holds: frames, records, losses, console text.
+    Decode {
+        log: PathBuf,
+        /// Print the console text.
+        #[arg(long)]
+        text: bool,
+        /// Print every record.
+        #[arg(long)]
+        records: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hvprof-analyze: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Cmd::Report {
+            log,
+            hypervisor,
+            images,
+            json,
+            top,
+            vm,
+        } => {
+            let bytes =
+                std::fs::read(&log).with_context(|| format!("cannot read {}", log.display()))?;
+            let decoded = hvprof_samplelog::decode(&bytes);
+            let mut imgs = report::Images::default();
+            if let Some(h) = hypervisor {
+                match symbols::Symbols::load(&h) {
+                    Ok(s) => imgs.hypervisor = Some(s),
+                    Err(e) => {
+                        eprintln!("hvprof-analyze: warning: {e:#}; hypervisor addresses stay hex")
+                    }
+                }
+            }
+            for i in images {
+                match symbols::Symbols::load(&i) {
+                    Ok(s) if s.is_empty() => eprintln!(
+                        "hvprof-analyze: warning: {} has no function symbols (stripped?)",
+                        i.display()
+                    ),
+                    Ok(s) => imgs.guests.push(s),
+                    Err(e) => eprintln!("hvprof-analyze: warning: {e:#}"),
+                }
+            }
+            let r = report::build(&decoded, &imgs);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                print!("{}", text::render(&r, top, vm.as_deref()));
+            }
+            Ok(())
+        }
+        Cmd::Decode { log, text, records } => {
+            let bytes =
+                std::fs::read(&log).with_context(|| format!("cannot read {}", log.display()))?;
+            let d = hvprof_samplelog::decode(&bytes);
+            print!("{}", text::decode_summary(&d, text, records));
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! The unified profile (the paper's Tables 3-5): a host-level table (each VM as one row, the
+//! hypervisor's functions, `[idle]`) and a guest-level table per VM and per vCPU (guest functions
+//! with their module, OS/USER split, `[steal]`), with the sample path's cost and every loss.
+//!
+//! # JSON schema (`report --json`)
+//! ```text
+//! { "total_samples": u64,            // samples received (all kinds)
+//!   "events": u64,                   // scheduling events received
+//!   "period_ticks": u64, "tsc_hz": u64, "pcpus": u16, "source": "deadline" | "pmu",
+//!   "hypervisor_build_id": hex, "hypervisor_build_id_matches": bool | null,
+//!   "lost": { "blocks": u64, "samples": u64, "events": u64, "dropped": u64,
+//!             "damaged_frames": u64, "truncated": bool },
+//!   "cost": { "mean": f64, "min": u64, "max": u64, "percent_of_period": f64 },
+//!   "host": { "hypervisor": f64, "vm": f64, "idle": f64,          // percentages
+//!             "rows": [ { "function", "module", "samples", "percent" } ] },
+//!   "vms": [ { "id": u16, "name", "image", "samples": u64,        // guest + steal samples
+//!              "os": f64, "user": f64, "idle": f64, "steal": f64, // percentages of "samples"
+//!              "rows": [ row ], "vcpus": [ { "vcpu": u16, "samples", "os", "user", "idle",
+//!              "steal", "rows": [ row ] } ] } ] }
+//! ```
+//! Rows are sorted by samples (descending), then function name. Percentages are of the table's
+//! total; they are not rounded.
+
+use std::collections::HashMap;
+
+use hvprof_samplelog::{Decoded, Record, Sample, SampleKind};
+use serde::Serialize;
+
+use crate::symbols::{Symbols, hex};
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Row {
+    pub function: String,
+    pub module: String,
+    pub samples: u64,
+    pub percent: f64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Lost {
+    pub blocks: u64,
+    pub samples: u64,
+    pub events: u64,
+    pub dropped: u64,
+    pub damaged_frames: u64,
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Cost {
+    pub mean: f64,
+    pub min: u64,
+    pub max: u64,
+    pub percent_of_period: f64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Host {
+    pub hypervisor: f64,
+    pub vm: f64,
+    pub idle: f64,
+    pub rows: Vec<Row>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct GuestTable {
+    pub samples: u64,
+    pub os: f64,
+    pub user: f64,
+    pub idle: f64,
+    pub steal: f64,
+    pub rows: Vec<Row>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct VcpuReport {
+    pub vcpu: u16,
+    #[serde(flatten)]
+    pub table: GuestTable,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct VmReport {
+    pub id: u16,
+    pub name: String,
+    pub image: String,
+    #[serde(flatten)]
+    pub table: GuestTable,
+    pub vcpus: Vec<VcpuReport>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Report {
+    pub total_samples: u64,
+    pub events: u64,
+    pub period_ticks: u64,
+    pub tsc_hz: u64,
+    pub pcpus: u16,
+    pub source: &'static str,
+    pub hypervisor_build_id: String,
+    pub hypervisor_build_id_matches: Option<bool>,
+    pub lost: Lost,
+    pub cost: Cost,
+    pub host: Host,
+    pub vms: Vec<VmReport>,
+    /// Warnings for the reader (missing symbols, mismatched build ids, truncation).
+    pub warnings: Vec<String>,
+}
+
+/// What symbolizes what.
+#[derive(Default)]
+pub struct Images {
+    pub hypervisor: Option<Symbols>,
+    pub guests: Vec<Symbols>,
+}
+
+/// Names an address in `symbols`, or `[unknown]` with the address.
+fn name(symbols: Option<&Symbols>, addr: u64) -> String {
+    symbols
+        .and_then(|s| s.lookup(addr))
+        .map_or_else(|| format!("[unknown] {addr:#x}"), str::to_owned)
+}
+
+/// Guest-level counts of one VM or vCPU, before naming.
+#[derive(Default)]
+struct GuestCounts {
+    /// (rip, cpl 0 or 3) → samples.
+    by_rip: HashMap<(u64, bool), u64>,
+    os: u64,
+    user: u64,
+    steal: u64,
+    idle: u64,
+}
+
+impl GuestCounts {
+    fn add_guest(&mut self, s: &Sample) {
+        let user = s.cpl() == 3;
+        *self.by_rip.entry((s.guest_rip, user)).or_default() += 1;
+        if user {
+            self.user += 1;
+        } else {
+            self.os += 1;
+        }
+    }
+
+    fn table(&self, symbols: Option<&Symbols>, module: &str) -> GuestTable {
+        let total = self.os + self.user + self.steal + self.idle;
+        let pct = |n: u64| {
+            if total == 0 {
+                0.0
+            } else {
+                100.0 * n as f64 / total as f64
+            }
+        };
+        // Name each distinct address once, then merge by function.
+        let mut by_fn: HashMap<(String, String), u64> = HashMap::new();
+        for (&(rip, _), &n) in &self.by_rip {
+            *by_fn
+                .entry((name(symbols, rip), module.to_owned()))
+                .or_default() += n;
+        }
+        if self.steal > 0 {
+            by_fn.insert(("[steal]".into(), "(hypervisor)".into()), self.steal);
+        }
+        if self.idle > 0 {
+            by_fn.insert(("[idle]".into(), "(halted)".into()), self.idle);
+        }
+        GuestTable {
+            samples: total,
+            os: pct(self.os),
+            user: pct(self.user),
+            idle: pct(self.idle),
+            steal: pct(self.steal),
+            rows: rows(by_fn, total),
+        }
+    }
+}
+
+fn rows(counts: HashMap<(String, String), u64>, total: u64) -> Vec<Row> {
+    let mut rows: Vec<Row> = counts
+        .into_iter()
+        .map(|((function, module), samples)| Row {
+            function,
+            module,
+            samples,
+            percent: if total == 0 {
+                0.0
+            } else {
+                100.0 * samples as f64 / total as f64
+            },
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.samples
+            .cmp(&a.samples)
+            .then_with(|| a.function.cmp(&b.function))
+    });
+    rows
+}
+
+/// Builds the report of a decoded capture.
+pub fn build(decoded: &Decoded, images: &Images) -> Report {
+    let mut warnings = Vec::new();
+    let header = decoded.header.clone().unwrap_or_default();
+    if decoded.header.is_none() {
+        warnings.push("no header frame: VM names and the period are unknown".into());
+    }
+    let vm_table: Vec<(u16, String, String, Vec<u8>)> = header
+        .vms
+        .iter()
+        .map(|v| {
+            (
+                v.id,
+                v.name.as_str().to_owned(),
+                v.image.as_str().to_owned(),
+                v.image_build_id.as_bytes().to_vec(),
+            )
+        })
+        .collect();
+    // Match each VM's image: by build id, else by file name.
+    let guest_symbols: HashMap<u16, &Symbols> = vm_table
+        .iter()
+        .filter_map(|(id, name, image, build_id)| {
+            let by_id = (!build_id.is_empty())
+                .then(|| {
+                    images
+                        .guests
+                        .iter()
+                        .find(|s| s.build_id.as_deref() == Some(build_id.as_slice()))
+                })
+                .flatten();
+            let found = by_id.or_else(|| {
+                images.guests.iter().find(|s| {
+                    s.module == *image || s.module == image.trim_end_matches(".elf")
+                })
+            });
+            if found.is_none() {
+                warnings.push(format!(
+                    "no symbols for VM {name} (image {image}, build id {}): its functions are shown as addresses",
+                    if build_id.is_empty() { "none".into() } else { hex(build_id) }
+                ));
+            }
+            found.map(|s| (*id, s))
+        })
+        .collect();
+    let hv_id = header.build_id.as_bytes().to_vec();
+    let hv_matches = images
+        .hypervisor
+        .as_ref()
+        .map(|s| s.build_id.as_deref() == Some(hv_id.as_slice()));
+    if hv_matches == Some(false) {
+        warnings.push(
+            "the hypervisor ELF given does not have the build id in the log: its names may be wrong"
+                .into(),
+        );
+    }
+
+    let mut total = 0u64;
+    let mut events = 0u64;
+    let mut hv_by_rip: HashMap<u64, u64> = HashMap::new();
+    let mut idle = 0u64;
+    let mut per_vm: HashMap<u16, GuestCounts> = HashMap::new();
+    let mut per_vcpu: HashMap<(u16, u16), GuestCounts> = HashMap::new();
+    let (mut cost_sum, mut cost_min, mut cost_max) = (0u64, u64::MAX, 0u64);
+    for log in decoded.pcpus.values() {
+        for r in &log.records {
+            let s = match r {
+                Record::Sample(s) => s,
+                Record::Event(_) => {
+                    events += 1;
+                    continue;
+                }
+            };
+            total += 1;
+            cost_sum += u64::from(s.cost);
+            cost_min = cost_min.min(u64::from(s.cost));
+            cost_max = cost_max.max(u64::from(s.cost));
+            match s.kind {
+                SampleKind::Guest => {
+                    per_vm.entry(s.vm).or_default().add_guest(s);
+                    per_vcpu.entry((s.vm, s.vcpu)).or_default().add_guest(s);
+                }
+                SampleKind::Hypervisor => {
+                    *hv_by_rip.entry(s.host_rip).or_default() += 1;
+                    // Time the hypervisor spent on a VM's behalf is that VM's steal.
+                    if s.vm != hvprof_samplelog::NO_VM {
+                        per_vm.entry(s.vm).or_default().steal += 1;
+                        per_vcpu.entry((s.vm, s.vcpu)).or_default().steal += 1;
+                    }
+                }
+                SampleKind::Idle => idle += 1,
+            }
+        }
+    }
+
+    // Host level.
+    let pct = |n: u64| {
+        if total == 0 {
+            0.0
+        } else {
+            100.0 * n as f64 / total as f64
+        }
+    };
+    let mut host_counts: HashMap<(String, String), u64> = HashMap::new();
+    let mut vm_samples = 0u64;
+    for (&vm, c) in &per_vm {
+        let n = c.os + c.user;
+        if n == 0 {
+            continue;
+        }
+        vm_samples += n;
+        let label = vm_table
+            .iter()
+            .find(|v| v.0 == vm)
+            .map_or_else(|| format!("vm{vm}"), |v| v.1.clone());
+        host_counts.insert((format!("[{label}]"), format!("(vm {vm})")), n);
+    }
+    let mut hv_samples = 0u64;
+    for (&rip, &n) in &hv_by_rip {
+        hv_samples += n;
+        *host_counts
+            .entry((name(images.hypervisor.as_ref(), rip), "hvprof".into()))
+            .or_default() += n;
+    }
+    if idle > 0 {
+        host_counts.insert(("[idle]".into(), "(idle)".into()), idle);
+    }
+
+    let mut vms: Vec<VmReport> = vm_table
+        .iter()
+        .map(|(id, name, image, _)| {
+            let counts = per_vm.remove(id).unwrap_or_default();
+            let symbols = guest_symbols.get(id).copied();
+            let mut vcpus: Vec<VcpuReport> = per_vcpu
+                .iter()
+                .filter(|((vm, _), _)| vm == id)
+                .map(|(&(_, vcpu), c)| VcpuReport {
+                    vcpu,
+                    table: c.table(symbols, image),
+                })
+                .collect();
+            vcpus.sort_by_key(|v| v.vcpu);
+            VmReport {
+                id: *id,
+                name: name.clone(),
+                image: image.clone(),
+                table: counts.table(symbols, image),
+                vcpus,
+            }
+        })
+        .collect();
+    // Samples of VMs the header does not list (a damaged or missing header).
+    let mut unknown: Vec<u16> = per_vm.keys().copied().collect();
+    unknown.sort_unstable();
+    for id in unknown {
+        let counts = &per_vm[&id];
+        vms.push(VmReport {
+            id,
+            name: format!("vm{id}"),
+            image: String::new(),
+            table: counts.table(None, "?"),
+            vcpus: Vec::new(),
+        });
+    }
+
+    let lost = Lost {
+        blocks: decoded.blocks_lost(),
+        samples: decoded.samples_lost(),
+        events: decoded.pcpus.values().map(|p| p.events_lost).sum(),
+        dropped: decoded.ring_drops(),
+        damaged_frames: decoded.damaged.len() as u64,
+        truncated: !decoded.end_seen(),
+    };
+    if lost.truncated {
+        warnings.push(
+            "no end frame: the capture is truncated (losses after the last block are unknown)"
+                .into(),
+        );
+    }
+    let mean = if total == 0 {
+        0.0
+    } else {
+        cost_sum as f64 / total as f64
+    };
+    Report {
+        total_samples: total,
+        events,
+        period_ticks: header.period_ticks,
+        tsc_hz: header.tsc_hz,
+        pcpus: header.pcpus,
+        source: if header.source == hvprof_samplelog::SOURCE_PMU {
+            "pmu"
+        } else {
+            "deadline"
+        },
+        hypervisor_build_id: hex(&hv_id),
+        hypervisor_build_id_matches: hv_matches,
+        lost,
+        cost: Cost {
+            mean,
+            min: if total == 0 { 0 } else { cost_min },
+            max: cost_max,
+            percent_of_period: if header.period_ticks == 0 {
+                0.0
+            } else {
+                100.0 * mean / header.period_ticks as f64
+            },
+        },
+        host: Host {
+            hypervisor: pct(hv_samples),
+            vm: pct(vm_samples),
+            idle: pct(idle),
+            rows: rows(host_counts, total),
+        },
+        vms,
+        warnings,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hvprof_samplelog::synth;
+
+    #[test]
+    fn empty_capture() {
+        let r = build(&hvprof_samplelog::decode(&[]), &Images::default());
+        assert_eq!(r.total_samples, 0);
+        assert!(r.lost.truncated);
+        assert!(r.host.rows.is_empty());
+        let _ = synth::SynthConfig::default();
+    }
+}

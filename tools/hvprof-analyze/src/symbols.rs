@@ -1,0 +1,167 @@
+//! Function symbols of an ELF image (the hypervisor, a guest), for turning sampled addresses into
+//! names: `object` reads the symbol table, `rustc-demangle` the Rust names.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+
+/// One image's functions, sorted by address.
+#[derive(Debug, Clone, Default)]
+pub struct Symbols {
+    /// The file name (the "module" column).
+    pub module: String,
+    pub build_id: Option<Vec<u8>>,
+    /// (start, size, demangled name), sorted by start.
+    functions: Vec<(u64, u64, String)>,
+}
+
+impl Symbols {
+    /// Reads `path`'s function symbols and build id.
+    pub fn load(path: &Path) -> Result<Symbols> {
+        let data =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        Self::parse(&data, path)
+    }
+
+    pub fn parse(data: &[u8], path: &Path) -> Result<Symbols> {
+        let file = object::File::parse(data)
+            .with_context(|| format!("{} is not an object file", path.display()))?;
+        let mut functions: Vec<(u64, u64, String)> = file
+            .symbols()
+            .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0)
+            .filter_map(|s| {
+                let name = s.name().ok()?;
+                if name.is_empty() {
+                    return None;
+                }
+                Some((s.address(), s.size(), demangle(name)))
+            })
+            .collect();
+        functions.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        functions.dedup_by_key(|f| f.0);
+        let build_id = file
+            .build_id()
+            .ok()
+            .flatten()
+            .map(<[u8]>::to_vec)
+            .or_else(|| {
+                // Some linkers put the note where `build_id` does not look: read the section.
+                file.section_by_name(".note.gnu.build-id")
+                    .and_then(|s| s.data().ok())
+                    .and_then(note_desc)
+            });
+        Ok(Symbols {
+            module: path.file_name().map_or_else(
+                || path.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            ),
+            build_id,
+            functions,
+        })
+    }
+
+    /// The function holding `addr`: the last symbol starting at or before it, if `addr` lies
+    /// within its size (or, for symbols without a size, before the next symbol).
+    pub fn lookup(&self, addr: u64) -> Option<&str> {
+        let i = self.functions.partition_point(|f| f.0 <= addr);
+        let (start, size, name) = self.functions.get(i.checked_sub(1)?)?;
+        let inside = if *size > 0 {
+            addr < start + size
+        } else {
+            self.functions.get(i).is_none_or(|next| addr < next.0)
+        };
+        inside.then_some(name.as_str())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.functions.is_empty()
+    }
+}
+
+/// Demangles a Rust (or C++-less) symbol, dropping the hash suffix.
+pub fn demangle(name: &str) -> String {
+    format!("{:#}", rustc_demangle::demangle(name))
+}
+
+/// The descriptor of a GNU build-id note (`namesz`, `descsz`, `type`, "GNU\0", desc).
+fn note_desc(note: &[u8]) -> Option<Vec<u8>> {
+    let word = |i: usize| {
+        note.get(i..i + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    };
+    let (namesz, descsz) = (word(0)?, word(4)?);
+    let desc = 12 + namesz.div_ceil(4) * 4;
+    note.get(desc..desc + descsz).map(<[u8]>::to_vec)
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object::write::{Object as WObject, StandardSection, Symbol, SymbolSection};
+    use object::{Architecture, BinaryFormat, Endianness, SymbolFlags, SymbolScope};
+
+    /// An ELF object with three functions at known addresses (0x1000 size 0x10, 0x1010 size
+    /// 0x30, 0x2000 size 0 followed by nothing) and a build-id note.
+    pub(crate) fn test_elf() -> Vec<u8> {
+        let mut obj = WObject::new(BinaryFormat::Elf, Architecture::X86_64, Endianness::Little);
+        let text = obj.section_id(StandardSection::Text);
+        obj.append_section_data(text, &[0x90; 0x2000], 16);
+        for (name, value, size) in [
+            ("work_a", 0x1000u64, 0x10u64),
+            ("_ZN5guest4work17h0123456789abcdefE", 0x1010, 0x30),
+            ("tail", 0x1f00, 0),
+        ] {
+            obj.add_symbol(Symbol {
+                name: name.as_bytes().to_vec(),
+                value,
+                size,
+                kind: SymbolKind::Text,
+                scope: SymbolScope::Linkage,
+                weak: false,
+                section: SymbolSection::Section(text),
+                flags: SymbolFlags::None,
+            });
+        }
+        let note = obj.add_section(
+            Vec::new(),
+            b".note.gnu.build-id".to_vec(),
+            object::SectionKind::Note,
+        );
+        let mut n = Vec::new();
+        n.extend_from_slice(&4u32.to_le_bytes());
+        n.extend_from_slice(&4u32.to_le_bytes());
+        n.extend_from_slice(&3u32.to_le_bytes());
+        n.extend_from_slice(b"GNU\0");
+        n.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef]);
+        obj.append_section_data(note, &n, 4);
+        obj.write().unwrap()
+    }
+
+    #[test]
+    fn lookup_and_demangle() {
+        let s = Symbols::parse(&test_elf(), Path::new("guest.elf")).unwrap();
+        assert_eq!(s.module, "guest.elf");
+        assert_eq!(s.lookup(0x1000), Some("work_a"));
+        assert_eq!(s.lookup(0x100f), Some("work_a"));
+        assert_eq!(s.lookup(0x1010), Some("guest::work"));
+        assert_eq!(s.lookup(0x103f), Some("guest::work"));
+        assert_eq!(s.lookup(0x1040), None, "past the sized symbol");
+        assert_eq!(s.lookup(0x0fff), None);
+        assert_eq!(
+            s.lookup(0x5000),
+            Some("tail"),
+            "unsized: up to the next symbol"
+        );
+        assert_eq!(s.build_id.as_deref(), Some(&[0xde, 0xad, 0xbe, 0xef][..]));
+    }
+
+    #[test]
+    fn not_an_elf() {
+        assert!(Symbols::parse(b"not an elf", Path::new("x")).is_err());
+    }
+}

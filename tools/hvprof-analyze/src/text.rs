@@ -1,0 +1,195 @@
+//! The report as text: tables in the paper's layout (Samples, %Ratio, Function, Module).
+
+use std::fmt::Write;
+
+use comfy_table::presets::NOTHING;
+use comfy_table::{CellAlignment, Table};
+use hvprof_samplelog::{Decoded, Record};
+
+use crate::report::{GuestTable, Report, Row};
+
+fn table(rows: &[Row], top: usize) -> String {
+    let mut t = Table::new();
+    t.load_preset(NOTHING);
+    t.set_header(vec!["Samples", "%Ratio", "Function", "Module"]);
+    for r in rows.iter().take(top) {
+        t.add_row(vec![
+            r.samples.to_string(),
+            format!("{:.2}", r.percent),
+            r.function.clone(),
+            r.module.clone(),
+        ]);
+    }
+    for i in 0..2 {
+        if let Some(c) = t.column_mut(i) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    let mut s = t.to_string();
+    if rows.len() > top {
+        let _ = write!(s, "\n  ... {} more rows (--top)", rows.len() - top);
+    }
+    s.push('\n');
+    s
+}
+
+fn guest(out: &mut String, title: &str, g: &GuestTable, top: usize) {
+    let _ = writeln!(
+        out,
+        "{title}\nTotal samples: {}   OS:USER:IDLE:steal = {:.2}%:{:.2}%:{:.2}%:{:.2}%",
+        g.samples, g.os, g.user, g.idle, g.steal
+    );
+    out.push_str(&table(&g.rows, top));
+    out.push('\n');
+}
+
+pub fn render(r: &Report, top: usize, only_vm: Option<&str>) -> String {
+    let mut out = String::new();
+    if only_vm.is_none() {
+        let _ = writeln!(
+            out,
+            "Host level ({} pCPUs, {} source, period {} ticks)\nTotal samples: {}   HYPERVISOR:VM:IDLE = {:.2}%:{:.2}%:{:.2}%",
+            r.pcpus,
+            r.source,
+            r.period_ticks,
+            r.total_samples,
+            r.host.hypervisor,
+            r.host.vm,
+            r.host.idle
+        );
+        out.push_str(&table(&r.host.rows, top));
+        out.push('\n');
+    }
+    for vm in &r.vms {
+        if only_vm.is_some_and(|n| n != vm.name) {
+            continue;
+        }
+        guest(
+            &mut out,
+            &format!("Guest level: VM {} ({})", vm.name, vm.image),
+            &vm.table,
+            top,
+        );
+        if vm.vcpus.len() > 1 {
+            for v in &vm.vcpus {
+                guest(
+                    &mut out,
+                    &format!("Guest level: VM {} vCPU {}", vm.name, v.vcpu),
+                    &v.table,
+                    top,
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "Sample path cost: mean {:.1}, min {}, max {} TSC ticks ({:.2}% of the period)",
+        r.cost.mean, r.cost.min, r.cost.max, r.cost.percent_of_period
+    );
+    let l = &r.lost;
+    let _ = writeln!(
+        out,
+        "Lost: {} blocks ({} samples, {} events), {} samples dropped in the hypervisor (ring or buffer full), {} damaged frames{}",
+        l.blocks,
+        l.samples,
+        l.events,
+        l.dropped,
+        l.damaged_frames,
+        if l.truncated {
+            "; TRUNCATED (no end frame)"
+        } else {
+            ""
+        }
+    );
+    for w in &r.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    out
+}
+
+pub fn decode_summary(d: &Decoded, text: bool, records: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} bytes: {} frames ({} header, {} unknown type), {} damaged spans, end frame {}",
+        d.bytes,
+        d.frames,
+        d.header_frames,
+        d.unknown_frames,
+        d.damaged.len(),
+        if d.end_seen() { "seen" } else { "MISSING" }
+    );
+    if let Some(h) = &d.header {
+        let _ = writeln!(
+            out,
+            "header: format v{}, build id {}, TSC {} Hz, {} pCPUs, skew {} ticks, period {} ticks, {} VMs",
+            h.version,
+            crate::symbols::hex(h.build_id.as_bytes()),
+            h.tsc_hz,
+            h.pcpus,
+            h.tsc_skew,
+            h.period_ticks,
+            h.vms.len()
+        );
+        for v in h.vms.iter() {
+            let _ = writeln!(
+                out,
+                "  vm {}: {} ({} vCPUs, image {}, build id {})",
+                v.id,
+                v.name.as_str(),
+                v.vcpus,
+                v.image.as_str(),
+                crate::symbols::hex(v.image_build_id.as_bytes())
+            );
+        }
+    }
+    for (pcpu, log) in &d.pcpus {
+        let _ = writeln!(
+            out,
+            "pcpu {pcpu}: {} records in {} blocks; lost {} blocks ({} samples, {} events); {} ring drops",
+            log.records.len(),
+            log.blocks_received,
+            log.blocks_lost,
+            log.samples_lost,
+            log.events_lost,
+            log.ring_drops
+        );
+        if records {
+            for r in &log.records {
+                match r {
+                    Record::Sample(s) => {
+                        let _ = writeln!(
+                            out,
+                            "  {:>16} {:?} vm {} vcpu {} rip {:#x} cr3 {:#x} cpl {} exit {} host {:#x} cost {}",
+                            s.tsc,
+                            s.kind,
+                            s.vm,
+                            s.vcpu,
+                            s.guest_rip,
+                            s.guest_cr3,
+                            s.cpl(),
+                            s.exit_reason,
+                            s.host_rip,
+                            s.cost
+                        );
+                    }
+                    Record::Event(e) => {
+                        let _ = writeln!(
+                            out,
+                            "  {:>16} {:?} vm {} vcpu {} {:?}",
+                            e.tsc, e.kind, e.vm, e.vcpu, e.reason
+                        );
+                    }
+                }
+            }
+        }
+    }
+    for dmg in &d.damaged {
+        let _ = writeln!(out, "damaged: {dmg:?}");
+    }
+    if text {
+        out.push_str("--- console text ---\n");
+        out.push_str(&d.text_joined());
+    }
+    out
+}
