@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use qemu_tests::emulator::{Emulator, RunFiles, kvm_vmx_available};
 use qemu_tests::iso::{IsoModule, IsoSpec, build_iso};
 use qemu_tests::process::{Launch, RunEnd, RunOutcome, launch};
@@ -122,22 +122,24 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
 
 /// `cargo xtask demo`: a run with the defaults, then the platform report.
 pub fn demo() -> Result<ExitCode> {
-    // The demo guests: hello, the policy probe, and a busy guest with a known exit mix.
-    let guests = crate::build::hypervisor_path(false)
+    // The demo guests: `mix` (functions with a known 80/20 instruction split), `busy` with a known
+    // exit mix, and `hello`; profiled at the default 1 ms period, the log sent at the end.
+    let hypervisor = crate::build::build_hypervisor(false)?;
+    let analyzer = crate::build::build_analyzer()?;
+    let guests = hypervisor
         .parent()
         .map(std::path::Path::to_path_buf)
         .unwrap_or_default();
     let module = |name: &str, args: &str| format!("{}={args}", guests.join(name).display());
-    // Build first so the guest files exist before the module paths are checked.
-    crate::build::build_hypervisor(false)?;
     let args = RunArgs {
         cpus: 1,
         cpu_model: qemu_tests::emulator::DEFAULT_BOCHS_MODEL.to_owned(),
         iso: IsoArgs {
+            cmdline: "export=end".to_owned(),
             modules: vec![
-                module("hello", "vm=hello code=42"),
-                module("probe", "vm=probe"),
-                module("busy", "vm=busy cpuid=1000 io=300 vmcall=200 measure=100"),
+                module("mix", "vm=mix mix=80,20 rounds=100"),
+                module("busy", "vm=busy cpuid=2000 io=500 vmcall=500"),
+                module("hello", "vm=hello"),
             ],
             ..IsoArgs::default()
         },
@@ -145,22 +147,28 @@ pub fn demo() -> Result<ExitCode> {
     };
     let outcome = boot(&args)?;
     println!();
-    println!("== summary ==");
-    let report: Vec<&str> = outcome
+    println!("== exit statistics ==");
+    for line in outcome
         .serial
         .lines()
-        .filter(|l| {
-            ["cpu: VMX yes", "cpu: EPT", "pmu:", "acpi: MADT", "tsc:"]
-                .iter()
-                .any(|p| l.starts_with(p))
-                || (l.starts_with("vm ") && (l.contains(": stopped:") || l.contains(": exit ")))
-        })
-        .collect();
-    if report.is_empty() {
-        println!("(the hypervisor printed none of the summary lines)");
-    }
-    for line in report {
+        .filter(|l| l.starts_with("vm ") && (l.contains(": stopped:") || l.contains(": exit ")))
+    {
         println!("  {line}");
+    }
+    println!();
+    println!("== profile (hvprof-analyze report) ==");
+    let mut cmd = std::process::Command::new(&analyzer);
+    cmd.arg("report")
+        .arg(target_dir().join("run").join("serial.log"))
+        .arg("--hypervisor")
+        .arg(&hypervisor)
+        .args(["--top", "12"]);
+    for g in ["mix", "busy", "hello"] {
+        cmd.arg("--image").arg(guests.join(g));
+    }
+    let status = cmd.status().context("cannot run hvprof-analyze")?;
+    if !status.success() {
+        bail!("hvprof-analyze failed ({status})");
     }
     Ok(exit_code(&outcome.end))
 }

@@ -49,6 +49,11 @@ enum Cmd {
         #[arg(long)]
         vm: Option<String>,
     },
+    /// Throughput on a synthetic capture of N samples (the figure `cargo xtask bench` records).
+    BenchSynthetic {
+        #[arg(default_value_t = 10_000_000)]
+        samples: u64,
+    },
     /// What the capture holds: frames, records, losses, console text.
     Decode {
         log: PathBuf,
@@ -111,6 +116,10 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Cmd::BenchSynthetic { samples } => {
+            bench_synthetic(samples);
+            Ok(())
+        }
         Cmd::Decode { log, text, records } => {
             let bytes =
                 std::fs::read(&log).with_context(|| format!("cannot read {}", log.display()))?;
@@ -119,4 +128,46 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Generates a realistic synthetic capture (hvprof-samplelog's generator: 4 pCPUs, several VMs,
+/// hot functions, jitter), then times decoding and the report's aggregation.
+fn bench_synthetic(samples: u64) {
+    use hvprof_samplelog::synth::{self, CaptureOptions, SynthConfig};
+    use std::time::Instant;
+    let pcpus = 4u16;
+    let cfg = SynthConfig {
+        pcpus,
+        samples_per_pcpu: samples.div_ceil(u64::from(pcpus)),
+        ..SynthConfig::default()
+    };
+    let cap = synth::capture(
+        &cfg,
+        &CaptureOptions {
+            keep_records: false,
+            ..CaptureOptions::default()
+        },
+    );
+    let n = cap.samples as f64;
+    println!(
+        "capture: {} samples, {} bytes ({:.3} bytes/sample)",
+        cap.samples,
+        cap.bytes.len(),
+        cap.bytes.len() as f64 / n
+    );
+    let t = Instant::now();
+    let decoded = hvprof_samplelog::decode(&cap.bytes);
+    let dec = t.elapsed();
+    let t = Instant::now();
+    let r = report::build(&decoded, &report::Images::default());
+    let agg = t.elapsed();
+    println!(
+        "decode: {:.2?} ({:.1} M samples/s); report aggregation: {:.2?} ({:.1} M samples/s); together {:.1} M samples/s; {} samples reported",
+        dec,
+        n / dec.as_secs_f64() / 1e6,
+        agg,
+        n / agg.as_secs_f64() / 1e6,
+        n / (dec + agg).as_secs_f64() / 1e6,
+        r.total_samples
+    );
 }

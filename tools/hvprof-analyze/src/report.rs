@@ -21,7 +21,7 @@
 //! Rows are sorted by samples (descending), then function name. Percentages are of the table's
 //! total; they are not rounded.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use hvprof_samplelog::{Decoded, Record, Sample, SampleKind};
 use serde::Serialize;
@@ -153,7 +153,7 @@ impl GuestCounts {
             }
         };
         // Name each distinct address once, then merge by function.
-        let mut by_fn: HashMap<(String, String), u64> = HashMap::new();
+        let mut by_fn: HashMap<(String, String), u64> = HashMap::default();
         for (&(rip, _), &n) in &self.by_rip {
             *by_fn
                 .entry((name(symbols, rip), module.to_owned()))
@@ -257,10 +257,10 @@ pub fn build(decoded: &Decoded, images: &Images) -> Report {
 
     let mut total = 0u64;
     let mut events = 0u64;
-    let mut hv_by_rip: HashMap<u64, u64> = HashMap::new();
+    let mut hv_by_rip: HashMap<u64, u64> = HashMap::default();
     let mut idle = 0u64;
-    let mut per_vm: HashMap<u16, GuestCounts> = HashMap::new();
-    let mut per_vcpu: HashMap<(u16, u16), GuestCounts> = HashMap::new();
+    let mut per_vm: HashMap<u16, GuestCounts> = HashMap::default();
+    let mut per_vcpu: HashMap<(u16, u16), GuestCounts> = HashMap::default();
     let (mut cost_sum, mut cost_min, mut cost_max) = (0u64, u64::MAX, 0u64);
     for log in decoded.pcpus.values() {
         for r in &log.records {
@@ -301,7 +301,7 @@ pub fn build(decoded: &Decoded, images: &Images) -> Report {
             100.0 * n as f64 / total as f64
         }
     };
-    let mut host_counts: HashMap<(String, String), u64> = HashMap::new();
+    let mut host_counts: HashMap<(String, String), u64> = HashMap::default();
     let mut vm_samples = 0u64;
     for (&vm, c) in &per_vm {
         let n = c.os + c.user;
@@ -422,12 +422,162 @@ mod tests {
     use super::*;
     use hvprof_samplelog::synth;
 
+    use hvprof_samplelog::{
+        BlockEncoder, BuildId, FixedStr, Header, MAX_HEADER_FRAME_LEN, PcpuTotals, VmInfo,
+        encode_end, encode_header, max_block_frame_len, max_end_frame_len,
+    };
+    use proptest::prelude::*;
+
     #[test]
     fn empty_capture() {
         let r = build(&hvprof_samplelog::decode(&[]), &Images::default());
         assert_eq!(r.total_samples, 0);
         assert!(r.lost.truncated);
         assert!(r.host.rows.is_empty());
-        let _ = synth::SynthConfig::default();
+    }
+
+    fn sample(kind: SampleKind, vm: u16, rip: u64, cpl: u8) -> Record {
+        Record::Sample(Sample {
+            tsc: 0,
+            kind,
+            vm,
+            vcpu: 0,
+            vpid: vm.wrapping_add(1),
+            guest_rip: if kind == SampleKind::Guest { rip } else { 0 },
+            guest_cr3: 0x1000,
+            guest_mode: hvprof_samplelog::guest_mode(cpl, 2),
+            exit_reason: 52,
+            host_rip: if kind == SampleKind::Hypervisor {
+                rip
+            } else {
+                0
+            },
+            cost: 30,
+        })
+    }
+
+    /// A capture with a known mix: VM a: 60 kernel + 20 user samples, VM b: 10 samples, 8
+    /// hypervisor samples on behalf of VM a, 2 idle.
+    fn known_capture() -> Vec<u8> {
+        let mut header = Header {
+            period_ticks: 4000,
+            tsc_hz: 4_000_000,
+            pcpus: 1,
+            ..Header::default()
+        };
+        for (id, name) in [(0u16, "a"), (1, "b")] {
+            header
+                .vms
+                .push(VmInfo {
+                    id,
+                    name: FixedStr::truncated(name),
+                    vcpus: 1,
+                    image: FixedStr::truncated("img.elf"),
+                    image_build_id: BuildId::default(),
+                })
+                .unwrap();
+        }
+        let mut records = Vec::new();
+        records.extend((0..60).map(|i| sample(SampleKind::Guest, 0, 0x1000 + i % 4, 0)));
+        records.extend((0..20).map(|_| sample(SampleKind::Guest, 0, 0x2000, 3)));
+        records.extend((0..10).map(|_| sample(SampleKind::Guest, 1, 0x3000, 0)));
+        records.extend((0..8).map(|_| sample(SampleKind::Hypervisor, 0, 0x100_0000, 0)));
+        records.extend((0..2).map(|_| sample(SampleKind::Idle, hvprof_samplelog::NO_VM, 0, 0)));
+        let mut out = b"boot text\n".to_vec();
+        let mut buf = vec![
+            0u8;
+            MAX_HEADER_FRAME_LEN
+                .max(max_block_frame_len(64))
+                .max(max_end_frame_len(1))
+        ];
+        let n = encode_header(&header, &mut buf).unwrap();
+        out.extend_from_slice(&buf[..n]);
+        let mut enc = BlockEncoder::new(0, 4000);
+        for chunk in records.chunks(64) {
+            let n = enc.encode(chunk, 0, &mut buf).unwrap();
+            out.extend_from_slice(&buf[..n]);
+        }
+        let totals: [PcpuTotals; 1] = [enc.totals(0)];
+        let n = encode_end(&totals, &mut buf).unwrap();
+        out.extend_from_slice(&buf[..n]);
+        out
+    }
+
+    #[test]
+    fn known_counts() {
+        let r = build(
+            &hvprof_samplelog::decode(&known_capture()),
+            &Images::default(),
+        );
+        assert_eq!(r.total_samples, 100);
+        assert!(!r.lost.truncated && r.lost.blocks == 0);
+        let host = |f: &str| {
+            r.host
+                .rows
+                .iter()
+                .find(|x| x.function == f)
+                .map(|x| x.samples)
+        };
+        assert_eq!(host("[a]"), Some(80));
+        assert_eq!(host("[b]"), Some(10));
+        assert_eq!(host("[idle]"), Some(2));
+        assert_eq!(host("[unknown] 0x1000000"), Some(8));
+        assert_eq!(
+            (r.host.vm, r.host.hypervisor, r.host.idle),
+            (90.0, 8.0, 2.0)
+        );
+        let a = &r.vms[0];
+        assert_eq!((a.name.as_str(), a.table.samples), ("a", 88));
+        assert!((a.table.os - 100.0 * 60.0 / 88.0).abs() < 1e-9);
+        assert!((a.table.user - 100.0 * 20.0 / 88.0).abs() < 1e-9);
+        assert!((a.table.steal - 100.0 * 8.0 / 88.0).abs() < 1e-9);
+        let steal = a
+            .table
+            .rows
+            .iter()
+            .find(|x| x.function == "[steal]")
+            .unwrap();
+        assert_eq!(steal.samples, 8);
+        // Without symbols, four distinct kernel addresses stay four rows.
+        assert_eq!(a.table.rows.len(), 4 + 1 + 1);
+        assert_eq!(r.vms[1].table.samples, 10);
+        // JSON round trip keeps the numbers.
+        let v: serde_json::Value =
+            serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(v["vms"][0]["samples"], 88);
+        assert_eq!(v["host"]["rows"][0]["function"], "[a]");
+    }
+
+    #[test]
+    fn synthetic_trace_totals() {
+        let cfg = synth::SynthConfig {
+            pcpus: 2,
+            samples_per_pcpu: 5000,
+            ..synth::SynthConfig::default()
+        };
+        let cap = synth::capture(&cfg, &synth::CaptureOptions::default());
+        let r = build(&hvprof_samplelog::decode(&cap.bytes), &Images::default());
+        assert_eq!(r.total_samples, cap.samples);
+        let sum: u64 = r.host.rows.iter().map(|x| x.samples).sum();
+        assert_eq!(sum, r.total_samples);
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics(bytes in prop::collection::vec(any::<u8>(), 0..2048)) {
+            let _ = build(&hvprof_samplelog::decode(&bytes), &Images::default());
+        }
+
+        #[test]
+        fn damaged_known_capture(flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6)) {
+            let mut bytes = known_capture();
+            for (i, v) in flips {
+                let at = i.index(bytes.len());
+                bytes[at] ^= v | 1;
+            }
+            let r = build(&hvprof_samplelog::decode(&bytes), &Images::default());
+            // Whatever survives is counted, whatever is lost is accounted for.
+            prop_assert!(r.total_samples + r.lost.samples <= 100);
+        }
     }
 }

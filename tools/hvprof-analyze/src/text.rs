@@ -48,7 +48,7 @@ pub fn render(r: &Report, top: usize, only_vm: Option<&str>) -> String {
     if only_vm.is_none() {
         let _ = writeln!(
             out,
-            "Host level ({} pCPUs, {} source, period {} ticks)\nTotal samples: {}   HYPERVISOR:VM:IDLE = {:.2}%:{:.2}%:{:.2}%",
+            "Host level ({} pCPU(s), {} source, period {} ticks)\nTotal samples: {}   HYPERVISOR:VM:IDLE = {:.2}%:{:.2}%:{:.2}%",
             r.pcpus,
             r.source,
             r.period_ticks,
