@@ -23,7 +23,7 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
-use hvprof_samplelog::{Decoded, Record, Sample, SampleKind};
+use hvprof_samplelog::{Decoded, Record, SampleKind};
 use serde::Serialize;
 
 use crate::symbols::{Symbols, hex};
@@ -133,13 +133,12 @@ struct GuestCounts {
 }
 
 impl GuestCounts {
-    fn add_guest(&mut self, s: &Sample) {
-        let user = s.cpl() == 3;
-        *self.by_rip.entry((s.guest_rip, user)).or_default() += 1;
+    fn add_guest(&mut self, rip: u64, user: bool, n: u64) {
+        *self.by_rip.entry((rip, user)).or_default() += n;
         if user {
-            self.user += 1;
+            self.user += n;
         } else {
-            self.os += 1;
+            self.os += n;
         }
     }
 
@@ -198,8 +197,127 @@ fn rows(counts: HashMap<(String, String), u64>, total: u64) -> Vec<Row> {
     rows
 }
 
-/// Builds the report of a decoded capture.
+/// (vm, vcpu, user mode).
+pub type VcpuMode = (u16, u16, bool);
+
+/// Every sample, counted: what the report needs from the records, built while they are decoded
+/// (possibly on several threads, then merged).
+#[derive(Debug, Clone, Default)]
+pub struct Aggregate {
+    pub total: u64,
+    pub events: u64,
+    pub hv_by_rip: HashMap<u64, u64>,
+    pub idle: u64,
+    /// Per (vm, vcpu, user mode): guest RIP → samples. A short list: a capture has few vCPUs,
+    /// and consecutive samples mostly come from the same one (`last` remembers it).
+    pub guest: Vec<(VcpuMode, HashMap<u64, u64>)>,
+    last: usize,
+    /// (vm, vcpu) → hypervisor samples taken on that vCPU's behalf.
+    pub steal: HashMap<(u16, u16), u64>,
+    pub cost_sum: u64,
+    pub cost_min: u64,
+    pub cost_max: u64,
+}
+
+impl Aggregate {
+    pub fn new() -> Self {
+        Self {
+            cost_min: u64::MAX,
+            ..Self::default()
+        }
+    }
+
+    pub fn add(&mut self, records: &[Record]) {
+        for r in records {
+            let s = match r {
+                Record::Sample(s) => s,
+                Record::Event(_) => {
+                    self.events += 1;
+                    continue;
+                }
+            };
+            self.total += 1;
+            let cost = u64::from(s.cost);
+            self.cost_sum += cost;
+            self.cost_min = self.cost_min.min(cost);
+            self.cost_max = self.cost_max.max(cost);
+            match s.kind {
+                SampleKind::Guest => {
+                    let key = (s.vm, s.vcpu, s.cpl() == 3);
+                    if self.guest.get(self.last).is_none_or(|g| g.0 != key) {
+                        self.last = match self.guest.iter().position(|g| g.0 == key) {
+                            Some(i) => i,
+                            None => {
+                                self.guest.push((key, HashMap::default()));
+                                self.guest.len() - 1
+                            }
+                        };
+                    }
+                    *self.guest[self.last].1.entry(s.guest_rip).or_default() += 1;
+                }
+                SampleKind::Hypervisor => {
+                    *self.hv_by_rip.entry(s.host_rip).or_default() += 1;
+                    // Time the hypervisor spent on a VM's behalf is that VM's steal.
+                    if s.vm != hvprof_samplelog::NO_VM {
+                        *self.steal.entry((s.vm, s.vcpu)).or_default() += 1;
+                    }
+                }
+                SampleKind::Idle => self.idle += 1,
+            }
+        }
+    }
+
+    pub fn merge(&mut self, other: Aggregate) {
+        self.total += other.total;
+        self.events += other.events;
+        self.idle += other.idle;
+        self.cost_sum += other.cost_sum;
+        self.cost_min = self.cost_min.min(other.cost_min);
+        self.cost_max = self.cost_max.max(other.cost_max);
+        for (k, v) in other.hv_by_rip {
+            *self.hv_by_rip.entry(k).or_default() += v;
+        }
+        for (key, rips) in other.guest {
+            let i = match self.guest.iter().position(|g| g.0 == key) {
+                Some(i) => i,
+                None => {
+                    self.guest.push((key, HashMap::default()));
+                    self.guest.len() - 1
+                }
+            };
+            for (rip, n) in rips {
+                *self.guest[i].1.entry(rip).or_default() += n;
+            }
+        }
+        for (k, v) in other.steal {
+            *self.steal.entry(k).or_default() += v;
+        }
+    }
+}
+
+/// Decodes a capture on `threads` threads and counts its samples as they come.
+pub fn analyze(bytes: &[u8], threads: usize) -> (Decoded, Aggregate) {
+    let (decoded, parts) =
+        hvprof_samplelog::decode_parallel(bytes, threads, Aggregate::new, |a, _, r| a.add(r));
+    let mut agg = Aggregate::new();
+    for p in parts {
+        agg.merge(p);
+    }
+    (decoded, agg)
+}
+
+/// Builds the report of a decoded capture (its records counted here).
+#[cfg(test)]
 pub fn build(decoded: &Decoded, images: &Images) -> Report {
+    let mut agg = Aggregate::new();
+    for log in decoded.pcpus.values() {
+        agg.add(&log.records);
+    }
+    build_from(decoded, agg, images)
+}
+
+/// Builds the report from a capture's description and its counted samples.
+pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report {
     let mut warnings = Vec::new();
     let header = decoded.header.clone().unwrap_or_default();
     if decoded.header.is_none() {
@@ -255,42 +373,32 @@ pub fn build(decoded: &Decoded, images: &Images) -> Report {
         );
     }
 
-    let mut total = 0u64;
-    let mut events = 0u64;
-    let mut hv_by_rip: HashMap<u64, u64> = HashMap::default();
-    let mut idle = 0u64;
+    let Aggregate {
+        total,
+        events,
+        hv_by_rip,
+        idle,
+        guest,
+        steal,
+        cost_sum,
+        cost_min,
+        cost_max,
+        ..
+    } = agg;
     let mut per_vm: HashMap<u16, GuestCounts> = HashMap::default();
     let mut per_vcpu: HashMap<(u16, u16), GuestCounts> = HashMap::default();
-    let (mut cost_sum, mut cost_min, mut cost_max) = (0u64, u64::MAX, 0u64);
-    for log in decoded.pcpus.values() {
-        for r in &log.records {
-            let s = match r {
-                Record::Sample(s) => s,
-                Record::Event(_) => {
-                    events += 1;
-                    continue;
-                }
-            };
-            total += 1;
-            cost_sum += u64::from(s.cost);
-            cost_min = cost_min.min(u64::from(s.cost));
-            cost_max = cost_max.max(u64::from(s.cost));
-            match s.kind {
-                SampleKind::Guest => {
-                    per_vm.entry(s.vm).or_default().add_guest(s);
-                    per_vcpu.entry((s.vm, s.vcpu)).or_default().add_guest(s);
-                }
-                SampleKind::Hypervisor => {
-                    *hv_by_rip.entry(s.host_rip).or_default() += 1;
-                    // Time the hypervisor spent on a VM's behalf is that VM's steal.
-                    if s.vm != hvprof_samplelog::NO_VM {
-                        per_vm.entry(s.vm).or_default().steal += 1;
-                        per_vcpu.entry((s.vm, s.vcpu)).or_default().steal += 1;
-                    }
-                }
-                SampleKind::Idle => idle += 1,
-            }
+    for &((vm, vcpu, user), ref rips) in &guest {
+        for (&rip, &n) in rips {
+            per_vm.entry(vm).or_default().add_guest(rip, user, n);
+            per_vcpu
+                .entry((vm, vcpu))
+                .or_default()
+                .add_guest(rip, user, n);
         }
+    }
+    for (&(vm, vcpu), &n) in &steal {
+        per_vm.entry(vm).or_default().steal += n;
+        per_vcpu.entry((vm, vcpu)).or_default().steal += n;
     }
 
     // Host level.
@@ -423,7 +531,7 @@ mod tests {
     use hvprof_samplelog::synth;
 
     use hvprof_samplelog::{
-        BlockEncoder, BuildId, FixedStr, Header, MAX_HEADER_FRAME_LEN, PcpuTotals, VmInfo,
+        BlockEncoder, BuildId, FixedStr, Header, MAX_HEADER_FRAME_LEN, PcpuTotals, Sample, VmInfo,
         encode_end, encode_header, max_block_frame_len, max_end_frame_len,
     };
     use proptest::prelude::*;
@@ -546,6 +654,25 @@ mod tests {
             serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(v["vms"][0]["samples"], 88);
         assert_eq!(v["host"]["rows"][0]["function"], "[a]");
+    }
+
+    #[test]
+    fn parallel_analysis_equals_sequential() {
+        let cfg = synth::SynthConfig {
+            pcpus: 3,
+            samples_per_pcpu: 4000,
+            ..synth::SynthConfig::default()
+        };
+        let cap = synth::capture(&cfg, &synth::CaptureOptions::default());
+        let seq = build(&hvprof_samplelog::decode(&cap.bytes), &Images::default());
+        for threads in [1, 2, 4] {
+            let (d, agg) = analyze(&cap.bytes, threads);
+            assert_eq!(
+                build_from(&d, agg, &Images::default()),
+                seq,
+                "{threads} threads"
+            );
+        }
     }
 
     #[test]

@@ -150,7 +150,17 @@ impl StreamDecoder {
         }
     }
 
-    /// Bytes fed so far.
+    /// A decoder for a part of a stream that starts at byte `offset` of the whole (item offsets
+    /// are then stream offsets). The part should start at a `0x00` delimiter or at the stream's
+    /// start.
+    #[must_use]
+    pub fn starting_at(offset: u64) -> Self {
+        let mut d = Self::new();
+        d.pos = offset;
+        d
+    }
+
+    /// Bytes fed so far (plus the starting offset).
     #[must_use]
     pub fn position(&self) -> u64 {
         self.pos
@@ -617,10 +627,20 @@ struct PcpuAcc {
 }
 
 /// Builds a [`Decoded`] from [`Item`]s (what [`decode`] does with a [`StreamDecoder`]).
-#[derive(Default)]
 pub struct Collector {
     d: Decoded,
     acc: BTreeMap<u16, PcpuAcc>,
+    keep_records: bool,
+}
+
+impl Default for Collector {
+    fn default() -> Self {
+        Self {
+            d: Decoded::default(),
+            acc: BTreeMap::new(),
+            keep_records: true,
+        }
+    }
 }
 
 impl Collector {
@@ -628,6 +648,40 @@ impl Collector {
     #[must_use]
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A collector that keeps only what describes the capture (header, block numbering, losses,
+    /// damage, text) and drops the records: for callers that consume records as they are decoded.
+    /// Its `PcpuLog::records` stay empty and its gaps carry no TSC bounds.
+    #[must_use]
+    pub fn metadata_only() -> Self {
+        Self {
+            keep_records: false,
+            ..Self::default()
+        }
+    }
+
+    /// Takes a block's numbering and its record counts without the records (see
+    /// [`Collector::metadata_only`]).
+    pub fn push_block_meta(&mut self, header: BlockHeader, samples: u64, events: u64) {
+        self.d.frames += 1;
+        let acc = self.acc.entry(header.pcpu).or_insert_with(|| PcpuAcc {
+            sorted: true,
+            ..PcpuAcc::default()
+        });
+        if !acc.seqs.insert(header.seq) {
+            acc.duplicates += 1;
+            return;
+        }
+        if acc.blocks.last().is_some_and(|b| b.h.seq > header.seq) {
+            acc.sorted = false;
+        }
+        acc.blocks.push(BlockMeta {
+            h: header,
+            start: acc.records.len(),
+            len: (samples + events) as usize,
+            samples,
+        });
     }
 
     /// Takes one item.
@@ -667,7 +721,9 @@ impl Collector {
                     len: records.len(),
                     samples,
                 });
-                acc.records.extend_from_slice(records);
+                if self.keep_records {
+                    acc.records.extend_from_slice(records);
+                }
             }
             Item::End { totals, .. } => {
                 self.d.frames += 1;
@@ -708,7 +764,12 @@ impl Collector {
 }
 
 fn finish_pcpu(pcpu: u16, mut acc: PcpuAcc, totals: Option<PcpuTotals>) -> PcpuLog {
-    if !acc.sorted {
+    if acc.records.is_empty() {
+        // Metadata only: order the blocks; there are no records to move.
+        if !acc.sorted {
+            acc.blocks.sort_by_key(|b| b.h.seq);
+        }
+    } else if !acc.sorted {
         acc.blocks.sort_by_key(|b| b.h.seq);
         let mut records = Vec::with_capacity(acc.records.len());
         for b in &mut acc.blocks {
@@ -780,6 +841,111 @@ fn finish_pcpu(pcpu: u16, mut acc: PcpuAcc, totals: Option<PcpuTotals>) -> PcpuL
     }
     log.records = acc.records;
     log
+}
+
+/// What a part of the capture held, besides its records (see [`decode_parallel`]).
+enum Meta {
+    Header(Box<Header>, u64),
+    Block(BlockHeader, u64, u64),
+    End(Vec<PcpuTotals>, u64),
+    Unknown(u64, u8),
+    Text(u64, String),
+    Damage(Damage),
+}
+
+/// Decodes a capture on `parts` threads, handing every block's records to `visit` on the thread
+/// that decoded it, with that thread's accumulator (from `init`). Returns the capture's
+/// description ([`Decoded`] without records: header, losses, damage, text) and the
+/// accumulators, in capture order. The capture is split at `0x00` delimiters, so no frame is cut.
+/// Never panics.
+pub fn decode_parallel<A: Send>(
+    bytes: &[u8],
+    parts: usize,
+    init: impl Fn() -> A + Sync,
+    visit: impl Fn(&mut A, u16, &[Record]) + Sync,
+) -> (Decoded, Vec<A>) {
+    let parts = parts.clamp(1, 64);
+    // Part boundaries: the first 0x00 at or after each nominal split point.
+    let mut bounds = vec![0usize];
+    for i in 1..parts {
+        let nominal = bytes.len() * i / parts;
+        let at = bytes[nominal.max(*bounds.last().unwrap_or(&0))..]
+            .iter()
+            .position(|&b| b == 0)
+            .map(|z| nominal.max(*bounds.last().unwrap_or(&0)) + z);
+        if let Some(at) = at {
+            bounds.push(at);
+        }
+    }
+    bounds.push(bytes.len());
+    bounds.dedup();
+    let results: Vec<(A, Vec<Meta>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = bounds
+            .windows(2)
+            .map(|w| {
+                let (start, end) = (w[0], w[1]);
+                let (init, visit) = (&init, &visit);
+                scope.spawn(move || {
+                    let mut acc = init();
+                    let mut meta = Vec::new();
+                    let mut dec = StreamDecoder::starting_at(start as u64);
+                    let mut sink = |item: Item<'_>| match item {
+                        Item::Header { offset, header } => {
+                            meta.push(Meta::Header(Box::new(header.clone()), offset));
+                        }
+                        Item::Block {
+                            header, records, ..
+                        } => {
+                            visit(&mut acc, header.pcpu, records);
+                            let samples = records
+                                .iter()
+                                .filter(|r| matches!(r, Record::Sample(_)))
+                                .count() as u64;
+                            meta.push(Meta::Block(header, samples, records.len() as u64 - samples));
+                        }
+                        Item::End { offset, totals } => {
+                            meta.push(Meta::End(totals.to_vec(), offset))
+                        }
+                        Item::Unknown { offset, frame_type } => {
+                            meta.push(Meta::Unknown(offset, frame_type));
+                        }
+                        Item::Text { offset, text } => {
+                            meta.push(Meta::Text(offset, text.to_owned()))
+                        }
+                        Item::Damage(d) => meta.push(Meta::Damage(d)),
+                    };
+                    dec.feed(&bytes[start..end], &mut sink);
+                    // A part other than the last ends just before a 0x00, so what it holds after
+                    // its last delimiter is a whole span.
+                    dec.finish(&mut sink);
+                    (acc, meta)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    let mut col = Collector::metadata_only();
+    let mut accs = Vec::with_capacity(results.len());
+    for (acc, meta) in results {
+        for m in meta {
+            match m {
+                Meta::Header(h, offset) => col.push(Item::Header { offset, header: &h }),
+                Meta::Block(h, samples, events) => col.push_block_meta(h, samples, events),
+                Meta::End(t, offset) => col.push(Item::End { offset, totals: &t }),
+                Meta::Unknown(offset, frame_type) => col.push(Item::Unknown { offset, frame_type }),
+                Meta::Text(offset, text) => col.push(Item::Text {
+                    offset,
+                    text: &text,
+                }),
+                Meta::Damage(d) => col.push(Item::Damage(d)),
+            }
+        }
+        accs.push(acc);
+    }
+    (col.finish(bytes.len() as u64), accs)
 }
 
 /// Decodes a whole capture. Never panics.

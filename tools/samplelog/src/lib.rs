@@ -238,4 +238,5 @@ pub use types::{
 #[cfg(feature = "std")]
 pub use decode::{
     Collector, Damage, DamageKind, Decoded, Gap, Item, PcpuLog, StreamDecoder, TextSpan, decode,
+    decode_parallel,
 };
