@@ -267,6 +267,16 @@ fn build(
     )
     .map_err(|e| format!("EPT: {e}"))?;
     let eptp = ept.eptp(false);
+    // No translation derived from this EPTP may survive from an earlier use of the same tables'
+    // addresses (SDM Vol. 3C §29.4.3.1): invalidate before the first VM entry.
+    let kind = if caps.ept_cap(ept_cap::INVEPT_SINGLE) {
+        instructions::InvEptType::SingleContext
+    } else {
+        instructions::InvEptType::AllContext
+    };
+    // SAFETY: VMX root operation; `missing_requirement` checked that INVEPT exists with one of
+    // these types; invalidating TLB entries cannot break memory safety.
+    unsafe { instructions::invept(kind, eptp) }.map_err(|e| format!("INVEPT: {e}"))?;
     let vpid = (index + 1) as u16;
     let (vcpu, _vmcs) = Vcpu::new(caps, bitmaps, eptp, vpid, &boot).map_err(|e| format!("{e}"))?;
     Ok(Vm {

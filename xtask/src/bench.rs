@@ -142,8 +142,9 @@ pub fn bench() -> Result<ExitCode> {
     let text = String::from_utf8_lossy(&out.stdout);
     let section = format!(
         "Measured by `cargo xtask bench`, which runs `hvprof-analyze bench-synthetic 10000000` \
-         (release build; the same synthetic trace; decoding with `hvprof_samplelog::decode`, then \
-         the report's aggregation, single-threaded):\n\n```\n{}\n```\n\nGoal: ≥ 20 M samples/s \
+         (release build; the same synthetic trace; the report as `hvprof-analyze report` makes it: \
+         the capture decoded in parts by `hvprof_samplelog::decode_parallel` while each thread \
+         counts its samples, then the tables; on one thread, then on the machine's cores):\n\n```\n{}\n```\n\nGoal: ≥ 20 M samples/s \
          on 2 cores; `perf report` does about 1.35 M samples/s here.\n",
         text.trim()
     );
