@@ -11,6 +11,7 @@
 //! | `selftest` | `none`, `ud`, `pagefault`, `gp`, `panic`         | `none`   |
 //! | `serial`   | `0x`-prefixed hexadecimal I/O port, `0x1..=0xfff8` | `0x3f8` |
 //! | `buffer`   | records kept in memory for `export=end`: `auto` or a decimal number | `auto` |
+//! | `slice`    | the scheduler's time slice, as `period` | `10ms` |
 //!
 //! [`Options`] prints in the same syntax, and `parse(&options.to_string())` gives the options
 //! back.
@@ -117,7 +118,12 @@ pub struct Options {
     pub serial: u16,
     /// Records the `end` export keeps in memory; 0 = automatic (a quarter of free memory).
     pub buffer: u32,
+    /// The scheduler's time slice.
+    pub slice: Period,
 }
+
+/// The default time slice: 10 ms.
+pub const DEFAULT_SLICE: Period = Period::Nanos(10_000_000);
 
 /// The default serial port (COM1).
 pub const DEFAULT_SERIAL: u16 = 0x3f8;
@@ -133,6 +139,7 @@ impl Default for Options {
             selftest: SelfTest::default(),
             serial: DEFAULT_SERIAL,
             buffer: 0,
+            slice: DEFAULT_SLICE,
         }
     }
 }
@@ -145,9 +152,10 @@ impl fmt::Display for Options {
             self.period, self.export, self.selftest, self.serial
         )?;
         match self.buffer {
-            0 => f.write_str("auto"),
-            n => write!(f, "{n}"),
+            0 => f.write_str("auto")?,
+            n => write!(f, "{n}")?,
         }
+        write!(f, " slice={}", self.slice)
     }
 }
 
@@ -213,7 +221,7 @@ pub enum CmdlineError<'a> {
 }
 
 /// The known keys, in the order of the messages.
-pub const KNOWN_KEYS: [&str; 5] = ["period", "export", "selftest", "serial", "buffer"];
+pub const KNOWN_KEYS: [&str; 6] = ["period", "export", "selftest", "serial", "buffer", "slice"];
 
 impl fmt::Display for CmdlineError<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -225,7 +233,7 @@ impl fmt::Display for CmdlineError<'_> {
             ),
             Self::UnknownKey { key } => write!(
                 f,
-                "unknown boot option '{}' (known: period, export, selftest, serial, buffer)",
+                "unknown boot option '{}' (known: period, export, selftest, serial, buffer, slice)",
                 key.escape_debug()
             ),
             Self::EmptyValue { key } => write!(f, "boot option {key}= has an empty value"),
@@ -290,6 +298,7 @@ pub fn parse(s: &str) -> Result<Options, CmdlineError<'_>> {
                 }
             }
             "serial" => options.serial = parse_serial(value).map_err(bad)?,
+            "slice" => options.slice = parse_period(value).map_err(bad)?,
             _ => {
                 options.buffer = match value {
                     "auto" => 0,
@@ -379,7 +388,7 @@ mod tests {
         assert_eq!(o.serial, 0x3f8);
         assert_eq!(
             o.to_string(),
-            "period=1ms export=stream selftest=none serial=0x3f8 buffer=auto"
+            "period=1ms export=stream selftest=none serial=0x3f8 buffer=auto slice=10ms"
         );
     }
 
@@ -394,6 +403,7 @@ mod tests {
                 selftest: SelfTest::PageFault,
                 serial: 0x2f8,
                 buffer: 0,
+                slice: DEFAULT_SLICE,
             }
         );
         assert_eq!(parse("buffer=100").unwrap().buffer, 100);
@@ -407,7 +417,7 @@ mod tests {
         );
         assert_eq!(
             o.to_string(),
-            "period=250us export=end selftest=pagefault serial=0x2f8 buffer=auto"
+            "period=250us export=end selftest=pagefault serial=0x2f8 buffer=auto slice=10ms"
         );
         assert_eq!(
             parse("period=100000ticks").unwrap().period,
@@ -441,7 +451,7 @@ mod tests {
         assert_eq!(err("bogus=1"), CmdlineError::UnknownKey { key: "bogus" });
         assert_eq!(
             err("bogus=1").to_string(),
-            "unknown boot option 'bogus' (known: period, export, selftest, serial, buffer)"
+            "unknown boot option 'bogus' (known: period, export, selftest, serial, buffer, slice)"
         );
         assert_eq!(err("=1"), CmdlineError::UnknownKey { key: "" });
         assert_eq!(
@@ -463,7 +473,7 @@ mod tests {
         );
         assert_eq!(
             err("bad\u{1b}=1").to_string(),
-            "unknown boot option 'bad\\u{1b}' (known: period, export, selftest, serial, buffer)"
+            "unknown boot option 'bad\\u{1b}' (known: period, export, selftest, serial, buffer, slice)"
         );
     }
 
@@ -554,14 +564,18 @@ mod tests {
             ],
             1..=MAX_SERIAL,
             prop_oneof![Just(0u32), 1..=u32::MAX],
+            period(),
         )
-            .prop_map(|(period, export, selftest, serial, buffer)| Options {
-                period,
-                export,
-                selftest,
-                serial,
-                buffer,
-            })
+            .prop_map(
+                |(period, export, selftest, serial, buffer, slice)| Options {
+                    period,
+                    export,
+                    selftest,
+                    serial,
+                    buffer,
+                    slice,
+                },
+            )
     }
 
     proptest! {
@@ -589,7 +603,7 @@ mod tests {
         }
 
         #[test]
-        fn subset_and_order_do_not_matter(o in options(), mask in 0u8..32, rotate in 0usize..5) {
+        fn subset_and_order_do_not_matter(o in options(), mask in 0u8..64, rotate in 0usize..6) {
             let text = o.to_string();
             let mut tokens: Vec<&str> = text.split(' ').collect();
             tokens.rotate_left(rotate);
@@ -608,6 +622,7 @@ mod tests {
             prop_assert_eq!(parsed.selftest, if mask & 4 != 0 { o.selftest } else { d.selftest });
             prop_assert_eq!(parsed.serial, if mask & 8 != 0 { o.serial } else { d.serial });
             prop_assert_eq!(parsed.buffer, if mask & 16 != 0 { o.buffer } else { d.buffer });
+            prop_assert_eq!(parsed.slice, if mask & 32 != 0 { o.slice } else { d.slice });
         }
     }
 }

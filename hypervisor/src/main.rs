@@ -18,6 +18,7 @@ mod memory;
 mod platform;
 mod power;
 mod profiler;
+mod scheduler;
 mod smp;
 mod tsc;
 mod vcpu;
@@ -173,9 +174,8 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     drop(entries);
 
     println!("hvprof: ready ({cpus} CPUs, {} VMs)", vms.len());
-    for vm in vms.iter_mut() {
-        vm::run(vm, &cpu.vmx);
-    }
+    let slice = options.slice.to_tsc_ticks(tsc.hz).max(1);
+    scheduler::run_all(&mut vms, &cpu.vmx, slice);
     profiler::stop();
     profiler::export::finish(profiler::this_cpu());
     println!("hvprof: all VMs stopped");

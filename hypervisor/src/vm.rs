@@ -50,6 +50,8 @@ pub enum Stop {
     Budget,
     /// The vCPU halted with nothing that could ever wake it.
     HaltedForever,
+    /// Not a stop: the guest executed HLT and blocks (the scheduler runs something else).
+    Halt,
 }
 
 /// What an attack guest aims at, and the checksum of that host page before it ran.
@@ -76,6 +78,10 @@ pub struct Vm {
     pub logged_ports: Vec<u16>,
     /// TSC ticks the guest ran, from the first VM entry to the stop.
     pub run_ticks: u64,
+    /// The vCPU's last VM-exit basic reason (`profiler::NO_EXIT` before the first).
+    pub last_exit: u16,
+    /// The TSC at which the guest's virtual timer (SET_TIMER hypercall) wakes it from HLT.
+    pub wake_at: Option<u64>,
     /// The module's image name and its GNU build id (for the sample log's VM table).
     pub image: String,
     pub build_id: Vec<u8>,
@@ -293,6 +299,8 @@ fn build(
         logged_msrs: Vec::new(),
         logged_ports: Vec::new(),
         run_ticks: 0,
+        last_exit: profiler::NO_EXIT,
+        wake_at: None,
         image: String::from(image_name),
         build_id: guest_image::build_id(image)
             .map(<[u8]>::to_vec)
@@ -307,15 +315,25 @@ fn phys_addr_bits() -> u8 {
         .map_or(36, |c| c.physical_address_bits())
 }
 
-/// Runs a VM's vCPU until the VM stops, then reports. The VMX-preemption timer stops the guest
-/// at the profiler's next sampling deadline and at the end of the VM's budget; while the
-/// hypervisor handles an exit, interrupts are on and the LAPIC timer takes the samples.
-pub fn run(vm: &mut Vm, caps: &VmxCaps) {
-    // SAFETY: in VMX root operation; the VMCS was prepared by `Vcpu::new` and is not current on
-    // any other CPU.
+/// How a slice of a vCPU's time ended.
+pub enum SliceEnd {
+    /// The slice ran out: the vCPU is still runnable.
+    Preempted,
+    /// The guest executed HLT: the vCPU blocks until its virtual timer (if any) fires.
+    Halted,
+    /// The VM stopped.
+    Stopped(Stop),
+}
+
+/// Runs a VM's vCPU on this pCPU until `slice_end` (TSC), a HLT, or the VM's stop. The
+/// VMX-preemption timer stops the guest at the profiler's next sampling deadline, at the end of
+/// the slice and at the end of the VM's budget; while the hypervisor handles an exit, interrupts
+/// are on and the LAPIC timer takes the samples.
+pub fn run_slice(vm: &mut Vm, caps: &VmxCaps, slice_end: u64) -> SliceEnd {
+    // SAFETY: in VMX root operation; the VMCS was prepared by `Vcpu::new` and is current on no
+    // other CPU (VMs run on the boot CPU only).
     if let Err(e) = unsafe { instructions::vmptrld(vm.vcpu.vmcs) } {
-        println!("vm {}: error: VMPTRLD failed: {e}", vm.name);
-        return;
+        return SliceEnd::Stopped(Stop::Fault(format!("VMPTRLD failed: {e}")));
     }
     // SAFETY: VMX root operation with this VM's VMCS current, on this CPU only.
     let mut vmcs = unsafe { CurrentVmcs::new() };
@@ -323,27 +341,36 @@ pub fn run(vm: &mut Vm, caps: &VmxCaps) {
     vm.vcpu.load_state();
     let shift = caps.preemption_timer_shift();
     let start = rdtsc();
-    let deadline = start.saturating_add(vm.budget);
+    // The budget counts the VM's own running time.
+    let deadline = start.saturating_add(vm.budget.saturating_sub(vm.run_ticks));
     let mut exit_at: Option<(u16, u64)> = None;
-    println!("vm {}: running", vm.name);
-    prof.set_current(vm.index, 0, vm.vcpu.vpid, profiler::NO_EXIT);
+    prof.set_current(vm.index, 0, vm.vcpu.vpid, vm.last_exit);
     prof.event(profiler::Kind::VcpuIn, 0);
-    let stop = loop {
+    let end = loop {
         // Interrupts stay off from here to the VM exit: a tick that falls in this window is
         // taken as a hypervisor sample right here.
         x86_64::instructions::interrupts::disable();
         prof.disarm_host_clock();
-        prof.sample_host_if_due(run as *const () as u64, false);
+        prof.sample_host_if_due(run_slice as *const () as u64, false);
         let now = rdtsc();
         if now >= deadline {
-            break Stop::Budget;
+            break SliceEnd::Stopped(Stop::Budget);
         }
-        // The VMX-preemption timer stops the guest at the next sampling deadline or at the end
-        // of the budget, whichever comes first (SDM Vol. 3C §26.5.1).
-        let until = prof.next_tick().min(deadline).saturating_sub(now);
+        if now >= slice_end {
+            break SliceEnd::Preempted;
+        }
+        // The VMX-preemption timer stops the guest at the next sampling deadline, the end of the
+        // slice or the end of the budget, whichever comes first (SDM Vol. 3C §26.5.1).
+        let until = prof
+            .next_tick()
+            .min(deadline)
+            .min(slice_end)
+            .saturating_sub(now);
         let timer = (until >> shift).min(u32::MAX as u64) as u32;
         if let Err(e) = vmcs.write32(Guest32::PreemptionTimerValue, timer) {
-            break Stop::Fault(format!("VMWRITE of the preemption timer failed: {e}"));
+            break SliceEnd::Stopped(Stop::Fault(format!(
+                "VMWRITE of the preemption timer failed: {e}"
+            )));
         }
         if let Some((reason, t)) = exit_at.take() {
             vm.stats.record(reason, rdtsc() - t);
@@ -363,46 +390,67 @@ pub fn run(vm: &mut Vm, caps: &VmxCaps) {
             } else {
                 "VMLAUNCH"
             };
-            break Stop::Fault(match why {
+            break SliceEnd::Stopped(Stop::Fault(match why {
                 Err(e) => format!("{what} failed: {e}"),
                 Ok(()) => format!("{what} returned with RFLAGS {flags:#x}"),
-            });
+            }));
         }
         let reason = match vmcs.exit_reason() {
             Ok(r) => r,
-            Err(e) => break Stop::Fault(format!("VMREAD of the exit reason failed: {e}")),
+            Err(e) => {
+                break SliceEnd::Stopped(Stop::Fault(format!(
+                    "VMREAD of the exit reason failed: {e}"
+                )));
+            }
         };
         if reason.entry_failure() {
             let qual = vmcs.exit_qualification().unwrap_or(0);
             let detail = hvprof_vmx::errors::EntryFailure::decode(reason, qual)
                 .map(|f| format!("{f}"))
                 .unwrap_or_default();
-            break Stop::Fault(format!("VM entry failed: {reason} {detail}"));
+            break SliceEnd::Stopped(Stop::Fault(format!("VM entry failed: {reason} {detail}")));
         }
         vm.vcpu.launched = true;
         // The guest sample (if the deadline has come: the preemption timer's exit, or any exit
         // that found it passed) carries the previous exit reason; then this exit becomes the
         // last one.
         prof.sample_guest_if_due(&vmcs, t_exit);
-        prof.set_current(vm.index, 0, vm.vcpu.vpid, reason.basic());
+        vm.last_exit = reason.basic();
+        prof.set_current(vm.index, 0, vm.vcpu.vpid, vm.last_exit);
         exit_at = Some((reason.basic(), t_exit));
         prof.arm_host_clock();
         x86_64::instructions::interrupts::enable();
-        if let Some(stop) = vmexit::handle(vm, &mut vmcs, reason) {
-            x86_64::instructions::interrupts::disable();
-            if let Some((reason, t)) = exit_at.take() {
-                vm.stats.record(reason, rdtsc() - t);
-            }
-            break stop;
+        let flow = vmexit::handle(vm, &mut vmcs, reason);
+        x86_64::instructions::interrupts::disable();
+        match flow {
+            None => {}
+            Some(Stop::Halt) => break SliceEnd::Halted,
+            Some(stop) => break SliceEnd::Stopped(stop),
         }
+        x86_64::instructions::interrupts::enable();
         profiler::export::drain_if_full(prof);
     };
     x86_64::instructions::interrupts::disable();
+    if let Some((reason, t)) = exit_at.take() {
+        vm.stats.record(reason, rdtsc() - t);
+    }
     prof.disarm_host_clock();
-    prof.event(profiler::Kind::VcpuOut, profiler::OUT_STOPPED);
+    prof.event(
+        profiler::Kind::VcpuOut,
+        match end {
+            SliceEnd::Preempted => profiler::OUT_PREEMPTED,
+            SliceEnd::Halted => profiler::OUT_HALTED,
+            SliceEnd::Stopped(_) => profiler::OUT_STOPPED,
+        },
+    );
     prof.set_current(profiler::NO_VM, 0xffff, 0, profiler::NO_EXIT);
-    vm.run_ticks = rdtsc() - start;
+    vm.run_ticks += rdtsc() - start;
     vm.vcpu.save_state();
+    end
+}
+
+/// After a VM's stop: the rest of its console line, then the report.
+pub fn finish(vm: &mut Vm, stop: &Stop) {
     if let Some(rest) = vm.uart.flush() {
         println!(
             "[{}] {}",
@@ -410,7 +458,7 @@ pub fn run(vm: &mut Vm, caps: &VmxCaps) {
             core::str::from_utf8(rest).unwrap_or("<not UTF-8>")
         );
     }
-    report(vm, &stop);
+    report(vm, stop);
 }
 
 fn report(vm: &Vm, stop: &Stop) {
@@ -436,8 +484,9 @@ fn report(vm: &Vm, stop: &Stop) {
             vm.budget
         ),
         Stop::HaltedForever => println!(
-            "vm {name}: stopped: HLT with no event that could wake the vCPU (no virtual interrupt source yet)"
+            "vm {name}: stopped: HLT with no event that could wake the vCPU (no virtual timer armed)"
         ),
+        Stop::Halt => {}
     }
     if let Some(t) = &vm.target {
         match t.checksum {

@@ -15,7 +15,7 @@ pub const ROUNDS: u64 = 1000;
 /// VMX-preemption timer to fire at a 100,000-tick period.
 pub fn exit_paths() -> Scenario {
     Scenario::new("bench-exit-paths", Emulator::bochs(HASWELL))
-        .cmdline("period=100000ticks")
+        .cmdline("period=100000ticks slice=1000ms")
         .module(
             "busy.elf",
             ModuleSource::Guest("busy"),

@@ -162,11 +162,16 @@ fn check_damage(run: &ProfileRun) -> Result<(), String> {
             "{total} samples kept + {lost_samples} reported lost != {clean_total} in the clean capture"
         ));
     }
-    // Blocks hold 64 records; the damaged ones are full blocks of samples.
-    if lost_samples != 4.0 * 64.0 {
+    // Blocks hold 64 records (samples and scheduling events); the damaged ones are full.
+    let lost_events = num(&report, "/lost/events")?;
+    if lost_samples + lost_events != 4.0 * 64.0 {
         errors.push(format!(
-            "{lost_samples} samples reported lost, 4 full blocks hold 256"
+            "{lost_samples} samples and {lost_events} events reported lost, 4 full blocks hold 256 records"
         ));
+    }
+    let clean_events = num(&clean, "/events")?;
+    if num(&report, "/events")? + lost_events != clean_events {
+        errors.push("events kept + events lost != events in the clean capture".to_owned());
     }
     if errors.is_empty() {
         Ok(())

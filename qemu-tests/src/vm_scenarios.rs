@@ -207,7 +207,7 @@ pub fn all() -> Vec<Scenario> {
         // A guest that never stops is stopped by the VMX-preemption timer at its budget, and
         // the timer also fired at every sampling period on the way.
         Scenario::new("bochs-vm-budget", Emulator::bochs(HASWELL))
-            .cmdline("period=100000ticks")
+            .cmdline("period=100000ticks slice=1000ms")
             .module("busy.elf", ModuleSource::Guest("busy"), "vm=spin spin=100000000 budget=3000000")
             .module("after.elf", HELLO, "vm=after")
             .check(|log| {

@@ -85,6 +85,8 @@ pub struct CpuProfiler {
     cost_min: AtomicU64,
     cost_max: AtomicU64,
     lapic: spin::Once<Lapic>,
+    /// This pCPU runs its idle loop.
+    idle: AtomicBool,
 }
 
 impl CpuProfiler {
@@ -100,6 +102,7 @@ impl CpuProfiler {
             cost_min: AtomicU64::new(u64::MAX),
             cost_max: AtomicU64::new(0),
             lapic: spin::Once::new(),
+            idle: AtomicBool::new(false),
         }
     }
 }
@@ -365,11 +368,18 @@ impl CpuProfiler {
     }
 }
 
-/// The LAPIC timer interrupt (vector `TIMER_VECTOR`): a hypervisor sample at the interrupted RIP,
-/// then the next deadline.
+impl CpuProfiler {
+    /// Marks this pCPU as idle (its samples are `[idle]`) or busy.
+    pub fn set_idle(&self, idle: bool) {
+        self.idle.store(idle, Ordering::Relaxed);
+    }
+}
+
+/// The LAPIC timer interrupt (vector `TIMER_VECTOR`): a hypervisor (or idle) sample at the
+/// interrupted RIP, then the next deadline.
 pub fn on_timer(rip: u64) {
     let p = this_cpu();
-    p.sample_host_if_due(rip, false);
+    p.sample_host_if_due(rip, p.idle.load(Ordering::Relaxed));
     if let Some(l) = p.lapic.get() {
         l.eoi();
     }

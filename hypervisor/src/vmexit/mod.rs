@@ -64,9 +64,10 @@ pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Option
             }
         }
         Some(BasicExit::Hlt) => {
-            // HLT blocks the vCPU until an event; no virtual interrupt source exists yet, so
-            // nothing could ever wake it.
-            Some(Stop::HaltedForever)
+            // HLT blocks the vCPU until an event: the scheduler runs something else and resumes
+            // it after the HLT when its virtual timer fires (docs/GUEST-ABI.md, "Time").
+            skip_instruction(vmcs);
+            Some(Stop::Halt)
         }
         Some(BasicExit::Invd | BasicExit::Wbinvd) => {
             // Caches are coherent and the guest owns no device: nothing to do.

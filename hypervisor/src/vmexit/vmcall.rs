@@ -8,6 +8,7 @@ use hvprof_vmx::instructions::CurrentVmcs;
 pub const VERSION: u64 = 0;
 pub const PRINT: u64 = 1;
 pub const EXIT: u64 = 2;
+pub const SET_TIMER: u64 = 3;
 pub const PRINT_MAX: u64 = 4096;
 pub const ERR_BAD_BUFFER: u64 = u64::MAX;
 pub const ERR_UNKNOWN: u64 = u64::MAX - 1;
@@ -26,6 +27,11 @@ pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
                 code: a as u8,
                 how: "EXIT hypercall",
             });
+        }
+        SET_TIMER => {
+            // Wake the vCPU from its next HLT `a` TSC ticks from now (0 disarms).
+            vm.wake_at = (a != 0).then(|| crate::tsc::rdtsc().saturating_add(a));
+            0
         }
         _ => ERR_UNKNOWN,
     };
