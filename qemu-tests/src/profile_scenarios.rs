@@ -197,9 +197,68 @@ fn hypervisor_counts(log: &crate::log::SerialLog) -> Result<(f64, f64), String> 
     }
 }
 
+/// The paper's Tables 12/13: three VMs of one vCPU each, equally busy, on one pCPU. Each VM's
+/// guest-level steal is about 2/3 and its host-level row about 1/3; the guest-level and host-level
+/// views agree, and the sample-based steal agrees with the scheduling events.
+fn check_three_vms(run: &ProfileRun) -> Result<(), String> {
+    let report = run.report(None)?;
+    let mut errors = Vec::new();
+    let host_rows = report.pointer("/host/rows").cloned().unwrap_or_default();
+    let total = num(&report, "/total_samples")?;
+    for name in ["guestOS1", "guestOS2", "guestOS3"] {
+        let v = vm(&report, name)?;
+        let steal = num(v, "/steal")?;
+        let running = num(v, "/os")? + num(v, "/user")?;
+        let host = 100.0 * row_samples(&host_rows, &format!("[{name}]")) / total;
+        let steal_difference = num(v, "/exact/steal_difference")?;
+        for r in [
+            within(
+                &format!("{name} guest-level steal"),
+                steal,
+                200.0 / 3.0,
+                2.0,
+            ),
+            within(&format!("{name} host-level row"), host, 100.0 / 3.0, 2.0),
+            within(
+                &format!("{name} guest-level running vs host-level row"),
+                running,
+                host,
+                1.0,
+            ),
+            within(
+                &format!("{name} sample-based minus event-based steal"),
+                steal_difference,
+                0.0,
+                1.0,
+            ),
+        ] {
+            if let Err(e) = r {
+                errors.push(e);
+            }
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
 /// The profiler's scenarios.
 pub fn all() -> Vec<Scenario> {
     vec![
+        Scenario::new("bochs-sched-3vms-1pcpu", Emulator::bochs(HASWELL))
+            .cmdline("export=end")
+            .module("mix1.elf", ModuleSource::Guest("mix"), "vm=guestOS1 mix=80,20 rounds=60")
+            .module("mix2.elf", ModuleSource::Guest("mix"), "vm=guestOS2 mix=80,20 rounds=60")
+            .module("mix3.elf", ModuleSource::Guest("mix"), "vm=guestOS3 mix=80,20 rounds=60")
+            .check(|log| {
+                for vm in ["guestOS1", "guestOS2", "guestOS3"] {
+                    check_exit_code(log, vm, 0, "port 0xf4")?;
+                }
+                Ok(())
+            })
+            .profile(check_three_vms),
         shares_scenario(
             "bochs-profile-80-20",
             "end",

@@ -9,6 +9,7 @@
 mod report;
 mod symbols;
 mod text;
+mod timeline;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -27,6 +27,7 @@ use hvprof_samplelog::{Decoded, Record, SampleKind};
 use serde::Serialize;
 
 use crate::symbols::{Symbols, hex};
+use crate::timeline::Owner;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Row {
@@ -70,6 +71,22 @@ pub struct GuestTable {
     pub idle: f64,
     pub steal: f64,
     pub rows: Vec<Row>,
+    /// The same split from the scheduling events (exact TSC time), when the log has them.
+    pub exact: Option<Exact>,
+}
+
+/// Percentages of a vCPU's (or VM's) lifetime from its scheduling events, and how far the
+/// sample-based figures are from them (percentage points; the steal difference leaves out
+/// `[steal] (hypervisor)`, the hypervisor's work while the vCPU was in, which the events count as
+/// running).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Exact {
+    pub ticks: u64,
+    pub running: f64,
+    pub idle: f64,
+    pub steal: f64,
+    pub idle_difference: f64,
+    pub steal_difference: f64,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -128,7 +145,8 @@ struct GuestCounts {
     by_rip: HashMap<(u64, bool), u64>,
     os: u64,
     user: u64,
-    steal: u64,
+    /// `[steal]` slots by their module label: `(outside)`, `(on vcpuN)`, `(hypervisor)`.
+    steal: HashMap<String, u64>,
     idle: u64,
 }
 
@@ -142,8 +160,13 @@ impl GuestCounts {
         }
     }
 
+    fn steal_total(&self) -> u64 {
+        self.steal.values().sum()
+    }
+
     fn table(&self, symbols: Option<&Symbols>, module: &str) -> GuestTable {
-        let total = self.os + self.user + self.steal + self.idle;
+        let steal = self.steal_total();
+        let total = self.os + self.user + steal + self.idle;
         let pct = |n: u64| {
             if total == 0 {
                 0.0
@@ -158,8 +181,10 @@ impl GuestCounts {
                 .entry((name(symbols, rip), module.to_owned()))
                 .or_default() += n;
         }
-        if self.steal > 0 {
-            by_fn.insert(("[steal]".into(), "(hypervisor)".into()), self.steal);
+        for (label, &n) in &self.steal {
+            if n > 0 {
+                by_fn.insert(("[steal]".into(), label.clone()), n);
+            }
         }
         if self.idle > 0 {
             by_fn.insert(("[idle]".into(), "(halted)".into()), self.idle);
@@ -169,8 +194,9 @@ impl GuestCounts {
             os: pct(self.os),
             user: pct(self.user),
             idle: pct(self.idle),
-            steal: pct(self.steal),
+            steal: pct(steal),
             rows: rows(by_fn, total),
+            exact: None,
         }
     }
 }
@@ -217,6 +243,10 @@ pub struct Aggregate {
     pub cost_sum: u64,
     pub cost_min: u64,
     pub cost_max: u64,
+    /// Per pCPU: every sample's TSC and owner, for the common time axis.
+    pub timeline: HashMap<u16, Vec<(u64, Owner)>>,
+    /// Every scheduling event, with its pCPU.
+    pub sched: Vec<(u16, hvprof_samplelog::Event)>,
 }
 
 impl Aggregate {
@@ -227,15 +257,31 @@ impl Aggregate {
         }
     }
 
-    pub fn add(&mut self, records: &[Record]) {
+    pub fn add(&mut self, pcpu: u16, records: &[Record]) {
+        let line = self.timeline.entry(pcpu).or_default();
         for r in records {
             let s = match r {
                 Record::Sample(s) => s,
-                Record::Event(_) => {
+                Record::Event(e) => {
                     self.events += 1;
+                    self.sched.push((pcpu, *e));
                     continue;
                 }
             };
+            line.push((
+                s.tsc,
+                match s.kind {
+                    SampleKind::Guest => Owner::Guest {
+                        vm: s.vm,
+                        vcpu: s.vcpu,
+                    },
+                    SampleKind::Hypervisor => Owner::Hypervisor {
+                        vm: s.vm,
+                        vcpu: s.vcpu,
+                    },
+                    SampleKind::Idle => Owner::Idle,
+                },
+            ));
             self.total += 1;
             let cost = u64::from(s.cost);
             self.cost_sum += cost;
@@ -292,13 +338,17 @@ impl Aggregate {
         for (k, v) in other.steal {
             *self.steal.entry(k).or_default() += v;
         }
+        for (k, v) in other.timeline {
+            self.timeline.entry(k).or_default().extend(v);
+        }
+        self.sched.extend(other.sched);
     }
 }
 
 /// Decodes a capture on `threads` threads and counts its samples as they come.
 pub fn analyze(bytes: &[u8], threads: usize) -> (Decoded, Aggregate) {
     let (decoded, parts) =
-        hvprof_samplelog::decode_parallel(bytes, threads, Aggregate::new, |a, _, r| a.add(r));
+        hvprof_samplelog::decode_parallel(bytes, threads, Aggregate::new, |a, p, r| a.add(p, r));
     let mut agg = Aggregate::new();
     for p in parts {
         agg.merge(p);
@@ -310,10 +360,46 @@ pub fn analyze(bytes: &[u8], threads: usize) -> (Decoded, Aggregate) {
 #[cfg(test)]
 pub fn build(decoded: &Decoded, images: &Images) -> Report {
     let mut agg = Aggregate::new();
-    for log in decoded.pcpus.values() {
-        agg.add(&log.records);
+    for (&pcpu, log) in &decoded.pcpus {
+        agg.add(pcpu, &log.records);
     }
     build_from(decoded, agg, images)
+}
+
+/// The exact split of the vCPUs' lifetimes from their scheduling events, beside `table`.
+fn exact_of<'a>(
+    table: &GuestTable,
+    blanks: impl Iterator<Item = &'a crate::timeline::Blanks>,
+) -> Option<Exact> {
+    let (mut run, mut out, mut halted) = (0u64, 0u64, 0u64);
+    let mut any = false;
+    for b in blanks {
+        any = true;
+        run += b.ticks_in;
+        out += b.ticks_out;
+        halted += b.ticks_halted;
+    }
+    let ticks = run + out + halted;
+    if !any || ticks == 0 {
+        return None;
+    }
+    let pct = |n: u64| 100.0 * n as f64 / ticks as f64;
+    // The events time the vCPU's absence (preempted); the hypervisor's work while it was in is
+    // steal for the samples but running for the events: compare like with like.
+    let hypervisor: f64 = table
+        .rows
+        .iter()
+        .filter(|r| r.function == "[steal]" && r.module == "(hypervisor)")
+        .map(|r| r.percent)
+        .sum();
+    Some(Exact {
+        ticks,
+        running: pct(run),
+        idle: pct(halted),
+        steal: pct(out),
+        idle_difference: table.idle - pct(halted),
+        steal_difference: table.steal - hypervisor - pct(out),
+    })
 }
 
 /// Builds the report from a capture's description and its counted samples.
@@ -383,6 +469,8 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
         cost_sum,
         cost_min,
         cost_max,
+        mut timeline,
+        sched,
         ..
     } = agg;
     let mut per_vm: HashMap<u16, GuestCounts> = HashMap::default();
@@ -396,9 +484,45 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
                 .add_guest(rip, user, n);
         }
     }
-    for (&(vm, vcpu), &n) in &steal {
-        per_vm.entry(vm).or_default().steal += n;
-        per_vcpu.entry((vm, vcpu)).or_default().steal += n;
+    let mut exact: HashMap<(u16, u16), crate::timeline::Blanks> = HashMap::default();
+    if sched.is_empty() {
+        // No scheduling events (an old or partial log): the hypervisor's samples on a vCPU's
+        // behalf are all that can be called its steal.
+        for (&(vm, vcpu), &n) in &steal {
+            *per_vm
+                .entry(vm)
+                .or_default()
+                .steal
+                .entry("(hypervisor)".into())
+                .or_default() += n;
+            *per_vcpu
+                .entry((vm, vcpu))
+                .or_default()
+                .steal
+                .entry("(hypervisor)".into())
+                .or_default() += n;
+        }
+    } else {
+        for line in timeline.values_mut() {
+            line.sort_by_key(|(t, _)| *t);
+        }
+        exact = crate::timeline::blanks(&timeline, &sched);
+        for (&(vm, vcpu), b) in &exact {
+            let add = |g: &mut GuestCounts| {
+                g.idle += b.idle;
+                if b.steal_outside > 0 {
+                    *g.steal.entry("(outside)".into()).or_default() += b.steal_outside;
+                }
+                if b.hypervisor > 0 {
+                    *g.steal.entry("(hypervisor)".into()).or_default() += b.hypervisor;
+                }
+                for (&other, &n) in &b.steal_on {
+                    *g.steal.entry(format!("(on vcpu{other})")).or_default() += n;
+                }
+            };
+            add(per_vm.entry(vm).or_default());
+            add(per_vcpu.entry((vm, vcpu)).or_default());
+        }
     }
 
     // Host level.
@@ -442,17 +566,23 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
             let mut vcpus: Vec<VcpuReport> = per_vcpu
                 .iter()
                 .filter(|((vm, _), _)| vm == id)
-                .map(|(&(_, vcpu), c)| VcpuReport {
-                    vcpu,
-                    table: c.table(symbols, image),
+                .map(|(&(_, vcpu), c)| {
+                    let mut table = c.table(symbols, image);
+                    table.exact = exact_of(&table, exact.get(&(*id, vcpu)).into_iter());
+                    VcpuReport { vcpu, table }
                 })
                 .collect();
             vcpus.sort_by_key(|v| v.vcpu);
+            let mut table = counts.table(symbols, image);
+            table.exact = exact_of(
+                &table,
+                exact.iter().filter(|((vm, _), _)| vm == id).map(|(_, b)| b),
+            );
             VmReport {
                 id: *id,
                 name: name.clone(),
                 image: image.clone(),
-                table: counts.table(symbols, image),
+                table,
                 vcpus,
             }
         })

@@ -39,6 +39,13 @@ fn guest(out: &mut String, title: &str, g: &GuestTable, top: usize) {
         "{title}\nTotal samples: {}   OS:USER:IDLE:steal = {:.2}%:{:.2}%:{:.2}%:{:.2}%",
         g.samples, g.os, g.user, g.idle, g.steal
     );
+    if let Some(e) = &g.exact {
+        let _ = writeln!(
+            out,
+            "Exact, from the scheduling events: running {:.2}%, idle {:.2}%, steal {:.2}% of {} ticks (samples differ by {:+.2} and {:+.2} points)",
+            e.running, e.idle, e.steal, e.ticks, e.idle_difference, e.steal_difference
+        );
+    }
     out.push_str(&table(&g.rows, top));
     out.push('\n');
 }

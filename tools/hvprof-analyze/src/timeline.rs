@@ -1,0 +1,220 @@
+//! The common host-time axis (the paper's Key Technique 3, §3.5): each vCPU gets a virtual sample
+//! stream on the host's time axis. At every sample taken on the pCPU the vCPU belongs to (the
+//! pCPU of its latest "vCPU in"), while the vCPU exists, the vCPU either ran (its own guest
+//! sample) or was blank. A blank slot is `[idle]` when the vCPU was out because it halted (its
+//! last exit was HLT), else `[steal]`: `(on vcpuN)` when another vCPU of the same VM held the
+//! pCPU, `(outside)` otherwise (another VM, the hypervisor, idle); the hypervisor's time while the vCPU was in is kept apart
+//! as `[steal] (hypervisor)`, since the events cannot time it. The exact figures come from the scheduling events beside
+//! the sample-based ones.
+
+use hvprof_samplelog::{Event, EventKind, OutReason};
+use rustc_hash::FxHashMap as HashMap;
+
+/// Who a sample belongs to: a vCPU's guest, the hypervisor (on behalf of a vCPU or not), idle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owner {
+    Guest { vm: u16, vcpu: u16 },
+    Hypervisor { vm: u16, vcpu: u16 },
+    Idle,
+}
+
+/// What a vCPU's virtual stream holds besides its own samples.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Blanks {
+    /// Slots while it was out halted.
+    pub idle: u64,
+    /// Slots while another vCPU of its VM held its pCPU, per that vCPU.
+    pub steal_on: HashMap<u16, u64>,
+    /// Every other blank slot while it was out.
+    pub steal_outside: u64,
+    /// Slots on its pCPU while it was in that are not its own: the hypervisor handling its exits.
+    pub hypervisor: u64,
+    /// Exact TSC ticks from the events: out halted, out otherwise (preempted), in.
+    pub ticks_halted: u64,
+    pub ticks_out: u64,
+    pub ticks_in: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    In(u16),
+    Out { pcpu: u16, halted: bool },
+    Gone,
+}
+
+/// One vCPU's events in time order, with the pCPU each came from.
+struct Track {
+    events: Vec<(u64, u16, Event)>,
+}
+
+impl Track {
+    /// The state just after the last event at or before `t` (`None`: not started yet).
+    fn state_at(&self, t: u64, cursor: &mut usize) -> Option<State> {
+        while *cursor < self.events.len() && self.events[*cursor].0 <= t {
+            *cursor += 1;
+        }
+        let (_, pcpu, e) = self.events.get(cursor.checked_sub(1)?)?;
+        Some(match (e.kind, e.reason) {
+            (EventKind::VcpuIn, _) => State::In(*pcpu),
+            (EventKind::VcpuOut, OutReason::Stopped) => State::Gone,
+            (EventKind::VcpuOut, reason) => State::Out {
+                pcpu: *pcpu,
+                halted: reason == OutReason::Halted,
+            },
+        })
+    }
+}
+
+/// Classifies every vCPU's blank slots. `samples`: per pCPU, (TSC, owner) in TSC order;
+/// `events`: every scheduling event with its pCPU.
+pub fn blanks(
+    samples: &HashMap<u16, Vec<(u64, Owner)>>,
+    events: &[(u16, Event)],
+) -> HashMap<(u16, u16), Blanks> {
+    let mut tracks: HashMap<(u16, u16), Track> = HashMap::default();
+    for &(pcpu, e) in events {
+        tracks
+            .entry((e.vm, e.vcpu))
+            .or_insert_with(|| Track { events: Vec::new() })
+            .events
+            .push((e.tsc, pcpu, e));
+    }
+    let mut out: HashMap<(u16, u16), Blanks> = HashMap::default();
+    for (&key, track) in &mut tracks {
+        track.events.sort_by_key(|(t, _, _)| *t);
+        let b = out.entry(key).or_default();
+        // Exact time, from the events.
+        for w in track.events.windows(2) {
+            let span = w[1].0.saturating_sub(w[0].0);
+            match (w[0].2.kind, w[0].2.reason) {
+                (EventKind::VcpuIn, _) => b.ticks_in += span,
+                (EventKind::VcpuOut, OutReason::Halted) => b.ticks_halted += span,
+                (EventKind::VcpuOut, OutReason::Stopped) => {}
+                (EventKind::VcpuOut, _) => b.ticks_out += span,
+            }
+        }
+    }
+    for (&pcpu, list) in samples {
+        for (&(vm, vcpu), track) in &tracks {
+            let b = out.entry((vm, vcpu)).or_default();
+            let mut cursor = 0;
+            for &(t, owner) in list {
+                let Some(state) = track.state_at(t, &mut cursor) else {
+                    continue;
+                };
+                let own =
+                    |o: Owner| matches!(o, Owner::Guest { vm: v, vcpu: c } if v == vm && c == vcpu);
+                match state {
+                    State::Gone => break,
+                    State::In(p) if p != pcpu => {}
+                    State::In(_) => {
+                        if !own(owner) {
+                            // Its pCPU, while it was in: the hypervisor handling its exit.
+                            b.hypervisor += 1;
+                        }
+                    }
+                    State::Out { pcpu: p, .. } if p != pcpu => {}
+                    State::Out { halted: true, .. } => b.idle += 1,
+                    State::Out { halted: false, .. } => match owner {
+                        Owner::Guest { vm: v, vcpu: c } if v == vm && c != vcpu => {
+                            *b.steal_on.entry(c).or_default() += 1;
+                        }
+                        _ => b.steal_outside += 1,
+                    },
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(tsc: u64, vm: u16, vcpu: u16, kind: EventKind, reason: OutReason) -> (u16, Event) {
+        (
+            0,
+            Event {
+                tsc,
+                kind,
+                vm,
+                vcpu,
+                reason,
+            },
+        )
+    }
+
+    #[test]
+    fn three_vms_round_robin_on_one_pcpu() {
+        // Slices of 10 ticks: vm0, vm1, vm2, vm0, ...; a sample every tick owned by the runner.
+        let mut events = Vec::new();
+        let mut samples = Vec::new();
+        for slice in 0..30u64 {
+            let vm = (slice % 3) as u16;
+            let start = slice * 10;
+            events.push(ev(start, vm, 0, EventKind::VcpuIn, OutReason::Preempted));
+            for t in start..start + 10 {
+                samples.push((t, Owner::Guest { vm, vcpu: 0 }));
+            }
+            let reason = if slice >= 27 {
+                OutReason::Stopped
+            } else {
+                OutReason::Preempted
+            };
+            events.push(ev(start + 10, vm, 0, EventKind::VcpuOut, reason));
+        }
+        let mut per: HashMap<u16, Vec<(u64, Owner)>> = HashMap::default();
+        per.insert(0, samples);
+        let b = blanks(&per, &events);
+        for vm in 0..3u16 {
+            let x = &b[&(vm, 0)];
+            // Each VM: 100 own samples; blanks are the others' samples during its life.
+            assert_eq!(x.idle, 0);
+            assert!(x.steal_on.is_empty());
+            let life_end = 280 + 10 * u64::from(vm);
+            let blank = (life_end - 10 * u64::from(vm)) - 100;
+            assert_eq!(x.steal_outside, blank, "vm {vm}");
+            assert_eq!(x.ticks_in, 100);
+        }
+    }
+
+    #[test]
+    fn halted_and_sibling_vcpus() {
+        // vCPU 0 and 1 of VM 0 share pCPU 0: 0 runs [0,10), 1 runs [10,20), 0 runs [20,30) then
+        // halts [30,50), then stops.
+        let events = vec![
+            ev(0, 0, 0, EventKind::VcpuIn, OutReason::Preempted),
+            ev(10, 0, 0, EventKind::VcpuOut, OutReason::Preempted),
+            ev(10, 0, 1, EventKind::VcpuIn, OutReason::Preempted),
+            ev(20, 0, 1, EventKind::VcpuOut, OutReason::Stopped),
+            ev(20, 0, 0, EventKind::VcpuIn, OutReason::Preempted),
+            ev(30, 0, 0, EventKind::VcpuOut, OutReason::Halted),
+            ev(50, 0, 0, EventKind::VcpuIn, OutReason::Preempted),
+            ev(51, 0, 0, EventKind::VcpuOut, OutReason::Stopped),
+        ];
+        let mut samples = Vec::new();
+        for t in 0..50u64 {
+            let owner = match t {
+                0..10 | 20..30 => Owner::Guest { vm: 0, vcpu: 0 },
+                10..20 => Owner::Guest { vm: 0, vcpu: 1 },
+                _ => Owner::Idle,
+            };
+            samples.push((t, owner));
+        }
+        let mut per: HashMap<u16, Vec<(u64, Owner)>> = HashMap::default();
+        per.insert(0, samples);
+        let b = blanks(&per, &events);
+        let v0 = &b[&(0, 0)];
+        assert_eq!(v0.steal_on.get(&1), Some(&10));
+        assert_eq!(v0.idle, 20);
+        assert_eq!(v0.steal_outside, 0);
+        assert_eq!((v0.ticks_in, v0.ticks_out, v0.ticks_halted), (21, 10, 20));
+        let v1 = &b[&(0, 1)];
+        assert_eq!(
+            v1.steal_outside + v1.idle,
+            0,
+            "vCPU 1 is blank before it starts: not counted"
+        );
+    }
+}
