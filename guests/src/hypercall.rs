@@ -7,6 +7,8 @@ pub const VERSION: u64 = 0;
 pub const PRINT: u64 = 1;
 /// Stops the VM with exit code RDI (low 8 bits).
 pub const EXIT: u64 = 2;
+/// Wake the vCPU from its next HLT this many TSC ticks from now (0 disarms).
+pub const SET_TIMER: u64 = 3;
 
 /// What an unknown function returns.
 pub const ERR_UNKNOWN: u64 = u64::MAX - 1;
@@ -28,6 +30,11 @@ pub fn hypercall(function: u64, arg0: u64, arg1: u64) -> u64 {
 }
 
 /// VERSION: the guest ABI version the hypervisor implements.
+/// Arms the virtual timer: the next HLT returns `ticks` TSC ticks from now.
+pub fn set_timer(ticks: u64) -> u64 {
+    hypercall(SET_TIMER, ticks, 0)
+}
+
 pub fn version() -> u64 {
     hypercall(VERSION, 0, 0)
 }

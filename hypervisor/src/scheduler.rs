@@ -82,19 +82,22 @@ fn run(vm: &mut Vm, caps: &VmxCaps, slice_end: u64) -> SliceEnd {
     vm::run_slice(vm, caps, slice_end)
 }
 
-/// The idle loop: nothing to run until `t`. Interrupts are on, so the LAPIC timer samples this
-/// pCPU as idle at every deadline.
+/// The idle loop: nothing to run until `t`. It polls the sampling deadline itself (it has nothing
+/// else to do), so every deadline in idle time is sampled exactly on time, as `[idle]`, and
+/// moves the ring on as it fills.
 fn idle_until(t: u64) {
     let prof = profiler::this_cpu();
     prof.set_idle(true);
-    prof.arm_host_clock();
-    x86_64::instructions::interrupts::enable();
-    while rdtsc() < t {
+    loop {
+        let now = rdtsc();
+        if now >= t {
+            break;
+        }
+        if now >= prof.next_tick() {
+            prof.sample_host_if_due(idle_until as *const () as u64, true);
+            profiler::export::drain_if_full(prof);
+        }
         core::hint::spin_loop();
     }
-    x86_64::instructions::interrupts::disable();
-    prof.disarm_host_clock();
-    // A deadline that fell between the last interrupt and here.
-    prof.sample_host_if_due(idle_until as *const () as u64, true);
     prof.set_idle(false);
 }

@@ -244,9 +244,50 @@ fn check_three_vms(run: &ProfileRun) -> Result<(), String> {
     }
 }
 
+/// The paper's Tables 14/15: one VM busy for the first third of its life, then halted (woken by
+/// its virtual timer at the end). Guest-level idle and host-level idle are both about 2/3, and
+/// agree; the sample-based idle agrees with the scheduling events.
+fn check_halt(run: &ProfileRun) -> Result<(), String> {
+    let report = run.report(None)?;
+    let v = vm(&report, "guestOS1")?;
+    let guest_idle = num(v, "/idle")?;
+    let host_idle = num(&report, "/host/idle")?;
+    let results = [
+        within("guest-level idle", guest_idle, 200.0 / 3.0, 2.0),
+        within("host-level idle", host_idle, 200.0 / 3.0, 2.0),
+        within(
+            "guest-level idle vs host-level idle",
+            guest_idle,
+            host_idle,
+            1.0,
+        ),
+        within(
+            "sample-based minus event-based idle",
+            num(v, "/exact/idle_difference")?,
+            0.0,
+            1.0,
+        ),
+    ];
+    let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
 /// The profiler's scenarios.
 pub fn all() -> Vec<Scenario> {
     vec![
+        Scenario::new("bochs-sched-halt", Emulator::bochs(HASWELL))
+            .cmdline("export=end")
+            .module(
+                "mix.elf",
+                ModuleSource::Guest("mix"),
+                "vm=guestOS1 mix=80,20 rounds=60 idle=2",
+            )
+            .check(|log| check_exit_code(log, "guestOS1", 0, "port 0xf4"))
+            .profile(check_halt),
         Scenario::new("bochs-sched-3vms-1pcpu", Emulator::bochs(HASWELL))
             .cmdline("export=end")
             .module("mix1.elf", ModuleSource::Guest("mix"), "vm=guestOS1 mix=80,20 rounds=60")

@@ -7,6 +7,10 @@
 //! `work_a` for W0 x U iterations, `work_b` for W1 x U, and so on. Every iteration is two
 //! instructions (`dec`, `jnz`), so function i executes 2 x Wi x U instructions per round plus a
 //! handful of call overhead. Prints `mix: done rounds=R` and exits with 0.
+//!
+//! With `idle=N` (a whole number), the guest then halts for N times as long as its work took
+//! (measured with RDTSC), woken by its virtual timer (the SET_TIMER hypercall), before it exits:
+//! `idle=2` makes it busy for the first third of its life and halted for the other two.
 #![no_std]
 #![no_main]
 
@@ -71,10 +75,23 @@ fn main(args: &str) -> u8 {
             return exit_code::BAD_ARGS;
         }
     };
+    let idle = match arg_num(args, "idle", 0) {
+        Ok(n) => n,
+        Err(e) => {
+            println!("mix: {e}");
+            return exit_code::BAD_ARGS;
+        }
+    };
+    let start = hvprof_guests::cpu::rdtsc();
     for _ in 0..rounds {
         for (f, w) in WORK.iter().zip(&weights[..n]) {
             f(core::hint::black_box(w * unit));
         }
+    }
+    let busy = hvprof_guests::cpu::rdtsc() - start;
+    if idle > 0 {
+        hvprof_guests::hypercall::set_timer(busy.saturating_mul(idle));
+        hvprof_guests::cpu::hlt();
     }
     println!("mix: done rounds={rounds}");
     0
