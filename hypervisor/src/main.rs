@@ -155,7 +155,7 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
         .iter()
         .map(|v| profiler::export::VmEntry {
             name: &v.name,
-            vcpus: 1,
+            vcpus: v.vcpus.len() as u16,
             image: &v.image,
             build_id: &v.build_id,
         })

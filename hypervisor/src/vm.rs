@@ -68,7 +68,9 @@ pub struct Vm {
     pub mem_hpa: u64,
     pub mem_size: u64,
     pub ept: Ept<HostPhys>,
-    pub vcpu: Vcpu,
+    /// Its vCPUs; `current` is the one this pCPU runs (or ran last).
+    pub vcpus: Vec<Vcpu>,
+    pub current: usize,
     pub uart: Uart,
     pub stats: ExitStats,
     pub budget: u64,
@@ -78,16 +80,21 @@ pub struct Vm {
     pub logged_ports: Vec<u16>,
     /// TSC ticks the guest ran, from the first VM entry to the stop.
     pub run_ticks: u64,
-    /// The vCPU's last VM-exit basic reason (`profiler::NO_EXIT` before the first).
-    pub last_exit: u16,
-    /// The TSC at which the guest's virtual timer (SET_TIMER hypercall) wakes it from HLT.
-    pub wake_at: Option<u64>,
     /// The module's image name and its GNU build id (for the sample log's VM table).
     pub image: String,
     pub build_id: Vec<u8>,
 }
 
 impl Vm {
+    /// The vCPU being run.
+    pub fn cur(&self) -> &Vcpu {
+        &self.vcpus[self.current]
+    }
+
+    pub fn cur_mut(&mut self) -> &mut Vcpu {
+        &mut self.vcpus[self.current]
+    }
+
     /// The VM's memory as a byte slice (guest-physical address = index).
     pub fn memory(&mut self) -> &mut [u8] {
         // SAFETY: [mem_hpa, mem_hpa + mem_size) was taken from the frame allocator for this VM
@@ -166,7 +173,7 @@ pub fn build_all(caps: &VmxCaps, modules: &[(usize, ModuleTag<'static>)]) -> Vec
                     vm.mem_hpa,
                     vm.mem_hpa + vm.mem_size,
                     vm.ept.stats(),
-                    vm.vcpu.vpid,
+                    vm.vcpus.first().map_or(0, |v| v.vpid),
                     vm.budget
                 );
                 if let Some(t) = &vm.target {
@@ -192,6 +199,12 @@ pub fn build_all(caps: &VmxCaps, modules: &[(usize, ModuleTag<'static>)]) -> Vec
     }
     vms
 }
+
+/// Each vCPU's initial stack lies this far below the previous one's.
+pub const VCPU_STACK: u64 = 64 * 1024;
+
+/// VPIDs are handed out in order, one per vCPU (0 is the host's).
+static NEXT_VPID: core::sync::atomic::AtomicU16 = core::sync::atomic::AtomicU16::new(1);
 
 /// Where no memory or device sits on the test machines (Bochs and QEMU with 512 MiB).
 pub const UNMAPPED_TARGET: u64 = 0xc000_0000;
@@ -283,15 +296,27 @@ fn build(
     // SAFETY: VMX root operation; `missing_requirement` checked that INVEPT exists with one of
     // these types; invalidating TLB entries cannot break memory safety.
     unsafe { instructions::invept(kind, eptp) }.map_err(|e| format!("INVEPT: {e}"))?;
-    let vpid = (index + 1) as u16;
-    let (vcpu, _vmcs) = Vcpu::new(caps, bitmaps, eptp, vpid, &boot).map_err(|e| format!("{e}"))?;
+    // One VMCS per vCPU, each with its own VPID; vCPU i starts at the same entry with its stack
+    // 64 KiB below vCPU i-1's (docs/GUEST-ABI.md, "Entry state").
+    let mut vcpus = Vec::new();
+    for i in 0..config.vcpus {
+        let mut start = boot;
+        start.rsp = boot.rsp - u64::from(i) * VCPU_STACK;
+        let vpid = NEXT_VPID.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        let (mut vcpu, _vmcs) =
+            Vcpu::new(caps, bitmaps, eptp, vpid, &start).map_err(|e| format!("vCPU {i}: {e}"))?;
+        // The guest learns which vCPU it is in RDX.
+        vcpu.regs.rdx = u64::from(i);
+        vcpus.push(vcpu);
+    }
     Ok(Vm {
         index: index as u16,
+        vcpus,
+        current: 0,
         name: String::from(config.name),
         mem_hpa,
         mem_size: config.mem,
         ept,
-        vcpu,
         uart: Uart::default(),
         stats: ExitStats::default(),
         budget: config.budget,
@@ -299,8 +324,6 @@ fn build(
         logged_msrs: Vec::new(),
         logged_ports: Vec::new(),
         run_ticks: 0,
-        last_exit: profiler::NO_EXIT,
-        wake_at: None,
         image: String::from(image_name),
         build_id: guest_image::build_id(image)
             .map(<[u8]>::to_vec)
@@ -329,22 +352,23 @@ pub enum SliceEnd {
 /// VMX-preemption timer stops the guest at the profiler's next sampling deadline, at the end of
 /// the slice and at the end of the VM's budget; while the hypervisor handles an exit, interrupts
 /// are on and the LAPIC timer takes the samples.
-pub fn run_slice(vm: &mut Vm, caps: &VmxCaps, slice_end: u64) -> SliceEnd {
+pub fn run_slice(vm: &mut Vm, vcpu: usize, caps: &VmxCaps, slice_end: u64) -> SliceEnd {
+    vm.current = vcpu;
     // SAFETY: in VMX root operation; the VMCS was prepared by `Vcpu::new` and is current on no
     // other CPU (VMs run on the boot CPU only).
-    if let Err(e) = unsafe { instructions::vmptrld(vm.vcpu.vmcs) } {
+    if let Err(e) = unsafe { instructions::vmptrld(vm.cur().vmcs) } {
         return SliceEnd::Stopped(Stop::Fault(format!("VMPTRLD failed: {e}")));
     }
     // SAFETY: VMX root operation with this VM's VMCS current, on this CPU only.
     let mut vmcs = unsafe { CurrentVmcs::new() };
     let prof = profiler::this_cpu();
-    vm.vcpu.load_state();
+    vm.cur().load_state();
     let shift = caps.preemption_timer_shift();
     let start = rdtsc();
     // The budget counts the VM's own running time.
     let deadline = start.saturating_add(vm.budget.saturating_sub(vm.run_ticks));
     let mut exit_at: Option<(u16, u64)> = None;
-    prof.set_current(vm.index, 0, vm.vcpu.vpid, vm.last_exit);
+    prof.set_current(vm.index, vcpu as u16, vm.cur().vpid, vm.cur().last_exit);
     prof.event(profiler::Kind::VcpuIn, 0);
     let end = loop {
         // Interrupts stay off from here to the VM exit: a tick that falls in this window is
@@ -377,15 +401,17 @@ pub fn run_slice(vm: &mut Vm, caps: &VmxCaps, slice_end: u64) -> SliceEnd {
         }
         // SAFETY: the VMCS is current and complete (host state is this hypervisor's);
         // `launched` tracks VMLAUNCH since the VMCLEAR in `Vcpu::new`.
-        let flags =
-            unsafe { crate::vcpu::entry::vmx_run(&mut vm.vcpu.regs, vm.vcpu.launched as u64) };
+        let flags = unsafe {
+            let v = vm.cur_mut();
+            crate::vcpu::entry::vmx_run(&mut v.regs, v.launched as u64)
+        };
         let t_exit = rdtsc();
         if flags != 0 {
             let why = hvprof_vmx::errors::VmFail::from_rflags(flags, || {
                 vmcs.read32(hvprof_vmx::vmcs::ReadOnly32::VmInstructionError)
                     .unwrap_or(0)
             });
-            let what = if vm.vcpu.launched {
+            let what = if vm.cur().launched {
                 "VMRESUME"
             } else {
                 "VMLAUNCH"
@@ -410,13 +436,13 @@ pub fn run_slice(vm: &mut Vm, caps: &VmxCaps, slice_end: u64) -> SliceEnd {
                 .unwrap_or_default();
             break SliceEnd::Stopped(Stop::Fault(format!("VM entry failed: {reason} {detail}")));
         }
-        vm.vcpu.launched = true;
+        vm.cur_mut().launched = true;
         // The guest sample (if the deadline has come: the preemption timer's exit, or any exit
         // that found it passed) carries the previous exit reason; then this exit becomes the
         // last one.
         prof.sample_guest_if_due(&vmcs, t_exit);
-        vm.last_exit = reason.basic();
-        prof.set_current(vm.index, 0, vm.vcpu.vpid, vm.last_exit);
+        vm.cur_mut().last_exit = reason.basic();
+        prof.set_current(vm.index, vcpu as u16, vm.cur().vpid, vm.cur().last_exit);
         exit_at = Some((reason.basic(), t_exit));
         prof.arm_host_clock();
         x86_64::instructions::interrupts::enable();
@@ -445,7 +471,7 @@ pub fn run_slice(vm: &mut Vm, caps: &VmxCaps, slice_end: u64) -> SliceEnd {
     );
     prof.set_current(profiler::NO_VM, 0xffff, 0, profiler::NO_EXIT);
     vm.run_ticks += rdtsc() - start;
-    vm.vcpu.save_state();
+    vm.cur_mut().save_state();
     end
 }
 

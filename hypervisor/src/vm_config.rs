@@ -14,6 +14,7 @@ pub const MEM_DEFAULT: u64 = 16 * MIB;
 /// Default run budget in TSC ticks (in Bochs, instructions): a guest that never stops is stopped.
 pub const BUDGET_DEFAULT: u64 = 2_000_000_000;
 pub const NAME_MAX: usize = 32;
+pub const VCPUS_MAX: u16 = 8;
 
 /// What an attack guest aims at (resolved by the loader to a host-physical address).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +41,8 @@ pub struct VmConfig<'a> {
     pub name: &'a str,
     pub format: Format,
     pub mem: u64,
+    /// vCPUs, 1 to `VCPUS_MAX`.
+    pub vcpus: u16,
     pub budget: u64,
     pub target: Option<Target<'a>>,
     /// Every argument after the image name, passed to the guest as is.
@@ -55,6 +58,7 @@ pub enum ConfigError<'a> {
     BadBudget(&'a str),
     BadTarget(&'a str),
     BadFormat(&'a str),
+    BadVcpus(&'a str),
     Repeated(&'a str),
 }
 
@@ -87,6 +91,12 @@ impl fmt::Display for ConfigError<'_> {
             ConfigError::BadFormat(v) => {
                 write!(f, "format={v:?}: expected elf64 or real16")
             }
+            ConfigError::BadVcpus(v) => {
+                write!(
+                    f,
+                    "vcpus={v:?}: expected a number of vCPUs from 1 to {VCPUS_MAX}"
+                )
+            }
             ConfigError::Repeated(k) => write!(f, "{k}= given twice"),
         }
     }
@@ -103,6 +113,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
     let mut budget = None;
     let mut target = None;
     let mut format = None;
+    let mut vcpus = None;
     for word in words {
         let Some((key, value)) = word.split_once('=') else {
             continue;
@@ -120,6 +131,15 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                     .ok_or(ConfigError::BadBudget(value))?,
             )?,
             "target" => set(&mut target, key, parse_target(value)?)?,
+            "vcpus" => set(
+                &mut vcpus,
+                key,
+                value
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|n| (1..=VCPUS_MAX).contains(n))
+                    .ok_or(ConfigError::BadVcpus(value))?,
+            )?,
             "format" => set(
                 &mut format,
                 key,
@@ -143,6 +163,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
         },
         format: format.unwrap_or_default(),
         mem: mem.unwrap_or(MEM_DEFAULT),
+        vcpus: vcpus.unwrap_or(1),
         budget: budget.unwrap_or(BUDGET_DEFAULT),
         target,
         args,
@@ -223,6 +244,10 @@ mod tests {
         assert_eq!(parse("x.elf mem=1G").unwrap().mem, 1 << 30);
         assert_eq!(parse("x.elf mem=6144K").unwrap().mem, 6 * MIB);
         assert_eq!(parse("x.elf").unwrap().format, Format::Elf64);
+        assert_eq!(parse("x.elf").unwrap().vcpus, 1);
+        assert_eq!(parse("x.elf vcpus=2").unwrap().vcpus, 2);
+        assert_eq!(parse("x.elf vcpus=0"), Err(ConfigError::BadVcpus("0")));
+        assert_eq!(parse("x.elf vcpus=9"), Err(ConfigError::BadVcpus("9")));
         assert_eq!(
             parse("boot.bin format=real16").unwrap().format,
             Format::Real16

@@ -276,9 +276,74 @@ fn check_halt(run: &ProfileRun) -> Result<(), String> {
     }
 }
 
+/// The paper's Tables 8/9: one VM with two busy vCPUs on one pCPU. Each vCPU's steal is mostly
+/// `(on vcpuN)`, about half of its time.
+fn check_two_vcpus(run: &ProfileRun) -> Result<(), String> {
+    let report = run.report(None)?;
+    let v = vm(&report, "guestOS1")?;
+    let vcpus = v
+        .get("vcpus")
+        .and_then(Value::as_array)
+        .ok_or("no vCPU tables")?;
+    if vcpus.len() != 2 {
+        return Err(format!("{} vCPU tables, expected 2", vcpus.len()));
+    }
+    let mut errors = Vec::new();
+    for (i, t) in vcpus.iter().enumerate() {
+        let other = 1 - i;
+        let total = num(t, "/samples")?;
+        let on_other = t
+            .get("rows")
+            .and_then(Value::as_array)
+            .map(|rows| {
+                rows.iter()
+                    .filter(|r| {
+                        r.get("function").and_then(Value::as_str) == Some("[steal]")
+                            && r.get("module").and_then(Value::as_str)
+                                == Some(format!("(on vcpu{other})").as_str())
+                    })
+                    .filter_map(|r| r.get("samples").and_then(Value::as_f64))
+                    .sum::<f64>()
+            })
+            .unwrap_or(0.0);
+        for r in [
+            within(
+                &format!("vCPU {i} steal (on vcpu{other})"),
+                100.0 * on_other / total,
+                50.0,
+                2.0,
+            ),
+            within(
+                &format!("vCPU {i} sample-based minus event-based steal"),
+                num(t, "/exact/steal_difference")?,
+                0.0,
+                1.0,
+            ),
+        ] {
+            if let Err(e) = r {
+                errors.push(e);
+            }
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
 /// The profiler's scenarios.
 pub fn all() -> Vec<Scenario> {
     vec![
+        Scenario::new("bochs-sched-2vcpus-1pcpu", Emulator::bochs(HASWELL))
+            .cmdline("export=end")
+            .module(
+                "mix.elf",
+                ModuleSource::Guest("mix"),
+                "vm=guestOS1 vcpus=2 mix=80,20 rounds=60",
+            )
+            .check(|log| check_exit_code(log, "guestOS1", 0, "port 0xf4"))
+            .profile(check_two_vcpus),
         Scenario::new("bochs-sched-halt", Emulator::bochs(HASWELL))
             .cmdline("export=end")
             .module(

@@ -60,6 +60,10 @@ pub struct Vcpu {
     /// Bits the guest may not change in CR0/CR4 and their forced values (SDM Vol. 3C §25.6.6).
     pub cr0_fixed: (u64, u64),
     pub cr4_fixed: (u64, u64),
+    /// The last VM-exit basic reason (0xffff before the first).
+    pub last_exit: u16,
+    /// The TSC at which the virtual timer (SET_TIMER hypercall) wakes it from HLT.
+    pub wake_at: Option<u64>,
 }
 
 /// Bitmaps shared by every VM: every I/O port and every MSR exits, except the MSRs passed
@@ -351,6 +355,8 @@ impl Vcpu {
             vpid,
             cr0_fixed,
             cr4_fixed,
+            last_exit: 0xffff,
+            wake_at: None,
         };
         w(
             v.write_natural(ControlNatural::Cr0GuestHostMask, cr0_fixed.0 | !cr0_fixed.1),

@@ -16,8 +16,8 @@ pub const HV_LEAF_MAX: u32 = 0x4000_0001;
 pub const ABI_VERSION: u32 = 1;
 
 pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
-    let leaf = vm.vcpu.regs.rax as u32;
-    let subleaf = vm.vcpu.regs.rcx as u32;
+    let leaf = vm.cur_mut().regs.rax as u32;
+    let subleaf = vm.cur_mut().regs.rcx as u32;
     let (a, b, c, d) = match leaf {
         0x4000_0000 => (HV_LEAF_MAX, SIGNATURE[0], SIGNATURE[1], SIGNATURE[2]),
         0x4000_0001 => (ABI_VERSION, 0, 0, 0),
@@ -41,7 +41,7 @@ pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
 }
 
 fn finish(vm: &mut Vm, vmcs: &mut CurrentVmcs, (a, b, c, d): (u32, u32, u32, u32)) -> Option<Stop> {
-    let r = &mut vm.vcpu.regs;
+    let r = &mut vm.cur_mut().regs;
     r.rax = a.into();
     r.rbx = b.into();
     r.rcx = c.into();

@@ -35,7 +35,7 @@ pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     };
     match io.direction {
         IoDirection::Out => {
-            let value = vm.vcpu.regs.rax & mask;
+            let value = vm.cur_mut().regs.rax & mask;
             match io.port {
                 EXIT_PORT => {
                     return Some(Stop::Exited {
@@ -64,7 +64,7 @@ pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
                 }
             };
             // IN writes AL/AX/EAX; a 32-bit IN zero-extends into RAX (SDM Vol. 2A, IN).
-            let r = &mut vm.vcpu.regs.rax;
+            let r = &mut vm.cur_mut().regs.rax;
             *r = if io.size == 4 {
                 value
             } else {

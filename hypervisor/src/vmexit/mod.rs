@@ -181,8 +181,8 @@ pub fn guest_cpl(vmcs: &CurrentVmcs) -> u8 {
 
 /// XSETBV (exit reason 55, unconditional): allow x87|SSE (and AVX where the host allows it).
 fn xsetbv(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
-    let index = vm.vcpu.regs.rcx as u32;
-    let value = (vm.vcpu.regs.rdx << 32) | (vm.vcpu.regs.rax & 0xffff_ffff);
+    let index = vm.cur_mut().regs.rcx as u32;
+    let value = (vm.cur_mut().regs.rdx << 32) | (vm.cur_mut().regs.rax & 0xffff_ffff);
     let supported = raw_cpuid::CpuId::new()
         .get_extended_state_info()
         .map_or(0b11, |s| {
@@ -225,7 +225,7 @@ fn cr_access(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     let value = if q.gpr == hvprof_vmx::regs::Gpr::Rsp {
         vmcs.read_natural(GuestNatural::Rsp).unwrap_or(0)
     } else {
-        vm.vcpu.regs.get(q.gpr).unwrap_or(0)
+        vm.cur_mut().regs.get(q.gpr).unwrap_or(0)
     };
     match q.cr {
         0 => {
@@ -234,7 +234,7 @@ fn cr_access(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
                 "VMWRITE CR0 shadow",
             );
             must(
-                vmcs.write_natural(GuestNatural::Cr0, vm.vcpu.force_cr0(value)),
+                vmcs.write_natural(GuestNatural::Cr0, vm.cur_mut().force_cr0(value)),
                 "VMWRITE guest CR0",
             );
         }
@@ -244,7 +244,7 @@ fn cr_access(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
                 "VMWRITE CR4 shadow",
             );
             must(
-                vmcs.write_natural(GuestNatural::Cr4, vm.vcpu.force_cr4(value)),
+                vmcs.write_natural(GuestNatural::Cr4, vm.cur_mut().force_cr4(value)),
                 "VMWRITE guest CR4",
             );
         }
@@ -257,7 +257,7 @@ fn cr_access(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
 /// Stops the VM with a report: what happened, where, and the guest's registers.
 pub fn fatal(vm: &Vm, vmcs: &CurrentVmcs, what: String) -> Stop {
     let rd = |f| vmcs.read_natural(f).unwrap_or(0);
-    let r = &vm.vcpu.regs;
+    let r = &vm.cur().regs;
     let mut s = what;
     let _ = write!(
         s,

@@ -14,7 +14,7 @@ const FEATURE_CONTROL_VALUE: u64 = 1;
 const APIC_BASE_VALUE: u64 = 0xfee0_0900;
 
 pub fn rdmsr(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
-    let msr = vm.vcpu.regs.rcx as u32;
+    let msr = vm.cur_mut().regs.rcx as u32;
     let value = match msr {
         IA32_FEATURE_CONTROL => FEATURE_CONTROL_VALUE,
         IA32_APIC_BASE => APIC_BASE_VALUE,
@@ -24,7 +24,7 @@ pub fn rdmsr(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
             return None;
         }
     };
-    let r = &mut vm.vcpu.regs;
+    let r = &mut vm.cur_mut().regs;
     r.rax = value & 0xffff_ffff;
     r.rdx = value >> 32;
     skip_instruction(vmcs);
@@ -32,8 +32,8 @@ pub fn rdmsr(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
 }
 
 pub fn wrmsr(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
-    let msr = vm.vcpu.regs.rcx as u32;
-    let value = (vm.vcpu.regs.rdx << 32) | (vm.vcpu.regs.rax & 0xffff_ffff);
+    let msr = vm.cur_mut().regs.rcx as u32;
+    let value = (vm.cur_mut().regs.rdx << 32) | (vm.cur_mut().regs.rax & 0xffff_ffff);
     match msr {
         // Rewriting the value it reads is harmless; anything else would move the APIC.
         IA32_APIC_BASE if value == APIC_BASE_VALUE => {}

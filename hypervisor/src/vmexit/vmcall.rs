@@ -18,7 +18,11 @@ pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         inject_exception(vmcs, 6, None);
         return None;
     }
-    let (function, a, b) = (vm.vcpu.regs.rax, vm.vcpu.regs.rdi, vm.vcpu.regs.rsi);
+    let (function, a, b) = (
+        vm.cur_mut().regs.rax,
+        vm.cur_mut().regs.rdi,
+        vm.cur_mut().regs.rsi,
+    );
     let result = match function {
         VERSION => u64::from(super::cpuid::ABI_VERSION),
         PRINT => print(vm, a, b),
@@ -30,12 +34,12 @@ pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         }
         SET_TIMER => {
             // Wake the vCPU from its next HLT `a` TSC ticks from now (0 disarms).
-            vm.wake_at = (a != 0).then(|| crate::tsc::rdtsc().saturating_add(a));
+            vm.cur_mut().wake_at = (a != 0).then(|| crate::tsc::rdtsc().saturating_add(a));
             0
         }
         _ => ERR_UNKNOWN,
     };
-    vm.vcpu.regs.rax = result;
+    vm.cur_mut().regs.rax = result;
     skip_instruction(vmcs);
     None
 }

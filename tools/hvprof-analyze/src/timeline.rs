@@ -3,7 +3,7 @@
 //! pCPU of its latest "vCPU in"), while the vCPU exists, the vCPU either ran (its own guest
 //! sample) or was blank. A blank slot is `[idle]` when the vCPU was out because it halted (its
 //! last exit was HLT), else `[steal]`: `(on vcpuN)` when another vCPU of the same VM held the
-//! pCPU, `(outside)` otherwise (another VM, the hypervisor, idle); the hypervisor's time while the vCPU was in is kept apart
+//! pCPU (its guest, or the hypervisor handling its exits), `(outside)` otherwise (another VM, the hypervisor, idle); the hypervisor's time while the vCPU was in is kept apart
 //! as `[steal] (hypervisor)`, since the events cannot time it. The exact figures come from the scheduling events beside
 //! the sample-based ones.
 
@@ -115,8 +115,12 @@ pub fn blanks(
                     }
                     State::Out { pcpu: p, .. } if p != pcpu => {}
                     State::Out { halted: true, .. } => b.idle += 1,
+                    // The pCPU held by a sibling vCPU: running its guest, or the hypervisor
+                    // handling its exits.
                     State::Out { halted: false, .. } => match owner {
-                        Owner::Guest { vm: v, vcpu: c } if v == vm && c != vcpu => {
+                        Owner::Guest { vm: v, vcpu: c } | Owner::Hypervisor { vm: v, vcpu: c }
+                            if v == vm && c != vcpu =>
+                        {
                             *b.steal_on.entry(c).or_default() += 1;
                         }
                         _ => b.steal_outside += 1,
