@@ -8,7 +8,7 @@ use crate::emulator::Emulator;
 use crate::profile::{ProfileRun, num, row_samples, vm, within};
 use crate::runner::{ModuleSource, Scenario};
 use crate::scenarios::HASWELL;
-use crate::vm_scenarios::check_exit_code;
+use crate::vm_scenarios::{all_of, check_exit_code};
 use serde_json::Value;
 
 /// Share tolerance, in percentage points (issue: ±1.5).
@@ -106,11 +106,7 @@ fn shares_scenario(
             if num(&report, "/lost/blocks")? != 0.0 || num(&report, "/lost/dropped")? != 0.0 {
                 errors.push("a clean capture reports losses".to_owned());
             }
-            if errors.is_empty() {
-                Ok(())
-            } else {
-                Err(errors.join("; "))
-            }
+            all_of(errors.into_iter().map(Err))
         })
 }
 
@@ -173,11 +169,7 @@ fn check_damage(run: &ProfileRun) -> Result<(), String> {
     if num(&report, "/events")? + lost_events != clean_events {
         errors.push("events kept + events lost != events in the clean capture".to_owned());
     }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors.join("; "))
-    }
+    all_of(errors.into_iter().map(Err))
 }
 
 /// The hypervisor's own count of the records it took and of those it could not keep:
@@ -237,11 +229,7 @@ fn check_three_vms(run: &ProfileRun) -> Result<(), String> {
             }
         }
     }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors.join("; "))
-    }
+    all_of(errors.into_iter().map(Err))
 }
 
 /// The paper's Tables 14/15: one VM busy for the first third of its life, then halted (woken by
@@ -269,11 +257,7 @@ fn check_halt(run: &ProfileRun) -> Result<(), String> {
         ),
     ];
     let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors.join("; "))
-    }
+    all_of(errors.into_iter().map(Err))
 }
 
 /// The paper's Tables 8/9: one VM with two busy vCPUs on one pCPU. Each vCPU's steal is mostly
@@ -325,11 +309,7 @@ fn check_two_vcpus(run: &ProfileRun) -> Result<(), String> {
             }
         }
     }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors.join("; "))
-    }
+    all_of(errors.into_iter().map(Err))
 }
 
 /// The profiler's scenarios.

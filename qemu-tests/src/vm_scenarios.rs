@@ -60,7 +60,8 @@ fn expect_eq(what: &str, got: u64, want: u64) -> Result<(), String> {
     }
 }
 
-fn all_of(results: impl IntoIterator<Item = Result<(), String>>) -> Result<(), String> {
+/// Every result, or every error joined.
+pub fn all_of(results: impl IntoIterator<Item = Result<(), String>>) -> Result<(), String> {
     let errors: Vec<String> = results.into_iter().filter_map(Result::err).collect();
     if errors.is_empty() {
         Ok(())
