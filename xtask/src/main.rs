@@ -2,6 +2,7 @@
 
 mod bench;
 mod build;
+mod config;
 mod run;
 mod test;
 mod tools;
@@ -54,6 +55,10 @@ struct IsoArgs {
     /// A boot module: FILE, or FILE=ARGS (its command line becomes "<file name> ARGS").
     #[arg(long = "module", value_name = "FILE[=ARGS]")]
     modules: Vec<String>,
+    /// A run configuration (TOML, e.g. configs/three-vms.toml): the hypervisor's boot options,
+    /// the VMs and the emulated machine, instead of --cmdline, --module, --cpus and --cpu-model.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["cmdline", "modules"])]
+    config: Option<PathBuf>,
     /// Use the debug build of the hypervisor.
     #[arg(long)]
     debug: bool,
@@ -67,17 +72,19 @@ struct RunArgs {
     #[arg(long, value_enum)]
     emulator: Option<EmulatorArg>,
     /// Number of CPUs.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, conflicts_with = "config")]
     cpus: u32,
     /// The Bochs CPU model.
-    #[arg(long, default_value = qemu_tests::emulator::DEFAULT_BOCHS_MODEL)]
+    #[arg(long, default_value = qemu_tests::emulator::DEFAULT_BOCHS_MODEL, conflicts_with = "config")]
     cpu_model: String,
     /// Stop after this many seconds (default: no limit).
     #[arg(long)]
     timeout: Option<u64>,
 }
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+/// The emulators, as `--emulator` and the configuration files' `emulator` name them.
+#[derive(ValueEnum, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
 enum EmulatorArg {
     Bochs,
     QemuKvm,

@@ -12,6 +12,7 @@ use qemu_tests::process::{Launch, RunEnd, RunOutcome, launch};
 use qemu_tests::runner::DEFAULT_END_MARKER;
 
 use crate::build::build_hypervisor;
+use crate::config::Plan;
 use crate::tools::ensure_tools;
 use crate::{EmulatorArg, IsoArgs, RunArgs, target_dir};
 
@@ -27,19 +28,46 @@ fn parse_module(spec: &str) -> Result<IsoModule> {
 
 /// Builds the hypervisor and target/hvprof.iso; returns the ISO's path.
 pub fn iso(args: &IsoArgs) -> Result<PathBuf> {
-    let modules = args
-        .modules
-        .iter()
-        .map(|m| parse_module(m))
-        .collect::<Result<Vec<_>>>()?;
+    let plan = load_config(args)?;
+    make_iso(args, plan.as_ref())
+}
+
+/// The configuration `--config` names, validated and described on stderr.
+fn load_config(args: &IsoArgs) -> Result<Option<Plan>> {
+    let Some(file) = &args.config else {
+        return Ok(None);
+    };
+    let plan = crate::config::load(file)?;
+    eprintln!("{}", plan.describe());
+    Ok(Some(plan))
+}
+
+/// Builds the hypervisor and the ISO from the flags, or from the configuration when there is one.
+fn make_iso(args: &IsoArgs, plan: Option<&Plan>) -> Result<PathBuf> {
+    let flag_modules = match plan {
+        Some(_) => Vec::new(),
+        None => args
+            .modules
+            .iter()
+            .map(|m| parse_module(m))
+            .collect::<Result<Vec<_>>>()?,
+    };
     ensure_tools()?;
     let hypervisor = build_hypervisor(args.debug)?;
     let target = target_dir();
+    // The images of a configuration are checked after the build, which makes the test guests.
+    let (cmdline, modules) = match plan {
+        Some(plan) => (
+            plan.cmdline.as_str(),
+            plan.iso_modules(&target.join("config-modules"))?,
+        ),
+        None => (args.cmdline.as_str(), flag_modules),
+    };
     let iso = target.join("hvprof.iso");
     build_iso(
         &IsoSpec {
             hypervisor: &hypervisor,
-            cmdline: &args.cmdline,
+            cmdline,
             modules: &modules,
         },
         &target.join("iso"),
@@ -72,22 +100,32 @@ fn choose_emulator(arg: Option<EmulatorArg>, cpu_model: &str) -> Result<Emulator
 
 /// Builds, makes the ISO, boots it and streams the serial log.
 fn boot(args: &RunArgs) -> Result<RunOutcome> {
-    let emulator = choose_emulator(args.emulator, &args.cpu_model)?;
-    let iso = iso(&args.iso)?;
+    let plan = load_config(&args.iso)?;
+    // A configuration sets the machine; `--emulator` still overrides its emulator.
+    let (emulator, cpus, cpu_model) = match &plan {
+        Some(plan) => (
+            args.emulator.or(plan.emulator),
+            plan.cpus.unwrap_or(1),
+            plan.cpu_model.as_deref().unwrap_or(&args.cpu_model),
+        ),
+        None => (args.emulator, args.cpus, args.cpu_model.as_str()),
+    };
+    let emulator = choose_emulator(emulator, cpu_model)?;
+    let iso = make_iso(&args.iso, plan.as_ref())?;
     let dir = target_dir().join("run");
     let files = RunFiles::in_dir(&dir, &iso, &emulator);
     eprintln!(
         "xtask: booting {} on {} with {} CPU(s); serial log in {} (Ctrl-C stops)",
         iso.display(),
         emulator.label(),
-        args.cpus,
+        cpus,
         files.serial_log.display()
     );
     let mut stdout = std::io::stdout();
     let outcome = launch(
         &Launch {
             emulator: &emulator,
-            cpus: args.cpus,
+            cpus,
             files: &files,
             end_marker: DEFAULT_END_MARKER,
             timeout: args.timeout.map(Duration::from_secs),
