@@ -176,6 +176,16 @@ pub fn build_all(caps: &VmxCaps, modules: &[(usize, ModuleTag<'static>)]) -> Vec
                     vm.vcpus.first().map_or(0, |v| v.vpid),
                     vm.budget
                 );
+                if config
+                    .args
+                    .split_whitespace()
+                    .any(|w| w.starts_with("pin="))
+                {
+                    println!(
+                        "vm {}: note: pin= is not applied yet: every vCPU runs on the boot CPU",
+                        vm.name
+                    );
+                }
                 if let Some(t) = &vm.target {
                     println!(
                         "vm {}: attack target: {} at host {:#x}{}",
