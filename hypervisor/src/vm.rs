@@ -50,8 +50,6 @@ pub enum Stop {
     Budget,
     /// The vCPU halted with nothing that could ever wake it.
     HaltedForever,
-    /// Not a stop: the guest executed HLT and blocks (the scheduler runs something else).
-    Halt,
 }
 
 /// What an attack guest aims at, and the checksum of that host page before it ran.
@@ -459,9 +457,9 @@ pub fn run_slice(vm: &mut Vm, vcpu: usize, caps: &VmxCaps, slice_end: u64) -> Sl
         let flow = vmexit::handle(vm, &mut vmcs, reason);
         x86_64::instructions::interrupts::disable();
         match flow {
-            None => {}
-            Some(Stop::Halt) => break SliceEnd::Halted,
-            Some(stop) => break SliceEnd::Stopped(stop),
+            vmexit::Flow::Resume => {}
+            vmexit::Flow::Halt => break SliceEnd::Halted,
+            vmexit::Flow::Stop(stop) => break SliceEnd::Stopped(stop),
         }
         x86_64::instructions::interrupts::enable();
         profiler::export::drain_if_full(prof);
@@ -522,7 +520,6 @@ fn report(vm: &Vm, stop: &Stop) {
         Stop::HaltedForever => println!(
             "vm {name}: stopped: HLT with no event that could wake the vCPU (no virtual timer armed)"
         ),
-        Stop::Halt => {}
     }
     if let Some(t) = &vm.target {
         match t.checksum {

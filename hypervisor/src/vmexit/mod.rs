@@ -3,7 +3,8 @@
 //! `hvprof-vmx` crate (Intel SDM Vol. 3C chapter 28, Appendix C).
 //!
 //! A handler either resumes the guest (returns `None`) or stops this VM with a report
-//! (`Some(Stop)`); a guest can never stop the hypervisor or another VM.
+//! (`Some(Stop)`); a guest can never stop the hypervisor or another VM. HLT blocks the vCPU
+//! ([`Flow::Halt`]).
 
 mod cpuid;
 mod io;
@@ -19,8 +20,31 @@ use hvprof_vmx::exit::{BasicExit, ExitReason, InterruptionInfo, InterruptionType
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::{Control32, GuestNatural, ReadOnly32, ReadOnly64, ReadOnlyNatural, VmcsExt};
 
+/// What the run loop does after an exit.
+pub enum Flow {
+    /// Enter the guest again.
+    Resume,
+    /// The vCPU executed HLT: it blocks until its virtual timer fires.
+    Halt,
+    /// The VM (or this vCPU, for an exit code) stops.
+    Stop(Stop),
+}
+
 /// Handles one VM exit of `vm`, whose VMCS is current.
-pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Option<Stop> {
+pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Flow {
+    if reason.kind() == Some(BasicExit::Hlt) {
+        // HLT blocks the vCPU until an event: the scheduler runs something else and resumes it
+        // after the HLT when its virtual timer fires (docs/GUEST-ABI.md, "Time").
+        skip_instruction(vmcs);
+        return Flow::Halt;
+    }
+    match handle_exit(vm, vmcs, reason) {
+        None => Flow::Resume,
+        Some(stop) => Flow::Stop(stop),
+    }
+}
+
+fn handle_exit(vm: &mut Vm, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Option<Stop> {
     let kind = reason.kind();
     match kind {
         Some(BasicExit::Cpuid) => cpuid::handle(vm, vmcs),
@@ -62,12 +86,6 @@ pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Option
                     format!("unexpected exception exit ({info:?})"),
                 ))
             }
-        }
-        Some(BasicExit::Hlt) => {
-            // HLT blocks the vCPU until an event: the scheduler runs something else and resumes
-            // it after the HLT when its virtual timer fires (docs/GUEST-ABI.md, "Time").
-            skip_instruction(vmcs);
-            Some(Stop::Halt)
         }
         Some(BasicExit::Invd | BasicExit::Wbinvd) => {
             // Caches are coherent and the guest owns no device: nothing to do.
