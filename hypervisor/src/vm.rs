@@ -483,14 +483,18 @@ pub fn run_slice(vm: &mut Vm, vcpu: usize, caps: &VmxCaps, slice_end: u64) -> Sl
     end
 }
 
+/// Prints a line a guest wrote (virtual UART or PRINT hypercall) with its VM's name in front.
+pub fn print_guest_line(vm: &str, line: &[u8]) {
+    println!(
+        "[{vm}] {}",
+        core::str::from_utf8(line).unwrap_or("<not UTF-8>")
+    );
+}
+
 /// After a VM's stop: the rest of its console line, then the report.
 pub fn finish(vm: &mut Vm, stop: &Stop) {
     if let Some(rest) = vm.uart.flush() {
-        println!(
-            "[{}] {}",
-            vm.name,
-            core::str::from_utf8(rest).unwrap_or("<not UTF-8>")
-        );
+        print_guest_line(&vm.name, rest);
     }
     report(vm, stop);
 }

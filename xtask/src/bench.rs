@@ -17,10 +17,7 @@ pub fn bench() -> Result<ExitCode> {
     ensure_tools()?;
     let hypervisor = build_hypervisor(false)?;
     let config = RunnerConfig {
-        guest_dir: hypervisor
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_default(),
+        guest_dir: crate::build::guest_dir(&hypervisor),
         hypervisor_elf: hypervisor,
         analyzer: None,
         out_dir: target_dir().join("bench"),

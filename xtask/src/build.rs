@@ -60,6 +60,11 @@ pub fn hypervisor_path(debug: bool) -> PathBuf {
         .join("hvprof")
 }
 
+/// Where `build_hypervisor` leaves the test guests: beside the hypervisor's ELF.
+pub fn guest_dir(hypervisor: &std::path::Path) -> PathBuf {
+    hypervisor.parent().map(PathBuf::from).unwrap_or_default()
+}
+
 /// Builds the hypervisor and the test guests (`guests/`, next to it in the same folder); returns
 /// the hypervisor's ELF.
 pub fn build_hypervisor(debug: bool) -> Result<PathBuf> {

@@ -165,10 +165,7 @@ pub fn demo() -> Result<ExitCode> {
     // log sent at the end.
     let hypervisor = crate::build::build_hypervisor(false)?;
     let analyzer = crate::build::build_analyzer()?;
-    let guests = hypervisor
-        .parent()
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_default();
+    let guests = crate::build::guest_dir(&hypervisor);
     // Each VM's module needs its own file name in the ISO: copy the image per VM.
     let copies = target_dir().join("run").join("demo");
     std::fs::create_dir_all(&copies).context("cannot create target/run/demo")?;

@@ -1,6 +1,5 @@
 //! `cargo xtask test`: every check CI runs, in order.
 
-use std::path::Path;
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
@@ -131,10 +130,7 @@ pub fn test(filter: Option<&str>, no_e2e: bool) -> Result<ExitCode> {
                     let summary = run_scenarios(
                         &all,
                         &RunnerConfig {
-                            guest_dir: hypervisor
-                                .parent()
-                                .map(Path::to_path_buf)
-                                .unwrap_or_default(),
+                            guest_dir: crate::build::guest_dir(&hypervisor),
                             hypervisor_elf: hypervisor,
                             analyzer: analyzer.clone(),
                             out_dir: target_dir().join("scenarios"),

@@ -3,7 +3,6 @@
 //! all ones and drops writes (docs/GUEST-ABI.md, "Devices").
 
 use super::{fatal, skip_instruction};
-use crate::println;
 use crate::vm::{Stop, Vm};
 use alloc::format;
 use hvprof_vmx::exit::{IoAccess, IoDirection};
@@ -45,11 +44,7 @@ pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
                 }
                 p if (COM1..COM1 + 8).contains(&p) => {
                     if let Some(line) = vm.uart.write((p - COM1) as u8, value as u8) {
-                        println!(
-                            "[{}] {}",
-                            vm.name,
-                            core::str::from_utf8(line).unwrap_or("<not UTF-8>")
-                        );
+                        crate::vm::print_guest_line(&vm.name, line);
                     }
                 }
                 p => vm.log_port_once(p, true),

@@ -1,7 +1,6 @@
 //! VMCALL (exit reason 18): the hypercall interface of docs/GUEST-ABI.md, "Hypercalls".
 
 use super::{guest_cpl, inject_exception, skip_instruction};
-use crate::println;
 use crate::vm::{Stop, Vm};
 use hvprof_vmx::instructions::CurrentVmcs;
 
@@ -55,11 +54,7 @@ fn print(vm: &mut Vm, gpa: u64, len: u64) -> u64 {
     buf[..len].copy_from_slice(&vm.memory()[gpa as usize..gpa as usize + len]);
     for &byte in &buf[..len] {
         if let Some(line) = vm.uart.send(byte) {
-            println!(
-                "[{}] {}",
-                vm.name,
-                core::str::from_utf8(line).unwrap_or("<not UTF-8>")
-            );
+            crate::vm::print_guest_line(&vm.name, line);
         }
     }
     0

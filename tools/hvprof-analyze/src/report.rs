@@ -167,13 +167,7 @@ impl GuestCounts {
     fn table(&self, symbols: Option<&Symbols>, module: &str) -> GuestTable {
         let steal = self.steal_total();
         let total = self.os + self.user + steal + self.idle;
-        let pct = |n: u64| {
-            if total == 0 {
-                0.0
-            } else {
-                100.0 * n as f64 / total as f64
-            }
-        };
+        let pct = |n: u64| percent(n, total);
         // Name each distinct address once, then merge by function.
         let mut by_fn: HashMap<(String, String), u64> = HashMap::default();
         for (&(rip, _), &n) in &self.by_rip {
@@ -201,6 +195,15 @@ impl GuestCounts {
     }
 }
 
+/// `n` as a percentage of `total` (0 when there is nothing).
+fn percent(n: u64, total: u64) -> f64 {
+    if total == 0 {
+        0.0
+    } else {
+        100.0 * n as f64 / total as f64
+    }
+}
+
 fn rows(counts: HashMap<(String, String), u64>, total: u64) -> Vec<Row> {
     let mut rows: Vec<Row> = counts
         .into_iter()
@@ -208,11 +211,7 @@ fn rows(counts: HashMap<(String, String), u64>, total: u64) -> Vec<Row> {
             function,
             module,
             samples,
-            percent: if total == 0 {
-                0.0
-            } else {
-                100.0 * samples as f64 / total as f64
-            },
+            percent: percent(samples, total),
         })
         .collect();
     rows.sort_by(|a, b| {
@@ -526,13 +525,7 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
     }
 
     // Host level.
-    let pct = |n: u64| {
-        if total == 0 {
-            0.0
-        } else {
-            100.0 * n as f64 / total as f64
-        }
-    };
+    let pct = |n: u64| percent(n, total);
     let mut host_counts: HashMap<(String, String), u64> = HashMap::default();
     let mut vm_samples = 0u64;
     for (&vm, c) in &per_vm {
