@@ -74,6 +74,38 @@ impl ExitStats {
         }
     }
 
+    /// Adds `other`'s counts to these (a VM's table from its vCPUs' tables).
+    pub fn merge(&mut self, other: &ExitStats) {
+        for (s, o) in self.reasons.iter_mut().zip(&other.reasons) {
+            if o.count == 0 {
+                continue;
+            }
+            s.min = if s.count == 0 {
+                o.min
+            } else {
+                s.min.min(o.min)
+            };
+            s.max = s.max.max(o.max);
+            s.count += o.count;
+            s.total = s.total.saturating_add(o.total);
+        }
+        self.other += other.other;
+        self.ports_other += other.ports_other;
+        for &(port, n) in &other.ports[..other.ports_used] {
+            if let Some(p) = self.ports[..self.ports_used]
+                .iter_mut()
+                .find(|p| p.0 == port)
+            {
+                p.1 += n;
+            } else if self.ports_used < PORTS {
+                self.ports[self.ports_used] = (port, n);
+                self.ports_used += 1;
+            } else {
+                self.ports_other += n;
+            }
+        }
+    }
+
     pub fn reason(&self, reason: u16) -> ReasonStats {
         self.reasons
             .get(reason as usize)
@@ -167,6 +199,30 @@ mod tests {
             30 => "IO_INSTRUCTION",
             _ => "?",
         }
+    }
+
+    #[test]
+    fn merge_adds_vcpu_tables() {
+        let mut a = ExitStats::default();
+        let mut b = ExitStats::default();
+        a.record(10, 300);
+        a.record_port(0x3f8);
+        b.record(10, 100);
+        b.record(10, 500);
+        b.record(30, 7);
+        b.record_port(0x3f8);
+        b.record_port(0xf4);
+        let mut vm = ExitStats::default();
+        vm.merge(&a);
+        vm.merge(&b);
+        let c = vm.reason(10);
+        assert_eq!((c.count, c.total, c.min, c.max), (3, 900, 100, 500));
+        assert_eq!(vm.reason(30).count, 1);
+        assert_eq!((vm.port(0x3f8), vm.port(0xf4)), (2, 1));
+        assert_eq!(vm.total_exits(), 4);
+        // Merging an empty table changes nothing (its zero minimum is not taken).
+        vm.merge(&ExitStats::default());
+        assert_eq!(vm.reason(10).min, 100);
     }
 
     #[test]

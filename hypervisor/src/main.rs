@@ -15,6 +15,7 @@ mod acpi;
 mod arch;
 mod console;
 mod memory;
+mod percpu;
 mod platform;
 mod power;
 mod profiler;
@@ -117,7 +118,6 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
         power::off();
     }
     println!("vmx: VMXON done on the boot CPU");
-    let mut vms = vm::build_all(&cpu.vmx, &guests);
     let lapic = arch::lapic::Lapic::init();
     match &lapic {
         Some(l) => println!(
@@ -148,7 +148,13 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
             ),
         }
     }
-    let pmu = cpu.pmu.counting().then_some(&cpu.pmu_info);
+    let vms: &'static [vm::Vm] = vm::build_all(&cpu.vmx, &guests, online).leak();
+    let caps: &'static hvprof_vmx::caps::VmxCaps =
+        alloc::boxed::Box::leak(alloc::boxed::Box::new(cpu.vmx));
+    let pmu: Option<&'static hvprof_pmu::probe::PmuInfo> = cpu
+        .pmu
+        .counting()
+        .then(|| &*alloc::boxed::Box::leak(alloc::boxed::Box::new(cpu.pmu_info)));
     let source = profiler::start(period, lapic, pmu);
     println!("profiler: sampling source: {source:?}");
     let entries: Vec<profiler::export::VmEntry> = vms
@@ -173,11 +179,17 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     );
     drop(entries);
 
-    println!("hvprof: ready ({cpus} CPUs, {} VMs)", vms.len());
+    println!(
+        "hvprof: ready ({cpus} CPUs, {online} running the scheduler, {} VMs)",
+        vms.len()
+    );
     let slice = options.slice.to_tsc_ticks(tsc.hz).max(1);
-    scheduler::run_all(&mut vms, &cpu.vmx, slice);
+    scheduler::setup(vms, caps, slice, online);
+    smp::release(Some(smp::ApWork { caps, period, pmu }));
+    scheduler::run_cpu(0);
     profiler::stop();
-    profiler::export::finish(profiler::this_cpu());
+    smp::wait_for_aps();
+    profiler::export::finish();
     println!("hvprof: all VMs stopped");
     power::off()
 }

@@ -1,141 +1,331 @@
-//! The boot CPU's scheduler: round-robin over every VM's vCPUs with a fixed time slice. A vCPU
-//! that executes HLT blocks until its virtual timer fires; when nothing is runnable the pCPU
-//! idles (sampled as `[idle]`). Every switch is a scheduling event in the sample log (vCPU in,
-//! vCPU out with the reason), so the analysis can place each vCPU on the common host-time axis.
+//! The scheduler. Every pCPU in VMX operation runs [`run_cpu`], which takes vCPUs from one run
+//! queue shared by all pCPUs: round-robin with a fixed time slice, each pCPU taking only the
+//! vCPUs pinned to it (`pin=`) or free to move. More vCPUs than pCPUs is fine (overcommit).
+//!
+//! A vCPU that executes HLT blocks until its virtual timer fires; a pCPU with nothing it may run
+//! idles (sampled as `[idle]`). Every switch is a scheduling event in that pCPU's sample log
+//! (vCPU in, vCPU out with the reason), so the analysis can place each vCPU on the common
+//! host-time axis.
 //!
 //! A vCPU that exits (exit port, EXIT hypercall) stops alone; the VM stops when its last vCPU
-//! has, with vCPU 0's exit code. A fault, the budget, or a HLT nothing can end stops the whole VM.
+//! has, with vCPU 0's exit code. A fault, the budget, or a HLT nothing can end stops the whole
+//! VM: its vCPUs running on other pCPUs stop before their next VM entry.
+//!
+//! The queue's lock is held only to pick a vCPU and to record how its slice ended, never while a
+//! guest runs or while anything is printed.
 
+use crate::percpu::MAX_CPUS;
 use crate::tsc::rdtsc;
-use crate::vm::{self, SliceEnd, Stop};
+use crate::vm::{self, SliceEnd, Stop, Vm};
 use crate::{println, profiler};
 use alloc::vec::Vec;
+use core::sync::atomic::Ordering;
 use hvprof_vmx::caps::VmxCaps;
+use spin::{Mutex, Once};
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum State {
     Runnable,
+    /// A pCPU runs it now.
+    Running,
     Halted,
     Stopped,
 }
 
-/// Runs every VM to its stop, `slice` TSC ticks at a time.
-pub fn run_all(vms: &mut [vm::Vm], caps: &VmxCaps, slice: u64) {
-    // (vm, vcpu) in round-robin order: vCPU 0 of every VM, then vCPU 1, ...
+/// One vCPU in the run queue.
+struct Slot {
+    vm: usize,
+    vcpu: usize,
+    /// The pCPU it is pinned to, if any.
+    pin: Option<usize>,
+    state: State,
+    /// When its virtual timer wakes it (Halted only).
+    wake_at: Option<u64>,
+}
+
+struct Queue {
+    slots: Vec<Slot>,
+    /// Per pCPU: the slot after the one it picked last (round-robin).
+    next: [usize; MAX_CPUS],
+    /// Per VM: the stop that ended it as a whole (the first one wins).
+    vm_stop: Vec<Option<Stop>>,
+    /// Per VM and vCPU: why that vCPU stopped alone.
+    vcpu_stop: Vec<Vec<Option<Stop>>>,
+    /// Per VM: its report was printed.
+    finished: Vec<bool>,
+}
+
+/// What every pCPU's scheduler works on.
+struct Machine {
+    vms: &'static [Vm],
+    caps: &'static VmxCaps,
+    slice: u64,
+    pcpus: usize,
+}
+
+static MACHINE: Once<Machine> = Once::new();
+static QUEUE: Mutex<Option<Queue>> = Mutex::new(None);
+
+/// Sets up the run queue: vCPU 0 of every VM, then vCPU 1, ... Call once, on the boot CPU,
+/// before any pCPU calls `run_cpu`.
+pub fn setup(vms: &'static [Vm], caps: &'static VmxCaps, slice: u64, pcpus: usize) {
     let max = vms.iter().map(|v| v.vcpus.len()).max().unwrap_or(0);
-    let slots: Vec<(usize, usize)> = (0..max)
+    let slots = (0..max)
         .flat_map(|c| (0..vms.len()).map(move |v| (v, c)))
         .filter(|&(v, c)| c < vms[v].vcpus.len())
+        .map(|(v, c)| Slot {
+            vm: v,
+            vcpu: c,
+            pin: vms[v].pin.and_then(|p| p.get(c)).map(usize::from),
+            state: State::Runnable,
+            wake_at: None,
+        })
         .collect();
-    let mut state = alloc::vec![State::Runnable; slots.len()];
-    // Why each vCPU stopped (vCPU 0's is the VM's exit code).
-    let mut stops: Vec<Vec<Option<Stop>>> = vms
-        .iter()
-        .map(|v| v.vcpus.iter().map(|_| None).collect())
-        .collect();
-    let mut next = 0usize;
-    for vm in vms.iter() {
+    for vm in vms {
         println!("vm {}: running ({} vCPUs)", vm.name, vm.vcpus.len());
     }
+    *QUEUE.lock() = Some(Queue {
+        slots,
+        next: [0; MAX_CPUS],
+        vm_stop: vms.iter().map(|_| None).collect(),
+        vcpu_stop: vms
+            .iter()
+            .map(|v| v.vcpus.iter().map(|_| None).collect())
+            .collect(),
+        finished: alloc::vec![false; vms.len()],
+    });
+    MACHINE.call_once(|| Machine {
+        vms,
+        caps,
+        slice,
+        pcpus,
+    });
+}
+
+/// What a pCPU does next.
+enum Next {
+    Run(usize),
+    Idle(u64),
+    Done,
+}
+
+/// This pCPU's scheduler: runs vCPUs until every vCPU of every VM has stopped.
+pub fn run_cpu(cpu: usize) {
+    let Some(m) = MACHINE.get() else {
+        return;
+    };
+    // Another pCPU can make a vCPU runnable for this one at any time (a free vCPU preempted
+    // there): an idle pCPU looks at the queue again this often.
+    let poll = (m.slice / 8).max(1);
+    let prof = profiler::this_cpu();
+    // Between slices the scheduler's own work is hypervisor time, sampled by the LAPIC timer like
+    // any other (`run_slice` switches to the VMX-preemption timer for the guest and back).
+    prof.arm_host_clock();
+    x86_64::instructions::interrupts::enable();
     loop {
         let now = rdtsc();
-        for (s, st) in slots.iter().zip(state.iter_mut()) {
-            let v = &mut vms[s.0].vcpus[s.1];
-            if *st == State::Halted && v.wake_at.is_some_and(|t| t <= now) {
-                v.wake_at = None;
-                *st = State::Runnable;
-            }
+        let (next, done) = {
+            let mut guard = QUEUE.lock();
+            let Some(q) = guard.as_mut() else {
+                return;
+            };
+            pick(q, m, cpu, now, poll)
+        };
+        for (v, stop) in done {
+            vm::finish(&m.vms[v], &stop);
         }
-        let pick = (0..slots.len())
-            .map(|i| (next + i) % slots.len().max(1))
-            .find(|&i| state[i] == State::Runnable);
-        match pick {
-            Some(i) => {
-                next = i + 1;
-                let (v, c) = slots[i];
-                match vm::run_slice(&mut vms[v], c, caps, now.saturating_add(slice)) {
-                    SliceEnd::Preempted => {}
-                    SliceEnd::Halted => state[i] = State::Halted,
-                    SliceEnd::Stopped(stop) => {
-                        let whole_vm = !matches!(stop, Stop::Exited { .. });
-                        stops[v][c] = Some(stop);
-                        for (j, s) in slots.iter().enumerate() {
-                            if s.0 == v && (whole_vm || j == i) {
-                                state[j] = State::Stopped;
-                            }
-                        }
-                        finish_if_done(vms, &slots, &state, &mut stops, v, whole_vm);
-                    }
-                }
-            }
-            None => {
-                let wake = slots
-                    .iter()
-                    .zip(&state)
-                    .filter(|(_, s)| **s == State::Halted)
-                    .filter_map(|(s, _)| vms[s.0].vcpus[s.1].wake_at)
-                    .min();
-                match wake {
-                    Some(t) => idle_until(t),
-                    None => {
-                        // Nothing runnable and nothing that could wake: the halted vCPUs are
-                        // stuck for good.
-                        let stuck: Vec<usize> = (0..slots.len())
-                            .filter(|&j| state[j] == State::Halted)
-                            .collect();
-                        if stuck.is_empty() {
-                            return;
-                        }
-                        for j in stuck {
-                            let (v, c) = slots[j];
-                            state[j] = State::Stopped;
-                            stops[v][c] = Some(Stop::HaltedForever);
-                            finish_if_done(vms, &slots, &state, &mut stops, v, true);
-                        }
-                    }
+        match next {
+            Next::Done => return,
+            Next::Idle(until) => idle_until(until),
+            Next::Run(i) => {
+                let (v, c, pinned) = {
+                    let guard = QUEUE.lock();
+                    let s = &guard.as_ref().expect("set up").slots[i];
+                    (s.vm, s.vcpu, s.pin.is_some())
+                };
+                let vm = &m.vms[v];
+                // A vCPU free to move gives its VMCS up at the end of the slice when another
+                // pCPU could take it next.
+                let release = !pinned && m.pcpus > 1;
+                let (end, wake_at) = {
+                    let mut vcpu = vm.vcpus[c].lock();
+                    let end = vm::run_slice(
+                        vm,
+                        &mut vcpu,
+                        cpu,
+                        release,
+                        m.caps,
+                        rdtsc().saturating_add(m.slice),
+                    );
+                    (end, vcpu.wake_at.take())
+                };
+                prof.arm_host_clock();
+                x86_64::instructions::interrupts::enable();
+                let done = {
+                    let mut guard = QUEUE.lock();
+                    let q = guard.as_mut().expect("set up");
+                    slice_ended(q, m, i, end, wake_at)
+                };
+                if let Some((v, stop)) = done {
+                    vm::finish(&m.vms[v], &stop);
                 }
             }
         }
-        profiler::export::drain_if_full(profiler::this_cpu());
+        profiler::export::drain_if_full(prof);
     }
 }
 
-/// Reports VM `v` once all its vCPUs have stopped: the stop that ended it (a whole-VM one), or
-/// vCPU 0's.
-fn finish_if_done(
-    vms: &mut [vm::Vm],
-    slots: &[(usize, usize)],
-    state: &[State],
-    stops: &mut [Vec<Option<Stop>>],
-    v: usize,
-    whole_vm: bool,
-) {
-    let done = slots
-        .iter()
-        .zip(state)
-        .filter(|(s, _)| s.0 == v)
-        .all(|(_, st)| *st == State::Stopped);
-    if !done || stops[v].iter().all(Option::is_none) {
+/// Stops the vCPUs pinned to `cpu`, which cannot run them (it could not enter VMX operation).
+pub fn cpu_unavailable(cpu: usize, why: &str) {
+    let Some(m) = MACHINE.get() else {
         return;
-    }
-    let stop = if whole_vm {
-        stops[v].iter_mut().rev().find_map(Option::take)
-    } else {
-        stops[v][0]
-            .take()
-            .or_else(|| stops[v].iter_mut().find_map(Option::take))
     };
-    if let Some(stop) = stop {
-        for s in stops[v].iter_mut() {
-            *s = None;
+    let done = {
+        let mut guard = QUEUE.lock();
+        let Some(q) = guard.as_mut() else {
+            return;
+        };
+        let pinned: Vec<usize> = (0..q.slots.len())
+            .filter(|&i| q.slots[i].pin == Some(cpu) && q.slots[i].state != State::Stopped)
+            .collect();
+        let mut done = Vec::new();
+        for i in pinned {
+            q.slots[i].state = State::Running;
+            let stop = Stop::Fault(alloc::format!("its pCPU {cpu} is unavailable: {why}"));
+            done.extend(slice_ended(q, m, i, SliceEnd::Stopped(stop), None));
         }
-        vm::finish(&mut vms[v], &stop);
+        done
+    };
+    for (v, stop) in done {
+        vm::finish(&m.vms[v], &stop);
     }
+}
+
+/// Chooses what pCPU `cpu` does next; also returns the VMs that stopped for good (all their
+/// vCPUs halted with nothing to wake them), to be reported outside the lock.
+fn pick(q: &mut Queue, m: &Machine, cpu: usize, now: u64, poll: u64) -> (Next, Vec<(usize, Stop)>) {
+    let mut done = Vec::new();
+    for s in q.slots.iter_mut() {
+        if s.state == State::Halted && s.wake_at.is_some_and(|t| t <= now) {
+            s.wake_at = None;
+            s.state = State::Runnable;
+        }
+    }
+    if q.slots.iter().all(|s| s.state == State::Stopped) {
+        return (Next::Done, done);
+    }
+    let n = q.slots.len();
+    let mine = |s: &Slot| s.pin.is_none_or(|p| p == cpu);
+    if let Some(i) = (0..n)
+        .map(|k| (q.next[cpu] + k) % n)
+        .find(|&i| q.slots[i].state == State::Runnable && mine(&q.slots[i]))
+    {
+        q.next[cpu] = i + 1;
+        q.slots[i].state = State::Running;
+        return (Next::Run(i), done);
+    }
+    let active = q
+        .slots
+        .iter()
+        .any(|s| matches!(s.state, State::Runnable | State::Running));
+    let wake = q
+        .slots
+        .iter()
+        .filter(|s| s.state == State::Halted)
+        .filter_map(|s| s.wake_at)
+        .min();
+    if !active && wake.is_none() {
+        // Nothing runs and nothing can wake: the halted vCPUs are stuck for good.
+        let stuck: Vec<usize> = (0..n)
+            .filter(|&i| q.slots[i].state == State::Halted)
+            .collect();
+        for i in stuck {
+            q.slots[i].state = State::Running;
+            done.extend(slice_ended(
+                q,
+                m,
+                i,
+                SliceEnd::Stopped(Stop::HaltedForever),
+                None,
+            ));
+        }
+        return (Next::Idle(now), done);
+    }
+    // Idle until the next wake-up this pCPU could take, looking again after `poll` when another
+    // pCPU is at work (it may leave something runnable here).
+    let my_wake = q
+        .slots
+        .iter()
+        .filter(|s| s.state == State::Halted && mine(s))
+        .filter_map(|s| s.wake_at)
+        .min();
+    let until = match (my_wake, m.pcpus > 1) {
+        (Some(t), false) => t,
+        (Some(t), true) => t.min(now.saturating_add(poll)),
+        (None, _) => now.saturating_add(poll),
+    };
+    (Next::Idle(until), done)
+}
+
+/// Records how slot `i`'s slice ended; returns its VM and the VM's stop when that was the VM's
+/// last running vCPU.
+fn slice_ended(
+    q: &mut Queue,
+    m: &Machine,
+    i: usize,
+    end: SliceEnd,
+    wake_at: Option<u64>,
+) -> Option<(usize, Stop)> {
+    let (v, c) = (q.slots[i].vm, q.slots[i].vcpu);
+    let vm = &m.vms[v];
+    match end {
+        SliceEnd::Preempted => q.slots[i].state = State::Runnable,
+        SliceEnd::Halted => {
+            q.slots[i].state = State::Halted;
+            q.slots[i].wake_at = wake_at;
+        }
+        SliceEnd::Stopped(stop) => {
+            q.slots[i].state = State::Stopped;
+            match stop {
+                Stop::WithVm => {}
+                Stop::Exited { .. } => q.vcpu_stop[v][c] = Some(stop),
+                _ => {
+                    vm.stopping.store(true, Ordering::Release);
+                    if q.vm_stop[v].is_none() {
+                        q.vm_stop[v] = Some(stop);
+                    }
+                }
+            }
+        }
+    }
+    if vm.stopping.load(Ordering::Acquire) {
+        // The whole VM stops: its vCPUs that no pCPU runs stop now, the running ones at their
+        // next VM entry.
+        for s in q.slots.iter_mut().filter(|s| s.vm == v) {
+            if s.state != State::Running {
+                s.state = State::Stopped;
+            }
+        }
+    }
+    let all_stopped = q
+        .slots
+        .iter()
+        .filter(|s| s.vm == v)
+        .all(|s| s.state == State::Stopped);
+    if !all_stopped || q.finished[v] {
+        return None;
+    }
+    q.finished[v] = true;
+    let stop = q.vm_stop[v]
+        .take()
+        .or_else(|| q.vcpu_stop[v][0].take())
+        .or_else(|| q.vcpu_stop[v].iter_mut().find_map(Option::take))?;
+    Some((v, stop))
 }
 
 /// The idle loop: nothing to run until `t`. It polls the sampling deadline itself (it has nothing
-/// else to do), so every deadline in idle time is sampled exactly on time, as `[idle]`, and
-/// moves the ring on as it fills.
+/// else to do; the LAPIC timer may still be first), so every deadline in idle time is sampled on
+/// time, as `[idle]`, and it moves the ring on as it fills.
 fn idle_until(t: u64) {
     let prof = profiler::this_cpu();
     prof.set_idle(true);
@@ -146,8 +336,9 @@ fn idle_until(t: u64) {
         }
         if now >= prof.next_tick() {
             prof.sample_host_if_due(idle_until as *const () as u64, true);
-            profiler::export::drain_if_full(prof);
         }
+        // The LAPIC timer may have taken the sample instead: move the ring on either way.
+        profiler::export::drain_if_full(prof);
         core::hint::spin_loop();
     }
     prof.set_idle(false);

@@ -1,11 +1,13 @@
 //! Bringing up the application processors listed in the MADT: INIT-SIPI-SIPI through the boot
 //! CPU's local APIC (Intel SDM Vol. 3A §10.4.4, "MP Initialization Example"), each AP entering
 //! `ap_main` in 64-bit mode through the trampoline in `boot/src/ap.rs`; then the TSC consistency
-//! check across CPUs.
+//! check across CPUs. Each AP then waits for the boot CPU to build the VMs (`release`), enters
+//! VMX operation, starts its own sampler and runs the scheduler until every VM has stopped.
 
 use crate::arch::lapic::Lapic;
+use crate::percpu::MAX_CPUS;
 use crate::tsc::rdtsc;
-use crate::{arch, memory, println};
+use crate::{arch, memory, println, profiler, scheduler, vmx_root};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use hvprof_boot::ap::{self, Params};
 
@@ -39,13 +41,21 @@ pub fn start_aps(lapic: &Lapic, apic_ids: &[u32], page: u32, tsc_hz: u64) -> Smp
     let me = lapic.id();
     let image = ap::image();
     let mut skew = 0u64;
-    for (index, &id) in apic_ids.iter().enumerate() {
+    for &id in apic_ids {
         if id == me {
             continue;
         }
+        // pCPUs are numbered in start-up order: the boot CPU is 0.
+        let index = ONLINE.load(Ordering::Acquire) as usize;
+        if index >= MAX_CPUS {
+            println!(
+                "smp: warning: APIC id {id} and the CPUs after it are not started (hvprof runs on at most {MAX_CPUS} CPUs)"
+            );
+            break;
+        }
         let Some(stack) = memory::alloc_zeroed(AP_STACK, 4096) else {
             println!("smp: error: no memory for the stack of CPU {index}; not started");
-            continue;
+            break;
         };
         let params = Params {
             cr3: x86_64::registers::control::Cr3::read_raw()
@@ -77,7 +87,8 @@ pub fn start_aps(lapic: &Lapic, apic_ids: &[u32], page: u32, tsc_hz: u64) -> Smp
         }
         if ONLINE.load(Ordering::Acquire) == before {
             println!("smp: error: CPU {index} (APIC id {id}) did not start within 100 ms");
-            continue;
+            // It may still come up later and take this number: start no more.
+            break;
         }
         skew = skew.max(check_tsc());
     }
@@ -128,12 +139,52 @@ fn answer_tsc() {
     }
 }
 
+/// What the APs need to run vCPUs, given by the boot CPU once the VMs are built.
+pub struct ApWork {
+    pub caps: &'static hvprof_vmx::caps::VmxCaps,
+    pub period: u64,
+    pub pmu: Option<&'static hvprof_pmu::probe::PmuInfo>,
+}
+
+/// `None`: there is no work (the APs stay halted).
+static WORK: spin::Once<Option<ApWork>> = spin::Once::new();
+/// APs that have left the scheduler (or never entered it).
+static FINISHED: AtomicU32 = AtomicU32::new(0);
+
+/// Lets the APs go: with work, each enters VMX operation and runs the scheduler.
+pub fn release(work: Option<ApWork>) {
+    WORK.call_once(|| work);
+}
+
+/// Waits until every AP that came online has left the scheduler (after `release`).
+pub fn wait_for_aps() {
+    let aps = ONLINE.load(Ordering::Acquire) - 1;
+    while FINISHED.load(Ordering::Acquire) < aps {
+        core::hint::spin_loop();
+    }
+}
+
 /// Where an AP arrives, in 64-bit mode on its own stack, interrupts off.
 extern "C" fn ap_main(index: u64) -> ! {
-    arch::gdt::init_ap(index as usize);
+    let cpu = index as usize;
+    arch::gdt::init_ap(cpu);
     arch::idt::init();
     ONLINE.fetch_add(1, Ordering::AcqRel);
     answer_tsc();
-    // The scheduler will hand this CPU work; until then it waits with interrupts off.
+    if let Some(work) = WORK.wait() {
+        match vmx_root::enable(work.caps) {
+            Ok(_) => {
+                let lapic = Lapic::init();
+                profiler::start(work.period, lapic, work.pmu);
+                scheduler::run_cpu(cpu);
+                profiler::stop();
+            }
+            Err(e) => {
+                println!("smp: error: pCPU {cpu} cannot enter VMX operation: {e}");
+                scheduler::cpu_unavailable(cpu, "it could not enter VMX operation");
+            }
+        }
+    }
+    FINISHED.fetch_add(1, Ordering::AcqRel);
     crate::power::halt_forever()
 }

@@ -1,6 +1,11 @@
 //! Virtual machines: each owns its memory (taken from the frame allocator, never shared), its EPT
-//! and its vCPU. VMs are built from the boot modules, then run one after another on the boot CPU
-//! until each stops (the scheduler that interleaves them is a later step).
+//! and its vCPUs. VMs are built from the boot modules on the boot CPU; then the scheduler of every
+//! pCPU runs their vCPUs (`run_slice`), several pCPUs at once.
+//!
+//! What several pCPUs share is split by who may touch it: a vCPU (registers, VMCS, exit
+//! statistics) is locked by the pCPU running it; the VM's console and once-only logs are behind
+//! their own lock, taken only by the exits that use them; the rest is fixed after `build` or
+//! atomic.
 
 use crate::tsc::rdtsc;
 use crate::vcpu::{Bitmaps, Vcpu};
@@ -8,16 +13,19 @@ use crate::{memory, print, println, profiler, vmexit};
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use hvprof_boot::info::ModuleTag;
 use hvprof_ept::{Ept, EptCaps, FrameSource, MemoryType, PageSizes, Permissions, PhysMem};
 use hvprof_hypervisor::devices::uart::Uart;
 use hvprof_hypervisor::exit_stats::ExitStats;
 use hvprof_hypervisor::guest_image;
+use hvprof_hypervisor::vm_config::Pins;
 use hvprof_hypervisor::vm_config::{self, MEM_GRANULE, Target};
 use hvprof_vmx::caps::{VmxCaps, ept_cap};
 use hvprof_vmx::exit::BasicExit;
 use hvprof_vmx::instructions::{self, CurrentVmcs};
 use hvprof_vmx::vmcs::{Guest32, VmcsExt};
+use spin::Mutex;
 
 /// Host-physical memory as the EPT builder sees it: identity-mapped, frames from the allocator.
 pub struct HostPhys;
@@ -50,6 +58,8 @@ pub enum Stop {
     Budget,
     /// The vCPU halted with nothing that could ever wake it.
     HaltedForever,
+    /// Another vCPU stopped the whole VM (that vCPU's stop is the VM's).
+    WithVm,
 }
 
 /// What an attack guest aims at, and the checksum of that host page before it ran.
@@ -66,44 +76,59 @@ pub struct Vm {
     pub mem_hpa: u64,
     pub mem_size: u64,
     pub ept: Ept<HostPhys>,
-    /// Its vCPUs; `current` is the one this pCPU runs (or ran last).
-    pub vcpus: Vec<Vcpu>,
-    pub current: usize,
-    pub uart: Uart,
-    pub stats: ExitStats,
+    /// Its vCPUs, each locked by the pCPU that runs it.
+    pub vcpus: Vec<Mutex<Vcpu>>,
+    /// `pin=`: the pCPU of each vCPU, or free to move.
+    pub pin: Option<Pins>,
+    /// The virtual UART and the once-only logs.
+    pub console: Mutex<VmConsole>,
     pub budget: u64,
     pub target: Option<AttackTarget>,
-    /// MSRs and ports already reported once.
-    pub logged_msrs: Vec<u32>,
-    pub logged_ports: Vec<u16>,
-    /// TSC ticks the guest ran, from the first VM entry to the stop.
-    pub run_ticks: u64,
+    /// TSC ticks its vCPUs ran, added up at the end of each slice.
+    pub run_ticks: AtomicU64,
+    /// The whole VM stops: its other vCPUs stop before their next VM entry.
+    pub stopping: AtomicBool,
     /// The module's image name and its GNU build id (for the sample log's VM table).
     pub image: String,
     pub build_id: Vec<u8>,
 }
 
+/// What the VM's exits write to, under `Vm::console`.
+#[derive(Default)]
+pub struct VmConsole {
+    pub uart: Uart,
+    /// MSRs and ports already reported once.
+    logged_msrs: Vec<u32>,
+    logged_ports: Vec<u16>,
+}
+
 impl Vm {
-    /// The vCPU being run.
-    pub fn cur(&self) -> &Vcpu {
-        &self.vcpus[self.current]
-    }
-
-    pub fn cur_mut(&mut self) -> &mut Vcpu {
-        &mut self.vcpus[self.current]
-    }
-
-    /// The VM's memory as a byte slice (guest-physical address = index).
-    pub fn memory(&mut self) -> &mut [u8] {
-        // SAFETY: [mem_hpa, mem_hpa + mem_size) was taken from the frame allocator for this VM
-        // alone and is identity-mapped; `&mut self` makes the borrow exclusive.
-        unsafe { core::slice::from_raw_parts_mut(self.mem_hpa as *mut u8, self.mem_size as usize) }
+    /// Copies guest-physical `[gpa, gpa + buf.len())` into `buf`; false if it is not all guest
+    /// memory.
+    pub fn read_guest(&self, gpa: u64, buf: &mut [u8]) -> bool {
+        let fits = gpa
+            .checked_add(buf.len() as u64)
+            .is_some_and(|end| end <= self.mem_size);
+        if fits {
+            // SAFETY: [mem_hpa, mem_hpa + mem_size) was taken from the frame allocator for this
+            // VM alone and is identity-mapped; the range was checked to lie inside it. Guest
+            // vCPUs may write it meanwhile: the copy is of bytes, any value is valid.
+            unsafe {
+                core::ptr::copy_nonoverlapping(
+                    (self.mem_hpa + gpa) as *const u8,
+                    buf.as_mut_ptr(),
+                    buf.len(),
+                )
+            };
+        }
+        fits
     }
 
     /// Logs `what` the first time `msr` is seen.
-    pub fn log_msr_once(&mut self, msr: u32, what: &str) {
-        if !self.logged_msrs.contains(&msr) && self.logged_msrs.len() < 64 {
-            self.logged_msrs.push(msr);
+    pub fn log_msr_once(&self, msr: u32, what: &str) {
+        let mut c = self.console.lock();
+        if !c.logged_msrs.contains(&msr) && c.logged_msrs.len() < 64 {
+            c.logged_msrs.push(msr);
             println!(
                 "vm {}: {what} MSR {msr:#x}: #GP injected (reported once)",
                 self.name
@@ -111,9 +136,10 @@ impl Vm {
         }
     }
 
-    pub fn log_port_once(&mut self, port: u16, write: bool) {
-        if !self.logged_ports.contains(&port) && self.logged_ports.len() < 64 {
-            self.logged_ports.push(port);
+    pub fn log_port_once(&self, port: u16, write: bool) {
+        let mut c = self.console.lock();
+        if !c.logged_ports.contains(&port) && c.logged_ports.len() < 64 {
+            c.logged_ports.push(port);
             let access = if write { "write to" } else { "read from" };
             println!(
                 "vm {}: {access} unhandled I/O port {port:#x} (reads all ones, writes dropped; reported once)",
@@ -124,8 +150,9 @@ impl Vm {
 }
 
 /// Builds every VM from the boot modules that passed `check_module`. A module that cannot
-/// become a VM is reported and skipped.
-pub fn build_all(caps: &VmxCaps, modules: &[(usize, ModuleTag<'static>)]) -> Vec<Vm> {
+/// become a VM is reported and skipped, as is one pinned to a pCPU that is not online (`pcpus`
+/// are).
+pub fn build_all(caps: &VmxCaps, modules: &[(usize, ModuleTag<'static>)], pcpus: usize) -> Vec<Vm> {
     let Some(bitmaps) = Bitmaps::new() else {
         println!("hvprof: error: no memory for the I/O and MSR bitmaps");
         return Vec::new();
@@ -141,6 +168,19 @@ pub fn build_all(caps: &VmxCaps, modules: &[(usize, ModuleTag<'static>)]) -> Vec
                 continue;
             }
         };
+        if let Some(&cpu) = config
+            .pin
+            .as_ref()
+            .and_then(|p| p.as_slice().iter().find(|&&c| usize::from(c) >= pcpus))
+        {
+            println!(
+                "vm {}: error: pin={}: pCPU {cpu} is not online ({pcpus} pCPU{} online, numbered from 0); VM not created",
+                config.name,
+                PinList(config.pin.as_ref()),
+                if pcpus == 1 { "" } else { "s" }
+            );
+            continue;
+        }
         if vms.iter().any(|v| v.name == config.name) {
             println!(
                 "module {index}: error: a VM named {:?} exists already; VM not created",
@@ -165,25 +205,21 @@ pub fn build_all(caps: &VmxCaps, modules: &[(usize, ModuleTag<'static>)]) -> Vec
         match build(caps, bitmaps, vms.len(), &config, image, image_name, target) {
             Ok(vm) => {
                 println!(
-                    "vm {}: created from module {index}: {} MiB of guest memory at host {:#x}-{:#x}, EPT {}, VPID {}, budget {} ticks",
+                    "vm {}: created from module {index}: {} MiB of guest memory at host {:#x}-{:#x}, EPT {}, VPID {}, budget {} ticks, {} vCPU{} {}",
                     vm.name,
                     vm.mem_size >> 20,
                     vm.mem_hpa,
                     vm.mem_hpa + vm.mem_size,
                     vm.ept.stats(),
-                    vm.vcpus.first().map_or(0, |v| v.vpid),
-                    vm.budget
+                    vm.vcpus.first().map_or(0, |v| v.lock().vpid),
+                    vm.budget,
+                    vm.vcpus.len(),
+                    if vm.vcpus.len() == 1 { "" } else { "s" },
+                    match &vm.pin {
+                        Some(_) => format!("pinned to pCPU {}", PinList(vm.pin.as_ref())),
+                        None => String::from("free to move between pCPUs"),
+                    }
                 );
-                if config
-                    .args
-                    .split_whitespace()
-                    .any(|w| w.starts_with("pin="))
-                {
-                    println!(
-                        "vm {}: note: pin= is not applied yet: every vCPU runs on the boot CPU",
-                        vm.name
-                    );
-                }
                 if let Some(t) = &vm.target {
                     println!(
                         "vm {}: attack target: {} at host {:#x}{}",
@@ -313,30 +349,46 @@ fn build(
         let vpid = NEXT_VPID.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
         let (mut vcpu, _vmcs) =
             Vcpu::new(caps, bitmaps, eptp, vpid, &start).map_err(|e| format!("vCPU {i}: {e}"))?;
+        // Made on the boot CPU, it may run on any pCPU: clear it (SDM Vol. 3C §25.11.3), so the
+        // pCPU that runs it first loads it and writes its own host state.
+        // SAFETY: VMX root operation; the VMCS was just made current on this CPU.
+        unsafe { instructions::vmclear(vcpu.vmcs) }.map_err(|e| format!("VMCLEAR: {e}"))?;
+        vcpu.host_cpu = None;
         // The guest learns which vCPU it is in RDX.
         vcpu.regs.rdx = u64::from(i);
-        vcpus.push(vcpu);
+        vcpu.index = i;
+        vcpus.push(Mutex::new(vcpu));
     }
     Ok(Vm {
         index: index as u16,
         vcpus,
-        current: 0,
+        pin: config.pin,
         name: String::from(config.name),
         mem_hpa,
         mem_size: config.mem,
         ept,
-        uart: Uart::default(),
-        stats: ExitStats::default(),
+        console: Mutex::new(VmConsole::default()),
         budget: config.budget,
         target,
-        logged_msrs: Vec::new(),
-        logged_ports: Vec::new(),
-        run_ticks: 0,
+        run_ticks: AtomicU64::new(0),
+        stopping: AtomicBool::new(false),
         image: String::from(image_name),
         build_id: guest_image::build_id(image)
             .map(<[u8]>::to_vec)
             .unwrap_or_default(),
     })
+}
+
+/// `a,b,...` of a `pin=` list.
+struct PinList<'a>(Option<&'a Pins>);
+
+impl core::fmt::Display for PinList<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        for (i, c) in self.0.map_or(&[][..], Pins::as_slice).iter().enumerate() {
+            write!(f, "{}{c}", if i == 0 { "" } else { "," })?;
+        }
+        Ok(())
+    }
 }
 
 /// MAXPHYADDR (CPUID.80000008H:EAX[7:0]), 36 when the leaf is missing (SDM Vol. 3A §4.1.4).
@@ -356,27 +408,92 @@ pub enum SliceEnd {
     Stopped(Stop),
 }
 
-/// Runs a VM's vCPU on this pCPU until `slice_end` (TSC), a HLT, or the VM's stop. The
-/// VMX-preemption timer stops the guest at the profiler's next sampling deadline, at the end of
-/// the slice and at the end of the VM's budget; while the hypervisor handles an exit, interrupts
-/// are on and the LAPIC timer takes the samples.
-pub fn run_slice(vm: &mut Vm, vcpu: usize, caps: &VmxCaps, slice_end: u64) -> SliceEnd {
-    vm.current = vcpu;
-    // SAFETY: in VMX root operation; the VMCS was prepared by `Vcpu::new` and is current on no
-    // other CPU (VMs run on the boot CPU only).
-    if let Err(e) = unsafe { instructions::vmptrld(vm.cur().vmcs) } {
-        return SliceEnd::Stopped(Stop::Fault(format!("VMPTRLD failed: {e}")));
+/// Runs vCPU `vcpu` of `vm` on this pCPU (`cpu`) until `slice_end` (TSC), a HLT, or its stop.
+/// The VMX-preemption timer stops the guest at the profiler's next sampling deadline, at the end
+/// of the slice and at the end of the VM's budget; while the hypervisor handles an exit,
+/// interrupts are on and the LAPIC timer takes the samples. With `release`, the VMCS is cleared
+/// at the end so that the vCPU may run on another pCPU next.
+pub fn run_slice(
+    vm: &Vm,
+    vcpu: &mut Vcpu,
+    cpu: usize,
+    release: bool,
+    caps: &VmxCaps,
+    slice_end: u64,
+) -> SliceEnd {
+    let mut vmcs = match activate(vcpu, cpu, caps) {
+        Ok(v) => v,
+        Err(e) => return SliceEnd::Stopped(Stop::Fault(e)),
+    };
+    let end = run_loaded(vm, vcpu, &mut vmcs, caps, slice_end);
+    if release {
+        // SAFETY: VMX root operation; the VMCS is active on this CPU. VMCLEAR writes its state
+        // to memory and makes it inactive, so another CPU may VMPTRLD it (SDM Vol. 3C §25.11.1).
+        if let Err(e) = unsafe { instructions::vmclear(vcpu.vmcs) } {
+            return SliceEnd::Stopped(Stop::Fault(format!("VMCLEAR failed: {e}")));
+        }
+        vcpu.launched = false;
+        vcpu.host_cpu = None;
     }
-    // SAFETY: VMX root operation with this VM's VMCS current, on this CPU only.
+    end
+}
+
+/// Makes the vCPU's VMCS current on pCPU `cpu`: VMPTRLD, and when the VMCS last held another
+/// pCPU's host state (it was cleared there), this pCPU's; when the vCPU last ran elsewhere, its
+/// VPID's cached translations here may be stale and are flushed (SDM Vol. 3C §29.4.3.3).
+fn activate(vcpu: &mut Vcpu, cpu: usize, caps: &VmxCaps) -> Result<CurrentVmcs, String> {
+    if let Some(other) = vcpu.host_cpu.filter(|&c| c != cpu) {
+        return Err(format!(
+            "scheduler bug: the VMCS is still active on pCPU {other} (not cleared before moving)"
+        ));
+    }
+    // SAFETY: in VMX root operation; the VMCS was prepared by `Vcpu::new` and is active on no
+    // other CPU (checked above: a vCPU that may move is cleared at the end of each slice).
+    unsafe { instructions::vmptrld(vcpu.vmcs) }.map_err(|e| format!("VMPTRLD failed: {e}"))?;
+    // SAFETY: VMX root operation with this vCPU's VMCS current, on this CPU only.
     let mut vmcs = unsafe { CurrentVmcs::new() };
+    if vcpu.host_cpu.is_none() {
+        crate::vcpu::write_host_cpu_state(&mut vmcs).map_err(|e| format!("{e}"))?;
+        vcpu.host_cpu = Some(cpu);
+    }
+    if vcpu.last_cpu.is_some_and(|c| c != cpu) && caps.ept_cap(ept_cap::INVVPID) {
+        let kind = if caps.ept_cap(ept_cap::INVVPID_SINGLE) {
+            Some(instructions::InvVpidType::SingleContext)
+        } else if caps.ept_cap(ept_cap::INVVPID_ALL) {
+            Some(instructions::InvVpidType::AllContext)
+        } else {
+            None
+        };
+        if let Some(kind) = kind {
+            // SAFETY: VMX root operation; INVVPID of this type is supported (checked above);
+            // invalidating cached translations cannot break memory safety.
+            unsafe { instructions::invvpid(kind, vcpu.vpid, 0) }
+                .map_err(|e| format!("INVVPID failed: {e}"))?;
+        }
+    }
+    vcpu.last_cpu = Some(cpu);
+    Ok(vmcs)
+}
+
+/// The run loop of `run_slice`, with the VMCS current.
+fn run_loaded(
+    vm: &Vm,
+    vcpu: &mut Vcpu,
+    vmcs: &mut CurrentVmcs,
+    caps: &VmxCaps,
+    slice_end: u64,
+) -> SliceEnd {
     let prof = profiler::this_cpu();
-    vm.cur().load_state();
+    vcpu.load_state();
     let shift = caps.preemption_timer_shift();
     let start = rdtsc();
-    // The budget counts the VM's own running time.
-    let deadline = start.saturating_add(vm.budget.saturating_sub(vm.run_ticks));
+    // The budget counts the VM's own running time (all its vCPUs').
+    let deadline = start.saturating_add(
+        vm.budget
+            .saturating_sub(vm.run_ticks.load(Ordering::Relaxed)),
+    );
     let mut exit_at: Option<(u16, u64)> = None;
-    prof.set_current(vm.index, vcpu as u16, vm.cur().vpid, vm.cur().last_exit);
+    prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
     prof.event(profiler::Kind::VcpuIn, 0);
     let end = loop {
         // Interrupts stay off from here to the VM exit: a tick that falls in this window is
@@ -385,6 +502,9 @@ pub fn run_slice(vm: &mut Vm, vcpu: usize, caps: &VmxCaps, slice_end: u64) -> Sl
         prof.disarm_host_clock();
         prof.sample_host_if_due(run_slice as *const () as u64, false);
         let now = rdtsc();
+        if vm.stopping.load(Ordering::Acquire) {
+            break SliceEnd::Stopped(Stop::WithVm);
+        }
         if now >= deadline {
             break SliceEnd::Stopped(Stop::Budget);
         }
@@ -405,21 +525,18 @@ pub fn run_slice(vm: &mut Vm, vcpu: usize, caps: &VmxCaps, slice_end: u64) -> Sl
             )));
         }
         if let Some((reason, t)) = exit_at.take() {
-            vm.stats.record(reason, rdtsc() - t);
+            vcpu.stats.record(reason, rdtsc() - t);
         }
-        // SAFETY: the VMCS is current and complete (host state is this hypervisor's);
-        // `launched` tracks VMLAUNCH since the VMCLEAR in `Vcpu::new`.
-        let flags = unsafe {
-            let v = vm.cur_mut();
-            crate::vcpu::entry::vmx_run(&mut v.regs, v.launched as u64)
-        };
+        // SAFETY: the VMCS is current and complete (host state is this pCPU's); `launched`
+        // tracks VMLAUNCH since the last VMCLEAR.
+        let flags = unsafe { crate::vcpu::entry::vmx_run(&mut vcpu.regs, vcpu.launched as u64) };
         let t_exit = rdtsc();
         if flags != 0 {
             let why = hvprof_vmx::errors::VmFail::from_rflags(flags, || {
                 vmcs.read32(hvprof_vmx::vmcs::ReadOnly32::VmInstructionError)
                     .unwrap_or(0)
             });
-            let what = if vm.cur().launched {
+            let what = if vcpu.launched {
                 "VMRESUME"
             } else {
                 "VMLAUNCH"
@@ -444,17 +561,17 @@ pub fn run_slice(vm: &mut Vm, vcpu: usize, caps: &VmxCaps, slice_end: u64) -> Sl
                 .unwrap_or_default();
             break SliceEnd::Stopped(Stop::Fault(format!("VM entry failed: {reason} {detail}")));
         }
-        vm.cur_mut().launched = true;
+        vcpu.launched = true;
         // The guest sample (if the deadline has come: the preemption timer's exit, or any exit
         // that found it passed) carries the previous exit reason; then this exit becomes the
         // last one.
-        prof.sample_guest_if_due(&vmcs, t_exit);
-        vm.cur_mut().last_exit = reason.basic();
-        prof.set_current(vm.index, vcpu as u16, vm.cur().vpid, vm.cur().last_exit);
+        prof.sample_guest_if_due(vmcs, t_exit);
+        vcpu.last_exit = reason.basic();
+        prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
         exit_at = Some((reason.basic(), t_exit));
         prof.arm_host_clock();
         x86_64::instructions::interrupts::enable();
-        let flow = vmexit::handle(vm, &mut vmcs, reason);
+        let flow = vmexit::handle(vm, vcpu, vmcs, reason);
         x86_64::instructions::interrupts::disable();
         match flow {
             vmexit::Flow::Resume => {}
@@ -466,7 +583,7 @@ pub fn run_slice(vm: &mut Vm, vcpu: usize, caps: &VmxCaps, slice_end: u64) -> Sl
     };
     x86_64::instructions::interrupts::disable();
     if let Some((reason, t)) = exit_at.take() {
-        vm.stats.record(reason, rdtsc() - t);
+        vcpu.stats.record(reason, rdtsc() - t);
     }
     prof.disarm_host_clock();
     prof.event(
@@ -478,8 +595,8 @@ pub fn run_slice(vm: &mut Vm, vcpu: usize, caps: &VmxCaps, slice_end: u64) -> Sl
         },
     );
     prof.set_current(profiler::NO_VM, 0xffff, 0, profiler::NO_EXIT);
-    vm.run_ticks += rdtsc() - start;
-    vm.cur_mut().save_state();
+    vm.run_ticks.fetch_add(rdtsc() - start, Ordering::Relaxed);
+    vcpu.save_state();
     end
 }
 
@@ -491,9 +608,9 @@ pub fn print_guest_line(vm: &str, line: &[u8]) {
     );
 }
 
-/// After a VM's stop: the rest of its console line, then the report.
-pub fn finish(vm: &mut Vm, stop: &Stop) {
-    if let Some(rest) = vm.uart.flush() {
+/// After a VM's stop (all its vCPUs stopped): the rest of its console line, then the report.
+pub fn finish(vm: &Vm, stop: &Stop) {
+    if let Some(rest) = vm.console.lock().uart.flush() {
         print_guest_line(&vm.name, rest);
     }
     report(vm, stop);
@@ -505,9 +622,10 @@ fn report(vm: &Vm, stop: &Stop) {
         Stop::Exited { code, how } => {
             println!(
                 "vm {name}: stopped: exit code {code} ({how}) after {} ticks",
-                vm.run_ticks
+                vm.run_ticks.load(Ordering::Relaxed)
             )
         }
+        Stop::WithVm => println!("vm {name}: stopped"),
         Stop::Fault(report) => {
             for (i, line) in report.lines().enumerate() {
                 if i == 0 {
@@ -546,7 +664,11 @@ fn report(vm: &Vm, stop: &Stop) {
             ),
         }
     }
-    print!("{}", vm.stats.table(name, exit_name));
+    let mut stats = ExitStats::default();
+    for v in &vm.vcpus {
+        stats.merge(&v.lock().stats);
+    }
+    print!("{}", stats.table(name, exit_name));
 }
 
 pub fn exit_name(reason: u16) -> &'static str {

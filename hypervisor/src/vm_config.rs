@@ -45,9 +45,32 @@ pub struct VmConfig<'a> {
     pub vcpus: u16,
     pub budget: u64,
     pub target: Option<Target<'a>>,
+    /// `pin=a,b,...`: the pCPU each vCPU runs on (one per vCPU); `None`: free to move.
+    pub pin: Option<Pins>,
     /// Every argument after the image name, passed to the guest as is.
     pub args: &'a str,
 }
+
+/// The pCPU of each vCPU, as `pin=` gives them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pins {
+    cpus: [u16; VCPUS_MAX as usize],
+    len: usize,
+}
+
+impl Pins {
+    /// The pCPU of vCPU `i`.
+    pub fn get(&self, i: usize) -> Option<u16> {
+        self.as_slice().get(i).copied()
+    }
+
+    pub fn as_slice(&self) -> &[u16] {
+        &self.cpus[..self.len]
+    }
+}
+
+/// pCPUs are numbered 0 to this (exclusive) in `pin=`.
+pub const PCPUS_MAX: u16 = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConfigError<'a> {
@@ -59,6 +82,8 @@ pub enum ConfigError<'a> {
     BadTarget(&'a str),
     BadFormat(&'a str),
     BadVcpus(&'a str),
+    BadPin(&'a str),
+    PinCount { pins: usize, vcpus: u16 },
     Repeated(&'a str),
 }
 
@@ -97,6 +122,17 @@ impl fmt::Display for ConfigError<'_> {
                     "vcpus={v:?}: expected a number of vCPUs from 1 to {VCPUS_MAX}"
                 )
             }
+            ConfigError::BadPin(v) => write!(
+                f,
+                "pin={v:?}: expected pCPU numbers (0 to {}) separated by commas, one per vCPU",
+                PCPUS_MAX - 1
+            ),
+            ConfigError::PinCount { pins, vcpus } => write!(
+                f,
+                "pin= names {pins} pCPU{} but the VM has {vcpus} vCPU{}: give one pCPU per vCPU",
+                if *pins == 1 { "" } else { "s" },
+                if *vcpus == 1 { "" } else { "s" }
+            ),
             ConfigError::Repeated(k) => write!(f, "{k}= given twice"),
         }
     }
@@ -114,6 +150,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
     let mut target = None;
     let mut format = None;
     let mut vcpus = None;
+    let mut pin = None;
     for word in words {
         let Some((key, value)) = word.split_once('=') else {
             continue;
@@ -140,6 +177,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                     .filter(|n| (1..=VCPUS_MAX).contains(n))
                     .ok_or(ConfigError::BadVcpus(value))?,
             )?,
+            "pin" => set(&mut pin, key, parse_pins(value)?)?,
             "format" => set(
                 &mut format,
                 key,
@@ -156,6 +194,12 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
         .strip_suffix(".elf")
         .or_else(|| image.strip_suffix(".bin"))
         .unwrap_or(image);
+    let vcpus = vcpus.unwrap_or(1);
+    if let Some(p) = pin
+        && p.len != usize::from(vcpus)
+    {
+        return Err(ConfigError::PinCount { pins: p.len, vcpus });
+    }
     Ok(VmConfig {
         name: match name {
             Some(n) => n,
@@ -163,7 +207,8 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
         },
         format: format.unwrap_or_default(),
         mem: mem.unwrap_or(MEM_DEFAULT),
-        vcpus: vcpus.unwrap_or(1),
+        vcpus,
+        pin,
         budget: budget.unwrap_or(BUDGET_DEFAULT),
         target,
         args,
@@ -188,6 +233,23 @@ fn parse_name(n: &str) -> Result<&str, ConfigError<'_>> {
     } else {
         Err(ConfigError::BadName(n))
     }
+}
+
+fn parse_pins(v: &str) -> Result<Pins, ConfigError<'_>> {
+    let mut pins = Pins {
+        cpus: [0; VCPUS_MAX as usize],
+        len: 0,
+    };
+    for part in v.split(',') {
+        let cpu = part
+            .parse::<u16>()
+            .ok()
+            .filter(|&c| c < PCPUS_MAX)
+            .ok_or(ConfigError::BadPin(v))?;
+        *pins.cpus.get_mut(pins.len).ok_or(ConfigError::BadPin(v))? = cpu;
+        pins.len += 1;
+    }
+    Ok(pins)
 }
 
 fn parse_mem(v: &str) -> Result<u64, ConfigError<'_>> {
@@ -276,6 +338,27 @@ mod tests {
             parse("x.elf target=kernel"),
             Err(ConfigError::BadTarget("kernel"))
         );
+        assert_eq!(parse("x.elf pin=a"), Err(ConfigError::BadPin("a")));
+        assert_eq!(parse("x.elf pin=0,,1"), Err(ConfigError::BadPin("0,,1")));
+        assert_eq!(parse("x.elf pin=64"), Err(ConfigError::BadPin("64")));
+        assert_eq!(
+            parse("x.elf pin=0,1,2,3,4,5,6,7,0"),
+            Err(ConfigError::BadPin("0,1,2,3,4,5,6,7,0"))
+        );
+        assert_eq!(
+            parse("x.elf vcpus=2 pin=1"),
+            Err(ConfigError::PinCount { pins: 1, vcpus: 2 })
+        );
+        assert!(
+            parse("x.elf pin=0,1")
+                .unwrap_err()
+                .to_string()
+                .contains("names 2 pCPUs but the VM has 1 vCPU")
+        );
+        let c = parse("x.elf vcpus=3 pin=1,0,1").unwrap();
+        assert_eq!(c.pin.unwrap().as_slice(), &[1, 0, 1]);
+        assert_eq!(c.pin.unwrap().get(2), Some(1));
+        assert_eq!(parse("x.elf vcpus=2").unwrap().pin, None);
         assert!(
             parse("x.elf mem=3M")
                 .unwrap_err()

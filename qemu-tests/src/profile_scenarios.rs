@@ -193,7 +193,22 @@ fn hypervisor_counts(log: &crate::log::SerialLog) -> Result<(f64, f64), String> 
 /// guest-level steal is about 2/3 and its host-level row about 1/3; the guest-level and host-level
 /// views agree, and the sample-based steal agrees with the scheduling events.
 fn check_three_vms(run: &ProfileRun) -> Result<(), String> {
+    check_three_vms_on(run, 1)
+}
+
+/// Three busy single-vCPU VMs free to move over `pcpus` pCPUs: each VM gets `pcpus`/3 of a pCPU,
+/// so its guest-level steal is 1 − `pcpus`/3 and its host-level row 1/3 of all samples; its
+/// guest-level running share is its host-level row times `pcpus`.
+fn check_three_vms_on(run: &ProfileRun, pcpus: u32) -> Result<(), String> {
     let report = run.report(None)?;
+    nothing_lost(&report)?;
+    if num(&report, "/pcpus")? != f64::from(pcpus) {
+        return Err(format!(
+            "the log header says {} pCPUs, expected {pcpus}",
+            num(&report, "/pcpus")?
+        ));
+    }
+    let n = f64::from(pcpus);
     let mut errors = Vec::new();
     let host_rows = report.pointer("/host/rows").cloned().unwrap_or_default();
     let total = num(&report, "/total_samples")?;
@@ -203,19 +218,32 @@ fn check_three_vms(run: &ProfileRun) -> Result<(), String> {
         let running = num(v, "/os")? + num(v, "/user")?;
         let host = 100.0 * row_samples(&host_rows, &format!("[{name}]")) / total;
         let steal_difference = num(v, "/exact/steal_difference")?;
+        let rows = v.get("rows").cloned().unwrap_or_default();
+        let hypervisor = 100.0 * steal_rows(&rows, "(hypervisor)") / num(v, "/samples")?;
+        // On one pCPU the hypervisor's share is small enough to judge the whole steal (the
+        // issue's figure); on several, the VMs' moves between pCPUs cost more hypervisor time,
+        // so the steal beyond it is judged.
+        let (judged, what) = if pcpus == 1 {
+            (steal, "guest-level steal")
+        } else {
+            (
+                steal - hypervisor,
+                "guest-level steal beyond the hypervisor's share",
+            )
+        };
         for r in [
             within(
-                &format!("{name} guest-level steal"),
-                steal,
-                200.0 / 3.0,
+                &format!("{name} {what}"),
+                judged,
+                100.0 * (1.0 - n / 3.0),
                 2.0,
             ),
             within(&format!("{name} host-level row"), host, 100.0 / 3.0, 2.0),
             within(
-                &format!("{name} guest-level running vs host-level row"),
+                &format!("{name} guest-level running vs host-level row × {pcpus} pCPUs"),
                 running,
-                host,
-                1.0,
+                host * n,
+                n,
             ),
             within(
                 &format!("{name} sample-based minus event-based steal"),
@@ -237,6 +265,7 @@ fn check_three_vms(run: &ProfileRun) -> Result<(), String> {
 /// agree; the sample-based idle agrees with the scheduling events.
 fn check_halt(run: &ProfileRun) -> Result<(), String> {
     let report = run.report(None)?;
+    nothing_lost(&report)?;
     let v = vm(&report, "guestOS1")?;
     let guest_idle = num(v, "/idle")?;
     let host_idle = num(&report, "/host/idle")?;
@@ -264,6 +293,7 @@ fn check_halt(run: &ProfileRun) -> Result<(), String> {
 /// `(on vcpuN)`, about half of its time.
 fn check_two_vcpus(run: &ProfileRun) -> Result<(), String> {
     let report = run.report(None)?;
+    nothing_lost(&report)?;
     let v = vm(&report, "guestOS1")?;
     let vcpus = v
         .get("vcpus")
@@ -312,9 +342,122 @@ fn check_two_vcpus(run: &ProfileRun) -> Result<(), String> {
     all_of(errors.into_iter().map(Err))
 }
 
+/// A scheduling scenario's log must be whole: the shares are judged on every sample and event.
+fn nothing_lost(report: &Value) -> Result<(), String> {
+    for what in ["blocks", "samples", "events", "dropped", "damaged_frames"] {
+        let n = num(report, &format!("/lost/{what}"))?;
+        if n != 0.0 {
+            return Err(format!("the log lost {n} {what}"));
+        }
+    }
+    Ok(())
+}
+
+/// The samples of the `[steal]` rows whose module starts with `module`, in a table's rows.
+fn steal_rows(rows: &Value, module: &str) -> f64 {
+    rows.as_array()
+        .map(|rows| {
+            rows.iter()
+                .filter(|r| {
+                    r.get("function").and_then(Value::as_str) == Some("[steal]")
+                        && r.get("module")
+                            .and_then(Value::as_str)
+                            .is_some_and(|m| m.starts_with(module))
+                })
+                .filter_map(|r| r.get("samples").and_then(Value::as_f64))
+                .sum::<f64>()
+        })
+        .unwrap_or(0.0)
+}
+
+/// Tables 10/11: two busy vCPUs pinned to two pCPUs never wait for each other: each vCPU's steal
+/// beyond the hypervisor's own work on its exits is about 0 (tolerance 1 point), its running
+/// share is what is left after that work, both pCPUs carry samples, and the sample-based steal
+/// matches the events within 1 point.
+fn check_two_pinned(run: &ProfileRun) -> Result<(), String> {
+    let report = run.report(None)?;
+    nothing_lost(&report)?;
+    if num(&report, "/pcpus")? != 2.0 {
+        return Err(format!(
+            "the log header says {} pCPUs, expected 2",
+            num(&report, "/pcpus")?
+        ));
+    }
+    let v = vm(&report, "guestOS1")?;
+    let vcpus = v
+        .get("vcpus")
+        .and_then(Value::as_array)
+        .ok_or("no vCPU tables")?;
+    if vcpus.len() != 2 {
+        return Err(format!("{} vCPU tables, expected 2", vcpus.len()));
+    }
+    let mut errors = Vec::new();
+    for (i, t) in vcpus.iter().enumerate() {
+        let total = num(t, "/samples")?;
+        if total < 1000.0 {
+            errors.push(format!("vCPU {i}: only {total} samples"));
+            continue;
+        }
+        let rows = t.get("rows").cloned().unwrap_or_default();
+        let hypervisor = 100.0 * steal_rows(&rows, "(hypervisor)") / total;
+        let beyond = 100.0 * (steal_rows(&rows, "") - steal_rows(&rows, "(hypervisor)")) / total;
+        for r in [
+            within(
+                &format!("vCPU {i} steal beyond the hypervisor's share"),
+                beyond,
+                0.0,
+                1.0,
+            ),
+            within(
+                &format!("vCPU {i} running + hypervisor share"),
+                num(t, "/os")? + num(t, "/user")? + hypervisor,
+                100.0,
+                1.0,
+            ),
+            within(
+                &format!("vCPU {i} sample-based minus event-based steal"),
+                num(t, "/exact/steal_difference")?,
+                0.0,
+                1.0,
+            ),
+        ] {
+            if let Err(e) = r {
+                errors.push(e);
+            }
+        }
+    }
+    all_of(errors.into_iter().map(Err))
+}
+
 /// The profiler's scenarios.
 pub fn all() -> Vec<Scenario> {
     vec![
+        Scenario::new("bochs-sched-3vms-2pcpus-free", Emulator::bochs(HASWELL))
+            .cpus(2)
+            .cmdline("export=end")
+            .module("mix1.elf", ModuleSource::Guest("mix"), "vm=guestOS1 mix=80,20 rounds=60")
+            .module("mix2.elf", ModuleSource::Guest("mix"), "vm=guestOS2 mix=80,20 rounds=60")
+            .module("mix3.elf", ModuleSource::Guest("mix"), "vm=guestOS3 mix=80,20 rounds=60")
+            .check(|log| {
+                for vm in ["guestOS1", "guestOS2", "guestOS3"] {
+                    check_exit_code(log, vm, 0, "port 0xf4")?;
+                }
+                Ok(())
+            })
+            .profile(|run| check_three_vms_on(run, 2)),
+        Scenario::new("bochs-sched-2vcpus-2pcpus-pinned", Emulator::bochs(HASWELL))
+            .cpus(2)
+            .cmdline("export=end")
+            .module(
+                "mix.elf",
+                ModuleSource::Guest("mix"),
+                "vm=guestOS1 vcpus=2 pin=0,1 mix=80,20 rounds=60",
+            )
+            .check(|log| {
+                check_exit_code(log, "guestOS1", 0, "port 0xf4")?;
+                log.expect("smp: 2 of 2 CPUs online").map(|_| ())
+            })
+            .profile(check_two_pinned),
         Scenario::new("bochs-sched-2vcpus-1pcpu", Emulator::bochs(HASWELL))
             .cmdline("export=end")
             .module(

@@ -39,25 +39,18 @@ pub struct Selectors {
     pub tss_base: u64,
 }
 
-static BSP_SELECTORS: spin::Once<Selectors> = spin::Once::new();
-
-/// The boot CPU's selectors (set by `init_bsp`).
-pub fn selectors() -> Selectors {
-    *BSP_SELECTORS.get().expect("gdt::init_bsp ran at boot")
-}
-
-/// Loads the boot CPU's GDT and TSS. Call once, on the boot CPU, before the IDT is loaded.
+/// Loads the boot CPU's GDT and TSS and makes it pCPU 0. Call once, on the boot CPU, before the
+/// IDT is loaded.
 pub fn init_bsp() {
     // SAFETY: called once on the boot CPU before any other CPU runs, so this is the only
     // reference to BSP_TABLES that will ever exist.
     let tables: &'static mut CpuTables = unsafe { &mut *core::ptr::addr_of_mut!(BSP_TABLES) };
-    let selectors = load(tables);
-    BSP_SELECTORS.call_once(|| selectors);
+    crate::percpu::init(0, load(tables));
 }
 
 /// Builds and loads the GDT and TSS of application processor `index` (in memory from the frame
-/// allocator: they live as long as the machine).
-pub fn init_ap(_index: usize) {
+/// allocator: they live as long as the machine) and makes it pCPU `index`.
+pub fn init_ap(index: usize) {
     let size = core::mem::size_of::<CpuTables>() as u64;
     let Some(addr) = crate::memory::alloc_zeroed(size, 4096) else {
         // Without its own IST stacks this CPU cannot take an NMI safely: stop it.
@@ -72,7 +65,7 @@ pub fn init_ap(_index: usize) {
         core::ptr::addr_of_mut!((*ptr).tss).write(TaskStateSegment::new());
         &mut *ptr
     };
-    load(tables);
+    crate::percpu::init(index, load(tables));
 }
 
 fn load(tables: &'static mut CpuTables) -> Selectors {

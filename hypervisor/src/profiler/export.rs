@@ -13,8 +13,8 @@
 //! the buffer full is counted the same way, so the log always says exactly what it lacks.
 
 use super::{CpuProfiler, Kind, RawRecord};
+use crate::percpu::MAX_CPUS;
 use crate::{console, memory, println};
-use core::sync::atomic::{AtomicU64, Ordering};
 use hvprof_boot::cmdline::Export;
 use hvprof_samplelog::{
     BlockEncoder, BuildId, Event, EventKind, FixedStr, Header, MAX_BLOCK_RECORDS,
@@ -27,14 +27,21 @@ use spin::Mutex;
 pub const BLOCK: usize = 64;
 const _: () = assert!(BLOCK <= MAX_BLOCK_RECORDS);
 
-/// What the exporter keeps (one pCPU's worth; SMP extends it per pCPU).
-struct Exporter {
-    mode: Export,
-    header: Header,
+/// What the exporter keeps for one pCPU.
+struct CpuLog {
     encoder: BlockEncoder,
     /// `end` mode: raw records waiting for the end.
     stored: &'static mut [RawRecord],
     stored_len: usize,
+    /// Records lost because `stored` was full (added to the ring drops in the log).
+    buffer_drops: u64,
+}
+
+/// What the exporter keeps.
+struct Exporter {
+    mode: Export,
+    header: Header,
+    cpus: alloc::vec::Vec<CpuLog>,
     frame: [u8; FRAME_BUF],
     bytes_sent: u64,
 }
@@ -42,7 +49,7 @@ struct Exporter {
 /// Big enough for any frame the exporter writes.
 const FRAME_BUF: usize = max(
     MAX_HEADER_FRAME_LEN,
-    max(max_block_frame_len(BLOCK), max_end_frame_len(1)),
+    max(max_block_frame_len(BLOCK), max_end_frame_len(MAX_CPUS)),
 );
 
 const fn max(a: usize, b: usize) -> usize {
@@ -50,8 +57,6 @@ const fn max(a: usize, b: usize) -> usize {
 }
 
 static EXPORTER: Mutex<Option<Exporter>> = Mutex::new(None);
-/// Records lost because the `end` buffer was full (added to the ring drops in the log).
-static BUFFER_DROPS: AtomicU64 = AtomicU64::new(0);
 
 /// One VM as the header describes it.
 pub struct VmEntry<'a> {
@@ -96,26 +101,24 @@ pub fn init(
             image_build_id: BuildId::new(vm.build_id).unwrap_or_default(),
         });
     }
-    let stored: &'static mut [RawRecord] = match mode {
-        Export::Stream => &mut [],
-        Export::End => {
-            // `buffer=` records, or a quarter of the free memory, at most 1 M records.
-            let size = core::mem::size_of::<RawRecord>() as u64;
-            let records = match buffer {
-                0 => (memory::free_bytes() / 4 / size).min(1 << 20),
-                n => n as u64,
-            };
-            match memory::alloc_zeroed(records * core::mem::size_of::<RawRecord>() as u64, 4096) {
-                // SAFETY: fresh zeroed memory for `records` records, owned by the exporter for
-                // the life of the machine. All-zero bytes are a valid RawRecord (integers and a
-                // `Kind` whose discriminant 0 is `Guest`).
-                Some(addr) => unsafe {
-                    core::slice::from_raw_parts_mut(addr as *mut RawRecord, records as usize)
-                },
-                None => &mut [],
-            }
-        }
+    // `end` mode: `buffer=` records in all, or a quarter of the free memory, at most 1 M records
+    // per pCPU; shared equally between the pCPUs.
+    let size = core::mem::size_of::<RawRecord>() as u64;
+    let n = u64::from(pcpus.max(1));
+    let per_cpu = match (mode, buffer) {
+        (Export::Stream, _) => 0,
+        (Export::End, 0) => (memory::free_bytes() / 4 / size / n).min(1 << 20),
+        (Export::End, b) => u64::from(b) / n,
     };
+    let cpus = (0..pcpus.max(1))
+        .map(|cpu| CpuLog {
+            encoder: BlockEncoder::new(cpu, period),
+            stored: alloc_records(per_cpu),
+            stored_len: 0,
+            buffer_drops: 0,
+        })
+        .collect::<alloc::vec::Vec<_>>();
+    let stored: u64 = cpus.iter().map(|c| c.stored.len() as u64).sum();
     println!(
         "profiler: export={} ({}), blocks of {BLOCK} records",
         match mode {
@@ -125,16 +128,15 @@ pub fn init(
         match mode {
             Export::Stream =>
                 alloc::string::String::from("framed blocks on the serial line during the run"),
-            Export::End =>
-                alloc::format!("{} records kept in memory, sent at the end", stored.len()),
+            Export::End => alloc::format!(
+                "{stored} records kept in memory ({per_cpu} per pCPU), sent at the end"
+            ),
         }
     );
     let mut ex = Exporter {
         mode,
         header,
-        encoder: BlockEncoder::new(0, period),
-        stored,
-        stored_len: 0,
+        cpus,
         frame: [0; FRAME_BUF],
         bytes_sent: 0,
     };
@@ -142,6 +144,22 @@ pub fn init(
         ex.send_header();
     }
     *EXPORTER.lock() = Some(ex);
+}
+
+/// A zeroed buffer of `records` records from the frame allocator (empty if there is no memory).
+fn alloc_records(records: u64) -> &'static mut [RawRecord] {
+    if records == 0 {
+        return &mut [];
+    }
+    match memory::alloc_zeroed(records * core::mem::size_of::<RawRecord>() as u64, 4096) {
+        // SAFETY: fresh zeroed memory for `records` records, owned by the exporter for the life
+        // of the machine. All-zero bytes are a valid RawRecord (integers and a `Kind` whose
+        // discriminant 0 is `Guest`).
+        Some(addr) => unsafe {
+            core::slice::from_raw_parts_mut(addr as *mut RawRecord, records as usize)
+        },
+        None => &mut [],
+    }
 }
 
 fn convert(r: &RawRecord) -> Record {
@@ -196,22 +214,25 @@ impl Exporter {
         }
     }
 
-    fn send_block(&mut self, records: &[RawRecord], drops: u64) {
+    /// Encodes and sends one block of pCPU `cpu`'s records.
+    fn send_block(&mut self, cpu: usize, records: &[RawRecord], drops: u64) {
         let mut converted = [Record::Sample(Sample::default()); BLOCK];
         for (slot, r) in converted.iter_mut().zip(records) {
             *slot = convert(r);
         }
-        if let Ok(n) = self
-            .encoder
-            .encode(&converted[..records.len()], drops, &mut self.frame)
+        if let Ok(n) =
+            self.cpus[cpu]
+                .encoder
+                .encode(&converted[..records.len()], drops, &mut self.frame)
         {
             self.send(n);
         }
     }
 }
 
-fn drops(p: &CpuProfiler) -> u64 {
-    p.ring.dropped() + BUFFER_DROPS.load(Ordering::Relaxed)
+/// Records pCPU `cpu` lost so far: ring full, or (`end` mode) buffer full.
+fn drops(ex: &Exporter, p: &CpuProfiler) -> u64 {
+    p.ring.dropped() + ex.cpus.get(p.pcpu()).map_or(0, |c| c.buffer_drops)
 }
 
 /// Called by the run loop after each exit: moves what the ring holds on (`end`), or sends a block
@@ -228,14 +249,19 @@ fn drain(p: &CpuProfiler, all: bool) {
     let Some(ex) = guard.as_mut() else {
         return;
     };
+    let cpu = p.pcpu();
+    if cpu >= ex.cpus.len() {
+        return;
+    }
     match ex.mode {
         Export::End => {
+            let log = &mut ex.cpus[cpu];
             while let Some(r) = p.ring.pop() {
-                if ex.stored_len < ex.stored.len() {
-                    ex.stored[ex.stored_len] = r;
-                    ex.stored_len += 1;
+                if log.stored_len < log.stored.len() {
+                    log.stored[log.stored_len] = r;
+                    log.stored_len += 1;
                 } else {
-                    BUFFER_DROPS.fetch_add(1, Ordering::Relaxed);
+                    log.buffer_drops += 1;
                 }
             }
         }
@@ -257,53 +283,88 @@ fn drain(p: &CpuProfiler, all: bool) {
             if n == 0 {
                 break;
             }
-            let d = drops(p);
-            ex.send_block(&block[..n], d);
+            let d = drops(ex, p);
+            ex.send_block(cpu, &block[..n], d);
         },
     }
 }
 
-/// After the run: the rest of the ring, then (in `end` mode) the header and every stored block,
-/// then the end frame with the totals.
-pub fn finish(p: &CpuProfiler) {
-    drain(p, true);
+/// After the run, once every pCPU has stopped sampling: the rest of each ring, then (in `end`
+/// mode) the header and every stored block, then the end frame with each pCPU's totals.
+pub fn finish() {
+    let pcpus = EXPORTER.lock().as_ref().map_or(0, |ex| ex.cpus.len());
+    for cpu in 0..pcpus {
+        drain(super::cpu(cpu), true);
+    }
     let mut guard = EXPORTER.lock();
     let Some(ex) = guard.as_mut() else {
         return;
     };
     if ex.mode == Export::End {
         ex.send_header();
-        let mut at = 0;
-        let d = drops(p);
         let mut chunk = [RawRecord::ZERO; BLOCK];
-        while at < ex.stored_len {
-            let n = (ex.stored_len - at).min(BLOCK);
-            chunk[..n].copy_from_slice(&ex.stored[at..at + n]);
-            ex.send_block(&chunk[..n], d);
-            at += n;
+        for cpu in 0..pcpus {
+            let d = drops(ex, super::cpu(cpu));
+            let mut at = 0;
+            while at < ex.cpus[cpu].stored_len {
+                let n = (ex.cpus[cpu].stored_len - at).min(BLOCK);
+                chunk[..n].copy_from_slice(&ex.cpus[cpu].stored[at..at + n]);
+                ex.send_block(cpu, &chunk[..n], d);
+                at += n;
+            }
         }
     }
-    let totals = [ex.encoder.totals(drops(p))];
+    let totals: alloc::vec::Vec<_> = (0..pcpus)
+        .map(|cpu| ex.cpus[cpu].encoder.totals(drops(ex, super::cpu(cpu))))
+        .collect();
     if let Ok(n) = encode_end(&totals, &mut ex.frame) {
         ex.send(n);
     }
     let sent = ex.bytes_sent;
     let period = ex.header.period_ticks;
-    let t = totals[0];
     drop(guard);
-    let taken = p.ring.pushed() + p.ring.dropped();
-    let (n, mean, min, max) = p.cost();
+    // The machine's totals (what the tests and benches read), then each pCPU's when several.
+    let mut all = (0u64, 0u64, u64::MAX, 0u64, 0u64); // samples, cost sum, min, max, taken
+    for cpu in 0..pcpus {
+        let p = super::cpu(cpu);
+        let (n, mean, min, max) = p.cost();
+        all.0 += n;
+        all.1 += mean * n;
+        all.2 = all.2.min(if n == 0 { u64::MAX } else { min });
+        all.3 = all.3.max(max);
+        all.4 += p.ring.pushed() + p.ring.dropped();
+    }
+    let sum = |f: fn(&hvprof_samplelog::PcpuTotals) -> u64| totals.iter().map(f).sum::<u64>();
+    let mean = all.1.checked_div(all.0).unwrap_or(0);
     println!(
-        "profiler: sample path cost over {n} samples: mean {mean}, min {min}, max {max} TSC ticks ({:.2}% of the {}-tick period)",
+        "profiler: sample path cost over {} samples: mean {mean}, min {}, max {} TSC ticks ({:.2}% of the {period}-tick period)",
+        all.0,
+        if all.0 == 0 { 0 } else { all.2 },
+        all.3,
         mean as f64 * 100.0 / period.max(1) as f64,
-        period
     );
+    let records = sum(|t| t.samples + t.events);
     println!(
-        "profiler: sample log sent: {taken} records taken, {} records dropped (ring or buffer full), {} samples and {} events in {} blocks, {sent} bytes ({:.2} bytes per record)",
-        t.ring_drops,
-        t.samples,
-        t.events,
-        t.blocks,
-        sent as f64 / (t.samples + t.events).max(1) as f64
+        "profiler: sample log sent: {} records taken, {} records dropped (ring or buffer full), {} samples and {} events in {} blocks, {sent} bytes ({:.2} bytes per record)",
+        all.4,
+        sum(|t| t.ring_drops),
+        sum(|t| t.samples),
+        sum(|t| t.events),
+        sum(|t| t.blocks),
+        sent as f64 / records.max(1) as f64
     );
+    if pcpus > 1 {
+        for (cpu, t) in totals.iter().enumerate() {
+            let p = super::cpu(cpu);
+            let (n, mean, min, max) = p.cost();
+            println!(
+                "profiler: pCPU {cpu}: {} records taken, {} dropped, {} samples and {} events in {} blocks; sample path mean {mean}, min {min}, max {max} ticks over {n} samples",
+                p.ring.pushed() + p.ring.dropped(),
+                t.ring_drops,
+                t.samples,
+                t.events,
+                t.blocks
+            );
+        }
+    }
 }

@@ -16,6 +16,7 @@ pub mod export;
 pub mod pmu;
 
 use crate::arch::lapic::Lapic;
+use crate::percpu::MAX_CPUS;
 use crate::tsc::rdtsc;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use hvprof_hypervisor::ring::Ring;
@@ -117,12 +118,26 @@ const fn pack(vm: u16, vcpu: u16, vpid: u16, exit: u16) -> u64 {
     (vm as u64) | (vcpu as u64) << 16 | (vpid as u64) << 32 | (exit as u64) << 48
 }
 
-/// The boot CPU's profiler (the others come with SMP bring-up).
-pub static BSP: CpuProfiler = CpuProfiler::new();
+/// Every pCPU's profiler, indexed by pCPU number.
+static CPUS: [CpuProfiler; MAX_CPUS] = [const { CpuProfiler::new() }; MAX_CPUS];
 
 /// This CPU's profiler.
+#[inline]
 pub fn this_cpu() -> &'static CpuProfiler {
-    &BSP
+    &CPUS[crate::percpu::index()]
+}
+
+impl CpuProfiler {
+    /// The number of the pCPU this profiler belongs to.
+    pub fn pcpu(&self) -> usize {
+        (self as *const CpuProfiler as usize - CPUS.as_ptr() as usize)
+            / core::mem::size_of::<CpuProfiler>()
+    }
+}
+
+/// pCPU `index`'s profiler.
+pub fn cpu(index: usize) -> &'static CpuProfiler {
+    &CPUS[index]
 }
 
 /// The sampling source in use.
@@ -135,7 +150,7 @@ pub enum Source {
 }
 
 /// Starts sampling every `period` TSC ticks (or reference cycles) on this CPU: with the PMU when
-/// `pmu` names a counting one, else with the deadline clock.
+/// `pmu` names a counting one, else with the deadline clock. Every pCPU calls it for itself.
 pub fn start(
     period: u64,
     lapic: Option<Lapic>,
@@ -165,6 +180,7 @@ pub fn start(
     source
 }
 
+/// Stops sampling on this CPU.
 pub fn stop() {
     let p = this_cpu();
     p.enabled.store(false, Ordering::Release);

@@ -4,9 +4,9 @@
 
 pub mod entry;
 
-use crate::arch::gdt;
 use crate::arch::msr;
 use hvprof_boot::memory::PAGE_SIZE;
+use hvprof_hypervisor::exit_stats::ExitStats;
 use hvprof_hypervisor::guest_image::{self, BootState, StartMode};
 use hvprof_vmx::caps::{
     AllowedBits, VmxCaps, entry as entry_ctl, exit, msr as vmsr, pin, proc1, proc2,
@@ -64,6 +64,14 @@ pub struct Vcpu {
     pub last_exit: u16,
     /// The TSC at which the virtual timer (SET_TIMER hypercall) wakes it from HLT.
     pub wake_at: Option<u64>,
+    /// Its number in its VM.
+    pub index: u16,
+    /// Its exits (the VM's table adds up its vCPUs').
+    pub stats: ExitStats,
+    /// The pCPU whose host state the VMCS holds, and on which the VMCS is active (not cleared).
+    pub host_cpu: Option<usize>,
+    /// The pCPU it ran on last (to flush its VPID's stale translations when it moves).
+    pub last_cpu: Option<usize>,
 }
 
 /// Bitmaps shared by every VM: every I/O port and every MSR exits, except the MSRs passed
@@ -129,6 +137,34 @@ impl Bitmaps {
 /// A VMCS field write that must not fail once the controls are checked: a failure is a bug.
 fn w<E: core::fmt::Debug>(r: Result<(), VmFail>, what: E) -> Result<(), SetupError> {
     r.map_err(|e| SetupError::Vmwrite(alloc::format!("{what:?}: {e}")))
+}
+
+/// Writes the host-state fields that differ between pCPUs (SDM Vol. 3C §25.5.1-25.5.2): TR and
+/// its base, GDTR and IDTR bases, and GS base (the per-CPU block), from the CPU this runs on.
+/// The selectors of code and data are the same on every pCPU (each GDT has the same layout).
+pub fn write_host_cpu_state(v: &mut CurrentVmcs) -> Result<(), SetupError> {
+    let cpu = crate::percpu::this();
+    let sel = cpu.selectors();
+    w(v.write16(Host16::TrSelector, sel.tss), "host TR")?;
+    w(
+        v.write_natural(HostNatural::TrBase, sel.tss_base),
+        "host TR base",
+    )?;
+    w(v.write16(Host16::GsSelector, 0), "host GS")?;
+    w(
+        v.write_natural(HostNatural::GsBase, cpu.base()),
+        "host GS base",
+    )?;
+    let gdtr = x86_64::instructions::tables::sgdt();
+    let idtr = x86_64::instructions::tables::sidt();
+    w(
+        v.write_natural(HostNatural::GdtrBase, gdtr.base.as_u64()),
+        "host GDTR",
+    )?;
+    w(
+        v.write_natural(HostNatural::IdtrBase, idtr.base.as_u64()),
+        "host IDTR",
+    )
 }
 
 #[derive(Debug)]
@@ -357,6 +393,10 @@ impl Vcpu {
             cr4_fixed,
             last_exit: 0xffff,
             wake_at: None,
+            index: 0,
+            stats: ExitStats::default(),
+            host_cpu: Some(crate::percpu::index()),
+            last_cpu: None,
         };
         w(
             v.write_natural(ControlNatural::Cr0GuestHostMask, cr0_fixed.0 | !cr0_fixed.1),
@@ -397,30 +437,14 @@ impl Vcpu {
             v.write_natural(HostNatural::Cr4, Cr4::read_raw()),
             "host CR4",
         )?;
-        let sel = gdt::selectors();
+        let sel = crate::percpu::this().selectors();
         w(v.write16(Host16::CsSelector, sel.code), "host CS")?;
         for f in [Host16::SsSelector, Host16::DsSelector, Host16::EsSelector] {
             w(v.write16(f, sel.data), f)?;
         }
         w(v.write16(Host16::FsSelector, 0), "host FS")?;
-        w(v.write16(Host16::GsSelector, 0), "host GS")?;
-        w(v.write16(Host16::TrSelector, sel.tss), "host TR")?;
         w(v.write_natural(HostNatural::FsBase, 0), "host FS base")?;
-        w(v.write_natural(HostNatural::GsBase, 0), "host GS base")?;
-        w(
-            v.write_natural(HostNatural::TrBase, sel.tss_base),
-            "host TR base",
-        )?;
-        let gdtr = x86_64::instructions::tables::sgdt();
-        let idtr = x86_64::instructions::tables::sidt();
-        w(
-            v.write_natural(HostNatural::GdtrBase, gdtr.base.as_u64()),
-            "host GDTR",
-        )?;
-        w(
-            v.write_natural(HostNatural::IdtrBase, idtr.base.as_u64()),
-            "host IDTR",
-        )?;
+        write_host_cpu_state(&mut v)?;
         w(v.write32(Host32::Ia32SysenterCs, 0), "host SYSENTER_CS")?;
         w(
             v.write_natural(HostNatural::Ia32SysenterEsp, 0),

@@ -3,7 +3,8 @@
 //! set, and hvprof's signature at 0x40000000.
 
 use super::skip_instruction;
-use crate::vm::{Stop, Vm};
+use crate::vcpu::Vcpu;
+use crate::vm::Stop;
 use hvprof_vmx::instructions::CurrentVmcs;
 
 /// "hvprofhvprof" in EBX, ECX, EDX.
@@ -15,9 +16,9 @@ pub const SIGNATURE: [u32; 3] = [
 pub const HV_LEAF_MAX: u32 = 0x4000_0001;
 pub const ABI_VERSION: u32 = 1;
 
-pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
-    let leaf = vm.cur_mut().regs.rax as u32;
-    let subleaf = vm.cur_mut().regs.rcx as u32;
+pub fn handle(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
+    let leaf = vcpu.regs.rax as u32;
+    let subleaf = vcpu.regs.rcx as u32;
     let (a, b, c, d) = match leaf {
         0x4000_0000 => (HV_LEAF_MAX, SIGNATURE[0], SIGNATURE[1], SIGNATURE[2]),
         0x4000_0001 => (ABI_VERSION, 0, 0, 0),
@@ -32,16 +33,20 @@ pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
             if leaf == 0xa {
                 // No PMU for guests: the hypervisor owns the counters (it samples with them).
                 a = 0;
-                return finish(vm, vmcs, (a, 0, 0, 0));
+                return finish(vcpu, vmcs, (a, 0, 0, 0));
             }
             (a, b, c, d)
         }
     };
-    finish(vm, vmcs, (a, b, c, d))
+    finish(vcpu, vmcs, (a, b, c, d))
 }
 
-fn finish(vm: &mut Vm, vmcs: &mut CurrentVmcs, (a, b, c, d): (u32, u32, u32, u32)) -> Option<Stop> {
-    let r = &mut vm.cur_mut().regs;
+fn finish(
+    vcpu: &mut Vcpu,
+    vmcs: &mut CurrentVmcs,
+    (a, b, c, d): (u32, u32, u32, u32),
+) -> Option<Stop> {
+    let r = &mut vcpu.regs;
     r.rax = a.into();
     r.rbx = b.into();
     r.rcx = c.into();

@@ -3,6 +3,7 @@
 //! all ones and drops writes (docs/GUEST-ABI.md, "Devices").
 
 use super::{fatal, skip_instruction};
+use crate::vcpu::Vcpu;
 use crate::vm::{Stop, Vm};
 use alloc::format;
 use hvprof_vmx::exit::{IoAccess, IoDirection};
@@ -12,13 +13,13 @@ use hvprof_vmx::vmcs::VmcsExt;
 pub const COM1: u16 = 0x3f8;
 pub const EXIT_PORT: u16 = 0xf4;
 
-pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
+pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     let io = IoAccess::decode(vmcs.exit_qualification().unwrap_or(0));
-    vm.stats.record_port(io.port);
+    vcpu.stats.record_port(io.port);
     if io.string {
         // INS/OUTS would need the guest's segments and page tables walked: not supported.
         return Some(fatal(
-            vm,
+            vcpu,
             vmcs,
             format!(
                 "string I/O ({}) on port {:#x} is not supported",
@@ -34,7 +35,7 @@ pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     };
     match io.direction {
         IoDirection::Out => {
-            let value = vm.cur_mut().regs.rax & mask;
+            let value = vcpu.regs.rax & mask;
             match io.port {
                 EXIT_PORT => {
                     return Some(Stop::Exited {
@@ -43,7 +44,8 @@ pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
                     });
                 }
                 p if (COM1..COM1 + 8).contains(&p) => {
-                    if let Some(line) = vm.uart.write((p - COM1) as u8, value as u8) {
+                    let mut console = vm.console.lock();
+                    if let Some(line) = console.uart.write((p - COM1) as u8, value as u8) {
                         crate::vm::print_guest_line(&vm.name, line);
                     }
                 }
@@ -52,14 +54,16 @@ pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         }
         IoDirection::In => {
             let value = match io.port {
-                p if (COM1..COM1 + 8).contains(&p) => vm.uart.read((p - COM1) as u8) as u64,
+                p if (COM1..COM1 + 8).contains(&p) => {
+                    vm.console.lock().uart.read((p - COM1) as u8) as u64
+                }
                 p => {
                     vm.log_port_once(p, false);
                     mask
                 }
             };
             // IN writes AL/AX/EAX; a 32-bit IN zero-extends into RAX (SDM Vol. 2A, IN).
-            let r = &mut vm.cur_mut().regs.rax;
+            let r = &mut vcpu.regs.rax;
             *r = if io.size == 4 {
                 value
             } else {

@@ -11,6 +11,7 @@ mod io;
 mod msr;
 mod vmcall;
 
+use crate::vcpu::Vcpu;
 use crate::vm::{Stop, Vm};
 use alloc::format;
 use alloc::string::String;
@@ -31,27 +32,32 @@ pub enum Flow {
 }
 
 /// Handles one VM exit of `vm`, whose VMCS is current.
-pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Flow {
+pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Flow {
     if reason.kind() == Some(BasicExit::Hlt) {
         // HLT blocks the vCPU until an event: the scheduler runs something else and resumes it
         // after the HLT when its virtual timer fires (docs/GUEST-ABI.md, "Time").
         skip_instruction(vmcs);
         return Flow::Halt;
     }
-    match handle_exit(vm, vmcs, reason) {
+    match handle_exit(vm, vcpu, vmcs, reason) {
         None => Flow::Resume,
         Some(stop) => Flow::Stop(stop),
     }
 }
 
-fn handle_exit(vm: &mut Vm, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Option<Stop> {
+fn handle_exit(
+    vm: &Vm,
+    vcpu: &mut Vcpu,
+    vmcs: &mut CurrentVmcs,
+    reason: ExitReason,
+) -> Option<Stop> {
     let kind = reason.kind();
     match kind {
-        Some(BasicExit::Cpuid) => cpuid::handle(vm, vmcs),
-        Some(BasicExit::IoInstruction) => io::handle(vm, vmcs),
-        Some(BasicExit::Rdmsr) => msr::rdmsr(vm, vmcs),
-        Some(BasicExit::Wrmsr) => msr::wrmsr(vm, vmcs),
-        Some(BasicExit::Vmcall) => vmcall::handle(vm, vmcs),
+        Some(BasicExit::Cpuid) => cpuid::handle(vcpu, vmcs),
+        Some(BasicExit::IoInstruction) => io::handle(vm, vcpu, vmcs),
+        Some(BasicExit::Rdmsr) => msr::rdmsr(vm, vcpu, vmcs),
+        Some(BasicExit::Wrmsr) => msr::wrmsr(vm, vcpu, vmcs),
+        Some(BasicExit::Vmcall) => vmcall::handle(vm, vcpu, vmcs),
         // The deadline check before the next VM entry decides whether the budget is spent.
         Some(BasicExit::PreemptionTimer) => None,
         Some(BasicExit::ExternalInterrupt) => {
@@ -81,7 +87,7 @@ fn handle_exit(vm: &mut Vm, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Optio
             } else {
                 // The exception bitmap is 0: no guest exception should exit.
                 Some(fatal(
-                    vm,
+                    vcpu,
                     vmcs,
                     format!("unexpected exception exit ({info:?})"),
                 ))
@@ -92,7 +98,7 @@ fn handle_exit(vm: &mut Vm, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Optio
             skip_instruction(vmcs);
             None
         }
-        Some(BasicExit::Xsetbv) => xsetbv(vm, vmcs),
+        Some(BasicExit::Xsetbv) => xsetbv(vcpu, vmcs),
         Some(
             BasicExit::Vmclear
             | BasicExit::Vmlaunch
@@ -112,8 +118,8 @@ fn handle_exit(vm: &mut Vm, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Optio
             inject_exception(vmcs, 6, None);
             None
         }
-        Some(BasicExit::CrAccess) => cr_access(vm, vmcs),
-        Some(BasicExit::TripleFault) => Some(fatal(vm, vmcs, String::from("triple fault"))),
+        Some(BasicExit::CrAccess) => cr_access(vcpu, vmcs),
+        Some(BasicExit::TripleFault) => Some(fatal(vcpu, vmcs, String::from("triple fault"))),
         Some(BasicExit::EptViolation) => {
             let v = EptViolation::new(
                 vmcs.exit_qualification().unwrap_or(0),
@@ -127,19 +133,19 @@ fn handle_exit(vm: &mut Vm, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Optio
                 let _ = write!(what, ", guest linear address {la:#x}");
             }
             let _ = write!(what, "; guest memory is GPA 0x0-{:#x}", vm.mem_size);
-            Some(fatal(vm, vmcs, what))
+            Some(fatal(vcpu, vmcs, what))
         }
         Some(BasicExit::EptMisconfig) => {
             let gpa = vmcs.read64(ReadOnly64::GuestPhysicalAddress).unwrap_or(0);
             let walk = vm.ept.walk(gpa);
             Some(fatal(
-                vm,
+                vcpu,
                 vmcs,
                 format!("EPT misconfiguration at GPA {gpa:#x} (a hypervisor bug): {walk:?}"),
             ))
         }
         _ => Some(fatal(
-            vm,
+            vcpu,
             vmcs,
             format!(
                 "unhandled VM exit {reason} (qualification {:#x})",
@@ -198,9 +204,9 @@ pub fn guest_cpl(vmcs: &CurrentVmcs) -> u8 {
 }
 
 /// XSETBV (exit reason 55, unconditional): allow x87|SSE (and AVX where the host allows it).
-fn xsetbv(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
-    let index = vm.cur_mut().regs.rcx as u32;
-    let value = (vm.cur_mut().regs.rdx << 32) | (vm.cur_mut().regs.rax & 0xffff_ffff);
+fn xsetbv(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
+    let index = vcpu.regs.rcx as u32;
+    let value = (vcpu.regs.rdx << 32) | (vcpu.regs.rax & 0xffff_ffff);
     let supported = raw_cpuid::CpuId::new()
         .get_extended_state_info()
         .map_or(0b11, |s| {
@@ -229,13 +235,13 @@ fn xsetbv(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
 
 /// MOV to CR0/CR4 touching bits the host owns (SDM Vol. 3C §28.2.1 Table 28-3, §25.6.6): the guest
 /// sees what it wrote (read shadow); the CPU runs with the VMX fixed bits forced.
-fn cr_access(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
+fn cr_access(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     use hvprof_vmx::exit::{CrAccess, CrAccessType};
     use hvprof_vmx::vmcs::ControlNatural;
     let q = CrAccess::decode(vmcs.exit_qualification().unwrap_or(0));
     if q.access != CrAccessType::MovToCr {
         return Some(fatal(
-            vm,
+            vcpu,
             vmcs,
             format!("unexpected control-register access {q:?}"),
         ));
@@ -243,7 +249,7 @@ fn cr_access(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     let value = if q.gpr == hvprof_vmx::regs::Gpr::Rsp {
         vmcs.read_natural(GuestNatural::Rsp).unwrap_or(0)
     } else {
-        vm.cur_mut().regs.get(q.gpr).unwrap_or(0)
+        vcpu.regs.get(q.gpr).unwrap_or(0)
     };
     match q.cr {
         0 => {
@@ -252,7 +258,7 @@ fn cr_access(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
                 "VMWRITE CR0 shadow",
             );
             must(
-                vmcs.write_natural(GuestNatural::Cr0, vm.cur_mut().force_cr0(value)),
+                vmcs.write_natural(GuestNatural::Cr0, vcpu.force_cr0(value)),
                 "VMWRITE guest CR0",
             );
         }
@@ -262,20 +268,20 @@ fn cr_access(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
                 "VMWRITE CR4 shadow",
             );
             must(
-                vmcs.write_natural(GuestNatural::Cr4, vm.cur_mut().force_cr4(value)),
+                vmcs.write_natural(GuestNatural::Cr4, vcpu.force_cr4(value)),
                 "VMWRITE guest CR4",
             );
         }
-        _ => return Some(fatal(vm, vmcs, format!("unexpected MOV to CR{}", q.cr))),
+        _ => return Some(fatal(vcpu, vmcs, format!("unexpected MOV to CR{}", q.cr))),
     }
     skip_instruction(vmcs);
     None
 }
 
 /// Stops the VM with a report: what happened, where, and the guest's registers.
-pub fn fatal(vm: &Vm, vmcs: &CurrentVmcs, what: String) -> Stop {
+pub fn fatal(vcpu: &Vcpu, vmcs: &CurrentVmcs, what: String) -> Stop {
     let rd = |f| vmcs.read_natural(f).unwrap_or(0);
-    let r = &vm.cur().regs;
+    let r = &vcpu.regs;
     let mut s = what;
     let _ = write!(
         s,

@@ -3,6 +3,7 @@
 //! other one injects #GP and is reported once.
 
 use super::{inject_exception, skip_instruction};
+use crate::vcpu::Vcpu;
 use crate::vm::{Stop, Vm};
 use hvprof_vmx::instructions::CurrentVmcs;
 
@@ -13,8 +14,8 @@ const FEATURE_CONTROL_VALUE: u64 = 1;
 /// xAPIC at the architectural base, enabled, bootstrap processor.
 const APIC_BASE_VALUE: u64 = 0xfee0_0900;
 
-pub fn rdmsr(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
-    let msr = vm.cur_mut().regs.rcx as u32;
+pub fn rdmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
+    let msr = vcpu.regs.rcx as u32;
     let value = match msr {
         IA32_FEATURE_CONTROL => FEATURE_CONTROL_VALUE,
         IA32_APIC_BASE => APIC_BASE_VALUE,
@@ -24,16 +25,16 @@ pub fn rdmsr(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
             return None;
         }
     };
-    let r = &mut vm.cur_mut().regs;
+    let r = &mut vcpu.regs;
     r.rax = value & 0xffff_ffff;
     r.rdx = value >> 32;
     skip_instruction(vmcs);
     None
 }
 
-pub fn wrmsr(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
-    let msr = vm.cur_mut().regs.rcx as u32;
-    let value = (vm.cur_mut().regs.rdx << 32) | (vm.cur_mut().regs.rax & 0xffff_ffff);
+pub fn wrmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
+    let msr = vcpu.regs.rcx as u32;
+    let value = (vcpu.regs.rdx << 32) | (vcpu.regs.rax & 0xffff_ffff);
     match msr {
         // Rewriting the value it reads is harmless; anything else would move the APIC.
         IA32_APIC_BASE if value == APIC_BASE_VALUE => {}

@@ -1,6 +1,7 @@
 //! VMCALL (exit reason 18): the hypercall interface of docs/GUEST-ABI.md, "Hypercalls".
 
 use super::{guest_cpl, inject_exception, skip_instruction};
+use crate::vcpu::Vcpu;
 use crate::vm::{Stop, Vm};
 use hvprof_vmx::instructions::CurrentVmcs;
 
@@ -12,16 +13,12 @@ pub const PRINT_MAX: u64 = 4096;
 pub const ERR_BAD_BUFFER: u64 = u64::MAX;
 pub const ERR_UNKNOWN: u64 = u64::MAX - 1;
 
-pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
+pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     if guest_cpl(vmcs) != 0 {
         inject_exception(vmcs, 6, None);
         return None;
     }
-    let (function, a, b) = (
-        vm.cur_mut().regs.rax,
-        vm.cur_mut().regs.rdi,
-        vm.cur_mut().regs.rsi,
-    );
+    let (function, a, b) = (vcpu.regs.rax, vcpu.regs.rdi, vcpu.regs.rsi);
     let result = match function {
         VERSION => u64::from(super::cpuid::ABI_VERSION),
         PRINT => print(vm, a, b),
@@ -33,27 +30,28 @@ pub fn handle(vm: &mut Vm, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         }
         SET_TIMER => {
             // Wake the vCPU from its next HLT `a` TSC ticks from now (0 disarms).
-            vm.cur_mut().wake_at = (a != 0).then(|| crate::tsc::rdtsc().saturating_add(a));
+            vcpu.wake_at = (a != 0).then(|| crate::tsc::rdtsc().saturating_add(a));
             0
         }
         _ => ERR_UNKNOWN,
     };
-    vm.cur_mut().regs.rax = result;
+    vcpu.regs.rax = result;
     skip_instruction(vmcs);
     None
 }
 
 /// PRINT: the bytes go through the VM's UART line buffer, so they interleave with its output.
-fn print(vm: &mut Vm, gpa: u64, len: u64) -> u64 {
-    let in_memory = len <= PRINT_MAX && gpa.checked_add(len).is_some_and(|end| end <= vm.mem_size);
-    if !in_memory {
+fn print(vm: &Vm, gpa: u64, len: u64) -> u64 {
+    let mut buf = [0u8; PRINT_MAX as usize];
+    let Some(buf) = buf.get_mut(..len.min(PRINT_MAX + 1) as usize) else {
+        return ERR_BAD_BUFFER;
+    };
+    if len > PRINT_MAX || !vm.read_guest(gpa, buf) {
         return ERR_BAD_BUFFER;
     }
-    let mut buf = [0u8; PRINT_MAX as usize];
-    let len = len as usize;
-    buf[..len].copy_from_slice(&vm.memory()[gpa as usize..gpa as usize + len]);
-    for &byte in &buf[..len] {
-        if let Some(line) = vm.uart.send(byte) {
+    let mut console = vm.console.lock();
+    for &byte in buf.iter() {
+        if let Some(line) = console.uart.send(byte) {
             crate::vm::print_guest_line(&vm.name, line);
         }
     }

@@ -371,9 +371,11 @@ fn exact_of<'a>(
     blanks: impl Iterator<Item = &'a crate::timeline::Blanks>,
 ) -> Option<Exact> {
     let (mut run, mut out, mut halted) = (0u64, 0u64, 0u64);
+    let mut hypervisor_out = 0u64;
     let mut any = false;
     for b in blanks {
         any = true;
+        hypervisor_out += b.hypervisor_out;
         run += b.ticks_in;
         out += b.ticks_out;
         halted += b.ticks_halted;
@@ -384,13 +386,15 @@ fn exact_of<'a>(
     }
     let pct = |n: u64| 100.0 * n as f64 / ticks as f64;
     // The events time the vCPU's absence (preempted); the hypervisor's work while it was in is
-    // steal for the samples but running for the events: compare like with like.
+    // steal for the samples but running for the events: compare like with like (its work while
+    // the vCPU was out is absence for both).
     let hypervisor: f64 = table
         .rows
         .iter()
         .filter(|r| r.function == "[steal]" && r.module == "(hypervisor)")
         .map(|r| r.percent)
-        .sum();
+        .sum::<f64>()
+        - percent(hypervisor_out, table.samples);
     Some(Exact {
         ticks,
         running: pct(run),
@@ -512,8 +516,9 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
                 if b.steal_outside > 0 {
                     *g.steal.entry("(outside)".into()).or_default() += b.steal_outside;
                 }
-                if b.hypervisor > 0 {
-                    *g.steal.entry("(hypervisor)".into()).or_default() += b.hypervisor;
+                if b.hypervisor + b.hypervisor_out > 0 {
+                    *g.steal.entry("(hypervisor)".into()).or_default() +=
+                        b.hypervisor + b.hypervisor_out;
                 }
                 for (&other, &n) in &b.steal_on {
                     *g.steal.entry(format!("(on vcpu{other})")).or_default() += n;

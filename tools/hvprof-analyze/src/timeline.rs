@@ -3,9 +3,11 @@
 //! pCPU of its latest "vCPU in"), while the vCPU exists, the vCPU either ran (its own guest
 //! sample) or was blank. A blank slot is `[idle]` when the vCPU was out because it halted (its
 //! last exit was HLT), else `[steal]`: `(on vcpuN)` when another vCPU of the same VM held the
-//! pCPU (its guest, or the hypervisor handling its exits), `(outside)` otherwise (another VM, the hypervisor, idle); the hypervisor's time while the vCPU was in is kept apart
-//! as `[steal] (hypervisor)`, since the events cannot time it. The exact figures come from the scheduling events beside
-//! the sample-based ones.
+//! pCPU (its guest, or the hypervisor handling its exits), `(hypervisor)` when the hypervisor
+//! worked for no VM there (the scheduler between slices), `(outside)` otherwise (another VM, or
+//! the hypervisor handling that VM's exits). The hypervisor's time on the vCPU's own exits while
+//! it was in is `[steal] (hypervisor)` too, though the events count it as running. The exact
+//! figures come from the scheduling events beside the sample-based ones.
 
 use hvprof_samplelog::{Event, EventKind, OutReason};
 use rustc_hash::FxHashMap as HashMap;
@@ -29,6 +31,8 @@ pub struct Blanks {
     pub steal_outside: u64,
     /// Slots on its pCPU while it was in that are not its own: the hypervisor handling its exits.
     pub hypervisor: u64,
+    /// Slots on its pCPU while it was out (not halted) in which the hypervisor worked for no VM.
+    pub hypervisor_out: u64,
     /// Exact TSC ticks from the events: out halted, out otherwise (preempted), in.
     pub ticks_halted: u64,
     pub ticks_out: u64,
@@ -123,6 +127,10 @@ pub fn blanks(
                         {
                             *b.steal_on.entry(c).or_default() += 1;
                         }
+                        Owner::Hypervisor {
+                            vm: hvprof_samplelog::NO_VM,
+                            ..
+                        } => b.hypervisor_out += 1,
                         _ => b.steal_outside += 1,
                     },
                 }
@@ -220,5 +228,47 @@ mod tests {
             0,
             "vCPU 1 is blank before it starts: not counted"
         );
+    }
+
+    #[test]
+    fn two_pcpus_pinned_and_scheduler_time() {
+        // vCPU 0 on pCPU 0 and vCPU 1 on pCPU 1, each in [0,10) and [12,20), out preempted in
+        // [10,12) while its pCPU's scheduler works for no VM; pCPU 1's samples never count for
+        // vCPU 0 and the other way round.
+        let mut events = Vec::new();
+        let mut per: HashMap<u16, Vec<(u64, Owner)>> = HashMap::default();
+        for cpu in 0..2u16 {
+            let e = |t, kind, reason| {
+                let (_, e) = ev(t, 0, cpu, kind, reason);
+                (cpu, e)
+            };
+            events.push(e(0, EventKind::VcpuIn, OutReason::Preempted));
+            events.push(e(10, EventKind::VcpuOut, OutReason::Preempted));
+            events.push(e(12, EventKind::VcpuIn, OutReason::Preempted));
+            events.push(e(20, EventKind::VcpuOut, OutReason::Stopped));
+            let samples = (0..20u64)
+                .map(|t| {
+                    let owner = match t {
+                        10 | 11 => Owner::Hypervisor {
+                            vm: hvprof_samplelog::NO_VM,
+                            vcpu: 0xffff,
+                        },
+                        5 => Owner::Hypervisor { vm: 0, vcpu: cpu },
+                        _ => Owner::Guest { vm: 0, vcpu: cpu },
+                    };
+                    (t, owner)
+                })
+                .collect();
+            per.insert(cpu, samples);
+        }
+        let b = blanks(&per, &events);
+        for cpu in 0..2u16 {
+            let x = &b[&(0, cpu)];
+            assert_eq!(x.hypervisor, 1, "its own exit, while in");
+            assert_eq!(x.hypervisor_out, 2, "the scheduler, while out");
+            assert_eq!(x.steal_outside, 0);
+            assert!(x.steal_on.is_empty(), "the sibling runs on another pCPU");
+            assert_eq!((x.ticks_in, x.ticks_out), (18, 2));
+        }
     }
 }
