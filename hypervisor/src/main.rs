@@ -189,6 +189,9 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     scheduler::run_cpu(0);
     profiler::stop();
     smp::wait_for_aps();
+    for vm in vms {
+        vm::print_exit_stats(vm);
+    }
     profiler::export::finish();
     println!("hvprof: all VMs stopped");
     power::off()

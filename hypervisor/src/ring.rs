@@ -86,7 +86,12 @@ impl<T: Copy, const N: usize> Ring<T, N> {
         N
     }
 
-    /// Records refused because the ring was full.
+    /// Counts a record the producer could not even offer (it is busy pushing another one).
+    pub fn count_drop(&self) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records refused because the ring was full (or counted by `count_drop`).
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }

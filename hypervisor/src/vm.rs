@@ -608,7 +608,8 @@ pub fn print_guest_line(vm: &str, line: &[u8]) {
     );
 }
 
-/// After a VM's stop (all its vCPUs stopped): the rest of its console line, then the report.
+/// After a VM's stop (all its vCPUs stopped): the rest of its console line, then why it stopped
+/// (`print_exit_stats` follows at the end of the run).
 pub fn finish(vm: &Vm, stop: &Stop) {
     if let Some(rest) = vm.console.lock().uart.flush() {
         print_guest_line(&vm.name, rest);
@@ -664,11 +665,16 @@ fn report(vm: &Vm, stop: &Stop) {
             ),
         }
     }
+}
+
+/// The VM's exit statistics (its vCPUs' added up). Printed once every VM has stopped: on a slow
+/// console the table costs more than the run's last slices, and it would be sampled as theirs.
+pub fn print_exit_stats(vm: &Vm) {
     let mut stats = ExitStats::default();
     for v in &vm.vcpus {
         stats.merge(&v.lock().stats);
     }
-    print!("{}", stats.table(name, exit_name));
+    print!("{}", stats.table(&vm.name, exit_name));
 }
 
 pub fn exit_name(reason: u16) -> &'static str {

@@ -88,6 +88,8 @@ pub struct CpuProfiler {
     lapic: spin::Once<Lapic>,
     /// This pCPU runs its idle loop.
     idle: AtomicBool,
+    /// A push into `ring` is under way (see `offer`).
+    pushing: AtomicBool,
 }
 
 impl CpuProfiler {
@@ -104,6 +106,7 @@ impl CpuProfiler {
             cost_max: AtomicU64::new(0),
             lapic: spin::Once::new(),
             idle: AtomicBool::new(false),
+            pushing: AtomicBool::new(false),
         }
     }
 }
@@ -238,10 +241,25 @@ impl CpuProfiler {
         )
     }
 
+    /// Puts a record into the ring. The ring has one producer, but on one pCPU that producer runs
+    /// in three contexts: the run loop and scheduler, the timer interrupt and the PMU's NMI. The
+    /// interrupt is kept out while the others push; an NMI that lands inside a push finds the
+    /// ring busy and its record is counted as a drop rather than corrupting the one in flight.
+    fn offer(&self, r: RawRecord) {
+        x86_64::instructions::interrupts::without_interrupts(|| {
+            if self.pushing.swap(true, Ordering::Acquire) {
+                self.ring.count_drop();
+                return;
+            }
+            self.ring.push(r);
+            self.pushing.store(false, Ordering::Release);
+        });
+    }
+
     fn push(&self, mut r: RawRecord, t0: u64) {
         let cost = rdtsc() - t0;
         r.cost = cost.min(u32::MAX as u64) as u32;
-        self.ring.push(r);
+        self.offer(r);
         self.samples_taken.fetch_add(1, Ordering::Relaxed);
         self.cost_total.fetch_add(cost, Ordering::Relaxed);
         self.cost_min.fetch_min(cost, Ordering::Relaxed);
@@ -368,7 +386,7 @@ impl CpuProfiler {
             return;
         }
         let (vm, vcpu, vpid, exit) = self.current();
-        self.ring.push(RawRecord {
+        self.offer(RawRecord {
             tsc: rdtsc(),
             guest_rip: 0,
             guest_cr3: 0,
