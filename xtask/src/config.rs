@@ -2,7 +2,7 @@
 //!
 //! A TOML file describes one machine: the hypervisor's boot options, the emulated machine and the
 //! VMs. xtask turns it into the hypervisor's command line and one boot module per VM
-//! (`configs/three-vms.toml` is an example):
+//! (`configs/three-vms.toml` and `configs/two-pcpus.toml` are examples):
 //!
 //! ```toml
 //! [hypervisor]                 # optional table; every key optional
@@ -869,6 +869,11 @@ format = "real16"
         assert_eq!(p.cmdline, "period=1ms slice=10ms export=end buffer=100000");
         assert_eq!(p.modules.len(), 3);
         assert!(p.modules.iter().all(|m| m.iso_name.ends_with(".elf")));
+        let file = root.join("configs/two-pcpus.toml");
+        let text = std::fs::read_to_string(&file).unwrap();
+        let p = parse(&text, &file, file.parent().unwrap(), Path::new("target")).unwrap();
+        assert_eq!(p.cpus, Some(2));
+        assert!(p.modules[0].cmdline.contains("vcpus=2 pin=0,1"));
     }
 
     #[test]
