@@ -51,6 +51,9 @@ pub struct BootState {
     pub gdt_limit: u16,
     pub rdi: u64,
     pub rsi: u64,
+    /// The code and data selectors in the GDT at `gdt_base` (64-bit mode).
+    pub code_selector: u16,
+    pub data_selector: u16,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,6 +170,8 @@ pub fn load(mem: &mut [u8], elf: &[u8], args: &str) -> Result<BootState, LoadErr
         gdt_limit: (GDT.len() * 8 - 1) as u16,
         rdi: ARGS_GPA,
         rsi: args.len() as u64,
+        code_selector: CODE_SELECTOR,
+        data_selector: DATA_SELECTOR,
     })
 }
 
@@ -197,6 +202,8 @@ pub fn load_real16(mem: &mut [u8], image: &[u8], args: &str) -> Result<BootState
         gdt_limit: 0xffff,
         rdi: ARGS_GPA,
         rsi: args.len() as u64,
+        code_selector: 0,
+        data_selector: 0,
     })
 }
 

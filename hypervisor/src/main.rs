@@ -92,7 +92,7 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
 
     init_memory(&boot, original);
     let ap_page = trampoline_page(&boot, original);
-    let guests = list_modules(&boot, original);
+    let (guests, initrds) = list_modules(&boot, original);
     let (cpus, apic_ids) = init_acpi(&boot);
 
     let cpu = match platform::report() {
@@ -148,7 +148,7 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
             ),
         }
     }
-    let vms: &'static [vm::Vm] = vm::build_all(&cpu.vmx, &guests, online).leak();
+    let vms: &'static [vm::Vm] = vm::build_all(&cpu.vmx, &guests, &initrds, online).leak();
     let caps: &'static hvprof_vmx::caps::VmxCaps =
         alloc::boxed::Box::leak(alloc::boxed::Box::new(cpu.vmx));
     let pmu: Option<&'static hvprof_pmu::probe::PmuInfo> = cpu
@@ -288,14 +288,27 @@ fn init_memory(boot: &BootInfo, boot_info: Range) {
     }
 }
 
-/// Reports every module; returns those that are loadable guest images.
-fn list_modules(boot: &BootInfo<'static>, boot_info: Range) -> Vec<(usize, ModuleTag<'static>)> {
+/// Reports every module; returns those that are loadable guest images, and those that hold a
+/// Linux guest's initrd (named by another module's `initrd=`).
+fn list_modules(
+    boot: &BootInfo<'static>,
+    boot_info: Range,
+) -> (Vec<(usize, ModuleTag<'static>)>, Vec<ModuleTag<'static>>) {
     let mut guests = Vec::new();
+    let mut initrds = Vec::new();
     let image = memory::image_range();
     let forbidden = [
         (image.start, image.end, "the hypervisor image"),
         (boot_info.start, boot_info.end, "the boot information"),
     ];
+    let initrd_names: Vec<&str> = boot
+        .modules()
+        .filter_map(|m| {
+            hvprof_hypervisor::vm_config::parse(m.cmdline_str().unwrap_or(""))
+                .ok()
+                .and_then(|c| c.initrd)
+        })
+        .collect();
     for (i, m) in boot.modules().enumerate() {
         if let Err(e) = info::check_module(&m, &forbidden, boot.memory_map()) {
             println!("module {i}: error: {e}");
@@ -306,6 +319,16 @@ fn list_modules(boot: &BootInfo<'static>, boot_info: Range) -> Vec<(usize, Modul
         // ours; the frame allocator excluded it, so the bytes stay as GRUB loaded them.
         let bytes = unsafe { core::slice::from_raw_parts(m.start as *const u8, m.len() as usize) };
         let name = m.name().unwrap_or("?");
+        if initrd_names.contains(&name) {
+            println!(
+                "module {i}: {name} {:#x}-{:#x} {} bytes: initrd of a Linux guest",
+                m.start,
+                m.end,
+                m.len()
+            );
+            initrds.push(m);
+            continue;
+        }
         let format =
             hvprof_hypervisor::vm_config::parse(m.cmdline_str().unwrap_or("")).map(|c| c.format);
         if format == Ok(hvprof_hypervisor::vm_config::Format::Real16) {
@@ -316,6 +339,22 @@ fn list_modules(boot: &BootInfo<'static>, boot_info: Range) -> Vec<(usize, Modul
                 m.end,
                 m.len(),
                 m.args().unwrap_or("")
+            );
+            continue;
+        }
+        if let Ok(h) = hvprof_hypervisor::linux_boot::parse_header(bytes) {
+            guests.push((i, m));
+            println!(
+                "module {i}: {name} {:#x}-{:#x} {} bytes, args \"{}\": Linux bzImage, boot protocol {}.{:02}, {} setup sectors, preferred address {:#x}, init_size {} MiB",
+                m.start,
+                m.end,
+                m.len(),
+                m.args().unwrap_or(""),
+                h.version >> 8,
+                h.version & 0xff,
+                h.setup_sects,
+                h.pref_address,
+                h.init_size >> 20
             );
             continue;
         }
@@ -335,14 +374,25 @@ fn list_modules(boot: &BootInfo<'static>, boot_info: Range) -> Vec<(usize, Modul
                 )
             }
             Err(e) => println!(
-                "module {i}: error: '{name}' ({:#x}-{:#x}, {} bytes) is not a loadable guest image: {e}",
+                "module {i}: error: '{name}' ({:#x}-{:#x}, {} bytes) is not a loadable guest image: {e}{}",
                 m.start,
                 m.end,
-                m.len()
+                m.len(),
+                if hvprof_hypervisor::linux_boot::is_bzimage(bytes) {
+                    alloc::format!(
+                        " (a bzImage the loader refuses: {})",
+                        hvprof_hypervisor::linux_boot::parse_header(bytes)
+                            .err()
+                            .map(|e| alloc::format!("{e}"))
+                            .unwrap_or_default()
+                    )
+                } else {
+                    alloc::string::String::new()
+                }
             ),
         }
     }
-    guests
+    (guests, initrds)
 }
 
 /// A free 4 KiB page below 1 MiB for the AP start-up trampoline: available in the memory map,

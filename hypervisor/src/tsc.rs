@@ -5,6 +5,14 @@
 
 use x86_64::instructions::port::Port;
 
+/// The calibrated frequency (0 before `calibrate`).
+static HZ: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
+
+/// The TSC frequency `calibrate` found.
+pub fn hz() -> u64 {
+    HZ.load(core::sync::atomic::Ordering::Relaxed)
+}
+
 pub fn rdtsc() -> u64 {
     // SAFETY: RDTSC has no side effects (CR4.TSD is clear in the hypervisor).
     unsafe { core::arch::x86_64::_rdtsc() }
@@ -22,6 +30,12 @@ const PIT_HZ: u64 = 1_193_182;
 const PIT_COUNT: u16 = 11_932;
 
 pub fn calibrate() -> TscInfo {
+    let info = measure();
+    HZ.store(info.hz, core::sync::atomic::Ordering::Relaxed);
+    info
+}
+
+fn measure() -> TscInfo {
     let cpuid = raw_cpuid::CpuId::new();
     let invariant = cpuid
         .get_advanced_power_mgmt_info()

@@ -18,9 +18,9 @@ use hvprof_boot::info::ModuleTag;
 use hvprof_ept::{Ept, EptCaps, FrameSource, MemoryType, PageSizes, Permissions, PhysMem};
 use hvprof_hypervisor::devices::uart::Uart;
 use hvprof_hypervisor::exit_stats::ExitStats;
-use hvprof_hypervisor::guest_image;
 use hvprof_hypervisor::vm_config::Pins;
 use hvprof_hypervisor::vm_config::{self, MEM_GRANULE, Target};
+use hvprof_hypervisor::{guest_image, linux_boot};
 use hvprof_vmx::caps::{VmxCaps, ept_cap};
 use hvprof_vmx::exit::BasicExit;
 use hvprof_vmx::instructions::{self, CurrentVmcs};
@@ -80,6 +80,8 @@ pub struct Vm {
     pub vcpus: Vec<Mutex<Vcpu>>,
     /// `pin=`: the pCPU of each vCPU, or free to move.
     pub pin: Option<Pins>,
+    /// A Linux guest (booted from a bzImage): its CPUID, MSR and device policy.
+    pub linux: bool,
     /// The virtual UART and the once-only logs.
     pub console: Mutex<VmConsole>,
     pub budget: u64,
@@ -152,7 +154,12 @@ impl Vm {
 /// Builds every VM from the boot modules that passed `check_module`. A module that cannot
 /// become a VM is reported and skipped, as is one pinned to a pCPU that is not online (`pcpus`
 /// are).
-pub fn build_all(caps: &VmxCaps, modules: &[(usize, ModuleTag<'static>)], pcpus: usize) -> Vec<Vm> {
+pub fn build_all(
+    caps: &VmxCaps,
+    modules: &[(usize, ModuleTag<'static>)],
+    initrds: &[ModuleTag<'static>],
+    pcpus: usize,
+) -> Vec<Vm> {
     let Some(bitmaps) = Bitmaps::new() else {
         println!("hvprof: error: no memory for the I/O and MSR bitmaps");
         return Vec::new();
@@ -202,7 +209,33 @@ pub fn build_all(caps: &VmxCaps, modules: &[(usize, ModuleTag<'static>)], pcpus:
             core::slice::from_raw_parts(module.start as *const u8, module.len() as usize)
         };
         let image_name = module.name().unwrap_or("?");
-        match build(caps, bitmaps, vms.len(), &config, image, image_name, target) {
+        let initrd: &[u8] = match config.initrd {
+            None => &[],
+            Some(name) => match initrds.iter().find(|m| m.name() == Some(name)) {
+                // SAFETY: as for `image`: a module `check_module` accepted, left as GRUB loaded
+                // it.
+                Some(m) => unsafe {
+                    core::slice::from_raw_parts(m.start as *const u8, m.len() as usize)
+                },
+                None => {
+                    println!(
+                        "vm {}: error: initrd={name}: no boot module of that name; VM not created",
+                        config.name
+                    );
+                    continue;
+                }
+            },
+        };
+        match build(
+            caps,
+            bitmaps,
+            vms.len(),
+            &config,
+            image,
+            image_name,
+            initrd,
+            target,
+        ) {
             Ok(vm) => {
                 println!(
                     "vm {}: created from module {index}: {} MiB of guest memory at host {:#x}-{:#x}, EPT {}, VPID {}, budget {} ticks, {} vCPU{} {}",
@@ -288,6 +321,7 @@ pub fn page_checksum(hpa: u64) -> u64 {
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn build(
     caps: &VmxCaps,
     bitmaps: &Bitmaps,
@@ -295,6 +329,7 @@ fn build(
     config: &vm_config::VmConfig,
     image: &[u8],
     image_name: &str,
+    initrd: &[u8],
     target: Option<AttackTarget>,
 ) -> Result<Vm, String> {
     let mem_hpa = memory::alloc_zeroed(config.mem, MEM_GRANULE)
@@ -306,11 +341,31 @@ fn build(
     }
     // SAFETY: the range was just allocated for this VM (zeroed, identity-mapped).
     let mem = unsafe { core::slice::from_raw_parts_mut(mem_hpa as *mut u8, config.mem as usize) };
-    let boot = match config.format {
-        vm_config::Format::Elf64 => guest_image::load(mem, image, &args),
-        vm_config::Format::Real16 => guest_image::load_real16(mem, image, &args),
-    }
-    .map_err(|e| format!("{e}"))?;
+    let linux = config.format == vm_config::Format::Linux || linux_boot::is_bzimage(image);
+    let boot = if linux {
+        let cmdline = vm_config::guest_args(config.args)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let (boot, l) =
+            linux_boot::load(mem, image, initrd, &cmdline).map_err(|e| format!("{e}"))?;
+        println!(
+            "vm {}: Linux kernel ({} bytes) at GPA {:#x}, entry {:#x}; initrd ({} bytes) at GPA {:#x}; boot_params at {:#x}; command line \"{cmdline}\"",
+            config.name,
+            l.kernel_len,
+            l.kernel_gpa,
+            l.entry,
+            l.initrd_len,
+            l.initrd_gpa,
+            linux_boot::BOOT_PARAMS_GPA
+        );
+        boot
+    } else {
+        match config.format {
+            vm_config::Format::Real16 => guest_image::load_real16(mem, image, &args),
+            _ => guest_image::load(mem, image, &args),
+        }
+        .map_err(|e| format!("{e}"))?
+    };
 
     let ept_caps = EptCaps {
         pages: PageSizes {
@@ -363,6 +418,7 @@ fn build(
         index: index as u16,
         vcpus,
         pin: config.pin,
+        linux,
         name: String::from(config.name),
         mem_hpa,
         mem_size: config.mem,

@@ -34,6 +34,9 @@ pub enum Format {
     /// A flat real-mode image, loaded at 0000:7C00 and started there in real mode under
     /// unrestricted guest (like a boot sector).
     Real16,
+    /// A Linux bzImage, started through the 64-bit boot protocol (`linux_boot`). The module's
+    /// arguments without the hypervisor's keys are the kernel command line.
+    Linux,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +50,8 @@ pub struct VmConfig<'a> {
     pub target: Option<Target<'a>>,
     /// `pin=a,b,...`: the pCPU each vCPU runs on (one per vCPU); `None`: free to move.
     pub pin: Option<Pins>,
+    /// `initrd=<module name>`: the module holding a Linux guest's initrd.
+    pub initrd: Option<&'a str>,
     /// Every argument after the image name, passed to the guest as is.
     pub args: &'a str,
 }
@@ -83,6 +88,7 @@ pub enum ConfigError<'a> {
     BadFormat(&'a str),
     BadVcpus(&'a str),
     BadPin(&'a str),
+    BadInitrd,
     PinCount { pins: usize, vcpus: u16 },
     Repeated(&'a str),
 }
@@ -114,7 +120,7 @@ impl fmt::Display for ConfigError<'_> {
                 "target={v:?}: expected hypervisor, vm:<name>, unmapped or mmio"
             ),
             ConfigError::BadFormat(v) => {
-                write!(f, "format={v:?}: expected elf64 or real16")
+                write!(f, "format={v:?}: expected elf64, real16 or linux")
             }
             ConfigError::BadVcpus(v) => {
                 write!(
@@ -127,6 +133,7 @@ impl fmt::Display for ConfigError<'_> {
                 "pin={v:?}: expected pCPU numbers (0 to {}) separated by commas, one per vCPU",
                 PCPUS_MAX - 1
             ),
+            ConfigError::BadInitrd => f.write_str("initrd= needs the name of a boot module"),
             ConfigError::PinCount { pins, vcpus } => write!(
                 f,
                 "pin= names {pins} pCPU{} but the VM has {vcpus} vCPU{}: give one pCPU per vCPU",
@@ -151,6 +158,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
     let mut format = None;
     let mut vcpus = None;
     let mut pin = None;
+    let mut initrd = None;
     for word in words {
         let Some((key, value)) = word.split_once('=') else {
             continue;
@@ -178,12 +186,20 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                     .ok_or(ConfigError::BadVcpus(value))?,
             )?,
             "pin" => set(&mut pin, key, parse_pins(value)?)?,
+            "initrd" => set(
+                &mut initrd,
+                key,
+                Some(value)
+                    .filter(|v| !v.is_empty())
+                    .ok_or(ConfigError::BadInitrd)?,
+            )?,
             "format" => set(
                 &mut format,
                 key,
                 match value {
                     "elf64" => Format::Elf64,
                     "real16" => Format::Real16,
+                    "linux" => Format::Linux,
                     _ => return Err(ConfigError::BadFormat(value)),
                 },
             )?,
@@ -209,6 +225,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
         mem: mem.unwrap_or(MEM_DEFAULT),
         vcpus,
         pin,
+        initrd,
         budget: budget.unwrap_or(BUDGET_DEFAULT),
         target,
         args,
@@ -233,6 +250,17 @@ fn parse_name(n: &str) -> Result<&str, ConfigError<'_>> {
     } else {
         Err(ConfigError::BadName(n))
     }
+}
+
+/// The keys the hypervisor takes from a module's command line (the rest goes to the guest).
+pub const KEYS: [&str; 8] = [
+    "vm", "mem", "budget", "target", "vcpus", "format", "pin", "initrd",
+];
+
+/// The module's arguments without the hypervisor's keys: a Linux guest's kernel command line.
+pub fn guest_args(args: &str) -> impl Iterator<Item = &str> {
+    args.split_whitespace()
+        .filter(|w| !w.split_once('=').is_some_and(|(k, _)| KEYS.contains(&k)))
 }
 
 fn parse_pins(v: &str) -> Result<Pins, ConfigError<'_>> {
@@ -337,6 +365,14 @@ mod tests {
         assert_eq!(
             parse("x.elf target=kernel"),
             Err(ConfigError::BadTarget("kernel"))
+        );
+        assert_eq!(parse("x.elf initrd="), Err(ConfigError::BadInitrd));
+        let c =
+            parse("vmlinuz vm=l mem=256M format=linux initrd=rd.gz console=ttyS0 quiet").unwrap();
+        assert_eq!((c.format, c.initrd), (Format::Linux, Some("rd.gz")));
+        assert_eq!(
+            guest_args(c.args).collect::<Vec<_>>(),
+            ["console=ttyS0", "quiet"]
         );
         assert_eq!(parse("x.elf pin=a"), Err(ConfigError::BadPin("a")));
         assert_eq!(parse("x.elf pin=0,,1"), Err(ConfigError::BadPin("0,,1")));

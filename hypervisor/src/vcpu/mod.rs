@@ -470,8 +470,8 @@ impl Vcpu {
             (0, 0, 0xffff, 0x9b, 0x93)
         } else {
             (
-                guest_image::CODE_SELECTOR,
-                guest_image::DATA_SELECTOR,
+                boot.code_selector,
+                boot.data_selector,
                 0xffff_ffff,
                 guest_image::CODE_ACCESS_RIGHTS,
                 guest_image::DATA_ACCESS_RIGHTS,

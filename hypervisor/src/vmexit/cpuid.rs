@@ -4,7 +4,7 @@
 
 use super::skip_instruction;
 use crate::vcpu::Vcpu;
-use crate::vm::Stop;
+use crate::vm::{Stop, Vm};
 use hvprof_vmx::instructions::CurrentVmcs;
 
 /// "hvprofhvprof" in EBX, ECX, EDX.
@@ -16,29 +16,86 @@ pub const SIGNATURE: [u32; 3] = [
 pub const HV_LEAF_MAX: u32 = 0x4000_0001;
 pub const ABI_VERSION: u32 = 1;
 
-pub fn handle(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
+/// Leaves up to this one are answered (0x15 and 0x16 are synthesized: the TSC's frequency).
+pub const BASIC_LEAF_MAX: u32 = 0x16;
+
+pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     let leaf = vcpu.regs.rax as u32;
     let subleaf = vcpu.regs.rcx as u32;
-    let (a, b, c, d) = match leaf {
+    let r = policy(leaf, subleaf, vm.linux, vcpu.index, vm.vcpus.len() as u32);
+    finish(vcpu, vmcs, r)
+}
+
+/// The CPUID a guest sees (docs/GUEST-ABI.md, "CPUID"): the host's leaves, with what the
+/// hypervisor does not virtualize hidden, and the TSC frequency in leaves 15H/16H. A Linux guest
+/// also loses what it would drive without an emulation behind it here (the local APIC, MTRRs,
+/// machine checks, RDTSCP, speculation-control MSRs, thermal and power leaves).
+fn policy(leaf: u32, subleaf: u32, linux: bool, vcpu: u16, vcpus: u32) -> (u32, u32, u32, u32) {
+    let host = |l, s| {
+        let r = raw_cpuid::native_cpuid::cpuid_count(l, s);
+        (r.eax, r.ebx, r.ecx, r.edx)
+    };
+    let host_max = host(0, 0).0;
+    match leaf {
         0x4000_0000 => (HV_LEAF_MAX, SIGNATURE[0], SIGNATURE[1], SIGNATURE[2]),
         0x4000_0001 => (ABI_VERSION, 0, 0, 0),
         0x4000_0002..=0x4fff_ffff => (0, 0, 0, 0),
-        _ => {
-            let r = raw_cpuid::native_cpuid::cpuid_count(leaf, subleaf);
-            let (mut a, b, mut c, d) = (r.eax, r.ebx, r.ecx, r.edx);
-            if leaf == 1 {
-                // ECX bit 5: VMX hidden; bit 31: running under a hypervisor.
-                c = (c & !(1 << 5)) | (1 << 31);
-            }
-            if leaf == 0xa {
-                // No PMU for guests: the hypervisor owns the counters (it samples with them).
-                a = 0;
-                return finish(vcpu, vmcs, (a, 0, 0, 0));
+        0 => {
+            let (a, b, c, d) = host(0, 0);
+            (a.max(BASIC_LEAF_MAX), b, c, d)
+        }
+        1 => {
+            let (a, mut b, mut c, mut d) = host(1, 0);
+            // ECX bit 5: VMX hidden; bit 31: running under a hypervisor.
+            c = (c & !(1 << 5)) | (1 << 31);
+            if linux {
+                // MONITOR (3), PDCM (15), x2APIC (21), TSC-deadline (24); FPU.. keep.
+                c &= !(1 << 3 | 1 << 15 | 1 << 21 | 1 << 24);
+                // MCE (7), APIC (9), MTRR (12), MCA (14), ACPI thermal (22).
+                d &= !(1 << 7 | 1 << 9 | 1 << 12 | 1 << 14 | 1 << 22);
+                // EBX: initial APIC id (31:24) = the vCPU, logical processors (23:16).
+                b = (b & 0xffff) | (vcpus.min(255) << 16) | (u32::from(vcpu) << 24);
             }
             (a, b, c, d)
         }
-    };
-    finish(vcpu, vmcs, (a, b, c, d))
+        // Thermal and power management: nothing behind it for a guest.
+        6 if linux => (0, 0, 0, 0),
+        7 => {
+            let (a, b, mut c, mut d) = host(7, subleaf);
+            if linux && subleaf == 0 {
+                // RDPID (ECX 22); MD_CLEAR (10), IBRS/IBPB (26), STIBP (27), L1D_FLUSH (28),
+                // ARCH_CAPABILITIES (29), CORE_CAPABILITIES (30), SSBD (31) in EDX: their
+                // MSRs are not passed through.
+                c &= !(1 << 22);
+                d &= !(1 << 10 | 0xfc00_0000);
+                return (a, b & !(1 << 1), c, d); // TSC_ADJUST (EBX 1)
+            }
+            (a, b, c, d)
+        }
+        // No PMU for guests: the hypervisor owns the counters (it samples with them).
+        0xa => (0, 0, 0, 0),
+        // Topology: not described (one core per vCPU), so Linux falls back to leaves 1 and 4.
+        0xb | 0x1f if linux => (0, 0, 0, 0),
+        // TSC/crystal ratio 1:1 and the crystal at the TSC's frequency; the base frequency in MHz.
+        0x15 => (1, 1, crate::tsc::hz() as u32, 0),
+        0x16 => {
+            let mhz = (crate::tsc::hz() / 1_000_000).max(1) as u32;
+            (mhz, mhz, 100, 0)
+        }
+        l if l < 0x4000_0000 && l > host_max => (0, 0, 0, 0),
+        0x8000_0001 if linux => {
+            let (a, b, c, d) = host(leaf, subleaf);
+            // RDTSCP (EDX 27): IA32_TSC_AUX is not switched per vCPU.
+            (a, b, c, d & !(1 << 27))
+        }
+        0x8000_0007 => {
+            let (a, b, c, d) = host(leaf, subleaf);
+            // Invariant TSC (EDX 8): the TSC the guest reads is the host's, which is invariant
+            // where the host says so; nothing else of power management.
+            (a, b, c, d & (1 << 8))
+        }
+        _ => host(leaf, subleaf),
+    }
 }
 
 fn finish(

@@ -53,7 +53,7 @@ fn handle_exit(
 ) -> Option<Stop> {
     let kind = reason.kind();
     match kind {
-        Some(BasicExit::Cpuid) => cpuid::handle(vcpu, vmcs),
+        Some(BasicExit::Cpuid) => cpuid::handle(vm, vcpu, vmcs),
         Some(BasicExit::IoInstruction) => io::handle(vm, vcpu, vmcs),
         Some(BasicExit::Rdmsr) => msr::rdmsr(vm, vcpu, vmcs),
         Some(BasicExit::Wrmsr) => msr::wrmsr(vm, vcpu, vmcs),

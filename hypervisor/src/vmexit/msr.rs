@@ -7,8 +7,16 @@ use crate::vcpu::Vcpu;
 use crate::vm::{Stop, Vm};
 use hvprof_vmx::instructions::CurrentVmcs;
 
+const IA32_PLATFORM_ID: u32 = 0x17;
 const IA32_FEATURE_CONTROL: u32 = 0x3a;
 const IA32_APIC_BASE: u32 = 0x1b;
+const IA32_BIOS_SIGN_ID: u32 = 0x8b;
+const IA32_MISC_ENABLE: u32 = 0x1a0;
+/// A realistic microcode revision (in the high half): with 0, Linux distrusts the CPU's
+/// TSC-deadline timer and some errata checks.
+const MICROCODE_REVISION: u64 = 0x28 << 32;
+/// Fast strings enabled; branch trace and PEBS unavailable (SDM Vol. 4, Table 2-2).
+const MISC_ENABLE_VALUE: u64 = 1 | 1 << 11 | 1 << 12;
 /// Locked, VMX off: what a guest that cannot use VMX should see.
 const FEATURE_CONTROL_VALUE: u64 = 1;
 /// xAPIC at the architectural base, enabled, bootstrap processor.
@@ -19,6 +27,9 @@ pub fn rdmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     let value = match msr {
         IA32_FEATURE_CONTROL => FEATURE_CONTROL_VALUE,
         IA32_APIC_BASE => APIC_BASE_VALUE,
+        IA32_PLATFORM_ID if vm.linux => 0,
+        IA32_BIOS_SIGN_ID if vm.linux => MICROCODE_REVISION,
+        IA32_MISC_ENABLE if vm.linux => MISC_ENABLE_VALUE,
         _ => {
             vm.log_msr_once(msr, "read of unhandled");
             inject_exception(vmcs, 13, Some(0));
@@ -38,6 +49,9 @@ pub fn wrmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     match msr {
         // Rewriting the value it reads is harmless; anything else would move the APIC.
         IA32_APIC_BASE if value == APIC_BASE_VALUE => {}
+        // Writing 0 before reading the revision is how the revision is read (SDM Vol. 3A
+        // §10.11.7.1); loading microcode is not offered. MISC_ENABLE writes change nothing.
+        IA32_BIOS_SIGN_ID | IA32_MISC_ENABLE if vm.linux => {}
         _ => {
             vm.log_msr_once(msr, "write to unhandled");
             inject_exception(vmcs, 13, Some(0));
