@@ -59,13 +59,24 @@ pub fn enable(caps: &VmxCaps) -> Result<u64, Error> {
         read(vmsr::IA32_VMX_CR4_FIXED1)?,
     );
     let cr0 = (Cr0::read_raw() | cr0_fixed0) & cr0_fixed1;
+    // CR4.OSXSAVE where the CPU has XSAVE: the XSETBV a guest executes is carried out by the
+    // hypervisor (SDM Vol. 2D, XSETBV: #UD without it).
+    let xsave = if raw_cpuid::CpuId::new()
+        .get_feature_info()
+        .is_some_and(|f| f.has_xsave())
+    {
+        Cr4Flags::OSXSAVE.bits()
+    } else {
+        0
+    };
     // The hypervisor itself never uses the FPU/SSE (the target is soft-float), but it saves and
     // restores guest FPU state with FXSAVE/FXRSTOR, which needs CR4.OSFXSR.
     let cr4 = (Cr4::read_raw()
         | cr4_fixed0
         | Cr4Flags::VIRTUAL_MACHINE_EXTENSIONS.bits()
         | Cr4Flags::OSFXSR.bits()
-        | Cr4Flags::OSXMMEXCPT_ENABLE.bits())
+        | Cr4Flags::OSXMMEXCPT_ENABLE.bits()
+        | xsave)
         & cr4_fixed1;
     if cr4 & Cr4Flags::VIRTUAL_MACHINE_EXTENSIONS.bits() == 0 {
         return Err(Error::Fixed("CR4"));

@@ -365,6 +365,13 @@ impl CpuProfiler {
         }
     }
 
+    /// Signals the end of an interrupt to this pCPU's local APIC.
+    pub fn eoi(&self) {
+        if let Some(l) = self.lapic.get() {
+            l.eoi();
+        }
+    }
+
     /// Disarms it (before VM entry: in the guest the VMX-preemption timer takes over).
     pub fn disarm_host_clock(&self) {
         if let Some(l) = self.lapic.get() {

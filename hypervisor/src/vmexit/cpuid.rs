@@ -49,8 +49,10 @@ fn policy(leaf: u32, subleaf: u32, linux: bool, vcpu: u16, vcpus: u32) -> (u32, 
             // ECX bit 5: VMX hidden; bit 31: running under a hypervisor.
             c = (c & !(1 << 5)) | (1 << 31);
             if linux {
-                // MONITOR (3), PDCM (15), x2APIC (21), TSC-deadline (24); FPU.. keep.
-                c &= !(1 << 3 | 1 << 15 | 1 << 21 | 1 << 24);
+                // MONITOR (3), PDCM (15), x2APIC (21), TSC-deadline (24); and XSAVE (26),
+                // OSXSAVE (27), AVX (28) with FMA (12) and F16C (29): only the x87/SSE state is
+                // switched between vCPUs (FXSAVE), so AVX state would leak between guests.
+                c &= !(1 << 3 | 1 << 12 | 1 << 15 | 1 << 21 | 1 << 24 | 0xf << 26);
                 // MCE (7), APIC (9), MTRR (12), MCA (14), ACPI thermal (22).
                 d &= !(1 << 7 | 1 << 9 | 1 << 12 | 1 << 14 | 1 << 22);
                 // EBX: initial APIC id (31:24) = the vCPU, logical processors (23:16).
@@ -68,12 +70,17 @@ fn policy(leaf: u32, subleaf: u32, linux: bool, vcpu: u16, vcpus: u32) -> (u32, 
                 // MSRs are not passed through.
                 c &= !(1 << 22);
                 d &= !(1 << 10 | 0xfc00_0000);
-                return (a, b & !(1 << 1), c, d); // TSC_ADJUST (EBX 1)
+                // TSC_ADJUST (EBX 1), AVX2 (EBX 5) and the AVX-512 family (EBX 16, 17, 21,
+                // 26-28, 30, 31): see leaf 1.
+                let avx = 1 << 5 | 1 << 16 | 1 << 17 | 1 << 21 | 0b111 << 26 | 0b11 << 30;
+                return (a, b & !(1 << 1 | avx), c, d);
             }
             (a, b, c, d)
         }
         // No PMU for guests: the hypervisor owns the counters (it samples with them).
         0xa => (0, 0, 0, 0),
+        // XSAVE state components: none (see leaf 1).
+        0xd if linux => (0, 0, 0, 0),
         // Topology: not described (one core per vCPU), so Linux falls back to leaves 1 and 4.
         0xb | 0x1f if linux => (0, 0, 0, 0),
         // TSC/crystal ratio 1:1 and the crystal at the TSC's frequency; the base frequency in MHz.

@@ -61,14 +61,22 @@ fn handle_exit(
         // The deadline check before the next VM entry decides whether the budget is spent.
         Some(BasicExit::PreemptionTimer) => None,
         Some(BasicExit::ExternalInterrupt) => {
-            // "Acknowledge interrupt on exit" took the vector; the hypervisor enables no
-            // interrupt source yet, so one arriving is noted and the guest resumes.
+            // "Acknowledge interrupt on exit" took the vector (SDM Vol. 3C §28.2.2), so it is
+            // in service at the local APIC and needs its EOI. The one source the hypervisor
+            // enables is the profiler's LAPIC timer: one that fired just before the VM entry
+            // arrives here (the guest's sample is taken by the exit path). Anything else is
+            // noted.
             let info = InterruptionInfo(vmcs.read32(ReadOnly32::ExitInterruptionInfo).unwrap_or(0));
-            crate::println!(
-                "vm {}: note: external interrupt vector {} while the guest ran",
-                vm.name,
-                info.vector()
-            );
+            let vector = info.vector();
+            if vector != crate::arch::lapic::TIMER_VECTOR {
+                crate::println!(
+                    "vm {}: note: external interrupt vector {vector} while the guest ran",
+                    vm.name
+                );
+            }
+            if vector != crate::arch::lapic::SPURIOUS_VECTOR {
+                crate::profiler::this_cpu().eoi();
+            }
             None
         }
         Some(BasicExit::ExceptionNmi) => {
