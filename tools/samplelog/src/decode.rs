@@ -9,11 +9,12 @@ use crate::bits::{ByteReader, Malformed};
 use crate::cobs;
 use crate::codec;
 use crate::encode::{
-    CRC32C, FRAME_BLOCK, FRAME_END, FRAME_HEADER, MAGIC, MAX_BLOCK_RECORDS, MAX_END_PCPUS,
-    MAX_FRAME_BYTES, MAX_FRAME_TYPE,
+    CRC32C, FRAME_BLOCK, FRAME_END, FRAME_HEADER, FRAME_TASK, MAGIC, MAX_BLOCK_RECORDS,
+    MAX_END_PCPUS, MAX_FRAME_BYTES, MAX_FRAME_TYPE,
 };
 use crate::types::{
-    BUILD_ID_LEN, BlockHeader, BuildId, FixedStr, Header, MAX_VMS, PcpuTotals, Record, VmInfo,
+    BUILD_ID_LEN, BlockHeader, BuildId, COMM_LEN, FixedStr, Header, MAX_VMS, PcpuTotals, Record,
+    Task, VmInfo,
 };
 
 /// Spans (bytes between two `0x00`) longer than this are classified in pieces, bounding memory.
@@ -83,7 +84,14 @@ pub enum Item<'a> {
         /// Per-pCPU totals.
         totals: &'a [PcpuTotals],
     },
-    /// A valid frame of a type this decoder does not know (4..=8).
+    /// A task frame: which guest task a vCPU runs from a sample on.
+    Task {
+        /// Stream offset of the frame.
+        offset: u64,
+        /// The task.
+        task: Task,
+    },
+    /// A valid frame of a type this decoder does not know (5..=8).
     Unknown {
         /// Stream offset of the frame.
         offset: u64,
@@ -107,6 +115,7 @@ enum Parsed {
     Header,
     Block(BlockHeader),
     End,
+    Task(Task),
     Unknown(u8),
 }
 
@@ -321,6 +330,7 @@ impl Scratch {
                 offset,
                 totals: &self.totals,
             },
+            Parsed::Task(task) => Item::Task { offset, task },
             Parsed::Unknown(frame_type) => Item::Unknown { offset, frame_type },
         });
     }
@@ -388,6 +398,7 @@ impl Scratch {
             FRAME_HEADER => parse_header(body, &mut self.header).map(|n| (Parsed::Header, n)),
             FRAME_BLOCK => parse_block(body, &mut self.records).map(|(h, n)| (Parsed::Block(h), n)),
             FRAME_END => parse_end(body, &mut self.totals).map(|n| (Parsed::End, n)),
+            FRAME_TASK => parse_task(body).map(|(t, n)| (Parsed::Task(t), n)),
             t => Ok((Parsed::Unknown(t), body.len())),
         }
     }
@@ -455,6 +466,23 @@ fn parse_block(body: &[u8], records: &mut Vec<Record>) -> Result<(BlockHeader, u
     records.clear();
     let bits = codec::read_records(r.rest(), count, h.period_ticks, ks, records)?;
     Ok((h, r.pos() + bits))
+}
+
+fn parse_task(body: &[u8]) -> Result<(Task, usize), Malformed> {
+    let mut r = ByteReader::new(body);
+    let u32v = |v: u64| u32::try_from(v).map_err(|_| Malformed);
+    let t = Task {
+        pcpu: r.varint_u16()?,
+        tsc: r.varint()?,
+        vm: r.varint_u16()?,
+        vcpu: r.varint_u16()?,
+        cr3: r.varint()?,
+        task: r.varint()?,
+        pid: u32v(r.varint()?)?,
+        tgid: u32v(r.varint()?)?,
+        comm: FixedStr::from_utf8(short_bytes(&mut r, COMM_LEN)?).ok_or(Malformed)?,
+    };
+    Ok((t, r.pos()))
 }
 
 fn parse_end(body: &[u8], totals: &mut Vec<PcpuTotals>) -> Result<usize, Malformed> {
@@ -553,6 +581,8 @@ pub struct Decoded {
     pub frames: u64,
     /// Valid frames of unknown types.
     pub unknown_frames: u64,
+    /// Task frames, in stream order.
+    pub tasks: Vec<Task>,
     /// Damaged frames and unrecognised bytes, in stream order.
     pub damaged: Vec<Damage>,
     /// Console text, in stream order.
@@ -729,6 +759,10 @@ impl Collector {
                 self.d.frames += 1;
                 self.d.end = Some(totals.to_vec());
             }
+            Item::Task { task, .. } => {
+                self.d.frames += 1;
+                self.d.tasks.push(task);
+            }
             Item::Unknown { .. } => {
                 self.d.frames += 1;
                 self.d.unknown_frames += 1;
@@ -846,6 +880,7 @@ fn finish_pcpu(pcpu: u16, mut acc: PcpuAcc, totals: Option<PcpuTotals>) -> PcpuL
 /// What a part of the capture held, besides its records (see [`decode_parallel`]).
 enum Meta {
     Header(Box<Header>, u64),
+    Task(Task, u64),
     Block(BlockHeader, u64, u64),
     End(Vec<PcpuTotals>, u64),
     Unknown(u64, u8),
@@ -906,6 +941,7 @@ pub fn decode_parallel<A: Send>(
                         Item::End { offset, totals } => {
                             meta.push(Meta::End(totals.to_vec(), offset))
                         }
+                        Item::Task { offset, task } => meta.push(Meta::Task(task, offset)),
                         Item::Unknown { offset, frame_type } => {
                             meta.push(Meta::Unknown(offset, frame_type));
                         }
@@ -935,6 +971,7 @@ pub fn decode_parallel<A: Send>(
                 Meta::Header(h, offset) => col.push(Item::Header { offset, header: &h }),
                 Meta::Block(h, samples, events) => col.push_block_meta(h, samples, events),
                 Meta::End(t, offset) => col.push(Item::End { offset, totals: &t }),
+                Meta::Task(task, offset) => col.push(Item::Task { offset, task }),
                 Meta::Unknown(offset, frame_type) => col.push(Item::Unknown { offset, frame_type }),
                 Meta::Text(offset, text) => col.push(Item::Text {
                     offset,

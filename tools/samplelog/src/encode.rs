@@ -6,7 +6,7 @@ use core::fmt;
 use crate::bits::ByteWriter;
 use crate::cobs;
 use crate::codec;
-use crate::types::{BlockHeader, Header, PcpuTotals, Record};
+use crate::types::{BlockHeader, COMM_LEN, Header, PcpuTotals, Record, Task};
 
 /// The first three payload bytes of every frame.
 pub const MAGIC: [u8; 3] = *b"HVP";
@@ -16,6 +16,8 @@ pub const FRAME_HEADER: u8 = 1;
 pub const FRAME_BLOCK: u8 = 2;
 /// Frame type of the end frame.
 pub const FRAME_END: u8 = 3;
+/// Frame type of a task frame.
+pub const FRAME_TASK: u8 = 4;
 /// Frame types up to this value are recognised as frames (unknown ones are reported, not decoded).
 pub const MAX_FRAME_TYPE: u8 = 8;
 /// Most records in one block frame.
@@ -220,6 +222,33 @@ pub fn encode_end(totals: &[PcpuTotals], out: &mut [u8]) -> Result<usize, Encode
             w.varint(t.ring_drops);
             w.varint(t.blocks);
         }
+        finish(&w)
+    })
+}
+
+/// Buffer size that always holds a task frame.
+pub const MAX_TASK_FRAME_LEN: usize =
+    frame_buffer_len(4 + 3 * 3 + 4 * 10 + 2 * 5 + 1 + COMM_LEN + 4);
+
+/// Encodes a task frame into `out` (size it with [`MAX_TASK_FRAME_LEN`]); returns the frame
+/// length.
+///
+/// # Errors
+/// `BufferTooSmall`.
+pub fn encode_task(t: &Task, out: &mut [u8]) -> Result<usize, EncodeError> {
+    write_frame(out, FRAME_TASK, |body| {
+        let mut w = ByteWriter::new(body);
+        w.varint(u64::from(t.pcpu));
+        w.varint(t.tsc);
+        w.varint(u64::from(t.vm));
+        w.varint(u64::from(t.vcpu));
+        w.varint(t.cr3);
+        w.varint(t.task);
+        w.varint(u64::from(t.pid));
+        w.varint(u64::from(t.tgid));
+        let comm = t.comm.as_str().as_bytes();
+        w.u8(comm.len() as u8);
+        w.bytes(comm);
         finish(&w)
     })
 }

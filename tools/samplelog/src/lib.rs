@@ -180,6 +180,22 @@
 //!
 //! Readers require the bitstream to end exactly where the CRC starts (`ceil(bits / 8)` bytes).
 //!
+//! ### Task body (type 4)
+//!
+//! Which guest task (Linux: a thread) a vCPU runs from a sample on. The hypervisor reads it from
+//! guest memory when it samples a guest and sends it when it differs from the vCPU's last one;
+//! the vCPU's samples from `tsc` on belong to it until its next task frame.
+//!
+//! ```text
+//! varint  pcpu             (u16)
+//! varint  tsc              the sample's TSC
+//! varint  vm, vcpu         (u16 each)
+//! varint  cr3              guest CR3
+//! varint  task             guest-virtual address of the task structure
+//! varint  pid, tgid        (u32 each) thread and process ids
+//! bytes8  comm             UTF-8, 0..=16 bytes
+//! ```
+//!
 //! ### End body (type 3)
 //!
 //! ```text
@@ -224,15 +240,16 @@ pub mod synth;
 
 pub use cobs::max_encoded_len as cobs_max_encoded_len;
 pub use encode::{
-    BlockEncoder, EncodeError, FRAME_BLOCK, FRAME_END, FRAME_HEADER, MAGIC, MAX_BLOCK_RECORDS,
-    MAX_END_PCPUS, MAX_FRAME_TYPE, MAX_HEADER_FRAME_LEN, crc32c, encode_block, encode_end,
-    encode_header, frame_buffer_len, max_block_frame_len, max_end_frame_len,
+    BlockEncoder, EncodeError, FRAME_BLOCK, FRAME_END, FRAME_HEADER, FRAME_TASK, MAGIC,
+    MAX_BLOCK_RECORDS, MAX_END_PCPUS, MAX_FRAME_TYPE, MAX_HEADER_FRAME_LEN, MAX_TASK_FRAME_LEN,
+    crc32c, encode_block, encode_end, encode_header, encode_task, frame_buffer_len,
+    max_block_frame_len, max_end_frame_len,
 };
 pub use types::{
-    BUILD_ID_LEN, BlockHeader, BuildId, CapacityError, Event, EventKind, FORMAT_VERSION, FixedStr,
-    Header, IMAGE_NAME_LEN, MAX_VMS, MODE_LONG, MODE_PROTECTED, MODE_REAL, NO_EXIT, NO_VCPU, NO_VM,
-    OutReason, PcpuTotals, Record, SOURCE_DEADLINE, SOURCE_PMU, Sample, SampleKind, VM_NAME_LEN,
-    VmInfo, VmList, guest_mode,
+    BUILD_ID_LEN, BlockHeader, BuildId, COMM_LEN, CapacityError, Event, EventKind, FORMAT_VERSION,
+    FixedStr, Header, IMAGE_NAME_LEN, MAX_VMS, MODE_LONG, MODE_PROTECTED, MODE_REAL, NO_EXIT,
+    NO_VCPU, NO_VM, OutReason, PcpuTotals, Record, SOURCE_DEADLINE, SOURCE_PMU, Sample, SampleKind,
+    Task, VM_NAME_LEN, VmInfo, VmList, guest_mode,
 };
 
 #[cfg(feature = "std")]

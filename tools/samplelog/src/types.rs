@@ -559,3 +559,31 @@ pub struct PcpuTotals {
     /// Blocks sent (the next sequence number).
     pub blocks: u64,
 }
+
+/// Bytes of a task's name (`TASK_COMM_LEN` in Linux).
+pub const COMM_LEN: usize = 16;
+
+/// Which guest task a vCPU runs from `tsc` on, as the hypervisor read it from guest memory (a
+/// task frame, type 4). The samples of that vCPU from `tsc` until its next task frame belong to
+/// this task.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Task {
+    /// The pCPU that read it.
+    pub pcpu: u16,
+    /// The TSC of the sample at which it was read.
+    pub tsc: u64,
+    /// VM index.
+    pub vm: u16,
+    /// vCPU within the VM.
+    pub vcpu: u16,
+    /// The guest CR3 at the time.
+    pub cr3: u64,
+    /// Guest-virtual address of the task's `task_struct`.
+    pub task: u64,
+    /// Thread id (Linux `pid`).
+    pub pid: u32,
+    /// Process id (Linux `tgid`).
+    pub tgid: u32,
+    /// The task's name.
+    pub comm: FixedStr<COMM_LEN>,
+}

@@ -3,9 +3,9 @@
 use hvprof_samplelog::synth::{self, CaptureOptions, SynthConfig};
 use hvprof_samplelog::{
     BlockEncoder, BlockHeader, BuildId, Event, EventKind, FixedStr, Header, Item,
-    MAX_BLOCK_RECORDS, MAX_HEADER_FRAME_LEN, MAX_VMS, OutReason, PcpuTotals, Record, Sample,
-    SampleKind, StreamDecoder, VmInfo, decode, encode_block, encode_end, encode_header,
-    max_block_frame_len, max_end_frame_len,
+    MAX_BLOCK_RECORDS, MAX_HEADER_FRAME_LEN, MAX_TASK_FRAME_LEN, MAX_VMS, OutReason, PcpuTotals,
+    Record, Sample, SampleKind, StreamDecoder, Task, VmInfo, decode, decode_parallel, encode_block,
+    encode_end, encode_header, encode_task, max_block_frame_len, max_end_frame_len,
 };
 use proptest::prelude::*;
 
@@ -224,6 +224,36 @@ proptest! {
         prop_assert_eq!(d.header_frames, 2);
         prop_assert_eq!(d.header_conflicts, 0);
         prop_assert!(d.damaged.is_empty());
+    }
+
+    #[test]
+    fn task_round_trips(
+        tasks in prop::collection::vec(
+            (any::<u16>(), any::<u64>(), any::<u16>(), any::<u16>(), any::<u64>(), any::<u64>(),
+             any::<u32>(), any::<u32>(), "\\PC{0,20}"),
+            1..8,
+        ),
+    ) {
+        let tasks: Vec<Task> = tasks
+            .into_iter()
+            .map(|(pcpu, tsc, vm, vcpu, cr3, task, pid, tgid, comm)| Task {
+                pcpu, tsc, vm, vcpu, cr3, task, pid, tgid,
+                comm: FixedStr::truncated(&comm),
+            })
+            .collect();
+        let mut bytes = b"console text\n".to_vec();
+        let mut buf = vec![0u8; MAX_TASK_FRAME_LEN];
+        for t in &tasks {
+            let n = encode_task(t, &mut buf).unwrap();
+            bytes.extend_from_slice(&buf[..n]);
+            bytes.extend_from_slice(b"\r\n");
+        }
+        let d = decode(&bytes);
+        prop_assert_eq!(&d.tasks, &tasks);
+        prop_assert!(d.damaged.is_empty());
+        prop_assert_eq!(d.unknown_frames, 0);
+        let (p, _) = decode_parallel(&bytes, 3, || (), |_, _, _| {});
+        prop_assert_eq!(&p.tasks, &tasks);
     }
 
     #[test]
