@@ -1,0 +1,173 @@
+//! Host side of Linux guests for hvprof.
+//!
+//! - [`bzimage`]: the bzImage setup header a boot loader reads, and the vmlinux ELF inside its
+//!   compressed payload (LZ4 legacy, XZ, gzip).
+//! - [`kallsyms`]: the kernel's complete symbol table, rebuilt from a stripped vmlinux (Debian
+//!   ships no symbols outside the 858 MB `-dbg` package; the tables `/proc/kallsyms` prints from
+//!   are inside the image).
+//! - [`btf`] and [`TaskOffsets`]: where the running task's pid, tgid, comm, mm and page-table root
+//!   are, derived from the kernel's own `.BTF` section, for the hypervisor to name processes.
+//! - [`KernelImage`]: all of that for one kernel, plus the KASLR slide from a guest's `IA32_LSTAR`.
+//! - [`initramfs`]: a gzip-compressed newc cpio archive writer.
+
+pub mod btf;
+pub mod bzimage;
+pub mod initramfs;
+pub mod kallsyms;
+mod offsets;
+
+use std::path::Path;
+
+use object::{Object, ObjectSection};
+
+pub use bzimage::{BzImage, SetupHeader};
+pub use kallsyms::{Hit, Kallsyms, Symbol};
+pub use offsets::TaskOffsets;
+
+/// Everything that can be wrong with the input, naming what.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("bzImage: {0}")]
+    BzImage(String),
+    #[error("vmlinux: {0}")]
+    Elf(String),
+    #[error("kallsyms: {0}")]
+    Kallsyms(String),
+    #[error("BTF: {0}")]
+    Btf(String),
+    #[error("task offsets: {0}")]
+    Offsets(String),
+    #[error("KASLR: {0}")]
+    Kaslr(String),
+    #[error("initramfs: {0}")]
+    Initramfs(String),
+}
+
+/// The kernel is linked at a multiple of CONFIG_PHYSICAL_ALIGN and KASLR moves it by multiples
+/// of it (2 MiB on x86-64 distribution kernels).
+pub const KASLR_ALIGN: u64 = 0x20_0000;
+
+/// What the profiler needs to know about one guest kernel, from its decompressed vmlinux.
+#[derive(Clone, Debug)]
+pub struct KernelImage {
+    pub symbols: Kallsyms,
+    pub offsets: TaskOffsets,
+    /// The `linux_banner` ("Linux version 6.1.0-56-cloud-amd64 ..."), when found.
+    pub banner: Option<String>,
+    /// The GNU build ID, hex.
+    pub build_id: Option<String>,
+}
+
+impl KernelImage {
+    /// Reads a decompressed vmlinux ELF file.
+    pub fn from_vmlinux(path: impl AsRef<Path>) -> Result<Self, Error> {
+        let data = read(path.as_ref())?;
+        Self::from_vmlinux_bytes(&data)
+    }
+
+    /// Reads a bzImage and decompresses its vmlinux first.
+    pub fn from_bzimage(path: impl AsRef<Path>) -> Result<Self, Error> {
+        let data = read(path.as_ref())?;
+        Self::from_vmlinux_bytes(&BzImage::parse(&data)?.vmlinux()?)
+    }
+
+    pub fn from_vmlinux_bytes(data: &[u8]) -> Result<Self, Error> {
+        let elf =
+            object::File::parse(data).map_err(|e| Error::Elf(format!("not an ELF file: {e}")))?;
+        fn section_data<'d>(s: &object::Section<'d, '_>) -> Result<&'d [u8], Error> {
+            s.data()
+                .map_err(|e| Error::Elf(format!("section {}: {e}", s.name().unwrap_or("?"))))
+        }
+        // The tables are in .rodata; look in the other loaded sections if not.
+        let mut sections: Vec<_> = elf
+            .sections()
+            .filter(|s| s.kind() == object::SectionKind::ReadOnlyData || s.name() == Ok(".rodata"))
+            .collect();
+        sections.sort_by_key(|s| s.name() != Ok(".rodata"));
+        let mut symbols = Err(Error::Kallsyms(
+            "vmlinux has no read-only data section".into(),
+        ));
+        for s in &sections {
+            symbols = Kallsyms::find(section_data(s)?, s.address());
+            if symbols.is_ok() {
+                break;
+            }
+        }
+        let symbols = symbols?;
+        let btf_section = elf.section_by_name(".BTF").ok_or_else(|| {
+            Error::Btf("vmlinux has no .BTF section (CONFIG_DEBUG_INFO_BTF is off?)".into())
+        })?;
+        let btf = btf::Btf::parse(section_data(&btf_section)?)?;
+        let offsets = TaskOffsets::derive(&btf, &symbols)?;
+        let banner = elf
+            .section_by_name(".rodata")
+            .and_then(|s| s.data().ok())
+            .and_then(find_banner);
+        let build_id = elf
+            .build_id()
+            .ok()
+            .flatten()
+            .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
+        Ok(Self {
+            symbols,
+            offsets,
+            banner,
+            build_id,
+        })
+    }
+
+    /// The link-time address of `entry_SYSCALL_64`, where IA32_LSTAR points once the kernel runs.
+    pub fn entry_syscall_64(&self) -> Result<u64, Error> {
+        self.symbols
+            .by_name("entry_SYSCALL_64")
+            .map(|s| s.address)
+            .ok_or_else(|| Error::Kallsyms("no entry_SYSCALL_64 symbol".into()))
+    }
+
+    /// The KASLR slide (runtime − link-time address of kernel text) from the guest's IA32_LSTAR
+    /// as the running kernel set it. 0 when booted with `nokaslr`.
+    pub fn kaslr_slide(&self, lstar: u64) -> Result<u64, Error> {
+        let entry = self.entry_syscall_64()?;
+        let slide = lstar.wrapping_sub(entry);
+        if lstar < entry || slide % KASLR_ALIGN != 0 || slide >= 1 << 31 {
+            return Err(Error::Kaslr(format!(
+                "IA32_LSTAR {lstar:#x} is not entry_SYSCALL_64 ({entry:#x}) plus a 2 MiB-aligned slide below 2 GiB: another kernel, or LSTAR not set yet"
+            )));
+        }
+        Ok(slide)
+    }
+
+    /// The kernel symbol at a runtime address, given the slide.
+    pub fn lookup(&self, runtime_address: u64, slide: u64) -> Option<Hit<'_>> {
+        self.symbols.lookup(runtime_address.wrapping_sub(slide))
+    }
+
+    /// The kernel release ("6.1.0-56-cloud-amd64") from the banner.
+    pub fn release(&self) -> Option<&str> {
+        self.banner
+            .as_deref()?
+            .strip_prefix("Linux version ")?
+            .split(' ')
+            .next()
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, Error> {
+    std::fs::read(path).map_err(|source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn find_banner(rodata: &[u8]) -> Option<String> {
+    let needle = b"Linux version ";
+    let at = rodata.windows(needle.len()).position(|w| w == needle)?;
+    let tail = &rodata[at..];
+    let end = tail.iter().take(512).position(|&c| c == b'\n' || c == 0)?;
+    Some(String::from_utf8_lossy(&tail[..end]).into_owned())
+}
