@@ -3,6 +3,7 @@
 mod bench;
 mod build;
 mod config;
+mod linux;
 mod run;
 mod test;
 mod tools;
@@ -45,6 +46,26 @@ enum Cmd {
     },
     /// Run the benchmarks and record their figures in docs/BENCHMARKS.md.
     Bench,
+    /// Build the Linux guest under target/linux from Debian packages (docs/LINUX-GUESTS.md).
+    LinuxImage {
+        /// Download the packages again (the current versions) instead of using target/linux/debs.
+        #[arg(long)]
+        refresh: bool,
+    },
+    /// Native perf ground truth of the Linux workloads (target/linux/truth.json).
+    LinuxTruth,
+    /// Boot the Linux guest in QEMU TCG, without the hypervisor, and time it.
+    LinuxQemu {
+        /// The workload: w41, shor or shell.
+        #[arg(long, default_value = "w41")]
+        run: String,
+        /// Its arguments, comma-separated (default: the workload's own).
+        #[arg(long)]
+        arg: Option<String>,
+        /// Stop after this many seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
 }
 
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -122,6 +143,9 @@ fn main() -> ExitCode {
         Cmd::Demo => run::demo(),
         Cmd::Test { filter, no_e2e } => test::test(filter.as_deref(), no_e2e),
         Cmd::Bench => bench::bench(),
+        Cmd::LinuxImage { refresh } => linux::image(refresh).map(|()| ExitCode::SUCCESS),
+        Cmd::LinuxTruth => linux::truth().map(|()| ExitCode::SUCCESS),
+        Cmd::LinuxQemu { run, arg, timeout } => linux::qemu(&run, arg.as_deref(), timeout),
     };
     match result {
         Ok(code) => code,

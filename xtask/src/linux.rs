@@ -1,0 +1,705 @@
+//! Linux guests from Debian packages: `cargo xtask linux-image`, `linux-truth`, `linux-qemu`.
+//!
+//! Everything lands in `target/linux/`:
+//!
+//! ```text
+//! debs/                 the downloaded .deb files (kept: a second run downloads nothing)
+//! bzImage               the kernel as Debian ships it (linux-image-*-cloud-amd64)
+//! vmlinux               its decompressed ELF (stripped, with kallsyms and .BTF inside)
+//! config                the kernel's .config
+//! bin/                  w41, shor, hvexit: static non-PIE workloads built with the host gcc
+//! initramfs.cpio.gz     busybox, /init (guests/linux/init) and bin/
+//! manifest.json         versions, sizes, the setup header, the task offsets
+//! truth.json            native `perf record -e cpu-clock` function shares (linux-truth)
+//! ```
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use linux_guest::initramfs::Initramfs;
+use linux_guest::{BzImage, KernelImage};
+use serde_json::json;
+
+/// The Debian packages, by name (the version is whatever the package lists give).
+const KERNEL_META: &str = "linux-image-cloud-amd64";
+const BUSYBOX: &str = "busybox-static";
+const LIBQUANTUM: &str = "libquantum-dev";
+
+/// The workloads and their default arguments in the guest (a few hundred million instructions
+/// at most: the guest runs under an instruction-counting emulator at about 100 M instructions/s).
+pub const WORKLOADS: [(&str, &str); 2] = [("w41", "400"), ("shor", "35,2,1")];
+
+/// The same work, repeated, for the native ground truth (about a second each).
+const TRUTH_ARGS: [(&str, &[&str]); 2] = [("w41", &["20000"]), ("shor", &["35", "2", "1", "40"])];
+
+/// The kernel command line for QEMU TCG (PLATFORM.md: reaches /init in about 1.5 s).
+pub const BASE_CMDLINE: &str = "console=ttyS0 quiet nokaslr mitigations=off cryptomgr.notests";
+
+fn linux_dir() -> PathBuf {
+    crate::target_dir().join("linux")
+}
+
+fn guest_src() -> PathBuf {
+    crate::workspace_root().join("guests/linux")
+}
+
+/// Runs a command, returns its stdout; an error names the command and shows its stderr.
+fn output(cmd: &mut Command, hint: &str) -> Result<String> {
+    let shown = format!("{cmd:?}").replace('"', "");
+    let out = match cmd.output() {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("{} not found. {hint}", cmd.get_program().to_string_lossy())
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot run {shown}")),
+    };
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = stderr.lines().rev().take(8).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!(
+            "{shown} failed ({}):\n  {}\n{hint}",
+            out.status,
+            tail.join("\n  ")
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The cached .deb of `package` (the newest if several), if any.
+fn cached_deb(debs: &Path, package: &str, version: Option<&str>) -> Result<Option<PathBuf>> {
+    let prefix = format!("{package}_");
+    let mut found: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
+    for entry in std::fs::read_dir(debs).with_context(|| format!("reading {}", debs.display()))? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if !name.starts_with(&prefix) || !name.ends_with(".deb") {
+            continue;
+        }
+        if let Some(v) = version
+            && deb_field(&path, "Version")? != v
+        {
+            continue;
+        }
+        found.push((path.metadata()?.modified()?, path));
+    }
+    found.sort();
+    Ok(found.pop().map(|(_, p)| p))
+}
+
+fn deb_field(deb: &Path, field: &str) -> Result<String> {
+    Ok(output(
+        Command::new("dpkg-deb").arg("-f").arg(deb).arg(field),
+        "dpkg-deb comes with Debian's dpkg package.",
+    )?
+    .trim()
+    .to_string())
+}
+
+/// The .deb of `package` (at `version` if given), downloaded with `apt-get download` unless
+/// already in `debs`.
+fn deb(debs: &Path, package: &str, version: Option<&str>, refresh: bool) -> Result<PathBuf> {
+    if !refresh && let Some(path) = cached_deb(debs, package, version)? {
+        return Ok(path);
+    }
+    let spec = match version {
+        Some(v) => format!("{package}={v}"),
+        None => package.to_string(),
+    };
+    println!("xtask: apt-get download {spec}");
+    output(
+        Command::new("apt-get")
+            .args(["download", &spec])
+            .current_dir(debs),
+        &format!(
+            "`cargo xtask linux-image` takes the guest kernel, busybox and libquantum from Debian \
+             packages with `apt-get download`: it needs apt, Debian's package mirrors (network) and \
+             current package lists (run `apt-get update` as root). Offline, put the .deb files \
+             ({KERNEL_META} and the linux-image-*-cloud-amd64 it depends on, {BUSYBOX}, \
+             {LIBQUANTUM}) in {}.",
+            debs.display()
+        ),
+    )?;
+    cached_deb(debs, package, version)?
+        .with_context(|| format!("apt-get download {spec} succeeded but left no {package}_*.deb"))
+}
+
+/// The real kernel package a meta package depends on: `linux-image-6.1.0-56-cloud-amd64
+/// (= 6.1.192-2)` → (name, Some(version)).
+fn kernel_dependency(depends: &str) -> Result<(String, Option<String>)> {
+    for alt in depends.split([',', '|']) {
+        let alt = alt.trim();
+        let (name, rest) = alt.split_once(' ').unwrap_or((alt, ""));
+        let tail = name.strip_prefix("linux-image-").unwrap_or("");
+        if tail.starts_with(|c: char| c.is_ascii_digit()) {
+            let version = rest
+                .trim()
+                .strip_prefix("(=")
+                .and_then(|v| v.strip_suffix(')'))
+                .map(|v| v.trim().to_string());
+            return Ok((name.to_string(), version));
+        }
+    }
+    bail!("{KERNEL_META} depends on \"{depends}\": no linux-image-<version>-... package in it")
+}
+
+/// Extracts the members matching `patterns` (tar wildcards) of a .deb's data into `dest`.
+fn extract(deb: &Path, dest: &Path, patterns: &[&str]) -> Result<()> {
+    std::fs::create_dir_all(dest)?;
+    let mut dpkg = Command::new("dpkg-deb")
+        .arg("--fsys-tarfile")
+        .arg(deb)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot run dpkg-deb (Debian's dpkg package)")?;
+    let stdout = dpkg.stdout.take().context("dpkg-deb stdout")?;
+    let tar = Command::new("tar")
+        .arg("-x")
+        .arg("-C")
+        .arg(dest)
+        .arg("--wildcards")
+        .args(patterns)
+        .stdin(stdout)
+        .output()
+        .context("cannot run tar")?;
+    let status = dpkg.wait()?;
+    if !tar.status.success() || !status.success() {
+        bail!(
+            "extracting {} from {} failed: {}",
+            patterns.join(" "),
+            deb.display(),
+            String::from_utf8_lossy(&tar.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// The one file matching `prefix*` in `dir`.
+fn one_file(dir: &Path, prefix: &str) -> Result<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        if path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(prefix))
+        {
+            found.push(path);
+        }
+    }
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        n => bail!(
+            "{} holds {n} files named {prefix}*, expected one",
+            dir.display()
+        ),
+    }
+}
+
+/// Builds a static, non-PIE workload with the host gcc.
+fn gcc(out: &Path, sources: &[&Path], extra: &[&str]) -> Result<()> {
+    let mut cmd = Command::new("gcc");
+    cmd.args(["-static", "-no-pie", "-O2", "-g", "-Wall", "-o"])
+        .arg(out)
+        .args(sources)
+        .args(extra);
+    output(
+        &mut cmd,
+        "The workloads need the host C compiler and static libraries: \
+         apt-get install gcc libc6-dev (libgomp.a comes with gcc's libgcc-12-dev).",
+    )?;
+    Ok(())
+}
+
+fn size(path: &Path) -> Result<u64> {
+    Ok(std::fs::metadata(path)
+        .with_context(|| format!("{}", path.display()))?
+        .len())
+}
+
+/// `cargo xtask linux-image [--refresh]`.
+pub fn image(refresh: bool) -> Result<()> {
+    let started = Instant::now();
+    let dir = linux_dir();
+    let debs = dir.join("debs");
+    std::fs::create_dir_all(&debs)?;
+
+    // The packages: the meta package names the real kernel package and its exact version.
+    let meta = deb(&debs, KERNEL_META, None, refresh)?;
+    let meta_version = deb_field(&meta, "Version")?;
+    let (kernel_pkg, kernel_version) = kernel_dependency(&deb_field(&meta, "Depends")?)?;
+    let kernel_deb = deb(&debs, &kernel_pkg, kernel_version.as_deref(), refresh)?;
+    let busybox_deb = deb(&debs, BUSYBOX, None, refresh)?;
+    let quantum_deb = deb(&debs, LIBQUANTUM, None, refresh)?;
+
+    let extract_dir = dir.join("extract");
+    if extract_dir.exists() {
+        std::fs::remove_dir_all(&extract_dir)?;
+    }
+    extract(
+        &kernel_deb,
+        &extract_dir,
+        &["./boot/vmlinuz-*", "./boot/config-*"],
+    )?;
+    extract(&busybox_deb, &extract_dir, &["./bin/busybox"])?;
+    extract(
+        &quantum_deb,
+        &extract_dir,
+        &[
+            "./usr/include/quantum.h",
+            "./usr/lib/x86_64-linux-gnu/libquantum.a",
+        ],
+    )?;
+
+    // The kernel, its decompressed ELF and what the profiler reads from it.
+    let boot = extract_dir.join("boot");
+    let bzimage = dir.join("bzImage");
+    std::fs::copy(one_file(&boot, "vmlinuz-")?, &bzimage)?;
+    std::fs::copy(one_file(&boot, "config-")?, dir.join("config"))?;
+    let bz_bytes = std::fs::read(&bzimage)?;
+    let bz = BzImage::parse(&bz_bytes).context("the downloaded kernel")?;
+    let vmlinux_bytes = bz.vmlinux().context("the downloaded kernel")?;
+    let vmlinux = dir.join("vmlinux");
+    std::fs::write(&vmlinux, &vmlinux_bytes)?;
+    let kernel = KernelImage::from_vmlinux_bytes(&vmlinux_bytes).context("target/linux/vmlinux")?;
+    drop(vmlinux_bytes);
+
+    // The workloads.
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    let src = guest_src();
+    gcc(&bin.join("w41"), &[&src.join("w41.c")], &[])?;
+    gcc(&bin.join("hvexit"), &[&src.join("hvexit.c")], &[])?;
+    let q = extract_dir.join("usr");
+    let include = format!("-I{}", q.join("include").display());
+    let libquantum = q.join("lib/x86_64-linux-gnu/libquantum.a");
+    gcc(
+        &bin.join("shor"),
+        &[&src.join("shor.c"), &libquantum],
+        &[&include, "-fopenmp", "-lm"],
+    )
+    .context("building shor (libquantum.a is built with OpenMP: it links libgomp.a statically)")?;
+
+    // The initramfs.
+    let mut fs = Initramfs::new();
+    for d in ["bin", "dev", "proc", "sys", "tmp"] {
+        fs.dir(d)?;
+    }
+    fs.char_dev("dev/console", 0o600, 5, 1)?;
+    fs.file("init", 0o755, std::fs::read(src.join("init"))?)?;
+    fs.file(
+        "bin/busybox",
+        0o755,
+        std::fs::read(extract_dir.join("bin/busybox"))?,
+    )?;
+    fs.symlink("bin/sh", "busybox")?;
+    for name in ["w41", "shor", "hvexit"] {
+        fs.file(
+            &format!("bin/{name}"),
+            0o755,
+            std::fs::read(bin.join(name))?,
+        )?;
+    }
+    let initramfs = dir.join("initramfs.cpio.gz");
+    std::fs::write(&initramfs, fs.to_gzip()?)?;
+    std::fs::remove_dir_all(&extract_dir)?;
+
+    // The manifest.
+    let h = &bz.header;
+    let entry = kernel.entry_syscall_64()?;
+    let mut files = serde_json::Map::new();
+    for name in [
+        "bzImage",
+        "vmlinux",
+        "initramfs.cpio.gz",
+        "config",
+        "bin/w41",
+        "bin/shor",
+        "bin/hvexit",
+    ] {
+        files.insert(name.into(), json!(size(&dir.join(name))?));
+    }
+    let manifest = json!({
+        "kernel_package": kernel_pkg,
+        "kernel_package_version": kernel_version,
+        "meta_package": format!("{KERNEL_META} {meta_version}"),
+        "kernel_release": kernel.release(),
+        "banner": kernel.banner,
+        "build_id": kernel.build_id,
+        "busybox": deb_field(&busybox_deb, "Version")?,
+        "libquantum": deb_field(&quantum_deb, "Version")?,
+        "compression": format!("{:?}", bz.compression),
+        "setup_header": h,
+        "entry_64_offset": linux_guest::bzimage::ENTRY_64_OFFSET,
+        "symbols": kernel.symbols.symbols().len(),
+        "entry_SYSCALL_64": format!("{entry:#x}"),
+        "kallsyms_layout": kernel.symbols.layout(),
+        "task_offsets": kernel.offsets,
+        "task_offsets_compact": kernel.offsets.to_compact(),
+        "workloads": WORKLOADS.iter().map(|(n, a)| (n.to_string(), json!(a))).collect::<serde_json::Map<_, _>>(),
+        "cmdline": format!("{BASE_CMDLINE} hvprof.run=w41 hvprof.arg=400"),
+        "files": files,
+    });
+    let manifest_path = dir.join("manifest.json");
+    std::fs::write(
+        &manifest_path,
+        serde_json::to_string_pretty(&manifest)? + "\n",
+    )?;
+
+    println!(
+        "kernel: {} ({kernel_pkg} {}), {:?} payload",
+        kernel.release().unwrap_or("?"),
+        kernel_version.as_deref().unwrap_or("?"),
+        bz.compression
+    );
+    println!("{h}");
+    println!(
+        "vmlinux: {} symbols from kallsyms, entry_SYSCALL_64 {entry:#x}, task offsets {}",
+        kernel.symbols.symbols().len(),
+        kernel.offsets
+    );
+    for (name, bytes) in &files {
+        println!("  {:<20} {:>10} bytes", name, bytes);
+    }
+    println!(
+        "{} ({:.1} s)",
+        manifest_path.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `cargo xtask linux-truth`: the native ground truth of each workload's function shares.
+pub fn truth() -> Result<()> {
+    let dir = linux_dir();
+    let bin = dir.join("bin");
+    if !bin.join("w41").exists() || !bin.join("shor").exists() {
+        image(false)?;
+    }
+    let perf_hint = "perf comes with Debian's linux-perf package (apt-get install linux-perf); \
+                     `-e cpu-clock` is a software event, so it needs no hardware counters, but \
+                     /proc/sys/kernel/perf_event_paranoid must allow it (run as root or set it \
+                     to 1 or less).";
+    let version = output(Command::new("perf").arg("--version"), perf_hint)?;
+    let mut results = serde_json::Map::new();
+    for (name, args) in TRUTH_ARGS {
+        let data = dir.join(format!("perf-{name}.data"));
+        let exe = bin.join(name);
+        let mut record = Command::new("perf");
+        record
+            .args(["record", "-e", "cpu-clock", "-o"])
+            .arg(&data)
+            .arg("--")
+            .arg(&exe)
+            .args(args)
+            .env("OMP_NUM_THREADS", "1");
+        let record_shown = format!(
+            "OMP_NUM_THREADS=1 perf record -e cpu-clock -o {} -- {} {}",
+            data.display(),
+            exe.display(),
+            args.join(" ")
+        );
+        println!("xtask: {record_shown}");
+        output(&mut record, perf_hint)?;
+        let mut report = Command::new("perf");
+        report
+            .args([
+                "report",
+                "--stdio",
+                "--no-children",
+                "-n",
+                "--sort",
+                "sym",
+                "-q",
+                "-i",
+            ])
+            .arg(&data);
+        let report_shown = format!(
+            "perf report --stdio --no-children -n --sort sym -q -i {}",
+            data.display()
+        );
+        let text = output(&mut report, perf_hint)?;
+        let rows = parse_report(&text);
+        if rows.is_empty() {
+            bail!("{report_shown} printed no samples:\n{text}");
+        }
+        let samples: u64 = rows.iter().map(|r| r.1).sum();
+        println!("{name}: {samples} samples");
+        for (share, n, sym) in rows.iter().take(6) {
+            println!("  {share:6.2}% {n:>7}  {sym}");
+        }
+        results.insert(
+            name.to_string(),
+            json!({
+                "command": record_shown,
+                "report_command": report_shown,
+                "samples": samples,
+                "functions": rows.iter().map(|(share, n, sym)| json!({"symbol": sym, "share": share, "samples": n})).collect::<Vec<_>>(),
+            }),
+        );
+    }
+    let instructions = match instruction_truth(&dir) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("xtask: no instruction-count truth: {e:#}");
+            json!({ "error": format!("{e:#}") })
+        }
+    };
+    let path = dir.join("truth.json");
+    let doc = json!({
+        "perf": version.trim(),
+        "workloads": results,
+        "instructions": instructions,
+    });
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n")?;
+    println!("{}", path.display());
+    Ok(())
+}
+
+/// Instruction counts per function of each workload with its guest arguments, from valgrind's
+/// callgrind: the truth to compare with where the sampling clock counts instructions (Bochs,
+/// where one TSC tick is one instruction). cpu-clock shares differ where the work is memory-bound.
+fn instruction_truth(dir: &Path) -> Result<serde_json::Value> {
+    let hint = "valgrind comes with Debian's valgrind package (apt-get install valgrind).";
+    let mut results = serde_json::Map::new();
+    for (name, args) in WORKLOADS {
+        let out = dir.join(format!("callgrind-{name}.out"));
+        let exe = dir.join("bin").join(name);
+        let args: Vec<&str> = args.split(',').collect();
+        let shown = format!(
+            "OMP_NUM_THREADS=1 valgrind --tool=callgrind --callgrind-out-file={} {} {}",
+            out.display(),
+            exe.display(),
+            args.join(" ")
+        );
+        println!("xtask: {shown}");
+        output(
+            Command::new("valgrind")
+                .arg("--tool=callgrind")
+                .arg(format!("--callgrind-out-file={}", out.display()))
+                .arg(&exe)
+                .args(&args)
+                .env("OMP_NUM_THREADS", "1"),
+            hint,
+        )?;
+        let text = output(
+            Command::new("callgrind_annotate")
+                .args(["--threshold=100", "--auto=no"])
+                .arg(&out),
+            hint,
+        )?;
+        let (total, rows) = parse_callgrind(&text);
+        if total == 0 || rows.is_empty() {
+            bail!("callgrind_annotate {} printed no counts", out.display());
+        }
+        println!("{name}: {total} instructions");
+        for (share, n, sym) in rows.iter().take(6) {
+            println!("  {share:6.2}% {n:>11}  {sym}");
+        }
+        results.insert(
+            name.to_string(),
+            json!({
+                "command": shown,
+                "instructions": total,
+                "functions": rows.iter().map(|(share, n, sym)| json!({"symbol": sym, "share": share, "instructions": n})).collect::<Vec<_>>(),
+            }),
+        );
+    }
+    Ok(serde_json::Value::Object(results))
+}
+
+/// `callgrind_annotate` rows `301,807,996 (56.24%)  ???:quantum_toffoli._omp_fn.0 [/path]`:
+/// the program total and (percent, instructions, function).
+fn parse_callgrind(text: &str) -> (u64, Vec<(f64, u64, String)>) {
+    let mut total = 0;
+    let mut rows = Vec::new();
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        let (Some(count), Some(share), Some(what)) = (it.next(), it.next(), it.next()) else {
+            continue;
+        };
+        let Ok(count) = count.replace(',', "").parse::<u64>() else {
+            continue;
+        };
+        let Some(Ok(share)) = share
+            .strip_prefix('(')
+            .and_then(|s| s.strip_suffix("%)"))
+            .map(str::parse::<f64>)
+        else {
+            continue;
+        };
+        if what == "PROGRAM" {
+            total = count;
+        } else {
+            let function = what.rsplit_once(':').map_or(what, |(_, f)| f);
+            rows.push((share, count, function.to_string()));
+        }
+    }
+    (total, rows)
+}
+
+/// `perf report --stdio -n --sort sym -q` rows: (percent, samples, symbol).
+fn parse_report(text: &str) -> Vec<(f64, u64, String)> {
+    text.lines()
+        .filter_map(|line| {
+            let mut it = line.split_whitespace();
+            let share = it.next()?.strip_suffix('%')?.parse().ok()?;
+            let samples = it.next()?.parse().ok()?;
+            let _level = it.next()?; // [.] user, [k] kernel
+            let sym = it.collect::<Vec<_>>().join(" ");
+            (!sym.is_empty()).then_some((share, samples, sym))
+        })
+        .collect()
+}
+
+/// `cargo xtask linux-qemu`: boots the kernel and initramfs in QEMU TCG (no VMX: the guest runs
+/// directly, without the hypervisor) to check them and time boot and workload.
+pub fn qemu(run: &str, arg: Option<&str>, timeout: u64) -> Result<ExitCode> {
+    let dir = linux_dir();
+    let (bzimage, initramfs) = (dir.join("bzImage"), dir.join("initramfs.cpio.gz"));
+    if !bzimage.exists() || !initramfs.exists() {
+        image(false)?;
+    }
+    let arg = arg.map(str::to_string).or_else(|| {
+        WORKLOADS
+            .iter()
+            .find(|w| w.0 == run)
+            .map(|w| w.1.to_string())
+    });
+    let mut cmdline = format!("{BASE_CMDLINE} hvprof.run={run}");
+    if let Some(a) = &arg {
+        cmdline += &format!(" hvprof.arg={a}");
+    }
+    let log_path = dir.join(format!("qemu-{run}.log"));
+    let mut log = std::fs::File::create(&log_path)?;
+    let mut cmd = Command::new("qemu-system-x86_64");
+    cmd.args(["-accel", "tcg", "-m", "512", "-smp", "1", "-no-reboot"])
+        .args(["-display", "none", "-monitor", "none", "-serial", "stdio"])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
+        .arg("-kernel")
+        .arg(&bzimage)
+        .arg("-initrd")
+        .arg(&initramfs)
+        .arg("-append")
+        .arg(&cmdline)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    println!("xtask: qemu-system-x86_64 (TCG) -append \"{cmdline}\"");
+    let start = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .context("cannot run qemu-system-x86_64 (Debian package qemu-system-x86)")?;
+    let stdout = child.stdout.take().context("qemu stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send((start.elapsed(), line)).is_err() {
+                break;
+            }
+        }
+    });
+    let (mut started, mut done, mut rc) = (None, None, None);
+    let deadline = Duration::from_secs(timeout);
+    loop {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok((t, line)) => {
+                writeln!(log, "[{:8.3}] {line}", t.as_secs_f64())?;
+                if line.contains("hvprof-guest: start") {
+                    started = Some(t);
+                } else if line.contains("hvprof-guest: done") {
+                    done = Some(t);
+                    rc = line
+                        .rsplit("rc=")
+                        .next()
+                        .and_then(|v| v.trim().parse::<u8>().ok());
+                }
+                if line.contains("hvprof-guest: out") || line.contains("hvprof-guest: error") {
+                    println!("  {}", line.trim());
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        if start.elapsed() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "QEMU did not finish in {timeout} s (log: {})",
+                log_path.display()
+            );
+        }
+    }
+    let status = child.wait()?;
+    let total = start.elapsed();
+    // isa-debug-exit: QEMU exits with (value << 1) | 1.
+    let guest_exit = status.code().filter(|c| c & 1 == 1).map(|c| c >> 1);
+    let secs =
+        |d: Option<Duration>| d.map_or("-".to_string(), |d| format!("{:.2} s", d.as_secs_f64()));
+    println!(
+        "start marker at {}, done marker at {}, workload {}, QEMU exit after {:.2} s, guest exit value {:?} (log: {})",
+        secs(started),
+        secs(done),
+        match (started, done) {
+            (Some(a), Some(b)) => format!("{:.2} s", (b - a).as_secs_f64()),
+            _ => "-".into(),
+        },
+        total.as_secs_f64(),
+        guest_exit,
+        log_path.display()
+    );
+    if started.is_none() || done.is_none() || rc != Some(0) || guest_exit != Some(0) {
+        eprintln!("xtask: the guest run did not complete cleanly (see the log)");
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_dependency_takes_the_versioned_image_package() {
+        let (name, version) =
+            kernel_dependency("linux-image-6.1.0-56-cloud-amd64 (= 6.1.192-2)").unwrap();
+        assert_eq!(name, "linux-image-6.1.0-56-cloud-amd64");
+        assert_eq!(version.as_deref(), Some("6.1.192-2"));
+        let (name, version) = kernel_dependency(
+            "initramfs-tools | linux-initramfs-tool, linux-image-6.12.9-cloud-amd64",
+        )
+        .unwrap();
+        assert_eq!(
+            (name.as_str(), version),
+            ("linux-image-6.12.9-cloud-amd64", None)
+        );
+        let e = kernel_dependency("linux-image-cloud-amd64-unsigned")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no linux-image-<version>"), "{e}");
+    }
+
+    #[test]
+    fn perf_report_rows_are_parsed() {
+        let text = "    80.70%          3228  [.] work_a\n    18.90%  756  [.] work_b\n     0.40%  16  [k] clear_page_erms\n\n# comment\n";
+        let rows = parse_report(text);
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0], (80.70, 3228, "work_a".to_string()));
+        assert_eq!(rows[2].2, "clear_page_erms");
+    }
+
+    #[test]
+    fn callgrind_rows_are_parsed() {
+        let text = "Ir\n--\n536,612,160 (100.0%)  PROGRAM TOTALS\n\n301,807,996 (56.24%)  ???:quantum_toffoli._omp_fn.0 [/t/shor]\n 70,128,128 (13.07%)  ???:quantum_cnot._omp_fn.0 [/t/shor]\n";
+        let (total, rows) = parse_callgrind(text);
+        assert_eq!(total, 536_612_160);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(
+            rows[0],
+            (56.24, 301_807_996, "quantum_toffoli._omp_fn.0".to_string())
+        );
+    }
+}
