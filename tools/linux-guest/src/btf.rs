@@ -10,6 +10,9 @@
 use crate::Error;
 
 const MAGIC: u16 = 0xeb9f;
+/// Members visited in one [`Btf::member`] search at most (task_struct has about 250; bad input
+/// could nest anonymous members into an exponential search).
+const MEMBER_BUDGET: u32 = 100_000;
 
 // BTF_KIND_*
 const INT: u32 = 1;
@@ -229,7 +232,8 @@ impl<'a> Btf<'a> {
 
     /// Finds `member` of struct/union `id`, looking inside anonymous struct/union members.
     pub fn member(&self, id: u32, member: &str) -> Result<Option<MemberInfo>, Error> {
-        self.member_in(id, member, 0, 0)
+        let mut budget = MEMBER_BUDGET;
+        self.member_in(id, member, 0, 0, &mut budget)
     }
 
     fn member_in(
@@ -238,6 +242,7 @@ impl<'a> Btf<'a> {
         member: &str,
         base: u32,
         depth: u32,
+        budget: &mut u32,
     ) -> Result<Option<MemberInfo>, Error> {
         if depth > 16 {
             return Err(bad("anonymous members nested too deep (a cycle?)"));
@@ -248,6 +253,9 @@ impl<'a> Btf<'a> {
             return Ok(None);
         }
         for i in 0..r.vlen {
+            *budget = budget
+                .checked_sub(1)
+                .ok_or_else(|| bad(format!("looking for {member}: too many members visited")))?;
             let at = r.extra + 12 * i;
             let (name_off, type_id, raw) =
                 (self.u32_at(at), self.u32_at(at + 4), self.u32_at(at + 8));
@@ -262,13 +270,19 @@ impl<'a> Btf<'a> {
                     return Err(bad(format!("member {member} is a bit field")));
                 }
                 return Ok(Some(MemberInfo {
-                    offset: base + bits / 8,
+                    offset: base.saturating_add(bits / 8),
                     type_id: self.resolve(type_id)?,
                 }));
             }
             if name.is_empty()
                 && bits % 8 == 0
-                && let Some(found) = self.member_in(type_id, member, base + bits / 8, depth + 1)?
+                && let Some(found) = self.member_in(
+                    type_id,
+                    member,
+                    base.saturating_add(bits / 8),
+                    depth + 1,
+                    budget,
+                )?
             {
                 return Ok(Some(found));
             }

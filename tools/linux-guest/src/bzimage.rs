@@ -266,6 +266,8 @@ const LZ4_LEGACY_BLOCK: usize = 8 << 20;
 const LZ4_LEGACY_MAGIC: [u8; 4] = [0x02, 0x21, 0x4c, 0x18];
 /// A decompressed kernel larger than this is refused (the trailer is read from the input).
 const MAX_VMLINUX: usize = 1 << 30;
+/// The most memory reserved up front from the (untrusted) trailer.
+const PREALLOCATE: usize = 128 << 20;
 
 /// A parsed bzImage.
 #[derive(Clone, Debug)]
@@ -329,7 +331,7 @@ impl<'a> BzImage<'a> {
 
 fn read_all(mut reader: impl std::io::Read, expected: usize, what: &str) -> Result<Vec<u8>, Error> {
     use std::io::Read;
-    let mut out = Vec::with_capacity(expected);
+    let mut out = Vec::with_capacity(expected.min(PREALLOCATE));
     // Read one byte more than announced so a longer stream is caught, without reading a bomb.
     (&mut reader)
         .take(expected as u64 + 1)
@@ -342,7 +344,7 @@ fn read_all(mut reader: impl std::io::Read, expected: usize, what: &str) -> Resu
 /// size (u32 LE), each decompressing to at most 8 MiB. A repeated magic starts a new stream.
 fn lz4_legacy(mut input: &[u8], expected: usize) -> Result<Vec<u8>, Error> {
     let bad = |what: String| Error::BzImage(format!("LZ4 legacy payload: {what}"));
-    let mut out = Vec::with_capacity(expected);
+    let mut out = Vec::with_capacity(expected.min(PREALLOCATE));
     let mut block = vec![0u8; LZ4_LEGACY_BLOCK];
     if !input.starts_with(&LZ4_LEGACY_MAGIC) {
         return Err(bad("no legacy-frame magic".into()));

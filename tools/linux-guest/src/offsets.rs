@@ -81,7 +81,10 @@ fn current_task(btf: &Btf<'_>, syms: &Kallsyms) -> Result<u64, Error> {
             .member(hot, "current_task")?
             .ok_or_else(|| Error::Btf("struct pcpu_hot has no member current_task".into()))?;
         let var = btf.datasec_var(".data..percpu", "pcpu_hot")?;
-        (s.address + u64::from(m.offset), var.map(|v| v + m.offset))
+        (
+            s.address.wrapping_add(u64::from(m.offset)),
+            var.map(|v| v.saturating_add(m.offset)),
+        )
     } else {
         return Err(Error::Kallsyms(
             "no per-CPU symbol current_task or pcpu_hot (is CONFIG_SMP set and are the per-CPU symbols absolute?)".into(),
