@@ -517,18 +517,20 @@ fn parse_callgrind(text: &str) -> (u64, Vec<(f64, u64, String)>) {
     let mut total = 0;
     let mut rows = Vec::new();
     for line in text.lines() {
-        let mut it = line.split_whitespace();
-        let (Some(count), Some(share), Some(what)) = (it.next(), it.next(), it.next()) else {
+        // The share is "(56.24%)" or "( 6.87%)".
+        let Some((count, rest)) = line.split_once('(') else {
             continue;
         };
-        let Ok(count) = count.replace(',', "").parse::<u64>() else {
+        let Some((share, what)) = rest.split_once("%)") else {
             continue;
         };
-        let Some(Ok(share)) = share
-            .strip_prefix('(')
-            .and_then(|s| s.strip_suffix("%)"))
-            .map(str::parse::<f64>)
-        else {
+        let (Ok(count), Ok(share)) = (
+            count.trim().replace(',', "").parse::<u64>(),
+            share.trim().parse::<f64>(),
+        ) else {
+            continue;
+        };
+        let Some(what) = what.split_whitespace().next() else {
             continue;
         };
         if what == "PROGRAM" {
@@ -693,10 +695,11 @@ mod tests {
 
     #[test]
     fn callgrind_rows_are_parsed() {
-        let text = "Ir\n--\n536,612,160 (100.0%)  PROGRAM TOTALS\n\n301,807,996 (56.24%)  ???:quantum_toffoli._omp_fn.0 [/t/shor]\n 70,128,128 (13.07%)  ???:quantum_cnot._omp_fn.0 [/t/shor]\n";
+        let text = "Ir\n--\n536,612,160 (100.0%)  PROGRAM TOTALS\n\n301,807,996 (56.24%)  ???:quantum_toffoli._omp_fn.0 [/t/shor]\n 70,128,128 (13.07%)  ???:quantum_cnot._omp_fn.0 [/t/shor]\n  5,354,806 ( 1.00%)  ???:quantum_gate1 [/t/shor]\n";
         let (total, rows) = parse_callgrind(text);
         assert_eq!(total, 536_612_160);
-        assert_eq!(rows.len(), 2);
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[2], (1.0, 5_354_806, "quantum_gate1".to_string()));
         assert_eq!(
             rows[0],
             (56.24, 301_807_996, "quantum_toffoli._omp_fn.0".to_string())

@@ -41,20 +41,39 @@ pub struct Hit<'a> {
     pub size: Option<u64>,
 }
 
-/// Where the tables were found (addresses), for diagnostics.
+/// Where the tables were found (addresses), for diagnostics. Serialized with hex addresses.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct TableLayout {
+    #[serde(serialize_with = "hex")]
     pub num_syms: u64,
+    #[serde(serialize_with = "hex")]
     pub names: u64,
+    #[serde(serialize_with = "hex")]
     pub markers: u64,
+    #[serde(serialize_with = "hex_opt")]
     pub seqs_of_names: Option<u64>,
+    #[serde(serialize_with = "hex")]
     pub token_table: u64,
+    #[serde(serialize_with = "hex")]
     pub token_index: u64,
+    #[serde(serialize_with = "hex")]
     pub offsets: u64,
+    #[serde(serialize_with = "hex")]
     pub relative_base: u64,
     /// Whether non-negative offsets are absolute (per-CPU) addresses
     /// (`CONFIG_KALLSYMS_ABSOLUTE_PERCPU`).
     pub absolute_percpu: bool,
+}
+
+fn hex<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("{v:#x}"))
+}
+
+fn hex_opt<S: serde::Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => hex(v, s),
+        None => s.serialize_none(),
+    }
 }
 
 /// The decoded symbol table.
