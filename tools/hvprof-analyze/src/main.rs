@@ -2,10 +2,11 @@
 //! in it) and prints the unified profile of the machine.
 //!
 //! ```text
-//! hvprof-analyze report LOG [--hypervisor ELF] [--image ELF]... [--json] [--top N] [--vm NAME]
+//! hvprof-analyze report LOG [--hypervisor ELF] [--image ELF]... [--kernel VMLINUX] [--json] [--top N] [--vm NAME]
 //! hvprof-analyze decode LOG [--text] [--records]
 //! ```
 
+mod linux;
 mod report;
 mod symbols;
 mod text;
@@ -49,6 +50,14 @@ enum Cmd {
         /// Only this VM's guest-level table.
         #[arg(long)]
         vm: Option<String>,
+        /// The Linux guests' kernel (decompressed vmlinux, or the bzImage): kernel functions by
+        /// name under [guest.kallsyms], processes by name from the task frames, user functions
+        /// from the `--image` named like the process.
+        #[arg(long)]
+        kernel: Option<PathBuf>,
+        /// Name the Linux guests' processes from the task frames even without `--kernel`.
+        #[arg(long)]
+        processes: bool,
     },
     /// Throughput on a synthetic capture of N samples (the figure `cargo xtask bench` records).
     BenchSynthetic {
@@ -86,11 +95,30 @@ fn run(cli: Cli) -> Result<()> {
             json,
             top,
             vm,
+            kernel,
+            processes,
         } => {
             let bytes =
                 std::fs::read(&log).with_context(|| format!("cannot read {}", log.display()))?;
-            let (decoded, agg) = report::analyze(&bytes, threads());
             let mut imgs = report::Images::default();
+            if let Some(k) = &kernel {
+                let image = if linux_guest::BzImage::parse(
+                    &std::fs::read(k).with_context(|| format!("cannot read {}", k.display()))?,
+                )
+                .is_ok()
+                {
+                    linux_guest::KernelImage::from_bzimage(k)
+                } else {
+                    linux_guest::KernelImage::from_vmlinux(k)
+                };
+                imgs.kernel = Some(image.with_context(|| {
+                    format!(
+                        "{}: not a Linux kernel image hvprof-analyze can read",
+                        k.display()
+                    )
+                })?);
+            }
+            let (decoded, agg) = report::analyze(&bytes, threads(), kernel.is_some() || processes);
             if let Some(h) = hypervisor {
                 match symbols::Symbols::load(&h) {
                     Ok(s) => imgs.hypervisor = Some(s),
@@ -158,7 +186,7 @@ fn bench_synthetic(samples: u64) {
     );
     for threads in [1, threads()] {
         let t = Instant::now();
-        let (decoded, agg) = report::analyze(&cap.bytes, threads);
+        let (decoded, agg) = report::analyze(&cap.bytes, threads, false);
         let r = report::build_from(&decoded, agg, &report::Images::default());
         let took = t.elapsed();
         println!(

@@ -33,6 +33,9 @@ use crate::timeline::Owner;
 pub struct Row {
     pub function: String,
     pub module: String,
+    /// The guest process (`comm[tgid]`), for Linux guests whose task frames name it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
     pub samples: u64,
     pub percent: f64,
 }
@@ -129,6 +132,9 @@ pub struct Report {
 pub struct Images {
     pub hypervisor: Option<Symbols>,
     pub guests: Vec<Symbols>,
+    /// The kernel of the Linux guests (`--kernel`): their kernel functions, by VM after the
+    /// KASLR slide each VM's `IA32_LSTAR` line gives.
+    pub kernel: Option<linux_guest::KernelImage>,
 }
 
 /// Names an address in `symbols`, or `[unknown]` with the address.
@@ -138,11 +144,16 @@ fn name(symbols: Option<&Symbols>, addr: u64) -> String {
         .map_or_else(|| format!("[unknown] {addr:#x}"), str::to_owned)
 }
 
+/// A guest table row's identity: function, module, process.
+type RowKey = (String, String, Option<String>);
+
 /// Guest-level counts of one VM or vCPU, before naming.
 #[derive(Default)]
 struct GuestCounts {
     /// (rip, cpl 0 or 3) → samples.
     by_rip: HashMap<(u64, bool), u64>,
+    /// Samples already named (Linux guests): (function, module, process) → samples.
+    named: HashMap<RowKey, u64>,
     os: u64,
     user: u64,
     /// `[steal]` slots by their module label: `(outside)`, `(on vcpuN)`, `(hypervisor)`.
@@ -160,6 +171,15 @@ impl GuestCounts {
         }
     }
 
+    fn add_named(&mut self, key: &RowKey, user: bool) {
+        *self.named.entry(key.clone()).or_default() += 1;
+        if user {
+            self.user += 1;
+        } else {
+            self.os += 1;
+        }
+    }
+
     fn steal_total(&self) -> u64 {
         self.steal.values().sum()
     }
@@ -169,19 +189,22 @@ impl GuestCounts {
         let total = self.os + self.user + steal + self.idle;
         let pct = |n: u64| percent(n, total);
         // Name each distinct address once, then merge by function.
-        let mut by_fn: HashMap<(String, String), u64> = HashMap::default();
+        let mut by_fn: HashMap<RowKey, u64> = HashMap::default();
         for (&(rip, _), &n) in &self.by_rip {
             *by_fn
-                .entry((name(symbols, rip), module.to_owned()))
+                .entry((name(symbols, rip), module.to_owned(), None))
                 .or_default() += n;
+        }
+        for (key, &n) in &self.named {
+            *by_fn.entry(key.clone()).or_default() += n;
         }
         for (label, &n) in &self.steal {
             if n > 0 {
-                by_fn.insert(("[steal]".into(), label.clone()), n);
+                by_fn.insert(("[steal]".into(), label.clone(), None), n);
             }
         }
         if self.idle > 0 {
-            by_fn.insert(("[idle]".into(), "(halted)".into()), self.idle);
+            by_fn.insert(("[idle]".into(), "(halted)".into(), None), self.idle);
         }
         GuestTable {
             samples: total,
@@ -204,12 +227,13 @@ fn percent(n: u64, total: u64) -> f64 {
     }
 }
 
-fn rows(counts: HashMap<(String, String), u64>, total: u64) -> Vec<Row> {
+fn rows(counts: HashMap<RowKey, u64>, total: u64) -> Vec<Row> {
     let mut rows: Vec<Row> = counts
         .into_iter()
-        .map(|((function, module), samples)| Row {
+        .map(|((function, module, process), samples)| Row {
             function,
             module,
+            process,
             samples,
             percent: percent(samples, total),
         })
@@ -246,6 +270,20 @@ pub struct Aggregate {
     pub timeline: HashMap<u16, Vec<(u64, Owner)>>,
     /// Every scheduling event, with its pCPU.
     pub sched: Vec<(u16, hvprof_samplelog::Event)>,
+    /// Keep every guest sample (for naming Linux guests' processes and kernel functions, which
+    /// needs each sample's time) instead of counting it by address.
+    pub keep_guest: bool,
+    pub guest_samples: Vec<GuestSample>,
+}
+
+/// A guest sample kept whole (see `Aggregate::keep_guest`).
+#[derive(Debug, Clone, Copy)]
+pub struct GuestSample {
+    pub vm: u16,
+    pub vcpu: u16,
+    pub tsc: u64,
+    pub rip: u64,
+    pub user: bool,
 }
 
 impl Aggregate {
@@ -253,6 +291,14 @@ impl Aggregate {
         Self {
             cost_min: u64::MAX,
             ..Self::default()
+        }
+    }
+
+    /// An aggregate that keeps every guest sample (`keep_guest`).
+    pub fn keeping_guest_samples() -> Self {
+        Self {
+            keep_guest: true,
+            ..Self::new()
         }
     }
 
@@ -287,6 +333,13 @@ impl Aggregate {
             self.cost_min = self.cost_min.min(cost);
             self.cost_max = self.cost_max.max(cost);
             match s.kind {
+                SampleKind::Guest if self.keep_guest => self.guest_samples.push(GuestSample {
+                    vm: s.vm,
+                    vcpu: s.vcpu,
+                    tsc: s.tsc,
+                    rip: s.guest_rip,
+                    user: s.cpl() == 3,
+                }),
                 SampleKind::Guest => {
                     let key = (s.vm, s.vcpu, s.cpl() == 3);
                     if self.guest.get(self.last).is_none_or(|g| g.0 != key) {
@@ -341,14 +394,23 @@ impl Aggregate {
             self.timeline.entry(k).or_default().extend(v);
         }
         self.sched.extend(other.sched);
+        self.guest_samples.extend(other.guest_samples);
     }
 }
 
-/// Decodes a capture on `threads` threads and counts its samples as they come.
-pub fn analyze(bytes: &[u8], threads: usize) -> (Decoded, Aggregate) {
+/// Decodes a capture on `threads` threads and counts its samples as they come (keeping every
+/// guest sample with `keep_guest`, for Linux guests).
+pub fn analyze(bytes: &[u8], threads: usize, keep_guest: bool) -> (Decoded, Aggregate) {
+    let init = || {
+        if keep_guest {
+            Aggregate::keeping_guest_samples()
+        } else {
+            Aggregate::new()
+        }
+    };
     let (decoded, parts) =
-        hvprof_samplelog::decode_parallel(bytes, threads, Aggregate::new, |a, p, r| a.add(p, r));
-    let mut agg = Aggregate::new();
+        hvprof_samplelog::decode_parallel(bytes, threads, init, |a, p, r| a.add(p, r));
+    let mut agg = init();
     for p in parts {
         agg.merge(p);
     }
@@ -363,6 +425,84 @@ pub fn build(decoded: &Decoded, images: &Images) -> Report {
         agg.add(pcpu, &log.records);
     }
     build_from(decoded, agg, images)
+}
+
+/// Names the guest samples kept whole (`Aggregate::keep_guest`): each takes its vCPU's process at
+/// its time from the task frames; kernel-mode samples of a Linux VM take the kernel's function
+/// (after the VM's KASLR slide) under `[guest.kallsyms]`, user-mode ones the function of the
+/// image named like the process (`--image w41` for process `w41`), else their address.
+fn name_linux_samples(
+    decoded: &Decoded,
+    samples: &[GuestSample],
+    vm_table: &[(u16, String, String, Vec<u8>)],
+    images: &Images,
+    per_vm: &mut HashMap<u16, GuestCounts>,
+    per_vcpu: &mut HashMap<(u16, u16), GuestCounts>,
+    warnings: &mut Vec<String>,
+) {
+    use crate::linux::{GuestKernel, KERNEL_MODULE, TaskTimeline};
+    if samples.is_empty() {
+        return;
+    }
+    let tasks = TaskTimeline::new(&decoded.tasks);
+    let lstars = crate::linux::lstar_lines(&decoded.text_joined());
+    // Each VM's kernel, at its slide.
+    let mut kernels: HashMap<u16, GuestKernel> = HashMap::default();
+    for (id, name, _, _) in vm_table {
+        let (Some(image), Some(&lstar)) = (&images.kernel, lstars.get(name)) else {
+            continue;
+        };
+        match image.kaslr_slide(lstar) {
+            Ok(slide) => {
+                kernels.insert(
+                    *id,
+                    GuestKernel {
+                        image: image.clone(),
+                        slide,
+                    },
+                );
+            }
+            Err(e) => warnings.push(format!(
+                "VM {name}: the kernel given does not match its IA32_LSTAR {lstar:#x} ({e}): kernel functions are shown as addresses"
+            )),
+        }
+    }
+    if images.kernel.is_some() && kernels.is_empty() {
+        warnings.push(
+            "--kernel given, but no VM printed its IA32_LSTAR (not a Linux guest, or it did not stop)"
+                .into(),
+        );
+    }
+    let user_image = |process: Option<&str>| {
+        let comm = process?.split_once('[').map_or(process?, |(c, _)| c);
+        images.guests.iter().find(|s| s.module == comm)
+    };
+    let mut cache: HashMap<(u16, bool, u64, Option<String>), RowKey> = HashMap::default();
+    for g in samples {
+        let process = tasks.task_at(g.vm, g.vcpu, g.tsc).map(str::to_owned);
+        let key = cache
+            .entry((g.vm, g.user, g.rip, process.clone()))
+            .or_insert_with(|| {
+                let (function, module) = if g.user {
+                    match user_image(process.as_deref()) {
+                        Some(s) => (name(Some(s), g.rip), s.module.clone()),
+                        None => (format!("[unknown] {:#x}", g.rip), "[unknown]".into()),
+                    }
+                } else {
+                    match kernels.get(&g.vm).and_then(|k| k.function(g.rip)) {
+                        Some(f) => (f.to_owned(), KERNEL_MODULE.into()),
+                        None => (format!("[unknown] {:#x}", g.rip), KERNEL_MODULE.into()),
+                    }
+                };
+                (function, module, process)
+            })
+            .clone();
+        per_vm.entry(g.vm).or_default().add_named(&key, g.user);
+        per_vcpu
+            .entry((g.vm, g.vcpu))
+            .or_default()
+            .add_named(&key, g.user);
+    }
 }
 
 /// The exact split of the vCPUs' lifetimes from their scheduling events, beside `table`.
@@ -424,6 +564,9 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
             )
         })
         .collect();
+    // Linux VMs (the hypervisor printed their kernel entry): named by `name_linux_samples`.
+    let lstars = crate::linux::lstar_lines(&decoded.text_joined());
+    let linux_vms: Vec<String> = lstars.keys().cloned().collect();
     // Match each VM's image: by build id, else by file name.
     let guest_symbols: HashMap<u16, &Symbols> = vm_table
         .iter()
@@ -441,7 +584,7 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
                     s.module == *image || s.module == image.trim_end_matches(".elf")
                 })
             });
-            if found.is_none() {
+            if found.is_none() && !linux_vms.contains(name) {
                 warnings.push(format!(
                     "no symbols for VM {name} (image {image}, build id {}): its functions are shown as addresses",
                     if build_id.is_empty() { "none".into() } else { hex(build_id) }
@@ -474,6 +617,7 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
         cost_max,
         mut timeline,
         sched,
+        guest_samples,
         ..
     } = agg;
     let mut per_vm: HashMap<u16, GuestCounts> = HashMap::default();
@@ -487,6 +631,15 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
                 .add_guest(rip, user, n);
         }
     }
+    name_linux_samples(
+        decoded,
+        &guest_samples,
+        &vm_table,
+        images,
+        &mut per_vm,
+        &mut per_vcpu,
+        &mut warnings,
+    );
     let mut exact: HashMap<(u16, u16), crate::timeline::Blanks> = HashMap::default();
     if sched.is_empty() {
         // No scheduling events (an old or partial log): the hypervisor's samples on a vCPU's
@@ -646,7 +799,13 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
             hypervisor: pct(hv_samples),
             vm: pct(vm_samples),
             idle: pct(idle),
-            rows: rows(host_counts, total),
+            rows: rows(
+                host_counts
+                    .into_iter()
+                    .map(|((f, m), n)| ((f, m, None), n))
+                    .collect(),
+                total,
+            ),
         },
         vms,
         warnings,
@@ -794,7 +953,7 @@ mod tests {
         let cap = synth::capture(&cfg, &synth::CaptureOptions::default());
         let seq = build(&hvprof_samplelog::decode(&cap.bytes), &Images::default());
         for threads in [1, 2, 4] {
-            let (d, agg) = analyze(&cap.bytes, threads);
+            let (d, agg) = analyze(&cap.bytes, threads, false);
             assert_eq!(
                 build_from(&d, agg, &Images::default()),
                 seq,

@@ -11,14 +11,24 @@ use crate::report::{GuestTable, Report, Row};
 fn table(rows: &[Row], top: usize) -> String {
     let mut t = Table::new();
     t.load_preset(NOTHING);
-    t.set_header(vec!["Samples", "%Ratio", "Function", "Module"]);
+    // The Process column appears when a Linux guest's task frames name processes.
+    let processes = rows.iter().any(|r| r.process.is_some());
+    let mut header = vec!["Samples", "%Ratio", "Function", "Module"];
+    if processes {
+        header.push("Process");
+    }
+    t.set_header(header);
     for r in rows.iter().take(top) {
-        t.add_row(vec![
+        let mut row = vec![
             r.samples.to_string(),
             format!("{:.2}", r.percent),
             r.function.clone(),
             r.module.clone(),
-        ]);
+        ];
+        if processes {
+            row.push(r.process.clone().unwrap_or_default());
+        }
+        t.add_row(row);
     }
     for i in 0..2 {
         if let Some(c) = t.column_mut(i) {

@@ -1,0 +1,154 @@
+//! Linux guests: their kernel's functions and their processes, with no agent in the guest.
+//!
+//! - Kernel symbols come from the guest's decompressed vmlinux (`--kernel`), rebuilt from its
+//!   kallsyms tables by `linux-guest`; the KASLR slide from the `vm <name>: guest IA32_LSTAR`
+//!   line the hypervisor prints when the VM stops (`entry_SYSCALL_64` moves with the kernel).
+//!   Kernel frames go under the module `[guest.kallsyms]`.
+//! - Processes come from the task frames: the hypervisor reads the task a vCPU runs at each
+//!   sample and logs it when it changes, so a sample at TSC `t` on a vCPU belongs to the vCPU's
+//!   last task frame at or before `t` (a CR3 or task structure reused by a later process is a
+//!   new frame, not the old name).
+
+use std::collections::HashMap;
+
+use hvprof_samplelog::Task;
+use linux_guest::KernelImage;
+
+/// The module kernel frames are reported under (viewers mark `[...]` modules as kernel).
+pub const KERNEL_MODULE: &str = "[guest.kallsyms]";
+
+/// A guest kernel and where it runs.
+pub struct GuestKernel {
+    pub image: KernelImage,
+    /// Runtime address minus link address.
+    pub slide: u64,
+}
+
+impl GuestKernel {
+    /// The function at a runtime kernel address.
+    pub fn function(&self, rip: u64) -> Option<&str> {
+        self.image
+            .lookup(rip, self.slide)
+            .map(|h| h.symbol.name.as_str())
+    }
+}
+
+/// `vm <name>: guest IA32_LSTAR 0x...` lines of the console text: VM name → LSTAR.
+pub fn lstar_lines(text: &str) -> HashMap<String, u64> {
+    let mut out = HashMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.trim_end_matches('\r').strip_prefix("vm ") else {
+            continue;
+        };
+        let Some((name, value)) = rest.split_once(": guest IA32_LSTAR ") else {
+            continue;
+        };
+        if let Some(v) = value
+            .trim()
+            .strip_prefix("0x")
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+        {
+            out.insert(name.to_string(), v);
+        }
+    }
+    out
+}
+
+/// A process as the report names it: `comm[tgid]`, the pid when it differs (a thread).
+pub fn process_label(t: &Task) -> String {
+    if t.pid == t.tgid {
+        format!("{}[{}]", t.comm.as_str(), t.tgid)
+    } else {
+        format!("{}[{}/{}]", t.comm.as_str(), t.tgid, t.pid)
+    }
+}
+
+/// Each vCPU's task changes in TSC order, to find the task of a sample.
+#[derive(Default)]
+pub struct TaskTimeline {
+    per_vcpu: HashMap<(u16, u16), Vec<(u64, usize)>>,
+    labels: Vec<String>,
+    index: HashMap<String, usize>,
+}
+
+impl TaskTimeline {
+    pub fn new(tasks: &[Task]) -> Self {
+        let mut t = TaskTimeline::default();
+        for task in tasks {
+            let label = process_label(task);
+            let id = match t.index.get(&label) {
+                Some(&i) => i,
+                None => {
+                    t.labels.push(label.clone());
+                    t.index.insert(label, t.labels.len() - 1);
+                    t.labels.len() - 1
+                }
+            };
+            t.per_vcpu
+                .entry((task.vm, task.vcpu))
+                .or_default()
+                .push((task.tsc, id));
+        }
+        for list in t.per_vcpu.values_mut() {
+            list.sort_by_key(|&(tsc, _)| tsc);
+        }
+        t
+    }
+
+    /// The task vCPU `vcpu` of VM `vm` ran at `tsc` (`None` before its first task frame).
+    pub fn task_at(&self, vm: u16, vcpu: u16, tsc: u64) -> Option<&str> {
+        let list = self.per_vcpu.get(&(vm, vcpu))?;
+        let n = list.partition_point(|&(t, _)| t <= tsc);
+        let &(_, id) = list.get(n.checked_sub(1)?)?;
+        Some(self.labels[id].as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hvprof_samplelog::FixedStr;
+
+    fn task(tsc: u64, vcpu: u16, pid: u32, tgid: u32, comm: &str) -> Task {
+        Task {
+            tsc,
+            vm: 0,
+            vcpu,
+            pid,
+            tgid,
+            cr3: 0x1000,
+            comm: FixedStr::truncated(comm),
+            ..Task::default()
+        }
+    }
+
+    #[test]
+    fn samples_take_the_last_task_at_or_before_them() {
+        // The same CR3 and task structure reused by a later process: still a new name.
+        let tasks = [
+            task(100, 0, 1, 1, "init"),
+            task(500, 0, 57, 57, "w41"),
+            task(900, 0, 58, 58, "sh"),
+            task(300, 1, 60, 57, "w41"),
+        ];
+        let t = TaskTimeline::new(&tasks);
+        assert_eq!(t.task_at(0, 0, 99), None);
+        assert_eq!(t.task_at(0, 0, 100), Some("init[1]"));
+        assert_eq!(t.task_at(0, 0, 899), Some("w41[57]"));
+        assert_eq!(t.task_at(0, 0, 5000), Some("sh[58]"));
+        assert_eq!(t.task_at(0, 1, 400), Some("w41[57/60]"));
+        assert_eq!(t.task_at(1, 0, 400), None);
+    }
+
+    #[test]
+    fn lstar_lines_are_read_from_the_console() {
+        let text = "vm linux1: stopped: exit code 0 (port 0xf4)\r\n\
+                    vm linux1: guest IA32_LSTAR 0xffffffff9a200080\r\n\
+                    vm linux2: guest IA32_LSTAR 0xbad\n\
+                    vm x: guest IA32_LSTAR nonsense\n";
+        let m = lstar_lines(text);
+        assert_eq!(m.get("linux1"), Some(&0xffff_ffff_9a20_0080));
+        assert_eq!(m.get("linux2"), Some(&0xbad));
+        assert_eq!(m.get("x"), None);
+    }
+}
