@@ -12,7 +12,7 @@ pub const BOCHS_BIOS: &str = "/usr/share/bochs/BIOS-bochs-latest";
 /// The VGA BIOS the Debian `vgabios` package installs.
 pub const BOCHS_VGA_BIOS: &str = "/usr/share/vgabios/vgabios.bin";
 /// Guest memory, MiB, in every emulator.
-pub const GUEST_MEGS: u32 = 512;
+pub const GUEST_MEGS: u32 = 1024;
 /// Bochs' emulated instructions per second: scales only time-based devices (UART, PIT, BIOS and
 /// GRUB delays); with `clock: sync=none` the TSC counts instructions whatever this is.
 pub const BOCHS_IPS: u64 = 4_000_000;
@@ -356,7 +356,7 @@ mod tests {
         });
         let lines: Vec<&str> = text.lines().collect();
         for wanted in [
-            "megs: 512",
+            "megs: 1024",
             "display_library: term",
             "cpu: model=corei7_haswell_4770, count=2, ips=4000000, reset_on_triple_fault=0, ignore_bad_msrs=1",
             "clock: sync=none, time0=1",

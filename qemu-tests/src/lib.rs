@@ -12,6 +12,7 @@
 pub mod benches;
 pub mod emulator;
 pub mod iso;
+pub mod linux_scenarios;
 pub mod log;
 pub mod process;
 pub mod profile;

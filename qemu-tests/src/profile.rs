@@ -29,6 +29,15 @@ impl ProfileRun {
     /// `hvprof-analyze report --json` on the capture (or on `bytes` instead, e.g. a damaged
     /// copy), with the hypervisor's and the guests' ELF files.
     pub fn report(&self, bytes: Option<(&str, &[u8])>) -> Result<Value, String> {
+        self.report_with(bytes, &[])
+    }
+
+    /// `report`, with more arguments for the analyzer (`--kernel`, more `--image`s).
+    pub fn report_with(
+        &self,
+        bytes: Option<(&str, &[u8])>,
+        extra: &[std::ffi::OsString],
+    ) -> Result<Value, String> {
         let path = match bytes {
             Some((name, b)) => {
                 let p = self.dir.join(name);
@@ -38,7 +47,7 @@ impl ProfileRun {
             None => self.dir.join("serial.log"),
         };
         let mut cmd = Command::new(&self.analyzer);
-        cmd.arg("report").arg("--json").arg(&path);
+        cmd.arg("report").arg("--json").arg(&path).args(extra);
         cmd.arg("--hypervisor").arg(&self.hypervisor);
         for g in GUESTS {
             let elf = self.guest_dir.join(g);

@@ -352,6 +352,7 @@ pub fn all() -> Vec<Scenario> {
     .into_iter()
     .chain(crate::vm_scenarios::all())
     .chain(crate::profile_scenarios::all())
+    .chain(crate::linux_scenarios::all())
     .collect()
 }
 

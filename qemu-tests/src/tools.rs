@@ -19,6 +19,7 @@ pub const APT_PACKAGES: &[&str] = &[
     "mtools",
     "qemu-system-x86",
     "ovmf",
+    "valgrind",
 ];
 
 /// The Bochs term display plugin (Debian's multiarch path).
@@ -54,6 +55,8 @@ pub const REQUIREMENTS: &[(Requirement, &str)] = &[
         "qemu-system-x86",
     ),
     (Requirement::Ovmf, "ovmf"),
+    // The Linux scenarios' ground truth: instructions per function (callgrind).
+    (Requirement::Program("callgrind_annotate"), "valgrind"),
 ];
 
 /// The full path of `program` on `PATH`.

@@ -373,17 +373,53 @@ pub fn image(refresh: bool) -> Result<()> {
 }
 
 /// `cargo xtask linux-truth`: the native ground truth of each workload's function shares.
+/// Where `truth` writes the ground truth.
+pub fn truth_path() -> PathBuf {
+    linux_dir().join("truth.json")
+}
+
 pub fn truth() -> Result<()> {
     let dir = linux_dir();
     let bin = dir.join("bin");
     if !bin.join("w41").exists() || !bin.join("shor").exists() {
         image(false)?;
     }
+    // Native cpu-clock sampling where perf can run here; the instruction counts always (they are
+    // the truth for Bochs, whose clock counts instructions).
+    let (version, results) = match perf_truth(&dir) {
+        Ok((version, results)) => (version, serde_json::Value::Object(results)),
+        Err(e) => {
+            eprintln!("xtask: no perf ground truth here: {e:#}");
+            (String::new(), json!({ "error": format!("{e:#}") }))
+        }
+    };
+    let instructions = match instruction_truth(&dir) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("xtask: no instruction-count truth: {e:#}");
+            json!({ "error": format!("{e:#}") })
+        }
+    };
+    let path = dir.join("truth.json");
+    let doc = json!({
+        "perf": version,
+        "workloads": results,
+        "instructions": instructions,
+    });
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n")?;
+    println!("{}", path.display());
+    Ok(())
+}
+
+/// `perf record -e cpu-clock` of each workload on the host: (perf's version, per workload the
+/// function shares and the commands).
+fn perf_truth(dir: &Path) -> Result<(String, serde_json::Map<String, serde_json::Value>)> {
     let perf_hint = "perf comes with Debian's linux-perf package (apt-get install linux-perf); \
                      `-e cpu-clock` is a software event, so it needs no hardware counters, but \
                      /proc/sys/kernel/perf_event_paranoid must allow it (run as root or set it \
                      to 1 or less).";
     let version = output(Command::new("perf").arg("--version"), perf_hint)?;
+    let bin = dir.join("bin");
     let mut results = serde_json::Map::new();
     for (name, args) in TRUTH_ARGS {
         let data = dir.join(format!("perf-{name}.data"));
@@ -441,22 +477,7 @@ pub fn truth() -> Result<()> {
             }),
         );
     }
-    let instructions = match instruction_truth(&dir) {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("xtask: no instruction-count truth: {e:#}");
-            json!({ "error": format!("{e:#}") })
-        }
-    };
-    let path = dir.join("truth.json");
-    let doc = json!({
-        "perf": version.trim(),
-        "workloads": results,
-        "instructions": instructions,
-    });
-    std::fs::write(&path, serde_json::to_string_pretty(&doc)? + "\n")?;
-    println!("{}", path.display());
-    Ok(())
+    Ok((version.trim().to_owned(), results))
 }
 
 /// Instruction counts per function of each workload with its guest arguments, from valgrind's

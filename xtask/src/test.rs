@@ -115,6 +115,18 @@ pub fn test(filter: Option<&str>, no_e2e: bool) -> Result<ExitCode> {
         Ok(())
     });
 
+    if !no_e2e
+        && select(&scenarios::all(), filter)
+            .iter()
+            .any(|s| s.name.contains("linux"))
+    {
+        // The Linux scenarios' kernel, initramfs and ground truth, from Debian's packages
+        // (downloaded once into target/linux/debs).
+        tally.stage("linux guest images", || crate::linux::image(false));
+        if !crate::linux::truth_path().exists() {
+            tally.stage("linux ground truth", crate::linux::truth);
+        }
+    }
     if !no_e2e {
         println!("--- end-to-end scenarios");
         let all = scenarios::all();
