@@ -9,6 +9,7 @@ extern crate alloc;
 pub mod devices;
 pub mod exit_stats;
 pub mod guest_image;
+pub mod guest_walk;
 pub mod linux_boot;
 pub mod ring;
 pub mod vm_config;

@@ -14,6 +14,7 @@ extern crate alloc;
 mod acpi;
 mod arch;
 mod console;
+mod interrupts;
 mod memory;
 mod percpu;
 mod platform;

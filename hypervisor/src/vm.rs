@@ -16,8 +16,9 @@ use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use hvprof_boot::info::ModuleTag;
 use hvprof_ept::{Ept, EptCaps, FrameSource, MemoryType, PageSizes, Permissions, PhysMem};
-use hvprof_hypervisor::devices::uart::Uart;
+use hvprof_hypervisor::devices::board::Board;
 use hvprof_hypervisor::exit_stats::ExitStats;
+use hvprof_hypervisor::guest_walk::{self, TaskOffsets};
 use hvprof_hypervisor::vm_config::Pins;
 use hvprof_hypervisor::vm_config::{self, MEM_GRANULE, Target};
 use hvprof_hypervisor::{guest_image, linux_boot};
@@ -82,8 +83,10 @@ pub struct Vm {
     pub pin: Option<Pins>,
     /// A Linux guest (booted from a bzImage): its CPUID, MSR and device policy.
     pub linux: bool,
-    /// The virtual UART and the once-only logs.
-    pub console: Mutex<VmConsole>,
+    /// Where its running task sits (`task-offsets=`), to name guest processes in samples.
+    pub task_offsets: Option<TaskOffsets>,
+    /// Its legacy devices (the UART, the PICs, the PIT, the CMOS clock) and the once-only logs.
+    pub devices: Mutex<VmDevices>,
     pub budget: u64,
     pub target: Option<AttackTarget>,
     /// TSC ticks its vCPUs ran, added up at the end of each slice.
@@ -95,14 +98,16 @@ pub struct Vm {
     pub build_id: Vec<u8>,
 }
 
-/// What the VM's exits write to, under `Vm::console`.
-#[derive(Default)]
-pub struct VmConsole {
-    pub uart: Uart,
+/// What the VM's exits reach, under `Vm::devices`.
+pub struct VmDevices {
+    pub board: Board,
     /// MSRs and ports already reported once.
     logged_msrs: Vec<u32>,
     logged_ports: Vec<u16>,
 }
+
+/// The CMOS clock of every VM starts at 2026-01-01 00:00:00 UTC (runs are reproducible).
+pub const CLOCK_START: u64 = 1_767_225_600;
 
 impl Vm {
     /// Copies guest-physical `[gpa, gpa + buf.len())` into `buf`; false if it is not all guest
@@ -128,7 +133,7 @@ impl Vm {
 
     /// Logs `what` the first time `msr` is seen.
     pub fn log_msr_once(&self, msr: u32, what: &str) {
-        let mut c = self.console.lock();
+        let mut c = self.devices.lock();
         if !c.logged_msrs.contains(&msr) && c.logged_msrs.len() < 64 {
             c.logged_msrs.push(msr);
             println!(
@@ -139,7 +144,7 @@ impl Vm {
     }
 
     pub fn log_port_once(&self, port: u16, write: bool) {
-        let mut c = self.console.lock();
+        let mut c = self.devices.lock();
         if !c.logged_ports.contains(&port) && c.logged_ports.len() < 64 {
             c.logged_ports.push(port);
             let access = if write { "write to" } else { "read from" };
@@ -419,11 +424,16 @@ fn build(
         vcpus,
         pin: config.pin,
         linux,
+        task_offsets: config.task_offsets,
         name: String::from(config.name),
         mem_hpa,
         mem_size: config.mem,
         ept,
-        console: Mutex::new(VmConsole::default()),
+        devices: Mutex::new(VmDevices {
+            board: Board::new(crate::tsc::hz(), CLOCK_START),
+            logged_msrs: Vec::new(),
+            logged_ports: Vec::new(),
+        }),
         budget: config.budget,
         target,
         run_ticks: AtomicU64::new(0),
@@ -552,6 +562,13 @@ fn run_loaded(
     prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
     prof.event(profiler::Kind::VcpuIn, 0);
     let end = loop {
+        // A Linux guest's devices: raise what is due, inject what the guest can take now (with
+        // interrupts on, so the sampling clock sees this work for what it is).
+        let device_event = if vm.linux {
+            crate::interrupts::before_entry(vm, vcpu, vmcs, caps, rdtsc())
+        } else {
+            None
+        };
         // Interrupts stay off from here to the VM exit: a tick that falls in this window is
         // taken as a hypervisor sample right here.
         x86_64::instructions::interrupts::disable();
@@ -568,11 +585,13 @@ fn run_loaded(
             break SliceEnd::Preempted;
         }
         // The VMX-preemption timer stops the guest at the next sampling deadline, the end of the
-        // slice or the end of the budget, whichever comes first (SDM Vol. 3C §26.5.1).
+        // slice, the end of the budget or its devices' next event, whichever comes first (SDM
+        // Vol. 3C §26.5.1).
         let until = prof
             .next_tick()
             .min(deadline)
             .min(slice_end)
+            .min(device_event.unwrap_or(u64::MAX))
             .saturating_sub(now);
         let timer = (until >> shift).min(u32::MAX as u64) as u32;
         if let Err(e) = vmcs.write32(Guest32::PreemptionTimerValue, timer) {
@@ -618,10 +637,15 @@ fn run_loaded(
             break SliceEnd::Stopped(Stop::Fault(format!("VM entry failed: {reason} {detail}")));
         }
         vcpu.launched = true;
+        crate::interrupts::redeliver_interrupted_event(vmcs);
         // The guest sample (if the deadline has come: the preemption timer's exit, or any exit
         // that found it passed) carries the previous exit reason; then this exit becomes the
         // last one.
-        prof.sample_guest_if_due(vmcs, t_exit);
+        if prof.sample_guest_if_due(vmcs, t_exit)
+            && let Some(off) = &vm.task_offsets
+        {
+            track_task(vm, vcpu, vmcs, off, t_exit);
+        }
         vcpu.last_exit = reason.basic();
         prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
         exit_at = Some((reason.basic(), t_exit));
@@ -656,6 +680,49 @@ fn run_loaded(
     end
 }
 
+/// After a sample of a Linux guest: reads the task its vCPU runs (`guest_walk::read_task`) and,
+/// when it is not the one seen at the vCPU's previous sample, records the change for the log.
+/// The task's address, pid and name are compared, so a task structure reused by a new process
+/// (or a CR3 reused by one) still shows as a change, and so does an exec().
+fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffsets, tsc: u64) {
+    use hvprof_vmx::vmcs::GuestNatural;
+    let read = |f| crate::vmexit::must(vmcs.read_natural(f), "VMREAD guest state");
+    let cr3 = read(GuestNatural::Cr3);
+    // The kernel's per-CPU base: GS base in kernel mode, IA32_KERNEL_GS_BASE (the guest's
+    // value, live on this CPU while the vCPU is loaded) in user mode.
+    let base = if crate::vmexit::guest_cpl(vmcs) == 0 {
+        read(GuestNatural::GsBase)
+    } else {
+        crate::arch::msr::read_safe(0xc000_0102).unwrap_or(0)
+    };
+    let read_phys = |gpa: u64| {
+        let mut b = [0u8; 8];
+        vm.read_guest(gpa, &mut b).then(|| u64::from_le_bytes(b))
+    };
+    let read_bytes = |gpa: u64, buf: &mut [u8]| vm.read_guest(gpa, buf);
+    let Some(t) = guest_walk::read_task(&read_phys, &read_bytes, cr3, base, off) else {
+        return;
+    };
+    // The name changes without a new task at exec().
+    if vcpu.last_task == Some((t.task, t.pid, t.comm)) {
+        return;
+    }
+    vcpu.last_task = Some((t.task, t.pid, t.comm));
+    let len = t.comm.iter().position(|&b| b == 0).unwrap_or(t.comm.len());
+    let comm = core::str::from_utf8(&t.comm[..len]).unwrap_or("?");
+    profiler::this_cpu().task_changed(hvprof_samplelog::Task {
+        pcpu: crate::percpu::index() as u16,
+        tsc,
+        vm: vm.index,
+        vcpu: vcpu.index,
+        cr3,
+        task: t.task,
+        pid: t.pid,
+        tgid: t.tgid,
+        comm: hvprof_samplelog::FixedStr::truncated(comm),
+    });
+}
+
 /// Prints a line a guest wrote (virtual UART or PRINT hypercall) with its VM's name in front.
 pub fn print_guest_line(vm: &str, line: &[u8]) {
     println!(
@@ -667,10 +734,16 @@ pub fn print_guest_line(vm: &str, line: &[u8]) {
 /// After a VM's stop (all its vCPUs stopped): the rest of its console line, then why it stopped
 /// (`print_exit_stats` follows at the end of the run).
 pub fn finish(vm: &Vm, stop: &Stop) {
-    if let Some(rest) = vm.console.lock().uart.flush() {
+    if let Some(rest) = vm.devices.lock().board.uart.flush() {
         print_guest_line(&vm.name, rest);
     }
     report(vm, stop);
+    if vm.linux {
+        // The guest kernel's system-call entry: with the offline symbols it gives the KASLR
+        // slide (`entry_SYSCALL_64` moves with the kernel), for hvprof-analyze.
+        let lstar = vm.vcpus[0].lock().msrs[1];
+        println!("vm {}: guest IA32_LSTAR {lstar:#018x}", vm.name);
+    }
 }
 
 fn report(vm: &Vm, stop: &Stop) {

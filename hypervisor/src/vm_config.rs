@@ -52,6 +52,9 @@ pub struct VmConfig<'a> {
     pub pin: Option<Pins>,
     /// `initrd=<module name>`: the module holding a Linux guest's initrd.
     pub initrd: Option<&'a str>,
+    /// `task-offsets=current_task:pid:tgid:comm`: where a Linux guest keeps its running task
+    /// (derived on the host from the kernel image), so samples name guest processes.
+    pub task_offsets: Option<crate::guest_walk::TaskOffsets>,
     /// Every argument after the image name, passed to the guest as is.
     pub args: &'a str,
 }
@@ -89,6 +92,7 @@ pub enum ConfigError<'a> {
     BadVcpus(&'a str),
     BadPin(&'a str),
     BadInitrd,
+    BadTaskOffsets(&'a str),
     PinCount { pins: usize, vcpus: u16 },
     Repeated(&'a str),
 }
@@ -134,6 +138,10 @@ impl fmt::Display for ConfigError<'_> {
                 PCPUS_MAX - 1
             ),
             ConfigError::BadInitrd => f.write_str("initrd= needs the name of a boot module"),
+            ConfigError::BadTaskOffsets(v) => write!(
+                f,
+                "task-offsets={v:?}: expected current_task:pid:tgid:comm (decimal or 0x-hex)"
+            ),
             ConfigError::PinCount { pins, vcpus } => write!(
                 f,
                 "pin= names {pins} pCPU{} but the VM has {vcpus} vCPU{}: give one pCPU per vCPU",
@@ -159,6 +167,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
     let mut vcpus = None;
     let mut pin = None;
     let mut initrd = None;
+    let mut task_offsets = None;
     for word in words {
         let Some((key, value)) = word.split_once('=') else {
             continue;
@@ -186,6 +195,14 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                     .ok_or(ConfigError::BadVcpus(value))?,
             )?,
             "pin" => set(&mut pin, key, parse_pins(value)?)?,
+            "task-offsets" => set(
+                &mut task_offsets,
+                key,
+                Some(
+                    crate::guest_walk::TaskOffsets::parse(value)
+                        .ok_or(ConfigError::BadTaskOffsets(value))?,
+                ),
+            )?,
             "initrd" => set(
                 &mut initrd,
                 key,
@@ -226,6 +243,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
         vcpus,
         pin,
         initrd,
+        task_offsets: task_offsets.flatten(),
         budget: budget.unwrap_or(BUDGET_DEFAULT),
         target,
         args,
@@ -253,8 +271,16 @@ fn parse_name(n: &str) -> Result<&str, ConfigError<'_>> {
 }
 
 /// The keys the hypervisor takes from a module's command line (the rest goes to the guest).
-pub const KEYS: [&str; 8] = [
-    "vm", "mem", "budget", "target", "vcpus", "format", "pin", "initrd",
+pub const KEYS: [&str; 9] = [
+    "vm",
+    "mem",
+    "budget",
+    "target",
+    "vcpus",
+    "format",
+    "pin",
+    "initrd",
+    "task-offsets",
 ];
 
 /// The module's arguments without the hypervisor's keys: a Linux guest's kernel command line.
@@ -367,6 +393,14 @@ mod tests {
             Err(ConfigError::BadTarget("kernel"))
         );
         assert_eq!(parse("x.elf initrd="), Err(ConfigError::BadInitrd));
+        assert_eq!(
+            parse("x.elf task-offsets=1:2"),
+            Err(ConfigError::BadTaskOffsets("1:2"))
+        );
+        assert_eq!(
+            parse("x task-offsets=0x10:1:2:3").unwrap().task_offsets,
+            crate::guest_walk::TaskOffsets::parse("16:1:2:3")
+        );
         let c =
             parse("vmlinuz vm=l mem=256M format=linux initrd=rd.gz console=ttyS0 quiet").unwrap();
         assert_eq!((c.format, c.initrd), (Format::Linux, Some("rd.gz")));

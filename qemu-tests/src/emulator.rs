@@ -412,7 +412,7 @@ mod tests {
         let joined = args.join(" ");
         assert_eq!(
             joined,
-            "-m 512 -cdrom /t/s/hvprof.iso -serial file:/t/s/serial.log -display none \
+            "-m 1024 -cdrom /t/s/hvprof.iso -serial file:/t/s/serial.log -display none \
              -no-reboot -monitor none -smp 2 -accel tcg"
         );
     }

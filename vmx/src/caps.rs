@@ -88,6 +88,7 @@ pub mod pin {
 
 /// Primary processor-based VM-execution controls (SDM Vol. 3C §25.6.2, Table 25-6).
 pub mod proc1 {
+    pub const INTERRUPT_WINDOW_EXITING: u32 = 1 << 2;
     pub const HLT_EXITING: u32 = 1 << 7;
     pub const USE_IO_BITMAPS: u32 = 1 << 25;
     pub const MONITOR_TRAP_FLAG: u32 = 1 << 27;

@@ -1,2 +1,12 @@
-//! Device models a VM sees (docs/GUEST-ABI.md, "Devices").
+//! Device models a VM sees (docs/GUEST-ABI.md, "Devices"), each pure logic driven by port
+//! accesses and the host TSC, tested on the host.
+/// The legacy PC as a whole: port decoding and the interrupt lines.
+pub mod board;
+/// The MC146818 clock and CMOS RAM (0x70-0x71).
+pub mod cmos;
+/// The two cascaded 8259A interrupt controllers (0x20-0x21, 0xa0-0xa1).
+pub mod pic;
+/// The 8254 interval timer (0x40-0x43) and port 0x61.
+pub mod pit;
+/// COM1's 16550A (0x3f8-0x3ff).
 pub mod uart;

@@ -1,7 +1,10 @@
-//! A virtual 16550 UART (one per VM, at COM1's ports 0x3f8-0x3ff). Output is line-buffered: a
+//! A virtual 16550A UART (one per VM, at COM1's ports 0x3f8-0x3ff). Output is line-buffered: a
 //! complete line (or a full buffer) is handed back to the caller, which prints it on the
-//! hypervisor console with the VM's name in front. It never raises interrupts and is always ready
-//! to send (docs/GUEST-ABI.md, "Devices"). Register offsets and bits: the PC16550D data sheet.
+//! hypervisor console with the VM's name in front. A byte written is sent at once, so the
+//! transmitter is always ready; with IER.ETBEI set, "transmitter holding register empty" is an
+//! interrupt (on the PC's IRQ 4, gated by MCR.OUT2: `irq`), as Linux's 8250 driver needs for
+//! user-space output. FIFOs (FCR) are reported as present; loopback (MCR bit 4) reflects the
+//! modem-control outputs in MSR. Register offsets and bits: the PC16550D data sheet.
 
 /// Offsets from the base port.
 pub const THR_RBR_DLL: u8 = 0;
@@ -18,6 +21,15 @@ pub const LSR_READY: u8 = 0x60;
 const LCR_DLAB: u8 = 0x80;
 /// IIR with no interrupt pending.
 const IIR_NONE: u8 = 0x01;
+/// IIR: transmitter holding register empty (priority 3).
+const IIR_THRE: u8 = 0x02;
+/// IIR bits 7:6 when the FIFOs are enabled.
+const IIR_FIFO: u8 = 0xc0;
+const IER_ETBEI: u8 = 0x02;
+const MCR_OUT2: u8 = 0x08;
+const MCR_LOOP: u8 = 0x10;
+/// MSR outside loopback: carrier detect, data set ready, clear to send.
+const MSR_READY: u8 = 0xb0;
 
 pub const LINE_MAX: usize = 200;
 
@@ -33,6 +45,10 @@ pub struct Uart {
     len: usize,
     /// Bytes the guest sent in all.
     pub bytes_out: u64,
+    /// FCR bit 0.
+    fifo: bool,
+    /// The THRE interrupt is pending (cleared by reading IIR or writing THR).
+    thre: bool,
 }
 
 impl Default for Uart {
@@ -47,6 +63,8 @@ impl Default for Uart {
             line: [0; LINE_MAX],
             len: 0,
             bytes_out: 0,
+            fifo: false,
+            thre: false,
         }
     }
 }
@@ -59,11 +77,24 @@ impl Uart {
     /// A guest write to `base + offset`. Returns a line to print when one is complete.
     pub fn write(&mut self, offset: u8, value: u8) -> Option<&[u8]> {
         match (offset & 7, self.dlab()) {
-            (THR_RBR_DLL, false) => return self.send(value),
+            (THR_RBR_DLL, false) => {
+                // Sent at once: the holding register is empty again right away.
+                self.thre = true;
+                if self.mcr & MCR_LOOP != 0 {
+                    return None;
+                }
+                return self.send(value);
+            }
             (THR_RBR_DLL, true) => self.dll = value,
-            (IER_DLM, false) => self.ier = value & 0x0f,
+            (IER_DLM, false) => {
+                // Enabling the THRE interrupt with the register empty raises it.
+                if value & IER_ETBEI != 0 && self.ier & IER_ETBEI == 0 {
+                    self.thre = true;
+                }
+                self.ier = value & 0x0f;
+            }
             (IER_DLM, true) => self.dlm = value,
-            (IIR_FCR, _) => {} // FIFO control: nothing to model.
+            (IIR_FCR, _) => self.fifo = value & 1 != 0,
             (LCR, _) => self.lcr = value,
             (MCR, _) => self.mcr = value & 0x1f,
             (SCR, _) => self.scr = value,
@@ -72,18 +103,37 @@ impl Uart {
         None
     }
 
+    /// The level of the UART's interrupt line as a PC wires it (MCR.OUT2 gates it onto IRQ 4).
+    pub fn irq(&self) -> bool {
+        self.mcr & MCR_OUT2 != 0 && self.thre && self.ier & IER_ETBEI != 0
+    }
+
     /// A guest read of `base + offset`.
-    pub fn read(&self, offset: u8) -> u8 {
+    pub fn read(&mut self, offset: u8) -> u8 {
         match (offset & 7, self.dlab()) {
             (THR_RBR_DLL, false) => 0,
             (THR_RBR_DLL, true) => self.dll,
             (IER_DLM, false) => self.ier,
             (IER_DLM, true) => self.dlm,
-            (IIR_FCR, _) => IIR_NONE,
+            (IIR_FCR, _) => {
+                let fifo = if self.fifo { IIR_FIFO } else { 0 };
+                if self.thre && self.ier & IER_ETBEI != 0 {
+                    // Reading IIR with THRE the source clears it (data sheet, Table 4).
+                    self.thre = false;
+                    IIR_THRE | fifo
+                } else {
+                    IIR_NONE | fifo
+                }
+            }
             (LCR, _) => self.lcr,
             (MCR, _) => self.mcr,
             (LSR, _) => LSR_READY,
-            (MSR, _) => 0,
+            (MSR, _) if self.mcr & MCR_LOOP != 0 => {
+                // Loopback: DTR→DSR, RTS→CTS, OUT1→RI, OUT2→DCD.
+                let m = self.mcr;
+                (m & 1) << 5 | (m & 2) << 3 | (m & 4) << 4 | (m & 8) << 4
+            }
+            (MSR, _) => MSR_READY,
             _ => self.scr,
         }
     }
@@ -158,5 +208,35 @@ mod tests {
         u.write(LCR, 0x03);
         assert_eq!(u.read(IIR_FCR), IIR_NONE);
         assert_eq!(u.bytes_out, 0);
+    }
+
+    #[test]
+    fn what_the_8250_driver_probes_and_the_thre_interrupt() {
+        let mut u = Uart::default();
+        // FIFO detection: a 16550A reports both FIFO bits once FCR enables them.
+        u.write(IIR_FCR, 0x07);
+        assert_eq!(u.read(IIR_FCR) & 0xc0, 0xc0);
+        // Loopback test: MCR 0x1a reads back as MSR 0x90, and nothing is sent.
+        u.write(MCR, 0x1a);
+        assert_eq!(u.read(MSR) & 0xf0, 0x90);
+        assert_eq!(u.write(THR_RBR_DLL, b'\n'), None);
+        assert_eq!(u.bytes_out, 0);
+        u.write(MCR, 0x0b); // DTR, RTS, OUT2
+        assert_eq!(u.read(MSR), MSR_READY);
+        // THRE interrupt: raised by enabling it, cleared by reading IIR, raised by each byte.
+        assert!(!u.irq());
+        u.write(IER_DLM, IER_ETBEI);
+        assert!(u.irq());
+        assert_eq!(u.read(IIR_FCR) & 0x0f, IIR_THRE);
+        assert!(!u.irq());
+        assert_eq!(u.read(IIR_FCR) & 0x0f, IIR_NONE);
+        u.write(THR_RBR_DLL, b'x');
+        assert!(u.irq());
+        // OUT2 low: the line is not driven.
+        u.write(MCR, 0x03);
+        assert!(!u.irq());
+        u.write(IER_DLM, 0);
+        u.write(MCR, 0x0b);
+        assert!(!u.irq());
     }
 }

@@ -18,8 +18,8 @@ use crate::{console, memory, println};
 use hvprof_boot::cmdline::Export;
 use hvprof_samplelog::{
     BlockEncoder, BuildId, Event, EventKind, FixedStr, Header, MAX_BLOCK_RECORDS,
-    MAX_HEADER_FRAME_LEN, OutReason, Record, Sample, SampleKind, VmInfo, encode_end, encode_header,
-    max_block_frame_len, max_end_frame_len,
+    MAX_HEADER_FRAME_LEN, MAX_TASK_FRAME_LEN, OutReason, Record, Sample, SampleKind, Task, VmInfo,
+    encode_end, encode_header, encode_task, max_block_frame_len, max_end_frame_len,
 };
 use spin::Mutex;
 
@@ -35,7 +35,15 @@ struct CpuLog {
     stored_len: usize,
     /// Records lost because `stored` was full (added to the ring drops in the log).
     buffer_drops: u64,
+    /// `end` mode: task changes waiting for the end.
+    tasks: alloc::vec::Vec<Task>,
 }
+
+/// `end` mode keeps at most this many task changes per pCPU (a guest switching tasks at every
+/// sample for a whole run would need more; the rest are counted as dropped).
+const TASKS_KEPT: usize = 1 << 16;
+/// Task changes lost (task ring or `end` buffer full), all pCPUs.
+static TASK_DROPS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
 
 /// What the exporter keeps.
 struct Exporter {
@@ -49,7 +57,10 @@ struct Exporter {
 /// Big enough for any frame the exporter writes.
 const FRAME_BUF: usize = max(
     MAX_HEADER_FRAME_LEN,
-    max(max_block_frame_len(BLOCK), max_end_frame_len(MAX_CPUS)),
+    max(
+        max_block_frame_len(BLOCK),
+        max(max_end_frame_len(MAX_CPUS), MAX_TASK_FRAME_LEN),
+    ),
 );
 
 const fn max(a: usize, b: usize) -> usize {
@@ -116,6 +127,7 @@ pub fn init(
             stored: alloc_records(per_cpu),
             stored_len: 0,
             buffer_drops: 0,
+            tasks: alloc::vec::Vec::new(),
         })
         .collect::<alloc::vec::Vec<_>>();
     let stored: u64 = cpus.iter().map(|c| c.stored.len() as u64).sum();
@@ -214,6 +226,12 @@ impl Exporter {
         }
     }
 
+    fn send_task(&mut self, t: &Task) {
+        if let Ok(n) = encode_task(t, &mut self.frame) {
+            self.send(n);
+        }
+    }
+
     /// Encodes and sends one block of pCPU `cpu`'s records.
     fn send_block(&mut self, cpu: usize, records: &[RawRecord], drops: u64) {
         let mut converted = [Record::Sample(Sample::default()); BLOCK];
@@ -236,9 +254,9 @@ fn drops(ex: &Exporter, p: &CpuProfiler) -> u64 {
 }
 
 /// Called by the run loop after each exit: moves what the ring holds on (`end`), or sends a block
-/// when one is full (`stream`).
+/// when one is full (`stream`); task changes go on at once.
 pub fn drain_if_full(p: &CpuProfiler) {
-    if p.ring.len() < BLOCK {
+    if p.ring.len() < BLOCK && p.tasks.is_empty() {
         return;
     }
     drain(p, false);
@@ -252,6 +270,15 @@ fn drain(p: &CpuProfiler, all: bool) {
     let cpu = p.pcpu();
     if cpu >= ex.cpus.len() {
         return;
+    }
+    while let Some(t) = p.tasks.pop() {
+        match ex.mode {
+            Export::Stream => ex.send_task(&t),
+            Export::End if ex.cpus[cpu].tasks.len() < TASKS_KEPT => ex.cpus[cpu].tasks.push(t),
+            Export::End => {
+                TASK_DROPS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+            }
+        }
     }
     match ex.mode {
         Export::End => {
@@ -302,6 +329,11 @@ pub fn finish() {
     };
     if ex.mode == Export::End {
         ex.send_header();
+        for cpu in 0..pcpus {
+            for t in core::mem::take(&mut ex.cpus[cpu].tasks) {
+                ex.send_task(&t);
+            }
+        }
         let mut chunk = [RawRecord::ZERO; BLOCK];
         for cpu in 0..pcpus {
             let d = drops(ex, super::cpu(cpu));
@@ -353,6 +385,16 @@ pub fn finish() {
         sum(|t| t.blocks),
         sent as f64 / records.max(1) as f64
     );
+    let task_drops = TASK_DROPS.load(core::sync::atomic::Ordering::Relaxed)
+        + (0..pcpus)
+            .map(|c| super::cpu(c).tasks.dropped())
+            .sum::<u64>();
+    let tasks: u64 = (0..pcpus).map(|c| super::cpu(c).tasks.pushed()).sum();
+    if tasks + task_drops > 0 {
+        println!(
+            "profiler: guest task changes: {tasks} recorded, {task_drops} dropped (task ring or buffer full)"
+        );
+    }
     if pcpus > 1 {
         for (cpu, t) in totals.iter().enumerate() {
             let p = super::cpu(cpu);

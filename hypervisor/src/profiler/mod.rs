@@ -70,11 +70,14 @@ impl RawRecord {
 pub const NO_VM: u16 = 0xffff;
 pub const NO_EXIT: u16 = 0xffff;
 pub const RING_RECORDS: usize = 4096;
+pub const TASK_RECORDS: usize = 256;
 
 /// This pCPU's profiler state. Shared between the run loop and the timer/NMI handlers of the
 /// same CPU, so every field is atomic.
 pub struct CpuProfiler {
     pub ring: Ring<RawRecord, RING_RECORDS>,
+    /// Task changes of Linux guests read at samples (rare: only when the task differs).
+    pub tasks: Ring<hvprof_samplelog::Task, TASK_RECORDS>,
     enabled: AtomicBool,
     period: AtomicU64,
     next_tick: AtomicU64,
@@ -96,6 +99,7 @@ impl CpuProfiler {
     pub const fn new() -> Self {
         CpuProfiler {
             ring: Ring::new(),
+            tasks: Ring::new(),
             enabled: AtomicBool::new(false),
             period: AtomicU64::new(u64::MAX),
             next_tick: AtomicU64::new(u64::MAX),
@@ -281,10 +285,12 @@ impl CpuProfiler {
 
     /// The deadline clock's guest sample, at a VM exit taken at `now` (the VMX-preemption
     /// timer's, or any exit that finds the deadline passed).
-    pub fn sample_guest_if_due(&self, vmcs: &CurrentVmcs, now: u64) {
-        if self.take_due(now) {
+    pub fn sample_guest_if_due(&self, vmcs: &CurrentVmcs, now: u64) -> bool {
+        let due = self.take_due(now);
+        if due {
             self.sample_guest(vmcs, now);
         }
+        due
     }
 
     /// The sample path for a guest: reads its state from the current VMCS.
@@ -410,6 +416,14 @@ impl CpuProfiler {
 }
 
 impl CpuProfiler {
+    /// Records that a vCPU of a Linux guest runs another task from the sample at `tsc` on.
+    /// Called by the run loop (interrupts off) after a guest sample.
+    pub fn task_changed(&self, t: hvprof_samplelog::Task) {
+        if self.enabled() {
+            self.tasks.push(t);
+        }
+    }
+
     /// Marks this pCPU as idle (its samples are `[idle]`) or busy.
     pub fn set_idle(&self, idle: bool) {
         self.idle.store(idle, Ordering::Relaxed);

@@ -72,6 +72,12 @@ pub struct Vcpu {
     pub host_cpu: Option<usize>,
     /// The pCPU it ran on last (to flush its VPID's stale translations when it moves).
     pub last_cpu: Option<usize>,
+    /// The primary processor-based controls as set up (the interrupt-window bit toggles).
+    pub proc1: u32,
+    /// Virtual interrupts injected (`interrupts::before_entry`).
+    pub interrupts_injected: u64,
+    /// The Linux task (its `task_struct` address, pid and name) seen at its last sample.
+    pub last_task: Option<(u64, u32, [u8; 16])>,
 }
 
 /// Bitmaps shared by every VM: every I/O port and every MSR exits, except the MSRs passed
@@ -397,6 +403,9 @@ impl Vcpu {
             stats: ExitStats::default(),
             host_cpu: Some(crate::percpu::index()),
             last_cpu: None,
+            proc1,
+            interrupts_injected: 0,
+            last_task: None,
         };
         w(
             v.write_natural(ControlNatural::Cr0GuestHostMask, cr0_fixed.0 | !cr0_fixed.1),

@@ -1,16 +1,17 @@
 //! I/O instructions (exit reason 30; every port exits through the I/O bitmaps, SDM Vol. 3C
-//! §26.1.3). COM1 is the VM's virtual 16550, port 0xf4 stops the VM, every other port reads
-//! all ones and drops writes (docs/GUEST-ABI.md, "Devices").
+//! §26.1.3). Port 0xf4 stops the VM; the VM's legacy devices (`devices::board`: COM1's 16550,
+//! the PICs, the PIT, the CMOS clock) take theirs; every other port reads all ones and drops
+//! writes (docs/GUEST-ABI.md, "Devices").
 
 use super::{fatal, skip_instruction};
 use crate::vcpu::Vcpu;
 use crate::vm::{Stop, Vm};
 use alloc::format;
+use hvprof_hypervisor::devices::board::Access;
 use hvprof_vmx::exit::{IoAccess, IoDirection};
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::VmcsExt;
 
-pub const COM1: u16 = 0x3f8;
 pub const EXIT_PORT: u16 = 0xf4;
 
 pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
@@ -33,35 +34,40 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
         2 => 0xffff,
         _ => 0xffff_ffff,
     };
+    let now = crate::tsc::rdtsc();
     match io.direction {
         IoDirection::Out => {
             let value = vcpu.regs.rax & mask;
-            match io.port {
-                EXIT_PORT => {
-                    return Some(Stop::Exited {
-                        code: value as u8,
-                        how: "port 0xf4",
-                    });
-                }
-                p if (COM1..COM1 + 8).contains(&p) => {
-                    let mut console = vm.console.lock();
-                    if let Some(line) = console.uart.write((p - COM1) as u8, value as u8) {
+            if io.port == EXIT_PORT {
+                return Some(Stop::Exited {
+                    code: value as u8,
+                    how: "port 0xf4",
+                });
+            }
+            let claimed = {
+                let mut dev = vm.devices.lock();
+                match dev.board.write(io.port, value as u8, now) {
+                    Access::Line(line) => {
                         crate::vm::print_guest_line(&vm.name, line);
+                        true
                     }
+                    Access::Done(_) => true,
+                    Access::Unclaimed => false,
                 }
-                p => vm.log_port_once(p, true),
+            };
+            if !claimed {
+                vm.log_port_once(io.port, true);
             }
         }
         IoDirection::In => {
-            let value = match io.port {
-                p if (COM1..COM1 + 8).contains(&p) => {
-                    vm.console.lock().uart.read((p - COM1) as u8) as u64
-                }
-                p => {
-                    vm.log_port_once(p, false);
-                    mask
-                }
+            let read = match vm.devices.lock().board.read(io.port, now) {
+                Access::Done(v) => Some(u64::from(v)),
+                _ => None,
             };
+            let value = read.unwrap_or_else(|| {
+                vm.log_port_once(io.port, false);
+                mask
+            });
             // IN writes AL/AX/EAX; a 32-bit IN zero-extends into RAX (SDM Vol. 2A, IN).
             let r = &mut vcpu.regs.rax;
             *r = if io.size == 4 {

@@ -35,8 +35,20 @@ pub enum Flow {
 pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Flow {
     if reason.kind() == Some(BasicExit::Hlt) {
         // HLT blocks the vCPU until an event: the scheduler runs something else and resumes it
-        // after the HLT when its virtual timer fires (docs/GUEST-ABI.md, "Time").
+        // after the HLT when its virtual timer fires (docs/GUEST-ABI.md, "Time"), or, for a
+        // Linux guest, when its devices raise an interrupt it takes (none pending now).
         skip_instruction(vmcs);
+        if vm.linux {
+            match crate::interrupts::on_halt(vm, vmcs, crate::tsc::rdtsc()) {
+                Ok(()) => return Flow::Resume,
+                Err(wake) => {
+                    vcpu.wake_at = match (vcpu.wake_at, wake) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                }
+            }
+        }
         return Flow::Halt;
     }
     match handle_exit(vm, vcpu, vmcs, reason) {
@@ -60,6 +72,8 @@ fn handle_exit(
         Some(BasicExit::Vmcall) => vmcall::handle(vm, vcpu, vmcs),
         // The deadline check before the next VM entry decides whether the budget is spent.
         Some(BasicExit::PreemptionTimer) => None,
+        // The guest can take an interrupt now: the next VM entry injects it.
+        Some(BasicExit::InterruptWindow) => None,
         Some(BasicExit::ExternalInterrupt) => {
             // "Acknowledge interrupt on exit" took the vector (SDM Vol. 3C §28.2.2), so it is
             // in service at the local APIC and needs its EOI. The one source the hypervisor

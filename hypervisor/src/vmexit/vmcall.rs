@@ -49,9 +49,9 @@ fn print(vm: &Vm, gpa: u64, len: u64) -> u64 {
     if len > PRINT_MAX || !vm.read_guest(gpa, buf) {
         return ERR_BAD_BUFFER;
     }
-    let mut console = vm.console.lock();
+    let mut devices = vm.devices.lock();
     for &byte in buf.iter() {
-        if let Some(line) = console.uart.send(byte) {
+        if let Some(line) = devices.board.uart.send(byte) {
             crate::vm::print_guest_line(&vm.name, line);
         }
     }

@@ -1,0 +1,322 @@
+//! Reading a guest's virtual memory from the hypervisor: a walk of the guest's own 4-level page
+//! tables (Intel SDM Vol. 3A §5.5, "4-Level Paging and 5-Level Paging"; 4 KiB, 2 MiB and 1 GiB
+//! pages) over its guest-physical memory, and the Linux task a vCPU runs (its `current_task`
+//! per-CPU variable, then the task's pid, tgid and comm), with offsets the host derives from the
+//! kernel image (BTF and kallsyms). Pure: `read_phys` supplies guest-physical memory, so the host
+//! tests it on a model.
+
+/// Bits 51:12 of a paging-structure entry.
+const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
+const PRESENT: u64 = 1;
+const PAGE_SIZE_BIT: u64 = 1 << 7;
+
+/// The guest-physical address of `gva` under the page tables at `cr3`, or `None` where a level
+/// is not present or the address is not canonical. `read_phys(gpa)` returns the 8 bytes at a
+/// guest-physical address (`None` outside guest memory).
+pub fn translate(read_phys: &impl Fn(u64) -> Option<u64>, cr3: u64, gva: u64) -> Option<u64> {
+    // Canonical 48-bit address: bits 63:47 all equal.
+    let top = gva >> 47;
+    if top != 0 && top != 0x1_ffff {
+        return None;
+    }
+    let mut table = cr3 & ADDR_MASK;
+    for level in (0..4).rev() {
+        let shift = 12 + 9 * level;
+        let index = (gva >> shift) & 0x1ff;
+        let entry = read_phys(table + 8 * index)?;
+        if entry & PRESENT == 0 {
+            return None;
+        }
+        // PDPTE (level 2) with PS: 1 GiB page; PDE (level 1) with PS: 2 MiB page.
+        if (level == 2 || level == 1) && entry & PAGE_SIZE_BIT != 0 {
+            let size = 1u64 << shift;
+            return Some((entry & ADDR_MASK & !(size - 1)) | (gva & (size - 1)));
+        }
+        table = entry & ADDR_MASK;
+    }
+    Some(table | (gva & 0xfff))
+}
+
+/// Reads `buf.len()` bytes at `gva` (may cross pages). `read_byte_run(gpa, buf)` copies guest-
+/// physical bytes and says whether they were all inside guest memory.
+pub fn read_virt(
+    read_phys: &impl Fn(u64) -> Option<u64>,
+    read_bytes: &impl Fn(u64, &mut [u8]) -> bool,
+    cr3: u64,
+    gva: u64,
+    buf: &mut [u8],
+) -> bool {
+    let mut done = 0;
+    while done < buf.len() {
+        let at = gva.wrapping_add(done as u64);
+        let Some(gpa) = translate(read_phys, cr3, at) else {
+            return false;
+        };
+        let in_page = (4096 - (at & 0xfff)) as usize;
+        let n = in_page.min(buf.len() - done);
+        if !read_bytes(gpa, &mut buf[done..done + n]) {
+            return false;
+        }
+        done += n;
+    }
+    true
+}
+
+/// Where the running task sits in a Linux guest, for one kernel build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskOffsets {
+    /// The per-CPU variable `current_task`: its offset from the per-CPU base (GS base).
+    pub current_task: u64,
+    /// `task_struct.pid`, `.tgid` (i32 each) and `.comm` (char[16]).
+    pub pid: u32,
+    pub tgid: u32,
+    pub comm: u32,
+}
+
+impl TaskOffsets {
+    /// Parses `current_task:pid:tgid:comm` (each decimal or 0x-hex), as the module argument
+    /// `task-offsets=` gives them.
+    pub fn parse(s: &str) -> Option<TaskOffsets> {
+        let mut it = s.split(':').map(|v| match v.strip_prefix("0x") {
+            Some(h) => u64::from_str_radix(h, 16).ok(),
+            None => v.parse::<u64>().ok(),
+        });
+        let mut next = || it.next().flatten();
+        let t = TaskOffsets {
+            current_task: next()?,
+            pid: u32::try_from(next()?).ok()?,
+            tgid: u32::try_from(next()?).ok()?,
+            comm: u32::try_from(next()?).ok()?,
+        };
+        next().is_none().then_some(t)
+    }
+}
+
+/// The task a Linux vCPU runs, as read from its memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GuestTask {
+    pub task: u64,
+    pub pid: u32,
+    pub tgid: u32,
+    pub comm: [u8; 16],
+}
+
+/// Lowest kernel-half address (a `task_struct` pointer below it is not one).
+const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
+
+/// Reads the running task: `percpu_base` is the kernel's per-CPU base of this vCPU (GS base in
+/// kernel mode, IA32_KERNEL_GS_BASE in user mode), `cr3` the guest's CR3. Any process's page
+/// tables map the kernel half; with page-table isolation the user half of a pair of PGDs sits
+/// 4 KiB above the kernel's (CR3 bit 12) and the low 12 bits hold the PCID, so both are masked.
+pub fn read_task(
+    read_phys: &impl Fn(u64) -> Option<u64>,
+    read_bytes: &impl Fn(u64, &mut [u8]) -> bool,
+    cr3: u64,
+    percpu_base: u64,
+    off: &TaskOffsets,
+) -> Option<GuestTask> {
+    if percpu_base < KERNEL_HALF {
+        return None;
+    }
+    let kernel_cr3 = cr3 & ADDR_MASK & !0x1000;
+    let mut word = [0u8; 8];
+    if !read_virt(
+        read_phys,
+        read_bytes,
+        kernel_cr3,
+        percpu_base.wrapping_add(off.current_task),
+        &mut word,
+    ) {
+        return None;
+    }
+    let task = u64::from_le_bytes(word);
+    if task < KERNEL_HALF {
+        return None;
+    }
+    let mut ids = [0u8; 4];
+    let mut read_u32 = |at: u32| {
+        read_virt(
+            read_phys,
+            read_bytes,
+            kernel_cr3,
+            task.wrapping_add(u64::from(at)),
+            &mut ids,
+        )
+        .then(|| u32::from_le_bytes(ids))
+    };
+    let pid = read_u32(off.pid)?;
+    let tgid = read_u32(off.tgid)?;
+    let mut comm = [0u8; 16];
+    if !read_virt(
+        read_phys,
+        read_bytes,
+        kernel_cr3,
+        task.wrapping_add(u64::from(off.comm)),
+        &mut comm,
+    ) {
+        return None;
+    }
+    Some(GuestTask {
+        task,
+        pid,
+        tgid,
+        comm,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec;
+    use alloc::vec::Vec;
+    use core::cell::RefCell;
+
+    /// Guest-physical memory of 16 MiB with a page-table builder.
+    struct Mem {
+        bytes: RefCell<Vec<u8>>,
+        next_table: RefCell<u64>,
+    }
+
+    impl Mem {
+        fn new() -> Self {
+            Mem {
+                bytes: RefCell::new(vec![0; 16 << 20]),
+                next_table: RefCell::new(0x10_0000),
+            }
+        }
+        fn u64(&self, gpa: u64) -> Option<u64> {
+            let b = self.bytes.borrow();
+            let s = b.get(gpa as usize..gpa as usize + 8)?;
+            Some(u64::from_le_bytes(s.try_into().unwrap()))
+        }
+        fn put(&self, gpa: u64, v: &[u8]) {
+            self.bytes.borrow_mut()[gpa as usize..gpa as usize + v.len()].copy_from_slice(v);
+        }
+        fn bytes(&self, gpa: u64, out: &mut [u8]) -> bool {
+            let b = self.bytes.borrow();
+            match b.get(gpa as usize..gpa as usize + out.len()) {
+                Some(s) => {
+                    out.copy_from_slice(s);
+                    true
+                }
+                None => false,
+            }
+        }
+        fn table(&self) -> u64 {
+            let mut n = self.next_table.borrow_mut();
+            *n += 0x1000;
+            *n
+        }
+        /// Maps the 4 KiB page at `gva` to `gpa` under `cr3` (or a 2 MiB page with `big`).
+        fn map(&self, cr3: u64, gva: u64, gpa: u64, big: bool) {
+            let mut table = cr3;
+            for level in (0..4).rev() {
+                let index = (gva >> (12 + 9 * level)) & 0x1ff;
+                let at = table + 8 * index;
+                if level == 0 || (big && level == 1) {
+                    let ps = if big { PAGE_SIZE_BIT } else { 0 };
+                    self.put(at, &(gpa | PRESENT | 2 | ps).to_le_bytes());
+                    return;
+                }
+                let e = self.u64(at).unwrap();
+                table = if e & PRESENT != 0 {
+                    e & ADDR_MASK
+                } else {
+                    let t = self.table();
+                    self.put(at, &(t | PRESENT | 2).to_le_bytes());
+                    t
+                };
+            }
+        }
+    }
+
+    const OFF: TaskOffsets = TaskOffsets {
+        current_task: 0x21440,
+        pid: 2416,
+        tgid: 2420,
+        comm: 2976,
+    };
+
+    #[test]
+    fn walks_4k_and_2m_pages_and_reads_the_task() {
+        let m = Mem::new();
+        let cr3 = 0x20_0000; // 8 KiB aligned: the kernel PGD of a PTI pair
+        let percpu = 0xffff_8880_0fa0_0000u64;
+        let task = 0xffff_8880_0123_4000u64;
+        // The per-CPU page holding current_task, and the task spread over two pages.
+        m.map(cr3, (percpu + OFF.current_task) & !0xfff, 0x30_0000, false);
+        m.map(cr3, task & !0x1f_ffff, 0x40_0000, true);
+        let read = |g| m.u64(g);
+        let bytes = |g, b: &mut [u8]| m.bytes(g, b);
+        assert_eq!(
+            translate(&read, cr3, task + 0x10),
+            Some(0x40_0000 + (task & 0x1f_ffff) + 0x10)
+        );
+        assert_eq!(translate(&read, cr3, 0x1234_0000), None, "not mapped");
+        assert_eq!(
+            translate(&read, cr3, 0x8000_0000_0000),
+            None,
+            "not canonical"
+        );
+        m.put(
+            0x30_0000 + ((percpu + OFF.current_task) & 0xfff),
+            &task.to_le_bytes(),
+        );
+        let t = 0x40_0000 + (task & 0x1f_ffff);
+        m.put(t + 2416, &4242u32.to_le_bytes());
+        m.put(t + 2420, &4240u32.to_le_bytes());
+        m.put(t + 2976, b"w41\0\0\0\0\0\0\0\0\0\0\0\0\0");
+        // User mode under PTI: CR3 is the user PGD (bit 12) with a PCID.
+        let got = read_task(&read, &bytes, cr3 | 0x1000 | 0x5, percpu, &OFF).unwrap();
+        assert_eq!((got.task, got.pid, got.tgid), (task, 4242, 4240));
+        assert_eq!(&got.comm[..4], b"w41\0");
+        // A user-space GS base (not the kernel's per-CPU base) gives nothing.
+        assert_eq!(read_task(&read, &bytes, cr3, 0x7fff_0000_0000, &OFF), None);
+        // A task pointer that is not a kernel address gives nothing.
+        m.put(
+            0x30_0000 + ((percpu + OFF.current_task) & 0xfff),
+            &0x1000u64.to_le_bytes(),
+        );
+        assert_eq!(read_task(&read, &bytes, cr3, percpu, &OFF), None);
+    }
+
+    #[test]
+    fn reads_across_a_page_boundary() {
+        let m = Mem::new();
+        let cr3 = 0x20_0000;
+        m.map(cr3, 0xffff_ffff_8000_0000, 0x50_0000, false);
+        m.map(cr3, 0xffff_ffff_8000_1000, 0x70_0000, false);
+        m.put(0x50_0ffe, b"ab");
+        m.put(0x70_0000, b"cd");
+        let mut buf = [0u8; 4];
+        assert!(read_virt(
+            &|g| m.u64(g),
+            &|g, b: &mut [u8]| m.bytes(g, b),
+            cr3,
+            0xffff_ffff_8000_0ffe,
+            &mut buf
+        ));
+        assert_eq!(&buf, b"abcd");
+    }
+
+    #[test]
+    fn offsets_parse() {
+        assert_eq!(TaskOffsets::parse("0x21440:2416:2420:2976"), Some(OFF));
+        assert_eq!(TaskOffsets::parse("0x21440:2416:2420"), None);
+        assert_eq!(TaskOffsets::parse("0x21440:2416:2420:2976:1"), None);
+        assert_eq!(TaskOffsets::parse("x:1:2:3"), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn walks_never_panic(entries in proptest::collection::vec(proptest::num::u64::ANY, 0..64),
+                             cr3 in proptest::num::u64::ANY, gva in proptest::num::u64::ANY) {
+            let m = Mem::new();
+            for (i, e) in entries.iter().enumerate() {
+                m.put((cr3 & 0xf_ffff & !0xfff) + 8 * i as u64 % 4096, &e.to_le_bytes());
+            }
+            let _ = translate(&|g| m.u64(g), cr3, gva);
+            let _ = read_task(&|g| m.u64(g), &|g, b: &mut [u8]| m.bytes(g, b), cr3, gva, &OFF);
+        }
+    }
+}
