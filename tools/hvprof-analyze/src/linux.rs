@@ -54,6 +54,21 @@ pub fn lstar_lines(text: &str) -> HashMap<String, u64> {
     out
 }
 
+/// Kernel-mode code below the kernel half runs before the kernel maps itself: the bzImage's
+/// decompressor and the kernel's first instructions, at physical addresses.
+pub const EARLY_BOOT: &str = "[early boot: decompressor, identity-mapped]";
+const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
+
+/// The kernel-mode function name of `rip` in a VM with `kernel` (if known).
+pub fn kernel_function(kernel: Option<&GuestKernel>, rip: u64) -> String {
+    if rip < KERNEL_HALF {
+        return EARLY_BOOT.to_owned();
+    }
+    kernel
+        .and_then(|k| k.function(rip))
+        .map_or_else(|| format!("[unknown] {rip:#x}"), str::to_owned)
+}
+
 /// A process as the report names it: `comm[tgid]`, the pid when it differs (a thread).
 pub fn process_label(t: &Task) -> String {
     if t.pid == t.tgid {

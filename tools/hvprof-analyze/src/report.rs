@@ -489,10 +489,10 @@ fn name_linux_samples(
                         None => (format!("[unknown] {:#x}", g.rip), "[unknown]".into()),
                     }
                 } else {
-                    match kernels.get(&g.vm).and_then(|k| k.function(g.rip)) {
-                        Some(f) => (f.to_owned(), KERNEL_MODULE.into()),
-                        None => (format!("[unknown] {:#x}", g.rip), KERNEL_MODULE.into()),
-                    }
+                    (
+                        crate::linux::kernel_function(kernels.get(&g.vm), g.rip),
+                        KERNEL_MODULE.into(),
+                    )
                 };
                 (function, module, process)
             })
