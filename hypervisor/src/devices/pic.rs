@@ -192,7 +192,8 @@ impl Pic {
     /// ICW1: the start of initialization. "Initialization Command Words": the edge sense
     /// circuit is reset (a line must go low and high again), the IMR is cleared, IR7 gets the
     /// lowest priority, the special mask mode is cleared, status read is set to IRR, and without
-    /// IC4 every ICW4 function is zero.
+    /// IC4 every ICW4 function is zero. ISR and the edge-latched requests are cleared too, as PC
+    /// emulators do, so no stale request survives a re-initialization.
     fn icw1(&mut self, value: u8) {
         self.icw4_needed = value & 0x01 != 0;
         self.single = value & 0x02 != 0;
