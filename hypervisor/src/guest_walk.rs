@@ -37,9 +37,54 @@ pub fn translate(read_phys: &impl Fn(u64) -> Option<u64>, cr3: u64, gva: u64) ->
     Some(table | (gva & 0xfff))
 }
 
-/// Reads `buf.len()` bytes at `gva` (may cross pages). `read_byte_run(gpa, buf)` copies guest-
+/// A few translations of kernel-half pages, kept per vCPU between samples. The kernel's mappings
+/// of its direct map and per-CPU areas do not change once made, so reading the running task at
+/// every sample needs no page walk once its pages are known. Keyed by the page-table root too.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tlb {
+    entries: [Option<(u64, u64, u64)>; 4],
+    next: usize,
+}
+
+impl Tlb {
+    pub const fn new() -> Self {
+        Tlb {
+            entries: [None; 4],
+            next: 0,
+        }
+    }
+
+    /// `translate`, through the cache for kernel-half addresses.
+    pub fn translate(
+        &mut self,
+        read_phys: &impl Fn(u64) -> Option<u64>,
+        cr3: u64,
+        gva: u64,
+    ) -> Option<u64> {
+        let page = gva & !0xfff;
+        let kernel = gva >= KERNEL_HALF;
+        if kernel
+            && let Some((_, _, gpa)) = self
+                .entries
+                .iter()
+                .flatten()
+                .find(|(root, p, _)| *root == cr3 && *p == page)
+        {
+            return Some(gpa | (gva & 0xfff));
+        }
+        let gpa = translate(read_phys, cr3, gva)?;
+        if kernel {
+            self.entries[self.next] = Some((cr3, page, gpa & !0xfff));
+            self.next = (self.next + 1) % self.entries.len();
+        }
+        Some(gpa)
+    }
+}
+
+/// Reads `buf.len()` bytes at `gva` (may cross pages). `read_bytes(gpa, buf)` copies guest-
 /// physical bytes and says whether they were all inside guest memory.
 pub fn read_virt(
+    tlb: &mut Tlb,
     read_phys: &impl Fn(u64) -> Option<u64>,
     read_bytes: &impl Fn(u64, &mut [u8]) -> bool,
     cr3: u64,
@@ -49,7 +94,7 @@ pub fn read_virt(
     let mut done = 0;
     while done < buf.len() {
         let at = gva.wrapping_add(done as u64);
-        let Some(gpa) = translate(read_phys, cr3, at) else {
+        let Some(gpa) = tlb.translate(read_phys, cr3, at) else {
             return false;
         };
         let in_page = (4096 - (at & 0xfff)) as usize;
@@ -109,6 +154,7 @@ const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
 /// tables map the kernel half; with page-table isolation the user half of a pair of PGDs sits
 /// 4 KiB above the kernel's (CR3 bit 12) and the low 12 bits hold the PCID, so both are masked.
 pub fn read_task(
+    tlb: &mut Tlb,
     read_phys: &impl Fn(u64) -> Option<u64>,
     read_bytes: &impl Fn(u64, &mut [u8]) -> bool,
     cr3: u64,
@@ -121,6 +167,7 @@ pub fn read_task(
     let kernel_cr3 = cr3 & ADDR_MASK & !0x1000;
     let mut word = [0u8; 8];
     if !read_virt(
+        tlb,
         read_phys,
         read_bytes,
         kernel_cr3,
@@ -134,8 +181,9 @@ pub fn read_task(
         return None;
     }
     let mut ids = [0u8; 4];
-    let mut read_u32 = |at: u32| {
+    let mut read_u32 = |tlb: &mut Tlb, at: u32| {
         read_virt(
+            tlb,
             read_phys,
             read_bytes,
             kernel_cr3,
@@ -144,10 +192,11 @@ pub fn read_task(
         )
         .then(|| u32::from_le_bytes(ids))
     };
-    let pid = read_u32(off.pid)?;
-    let tgid = read_u32(off.tgid)?;
+    let pid = read_u32(tlb, off.pid)?;
+    let tgid = read_u32(tlb, off.tgid)?;
     let mut comm = [0u8; 16];
     if !read_virt(
+        tlb,
         read_phys,
         read_bytes,
         kernel_cr3,
@@ -267,17 +316,24 @@ mod tests {
         m.put(t + 2420, &4240u32.to_le_bytes());
         m.put(t + 2976, b"w41\0\0\0\0\0\0\0\0\0\0\0\0\0");
         // User mode under PTI: CR3 is the user PGD (bit 12) with a PCID.
-        let got = read_task(&read, &bytes, cr3 | 0x1000 | 0x5, percpu, &OFF).unwrap();
+        let mut tlb = Tlb::new();
+        let got = read_task(&mut tlb, &read, &bytes, cr3 | 0x1000 | 0x5, percpu, &OFF).unwrap();
         assert_eq!((got.task, got.pid, got.tgid), (task, 4242, 4240));
         assert_eq!(&got.comm[..4], b"w41\0");
         // A user-space GS base (not the kernel's per-CPU base) gives nothing.
-        assert_eq!(read_task(&read, &bytes, cr3, 0x7fff_0000_0000, &OFF), None);
+        // Read again through the cache: the same.
+        let again = read_task(&mut tlb, &read, &bytes, cr3 | 0x1000, percpu, &OFF).unwrap();
+        assert_eq!(again, got);
+        assert_eq!(
+            read_task(&mut tlb, &read, &bytes, cr3, 0x7fff_0000_0000, &OFF),
+            None
+        );
         // A task pointer that is not a kernel address gives nothing.
         m.put(
             0x30_0000 + ((percpu + OFF.current_task) & 0xfff),
             &0x1000u64.to_le_bytes(),
         );
-        assert_eq!(read_task(&read, &bytes, cr3, percpu, &OFF), None);
+        assert_eq!(read_task(&mut tlb, &read, &bytes, cr3, percpu, &OFF), None);
     }
 
     #[test]
@@ -290,6 +346,7 @@ mod tests {
         m.put(0x70_0000, b"cd");
         let mut buf = [0u8; 4];
         assert!(read_virt(
+            &mut Tlb::new(),
             &|g| m.u64(g),
             &|g, b: &mut [u8]| m.bytes(g, b),
             cr3,
@@ -316,7 +373,7 @@ mod tests {
                 m.put((cr3 & 0xf_ffff & !0xfff) + 8 * i as u64 % 4096, &e.to_le_bytes());
             }
             let _ = translate(&|g| m.u64(g), cr3, gva);
-            let _ = read_task(&|g| m.u64(g), &|g, b: &mut [u8]| m.bytes(g, b), cr3, gva, &OFF);
+            let _ = read_task(&mut Tlb::new(), &|g| m.u64(g), &|g, b: &mut [u8]| m.bytes(g, b), cr3, gva, &OFF);
         }
     }
 }

@@ -63,25 +63,26 @@ pub fn redeliver_interrupted_event(vmcs: &mut CurrentVmcs) {
 
 /// Before a VM entry of a Linux guest: brings its devices up to `now`, then injects the vector
 /// the PICs have for it, or asks for an exit as soon as it can take one. Returns the TSC of the
-/// devices' next event (the guest must stop then, to raise it).
+/// devices' next event (the guest must stop then, to raise it), and whether an interrupt is
+/// still waiting after this entry (the devices must be looked at again at the next exit).
 pub fn before_entry(
     vm: &Vm,
     vcpu: &mut Vcpu,
     vmcs: &mut CurrentVmcs,
     caps: &VmxCaps,
     now: u64,
-) -> Option<u64> {
+) -> (Option<u64>, bool) {
     let mut guard = vm.devices.lock();
     let dev = &mut guard.board;
     dev.update(now);
     let next = dev.next_event(now);
     if dev.pic.pending().is_none() {
         set_window_exiting(vcpu, vmcs, false);
-        return next;
+        return (next, false);
     }
     // Only vCPU 0 takes the PICs' interrupts (they are wired to the bootstrap processor).
     if vcpu.index != 0 {
-        return next;
+        return (next, false);
     }
     let busy = InterruptionInfo(must(
         vmcs.read32(Control32::EntryInterruptionInfo),
@@ -112,7 +113,7 @@ pub fn before_entry(
     } else if caps.procbased().allows(proc1::INTERRUPT_WINDOW_EXITING) {
         set_window_exiting(vcpu, vmcs, true);
     }
-    next
+    (next, dev.pic.pending().is_some())
 }
 
 /// Whether a Linux guest that executed HLT has something to wake it now (an interrupt the PICs

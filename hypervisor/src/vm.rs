@@ -561,14 +561,19 @@ fn run_loaded(
     let mut exit_at: Option<(u16, u64)> = None;
     prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
     prof.event(profiler::Kind::VcpuIn, 0);
+    // A Linux guest's devices need a look before an entry when an exit may have changed them
+    // (any exit but the VMX-preemption timer's), when their next event has come, or while an
+    // interrupt waits: not at the sampling clock's exits in between.
+    let mut devices_touched = true;
+    let mut device_event: Option<u64> = None;
     let end = loop {
         // A Linux guest's devices: raise what is due, inject what the guest can take now (with
         // interrupts on, so the sampling clock sees this work for what it is).
-        let device_event = if vm.linux {
-            crate::interrupts::before_entry(vm, vcpu, vmcs, caps, rdtsc())
-        } else {
-            None
-        };
+        if vm.linux && (devices_touched || device_event.is_some_and(|t| rdtsc() >= t)) {
+            let (next, waiting) = crate::interrupts::before_entry(vm, vcpu, vmcs, caps, rdtsc());
+            device_event = next;
+            devices_touched = waiting;
+        }
         // Interrupts stay off from here to the VM exit: a tick that falls in this window is
         // taken as a hypervisor sample right here.
         x86_64::instructions::interrupts::disable();
@@ -647,6 +652,7 @@ fn run_loaded(
             track_task(vm, vcpu, vmcs, off, t_exit);
         }
         vcpu.last_exit = reason.basic();
+        devices_touched |= reason.kind() != Some(BasicExit::PreemptionTimer);
         prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
         exit_at = Some((reason.basic(), t_exit));
         prof.arm_host_clock();
@@ -700,7 +706,8 @@ fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffsets, t
         vm.read_guest(gpa, &mut b).then(|| u64::from_le_bytes(b))
     };
     let read_bytes = |gpa: u64, buf: &mut [u8]| vm.read_guest(gpa, buf);
-    let Some(t) = guest_walk::read_task(&read_phys, &read_bytes, cr3, base, off) else {
+    let Some(t) = guest_walk::read_task(&mut vcpu.tlb, &read_phys, &read_bytes, cr3, base, off)
+    else {
         return;
     };
     // The name changes without a new task at exec().

@@ -78,6 +78,8 @@ pub struct Vcpu {
     pub interrupts_injected: u64,
     /// The Linux task (its `task_struct` address, pid and name) seen at its last sample.
     pub last_task: Option<(u64, u32, [u8; 16])>,
+    /// Its guest's kernel-page translations, for reading the task at samples.
+    pub tlb: hvprof_hypervisor::guest_walk::Tlb,
 }
 
 /// Bitmaps shared by every VM: every I/O port and every MSR exits, except the MSRs passed
@@ -406,6 +408,7 @@ impl Vcpu {
             proc1,
             interrupts_injected: 0,
             last_task: None,
+            tlb: hvprof_hypervisor::guest_walk::Tlb::new(),
         };
         w(
             v.write_natural(ControlNatural::Cr0GuestHostMask, cr0_fixed.0 | !cr0_fixed.1),
