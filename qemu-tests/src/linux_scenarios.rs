@@ -297,8 +297,14 @@ pub fn all() -> Vec<Scenario> {
         linux_vm(boot("bochs-linux-shor"), "linux", "shor", "35,2,1")
             .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
             .profile(check_shor),
+        // Two kernels boot: 2 ms samples, and room for all of them in memory.
         linux_vm(
-            linux_vm(boot("bochs-linux-two-guests"), "linux1", "w41", "200"),
+            linux_vm(
+                boot("bochs-linux-two-guests").cmdline("export=end period=2ms buffer=2000000"),
+                "linux1",
+                "w41",
+                "200",
+            ),
             "linux2",
             "w41",
             "200",
