@@ -9,7 +9,7 @@
 //!   last task frame at or before `t` (a CR3 or task structure reused by a later process is a
 //!   new frame, not the old name).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use hvprof_samplelog::Task;
 use linux_guest::KernelImage;
@@ -35,7 +35,7 @@ impl GuestKernel {
 
 /// `vm <name>: guest IA32_LSTAR 0x...` lines of the console text: VM name → LSTAR.
 pub fn lstar_lines(text: &str) -> HashMap<String, u64> {
-    let mut out = HashMap::new();
+    let mut out = HashMap::default();
     for line in text.lines() {
         let Some(rest) = line.trim_end_matches('\r').strip_prefix("vm ") else {
             continue;
@@ -112,10 +112,20 @@ impl TaskTimeline {
 
     /// The task vCPU `vcpu` of VM `vm` ran at `tsc` (`None` before its first task frame).
     pub fn task_at(&self, vm: u16, vcpu: u16, tsc: u64) -> Option<&str> {
+        self.task_index_at(vm, vcpu, tsc).map(|i| self.label(i))
+    }
+
+    /// The index of the task `task_at` names (its label is `label(index)`).
+    pub fn task_index_at(&self, vm: u16, vcpu: u16, tsc: u64) -> Option<usize> {
         let list = self.per_vcpu.get(&(vm, vcpu))?;
         let n = list.partition_point(|&(t, _)| t <= tsc);
         let &(_, id) = list.get(n.checked_sub(1)?)?;
-        Some(self.labels[id].as_str())
+        Some(id)
+    }
+
+    /// A task's label (`comm[tgid]`), by its index.
+    pub fn label(&self, index: usize) -> &str {
+        self.labels.get(index).map_or("", String::as_str)
     }
 }
 

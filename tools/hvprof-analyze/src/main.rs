@@ -6,11 +6,7 @@
 //! hvprof-analyze decode LOG [--text] [--records]
 //! ```
 
-mod linux;
-mod report;
-mod symbols;
-mod text;
-mod timeline;
+use hvprof_analyze::{report, symbols, text};
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -26,6 +26,7 @@ use rustc_hash::FxHashMap as HashMap;
 use hvprof_samplelog::{Decoded, Record, SampleKind};
 use serde::Serialize;
 
+use crate::naming::{Namer, function_name as name};
 use crate::symbols::{Symbols, hex};
 use crate::timeline::Owner;
 
@@ -135,13 +136,6 @@ pub struct Images {
     /// The kernel of the Linux guests (`--kernel`): their kernel functions, by VM after the
     /// KASLR slide each VM's `IA32_LSTAR` line gives.
     pub kernel: Option<linux_guest::KernelImage>,
-}
-
-/// Names an address in `symbols`, or `[unknown]` with the address.
-fn name(symbols: Option<&Symbols>, addr: u64) -> String {
-    symbols
-        .and_then(|s| s.lookup(addr))
-        .map_or_else(|| format!("[unknown] {addr:#x}"), str::to_owned)
 }
 
 /// A guest table row's identity: function, module, process.
@@ -430,70 +424,30 @@ pub fn build(decoded: &Decoded, images: &Images) -> Report {
 /// Names the guest samples kept whole (`Aggregate::keep_guest`): each takes its vCPU's process at
 /// its time from the task frames; kernel-mode samples of a Linux VM take the kernel's function
 /// (after the VM's KASLR slide) under `[guest.kallsyms]`, user-mode ones the function of the
-/// image named like the process (`--image w41` for process `w41`), else their address.
+/// image named like the process (`--image w41` for process `w41`), else their address. Samples
+/// of the other VMs are counted by address, as without `keep_guest`.
 fn name_linux_samples(
-    decoded: &Decoded,
+    namer: &Namer,
     samples: &[GuestSample],
-    vm_table: &[(u16, String, String, Vec<u8>)],
-    images: &Images,
     per_vm: &mut HashMap<u16, GuestCounts>,
     per_vcpu: &mut HashMap<(u16, u16), GuestCounts>,
-    warnings: &mut Vec<String>,
 ) {
-    use crate::linux::{GuestKernel, KERNEL_MODULE, TaskTimeline};
-    if samples.is_empty() {
-        return;
-    }
-    let tasks = TaskTimeline::new(&decoded.tasks);
-    let lstars = crate::linux::lstar_lines(&decoded.text_joined());
-    // Each VM's kernel, at its slide.
-    let mut kernels: HashMap<u16, GuestKernel> = HashMap::default();
-    for (id, name, _, _) in vm_table {
-        let (Some(image), Some(&lstar)) = (&images.kernel, lstars.get(name)) else {
-            continue;
-        };
-        match image.kaslr_slide(lstar) {
-            Ok(slide) => {
-                kernels.insert(
-                    *id,
-                    GuestKernel {
-                        image: image.clone(),
-                        slide,
-                    },
-                );
-            }
-            Err(e) => warnings.push(format!(
-                "VM {name}: the kernel given does not match its IA32_LSTAR {lstar:#x} ({e}): kernel functions are shown as addresses"
-            )),
-        }
-    }
-    if images.kernel.is_some() && kernels.is_empty() {
-        warnings.push(
-            "--kernel given, but no VM printed its IA32_LSTAR (not a Linux guest, or it did not stop)"
-                .into(),
-        );
-    }
-    let user_image = |process: Option<&str>| {
-        let comm = process?.split_once('[').map_or(process?, |(c, _)| c);
-        images.guests.iter().find(|s| s.module == comm)
-    };
     let mut cache: HashMap<(u16, bool, u64, Option<String>), RowKey> = HashMap::default();
     for g in samples {
-        let process = tasks.task_at(g.vm, g.vcpu, g.tsc).map(str::to_owned);
+        if !namer.is_linux(g.vm) {
+            per_vm.entry(g.vm).or_default().add_guest(g.rip, g.user, 1);
+            per_vcpu
+                .entry((g.vm, g.vcpu))
+                .or_default()
+                .add_guest(g.rip, g.user, 1);
+            continue;
+        }
+        let process = namer.task(g.vm, g.vcpu, g.tsc).map(str::to_owned);
         let key = cache
             .entry((g.vm, g.user, g.rip, process.clone()))
             .or_insert_with(|| {
-                let (function, module) = if g.user {
-                    match user_image(process.as_deref()) {
-                        Some(s) => (name(Some(s), g.rip), s.module.clone()),
-                        None => (format!("[unknown] {:#x}", g.rip), "[unknown]".into()),
-                    }
-                } else {
-                    (
-                        crate::linux::kernel_function(kernels.get(&g.vm), g.rip),
-                        KERNEL_MODULE.into(),
-                    )
-                };
+                let (function, module) =
+                    namer.guest_function(g.vm, g.user, g.rip, process.as_deref());
                 (function, module, process)
             })
             .clone();
@@ -552,46 +506,11 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
     if decoded.header.is_none() {
         warnings.push("no header frame: VM names and the period are unknown".into());
     }
-    let vm_table: Vec<(u16, String, String, Vec<u8>)> = header
+    let namer = Namer::new(decoded, images, &mut warnings);
+    let vm_table: Vec<(u16, String, String)> = namer
         .vms
         .iter()
-        .map(|v| {
-            (
-                v.id,
-                v.name.as_str().to_owned(),
-                v.image.as_str().to_owned(),
-                v.image_build_id.as_bytes().to_vec(),
-            )
-        })
-        .collect();
-    // Linux VMs (the hypervisor printed their kernel entry): named by `name_linux_samples`.
-    let lstars = crate::linux::lstar_lines(&decoded.text_joined());
-    let linux_vms: Vec<String> = lstars.keys().cloned().collect();
-    // Match each VM's image: by build id, else by file name.
-    let guest_symbols: HashMap<u16, &Symbols> = vm_table
-        .iter()
-        .filter_map(|(id, name, image, build_id)| {
-            let by_id = (!build_id.is_empty())
-                .then(|| {
-                    images
-                        .guests
-                        .iter()
-                        .find(|s| s.build_id.as_deref() == Some(build_id.as_slice()))
-                })
-                .flatten();
-            let found = by_id.or_else(|| {
-                images.guests.iter().find(|s| {
-                    s.module == *image || s.module == image.trim_end_matches(".elf")
-                })
-            });
-            if found.is_none() && !linux_vms.contains(name) {
-                warnings.push(format!(
-                    "no symbols for VM {name} (image {image}, build id {}): its functions are shown as addresses",
-                    if build_id.is_empty() { "none".into() } else { hex(build_id) }
-                ));
-            }
-            found.map(|s| (*id, s))
-        })
+        .map(|v| (v.id, v.name.clone(), v.image.clone()))
         .collect();
     let hv_id = header.build_id.as_bytes().to_vec();
     let hv_matches = images
@@ -631,15 +550,7 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
                 .add_guest(rip, user, n);
         }
     }
-    name_linux_samples(
-        decoded,
-        &guest_samples,
-        &vm_table,
-        images,
-        &mut per_vm,
-        &mut per_vcpu,
-        &mut warnings,
-    );
+    name_linux_samples(&namer, &guest_samples, &mut per_vm, &mut per_vcpu);
     let mut exact: HashMap<(u16, u16), crate::timeline::Blanks> = HashMap::default();
     if sched.is_empty() {
         // No scheduling events (an old or partial log): the hypervisor's samples on a vCPU's
@@ -711,9 +622,9 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
 
     let mut vms: Vec<VmReport> = vm_table
         .iter()
-        .map(|(id, name, image, _)| {
+        .map(|(id, name, image)| {
             let counts = per_vm.remove(id).unwrap_or_default();
-            let symbols = guest_symbols.get(id).copied();
+            let symbols = namer.guest_symbols(*id);
             let mut vcpus: Vec<VcpuReport> = per_vcpu
                 .iter()
                 .filter(|((vm, _), _)| vm == id)

@@ -69,12 +69,72 @@ impl Track {
     }
 }
 
-/// Classifies every vCPU's blank slots. `samples`: per pCPU, (TSC, owner) in TSC order;
-/// `events`: every scheduling event with its pCPU.
-pub fn blanks(
+/// What one slot of a vCPU's virtual stream holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    /// Its own guest sample.
+    Own,
+    /// On its pCPU while it was in, not its own: the hypervisor handling its exits.
+    Hypervisor,
+    /// Out, halted.
+    Idle,
+    /// Out, its pCPU held by vCPU N of the same VM.
+    StealOn(u16),
+    /// Out, its pCPU held by the hypervisor working for no VM (the scheduler).
+    HypervisorOut,
+    /// Out, anything else (another VM, or the hypervisor handling that VM's exits).
+    StealOutside,
+}
+
+/// Classifies every slot of every vCPU's virtual stream. `samples`: per pCPU, (TSC, owner) in
+/// TSC order; `events`: every scheduling event with its pCPU. `visit` gets the vCPU, the pCPU,
+/// the index of the sample in that pCPU's list, and the slot.
+pub fn classify(
     samples: &HashMap<u16, Vec<(u64, Owner)>>,
     events: &[(u16, Event)],
-) -> HashMap<(u16, u16), Blanks> {
+    mut visit: impl FnMut((u16, u16), u16, usize, Slot),
+) {
+    for (&key, track) in &tracks(events) {
+        let (vm, vcpu) = key;
+        for (&pcpu, list) in samples {
+            let mut cursor = 0;
+            for (i, &(t, owner)) in list.iter().enumerate() {
+                let Some(state) = track.state_at(t, &mut cursor) else {
+                    continue;
+                };
+                let own =
+                    |o: Owner| matches!(o, Owner::Guest { vm: v, vcpu: c } if v == vm && c == vcpu);
+                let slot = match state {
+                    State::Gone => break,
+                    State::In(p) if p != pcpu => continue,
+                    State::In(_) if own(owner) => Slot::Own,
+                    // Its pCPU, while it was in: the hypervisor handling its exit.
+                    State::In(_) => Slot::Hypervisor,
+                    State::Out { pcpu: p, .. } if p != pcpu => continue,
+                    State::Out { halted: true, .. } => Slot::Idle,
+                    // The pCPU held by a sibling vCPU: running its guest, or the hypervisor
+                    // handling its exits.
+                    State::Out { halted: false, .. } => match owner {
+                        Owner::Guest { vm: v, vcpu: c } | Owner::Hypervisor { vm: v, vcpu: c }
+                            if v == vm && c != vcpu =>
+                        {
+                            Slot::StealOn(c)
+                        }
+                        Owner::Hypervisor {
+                            vm: hvprof_samplelog::NO_VM,
+                            ..
+                        } => Slot::HypervisorOut,
+                        _ => Slot::StealOutside,
+                    },
+                };
+                visit(key, pcpu, i, slot);
+            }
+        }
+    }
+}
+
+/// Each vCPU's events in TSC order.
+fn tracks(events: &[(u16, Event)]) -> HashMap<(u16, u16), Track> {
     let mut tracks: HashMap<(u16, u16), Track> = HashMap::default();
     for &(pcpu, e) in events {
         tracks
@@ -83,9 +143,20 @@ pub fn blanks(
             .events
             .push((e.tsc, pcpu, e));
     }
-    let mut out: HashMap<(u16, u16), Blanks> = HashMap::default();
-    for (&key, track) in &mut tracks {
+    for track in tracks.values_mut() {
         track.events.sort_by_key(|(t, _, _)| *t);
+    }
+    tracks
+}
+
+/// Classifies every vCPU's blank slots. `samples`: per pCPU, (TSC, owner) in TSC order;
+/// `events`: every scheduling event with its pCPU.
+pub fn blanks(
+    samples: &HashMap<u16, Vec<(u64, Owner)>>,
+    events: &[(u16, Event)],
+) -> HashMap<(u16, u16), Blanks> {
+    let mut out: HashMap<(u16, u16), Blanks> = HashMap::default();
+    for (&key, track) in &tracks(events) {
         let b = out.entry(key).or_default();
         // Exact time, from the events.
         for w in track.events.windows(2) {
@@ -98,45 +169,17 @@ pub fn blanks(
             }
         }
     }
-    for (&pcpu, list) in samples {
-        for (&(vm, vcpu), track) in &tracks {
-            let b = out.entry((vm, vcpu)).or_default();
-            let mut cursor = 0;
-            for &(t, owner) in list {
-                let Some(state) = track.state_at(t, &mut cursor) else {
-                    continue;
-                };
-                let own =
-                    |o: Owner| matches!(o, Owner::Guest { vm: v, vcpu: c } if v == vm && c == vcpu);
-                match state {
-                    State::Gone => break,
-                    State::In(p) if p != pcpu => {}
-                    State::In(_) => {
-                        if !own(owner) {
-                            // Its pCPU, while it was in: the hypervisor handling its exit.
-                            b.hypervisor += 1;
-                        }
-                    }
-                    State::Out { pcpu: p, .. } if p != pcpu => {}
-                    State::Out { halted: true, .. } => b.idle += 1,
-                    // The pCPU held by a sibling vCPU: running its guest, or the hypervisor
-                    // handling its exits.
-                    State::Out { halted: false, .. } => match owner {
-                        Owner::Guest { vm: v, vcpu: c } | Owner::Hypervisor { vm: v, vcpu: c }
-                            if v == vm && c != vcpu =>
-                        {
-                            *b.steal_on.entry(c).or_default() += 1;
-                        }
-                        Owner::Hypervisor {
-                            vm: hvprof_samplelog::NO_VM,
-                            ..
-                        } => b.hypervisor_out += 1,
-                        _ => b.steal_outside += 1,
-                    },
-                }
-            }
+    classify(samples, events, |key, _, _, slot| {
+        let b = out.entry(key).or_default();
+        match slot {
+            Slot::Own => {}
+            Slot::Hypervisor => b.hypervisor += 1,
+            Slot::Idle => b.idle += 1,
+            Slot::StealOn(c) => *b.steal_on.entry(c).or_default() += 1,
+            Slot::HypervisorOut => b.hypervisor_out += 1,
+            Slot::StealOutside => b.steal_outside += 1,
         }
-    }
+    });
     out
 }
 

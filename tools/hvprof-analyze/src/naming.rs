@@ -1,0 +1,243 @@
+//! What a sample is called: the VM table of the capture, which image names which VM's functions,
+//! the Linux guests' kernels and processes, and the labels every output shares (the report's
+//! tables, the charts, the flame graph, `perf script`, pprof, Firefox).
+//!
+//! A guest process is named by its task (`comm[tgid]`) where the log has task frames (Linux
+//! guests), else by its address space: `cr3:0x...`. [`ProcessKey`] is what identifies it, so a
+//! later source of names (another frame type, a symbol file) only changes [`Namer::process`].
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+
+use hvprof_samplelog::Decoded;
+
+use crate::linux::{GuestKernel, KERNEL_MODULE, TaskTimeline};
+use crate::report::Images;
+use crate::symbols::{Symbols, hex};
+
+/// One VM of the capture's header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmMeta {
+    pub id: u16,
+    pub name: String,
+    pub image: String,
+    pub build_id: Vec<u8>,
+    pub vcpus: u16,
+}
+
+/// The VMs the header lists.
+pub fn vm_table(decoded: &Decoded) -> Vec<VmMeta> {
+    decoded
+        .header
+        .as_ref()
+        .map(|h| {
+            h.vms
+                .iter()
+                .map(|v| VmMeta {
+                    id: v.id,
+                    name: v.name.as_str().to_owned(),
+                    image: v.image.as_str().to_owned(),
+                    build_id: v.image_build_id.as_bytes().to_vec(),
+                    vcpus: v.vcpus,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Names an address in `symbols`, or `[unknown]` with the address.
+pub fn function_name(symbols: Option<&Symbols>, addr: u64) -> String {
+    symbols
+        .and_then(|s| s.lookup(addr))
+        .map_or_else(|| format!("[unknown] {addr:#x}"), str::to_owned)
+}
+
+/// The name of a basic VM exit reason (Intel SDM Vol. 3D Table C-1), as `perf kvm stat` and the
+/// hypervisor's own exit statistics print it.
+pub fn exit_name(reason: u16) -> String {
+    match hvprof_vmx::exit::BasicExit::from_number(reason) {
+        Some(b) => b.name().to_owned(),
+        None if reason == hvprof_samplelog::NO_EXIT => "NONE".to_owned(),
+        None => format!("EXIT_{reason}"),
+    }
+}
+
+/// Who a guest process is, before it is named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProcessKey {
+    /// A task of a Linux guest (index into the task table).
+    Task(u32),
+    /// An address space: the guest's CR3.
+    Cr3(u64),
+}
+
+/// Names samples the same way everywhere.
+pub struct Namer<'a> {
+    images: &'a Images,
+    pub vms: Vec<VmMeta>,
+    guest_symbols: HashMap<u16, &'a Symbols>,
+    kernels: HashMap<u16, GuestKernel>,
+    /// Linux VMs: they printed their `IA32_LSTAR`, or the log has task frames for them.
+    linux: HashSet<u16>,
+    tasks: TaskTimeline,
+}
+
+impl<'a> Namer<'a> {
+    /// Matches each VM with its image (by build id, else by file name), each Linux VM with the
+    /// kernel at its KASLR slide; says in `warnings` what stays unnamed.
+    pub fn new(decoded: &Decoded, images: &'a Images, warnings: &mut Vec<String>) -> Self {
+        let vms = vm_table(decoded);
+        let lstars = crate::linux::lstar_lines(&decoded.text_joined());
+        let mut linux: HashSet<u16> = decoded.tasks.iter().map(|t| t.vm).collect();
+        linux.extend(
+            vms.iter()
+                .filter(|v| lstars.contains_key(&v.name))
+                .map(|v| v.id),
+        );
+        let guest_symbols = vms
+            .iter()
+            .filter_map(|v| {
+                let by_id = (!v.build_id.is_empty())
+                    .then(|| {
+                        images
+                            .guests
+                            .iter()
+                            .find(|s| s.build_id.as_deref() == Some(v.build_id.as_slice()))
+                    })
+                    .flatten();
+                let found = by_id.or_else(|| {
+                    images.guests.iter().find(|s| {
+                        s.module == v.image || s.module == v.image.trim_end_matches(".elf")
+                    })
+                });
+                if found.is_none() && !linux.contains(&v.id) {
+                    warnings.push(format!(
+                        "no symbols for VM {} (image {}, build id {}): its functions are shown as addresses",
+                        v.name,
+                        v.image,
+                        if v.build_id.is_empty() { "none".into() } else { hex(&v.build_id) }
+                    ));
+                }
+                found.map(|s| (v.id, s))
+            })
+            .collect();
+        let mut kernels = HashMap::default();
+        if let Some(image) = &images.kernel {
+            for v in &vms {
+                let Some(&lstar) = lstars.get(&v.name) else {
+                    continue;
+                };
+                match image.kaslr_slide(lstar) {
+                    Ok(slide) => {
+                        kernels.insert(
+                            v.id,
+                            GuestKernel {
+                                image: image.clone(),
+                                slide,
+                            },
+                        );
+                    }
+                    Err(e) => warnings.push(format!(
+                        "VM {}: the kernel given does not match its IA32_LSTAR {lstar:#x} ({e}): kernel functions are shown as addresses",
+                        v.name
+                    )),
+                }
+            }
+            if kernels.is_empty() {
+                warnings.push(
+                    "--kernel given, but no VM printed its IA32_LSTAR (not a Linux guest, or it did not stop)"
+                        .into(),
+                );
+            }
+        }
+        Namer {
+            images,
+            vms,
+            guest_symbols,
+            kernels,
+            linux,
+            tasks: TaskTimeline::new(&decoded.tasks),
+        }
+    }
+
+    /// The VM's name (`vm<N>` for a VM the header does not list).
+    pub fn vm_name(&self, vm: u16) -> String {
+        self.vms
+            .iter()
+            .find(|v| v.id == vm)
+            .map_or_else(|| format!("vm{vm}"), |v| v.name.clone())
+    }
+
+    /// The VM's image file name (empty when unknown).
+    pub fn vm_image(&self, vm: u16) -> &str {
+        self.vms
+            .iter()
+            .find(|v| v.id == vm)
+            .map_or("", |v| v.image.as_str())
+    }
+
+    /// Whether the VM is a Linux guest (named by kernel, process and user image).
+    pub fn is_linux(&self, vm: u16) -> bool {
+        self.linux.contains(&vm)
+    }
+
+    /// The symbols matched to a VM's image.
+    pub fn guest_symbols(&self, vm: u16) -> Option<&'a Symbols> {
+        self.guest_symbols.get(&vm).copied()
+    }
+
+    /// The task a Linux guest's vCPU ran at `tsc`, from the task frames.
+    pub fn task(&self, vm: u16, vcpu: u16, tsc: u64) -> Option<&str> {
+        self.tasks.task_at(vm, vcpu, tsc)
+    }
+
+    /// Who ran in the guest: its task where the log names it, else its address space.
+    pub fn process_key(&self, vm: u16, vcpu: u16, tsc: u64, cr3: u64) -> ProcessKey {
+        match self.tasks.task_index_at(vm, vcpu, tsc) {
+            Some(i) => ProcessKey::Task(i as u32),
+            None => ProcessKey::Cr3(cr3),
+        }
+    }
+
+    /// The process's label: `comm[tgid]` for a task, `cr3:0x...` for an address space.
+    pub fn process(&self, key: ProcessKey) -> String {
+        match key {
+            ProcessKey::Task(i) => self.tasks.label(i as usize).to_owned(),
+            ProcessKey::Cr3(cr3) => format!("cr3:{cr3:#x}"),
+        }
+    }
+
+    /// A guest sample's function and module. Linux guests: kernel mode under
+    /// `[guest.kallsyms]` (named with `--kernel`), user mode from the image named like the
+    /// process (`--image w41` for `w41[57]`). Other guests: their image's symbols.
+    pub fn guest_function(
+        &self,
+        vm: u16,
+        user: bool,
+        rip: u64,
+        process: Option<&str>,
+    ) -> (String, String) {
+        if !self.is_linux(vm) {
+            return (
+                function_name(self.guest_symbols(vm), rip),
+                self.vm_image(vm).to_owned(),
+            );
+        }
+        if user {
+            let comm = process.map(|p| p.split_once('[').map_or(p, |(c, _)| c));
+            match comm.and_then(|c| self.images.guests.iter().find(|s| s.module == c)) {
+                Some(s) => (function_name(Some(s), rip), s.module.clone()),
+                None => (format!("[unknown] {rip:#x}"), "[unknown]".into()),
+            }
+        } else {
+            (
+                crate::linux::kernel_function(self.kernels.get(&vm), rip),
+                KERNEL_MODULE.into(),
+            )
+        }
+    }
+
+    /// A hypervisor address's function.
+    pub fn hypervisor_function(&self, rip: u64) -> String {
+        function_name(self.images.hypervisor.as_ref(), rip)
+    }
+}

@@ -1,0 +1,126 @@
+//! A progress bar for long runs (indicatif): drawn on stderr only when stderr is a terminal, and
+//! only once the work has taken more than a second, so short runs, pipes, files and tests never
+//! see it.
+
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// How long the work runs before the bar appears.
+const DELAY: Duration = Duration::from_secs(1);
+
+pub struct Progress {
+    bar: ProgressBar,
+    start: Instant,
+    tty: bool,
+    shown: AtomicBool,
+}
+
+impl Progress {
+    /// A bar that may appear on stderr (a terminal) after a second.
+    pub fn new() -> Self {
+        Self::with_terminal(std::io::stderr().is_terminal())
+    }
+
+    /// A bar that never draws (libraries, tests).
+    pub fn hidden() -> Self {
+        Self::with_terminal(false)
+    }
+
+    fn with_terminal(tty: bool) -> Self {
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
+        Progress {
+            bar,
+            start: Instant::now(),
+            tty,
+            shown: AtomicBool::new(false),
+        }
+    }
+
+    /// Starts a phase: `what` with `len` steps of `unit` (a spinner with a count when the
+    /// length is unknown).
+    pub fn phase(&self, what: &str, len: Option<u64>, unit: &str) {
+        let template = if len.is_some() {
+            format!(
+                "{{msg:12}} [{{bar:40}}] {{human_pos}}/{{human_len}} {unit} ({{per_sec}}, {{eta}} left)"
+            )
+        } else {
+            format!("{{spinner}} {{msg:12}} {{human_pos}} {unit} ({{per_sec}})")
+        };
+        if let Ok(style) = ProgressStyle::with_template(&template) {
+            self.bar.set_style(style.progress_chars("=> "));
+        }
+        self.bar.set_message(what.to_owned());
+        self.bar.set_position(0);
+        match len {
+            Some(n) => self.bar.set_length(n),
+            None => self.bar.unset_length(),
+        }
+        self.maybe_show();
+    }
+
+    /// `n` more steps done.
+    pub fn inc(&self, n: u64) {
+        self.bar.inc(n);
+        self.maybe_show();
+    }
+
+    fn maybe_show(&self) {
+        if self.tty
+            && !self.shown.load(Ordering::Relaxed)
+            && self.start.elapsed() >= DELAY
+            && !self.shown.swap(true, Ordering::Relaxed)
+        {
+            self.bar.set_draw_target(ProgressDrawTarget::stderr());
+        }
+    }
+
+    /// Removes the bar (if it was drawn).
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn never_drawn_without_a_terminal() {
+        let p = Progress::hidden();
+        p.phase("decoding", None, "records");
+        p.inc(10);
+        p.phase("writing", Some(100), "samples");
+        p.inc(100);
+        assert!(!p.shown.load(Ordering::Relaxed));
+        assert!(p.bar.is_hidden());
+        p.finish();
+    }
+
+    #[test]
+    fn drawn_on_a_terminal_only_after_the_delay() {
+        let p = Progress::with_terminal(true);
+        p.phase("decoding", None, "records");
+        p.inc(1);
+        assert!(
+            !p.shown.load(Ordering::Relaxed),
+            "not within the first second"
+        );
+        // Pretend the work started long ago.
+        let p = Progress {
+            start: Instant::now() - Duration::from_secs(2),
+            ..Progress::with_terminal(true)
+        };
+        p.inc(1);
+        assert!(p.shown.load(Ordering::Relaxed));
+        p.finish();
+    }
+}
