@@ -285,9 +285,11 @@ fn check_two(run: &ProfileRun) -> Result<(), String> {
 
 /// The Linux scenarios.
 pub fn all() -> Vec<Scenario> {
+    // A 2 ms period: 10,000 samples of w41's 80 M instructions, and half the sampling exits of
+    // the boot (each also reads the running task).
     let boot = |name: &str| {
         Scenario::new(name, Emulator::bochs(HASWELL))
-            .cmdline("export=end")
+            .cmdline("export=end period=2ms")
             .timeout(Duration::from_secs(240))
     };
     vec![
