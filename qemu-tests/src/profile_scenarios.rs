@@ -338,12 +338,7 @@ fn check_two_vcpus(run: &ProfileRun) -> Result<(), String> {
                 50.0,
                 2.0,
             ),
-            within(
-                &format!("vCPU {i} sample-based minus event-based steal"),
-                num(t, "/exact/steal_difference")?,
-                0.0,
-                1.0,
-            ),
+            events_agree(&format!("vCPU {i}"), t)?,
         ] {
             if let Err(e) = r {
                 errors.push(e);
@@ -351,6 +346,16 @@ fn check_two_vcpus(run: &ProfileRun) -> Result<(), String> {
         }
     }
     all_of(errors.into_iter().map(Err))
+}
+
+/// The sample-based steal of a vCPU (or VM) table agrees with its scheduling events (±1 point).
+fn events_agree(what: &str, t: &Value) -> Result<Result<(), String>, String> {
+    Ok(within(
+        &format!("{what} sample-based minus event-based steal"),
+        num(t, "/exact/steal_difference")?,
+        0.0,
+        1.0,
+    ))
 }
 
 /// A scheduling scenario's log must be whole: the shares are judged on every sample and event.
@@ -425,12 +430,7 @@ fn check_two_pinned(run: &ProfileRun) -> Result<(), String> {
                 100.0,
                 1.0,
             ),
-            within(
-                &format!("vCPU {i} sample-based minus event-based steal"),
-                num(t, "/exact/steal_difference")?,
-                0.0,
-                1.0,
-            ),
+            events_agree(&format!("vCPU {i}"), t)?,
         ] {
             if let Err(e) = r {
                 errors.push(e);
