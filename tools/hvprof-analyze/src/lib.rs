@@ -3,11 +3,18 @@
 //! statistics, `perf script` text, pprof and Firefox Profiler files, the HTML page.
 //! The binary (`main.rs`) is the command line over it.
 
+pub mod chart;
+pub mod firefox;
+pub mod flame;
+pub mod html;
 pub mod linux;
 pub mod naming;
+pub mod pprof;
 pub mod profile;
 pub mod progress;
 pub mod report;
+pub mod script;
+pub mod stat;
 pub mod symbols;
 pub mod text;
 pub mod timeline;

@@ -1,18 +1,28 @@
 //! `hvprof-analyze`: reads a serial capture of hvprof (console text with the sample log's frames
-//! in it) and prints the unified profile of the machine.
+//! in it) and prints the unified profile of the machine, or draws it, or exports it.
 //!
 //! ```text
 //! hvprof-analyze report LOG [--hypervisor ELF] [--image ELF]... [--kernel VMLINUX] [--json] [--top N] [--vm NAME]
+//! hvprof-analyze timeline LOG [...] [-o FILE.svg] [--bins N]
+//! hvprof-analyze flamegraph LOG [...] [-o FILE.svg]
+//! hvprof-analyze stat LOG [...] [--json]
+//! hvprof-analyze script LOG [...] [-o FILE]
+//! hvprof-analyze export LOG [...] [--pprof FILE.pb.gz] [--firefox FILE.json]
+//! hvprof-analyze html LOG [...] [-o FILE.html]
 //! hvprof-analyze decode LOG [--text] [--records]
 //! ```
+//! (`[...]`: the symbol options of `report`.) `docs/ANALYZER.md` describes every command.
 
-use hvprof_analyze::{report, symbols, text};
-
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+
+use hvprof_analyze::profile::{LoadOptions, Profile};
+use hvprof_analyze::progress::Progress;
+use hvprof_analyze::{chart, firefox, flame, html, pprof, report, script, stat, symbols, text};
 
 #[derive(Parser)]
 #[command(
@@ -25,18 +35,33 @@ struct Cli {
     command: Cmd,
 }
 
+/// The capture and what names its addresses.
+#[derive(Args)]
+struct Input {
+    /// The serial capture.
+    log: PathBuf,
+    /// The hypervisor's ELF, for its function names.
+    #[arg(long)]
+    hypervisor: Option<PathBuf>,
+    /// A guest image (ELF), matched to VMs by build id, else by file name. Repeatable.
+    #[arg(long = "image")]
+    images: Vec<PathBuf>,
+    /// The Linux guests' kernel (decompressed vmlinux, or the bzImage): kernel functions by
+    /// name under [guest.kallsyms], processes by name from the task frames, user functions
+    /// from the `--image` named like the process.
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// Name the Linux guests' processes from the task frames even without `--kernel`.
+    #[arg(long)]
+    processes: bool,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// The host-level and guest-level tables (the paper's Tables 3-5).
     Report {
-        /// The serial capture.
-        log: PathBuf,
-        /// The hypervisor's ELF, for its function names.
-        #[arg(long)]
-        hypervisor: Option<PathBuf>,
-        /// A guest image (ELF), matched to VMs by build id, else by file name. Repeatable.
-        #[arg(long = "image")]
-        images: Vec<PathBuf>,
+        #[command(flatten)]
+        input: Input,
         /// Print JSON instead of tables.
         #[arg(long)]
         json: bool,
@@ -46,19 +71,78 @@ enum Cmd {
         /// Only this VM's guest-level table.
         #[arg(long)]
         vm: Option<String>,
-        /// The Linux guests' kernel (decompressed vmlinux, or the bzImage): kernel functions by
-        /// name under [guest.kallsyms], processes by name from the task frames, user functions
-        /// from the `--image` named like the process.
+    },
+    /// Stacked bars over host time per pCPU and per vCPU (SVG): guest user, guest kernel,
+    /// hypervisor by exit reason, idle, steal.
+    Timeline {
+        #[command(flatten)]
+        input: Input,
+        /// Output file (default: standard output).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Bars (time bins) per row.
+        #[arg(long, default_value_t = 120)]
+        bins: usize,
+    },
+    /// A flame graph (SVG, inferno): VM;process;module;function.
+    Flamegraph {
+        #[command(flatten)]
+        input: Input,
+        /// Output file (default: standard output).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Exit statistics in the manner of `perf kvm stat`: exact from the hypervisor's tables,
+    /// estimated from the samples (per VM and per vCPU).
+    Stat {
+        #[command(flatten)]
+        input: Input,
+        /// Print JSON instead of tables.
         #[arg(long)]
-        kernel: Option<PathBuf>,
-        /// Name the Linux guests' processes from the task frames even without `--kernel`.
+        json: bool,
+    },
+    /// Every sample as `perf script` text (for FlameGraph, inferno, speedscope, the Firefox
+    /// Profiler).
+    Script {
+        #[command(flatten)]
+        input: Input,
+        /// Output file (default: standard output).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Standard profile files: pprof (gzipped profile.proto) and the Firefox Profiler's format.
+    Export {
+        #[command(flatten)]
+        input: Input,
+        /// Write a pprof profile here (`go tool pprof`, `pprof -http`).
         #[arg(long)]
-        processes: bool,
+        pprof: Option<PathBuf>,
+        /// Write a Firefox Profiler profile (JSON) here.
+        #[arg(long)]
+        firefox: Option<PathBuf>,
+    },
+    /// One self-contained HTML page: the tables, the timeline, the flame graph, the exit
+    /// statistics.
+    Html {
+        #[command(flatten)]
+        input: Input,
+        /// Output file (default: standard output).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Bars (time bins) per timeline row.
+        #[arg(long, default_value_t = 120)]
+        bins: usize,
+        /// Rows per table.
+        #[arg(long, default_value_t = 25)]
+        top: usize,
     },
     /// Throughput on a synthetic capture of N samples (the figure `cargo xtask bench` records).
     BenchSynthetic {
         #[arg(default_value_t = 10_000_000)]
         samples: u64,
+        /// Also time `script` and `export --pprof` on it.
+        #[arg(long)]
+        exports: bool,
     },
     /// What the capture holds: frames, records, losses, console text.
     Decode {
@@ -75,6 +159,15 @@ enum Cmd {
 fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
+        // `hvprof-analyze script LOG | head`: the reader has what it wanted.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("hvprof-analyze: error: {e:#}");
             ExitCode::FAILURE
@@ -82,57 +175,120 @@ fn main() -> ExitCode {
     }
 }
 
+/// Reads the symbol files `input` names (a file that cannot be used is a warning, except the
+/// kernel, which must be one).
+fn load_images(input: &Input) -> Result<report::Images> {
+    let mut imgs = report::Images::default();
+    if let Some(k) = &input.kernel {
+        let image = if linux_guest::BzImage::parse(
+            &std::fs::read(k).with_context(|| format!("cannot read {}", k.display()))?,
+        )
+        .is_ok()
+        {
+            linux_guest::KernelImage::from_bzimage(k)
+        } else {
+            linux_guest::KernelImage::from_vmlinux(k)
+        };
+        imgs.kernel = Some(image.with_context(|| {
+            format!(
+                "{}: not a Linux kernel image hvprof-analyze can read",
+                k.display()
+            )
+        })?);
+    }
+    if let Some(h) = &input.hypervisor {
+        match symbols::Symbols::load(h) {
+            Ok(s) => imgs.hypervisor = Some(s),
+            Err(e) => {
+                eprintln!("hvprof-analyze: warning: {e:#}; hypervisor addresses stay hex")
+            }
+        }
+    }
+    for i in &input.images {
+        match symbols::Symbols::load(i) {
+            Ok(s) if s.is_empty() => eprintln!(
+                "hvprof-analyze: warning: {} has no function symbols (stripped?)",
+                i.display()
+            ),
+            Ok(s) => imgs.guests.push(s),
+            Err(e) => eprintln!("hvprof-analyze: warning: {e:#}"),
+        }
+    }
+    Ok(imgs)
+}
+
+/// Decodes and names the capture, with a progress bar on a terminal.
+fn load_profile(input: &Input, progress: &Progress) -> Result<Profile> {
+    let images = load_images(input)?;
+    let p = Profile::load(
+        &input.log,
+        &images,
+        LoadOptions {
+            threads: threads(),
+            keep_guest: input.kernel.is_some() || input.processes,
+        },
+        progress,
+    )?;
+    for w in &p.report.warnings {
+        eprintln!("hvprof-analyze: warning: {w}");
+    }
+    Ok(p)
+}
+
+/// Standard output, or a file created for writing.
+fn output(path: Option<&Path>) -> Result<Box<dyn Write>> {
+    Ok(match path {
+        None => Box::new(std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::io::stdout().lock(),
+        )),
+        Some(p) if p.as_os_str() == "-" => Box::new(std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::io::stdout().lock(),
+        )),
+        Some(p) => Box::new(std::io::BufWriter::with_capacity(
+            1 << 20,
+            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
+        )),
+    })
+}
+
+/// The capture's file name, for titles.
+fn source_name(log: &Path) -> String {
+    log.file_name().map_or_else(
+        || log.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
+}
+
+fn finish(mut out: Box<dyn Write>, what: Option<&Path>) -> Result<()> {
+    out.flush().with_context(|| match what {
+        Some(p) => format!("cannot write {}", p.display()),
+        None => "cannot write to standard output".into(),
+    })
+}
+
 fn run(cli: Cli) -> Result<()> {
+    let progress = Progress::new();
+    let result = run_with(cli, &progress);
+    progress.finish();
+    result
+}
+
+fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
     match cli.command {
         Cmd::Report {
-            log,
-            hypervisor,
-            images,
+            input,
             json,
             top,
             vm,
-            kernel,
-            processes,
         } => {
+            let log = &input.log;
             let bytes =
-                std::fs::read(&log).with_context(|| format!("cannot read {}", log.display()))?;
-            let mut imgs = report::Images::default();
-            if let Some(k) = &kernel {
-                let image = if linux_guest::BzImage::parse(
-                    &std::fs::read(k).with_context(|| format!("cannot read {}", k.display()))?,
-                )
-                .is_ok()
-                {
-                    linux_guest::KernelImage::from_bzimage(k)
-                } else {
-                    linux_guest::KernelImage::from_vmlinux(k)
-                };
-                imgs.kernel = Some(image.with_context(|| {
-                    format!(
-                        "{}: not a Linux kernel image hvprof-analyze can read",
-                        k.display()
-                    )
-                })?);
-            }
-            let (decoded, agg) = report::analyze(&bytes, threads(), kernel.is_some() || processes);
-            if let Some(h) = hypervisor {
-                match symbols::Symbols::load(&h) {
-                    Ok(s) => imgs.hypervisor = Some(s),
-                    Err(e) => {
-                        eprintln!("hvprof-analyze: warning: {e:#}; hypervisor addresses stay hex")
-                    }
-                }
-            }
-            for i in images {
-                match symbols::Symbols::load(&i) {
-                    Ok(s) if s.is_empty() => eprintln!(
-                        "hvprof-analyze: warning: {} has no function symbols (stripped?)",
-                        i.display()
-                    ),
-                    Ok(s) => imgs.guests.push(s),
-                    Err(e) => eprintln!("hvprof-analyze: warning: {e:#}"),
-                }
-            }
+                std::fs::read(log).with_context(|| format!("cannot read {}", log.display()))?;
+            let imgs = load_images(&input)?;
+            let (decoded, agg) =
+                report::analyze(&bytes, threads(), input.kernel.is_some() || input.processes);
             let r = report::build_from(&decoded, agg, &imgs);
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
@@ -141,8 +297,96 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Cmd::BenchSynthetic { samples } => {
-            bench_synthetic(samples);
+        Cmd::Timeline {
+            input,
+            output: path,
+            bins,
+        } => {
+            if bins == 0 {
+                bail!("--bins must be at least 1");
+            }
+            let p = load_profile(&input, progress)?;
+            let mut out = output(path.as_deref())?;
+            chart::write(
+                &p,
+                bins,
+                &format!("hvprof timeline: {}", source_name(&input.log)),
+                &mut out,
+            )?;
+            finish(out, path.as_deref())
+        }
+        Cmd::Flamegraph {
+            input,
+            output: path,
+        } => {
+            let p = load_profile(&input, progress)?;
+            let mut out = output(path.as_deref())?;
+            flame::write(
+                &p,
+                &format!("hvprof flame graph: {}", source_name(&input.log)),
+                true,
+                &mut out,
+            )?;
+            finish(out, path.as_deref())
+        }
+        Cmd::Stat { input, json } => {
+            let p = load_profile(&input, progress)?;
+            let s = stat::build(&p);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                print!("{}", stat::render(&s));
+            }
+            Ok(())
+        }
+        Cmd::Script {
+            input,
+            output: path,
+        } => {
+            let p = load_profile(&input, progress)?;
+            let mut out = output(path.as_deref())?;
+            script::write(&p, &mut out, progress)
+                .with_context(|| "cannot write the perf script text")?;
+            finish(out, path.as_deref())
+        }
+        Cmd::Export {
+            input,
+            pprof: pprof_path,
+            firefox: firefox_path,
+        } => {
+            if pprof_path.is_none() && firefox_path.is_none() {
+                bail!("export: say what to write: --pprof FILE and/or --firefox FILE");
+            }
+            let p = load_profile(&input, progress)?;
+            if let Some(path) = &pprof_path {
+                let mut out = output(Some(path))?;
+                pprof::write(&p, &mut out, progress)?;
+                finish(out, Some(path))?;
+            }
+            if let Some(path) = &firefox_path {
+                let mut out = output(Some(path))?;
+                firefox::write(&p, &mut out, progress)?;
+                finish(out, Some(path))?;
+            }
+            Ok(())
+        }
+        Cmd::Html {
+            input,
+            output: path,
+            bins,
+            top,
+        } => {
+            if bins == 0 {
+                bail!("--bins must be at least 1");
+            }
+            let p = load_profile(&input, progress)?;
+            let page = html::render(&p, &source_name(&input.log), bins, top)?;
+            let mut out = output(path.as_deref())?;
+            out.write_all(page.as_bytes())?;
+            finish(out, path.as_deref())
+        }
+        Cmd::BenchSynthetic { samples, exports } => {
+            bench_synthetic(samples, exports);
             Ok(())
         }
         Cmd::Decode { log, text, records } => {
@@ -157,7 +401,7 @@ fn run(cli: Cli) -> Result<()> {
 
 /// Generates a realistic synthetic capture (hvprof-samplelog's generator: 4 pCPUs, several VMs,
 /// hot functions, jitter), then times decoding and the report's aggregation.
-fn bench_synthetic(samples: u64) {
+fn bench_synthetic(samples: u64, exports: bool) {
     use hvprof_samplelog::synth::{self, CaptureOptions, SynthConfig};
     use std::time::Instant;
     let pcpus = 4u16;
@@ -191,6 +435,54 @@ fn bench_synthetic(samples: u64) {
             n / took.as_secs_f64() / 1e6,
             r.total_samples
         );
+    }
+    if exports {
+        let t = Instant::now();
+        let p = Profile::from_bytes(
+            &cap.bytes,
+            &report::Images::default(),
+            LoadOptions {
+                threads: threads(),
+                keep_guest: false,
+            },
+            &Progress::hidden(),
+        );
+        let took = t.elapsed();
+        println!(
+            "profile (decode, report, name every sample): {took:.2?}, {:.1} M samples/s",
+            n / took.as_secs_f64() / 1e6
+        );
+        let mut sink = Counting(0);
+        let t = Instant::now();
+        let _ = script::write(&p, &mut sink, &Progress::hidden());
+        let took = t.elapsed();
+        println!(
+            "script: {took:.2?}, {:.1} M samples/s, {:.1} MB of text",
+            n / took.as_secs_f64() / 1e6,
+            sink.0 as f64 / 1e6
+        );
+        let mut sink = Counting(0);
+        let t = Instant::now();
+        let _ = pprof::write(&p, &mut sink, &Progress::hidden());
+        let took = t.elapsed();
+        println!(
+            "pprof: {took:.2?}, {:.1} M samples/s, {:.2} MB gzipped",
+            n / took.as_secs_f64() / 1e6,
+            sink.0 as f64 / 1e6
+        );
+    }
+}
+
+/// A writer that only counts bytes.
+struct Counting(u64);
+
+impl Write for Counting {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

@@ -1,0 +1,223 @@
+//! Firefox Profiler export (fxprof-processed-profile, the processed profile format): each VM is a
+//! process and each of its vCPUs a thread, with its guest samples on the host time axis
+//! (stack: guest process, function) and markers for when it ran, was preempted or halted (from
+//! the scheduling events); the hypervisor is a process with one thread per pCPU holding its own
+//! samples (stack: whom it worked for and on which exit, function) and the idle loop's.
+//! pids and tids are those of the `perf script` output.
+
+use std::io::Write;
+
+use anyhow::{Context, Result};
+use fxprof_processed_profile::{
+    CategoryColor, CategoryHandle, CategoryPairHandle, CpuDelta, Frame, FrameFlags, FrameInfo,
+    MarkerFieldFlags, MarkerFieldFormat, MarkerTiming, Profile as FxProfile, ReferenceTimestamp,
+    SamplingInterval, StaticSchemaMarker, StaticSchemaMarkerField, StringHandle, ThreadHandle,
+    Timestamp,
+};
+use rustc_hash::FxHashMap as HashMap;
+
+use hvprof_samplelog::{EventKind, OutReason};
+
+use crate::profile::{Profile, What};
+use crate::progress::Progress;
+use crate::script::ids;
+
+/// A vCPU's scheduling interval.
+struct VcpuMarker {
+    name: StringHandle,
+    why: StringHandle,
+    category: CategoryHandle,
+}
+
+impl StaticSchemaMarker for VcpuMarker {
+    const UNIQUE_MARKER_TYPE_NAME: &'static str = "VcpuState";
+    const DESCRIPTION: Option<&'static str> =
+        Some("When the vCPU held a pCPU, and why it did not (from the scheduling events)");
+    const CHART_LABEL: Option<&'static str> = Some("{marker.data.why}");
+    const TABLE_LABEL: Option<&'static str> = Some("{marker.name}: {marker.data.why}");
+    const FIELDS: &'static [StaticSchemaMarkerField] = &[StaticSchemaMarkerField {
+        key: "why",
+        label: "Why",
+        format: MarkerFieldFormat::String,
+        flags: MarkerFieldFlags::SEARCHABLE,
+    }];
+
+    fn name(&self, _profile: &mut FxProfile) -> StringHandle {
+        self.name
+    }
+
+    fn category(&self, _profile: &mut FxProfile) -> CategoryHandle {
+        self.category
+    }
+
+    fn string_field_value(&self, _field_index: u32) -> StringHandle {
+        self.why
+    }
+
+    fn number_field_value(&self, _field_index: u32) -> f64 {
+        0.0
+    }
+}
+
+/// Builds the Firefox profile.
+pub fn build(p: &Profile, progress: &Progress) -> FxProfile {
+    let period_ns = p.ticks_to_ns(p.period_ticks).max(1);
+    let mut fx = FxProfile::new(
+        &format!(
+            "hvprof ({} pCPU(s), {} source, period {} TSC ticks)",
+            p.pcpus, p.report.source, p.period_ticks
+        ),
+        ReferenceTimestamp::from_millis_since_unix_epoch(0.0),
+        SamplingInterval::from_nanos(period_ns),
+    );
+    let user = fx.add_category("Guest user", CategoryColor::Yellow);
+    let kernel = fx.add_category("Guest kernel", CategoryColor::Orange);
+    let hyper = fx.add_category("Hypervisor", CategoryColor::Blue);
+    let idle = fx.add_category("Idle", CategoryColor::Transparent);
+    let sched = fx.add_category("Scheduling", CategoryColor::Green);
+    let (start, _) = p.span();
+    let ts =
+        |tsc: u64| Timestamp::from_nanos_since_reference(p.ticks_to_ns(tsc.saturating_sub(start)));
+    let t0 = ts(start);
+
+    // Processes and threads.
+    let mut processes = HashMap::default();
+    let mut threads: HashMap<(bool, u16, u16), ThreadHandle> = HashMap::default();
+    let hv = fx.add_process("hypervisor (hvprof)", 1, t0);
+    let mut thread = |fx: &mut FxProfile, guest: bool, a: u16, b: u16| -> ThreadHandle {
+        if let Some(&t) = threads.get(&(guest, a, b)) {
+            return t;
+        }
+        let t = if guest {
+            let (pid, tid) = ids(What::GuestUser, a, b, 0);
+            let process = *processes
+                .entry(a)
+                .or_insert_with(|| fx.add_process(&format!("VM {}", p.vm_name(a)), pid, t0));
+            let t = fx.add_thread(process, tid, t0, b == 0);
+            fx.set_thread_name(t, &format!("{} vCPU {b}", p.vm_name(a)));
+            t
+        } else {
+            let (_, tid) = ids(What::Hypervisor, 0, 0, a);
+            let t = fx.add_thread(hv, tid, t0, a == 0);
+            fx.set_thread_name(t, &format!("pCPU {a}"));
+            t
+        };
+        threads.insert((guest, a, b), t);
+        t
+    };
+
+    progress.phase("firefox", Some(p.samples.len() as u64), "samples");
+    // Stacks per (thread, frame), and the previous sample time per thread (CPU deltas).
+    let mut stacks: HashMap<(ThreadHandle, u32), Option<fxprof_processed_profile::StackHandle>> =
+        HashMap::default();
+    for (i, s) in p.samples.iter().enumerate() {
+        let guest = matches!(s.what, What::GuestKernel | What::GuestUser);
+        let t = if guest {
+            thread(&mut fx, true, s.vm, s.vcpu)
+        } else {
+            thread(&mut fx, false, s.pcpu, 0)
+        };
+        let stack = *stacks.entry((t, s.frame)).or_insert_with(|| {
+            let f = &p.frames[s.frame as usize];
+            let cat: CategoryPairHandle = match s.what {
+                What::GuestUser => user.into(),
+                What::GuestKernel => kernel.into(),
+                What::Hypervisor => hyper.into(),
+                What::Idle => idle.into(),
+            };
+            let mut names: Vec<String> = Vec::new();
+            match s.what {
+                What::GuestKernel | What::GuestUser => {
+                    names.push(f.process.clone());
+                    names.push(if f.module.is_empty() {
+                        f.function.clone()
+                    } else {
+                        format!("{} ({})", f.function, f.module)
+                    });
+                }
+                What::Hypervisor => {
+                    names.push(f.process.clone());
+                    names.push(f.function.clone());
+                }
+                What::Idle => names.push("[idle]".into()),
+            }
+            let frames: Vec<FrameInfo> = names
+                .iter()
+                .filter(|n| !n.is_empty())
+                .map(|n| FrameInfo {
+                    frame: Frame::Label(fx.intern_string(n)),
+                    category_pair: cat,
+                    flags: FrameFlags::empty(),
+                })
+                .collect();
+            fx.intern_stack_frames(t, frames.into_iter())
+        });
+        let cpu = if s.what == What::Idle {
+            CpuDelta::ZERO
+        } else {
+            CpuDelta::from_nanos(period_ns)
+        };
+        fx.add_sample(t, ts(s.tsc), stack, cpu, 1);
+        if i % 65536 == 65535 {
+            progress.inc(65536);
+        }
+    }
+
+    // Scheduling markers on the vCPU threads.
+    let mut open: HashMap<(u16, u16), u64> = HashMap::default();
+    let mut last_out: HashMap<(u16, u16), (u64, OutReason)> = HashMap::default();
+    let running = fx.intern_string("running");
+    let out_name = fx.intern_string("out");
+    for &(pcpu, e) in &p.events {
+        let key = (e.vm, e.vcpu);
+        let t = thread(&mut fx, true, e.vm, e.vcpu);
+        match e.kind {
+            EventKind::VcpuIn => {
+                if let Some((from, reason)) = last_out.remove(&key) {
+                    let why = fx.intern_string(match reason {
+                        OutReason::Halted => "halted (idle)",
+                        OutReason::Yielded => "yielded (steal)",
+                        _ => "preempted (steal)",
+                    });
+                    fx.add_marker(
+                        t,
+                        MarkerTiming::Interval(ts(from), ts(e.tsc)),
+                        VcpuMarker {
+                            name: out_name,
+                            why,
+                            category: sched,
+                        },
+                    );
+                }
+                open.insert(key, e.tsc);
+            }
+            EventKind::VcpuOut => {
+                if let Some(from) = open.remove(&key) {
+                    let why = fx.intern_string(&format!("on pCPU {pcpu}"));
+                    fx.add_marker(
+                        t,
+                        MarkerTiming::Interval(ts(from), ts(e.tsc)),
+                        VcpuMarker {
+                            name: running,
+                            why,
+                            category: sched,
+                        },
+                    );
+                }
+                if e.reason != OutReason::Stopped {
+                    last_out.insert(key, (e.tsc, e.reason));
+                }
+            }
+        }
+    }
+    for &t in threads.values() {
+        fx.set_thread_show_markers_in_timeline(t, true);
+    }
+    fx
+}
+
+/// Writes the profile as JSON (the Firefox Profiler opens it as it is, or gzipped).
+pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()> {
+    let fx = build(p, progress);
+    serde_json::to_writer(out, &fx).context("cannot write the Firefox profile")
+}

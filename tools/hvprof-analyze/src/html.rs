@@ -1,0 +1,292 @@
+//! One self-contained HTML page: the capture's figures, the timeline and the flame graph (inline
+//! SVG), the report's tables (host level, every VM and vCPU) and the exit statistics. No script,
+//! no external resource: it opens from a file, offline.
+
+use std::fmt::Write;
+
+use anyhow::Result;
+
+use crate::chart::Timeline;
+use crate::profile::Profile;
+use crate::report::{GuestTable, Row};
+use crate::stat::{SampledTable, Stat};
+
+/// Escapes text for HTML.
+pub fn esc(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// The `<svg>` element of an SVG document (without the XML declaration and doctype), without
+/// the `onload` handler inferno leaves when it writes no script (it would call a function that
+/// is not there).
+fn inline_svg(doc: &str) -> String {
+    let svg = doc.find("<svg").map_or(doc, |i| &doc[i..]);
+    svg.replacen(" onload=\"init(evt)\"", "", 1)
+}
+
+fn rows_table(out: &mut String, rows: &[Row], top: usize) {
+    let process = rows.iter().any(|r| r.process.is_some());
+    out.push_str(
+        "<table><thead><tr><th>Samples</th><th>%Ratio</th><th>Function</th><th>Module</th>",
+    );
+    if process {
+        out.push_str("<th>Process</th>");
+    }
+    out.push_str("</tr></thead><tbody>\n");
+    for r in rows.iter().take(top) {
+        let _ = write!(
+            out,
+            "<tr><td class=n>{}</td><td class=n>{:.2}</td><td>{}</td><td>{}</td>",
+            r.samples,
+            r.percent,
+            esc(&r.function),
+            esc(&r.module)
+        );
+        if process {
+            let _ = write!(out, "<td>{}</td>", esc(r.process.as_deref().unwrap_or("")));
+        }
+        out.push_str("</tr>\n");
+    }
+    out.push_str("</tbody></table>\n");
+    if rows.len() > top {
+        let _ = writeln!(out, "<p class=note>… {} more rows</p>", rows.len() - top);
+    }
+}
+
+fn guest_table(out: &mut String, title: &str, g: &GuestTable, top: usize) {
+    let _ = writeln!(
+        out,
+        "<h3>{}</h3><p>Total samples: {} &nbsp; OS:USER:IDLE:steal = {:.2}%:{:.2}%:{:.2}%:{:.2}%</p>",
+        esc(title),
+        g.samples,
+        g.os,
+        g.user,
+        g.idle,
+        g.steal
+    );
+    if let Some(e) = &g.exact {
+        let _ = writeln!(
+            out,
+            "<p>Exact, from the scheduling events: running {:.2}%, idle {:.2}%, steal {:.2}% of {} ticks (samples differ by {:+.2} and {:+.2} points)</p>",
+            e.running, e.idle, e.steal, e.ticks, e.idle_difference, e.steal_difference
+        );
+    }
+    rows_table(out, &g.rows, top);
+}
+
+fn sampled_table(out: &mut String, title: &str, t: &SampledTable) {
+    let _ = writeln!(
+        out,
+        "<h4>{}</h4><p>{} hypervisor samples on its exits, {} guest samples ({:.2}% hypervisor)</p>",
+        esc(title),
+        t.hypervisor_samples,
+        t.guest_samples,
+        t.hypervisor_percent
+    );
+    if t.reasons.is_empty() {
+        return;
+    }
+    out.push_str("<table><thead><tr><th>VM-EXIT</th><th>Samples</th><th>Samples%</th><th>Time (ticks) ± stddev</th><th>Per exit ± stddev</th></tr></thead><tbody>\n");
+    for r in &t.reasons {
+        let per = match (r.per_exit_ticks, r.per_exit_stddev_ticks) {
+            (Some(m), Some(s)) => format!("{m:.1} ± {s:.1}"),
+            _ => "–".into(),
+        };
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td class=n>{}</td><td class=n>{:.2}%</td><td class=n>{} ± {:.0}</td><td class=n>{}</td></tr>",
+            esc(&r.reason),
+            r.samples,
+            r.percent,
+            r.time_ticks,
+            r.time_stddev_ticks,
+            per
+        );
+    }
+    out.push_str("</tbody></table>\n");
+}
+
+fn stat_section(out: &mut String, s: &Stat) {
+    out.push_str("<h2 id=stat>Exit statistics</h2>\n");
+    for vm in &s.vms {
+        let _ = writeln!(out, "<h3>VM {} (vm {})</h3>", esc(&vm.name), vm.id);
+        match &vm.exact {
+            Some(e) => {
+                let _ = writeln!(
+                    out,
+                    "<h4>Exact, from the hypervisor's exit table: {} exits (handler cost, TSC ticks)</h4>",
+                    e.exits
+                );
+                out.push_str("<table><thead><tr><th>VM-EXIT</th><th>Samples</th><th>Samples%</th><th>Time%</th><th>Min</th><th>Max</th><th>Avg time ± stddev (bound)</th></tr></thead><tbody>\n");
+                for r in &e.reasons {
+                    let _ = writeln!(
+                        out,
+                        "<tr><td>{}</td><td class=n>{}</td><td class=n>{:.2}%</td><td class=n>{:.2}%</td><td class=n>{}</td><td class=n>{}</td><td class=n>{:.1} ± ≤{:.1}</td></tr>",
+                        esc(&r.reason),
+                        r.count,
+                        r.count_percent,
+                        r.time_percent,
+                        r.min_ticks,
+                        r.max_ticks,
+                        r.mean_ticks,
+                        r.stddev_bound_ticks
+                    );
+                }
+                out.push_str("</tbody></table>\n");
+            }
+            None => {
+                out.push_str("<p class=note>Exact: no exit table on the console for this VM.</p>\n")
+            }
+        }
+        sampled_table(out, "Estimated, from the samples (VM)", &vm.estimated);
+        if vm.vcpus.len() > 1 {
+            for c in &vm.vcpus {
+                sampled_table(
+                    out,
+                    &format!("Estimated, from the samples (vCPU {})", c.vcpu),
+                    &c.estimated,
+                );
+            }
+        }
+    }
+    for n in &s.notes {
+        let _ = writeln!(out, "<p class=note>{}</p>", esc(n));
+    }
+}
+
+const STYLE: &str = "body{font-family:sans-serif;margin:1.5em;color:#222;max-width:1250px}\
+h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;margin-top:1.6em}\
+table{border-collapse:collapse;margin:.4em 0 1em;font-size:.9em}\
+th,td{padding:.15em .6em;border-bottom:1px solid #eee;text-align:left}\
+td.n{text-align:right;font-variant-numeric:tabular-nums}\
+.note{color:#666;font-size:.85em}.warn{color:#a40}\
+figure{margin:0;overflow-x:auto}svg{max-width:100%;height:auto}\
+nav a{margin-right:1em}";
+
+/// Renders the page.
+pub fn render(p: &Profile, source: &str, bins: usize, top: usize) -> Result<String> {
+    let r = &p.report;
+    let timeline = Timeline::build(p, bins).svg(&format!("Timeline: {source}"))?;
+    let mut flame = Vec::new();
+    crate::flame::write(p, &format!("Flame graph: {source}"), false, &mut flame)?;
+    // Its style sheet would apply to the whole page: keep it to the flame graph.
+    let flame = inline_svg(&String::from_utf8_lossy(&flame))
+        .replacen("<svg ", "<svg class=\"flame\" ", 1)
+        .replacen("\ntext {", "\nsvg.flame text {", 1);
+    let stat = crate::stat::build(p);
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>\
+         <meta name=viewport content=\"width=device-width, initial-scale=1\">\
+         <title>hvprof: {}</title><style>{STYLE}</style></head><body>\n",
+        esc(source)
+    );
+    let _ = writeln!(out, "<h1>hvprof profile: {}</h1>", esc(source));
+    out.push_str("<nav><a href=#timeline>Timeline</a><a href=#flame>Flame graph</a><a href=#host>Host level</a><a href=#guests>Guest level</a><a href=#stat>Exit statistics</a></nav>\n");
+    let (start, end) = p.span();
+    let _ = writeln!(
+        out,
+        "<p>{} samples and {} scheduling events from {} pCPU(s), {} source, period {} TSC ticks, TSC {} Hz, {:.3} s of host time. \
+         Sample path cost: mean {:.1}, min {}, max {} ticks ({:.2}% of the period).</p>",
+        r.total_samples,
+        r.events,
+        r.pcpus,
+        r.source,
+        r.period_ticks,
+        r.tsc_hz,
+        p.seconds(end) - p.seconds(start),
+        r.cost.mean,
+        r.cost.min,
+        r.cost.max,
+        r.cost.percent_of_period
+    );
+    let l = &r.lost;
+    let _ = writeln!(
+        out,
+        "<p>Lost: {} blocks ({} samples, {} events), {} samples dropped in the hypervisor, {} damaged frames{}.</p>",
+        l.blocks,
+        l.samples,
+        l.events,
+        l.dropped,
+        l.damaged_frames,
+        if l.truncated {
+            "; TRUNCATED (no end frame)"
+        } else {
+            ""
+        }
+    );
+    for w in &r.warnings {
+        let _ = writeln!(out, "<p class=warn>warning: {}</p>", esc(w));
+    }
+    let _ = writeln!(
+        out,
+        "<h2 id=timeline>Timeline</h2><p class=note>Stacked bars over host time: per pCPU its samples, per vCPU its virtual stream (steal: another VM or vCPU held its pCPU; hypervisor: the work on its exits, by exit reason).</p><figure>{}</figure>",
+        inline_svg(&timeline)
+    );
+    let _ = writeln!(
+        out,
+        "<h2 id=flame>Flame graph</h2><p class=note>VM; process; module; function. Hover a frame for its samples.</p><figure>{}</figure>",
+        flame
+    );
+    let _ = writeln!(
+        out,
+        "<h2 id=host>Host level</h2><p>Total samples: {} &nbsp; HYPERVISOR:VM:IDLE = {:.2}%:{:.2}%:{:.2}%</p>",
+        r.total_samples, r.host.hypervisor, r.host.vm, r.host.idle
+    );
+    rows_table(&mut out, &r.host.rows, top);
+    out.push_str("<h2 id=guests>Guest level</h2>\n");
+    for vm in &r.vms {
+        guest_table(
+            &mut out,
+            &format!("VM {} ({})", vm.name, vm.image),
+            &vm.table,
+            top,
+        );
+        if vm.vcpus.len() > 1 {
+            for v in &vm.vcpus {
+                guest_table(
+                    &mut out,
+                    &format!("VM {} vCPU {}", vm.name, v.vcpu),
+                    &v.table,
+                    top,
+                );
+            }
+        }
+    }
+    stat_section(&mut out, &stat);
+    out.push_str("<p class=note>Made by hvprof-analyze.</p>\n</body></html>\n");
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_markup() {
+        assert_eq!(
+            esc("<a href=\"x\">&'</a>"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;&lt;/a&gt;"
+        );
+    }
+
+    #[test]
+    fn inline_svg_drops_the_prolog_and_the_handler() {
+        assert_eq!(
+            inline_svg("<?xml version=\"1.0\"?><!DOCTYPE svg><svg a=1 onload=\"init(evt)\"></svg>"),
+            "<svg a=1></svg>"
+        );
+    }
+}

@@ -1,0 +1,359 @@
+//! pprof export: a gzipped `profile.proto` (github.com/google/pprof, proto/profile.proto),
+//! encoded with prost. The messages are written out here with `#[derive(prost::Message)]`
+//! (field numbers and types as in profile.proto), so no `protoc` is needed.
+//!
+//! Values: `samples/count` and `cpu/nanoseconds` (one period each). Each sample's stack is its
+//! function, then its process, then its VM (leaf first, as pprof wants), so `pprof -top` lists
+//! functions and the flame graph groups VM → process → function; samples carry the labels `vm`,
+//! `process`, `vcpu`, `cr3` and `pcpu`. One pprof sample per distinct (stack, labels), with its
+//! counts.
+
+use std::io::Write;
+
+use anyhow::{Context, Result};
+use flate2::Compression;
+use flate2::write::GzEncoder;
+use prost::Message;
+use rustc_hash::FxHashMap as HashMap;
+
+use crate::profile::{Profile, What};
+use crate::progress::Progress;
+
+/// The messages of profile.proto.
+pub mod proto {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Profile {
+        #[prost(message, repeated, tag = "1")]
+        pub sample_type: Vec<ValueType>,
+        #[prost(message, repeated, tag = "2")]
+        pub sample: Vec<Sample>,
+        #[prost(message, repeated, tag = "3")]
+        pub mapping: Vec<Mapping>,
+        #[prost(message, repeated, tag = "4")]
+        pub location: Vec<Location>,
+        #[prost(message, repeated, tag = "5")]
+        pub function: Vec<Function>,
+        #[prost(string, repeated, tag = "6")]
+        pub string_table: Vec<String>,
+        #[prost(int64, tag = "7")]
+        pub drop_frames: i64,
+        #[prost(int64, tag = "8")]
+        pub keep_frames: i64,
+        #[prost(int64, tag = "9")]
+        pub time_nanos: i64,
+        #[prost(int64, tag = "10")]
+        pub duration_nanos: i64,
+        #[prost(message, optional, tag = "11")]
+        pub period_type: Option<ValueType>,
+        #[prost(int64, tag = "12")]
+        pub period: i64,
+        #[prost(int64, repeated, tag = "13")]
+        pub comment: Vec<i64>,
+        #[prost(int64, tag = "14")]
+        pub default_sample_type: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ValueType {
+        #[prost(int64, tag = "1")]
+        pub r#type: i64,
+        #[prost(int64, tag = "2")]
+        pub unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Sample {
+        #[prost(uint64, repeated, tag = "1")]
+        pub location_id: Vec<u64>,
+        #[prost(int64, repeated, tag = "2")]
+        pub value: Vec<i64>,
+        #[prost(message, repeated, tag = "3")]
+        pub label: Vec<Label>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Label {
+        #[prost(int64, tag = "1")]
+        pub key: i64,
+        #[prost(int64, tag = "2")]
+        pub str: i64,
+        #[prost(int64, tag = "3")]
+        pub num: i64,
+        #[prost(int64, tag = "4")]
+        pub num_unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Mapping {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub memory_start: u64,
+        #[prost(uint64, tag = "3")]
+        pub memory_limit: u64,
+        #[prost(uint64, tag = "4")]
+        pub file_offset: u64,
+        #[prost(int64, tag = "5")]
+        pub filename: i64,
+        #[prost(int64, tag = "6")]
+        pub build_id: i64,
+        #[prost(bool, tag = "7")]
+        pub has_functions: bool,
+        #[prost(bool, tag = "8")]
+        pub has_filenames: bool,
+        #[prost(bool, tag = "9")]
+        pub has_line_numbers: bool,
+        #[prost(bool, tag = "10")]
+        pub has_inline_frames: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Location {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub mapping_id: u64,
+        #[prost(uint64, tag = "3")]
+        pub address: u64,
+        #[prost(message, repeated, tag = "4")]
+        pub line: Vec<Line>,
+        #[prost(bool, tag = "5")]
+        pub is_folded: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Line {
+        #[prost(uint64, tag = "1")]
+        pub function_id: u64,
+        #[prost(int64, tag = "2")]
+        pub line: i64,
+        #[prost(int64, tag = "3")]
+        pub column: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Function {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(int64, tag = "2")]
+        pub name: i64,
+        #[prost(int64, tag = "3")]
+        pub system_name: i64,
+        #[prost(int64, tag = "4")]
+        pub filename: i64,
+        #[prost(int64, tag = "5")]
+        pub start_line: i64,
+    }
+}
+
+/// The string table (index 0 is "").
+#[derive(Default)]
+struct Strings {
+    table: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn new() -> Self {
+        let mut s = Strings::default();
+        s.get("");
+        s
+    }
+
+    fn get(&mut self, v: &str) -> i64 {
+        if let Some(&i) = self.index.get(v) {
+            return i;
+        }
+        let i = self.table.len() as i64;
+        self.table.push(v.to_owned());
+        self.index.insert(v.to_owned(), i);
+        i
+    }
+}
+
+/// Builds the pprof profile (not yet encoded).
+pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
+    let mut strings = Strings::new();
+    let mut mappings: Vec<proto::Mapping> = Vec::new();
+    let mut mapping_ids: HashMap<String, u64> = HashMap::default();
+    let mut functions: Vec<proto::Function> = Vec::new();
+    let mut locations: Vec<proto::Location> = Vec::new();
+    // (name, module) → location id (one function per location).
+    let mut loc_ids: HashMap<(String, String), u64> = HashMap::default();
+    let mut location = |name: &str, module: &str, strings: &mut Strings| -> u64 {
+        if let Some(&id) = loc_ids.get(&(name.to_owned(), module.to_owned())) {
+            return id;
+        }
+        let mapping_id = if module.is_empty() {
+            0
+        } else {
+            *mapping_ids.entry(module.to_owned()).or_insert_with(|| {
+                let id = mappings.len() as u64 + 1;
+                mappings.push(proto::Mapping {
+                    id,
+                    filename: strings.get(module),
+                    has_functions: true,
+                    ..Default::default()
+                });
+                id
+            })
+        };
+        let fid = functions.len() as u64 + 1;
+        let n = strings.get(name);
+        functions.push(proto::Function {
+            id: fid,
+            name: n,
+            system_name: n,
+            filename: strings.get(module),
+            start_line: 0,
+        });
+        let id = locations.len() as u64 + 1;
+        locations.push(proto::Location {
+            id,
+            mapping_id,
+            address: 0,
+            line: vec![proto::Line {
+                function_id: fid,
+                line: 0,
+                column: 0,
+            }],
+            is_folded: false,
+        });
+        loc_ids.insert((name.to_owned(), module.to_owned()), id);
+        id
+    };
+    // Each frame's stack, leaf first.
+    let stacks: Vec<Vec<u64>> = p
+        .frames
+        .iter()
+        .map(|f| {
+            let mut st = vec![location(&f.function, &f.module, &mut strings)];
+            if !f.process.is_empty() {
+                st.push(location(&f.process, "", &mut strings));
+            }
+            if !f.vm.is_empty() {
+                st.push(location(&f.vm, "", &mut strings));
+            }
+            st
+        })
+        .collect();
+    let keys = [
+        strings.get("vm"),
+        strings.get("process"),
+        strings.get("vcpu"),
+        strings.get("cr3"),
+        strings.get("pcpu"),
+    ];
+    progress.phase("pprof", Some(p.samples.len() as u64), "samples");
+    // (frame, vm, vcpu, cr3, pcpu) → samples.
+    let mut counts: HashMap<(u32, u16, u16, u64, u16), i64> = HashMap::default();
+    for (i, s) in p.samples.iter().enumerate() {
+        let guest = matches!(s.what, What::GuestKernel | What::GuestUser);
+        let key = (
+            s.frame,
+            s.vm,
+            s.vcpu,
+            if guest { s.cr3 } else { u64::MAX },
+            s.pcpu,
+        );
+        *counts.entry(key).or_default() += 1;
+        if i % 65536 == 65535 {
+            progress.inc(65536);
+        }
+    }
+    let mut entries: Vec<_> = counts.into_iter().collect();
+    entries.sort_unstable_by_key(|e| e.0);
+    let period_ns = p.ticks_to_ns(p.period_ticks) as i64;
+    let num = |key: i64, v: i64| proto::Label {
+        key,
+        num: v,
+        ..Default::default()
+    };
+    let samples = entries
+        .into_iter()
+        .map(|((frame, vm, vcpu, cr3, pcpu), n)| {
+            let f = &p.frames[frame as usize];
+            let mut label = Vec::new();
+            if vm != hvprof_samplelog::NO_VM {
+                label.push(proto::Label {
+                    key: keys[0],
+                    str: strings.get(&p.vm_name(vm)),
+                    ..Default::default()
+                });
+                label.push(num(keys[2], i64::from(vcpu)));
+            }
+            if cr3 != u64::MAX {
+                label.push(proto::Label {
+                    key: keys[1],
+                    str: strings.get(&f.process),
+                    ..Default::default()
+                });
+                label.push(num(keys[3], cr3 as i64));
+            }
+            label.push(num(keys[4], i64::from(pcpu)));
+            proto::Sample {
+                location_id: stacks[frame as usize].clone(),
+                value: vec![n, n * period_ns],
+                label,
+            }
+        })
+        .collect();
+    let (start, end) = p.span();
+    let sample_type = vec![
+        proto::ValueType {
+            r#type: strings.get("samples"),
+            unit: strings.get("count"),
+        },
+        proto::ValueType {
+            r#type: strings.get("cpu"),
+            unit: strings.get("nanoseconds"),
+        },
+    ];
+    let comment = vec![strings.get(&format!(
+        "hvprof: {} samples, {} pCPU(s), {} source, period {} TSC ticks, TSC {} Hz",
+        p.samples.len(),
+        p.pcpus,
+        p.report.source,
+        p.period_ticks,
+        p.tsc_hz
+    ))];
+    let period_type = Some(proto::ValueType {
+        r#type: strings.get("cpu"),
+        unit: strings.get("nanoseconds"),
+    });
+    proto::Profile {
+        sample_type,
+        sample: samples,
+        mapping: mappings,
+        location: locations,
+        function: functions,
+        string_table: strings.table,
+        duration_nanos: p.ticks_to_ns(end - start) as i64,
+        period_type,
+        period: period_ns,
+        comment,
+        ..Default::default()
+    }
+}
+
+/// Writes the gzipped profile.
+pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()> {
+    let profile = build(p, progress);
+    let mut gz = GzEncoder::new(out, Compression::default());
+    gz.write_all(&profile.encode_to_vec())
+        .and_then(|()| gz.try_finish())
+        .context("cannot write the pprof profile")
+}
+
+/// Reads a gzipped (or plain) profile.proto.
+pub fn read(bytes: &[u8]) -> Result<proto::Profile> {
+    let raw = if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut v = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(bytes), &mut v)
+            .context("not a gzip stream")?;
+        v
+    } else {
+        bytes.to_vec()
+    };
+    proto::Profile::decode(raw.as_slice()).context("not a profile.proto message")
+}
