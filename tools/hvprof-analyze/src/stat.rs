@@ -107,14 +107,18 @@ fn pct(n: f64, total: f64) -> f64 {
 pub fn parse_console(text: &str) -> HashMap<String, ExactVm> {
     let mut out: HashMap<String, ExactVm> = HashMap::default();
     for line in text.lines() {
-        let Some(rest) = line.trim_end_matches('\r').strip_prefix("vm ") else {
+        let Some((name, rest)) = line
+            .trim_end_matches('\r')
+            .strip_prefix("vm ")
+            .and_then(|r| r.split_once(": "))
+        else {
             continue;
         };
-        if let Some((name, tail)) = rest.split_once(": exits: ") {
+        if let Some(tail) = rest.strip_prefix("exits: ") {
             if let Some(n) = tail.split_whitespace().next().and_then(|n| n.parse().ok()) {
                 out.entry(name.to_owned()).or_default().exits = n;
             }
-        } else if let Some((name, tail)) = rest.split_once(": exit ") {
+        } else if let Some(tail) = rest.strip_prefix("exit ") {
             let f: Vec<&str> = tail.split_whitespace().collect();
             let vm = out.entry(name.to_owned()).or_default();
             if tail.starts_with("(unknown reason)") {
@@ -148,7 +152,7 @@ pub fn parse_console(text: &str) -> HashMap<String, ExactVm> {
                 stddev_bound_ticks: ((max as f64 - mean).max(0.0) * (mean - min as f64).max(0.0))
                     .sqrt(),
             });
-        } else if let Some((name, tail)) = rest.split_once(": io port ") {
+        } else if let Some(tail) = rest.strip_prefix("io port ") {
             let f: Vec<&str> = tail.split_whitespace().collect();
             if let (Some(port), Some(n)) = (f.first(), f.last().and_then(|n| n.parse().ok())) {
                 let port = if *port == "(others)" {

@@ -1,0 +1,143 @@
+//! The HTML report in a real browser: headless Chromium (Debian's `chromium`) opens the page made
+//! from an end-to-end capture, renders it with no console message (the page has no script of its
+//! own: any message is an error), and takes a screenshot, kept as an artifact in
+//! `target/tmp/hvprof-analyze/report.png`. Skipped, with a message, where Chromium is not
+//! installed (`cargo xtask test` installs it as root: package `chromium`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+/// Runs Chromium headless on `page` with `args`; (stdout, stderr).
+fn chromium(page: &Path, profile: &Path, args: &[String]) -> (String, String) {
+    let child = Command::new(CHROMIUM)
+        .args([
+            "--headless",
+            "--disable-gpu",
+            "--no-sandbox",
+            "--no-first-run",
+            "--hide-scrollbars",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--window-size=1280,2400",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(format!("file://{}", page.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start chromium");
+    // Read its output while it runs (the DOM fills a pipe), with a time limit.
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let Ok(out) = rx.recv_timeout(Duration::from_secs(180)) else {
+        let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+        panic!("chromium did not finish in 180 s");
+    };
+    let out = out.expect("chromium output");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Console messages in Chromium's log (`...:INFO:CONSOLE:12] "Uncaught ..."`, or
+/// `CONSOLE(12)` in older builds).
+fn console_lines(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.contains(":CONSOLE") || l.contains("CONSOLE(") || l.contains("Uncaught"))
+        .collect()
+}
+
+#[test]
+fn html_report_renders_in_chromium_without_console_errors() {
+    if !Path::new(CHROMIUM).exists() {
+        eprintln!(
+            "SKIPPED html_report_renders_in_chromium_without_console_errors: {CHROMIUM} is not installed (apt-get install chromium)"
+        );
+        return;
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hvprof-analyze");
+    std::fs::create_dir_all(&dir).unwrap();
+    let page = dir.join("report.html");
+    let shot = dir.join("report.png");
+    let _ = std::fs::remove_file(&shot);
+    let out = Command::new(env!("CARGO_BIN_EXE_hvprof-analyze"))
+        .arg("html")
+        .arg(data("sched-3vms-1pcpu.log"))
+        .arg("--hypervisor")
+        .arg(data("hvprof-3a995a71.sym"))
+        .arg("--image")
+        .arg(data("mix.elf"))
+        .arg("-o")
+        .arg(&page)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let profile = dir.join("chromium-profile");
+
+    // The rendered DOM: every section, both charts.
+    let (dom, stderr) = chromium(&page, &profile, &["--dump-dom".into()]);
+    assert!(
+        console_lines(&stderr).is_empty(),
+        "console messages:\n{}",
+        console_lines(&stderr).join("\n")
+    );
+    for want in [
+        "id=\"timeline\"",
+        "id=\"flame\"",
+        "id=\"host\"",
+        "id=\"guests\"",
+        "id=\"stat\"",
+        "work_a",
+        "PREEMPTION_TIMER",
+    ] {
+        assert!(dom.contains(want), "the rendered page lacks {want}");
+    }
+    assert!(dom.matches("<svg").count() >= 2, "both charts are inline");
+
+    // The screenshot, kept.
+    let (_, stderr) = chromium(
+        &page,
+        &profile,
+        &[format!("--screenshot={}", shot.display())],
+    );
+    assert!(
+        console_lines(&stderr).is_empty(),
+        "console messages:\n{}",
+        console_lines(&stderr).join("\n")
+    );
+    let png = std::fs::read(&shot).unwrap_or_else(|e| {
+        panic!(
+            "no screenshot at {} ({e}); chromium said:\n{stderr}",
+            shot.display()
+        )
+    });
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    assert!(png.len() > 20_000, "a blank page? {} bytes", png.len());
+    eprintln!("screenshot: {}", shot.display());
+}
+
+#[test]
+fn console_errors_are_recognised() {
+    let log = "[1:1:1122/110151.5:INFO:CONSOLE:1853] \"Uncaught ReferenceError: init is not defined\", source: file:///r.html (1853)\n\
+               [2:2:1122/110151.1:WARNING:ui/base/idle/idle_linux.cc:111] None of the known D-Bus ScreenSaver services could be used.\n";
+    assert_eq!(console_lines(log).len(), 1);
+}
