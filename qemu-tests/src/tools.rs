@@ -20,6 +20,7 @@ pub const APT_PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "ovmf",
     "valgrind",
+    "chromium",
 ];
 
 /// The Bochs term display plugin (Debian's multiarch path).
@@ -57,6 +58,8 @@ pub const REQUIREMENTS: &[(Requirement, &str)] = &[
     (Requirement::Ovmf, "ovmf"),
     // The Linux scenarios' ground truth: instructions per function (callgrind).
     (Requirement::Program("callgrind_annotate"), "valgrind"),
+    // The HTML report's check: headless Chromium renders it (hvprof-analyze's tests).
+    (Requirement::Program("chromium"), "chromium"),
 ];
 
 /// The full path of `program` on `PATH`.

@@ -230,7 +230,7 @@ fn load_profile(input: &Input, progress: &Progress) -> Result<Profile> {
         progress,
     )?;
     for w in &p.report.warnings {
-        eprintln!("hvprof-analyze: warning: {w}");
+        progress.warn(&format!("hvprof-analyze: warning: {w}"));
     }
     Ok(p)
 }

@@ -44,20 +44,20 @@ impl Progress {
     pub fn phase(&self, what: &str, len: Option<u64>, unit: &str) {
         let template = if len.is_some() {
             format!(
-                "{{msg:12}} [{{bar:40}}] {{human_pos}}/{{human_len}} {unit} ({{per_sec}}, {{eta}} left)"
+                "{{msg:12}} [{{bar:40}}] {{human_pos}}/{{human_len}} {unit} ({{elapsed}}, {{eta}} left)"
             )
         } else {
-            format!("{{spinner}} {{msg:12}} {{human_pos}} {unit} ({{per_sec}})")
+            format!("{{spinner}} {{msg:12}} {{human_pos}} {unit} ({{elapsed}})")
         };
-        if let Ok(style) = ProgressStyle::with_template(&template) {
-            self.bar.set_style(style.progress_chars("=> "));
-        }
-        self.bar.set_message(what.to_owned());
         self.bar.set_position(0);
         match len {
             Some(n) => self.bar.set_length(n),
             None => self.bar.unset_length(),
         }
+        if let Ok(style) = ProgressStyle::with_template(&template) {
+            self.bar.set_style(style.progress_chars("=> "));
+        }
+        self.bar.set_message(what.to_owned());
         self.maybe_show();
     }
 
@@ -75,6 +75,11 @@ impl Progress {
         {
             self.bar.set_draw_target(ProgressDrawTarget::stderr());
         }
+    }
+
+    /// Prints a line on stderr without tearing the bar.
+    pub fn warn(&self, line: &str) {
+        self.bar.suspend(|| eprintln!("{line}"));
     }
 
     /// Removes the bar (if it was drawn).
