@@ -253,12 +253,14 @@ fn output(path: Option<&Path>) -> Result<Box<dyn Write>> {
     })
 }
 
-/// The capture's file name, for titles.
+/// The capture's file name, for titles (with its folder for a scenario's `serial.log`).
 fn source_name(log: &Path) -> String {
-    log.file_name().map_or_else(
-        || log.display().to_string(),
-        |n| n.to_string_lossy().into_owned(),
-    )
+    let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
+    match (name(log), log.parent().and_then(name)) {
+        (Some(f), Some(dir)) if f == "serial.log" => format!("{dir}/{f}"),
+        (Some(f), _) => f,
+        (None, _) => log.display().to_string(),
+    }
 }
 
 fn finish(mut out: Box<dyn Write>, what: Option<&Path>) -> Result<()> {
