@@ -259,7 +259,15 @@ impl Timeline {
             .map_err(draw_err)?;
             let (plots, legend) = rest.split_vertically(row_h * self.rows.len().max(1) as u32);
             let n_bins = self.rows.first().map_or(1, |r| r.bins.len());
-            let x_max = self.bin_ticks as f64 * n_bins as f64 * self.ms_per_tick;
+            // Milliseconds for runs up to 10 s, seconds beyond.
+            let span_ms = self.bin_ticks as f64 * n_bins as f64 * self.ms_per_tick;
+            let (per_ms, unit) = if span_ms > 10_000.0 {
+                (1e-3, "s")
+            } else {
+                (1.0, "ms")
+            };
+            let x_max = span_ms * per_ms;
+            let x_desc = format!("host time ({unit} since the first sample)");
             let areas = plots.split_evenly((self.rows.len().max(1), 1));
             for (ri, (row, area)) in self.rows.iter().zip(areas.iter()).enumerate() {
                 let last = ri + 1 == self.rows.len();
@@ -281,10 +289,10 @@ impl Timeline {
                     .x_labels(10)
                     .x_label_formatter(&|x| format!("{x:.0}"));
                 if last {
-                    mesh.x_desc("host time (ms since the first sample)");
+                    mesh.x_desc(x_desc.as_str());
                 }
                 mesh.draw().map_err(draw_err)?;
-                let bin_ms = self.bin_ticks as f64 * self.ms_per_tick;
+                let bin_w = self.bin_ticks as f64 * self.ms_per_tick * per_ms;
                 // One series per state, stacked bottom to top in the legend's order.
                 let mut base = vec![0f64; row.bins.len()];
                 for &(state, color) in &self.states {
@@ -298,11 +306,8 @@ impl Timeline {
                         let y0 = base[b];
                         let y1 = y0 + 100.0 * n as f64 / total as f64;
                         base[b] = y1;
-                        let x0 = b as f64 * bin_ms;
-                        rects.push(Rectangle::new(
-                            [(x0, y0), (x0 + bin_ms, y1)],
-                            color.filled(),
-                        ));
+                        let x0 = b as f64 * bin_w;
+                        rects.push(Rectangle::new([(x0, y0), (x0 + bin_w, y1)], color.filled()));
                     }
                     chart.draw_series(rects).map_err(draw_err)?;
                 }
