@@ -66,6 +66,9 @@ pub fn test(filter: Option<&str>, no_e2e: bool) -> Result<ExitCode> {
     let mut tally = Tally::default();
     // The bare-metal lint and build need the target; a fresh machine may lack it.
     ensure_rust_target()?;
+    // Emulators, ISO tools, valgrind and Chromium (the HTML report's browser check among the
+    // unit tests): installed first, so a fresh machine runs every test the first time.
+    tally.stage("tools", ensure_tools);
     tally.stage("fmt", || cargo_stage(&["fmt", "--all", "--", "--check"]));
     // The host crates are the workspace's default members.
     tally.stage("clippy (host)", || {
