@@ -104,7 +104,13 @@ pub fn setup(vms: &'static [Vm], caps: &'static VmxCaps, slice: u64, pcpus: usiz
 
 /// What a pCPU does next.
 enum Next {
-    Run(usize),
+    /// Run queue slot `slot`: vCPU `vcpu` of VM `vm`, pinned or free to move.
+    Run {
+        slot: usize,
+        vm: usize,
+        vcpu: usize,
+        pinned: bool,
+    },
     Idle(u64),
     Done,
 }
@@ -137,12 +143,12 @@ pub fn run_cpu(cpu: usize) {
         match next {
             Next::Done => return,
             Next::Idle(until) => idle_until(until),
-            Next::Run(i) => {
-                let (v, c, pinned) = {
-                    let guard = QUEUE.lock();
-                    let s = &guard.as_ref().expect("set up").slots[i];
-                    (s.vm, s.vcpu, s.pin.is_some())
-                };
+            Next::Run {
+                slot,
+                vm: v,
+                vcpu: c,
+                pinned,
+            } => {
                 let vm = &m.vms[v];
                 // A vCPU free to move gives its VMCS up at the end of the slice when another
                 // pCPU could take it next.
@@ -164,7 +170,7 @@ pub fn run_cpu(cpu: usize) {
                 let done = {
                     let mut guard = QUEUE.lock();
                     let q = guard.as_mut().expect("set up");
-                    slice_ended(q, m, i, end, wake_at)
+                    slice_ended(q, m, slot, end, wake_at)
                 };
                 if let Some((v, stop)) = done {
                     vm::finish(&m.vms[v], &stop);
@@ -222,7 +228,14 @@ fn pick(q: &mut Queue, m: &Machine, cpu: usize, now: u64, poll: u64) -> (Next, V
     {
         q.next[cpu] = i + 1;
         q.slots[i].state = State::Running;
-        return (Next::Run(i), done);
+        let s = &q.slots[i];
+        let next = Next::Run {
+            slot: i,
+            vm: s.vm,
+            vcpu: s.vcpu,
+            pinned: s.pin.is_some(),
+        };
+        return (next, done);
     }
     let active = q
         .slots

@@ -748,7 +748,7 @@ pub fn finish(vm: &Vm, stop: &Stop) {
     if vm.linux {
         // The guest kernel's system-call entry: with the offline symbols it gives the KASLR
         // slide (`entry_SYSCALL_64` moves with the kernel), for hvprof-analyze.
-        let lstar = vm.vcpus[0].lock().msrs[1];
+        let lstar = vm.vcpus[0].lock().msrs[crate::vcpu::LSTAR_SLOT];
         println!("vm {}: guest IA32_LSTAR {lstar:#018x}", vm.name);
     }
 }

@@ -48,6 +48,10 @@ pub const SWITCHED_MSRS: [u32; 5] = [
     0xc000_0084, // IA32_FMASK
     0xc000_0102, // IA32_KERNEL_GS_BASE
 ];
+/// Where IA32_LSTAR (the guest kernel's system-call entry) sits in `SWITCHED_MSRS` and
+/// `Vcpu::msrs`.
+pub const LSTAR_SLOT: usize = 1;
+const _: () = assert!(SWITCHED_MSRS[LSTAR_SLOT] == 0xc000_0082);
 
 pub struct Vcpu {
     /// Host-physical address of the VMCS region.
