@@ -109,7 +109,7 @@ fn str_of<'a>(r: &'a Value, k: &str) -> &'a str {
 }
 
 /// The instruction-count shares of `workload`'s functions from the ground truth.
-fn truth(workload: &str) -> Result<Vec<(String, f64)>, String> {
+fn truth(workload: &str) -> Result<Shares, String> {
     let path = linux_dir().join("truth.json");
     let t: Value = serde_json::from_slice(&std::fs::read(&path).map_err(|e| {
         format!(
@@ -134,7 +134,7 @@ fn truth(workload: &str) -> Result<Vec<(String, f64)>, String> {
 
 /// The workload process's user-mode function shares (percent of its user-mode samples) and its
 /// sample count.
-fn user_shares(rows: &[Value], comm: &str) -> (Vec<(String, f64)>, f64) {
+fn user_shares(rows: &[Value], comm: &str) -> (Shares, f64) {
     let mine: Vec<&Value> = rows
         .iter()
         .filter(|r| str_of(r, "process").starts_with(&format!("{comm}[")))
@@ -199,16 +199,7 @@ fn check_named(report: &Value, vm_name: &str, comm: &str) -> Result<(), String> 
 
 /// Tables 3-4 with the 4:1 workload: work_a and work_b within 3 points of the native truth.
 fn check_w41(run: &ProfileRun) -> Result<(), String> {
-    let report = linux_report(run)?;
-    check_named(&report, "linux", "w41")?;
-    let (shares, samples) = user_shares(&rows(&report, "linux")?, "w41");
-    if samples < 2000.0 {
-        return Err(format!("only {samples} user samples of w41"));
-    }
-    let truth = truth("w41")?;
-    let share = |list: &[(String, f64)], f: &str| {
-        list.iter().find(|(n, _)| n == f).map_or(0.0, |(_, s)| *s)
-    };
+    let (shares, truth) = workload_shares(run, "w41")?;
     all_of(["work_a", "work_b"].iter().map(|f| {
         within(
             &format!("w41 {f} share of its user samples"),
@@ -219,29 +210,40 @@ fn check_w41(run: &ProfileRun) -> Result<(), String> {
     }))
 }
 
+/// The VM `linux`'s profile of `workload`: its process named, its kernel functions named, enough
+/// samples; then its user-mode function shares and the ground truth's.
+fn workload_shares(run: &ProfileRun, workload: &str) -> Result<(Shares, Shares), String> {
+    let report = linux_report(run)?;
+    check_named(&report, "linux", workload)?;
+    let (shares, samples) = user_shares(&rows(&report, "linux")?, workload);
+    if samples < 2000.0 {
+        return Err(format!("only {samples} user samples of {workload}"));
+    }
+    Ok((shares, truth(workload)?))
+}
+
+/// (function, percent) pairs.
+type Shares = Vec<(String, f64)>;
+
+/// `f`'s share in `list` (0 when absent).
+fn share(list: &[(String, f64)], f: &str) -> f64 {
+    list.iter().find(|(n, _)| n == f).map_or(0.0, |(_, s)| *s)
+}
+
 /// Tables 3-4 with libquantum's `shor`: its top functions in the truth's order, each within 5
 /// points.
 fn check_shor(run: &ProfileRun) -> Result<(), String> {
-    let report = linux_report(run)?;
-    check_named(&report, "linux", "shor")?;
-    let (shares, samples) = user_shares(&rows(&report, "linux")?, "shor");
-    if samples < 2000.0 {
-        return Err(format!("only {samples} user samples of shor"));
-    }
-    let truth = truth("shor")?;
+    let (shares, truth) = workload_shares(run, "shor")?;
     let top: Vec<&(String, f64)> = truth.iter().filter(|(_, s)| *s >= 5.0).collect();
     let mut errors = Vec::new();
     for (i, (f, want)) in top.iter().enumerate() {
-        let got = shares.iter().find(|(n, _)| n == f).map_or(0.0, |(_, s)| *s);
+        let got = share(&shares, f);
         if let Err(e) = within(&format!("shor {f}"), got, *want, 5.0) {
             errors.push(e);
         }
         // Same order as the truth (ties within a point may swap).
         if let Some((next, _)) = top.get(i + 1) {
-            let after = shares
-                .iter()
-                .find(|(n, _)| n == next)
-                .map_or(0.0, |(_, s)| *s);
+            let after = share(&shares, next);
             if after > got + 1.0 {
                 errors.push(format!("{next} ({after:.2}%) ranks above {f} ({got:.2}%)"));
             }

@@ -189,14 +189,39 @@ fn hypervisor_counts(log: &crate::log::SerialLog) -> Result<(f64, f64), String> 
     }
 }
 
-/// The paper's Tables 12/13: three VMs of one vCPU each, equally busy, on one pCPU. Each VM's
-/// guest-level steal is about 2/3 and its host-level row about 1/3; the guest-level and host-level
-/// views agree, and the sample-based steal agrees with the scheduling events.
-fn check_three_vms(run: &ProfileRun) -> Result<(), String> {
-    check_three_vms_on(run, 1)
+/// Three VMs of one vCPU each, equally busy, on `pcpus` pCPUs, free to move. On one pCPU this is
+/// the paper's Tables 12/13: each VM's guest-level steal is about 2/3 and its host-level row about
+/// 1/3; the guest-level and host-level views agree, and the sample-based steal agrees with the
+/// scheduling events.
+fn three_vms(name: &str, pcpus: u32) -> Scenario {
+    Scenario::new(name, Emulator::bochs(HASWELL))
+        .cpus(pcpus)
+        .cmdline("export=end")
+        .module(
+            "mix1.elf",
+            ModuleSource::Guest("mix"),
+            "vm=guestOS1 mix=80,20 rounds=60",
+        )
+        .module(
+            "mix2.elf",
+            ModuleSource::Guest("mix"),
+            "vm=guestOS2 mix=80,20 rounds=60",
+        )
+        .module(
+            "mix3.elf",
+            ModuleSource::Guest("mix"),
+            "vm=guestOS3 mix=80,20 rounds=60",
+        )
+        .check(|log| {
+            for vm in ["guestOS1", "guestOS2", "guestOS3"] {
+                check_exit_code(log, vm, 0, "port 0xf4")?;
+            }
+            Ok(())
+        })
+        .profile(move |run| check_three_vms_on(run, pcpus))
 }
 
-/// Three busy single-vCPU VMs free to move over `pcpus` pCPUs: each VM gets `pcpus`/3 of a pCPU,
+/// The check of `three_vms`: each VM gets `pcpus`/3 of a pCPU,
 /// so its guest-level steal is 1 − `pcpus`/3 and its host-level row 1/3 of all samples; its
 /// guest-level running share is its host-level row times `pcpus`.
 fn check_three_vms_on(run: &ProfileRun, pcpus: u32) -> Result<(), String> {
@@ -443,19 +468,7 @@ fn check_two_pinned(run: &ProfileRun) -> Result<(), String> {
 /// The profiler's scenarios.
 pub fn all() -> Vec<Scenario> {
     vec![
-        Scenario::new("bochs-sched-3vms-2pcpus-free", Emulator::bochs(HASWELL))
-            .cpus(2)
-            .cmdline("export=end")
-            .module("mix1.elf", ModuleSource::Guest("mix"), "vm=guestOS1 mix=80,20 rounds=60")
-            .module("mix2.elf", ModuleSource::Guest("mix"), "vm=guestOS2 mix=80,20 rounds=60")
-            .module("mix3.elf", ModuleSource::Guest("mix"), "vm=guestOS3 mix=80,20 rounds=60")
-            .check(|log| {
-                for vm in ["guestOS1", "guestOS2", "guestOS3"] {
-                    check_exit_code(log, vm, 0, "port 0xf4")?;
-                }
-                Ok(())
-            })
-            .profile(|run| check_three_vms_on(run, 2)),
+        three_vms("bochs-sched-3vms-2pcpus-free", 2),
         Scenario::new("bochs-sched-2vcpus-2pcpus-pinned", Emulator::bochs(HASWELL))
             .cpus(2)
             .cmdline("export=end")
@@ -487,18 +500,7 @@ pub fn all() -> Vec<Scenario> {
             )
             .check(|log| check_exit_code(log, "guestOS1", 0, "port 0xf4"))
             .profile(check_halt),
-        Scenario::new("bochs-sched-3vms-1pcpu", Emulator::bochs(HASWELL))
-            .cmdline("export=end")
-            .module("mix1.elf", ModuleSource::Guest("mix"), "vm=guestOS1 mix=80,20 rounds=60")
-            .module("mix2.elf", ModuleSource::Guest("mix"), "vm=guestOS2 mix=80,20 rounds=60")
-            .module("mix3.elf", ModuleSource::Guest("mix"), "vm=guestOS3 mix=80,20 rounds=60")
-            .check(|log| {
-                for vm in ["guestOS1", "guestOS2", "guestOS3"] {
-                    check_exit_code(log, vm, 0, "port 0xf4")?;
-                }
-                Ok(())
-            })
-            .profile(check_three_vms),
+        three_vms("bochs-sched-3vms-1pcpu", 1),
         shares_scenario(
             "bochs-profile-80-20",
             "end",
