@@ -2,5 +2,6 @@
 //! (PMI-as-NMI) sampler. Pure parts build and test on the host.
 #![cfg_attr(not(test), no_std)]
 
+pub mod percpu;
 pub mod probe;
 pub mod sampler;

@@ -994,6 +994,54 @@ mod tests {
         );
     }
 
+    /// Every pCPU has its own PMU: arming on each pCPU must program that pCPU's MSRs, and each
+    /// pCPU's NMIs must be handled by its own sampler. (A single sampler shared by every pCPU
+    /// armed only the boot CPU's counters: the APs never sampled.)
+    #[test]
+    fn every_pcpu_arms_and_services_its_own_counter() {
+        use crate::percpu::PerCpuSamplers;
+        const CPUS: usize = 4;
+        let table: PerCpuSamplers<H, 8> = PerCpuSamplers::new();
+        let pcpus: Vec<H> = (0..CPUS).map(|_| H::new(V3, false)).collect();
+        for (cpu, h) in pcpus.iter().enumerate() {
+            let s = Sampler::new(&V3, Event::RefCycles, 10_000 + cpu as u64).unwrap();
+            // SAFETY: (test) each model pCPU's calls are made with its own registers, one at a
+            // time.
+            unsafe { table.arm(cpu, s, h.clone(), &mut h.clone()) }.unwrap();
+            assert!(table.is_armed(cpu));
+            let p = h.pmu();
+            assert_eq!(p.fixed[2], (1 << 48) - (10_000 + cpu as u64), "pCPU {cpu}");
+            assert_eq!(p.lvt, 0x400, "pCPU {cpu}: NMI delivery, unmasked");
+        }
+        assert!(!table.is_armed(CPUS), "pCPUs that never armed");
+        // Arming twice is refused, the first arming stays.
+        let again = Sampler::new(&V3, Event::RefCycles, 5).unwrap();
+        // SAFETY: (test) as above: its own registers, one call at a time.
+        assert!(unsafe { table.arm(1, again, pcpus[1].clone(), &mut pcpus[1].clone()) }.is_err());
+        // Each pCPU's overflow is claimed on that pCPU only.
+        for (cpu, h) in pcpus.iter().enumerate() {
+            h.pmu().tick(20_000);
+            assert!(
+                std::mem::take(&mut h.pmu().nmi_pending),
+                "pCPU {cpu} raised a PMI"
+            );
+            for (other, o) in pcpus.iter().enumerate().filter(|&(o, _)| o != cpu) {
+                // SAFETY: (test) as above: its own registers, one call at a time.
+                let claimed = unsafe { table.on_nmi(other, &mut o.clone()) };
+                assert!(!claimed, "pCPU {other} claimed pCPU {cpu}'s overflow");
+            }
+            // SAFETY: (test) as above: its own registers, one call at a time.
+            assert!(unsafe { table.on_nmi(cpu, &mut h.clone()) }, "pCPU {cpu}");
+            assert_eq!(h.pmu().lvt, 0x400, "pCPU {cpu}: unmasked again");
+        }
+        for (cpu, h) in pcpus.iter().enumerate() {
+            // SAFETY: (test) as above: its own registers, one call at a time.
+            unsafe { table.disarm(cpu, &mut h.clone()) }.unwrap();
+            assert!(!table.is_armed(cpu));
+            assert_eq!(h.pmu().global_ctrl, 0, "pCPU {cpu} restored");
+        }
+    }
+
     #[test]
     fn arm_programs_fixed_counter_2() {
         let h = H::new(V3, false);

@@ -8,7 +8,8 @@
 
 use crate::arch::lapic::{self, Lapic};
 use crate::arch::msr::SafeMsrs;
-use core::cell::UnsafeCell;
+use crate::percpu::{self, MAX_CPUS};
+use hvprof_pmu::percpu::PerCpuSamplers;
 use hvprof_pmu::probe::PmuInfo;
 use hvprof_pmu::sampler::{self, Event, Sampler, SamplerCaps};
 use hvprof_vmx::instructions::CurrentVmcs;
@@ -25,17 +26,8 @@ impl sampler::Lapic for LvtPmi {
     }
 }
 
-struct PmuCell {
-    sampler: UnsafeCell<Sampler>,
-    lapic: UnsafeCell<LvtPmi>,
-}
-
-// SAFETY: the cell is used only on the CPU that armed it, and only from NMI context (the NMI
-// handler, or the run loop right after an NMI VM exit, while NMIs are blocked): never twice at
-// once.
-unsafe impl Sync for PmuCell {}
-
-static BSP_PMU: spin::Once<PmuCell> = spin::Once::new();
+/// Every pCPU's sampler, each armed and serviced by its own pCPU (`hvprof_pmu::percpu`).
+static SAMPLERS: PerCpuSamplers<LvtPmi, MAX_CPUS> = PerCpuSamplers::new();
 
 /// Arms the PMU sampler on this CPU. `Err` says why it cannot be used (the deadline clock then
 /// stays the source).
@@ -51,23 +43,16 @@ pub fn start(info: &PmuInfo, period: u64, lapic: Lapic) -> Result<(), alloc::str
     }
     let sampler = Sampler::with_caps(info, caps, Event::RefCycles, period)
         .map_err(|e| alloc::format!("{e:?}"))?;
-    let cell = BSP_PMU.call_once(|| PmuCell {
-        sampler: UnsafeCell::new(sampler),
-        lapic: UnsafeCell::new(LvtPmi(lapic)),
-    });
-    // SAFETY: before arming no PMI can arrive, so nothing else touches the cell.
-    let (s, l) = unsafe { (&mut *cell.sampler.get(), &mut *cell.lapic.get()) };
-    s.arm(&mut SafeMsrs, l).map_err(|e| alloc::format!("{e}"))?;
-    Ok(())
+    // SAFETY: called by `profiler::start` on this pCPU, for this pCPU's number, with its own MSRs
+    // and LAPIC, before its counter is armed (no PMI yet) and once.
+    unsafe { SAMPLERS.arm(percpu::index(), sampler, LvtPmi(lapic), &mut SafeMsrs) }
+        .map_err(|e| alloc::format!("{e}"))
 }
 
 fn ours() -> bool {
-    let Some(cell) = BSP_PMU.get() else {
-        return false;
-    };
-    // SAFETY: NMI context on the CPU that armed it (see `PmuCell`).
-    let (s, l) = unsafe { (&mut *cell.sampler.get(), &mut *cell.lapic.get()) };
-    s.on_nmi(&mut SafeMsrs, l).unwrap_or(false)
+    // SAFETY: NMI context (the NMI handler, or the exit path right after an NMI VM exit, NMIs
+    // blocked) on this pCPU, with its own MSRs.
+    unsafe { SAMPLERS.on_nmi(percpu::index(), &mut SafeMsrs) }
 }
 
 /// From the NMI handler: `true` when the NMI was the counter's overflow (and the hypervisor was
@@ -90,11 +75,9 @@ pub fn on_nmi_exit(vmcs: &CurrentVmcs, now: u64) -> bool {
     true
 }
 
-/// Stops the counter and restores what `start` changed.
+/// Stops this pCPU's counter and restores what `start` changed.
 pub fn stop() {
-    if let Some(cell) = BSP_PMU.get() {
-        // SAFETY: at the end of the run, with NMIs from the counter about to stop; called once.
-        let (s, l) = unsafe { (&mut *cell.sampler.get(), &mut *cell.lapic.get()) };
-        let _ = s.disarm(&mut SafeMsrs, l);
-    }
+    // SAFETY: at the end of the run on this pCPU, for its own number and MSRs; its NMI path stops
+    // looking at the sampler first.
+    let _ = unsafe { SAMPLERS.disarm(percpu::index(), &mut SafeMsrs) };
 }
