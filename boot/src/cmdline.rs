@@ -12,6 +12,7 @@
 //! | `serial`   | `0x`-prefixed hexadecimal I/O port, `0x1..=0xfff8` | `0x3f8` |
 //! | `buffer`   | records kept in memory for `export=end`: `auto` or a decimal number | `auto` |
 //! | `slice`    | the scheduler's time slice, as `period` | `10ms` |
+//! | `channel`  | where the sample log's frames go: `serial` (the console UART, with the text) or `lpt` (the parallel port at 0x378: no baud rate, for emulators) | `serial` |
 //!
 //! [`Options`] prints in the same syntax, and `parse(&options.to_string())` gives the options
 //! back.
@@ -80,6 +81,26 @@ impl fmt::Display for Export {
     }
 }
 
+/// Where the sample log's frames go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Channel {
+    /// The console's UART, interleaved with the console text (115,200 baud).
+    #[default]
+    Serial,
+    /// The first parallel port (I/O 0x378): a byte per strobe, no baud rate. Bochs and QEMU write
+    /// it to a file at the speed of a port write, whatever their emulated clock.
+    Lpt,
+}
+
+impl fmt::Display for Channel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Serial => "serial",
+            Self::Lpt => "lpt",
+        })
+    }
+}
+
 /// A deliberate fault after boot, to test the hypervisor's own handlers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum SelfTest {
@@ -120,6 +141,8 @@ pub struct Options {
     pub buffer: u32,
     /// The scheduler's time slice.
     pub slice: Period,
+    /// Where the sample log's frames go.
+    pub channel: Channel,
 }
 
 /// The default time slice: 10 ms.
@@ -140,6 +163,7 @@ impl Default for Options {
             serial: DEFAULT_SERIAL,
             buffer: 0,
             slice: DEFAULT_SLICE,
+            channel: Channel::Serial,
         }
     }
 }
@@ -155,7 +179,7 @@ impl fmt::Display for Options {
             0 => f.write_str("auto")?,
             n => write!(f, "{n}")?,
         }
-        write!(f, " slice={}", self.slice)
+        write!(f, " slice={} channel={}", self.slice, self.channel)
     }
 }
 
@@ -178,6 +202,8 @@ pub enum ValueProblem {
     SerialRange,
     /// `buffer`: not `auto` or a positive decimal number below 2^32.
     BufferSyntax,
+    /// `channel`: not `serial` or `lpt`.
+    ChannelChoice,
 }
 
 impl fmt::Display for ValueProblem {
@@ -197,6 +223,7 @@ impl fmt::Display for ValueProblem {
             Self::BufferSyntax => {
                 "expected auto or a positive number of records (e.g. buffer=100000)"
             }
+            Self::ChannelChoice => "expected serial or lpt",
         })
     }
 }
@@ -221,7 +248,9 @@ pub enum CmdlineError<'a> {
 }
 
 /// The known keys, in the order of the messages.
-pub const KNOWN_KEYS: [&str; 6] = ["period", "export", "selftest", "serial", "buffer", "slice"];
+pub const KNOWN_KEYS: [&str; 7] = [
+    "period", "export", "selftest", "serial", "buffer", "slice", "channel",
+];
 
 impl fmt::Display for CmdlineError<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -233,7 +262,7 @@ impl fmt::Display for CmdlineError<'_> {
             ),
             Self::UnknownKey { key } => write!(
                 f,
-                "unknown boot option '{}' (known: period, export, selftest, serial, buffer, slice)",
+                "unknown boot option '{}' (known: period, export, selftest, serial, buffer, slice, channel)",
                 key.escape_debug()
             ),
             Self::EmptyValue { key } => write!(f, "boot option {key}= has an empty value"),
@@ -299,6 +328,13 @@ pub fn parse(s: &str) -> Result<Options, CmdlineError<'_>> {
             }
             "serial" => options.serial = parse_serial(value).map_err(bad)?,
             "slice" => options.slice = parse_period(value).map_err(bad)?,
+            "channel" => {
+                options.channel = match value {
+                    "serial" => Channel::Serial,
+                    "lpt" => Channel::Lpt,
+                    _ => return Err(bad(ValueProblem::ChannelChoice)),
+                }
+            }
             _ => {
                 options.buffer = match value {
                     "auto" => 0,
@@ -388,7 +424,7 @@ mod tests {
         assert_eq!(o.serial, 0x3f8);
         assert_eq!(
             o.to_string(),
-            "period=1ms export=stream selftest=none serial=0x3f8 buffer=auto slice=10ms"
+            "period=1ms export=stream selftest=none serial=0x3f8 buffer=auto slice=10ms channel=serial"
         );
     }
 
@@ -404,8 +440,10 @@ mod tests {
                 serial: 0x2f8,
                 buffer: 0,
                 slice: DEFAULT_SLICE,
+                channel: Channel::Serial,
             }
         );
+        assert_eq!(parse("channel=lpt").unwrap().channel, Channel::Lpt);
         assert_eq!(parse("buffer=100").unwrap().buffer, 100);
         assert_eq!(
             parse("buffer=0").unwrap_err(),
@@ -417,7 +455,7 @@ mod tests {
         );
         assert_eq!(
             o.to_string(),
-            "period=250us export=end selftest=pagefault serial=0x2f8 buffer=auto slice=10ms"
+            "period=250us export=end selftest=pagefault serial=0x2f8 buffer=auto slice=10ms channel=serial"
         );
         assert_eq!(
             parse("period=100000ticks").unwrap().period,
@@ -451,7 +489,7 @@ mod tests {
         assert_eq!(err("bogus=1"), CmdlineError::UnknownKey { key: "bogus" });
         assert_eq!(
             err("bogus=1").to_string(),
-            "unknown boot option 'bogus' (known: period, export, selftest, serial, buffer, slice)"
+            "unknown boot option 'bogus' (known: period, export, selftest, serial, buffer, slice, channel)"
         );
         assert_eq!(err("=1"), CmdlineError::UnknownKey { key: "" });
         assert_eq!(
@@ -473,7 +511,7 @@ mod tests {
         );
         assert_eq!(
             err("bad\u{1b}=1").to_string(),
-            "unknown boot option 'bad\\u{1b}' (known: period, export, selftest, serial, buffer, slice)"
+            "unknown boot option 'bad\\u{1b}' (known: period, export, selftest, serial, buffer, slice, channel)"
         );
     }
 
@@ -502,6 +540,7 @@ mod tests {
             ("serial=0x0", ValueProblem::SerialRange),
             ("serial=0xfff9", ValueProblem::SerialRange),
             ("serial=0x10000", ValueProblem::SerialRange),
+            ("channel=virtio", ValueProblem::ChannelChoice),
         ];
         for (s, problem) in cases {
             match parse(s) {
@@ -565,15 +604,17 @@ mod tests {
             1..=MAX_SERIAL,
             prop_oneof![Just(0u32), 1..=u32::MAX],
             period(),
+            prop_oneof![Just(Channel::Serial), Just(Channel::Lpt)],
         )
             .prop_map(
-                |(period, export, selftest, serial, buffer, slice)| Options {
+                |(period, export, selftest, serial, buffer, slice, channel)| Options {
                     period,
                     export,
                     selftest,
                     serial,
                     buffer,
                     slice,
+                    channel,
                 },
             )
     }
@@ -603,7 +644,7 @@ mod tests {
         }
 
         #[test]
-        fn subset_and_order_do_not_matter(o in options(), mask in 0u8..64, rotate in 0usize..6) {
+        fn subset_and_order_do_not_matter(o in options(), mask in 0u8..128, rotate in 0usize..7) {
             let text = o.to_string();
             let mut tokens: Vec<&str> = text.split(' ').collect();
             tokens.rotate_left(rotate);
@@ -623,6 +664,7 @@ mod tests {
             prop_assert_eq!(parsed.serial, if mask & 8 != 0 { o.serial } else { d.serial });
             prop_assert_eq!(parsed.buffer, if mask & 16 != 0 { o.buffer } else { d.buffer });
             prop_assert_eq!(parsed.slice, if mask & 32 != 0 { o.slice } else { d.slice });
+            prop_assert_eq!(parsed.channel, if mask & 64 != 0 { o.channel } else { d.channel });
         }
     }
 }

@@ -37,19 +37,27 @@ pub fn translate(read_phys: &impl Fn(u64) -> Option<u64>, cr3: u64, gva: u64) ->
     Some(table | (gva & 0xfff))
 }
 
-/// A few translations of kernel-half pages, kept per vCPU between samples. The kernel's mappings
-/// of its direct map and per-CPU areas do not change once made, so reading the running task at
-/// every sample needs no page walk once its pages are known. Keyed by the page-table root too.
+/// Translations of kernel-half pages, kept per vCPU between samples. Every Linux process's page
+/// tables map the kernel half the same way, and the kernel's mappings of its direct map and
+/// per-CPU areas do not change once made, so the cache is keyed by the page alone: reading the
+/// running task at a sample needs no page walk once its pages are known, whichever process runs.
+/// (A guest that maps its kernel half differently per process only misnames its own tasks: every
+/// read still goes through its own memory, bounded by `read_phys`.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Tlb {
-    entries: [Option<(u64, u64, u64)>; 4],
+    /// (page, guest-physical page), most recently filled last.
+    entries: [Option<(u64, u64)>; TLB_ENTRIES],
     next: usize,
 }
+
+/// Pages a vCPU's cache holds: the per-CPU page and two or three pages of each of the tasks it
+/// switches between most.
+const TLB_ENTRIES: usize = 8;
 
 impl Tlb {
     pub const fn new() -> Self {
         Tlb {
-            entries: [None; 4],
+            entries: [None; TLB_ENTRIES],
             next: 0,
         }
     }
@@ -63,19 +71,13 @@ impl Tlb {
     ) -> Option<u64> {
         let page = gva & !0xfff;
         let kernel = gva >= KERNEL_HALF;
-        if kernel
-            && let Some((_, _, gpa)) = self
-                .entries
-                .iter()
-                .flatten()
-                .find(|(root, p, _)| *root == cr3 && *p == page)
-        {
+        if kernel && let Some((_, gpa)) = self.entries.iter().flatten().find(|(p, _)| *p == page) {
             return Some(gpa | (gva & 0xfff));
         }
         let gpa = translate(read_phys, cr3, gva)?;
         if kernel {
-            self.entries[self.next] = Some((cr3, page, gpa & !0xfff));
-            self.next = (self.next + 1) % self.entries.len();
+            self.entries[self.next] = Some((page, gpa & !0xfff));
+            self.next = (self.next + 1) % TLB_ENTRIES;
         }
         Some(gpa)
     }
@@ -99,7 +101,13 @@ pub fn read_virt(
         };
         let in_page = (4096 - (at & 0xfff)) as usize;
         let n = in_page.min(buf.len() - done);
-        if !read_bytes(gpa, &mut buf[done..done + n]) {
+        // A whole word (the common case: pointers, pid and tgid) in one read.
+        if n == 8 {
+            match read_phys(gpa) {
+                Some(v) => buf[done..done + 8].copy_from_slice(&v.to_le_bytes()),
+                None => return false,
+            }
+        } else if !read_bytes(gpa, &mut buf[done..done + n]) {
             return false;
         }
         done += n;
@@ -149,6 +157,9 @@ pub struct GuestTask {
 /// Lowest kernel-half address (a `task_struct` pointer below it is not one).
 const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
 
+/// The running task's identity without its name: (task address, pid, tgid).
+pub type TaskIds = (u64, u32, u32);
+
 /// Reads the running task: `percpu_base` is the kernel's per-CPU base of this vCPU (GS base in
 /// kernel mode, IA32_KERNEL_GS_BASE in user mode), `cr3` the guest's CR3. Any process's page
 /// tables map the kernel half; with page-table isolation the user half of a pair of PGDs sits
@@ -161,6 +172,26 @@ pub fn read_task(
     percpu_base: u64,
     off: &TaskOffsets,
 ) -> Option<GuestTask> {
+    let (task, pid, tgid) = read_task_ids(tlb, read_phys, read_bytes, cr3, percpu_base, off)?;
+    let comm = read_task_comm(tlb, read_phys, read_bytes, cr3, task, off)?;
+    Some(GuestTask {
+        task,
+        pid,
+        tgid,
+        comm,
+    })
+}
+
+/// The part of [`read_task`] that changes at every task switch: the running task's address and
+/// ids (its name changes only at exec, which also changes the CR3).
+pub fn read_task_ids(
+    tlb: &mut Tlb,
+    read_phys: &impl Fn(u64) -> Option<u64>,
+    read_bytes: &impl Fn(u64, &mut [u8]) -> bool,
+    cr3: u64,
+    percpu_base: u64,
+    off: &TaskOffsets,
+) -> Option<TaskIds> {
     if percpu_base < KERNEL_HALF {
         return None;
     }
@@ -180,37 +211,59 @@ pub fn read_task(
     if task < KERNEL_HALF {
         return None;
     }
-    let mut ids = [0u8; 4];
-    let mut read_u32 = |tlb: &mut Tlb, at: u32| {
-        read_virt(
+    // pid and tgid sit side by side in Linux's task_struct: one read for both when they do.
+    let at = |field: u32| task.wrapping_add(u64::from(field));
+    let mut ids = [0u8; 8];
+    let (pid, tgid) = if off.tgid == off.pid.wrapping_add(4) {
+        if !read_virt(
             tlb,
             read_phys,
             read_bytes,
             kernel_cr3,
-            task.wrapping_add(u64::from(at)),
+            at(off.pid),
             &mut ids,
-        )
-        .then(|| u32::from_le_bytes(ids))
+        ) {
+            return None;
+        }
+        let pid = u32::from_le_bytes([ids[0], ids[1], ids[2], ids[3]]);
+        let tgid = u32::from_le_bytes([ids[4], ids[5], ids[6], ids[7]]);
+        (pid, tgid)
+    } else {
+        let mut read_u32 = |field: u32| {
+            read_virt(
+                tlb,
+                read_phys,
+                read_bytes,
+                kernel_cr3,
+                at(field),
+                &mut ids[..4],
+            )
+            .then(|| u32::from_le_bytes([ids[0], ids[1], ids[2], ids[3]]))
+        };
+        (read_u32(off.pid)?, read_u32(off.tgid)?)
     };
-    let pid = read_u32(tlb, off.pid)?;
-    let tgid = read_u32(tlb, off.tgid)?;
+    Some((task, pid, tgid))
+}
+
+/// The name (`comm`) of the task at `task`.
+pub fn read_task_comm(
+    tlb: &mut Tlb,
+    read_phys: &impl Fn(u64) -> Option<u64>,
+    read_bytes: &impl Fn(u64, &mut [u8]) -> bool,
+    cr3: u64,
+    task: u64,
+    off: &TaskOffsets,
+) -> Option<[u8; 16]> {
     let mut comm = [0u8; 16];
-    if !read_virt(
+    read_virt(
         tlb,
         read_phys,
         read_bytes,
-        kernel_cr3,
+        cr3 & ADDR_MASK & !0x1000,
         task.wrapping_add(u64::from(off.comm)),
         &mut comm,
-    ) {
-        return None;
-    }
-    Some(GuestTask {
-        task,
-        pid,
-        tgid,
-        comm,
-    })
+    )
+    .then_some(comm)
 }
 
 #[cfg(test)]

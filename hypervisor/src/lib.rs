@@ -7,9 +7,11 @@
 extern crate alloc;
 
 pub mod devices;
+pub mod escape;
 pub mod exit_stats;
 pub mod guest_image;
 pub mod guest_walk;
 pub mod linux_boot;
+pub mod rate;
 pub mod ring;
 pub mod vm_config;

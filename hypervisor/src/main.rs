@@ -16,6 +16,7 @@ mod arch;
 mod console;
 mod interrupts;
 mod memory;
+mod parallel;
 mod percpu;
 mod platform;
 mod power;
@@ -106,6 +107,7 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
 
     selftest(&options);
     let tsc = tsc::calibrate();
+    console::set_tsc_hz(tsc.hz);
     let period = options.period.to_tsc_ticks(tsc.hz).max(1);
     println!(
         "tsc: {} Hz ({}), invariant {}; sampling period {} = {period} ticks",
@@ -169,6 +171,7 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
         .collect();
     profiler::export::init(
         options.export,
+        options.channel,
         BuildId::bytes(),
         tsc.hz,
         online as u16,
@@ -194,6 +197,7 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
         vm::print_exit_stats(vm);
     }
     profiler::export::finish();
+    arch::idt::STRAY.report();
     println!("hvprof: all VMs stopped");
     power::off()
 }

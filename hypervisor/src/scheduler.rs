@@ -178,6 +178,7 @@ pub fn run_cpu(cpu: usize) {
             }
         }
         profiler::export::drain_if_full(prof);
+        crate::console::pump();
     }
 }
 
@@ -336,9 +337,10 @@ fn slice_ended(
     Some((v, stop))
 }
 
-/// The idle loop: nothing to run until `t`. It polls the sampling deadline itself (it has nothing
-/// else to do; the LAPIC timer may still be first), so every deadline in idle time is sampled on
-/// time, as `[idle]`, and it moves the ring on as it fills.
+/// The idle loop: nothing to run until `t`. The pCPU halts until the LAPIC timer wakes it at the
+/// next sampling deadline or at `t` (it spins where there is no LAPIC timer), so every deadline
+/// in idle time is sampled on time, as `[idle]`; between halts it moves the ring and the console
+/// on.
 fn idle_until(t: u64) {
     let prof = profiler::this_cpu();
     prof.set_idle(true);
@@ -352,7 +354,8 @@ fn idle_until(t: u64) {
         }
         // The LAPIC timer may have taken the sample instead: move the ring on either way.
         profiler::export::drain_if_full(prof);
-        core::hint::spin_loop();
+        crate::console::pump();
+        prof.halt_until(t);
     }
     prof.set_idle(false);
 }

@@ -19,6 +19,7 @@ use hvprof_ept::{Ept, EptCaps, FrameSource, MemoryType, PageSizes, Permissions, 
 use hvprof_hypervisor::devices::board::Board;
 use hvprof_hypervisor::exit_stats::ExitStats;
 use hvprof_hypervisor::guest_walk::{self, TaskOffsets};
+use hvprof_hypervisor::rate::TokenBucket;
 use hvprof_hypervisor::vm_config::Pins;
 use hvprof_hypervisor::vm_config::{self, MEM_GRANULE, Target};
 use hvprof_hypervisor::{guest_image, linux_boot};
@@ -101,9 +102,44 @@ pub struct Vm {
 /// What the VM's exits reach, under `Vm::devices`.
 pub struct VmDevices {
     pub board: Board,
+    /// Its lines on the hypervisor's console.
+    pub console: GuestConsole,
     /// MSRs and ports already reported once.
     logged_msrs: Vec<u32>,
     logged_ports: Vec<u16>,
+}
+
+/// A VM's share of the console line: its output is queued (never waited for) and limited to the
+/// line's rate with a burst of `GuestConsole::BURST` bytes; what is over is dropped and counted.
+pub struct GuestConsole {
+    bucket: TokenBucket,
+    pub lines_dropped: u64,
+    pub bytes_dropped: u64,
+}
+
+impl GuestConsole {
+    /// Bytes a VM may print at once before the line rate applies.
+    pub const BURST: u64 = 8 * 1024;
+    /// The console's line rate: 115,200 baud, 10 bits per byte.
+    pub const LINE_BYTES_PER_SECOND: u64 = 11_520;
+
+    fn new(tsc_hz: u64, now: u64) -> Self {
+        GuestConsole {
+            bucket: TokenBucket::new(Self::BURST, tsc_hz / Self::LINE_BYTES_PER_SECOND, now),
+            lines_dropped: 0,
+            bytes_dropped: 0,
+        }
+    }
+
+    /// Queues `[vm] line` (escaped) on the console, or counts it as dropped when the VM is over
+    /// its rate or the console queue is full.
+    pub fn emit(&mut self, vm: &str, line: &[u8], now: u64) {
+        let cost = line.len() as u64 + vm.len() as u64 + 5;
+        if !self.bucket.take(cost, now) || crate::console::try_print_guest_line(vm, line).is_err() {
+            self.lines_dropped += 1;
+            self.bytes_dropped += line.len() as u64;
+        }
+    }
 }
 
 /// The CMOS clock of every VM starts at 2026-01-01 00:00:00 UTC (runs are reproducible).
@@ -129,6 +165,18 @@ impl Vm {
             };
         }
         fits
+    }
+
+    /// The 8 bytes at guest-physical `gpa` (little-endian), or `None` outside guest memory.
+    #[inline]
+    pub fn read_guest_u64(&self, gpa: u64) -> Option<u64> {
+        if gpa.checked_add(8).is_some_and(|end| end <= self.mem_size) {
+            // SAFETY: as in `read_guest`: the 8 bytes lie inside this VM's own memory,
+            // identity-mapped; any bit pattern is a valid u64, and the read is unaligned-safe.
+            Some(unsafe { core::ptr::read_unaligned((self.mem_hpa + gpa) as *const u64) })
+        } else {
+            None
+        }
     }
 
     /// Logs `what` the first time `msr` is seen.
@@ -431,6 +479,7 @@ fn build(
         ept,
         devices: Mutex::new(VmDevices {
             board: Board::new(crate::tsc::hz(), CLOCK_START),
+            console: GuestConsole::new(crate::tsc::hz(), rdtsc()),
             logged_msrs: Vec::new(),
             logged_ports: Vec::new(),
         }),
@@ -559,6 +608,12 @@ fn run_loaded(
             .saturating_sub(vm.run_ticks.load(Ordering::Relaxed)),
     );
     let mut exit_at: Option<(u16, u64)> = None;
+    // An exit for a sampling deadline (its cost is the profiler's): the TSC it began at, moved on
+    // by any export done inside it (counted as export), and its sample path and task read ticks.
+    let mut sampling_exit: Option<(u64, u64)> = None;
+    // The LAPIC timer samples the hypervisor while it handles an exit; a sampling exit leaves it
+    // unarmed (nothing runs but the path back into the guest).
+    let mut host_clock_armed = true;
     prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
     prof.event(profiler::Kind::VcpuIn, 0);
     // A Linux guest's devices need a look before an entry when an exit may have changed them
@@ -570,6 +625,11 @@ fn run_loaded(
         // A Linux guest's devices: raise what is due, inject what the guest can take now (with
         // interrupts on, so the sampling clock sees this work for what it is).
         if vm.linux && (devices_touched || device_event.is_some_and(|t| rdtsc() >= t)) {
+            if !host_clock_armed {
+                prof.arm_host_clock();
+                x86_64::instructions::interrupts::enable();
+                host_clock_armed = true;
+            }
             let (next, waiting) = crate::interrupts::before_entry(vm, vcpu, vmcs, caps, rdtsc());
             device_event = next;
             devices_touched = waiting;
@@ -577,9 +637,12 @@ fn run_loaded(
         // Interrupts stay off from here to the VM exit: a tick that falls in this window is
         // taken as a hypervisor sample right here.
         x86_64::instructions::interrupts::disable();
-        prof.disarm_host_clock();
-        prof.sample_host_if_due(run_slice as *const () as u64, false);
+        if host_clock_armed {
+            prof.disarm_host_clock();
+            host_clock_armed = false;
+        }
         let now = rdtsc();
+        let _ = prof.sample_host_at(run_slice as *const () as u64, false, now);
         if vm.stopping.load(Ordering::Acquire) {
             break SliceEnd::Stopped(Stop::WithVm);
         }
@@ -592,12 +655,13 @@ fn run_loaded(
         // The VMX-preemption timer stops the guest at the next sampling deadline, the end of the
         // slice, the end of the budget or its devices' next event, whichever comes first (SDM
         // Vol. 3C §26.5.1).
-        let until = prof
-            .next_tick()
-            .min(deadline)
+        let other = deadline
             .min(slice_end)
-            .min(device_event.unwrap_or(u64::MAX))
-            .saturating_sub(now);
+            .min(device_event.unwrap_or(u64::MAX));
+        let tick = prof.next_tick();
+        // The timer is set for a sampling deadline that nothing else needed.
+        let timer_for_sampling = tick < other;
+        let until = tick.min(other).saturating_sub(now);
         let timer = (until >> shift).min(u32::MAX as u64) as u32;
         if let Err(e) = vmcs.write32(Guest32::PreemptionTimerValue, timer) {
             break SliceEnd::Stopped(Stop::Fault(format!(
@@ -607,10 +671,17 @@ fn run_loaded(
         if let Some((reason, t)) = exit_at.take() {
             vcpu.stats.record(reason, rdtsc() - t);
         }
+        // A sampling exit ends at the entry: it is booked after it, so that the booking is the
+        // only part of it left out.
+        let ending = sampling_exit.take();
+        let t_entry = rdtsc();
         // SAFETY: the VMCS is current and complete (host state is this pCPU's); `launched`
         // tracks VMLAUNCH since the last VMCLEAR.
         let flags = unsafe { crate::vcpu::entry::vmx_run(&mut vcpu.regs, vcpu.launched as u64) };
         let t_exit = rdtsc();
+        if let Some((t, inside)) = ending {
+            prof.sampling_exit_done(t, t_entry, inside);
+        }
         if flags != 0 {
             let why = hvprof_vmx::errors::VmFail::from_rflags(flags, || {
                 vmcs.read32(hvprof_vmx::vmcs::ReadOnly32::VmInstructionError)
@@ -642,20 +713,43 @@ fn run_loaded(
             break SliceEnd::Stopped(Stop::Fault(format!("VM entry failed: {reason} {detail}")));
         }
         vcpu.launched = true;
-        crate::interrupts::redeliver_interrupted_event(vmcs);
+        let preemption = reason.basic() == BasicExit::PreemptionTimer as u16;
+        // A VMX-preemption timer exit happens between instructions, never while an event is being
+        // delivered (SDM Vol. 3C §26.5.1 and §28.2.4: only exits that the delivery itself causes
+        // leave valid IDT-vectoring information), so the sampling clock's exits skip the check.
+        if !preemption {
+            crate::interrupts::redeliver_interrupted_event(vmcs);
+        }
         // The guest sample (if the deadline has come: the preemption timer's exit, or any exit
         // that found it passed) carries the previous exit reason; then this exit becomes the
         // last one.
-        if prof.sample_guest_if_due(vmcs, t_exit)
-            && let Some(off) = &vm.task_offsets
-        {
-            track_task(vm, vcpu, vmcs, off, t_exit);
+        let mut inside = 0;
+        if let Some(cost) = prof.sample_guest_if_due(vmcs, t_exit) {
+            inside = cost;
+            if let Some(off) = &vm.task_offsets {
+                let t = rdtsc();
+                track_task(vm, vcpu, vmcs, off, t_exit);
+                let ticks = rdtsc() - t;
+                prof.costs.task_reads.add(ticks);
+                inside += ticks;
+            }
         }
-        vcpu.last_exit = reason.basic();
-        devices_touched |= reason.kind() != Some(BasicExit::PreemptionTimer);
-        prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
+        if vcpu.last_exit != reason.basic() {
+            vcpu.last_exit = reason.basic();
+            prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
+        }
         exit_at = Some((reason.basic(), t_exit));
+        if preemption && timer_for_sampling {
+            sampling_exit = Some((t_exit, inside));
+        }
+        // The sampling clock's exit: nothing to handle. Straight back into the guest, unless the
+        // ring or the console has something to move on (done below, where it is sampled).
+        if preemption && !profiler::export::wants_drain(prof) && !crate::console::pump_due(t_exit) {
+            continue;
+        }
+        devices_touched |= !preemption;
         prof.arm_host_clock();
+        host_clock_armed = true;
         x86_64::instructions::interrupts::enable();
         let flow = vmexit::handle(vm, vcpu, vmcs, reason);
         x86_64::instructions::interrupts::disable();
@@ -665,13 +759,22 @@ fn run_loaded(
             vmexit::Flow::Stop(stop) => break SliceEnd::Stopped(stop),
         }
         x86_64::instructions::interrupts::enable();
-        profiler::export::drain_if_full(prof);
+        let export = profiler::export::drain_if_full(prof);
+        if let Some((t, _)) = &mut sampling_exit {
+            *t += export;
+        }
+        crate::console::pump();
     };
     x86_64::instructions::interrupts::disable();
     if let Some((reason, t)) = exit_at.take() {
         vcpu.stats.record(reason, rdtsc() - t);
     }
-    prof.disarm_host_clock();
+    if let Some((t, inside)) = sampling_exit.take() {
+        prof.sampling_exit_done(t, rdtsc(), inside);
+    }
+    if host_clock_armed {
+        prof.disarm_host_clock();
+    }
     prof.event(
         profiler::Kind::VcpuOut,
         match end {
@@ -701,48 +804,66 @@ fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffsets, t
     } else {
         crate::arch::msr::read_safe(0xc000_0102).unwrap_or(0)
     };
-    let read_phys = |gpa: u64| {
-        let mut b = [0u8; 8];
-        vm.read_guest(gpa, &mut b).then(|| u64::from_le_bytes(b))
-    };
+    let read_phys = |gpa: u64| vm.read_guest_u64(gpa);
     let read_bytes = |gpa: u64, buf: &mut [u8]| vm.read_guest(gpa, buf);
-    let Some(t) = guest_walk::read_task(&mut vcpu.tlb, &read_phys, &read_bytes, cr3, base, off)
+    let Some(ids) =
+        guest_walk::read_task_ids(&mut vcpu.tlb, &read_phys, &read_bytes, cr3, base, off)
     else {
         return;
     };
-    // The name changes without a new task at exec().
-    if vcpu.last_task == Some((t.task, t.pid, t.comm)) {
+    // Same task, same ids, same address space: same name (exec() changes the name and the CR3
+    // together), so no need to read it again.
+    let space = cr3 & !0xfff;
+    if vcpu
+        .last_task
+        .is_some_and(|(i, s, _)| i == ids && s == space)
+    {
         return;
     }
-    vcpu.last_task = Some((t.task, t.pid, t.comm));
-    let len = t.comm.iter().position(|&b| b == 0).unwrap_or(t.comm.len());
-    let comm = core::str::from_utf8(&t.comm[..len]).unwrap_or("?");
+    let Some(comm) =
+        guest_walk::read_task_comm(&mut vcpu.tlb, &read_phys, &read_bytes, cr3, ids.0, off)
+    else {
+        return;
+    };
+    let changed = vcpu.last_task.is_none_or(|(i, _, c)| i != ids || c != comm);
+    vcpu.last_task = Some((ids, space, comm));
+    if !changed {
+        return;
+    }
+    let (task, pid, tgid) = ids;
+    let len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    let name = core::str::from_utf8(&comm[..len]).unwrap_or("?");
     profiler::this_cpu().task_changed(hvprof_samplelog::Task {
         pcpu: crate::percpu::index() as u16,
         tsc,
         vm: vm.index,
         vcpu: vcpu.index,
         cr3,
-        task: t.task,
-        pid: t.pid,
-        tgid: t.tgid,
-        comm: hvprof_samplelog::FixedStr::truncated(comm),
+        task,
+        pid,
+        tgid,
+        comm: hvprof_samplelog::FixedStr::truncated(name),
     });
-}
-
-/// Prints a line a guest wrote (virtual UART or PRINT hypercall) with its VM's name in front.
-pub fn print_guest_line(vm: &str, line: &[u8]) {
-    println!(
-        "[{vm}] {}",
-        core::str::from_utf8(line).unwrap_or("<not UTF-8>")
-    );
 }
 
 /// After a VM's stop (all its vCPUs stopped): the rest of its console line, then why it stopped
 /// (`print_exit_stats` follows at the end of the run).
 pub fn finish(vm: &Vm, stop: &Stop) {
-    if let Some(rest) = vm.devices.lock().board.uart.flush() {
-        print_guest_line(&vm.name, rest);
+    let (lines, bytes) = {
+        let mut guard = vm.devices.lock();
+        let VmDevices { board, console, .. } = &mut *guard;
+        if let Some(rest) = board.uart.flush() {
+            console.emit(&vm.name, rest, rdtsc());
+        }
+        (console.lines_dropped, console.bytes_dropped)
+    };
+    if lines > 0 {
+        println!(
+            "vm {}: {lines} console lines ({bytes} bytes) dropped: the guest printed faster than the console line carries ({} bytes/s, bursts of {} bytes)",
+            vm.name,
+            GuestConsole::LINE_BYTES_PER_SECOND,
+            GuestConsole::BURST
+        );
     }
     report(vm, stop);
     if vm.linux {

@@ -321,10 +321,12 @@ impl CurrentVmcs {
 }
 
 impl VmcsAccess for CurrentVmcs {
+    #[inline]
     fn read(&self, encoding: u32) -> Result<u64, VmFail> {
         // SAFETY: `CurrentVmcs::new`'s contract: we are in VMX operation on this CPU.
         unsafe { vmread(encoding) }
     }
+    #[inline]
     fn write(&mut self, encoding: u32, value: u64) -> Result<(), VmFail> {
         // SAFETY: `CurrentVmcs::new`'s contract: VMX operation, and its creator vouched for what
         // gets written.

@@ -13,6 +13,7 @@ use super::gdt;
 use crate::console::emergency_writer;
 use core::fmt::Write;
 use core::mem::{offset_of, size_of};
+use core::sync::atomic::{AtomicU64, Ordering};
 use spin::Once;
 use x86_64::VirtAddr;
 use x86_64::registers::control::{Cr0, Cr2, Cr3, Cr4};
@@ -221,6 +222,49 @@ pub const fn name(vector: u64) -> &'static str {
     }
 }
 
+/// NMIs and interrupts nobody expected: how many, and the last one.
+pub struct Stray {
+    nmis: AtomicU64,
+    interrupts: AtomicU64,
+    /// Vector and RIP of the last one, packed: vector in bits 63:56.
+    last: AtomicU64,
+}
+
+impl Stray {
+    fn note(&self, vector: u64, rip: u64) {
+        if vector == 2 {
+            &self.nmis
+        } else {
+            &self.interrupts
+        }
+        .fetch_add(1, Ordering::Relaxed);
+        self.last
+            .store((vector << 56) | (rip & ((1 << 56) - 1)), Ordering::Relaxed);
+    }
+
+    /// Prints what arrived, if anything (at the end of the run, outside any handler).
+    pub fn report(&self) {
+        let (nmis, ints) = (
+            self.nmis.load(Ordering::Relaxed),
+            self.interrupts.load(Ordering::Relaxed),
+        );
+        if nmis + ints > 0 {
+            let last = self.last.load(Ordering::Relaxed);
+            crate::println!(
+                "hvprof: warning: {nmis} NMIs not from the profiler's counter and {ints} unexpected interrupts; the last: vector {} at RIP={:#x}",
+                last >> 56,
+                last & ((1 << 56) - 1)
+            );
+        }
+    }
+}
+
+pub static STRAY: Stray = Stray {
+    nmis: AtomicU64::new(0),
+    interrupts: AtomicU64::new(0),
+    last: AtomicU64::new(0),
+};
+
 extern "C" fn dispatch(frame: &mut TrapFrame) {
     if let Some(fix) = fixups().iter().find(|f| f.fault_rip == frame.rip) {
         frame.r8 = frame.vector + 1;
@@ -228,13 +272,10 @@ extern "C" fn dispatch(frame: &mut TrapFrame) {
         return;
     }
     if frame.vector == 2 {
-        // NMI: the PMU's overflow (a sample), or something else, reported and survived.
+        // NMI: the PMU's overflow (a sample), or something else, counted and reported at the end
+        // of the run (an NMI may interrupt the console's holder: it never prints).
         if !crate::profiler::pmu::on_nmi_host(frame.rip) {
-            let _ = writeln!(
-                emergency_writer(),
-                "hvprof: warning: NMI not from the profiler's counter at RIP={:#018x}",
-                frame.rip
-            );
+            STRAY.note(2, frame.rip);
         }
         return;
     }
@@ -247,14 +288,10 @@ extern "C" fn dispatch(frame: &mut TrapFrame) {
         return;
     }
     if frame.vector >= 32 {
-        // Interrupts stay masked in the hypervisor so far; one arriving anyway is reported and
-        // ignored, not fatal.
-        let _ = writeln!(
-            emergency_writer(),
-            "hvprof: warning: unexpected interrupt vector {} at RIP={:#018x}",
-            frame.vector,
-            frame.rip
-        );
+        // The hypervisor enables no other interrupt source; one arriving anyway is counted,
+        // reported at the end of the run, and ignored, not fatal. Printing here could interrupt
+        // the console's holder and tear a frame.
+        STRAY.note(frame.vector, frame.rip);
         return;
     }
     fatal(frame)

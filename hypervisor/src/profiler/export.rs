@@ -1,58 +1,40 @@
 //! Export of the sample log, outside the sample path: the rings are drained into framed,
 //! checksummed, delta-encoded blocks (`hvprof-samplelog`, the one definition of the wire format)
-//! on the serial line, interleaved with console text.
+//! on the chosen channel (`channel=`: the console UART, interleaved with its text, or the
+//! parallel port).
 //!
 //! Two modes (`export=` boot option):
 //! - `stream`: a block is encoded and sent whenever a ring holds one, during the run. The cost of
 //!   encoding and sending shows in the profile as hypervisor time, as it should.
 //! - `end`: records are moved from the ring into a large in-memory buffer during the run (a copy,
-//!   no encoding) and everything is encoded and sent when the VMs have stopped. For slow links
-//!   (and Bochs, where the UART costs hundreds of instructions per byte).
+//!   no encoding) and sent when the VMs have stopped. When the buffer fills, the older half is
+//!   encoded and sent at once (a synchronous flush: the run waits, the time is counted and
+//!   reported as the profiler's), so nothing is lost however long the run.
 //!
-//! A record that finds the ring full is counted as a ring drop; in `end` mode a record that finds
-//! the buffer full is counted the same way, so the log always says exactly what it lacks.
+//! Each pCPU's log is its own (its lock is taken only by that pCPU, and by the boot CPU at the
+//! end), so no pCPU waits for another's export; the channel serialises whole frames.
+//!
+//! Losses are exact and placed: a record carries the ring's drop count when it was pushed, and a
+//! block never spans a change of that count, so a block's `ring_drops` counts the records lost
+//! before its first record (the decoder places each loss between two blocks).
 
 use super::{CpuProfiler, Kind, RawRecord};
 use crate::percpu::MAX_CPUS;
-use crate::{console, memory, println};
-use hvprof_boot::cmdline::Export;
+use crate::tsc::rdtsc;
+use crate::{console, memory, parallel, println};
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicU64, Ordering};
+use hvprof_boot::cmdline::{Channel, Export};
 use hvprof_samplelog::{
     BlockEncoder, BuildId, Event, EventKind, FixedStr, Header, MAX_BLOCK_RECORDS,
     MAX_HEADER_FRAME_LEN, MAX_TASK_FRAME_LEN, OutReason, Record, Sample, SampleKind, Task, VmInfo,
     encode_end, encode_header, encode_task, max_block_frame_len, max_end_frame_len,
 };
-use spin::Mutex;
+use spin::{Mutex, Once};
 
 /// Records per block.
 pub const BLOCK: usize = 64;
 const _: () = assert!(BLOCK <= MAX_BLOCK_RECORDS);
-
-/// What the exporter keeps for one pCPU.
-struct CpuLog {
-    encoder: BlockEncoder,
-    /// `end` mode: raw records waiting for the end.
-    stored: &'static mut [RawRecord],
-    stored_len: usize,
-    /// Records lost because `stored` was full (added to the ring drops in the log).
-    buffer_drops: u64,
-    /// `end` mode: task changes waiting for the end.
-    tasks: alloc::vec::Vec<Task>,
-}
-
-/// `end` mode keeps at most this many task changes per pCPU (a guest switching tasks at every
-/// sample for a whole run would need more; the rest are counted as dropped).
-const TASKS_KEPT: usize = 1 << 16;
-/// Task changes lost (task ring or `end` buffer full), all pCPUs.
-static TASK_DROPS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
-
-/// What the exporter keeps.
-struct Exporter {
-    mode: Export,
-    header: Header,
-    cpus: alloc::vec::Vec<CpuLog>,
-    frame: [u8; FRAME_BUF],
-    bytes_sent: u64,
-}
 
 /// Big enough for any frame the exporter writes.
 const FRAME_BUF: usize = max(
@@ -67,7 +49,42 @@ const fn max(a: usize, b: usize) -> usize {
     if a > b { a } else { b }
 }
 
-static EXPORTER: Mutex<Option<Exporter>> = Mutex::new(None);
+/// `export=end` keeps at most this many task changes per pCPU between flushes.
+const TASKS_KEPT: usize = 16 * 1024;
+
+/// What the exporter keeps for one pCPU.
+struct CpuLog {
+    encoder: BlockEncoder,
+    /// Where this pCPU's frames are encoded.
+    frame: &'static mut [u8],
+    /// `end` mode: raw records waiting, a circular buffer (`head`, `len`).
+    stored: &'static mut [RawRecord],
+    head: usize,
+    len: usize,
+    /// `end` mode: task changes waiting.
+    tasks: &'static mut [Task],
+    tasks_len: usize,
+    /// Task changes lost: the task ring was full (counted by the ring) or, when there was no
+    /// memory for the buffer, the buffer.
+    task_drops: u64,
+    /// `end` mode: synchronous flushes of a full buffer, and their TSC ticks.
+    flushes: u64,
+    flush_ticks: u64,
+    /// TSC ticks spent exporting on this pCPU (draining, encoding, sending, flushing).
+    export_ticks: u64,
+    bytes_sent: u64,
+}
+
+/// What the exporter keeps.
+struct Exporter {
+    mode: Export,
+    channel: Channel,
+    header: Header,
+    header_sent: Once<()>,
+    cpus: Vec<Mutex<CpuLog>>,
+}
+
+static EXPORTER: Once<Exporter> = Once::new();
 
 /// One VM as the header describes it.
 pub struct VmEntry<'a> {
@@ -81,6 +98,7 @@ pub struct VmEntry<'a> {
 #[allow(clippy::too_many_arguments)]
 pub fn init(
     mode: Export,
+    channel: Channel,
     build_id: &[u8],
     tsc_hz: u64,
     pcpus: u16,
@@ -112,64 +130,87 @@ pub fn init(
             image_build_id: BuildId::new(vm.build_id).unwrap_or_default(),
         });
     }
-    // `end` mode: `buffer=` records in all, or a quarter of the free memory, at most 1 M records
-    // per pCPU; shared equally between the pCPUs.
+    let channel = match channel {
+        Channel::Lpt if !parallel::init() => {
+            println!(
+                "profiler: warning: channel=lpt: no parallel port answers at 0x378; the sample log goes to the serial console instead"
+            );
+            Channel::Serial
+        }
+        c => c,
+    };
+    // `end` mode: `buffer=` records in all, or half of the memory still free, shared equally
+    // between the pCPUs; never less than a few blocks (a full buffer is flushed, not dropped).
     let size = core::mem::size_of::<RawRecord>() as u64;
     let n = u64::from(pcpus.max(1));
     let per_cpu = match (mode, buffer) {
         (Export::Stream, _) => 0,
-        (Export::End, 0) => (memory::free_bytes() / 4 / size / n).min(1 << 20),
+        (Export::End, 0) => memory::free_bytes() / 2 / size / n,
         (Export::End, b) => u64::from(b) / n,
-    };
+    }
+    .max(if mode == Export::End {
+        4 * BLOCK as u64
+    } else {
+        0
+    });
+    let tasks = if mode == Export::End { TASKS_KEPT } else { 0 };
     let cpus = (0..pcpus.max(1))
-        .map(|cpu| CpuLog {
-            encoder: BlockEncoder::new(cpu, period),
-            stored: alloc_records(per_cpu),
-            stored_len: 0,
-            buffer_drops: 0,
-            tasks: alloc::vec::Vec::new(),
+        .map(|cpu| {
+            Mutex::new(CpuLog {
+                encoder: BlockEncoder::new(cpu, period),
+                frame: alloc_slice::<u8>(FRAME_BUF as u64),
+                stored: alloc_slice::<RawRecord>(per_cpu),
+                head: 0,
+                len: 0,
+                tasks: alloc_slice::<Task>(tasks as u64),
+                tasks_len: 0,
+                task_drops: 0,
+                flushes: 0,
+                flush_ticks: 0,
+                export_ticks: 0,
+                bytes_sent: 0,
+            })
         })
-        .collect::<alloc::vec::Vec<_>>();
-    let stored: u64 = cpus.iter().map(|c| c.stored.len() as u64).sum();
+        .collect::<Vec<_>>();
+    let stored: u64 = cpus.iter().map(|c| c.lock().stored.len() as u64).sum();
     println!(
-        "profiler: export={} ({}), blocks of {BLOCK} records",
+        "profiler: export={mode} channel={channel} ({}), blocks of {BLOCK} records",
         match mode {
-            Export::Stream => "stream",
-            Export::End => "end",
-        },
-        match mode {
-            Export::Stream =>
-                alloc::string::String::from("framed blocks on the serial line during the run"),
+            Export::Stream => alloc::string::String::from("framed blocks during the run"),
             Export::End => alloc::format!(
-                "{stored} records kept in memory ({per_cpu} per pCPU), sent at the end"
+                "{stored} records kept in memory ({} per pCPU, {} KiB each), sent at the end; a full buffer is flushed during the run",
+                stored / n,
+                stored / n * size / 1024
             ),
         }
     );
-    let mut ex = Exporter {
+    let ex = EXPORTER.call_once(|| Exporter {
         mode,
+        channel,
         header,
+        header_sent: Once::new(),
         cpus,
-        frame: [0; FRAME_BUF],
-        bytes_sent: 0,
-    };
-    if mode == Export::Stream {
-        ex.send_header();
+    });
+    if mode == Export::Stream
+        && let Some(log) = ex.cpus.first()
+    {
+        ex.send_header(&mut log.lock());
     }
-    *EXPORTER.lock() = Some(ex);
 }
 
-/// A zeroed buffer of `records` records from the frame allocator (empty if there is no memory).
-fn alloc_records(records: u64) -> &'static mut [RawRecord] {
-    if records == 0 {
+/// A zeroed slice of `count` values from the frame allocator, for the life of the machine (empty
+/// if there is no memory).
+fn alloc_slice<T>(count: u64) -> &'static mut [T] {
+    if count == 0 {
         return &mut [];
     }
-    match memory::alloc_zeroed(records * core::mem::size_of::<RawRecord>() as u64, 4096) {
-        // SAFETY: fresh zeroed memory for `records` records, owned by the exporter for the life
-        // of the machine. All-zero bytes are a valid RawRecord (integers and a `Kind` whose
-        // discriminant 0 is `Guest`).
-        Some(addr) => unsafe {
-            core::slice::from_raw_parts_mut(addr as *mut RawRecord, records as usize)
-        },
+    let bytes = count.saturating_mul(core::mem::size_of::<T>() as u64);
+    match memory::alloc_zeroed(bytes, 4096) {
+        // SAFETY: fresh zeroed memory for `count` values, aligned to a page (more than any `T`
+        // here needs), owned by the exporter for the life of the machine. It is used only for
+        // `u8`, `RawRecord` and `Task`, for which all-zero bytes are valid values (integers, a
+        // `Kind` whose discriminant 0 is `Guest`, fixed strings of length 0).
+        Some(addr) => unsafe { core::slice::from_raw_parts_mut(addr as *mut T, count as usize) },
         None => &mut [],
     }
 }
@@ -212,86 +253,149 @@ fn convert(r: &RawRecord) -> Record {
 }
 
 impl Exporter {
-    /// Sends one frame, then a line break so the console text after it starts a fresh line
-    /// (the decoder returns the break as text, between frames).
-    fn send(&mut self, len: usize) {
-        console::write_raw(&self.frame[..len]);
-        console::write_raw(b"\r\n");
-        self.bytes_sent += len as u64 + 2;
-    }
-
-    fn send_header(&mut self) {
-        if let Ok(n) = encode_header(&self.header, &mut self.frame) {
-            self.send(n);
+    /// Sends the first `len` bytes of `log.frame`.
+    fn send(&self, log: &mut CpuLog, len: usize) {
+        match self.channel {
+            Channel::Serial => {
+                // A line break after the frame, so the console text after it starts a fresh line
+                // (the decoder returns the break as text, between frames).
+                console::write_raw(&log.frame[..len]);
+                console::write_raw(b"\r\n");
+                log.bytes_sent += len as u64 + 2;
+            }
+            Channel::Lpt => {
+                parallel::write(&log.frame[..len]);
+                log.bytes_sent += len as u64;
+            }
         }
     }
 
-    fn send_task(&mut self, t: &Task) {
-        if let Ok(n) = encode_task(t, &mut self.frame) {
-            self.send(n);
+    /// Sends the header once, before the first block or task frame of any pCPU.
+    fn send_header(&self, log: &mut CpuLog) {
+        self.header_sent.call_once(|| {
+            if let Ok(n) = encode_header(&self.header, log.frame) {
+                self.send(log, n);
+            }
+        });
+    }
+
+    fn send_task(&self, log: &mut CpuLog, t: &Task) {
+        self.send_header(log);
+        if let Ok(n) = encode_task(t, log.frame) {
+            self.send(log, n);
         }
     }
 
-    /// Encodes and sends one block of pCPU `cpu`'s records.
-    fn send_block(&mut self, cpu: usize, records: &[RawRecord], drops: u64) {
+    /// Encodes and sends one block of records, which share their drop count (`block_len`).
+    fn send_block(&self, log: &mut CpuLog, records: &[RawRecord]) {
+        let Some(first) = records.first() else {
+            return;
+        };
+        self.send_header(log);
         let mut converted = [Record::Sample(Sample::default()); BLOCK];
         for (slot, r) in converted.iter_mut().zip(records) {
             *slot = convert(r);
         }
-        if let Ok(n) =
-            self.cpus[cpu]
-                .encoder
-                .encode(&converted[..records.len()], drops, &mut self.frame)
-        {
-            self.send(n);
+        let CpuLog { encoder, frame, .. } = &mut *log;
+        if let Ok(n) = encoder.encode(&converted[..records.len()], first.drops, frame) {
+            self.send(log, n);
         }
     }
-}
 
-/// Records pCPU `cpu` lost so far: ring full, or (`end` mode) buffer full.
-fn drops(ex: &Exporter, p: &CpuProfiler) -> u64 {
-    p.ring.dropped() + ex.cpus.get(p.pcpu()).map_or(0, |c| c.buffer_drops)
-}
-
-/// Called by the run loop after each exit: moves what the ring holds on (`end`), or sends a block
-/// when one is full (`stream`); task changes go on at once.
-pub fn drain_if_full(p: &CpuProfiler) {
-    if p.ring.len() < BLOCK && p.tasks.is_empty() {
-        return;
+    /// `end` mode: sends the stored task changes, then stored blocks until at most `keep` records
+    /// are left, moving the ring's new records in behind as room appears.
+    fn flush(&self, log: &mut CpuLog, p: &CpuProfiler, keep: usize) {
+        let t0 = rdtsc();
+        for i in 0..log.tasks_len {
+            let t = log.tasks[i];
+            self.send_task(log, &t);
+        }
+        log.tasks_len = 0;
+        let cap = log.stored.len();
+        let mut chunk = [RawRecord::ZERO; BLOCK];
+        while log.len > keep {
+            let n = block_len((0..log.len).map(|i| &log.stored[(log.head + i) % cap]));
+            for (i, slot) in chunk[..n].iter_mut().enumerate() {
+                *slot = log.stored[(log.head + i) % cap];
+            }
+            log.head = (log.head + n) % cap;
+            log.len -= n;
+            self.send_block(log, &chunk[..n]);
+            move_ring(log, p);
+        }
+        log.flushes += 1;
+        log.flush_ticks += rdtsc() - t0;
     }
-    drain(p, false);
 }
 
-fn drain(p: &CpuProfiler, all: bool) {
-    let mut guard = EXPORTER.lock();
-    let Some(ex) = guard.as_mut() else {
-        return;
+/// How many of `records` (at most `BLOCK`) go into the next block: a block never spans a change of
+/// the drop count, so that its `ring_drops` says how many records were lost just before it.
+fn block_len<'a>(mut records: impl Iterator<Item = &'a RawRecord>) -> usize {
+    let Some(first) = records.next() else {
+        return 0;
     };
-    let cpu = p.pcpu();
-    if cpu >= ex.cpus.len() {
-        return;
+    1 + records
+        .take(BLOCK - 1)
+        .take_while(|r| r.drops == first.drops)
+        .count()
+}
+
+/// `end` mode: moves ring records into the stored buffer while it has room.
+fn move_ring(log: &mut CpuLog, p: &CpuProfiler) {
+    let cap = log.stored.len();
+    while log.len < cap {
+        let Some(r) = p.ring.pop() else {
+            break;
+        };
+        log.stored[(log.head + log.len) % cap] = r;
+        log.len += 1;
     }
+}
+
+/// Whether `drain_if_full` has work: a block's worth of records, or a task change.
+pub fn wants_drain(p: &CpuProfiler) -> bool {
+    p.ring.len() >= BLOCK || !p.tasks.is_empty()
+}
+
+/// Called by the run loop after each exit (and by the scheduler and the idle loop): moves what the
+/// ring holds on (`end`), or sends a block when one is full (`stream`); task changes go on at
+/// once. Returns the TSC ticks it took.
+pub fn drain_if_full(p: &CpuProfiler) -> u64 {
+    if wants_drain(p) { drain(p, false) } else { 0 }
+}
+
+fn drain(p: &CpuProfiler, all: bool) -> u64 {
+    let Some(ex) = EXPORTER.get() else {
+        return 0;
+    };
+    let Some(cell) = ex.cpus.get(p.pcpu()) else {
+        return 0;
+    };
+    let t0 = rdtsc();
+    let mut guard = cell.lock();
+    let log = &mut *guard;
     while let Some(t) = p.tasks.pop() {
         match ex.mode {
-            Export::Stream => ex.send_task(&t),
-            Export::End if ex.cpus[cpu].tasks.len() < TASKS_KEPT => ex.cpus[cpu].tasks.push(t),
+            Export::Stream => ex.send_task(log, &t),
+            Export::End if log.tasks.is_empty() => log.task_drops += 1,
             Export::End => {
-                TASK_DROPS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+                if log.tasks_len == log.tasks.len() {
+                    ex.flush(log, p, log.stored.len() / 2);
+                }
+                log.tasks[log.tasks_len] = t;
+                log.tasks_len += 1;
             }
         }
     }
     match ex.mode {
-        Export::End => {
-            let log = &mut ex.cpus[cpu];
-            while let Some(r) = p.ring.pop() {
-                if log.stored_len < log.stored.len() {
-                    log.stored[log.stored_len] = r;
-                    log.stored_len += 1;
-                } else {
-                    log.buffer_drops += 1;
-                }
+        Export::End => loop {
+            move_ring(log, p);
+            if p.ring.is_empty() || log.stored.is_empty() {
+                break;
             }
-        }
+            // Full: send the older half now rather than lose what comes next.
+            ex.flush(log, p, log.stored.len() / 2);
+        },
         Export::Stream => loop {
             if !all && p.ring.len() < BLOCK {
                 break;
@@ -299,74 +403,124 @@ fn drain(p: &CpuProfiler, all: bool) {
             let mut block = [RawRecord::ZERO; BLOCK];
             let mut n = 0;
             while n < BLOCK {
-                match p.ring.pop() {
-                    Some(r) => {
+                match p.ring.peek() {
+                    Some(r) if n == 0 || r.drops == block[0].drops => {
                         block[n] = r;
                         n += 1;
+                        p.ring.pop();
                     }
-                    None => break,
+                    _ => break,
                 }
             }
             if n == 0 {
                 break;
             }
-            let d = drops(ex, p);
-            ex.send_block(cpu, &block[..n], d);
+            ex.send_block(log, &block[..n]);
         },
     }
+    let ticks = rdtsc() - t0;
+    log.export_ticks += ticks;
+    // The export after the run (`finish`) is not part of the run's cost.
+    if p.enabled() {
+        p.costs.export.add(ticks);
+    }
+    ticks
 }
 
+/// Records taken over the whole run, all pCPUs (for the closing lines).
+static RECORDS_TAKEN: AtomicU64 = AtomicU64::new(0);
+
 /// After the run, once every pCPU has stopped sampling: the rest of each ring, then (in `end`
-/// mode) the header and every stored block, then the end frame with each pCPU's totals.
+/// mode) every stored task change and block, then the end frame with each pCPU's totals.
 pub fn finish() {
-    let pcpus = EXPORTER.lock().as_ref().map_or(0, |ex| ex.cpus.len());
-    for cpu in 0..pcpus {
-        drain(super::cpu(cpu), true);
-    }
-    let mut guard = EXPORTER.lock();
-    let Some(ex) = guard.as_mut() else {
+    let Some(ex) = EXPORTER.get() else {
         return;
     };
-    if ex.mode == Export::End {
-        ex.send_header();
-        for cpu in 0..pcpus {
-            for t in core::mem::take(&mut ex.cpus[cpu].tasks) {
-                ex.send_task(&t);
-            }
-        }
-        let mut chunk = [RawRecord::ZERO; BLOCK];
-        for cpu in 0..pcpus {
-            let d = drops(ex, super::cpu(cpu));
-            let mut at = 0;
-            while at < ex.cpus[cpu].stored_len {
-                let n = (ex.cpus[cpu].stored_len - at).min(BLOCK);
-                chunk[..n].copy_from_slice(&ex.cpus[cpu].stored[at..at + n]);
-                ex.send_block(cpu, &chunk[..n], d);
-                at += n;
-            }
-        }
-    }
-    let totals: alloc::vec::Vec<_> = (0..pcpus)
-        .map(|cpu| ex.cpus[cpu].encoder.totals(drops(ex, super::cpu(cpu))))
-        .collect();
-    if let Ok(n) = encode_end(&totals, &mut ex.frame) {
-        ex.send(n);
-    }
-    let sent = ex.bytes_sent;
-    let period = ex.header.period_ticks;
-    drop(guard);
-    // The machine's totals (what the tests and benches read), then each pCPU's when several.
-    let mut all = (0u64, 0u64, u64::MAX, 0u64, 0u64); // samples, cost sum, min, max, taken
+    let pcpus = ex.cpus.len();
     for cpu in 0..pcpus {
         let p = super::cpu(cpu);
-        let (n, mean, min, max) = p.cost();
+        let _ = drain(p, true);
+        if ex.mode == Export::End {
+            let mut log = ex.cpus[cpu].lock();
+            ex.flush(&mut log, p, 0);
+            // The final flush is the normal end-of-run export, not a flush of a full buffer.
+            log.flushes -= 1;
+        }
+        RECORDS_TAKEN.fetch_add(p.ring.pushed() + p.ring.dropped(), Ordering::Relaxed);
+    }
+    let totals: Vec<_> = (0..pcpus)
+        .map(|cpu| {
+            ex.cpus[cpu]
+                .lock()
+                .encoder
+                .totals(super::cpu(cpu).ring.dropped())
+        })
+        .collect();
+    {
+        let mut log = ex.cpus[0].lock();
+        ex.send_header(&mut log);
+        if let Ok(n) = encode_end(&totals, log.frame) {
+            ex.send(&mut log, n);
+        }
+    }
+    report(ex, &totals);
+    report_costs(ex);
+}
+
+/// The profiler's whole cost on each pCPU, as a share of the time it sampled, in disjoint parts:
+/// the exits that exist only to take samples, the LAPIC timer's interrupts, the other samples'
+/// sample path and task reads, and the export. Samples cannot see most of it: a sampling exit
+/// begins with its sample and ends a period before the next one.
+fn report_costs(ex: &Exporter) {
+    let mut total = (0u64, 0u64);
+    for cpu in 0..ex.cpus.len() {
+        let c = super::cpu(cpu).cost_report();
+        let span = c.span.max(1);
+        let pct = |t: u64| t as f64 * 100.0 / span as f64;
+        println!(
+            "profiler: pCPU {cpu} cost: {:.2}% of {span} ticks ({} samples): {} sampling exits x {} ticks ({:.2}%), {} timer interrupts x {} ticks ({:.2}%), other samples {} ticks ({:.2}%), export {} ticks ({:.2}%); {} task reads x {} ticks",
+            pct(c.whole()),
+            c.samples,
+            c.sampling_exits,
+            c.sampling_exit_ticks
+                .checked_div(c.sampling_exits)
+                .unwrap_or(0),
+            pct(c.sampling_exit_ticks),
+            c.timer_interrupts,
+            c.timer_ticks.checked_div(c.timer_interrupts).unwrap_or(0),
+            pct(c.timer_ticks),
+            c.other_samples_ticks,
+            pct(c.other_samples_ticks),
+            c.export_ticks,
+            pct(c.export_ticks),
+            c.task_reads,
+            c.task_read_ticks.checked_div(c.task_reads).unwrap_or(0),
+        );
+        total.0 += c.whole();
+        total.1 += span;
+    }
+    println!(
+        "profiler: whole cost {:.2}% of the pCPUs' time ({} of {} ticks)",
+        total.0 as f64 * 100.0 / total.1.max(1) as f64,
+        total.0,
+        total.1
+    );
+}
+
+/// The closing lines on the console: what was sent and lost, per pCPU when several.
+fn report(ex: &Exporter, totals: &[hvprof_samplelog::PcpuTotals]) {
+    let pcpus = ex.cpus.len();
+    let period = ex.header.period_ticks;
+    let mut all = (0u64, 0u64, u64::MAX, 0u64); // samples, cost sum, min, max
+    for cpu in 0..pcpus {
+        let (n, mean, min, max) = super::cpu(cpu).cost();
         all.0 += n;
         all.1 += mean * n;
         all.2 = all.2.min(if n == 0 { u64::MAX } else { min });
         all.3 = all.3.max(max);
-        all.4 += p.ring.pushed() + p.ring.dropped();
     }
     let sum = |f: fn(&hvprof_samplelog::PcpuTotals) -> u64| totals.iter().map(f).sum::<u64>();
+    let sent: u64 = ex.cpus.iter().map(|c| c.lock().bytes_sent).sum();
     let mean = all.1.checked_div(all.0).unwrap_or(0);
     println!(
         "profiler: sample path cost over {} samples: mean {mean}, min {}, max {} TSC ticks ({:.2}% of the {period}-tick period)",
@@ -377,22 +531,35 @@ pub fn finish() {
     );
     let records = sum(|t| t.samples + t.events);
     println!(
-        "profiler: sample log sent: {} records taken, {} records dropped (ring or buffer full), {} samples and {} events in {} blocks, {sent} bytes ({:.2} bytes per record)",
-        all.4,
+        "profiler: sample log sent: {} records taken, {} records dropped (ring full), {} samples and {} events in {} blocks, {sent} bytes ({:.2} bytes per record) on the {} channel",
+        RECORDS_TAKEN.load(Ordering::Relaxed),
         sum(|t| t.ring_drops),
         sum(|t| t.samples),
         sum(|t| t.events),
         sum(|t| t.blocks),
-        sent as f64 / records.max(1) as f64
+        sent as f64 / records.max(1) as f64,
+        ex.channel,
     );
-    let task_drops = TASK_DROPS.load(core::sync::atomic::Ordering::Relaxed)
-        + (0..pcpus)
-            .map(|c| super::cpu(c).tasks.dropped())
-            .sum::<u64>();
+    if ex.channel == Channel::Lpt && parallel::lost() > 0 {
+        println!(
+            "profiler: warning: {} bytes of the sample log were lost: the parallel port stopped taking bytes",
+            parallel::lost()
+        );
+    }
+    let flushes: u64 = ex.cpus.iter().map(|c| c.lock().flushes).sum();
+    if flushes > 0 {
+        let ticks: u64 = ex.cpus.iter().map(|c| c.lock().flush_ticks).sum();
+        println!(
+            "profiler: export=end buffer full {flushes} times: flushed during the run, {ticks} TSC ticks (counted in the profiler's cost)"
+        );
+    }
+    let task_drops: u64 = (0..pcpus)
+        .map(|c| super::cpu(c).tasks.dropped() + ex.cpus[c].lock().task_drops)
+        .sum();
     let tasks: u64 = (0..pcpus).map(|c| super::cpu(c).tasks.pushed()).sum();
     if tasks + task_drops > 0 {
         println!(
-            "profiler: guest task changes: {tasks} recorded, {task_drops} dropped (task ring or buffer full)"
+            "profiler: guest task changes: {tasks} recorded, {task_drops} dropped (task ring full)"
         );
     }
     if pcpus > 1 {

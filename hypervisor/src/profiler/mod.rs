@@ -49,6 +49,8 @@ pub struct RawRecord {
     pub kind: Kind,
     /// Samples: bits 1:0 CPL, bits 3:2 mode (0 real, 1 protected, 2 long). VcpuOut: the reason.
     pub mode: u8,
+    /// The ring's drop count when this record was pushed: records lost before it on this pCPU.
+    pub drops: u64,
 }
 
 impl RawRecord {
@@ -64,6 +66,7 @@ impl RawRecord {
         vpid: 0,
         kind: Kind::Guest,
         mode: 0,
+        drops: 0,
     };
 }
 
@@ -93,6 +96,105 @@ pub struct CpuProfiler {
     idle: AtomicBool,
     /// A push into `ring` is under way (see `offer`).
     pushing: AtomicBool,
+    /// What profiling cost this pCPU beyond the sample path itself.
+    pub costs: Costs,
+    /// TSC when sampling started and stopped on this pCPU (the span the costs are shares of).
+    started_at: AtomicU64,
+    stopped_at: AtomicU64,
+}
+
+/// A count of events and the TSC ticks they took.
+pub struct Tally {
+    count: AtomicU64,
+    ticks: AtomicU64,
+}
+
+impl Tally {
+    const fn new() -> Self {
+        Tally {
+            count: AtomicU64::new(0),
+            ticks: AtomicU64::new(0),
+        }
+    }
+
+    /// One more event that took `ticks`.
+    pub fn add(&self, ticks: u64) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.ticks.fetch_add(ticks, Ordering::Relaxed);
+    }
+
+    /// (events, ticks).
+    pub fn get(&self) -> (u64, u64) {
+        (
+            self.count.load(Ordering::Relaxed),
+            self.ticks.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// What profiling costs one pCPU besides the sample path (whose cost every sample measures), each
+/// measured from TSC to TSC where it happens.
+pub struct Costs {
+    /// VM exits that exist only to take a sample (the VMX-preemption timer at a sampling deadline
+    /// that nothing else needed): VM exit to the next VM entry, their sample and task read
+    /// included, any export they did excluded. Samples never see this time: a sampling exit
+    /// begins with its sample, and the next deadline is a period later.
+    pub sampling_exits: Tally,
+    /// The LAPIC timer's interrupts in the hypervisor and idle loop (handler entry to exit, their
+    /// sample included).
+    pub timer_interrupts: Tally,
+    /// Reading a Linux guest's running task at its samples.
+    pub task_reads: Tally,
+    /// Draining the rings, encoding and sending the log.
+    pub export: Tally,
+    /// Sample-path and task-read ticks spent inside the sampling exits and timer interrupts (so
+    /// that the whole cost counts them once).
+    inside: AtomicU64,
+}
+
+impl Costs {
+    const fn new() -> Self {
+        Costs {
+            sampling_exits: Tally::new(),
+            timer_interrupts: Tally::new(),
+            task_reads: Tally::new(),
+            export: Tally::new(),
+            inside: AtomicU64::new(0),
+        }
+    }
+}
+
+/// CR0.PE (SDM Vol. 3A §2.5): protected mode.
+const CR0_PE: u64 = 1 << 0;
+/// IA32_EFER.LMA (SDM Vol. 3A §2.2.1, Table 2-1 "IA32_EFER"): IA-32e mode active.
+const EFER_LMA: u64 = 1 << 10;
+/// The L bit of the CS access rights in the VMCS format (SDM Vol. 3C §25.4.1, Table 25-2): 64-bit
+/// code segment.
+const CS_AR_L: u32 = 1 << 13;
+
+/// The profiler's whole cost on one pCPU, in TSC ticks, in disjoint parts.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CostReport {
+    /// Ticks the pCPU sampled.
+    pub span: u64,
+    pub samples: u64,
+    /// The sample path of the samples taken outside sampling exits and timer interrupts, and
+    /// their task reads.
+    pub other_samples_ticks: u64,
+    pub sampling_exits: u64,
+    pub sampling_exit_ticks: u64,
+    pub timer_interrupts: u64,
+    pub timer_ticks: u64,
+    pub task_reads: u64,
+    pub task_read_ticks: u64,
+    pub export_ticks: u64,
+}
+
+impl CostReport {
+    /// The whole cost, ticks.
+    pub fn whole(&self) -> u64 {
+        self.other_samples_ticks + self.sampling_exit_ticks + self.timer_ticks + self.export_ticks
+    }
 }
 
 impl CpuProfiler {
@@ -111,6 +213,9 @@ impl CpuProfiler {
             lapic: spin::Once::new(),
             idle: AtomicBool::new(false),
             pushing: AtomicBool::new(false),
+            costs: Costs::new(),
+            started_at: AtomicU64::new(0),
+            stopped_at: AtomicU64::new(0),
         }
     }
 }
@@ -183,6 +288,7 @@ pub fn start(
     } else {
         p.next_tick.store(u64::MAX, Ordering::Relaxed);
     }
+    p.started_at.store(rdtsc(), Ordering::Relaxed);
     p.enabled.store(true, Ordering::Release);
     source
 }
@@ -191,6 +297,7 @@ pub fn start(
 pub fn stop() {
     let p = this_cpu();
     p.enabled.store(false, Ordering::Release);
+    p.stopped_at.store(rdtsc(), Ordering::Relaxed);
     if let Some(l) = p.lapic.get() {
         l.disarm();
     }
@@ -198,6 +305,46 @@ pub fn stop() {
 }
 
 impl CpuProfiler {
+    /// A sampling exit that began at TSC `start` ends at `end`; `inside` of its ticks were its
+    /// sample path and task read (counted there too).
+    pub fn sampling_exit_done(&self, start: u64, end: u64, inside: u64) {
+        self.costs.sampling_exits.add(end.saturating_sub(start));
+        self.costs.inside.fetch_add(inside, Ordering::Relaxed);
+    }
+
+    /// The whole cost so far.
+    pub fn cost_report(&self) -> CostReport {
+        let (sampling_exits, sampling_exit_ticks) = self.costs.sampling_exits.get();
+        let (timer_interrupts, timer_ticks) = self.costs.timer_interrupts.get();
+        let (task_reads, task_read_ticks) = self.costs.task_reads.get();
+        let (_, export_ticks) = self.costs.export.get();
+        let sampled = self
+            .cost_total
+            .load(Ordering::Relaxed)
+            .saturating_add(self.costs.task_reads.ticks.load(Ordering::Relaxed));
+        CostReport {
+            span: self.span(),
+            samples: self.samples_taken.load(Ordering::Relaxed),
+            other_samples_ticks: sampled.saturating_sub(self.costs.inside.load(Ordering::Relaxed)),
+            sampling_exits,
+            sampling_exit_ticks,
+            timer_interrupts,
+            timer_ticks,
+            task_reads,
+            task_read_ticks,
+            export_ticks,
+        }
+    }
+
+    /// TSC ticks from the start of sampling on this pCPU to its end (or to now, while running).
+    pub fn span(&self) -> u64 {
+        let end = match self.stopped_at.load(Ordering::Relaxed) {
+            0 => rdtsc(),
+            t => t,
+        };
+        end.saturating_sub(self.started_at.load(Ordering::Relaxed))
+    }
+
     pub fn enabled(&self) -> bool {
         self.enabled.load(Ordering::Acquire)
     }
@@ -223,7 +370,9 @@ impl CpuProfiler {
             return false;
         }
         let period = self.period.load(Ordering::Relaxed).max(1);
-        let missed = (now - next) / period;
+        let late = now - next;
+        // Usually the deadline is less than a period ago: no division on the sample path.
+        let missed = if late < period { 0 } else { late / period };
         self.next_tick
             .store(next + (missed + 1) * period, Ordering::Relaxed);
         true
@@ -249,25 +398,35 @@ impl CpuProfiler {
     /// in three contexts: the run loop and scheduler, the timer interrupt and the PMU's NMI. The
     /// interrupt is kept out while the others push; an NMI that lands inside a push finds the
     /// ring busy and its record is counted as a drop rather than corrupting the one in flight.
-    fn offer(&self, r: RawRecord) {
+    fn offer(&self, mut r: RawRecord) {
         x86_64::instructions::interrupts::without_interrupts(|| {
             if self.pushing.swap(true, Ordering::Acquire) {
                 self.ring.count_drop();
                 return;
             }
+            r.drops = self.ring.dropped();
             self.ring.push(r);
             self.pushing.store(false, Ordering::Release);
         });
     }
 
-    fn push(&self, mut r: RawRecord, t0: u64) {
+    /// Records a sample taken since `t0`; returns the ticks from `t0` to the end, bookkeeping
+    /// included (the `cost` the sample carries stops before the ring push).
+    fn push(&self, mut r: RawRecord, t0: u64) -> u64 {
         let cost = rdtsc() - t0;
         r.cost = cost.min(u32::MAX as u64) as u32;
         self.offer(r);
         self.samples_taken.fetch_add(1, Ordering::Relaxed);
         self.cost_total.fetch_add(cost, Ordering::Relaxed);
-        self.cost_min.fetch_min(cost, Ordering::Relaxed);
-        self.cost_max.fetch_max(cost, Ordering::Relaxed);
+        // Plain compare-and-store, not a CAS loop: only this pCPU writes them (an NMI sample that
+        // lands in between can lose a new minimum or maximum, never corrupt it).
+        if cost < self.cost_min.load(Ordering::Relaxed) {
+            self.cost_min.store(cost, Ordering::Relaxed);
+        }
+        if cost > self.cost_max.load(Ordering::Relaxed) {
+            self.cost_max.store(cost, Ordering::Relaxed);
+        }
+        rdtsc() - t0
     }
 
     /// (samples, mean, min, max) of the sample path's own cost in TSC ticks.
@@ -284,17 +443,13 @@ impl CpuProfiler {
     }
 
     /// The deadline clock's guest sample, at a VM exit taken at `now` (the VMX-preemption
-    /// timer's, or any exit that finds the deadline passed).
-    pub fn sample_guest_if_due(&self, vmcs: &CurrentVmcs, now: u64) -> bool {
-        let due = self.take_due(now);
-        if due {
-            self.sample_guest(vmcs, now);
-        }
-        due
+    /// timer's, or any exit that finds the deadline passed); its cost in ticks if it was due.
+    pub fn sample_guest_if_due(&self, vmcs: &CurrentVmcs, now: u64) -> Option<u64> {
+        self.take_due(now).then(|| self.sample_guest(vmcs, now))
     }
 
-    /// The sample path for a guest: reads its state from the current VMCS.
-    pub fn sample_guest(&self, vmcs: &CurrentVmcs, now: u64) {
+    /// The sample path for a guest: reads its state from the current VMCS. Returns its cost.
+    pub fn sample_guest(&self, vmcs: &CurrentVmcs, now: u64) -> u64 {
         let t0 = rdtsc();
         let (vm, vcpu, vpid, exit) = self.current();
         let _ = vmcs;
@@ -309,12 +464,12 @@ impl CpuProfiler {
         let efer = read(Guest64::Ia32Efer as u32);
         let cpl = ((ss_ar >> 5) & 3) as u8;
         // Mode: real (CR0.PE = 0), long 64-bit (EFER.LMA and CS.L), else protected.
-        let mode = if cr0 & 1 == 0 {
-            0
-        } else if efer & (1 << 10) != 0 && cs_ar & (1 << 13) != 0 {
-            2
+        let mode = if cr0 & CR0_PE == 0 {
+            hvprof_samplelog::MODE_REAL
+        } else if efer & EFER_LMA != 0 && cs_ar & CS_AR_L != 0 {
+            hvprof_samplelog::MODE_LONG
         } else {
-            1
+            hvprof_samplelog::MODE_PROTECTED
         };
         self.push(
             RawRecord {
@@ -328,23 +483,28 @@ impl CpuProfiler {
                 vcpu,
                 vpid,
                 kind: Kind::Guest,
-                mode: cpl | mode << 2,
+                mode: hvprof_samplelog::guest_mode(cpl, mode),
+                drops: 0,
             },
             t0,
-        );
+        )
     }
 
     /// The deadline clock's hypervisor sample, from the LAPIC timer's interrupt frame, or at a
     /// VM entry that finds the deadline passed (`rip` = the run loop).
-    pub fn sample_host_if_due(&self, rip: u64, idle: bool) {
-        let t0 = rdtsc();
-        if self.take_due(t0) {
-            self.sample_host(rip, idle, t0);
-        }
+    /// Its cost in ticks if it was due.
+    pub fn sample_host_if_due(&self, rip: u64, idle: bool) -> Option<u64> {
+        self.sample_host_at(rip, idle, rdtsc())
     }
 
-    /// The sample path for the hypervisor itself (`t0`: when the sample was triggered).
-    pub fn sample_host(&self, rip: u64, idle: bool, t0: u64) {
+    /// `sample_host_if_due` with the TSC already read (`now`).
+    pub fn sample_host_at(&self, rip: u64, idle: bool, now: u64) -> Option<u64> {
+        self.take_due(now).then(|| self.sample_host(rip, idle, now))
+    }
+
+    /// The sample path for the hypervisor itself (`t0`: when the sample was triggered). Returns
+    /// its cost.
+    pub fn sample_host(&self, rip: u64, idle: bool, t0: u64) -> u64 {
         let (vm, vcpu, vpid, exit) = self.current();
         self.push(
             RawRecord {
@@ -359,9 +519,10 @@ impl CpuProfiler {
                 vpid,
                 kind: if idle { Kind::Idle } else { Kind::Hypervisor },
                 mode: 0,
+                drops: 0,
             },
             t0,
-        );
+        )
     }
 
     /// Arms the LAPIC timer for the next deadline (while the hypervisor runs).
@@ -375,6 +536,26 @@ impl CpuProfiler {
     pub fn eoi(&self) {
         if let Some(l) = self.lapic.get() {
             l.eoi();
+        }
+    }
+
+    /// Halts this pCPU until its next sampling deadline or TSC `t`, whichever comes first (the
+    /// LAPIC timer wakes it; `on_timer` takes the sample and re-arms for the next deadline).
+    /// Without a LAPIC timer, returns at once: the caller polls.
+    pub fn halt_until(&self, t: u64) {
+        let Some(l) = self.lapic.get() else {
+            core::hint::spin_loop();
+            return;
+        };
+        x86_64::instructions::interrupts::disable();
+        let wake = t.min(self.next_tick());
+        l.arm(wake);
+        if rdtsc() < wake {
+            // STI's interrupt shadow covers HLT: a timer interrupt that is already pending is
+            // taken after the HLT starts, so it cannot be missed (SDM Vol. 2B, STI).
+            x86_64::instructions::interrupts::enable_and_hlt();
+        } else {
+            x86_64::instructions::interrupts::enable();
         }
     }
 
@@ -411,6 +592,7 @@ impl CpuProfiler {
             vpid,
             kind,
             mode: reason,
+            drops: 0,
         });
     }
 }
@@ -433,10 +615,15 @@ impl CpuProfiler {
 /// The LAPIC timer interrupt (vector `TIMER_VECTOR`): a hypervisor (or idle) sample at the
 /// interrupted RIP, then the next deadline.
 pub fn on_timer(rip: u64) {
+    let t0 = rdtsc();
     let p = this_cpu();
-    p.sample_host_if_due(rip, p.idle.load(Ordering::Relaxed));
+    let sample = p.sample_host_if_due(rip, p.idle.load(Ordering::Relaxed));
     if let Some(l) = p.lapic.get() {
         l.eoi();
     }
     p.arm_host_clock();
+    p.costs.timer_interrupts.add(rdtsc() - t0);
+    p.costs
+        .inside
+        .fetch_add(sample.unwrap_or(0), Ordering::Relaxed);
 }

@@ -80,8 +80,9 @@ pub struct Vcpu {
     pub proc1: u32,
     /// Virtual interrupts injected (`interrupts::before_entry`).
     pub interrupts_injected: u64,
-    /// The Linux task (its `task_struct` address, pid and name) seen at its last sample.
-    pub last_task: Option<(u64, u32, [u8; 16])>,
+    /// The Linux task seen at its last sample: its address and ids, the address space (CR3
+    /// without its flag bits) and its name.
+    pub last_task: Option<(hvprof_hypervisor::guest_walk::TaskIds, u64, [u8; 16])>,
     /// Its guest's kernel-page translations, for reading the task at samples.
     pub tlb: hvprof_hypervisor::guest_walk::Tlb,
 }

@@ -46,9 +46,10 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
             }
             let claimed = {
                 let mut dev = vm.devices.lock();
-                match dev.board.write(io.port, value as u8, now) {
+                let crate::vm::VmDevices { board, console, .. } = &mut *dev;
+                match board.write(io.port, value as u8, now) {
                     Access::Line(line) => {
-                        crate::vm::print_guest_line(&vm.name, line);
+                        console.emit(&vm.name, line, now);
                         true
                     }
                     Access::Done(_) => true,

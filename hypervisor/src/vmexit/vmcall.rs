@@ -49,10 +49,12 @@ fn print(vm: &Vm, gpa: u64, len: u64) -> u64 {
     if len > PRINT_MAX || !vm.read_guest(gpa, buf) {
         return ERR_BAD_BUFFER;
     }
+    let now = crate::tsc::rdtsc();
     let mut devices = vm.devices.lock();
+    let crate::vm::VmDevices { board, console, .. } = &mut *devices;
     for &byte in buf.iter() {
-        if let Some(line) = devices.board.uart.send(byte) {
-            crate::vm::print_guest_line(&vm.name, line);
+        if let Some(line) = board.uart.send(byte) {
+            console.emit(&vm.name, line, now);
         }
     }
     0
