@@ -13,9 +13,16 @@ pub const BOCHS_BIOS: &str = "/usr/share/bochs/BIOS-bochs-latest";
 pub const BOCHS_VGA_BIOS: &str = "/usr/share/vgabios/vgabios.bin";
 /// Guest memory, MiB, in every emulator.
 pub const GUEST_MEGS: u32 = 1024;
-/// Bochs' emulated instructions per second: scales only time-based devices (UART, PIT, BIOS and
-/// GRUB delays); with `clock: sync=none` the TSC counts instructions whatever this is.
+/// Bochs' emulated instructions per second by default: with `clock: sync=none` the TSC counts
+/// instructions whatever this is, and it scales the time-based devices (UART, PIT, BIOS and GRUB
+/// delays), so the hypervisor measures its TSC at this many Hz. 4 MHz keeps the serial line cheap
+/// (344 instructions per byte) for the test guests, which do not care about the clock.
 pub const BOCHS_IPS: u64 = 4_000_000;
+/// A realistic clock (1 GHz): for Linux guests, whose timer tick and delays are set in time, so
+/// that a tick costs what it costs on hardware (about 0.1% of the CPU at HZ=250) and not a quarter
+/// of the machine as at 4 MHz. The UART is then 87,000 instructions per byte: the sample log goes
+/// to the parallel port (`channel=lpt`), which costs a few instructions per byte at any clock.
+pub const BOCHS_IPS_REALISTIC: u64 = 1_000_000_000;
 /// The Bochs CPU model used when none is named: VMX, EPT, VPID, unrestricted guest and the
 /// VMX-preemption timer, and Linux guests run on it.
 pub const DEFAULT_BOCHS_MODEL: &str = "corei7_haswell_4770";
@@ -27,6 +34,8 @@ pub enum Emulator {
     Bochs {
         /// The `cpu: model=` value.
         model: String,
+        /// Emulated instructions per emulated second (`cpu: ips=`): the TSC's apparent frequency.
+        ips: u64,
     },
     /// QEMU TCG with SeaBIOS: no VMX.
     QemuTcgBios,
@@ -37,25 +46,37 @@ pub enum Emulator {
 }
 
 impl Emulator {
-    /// Bochs with `model`.
+    /// Bochs with `model`, at the default clock ([`BOCHS_IPS`]).
     pub fn bochs(model: &str) -> Self {
         Self::Bochs {
             model: model.to_owned(),
+            ips: BOCHS_IPS,
+        }
+    }
+
+    /// The same emulator at another clock (Bochs only; the others keep theirs).
+    #[must_use]
+    pub fn with_ips(self, new: u64) -> Self {
+        match self {
+            Self::Bochs { model, .. } => Self::Bochs { model, ips: new },
+            other => other,
         }
     }
 
     /// A short human name.
     pub fn label(&self) -> String {
         match self {
-            Self::Bochs { model } => format!("bochs ({model})"),
+            Self::Bochs { model, ips } if *ips == BOCHS_IPS => format!("bochs ({model})"),
+            Self::Bochs { model, ips } => format!("bochs ({model}, {} MHz)", ips / 1_000_000),
             Self::QemuTcgBios => "qemu-tcg (SeaBIOS)".to_owned(),
             Self::QemuTcgUefi => "qemu-tcg (OVMF)".to_owned(),
             Self::QemuKvm => "qemu-kvm (nested VMX)".to_owned(),
         }
     }
 
-    /// How long a scenario on this emulator may take by default.
-    pub fn default_timeout(&self) -> Duration {
+    /// The emulator CPU time a scenario on this emulator may take by default, on the reference
+    /// machine (`runner::REFERENCE_BOCHS_SPEED`).
+    pub fn default_budget(&self) -> Duration {
         match self {
             Self::Bochs { .. } | Self::QemuTcgUefi => Duration::from_secs(60),
             Self::QemuTcgBios | Self::QemuKvm => Duration::from_secs(30),
@@ -150,10 +171,14 @@ pub struct BochsConfig<'a> {
     pub model: &'a str,
     /// Number of CPUs.
     pub cpus: u32,
+    /// `cpu: ips=`.
+    pub ips: u64,
     /// The ISO to boot.
     pub iso: &'a Path,
     /// Where COM1 goes.
     pub serial_log: &'a Path,
+    /// Where LPT1 goes.
+    pub lpt_log: &'a Path,
     /// Bochs' own log.
     pub log: &'a Path,
 }
@@ -166,12 +191,13 @@ pub fn bochsrc(cfg: &BochsConfig<'_>) -> String {
          romimage: file={BOCHS_BIOS}\n\
          vgaromimage: file={BOCHS_VGA_BIOS}\n\
          display_library: term\n\
-         cpu: model={model}, count={cpus}, ips={BOCHS_IPS}, reset_on_triple_fault=0, ignore_bad_msrs=1\n\
+         cpu: model={model}, count={cpus}, ips={ips}, reset_on_triple_fault=0, ignore_bad_msrs=1\n\
          clock: sync=none, time0=1\n\
          ata0: enabled=1, ioaddr1=0x1f0, ioaddr2=0x3f0, irq=14\n\
          ata0-master: type=cdrom, path=\"{iso}\", status=inserted\n\
          boot: cdrom\n\
          com1: enabled=1, mode=file, dev=\"{serial}\"\n\
+         parport1: enabled=1, file=\"{lpt}\"\n\
          port_e9_hack: enabled=1\n\
          speaker: enabled=0\n\
          sound: waveoutdrv=dummy, waveindrv=dummy, midioutdrv=dummy\n\
@@ -183,8 +209,10 @@ pub fn bochsrc(cfg: &BochsConfig<'_>) -> String {
          debug: action=ignore\n",
         model = cfg.model,
         cpus = cfg.cpus,
+        ips = cfg.ips,
         iso = cfg.iso.display(),
         serial = cfg.serial_log.display(),
+        lpt = cfg.lpt_log.display(),
         log = cfg.log.display(),
     )
 }
@@ -210,6 +238,8 @@ pub struct RunFiles {
     pub iso: PathBuf,
     /// Where COM1 goes.
     pub serial_log: PathBuf,
+    /// Where LPT1 goes (the sample log with `channel=lpt`).
+    pub lpt_log: PathBuf,
     /// The emulator's log: Bochs' `log:` file, or QEMU's stdout and stderr.
     pub emulator_log: PathBuf,
     /// Where the emulator's stdout and stderr go: for Bochs `emulator.out` (the term display's
@@ -229,9 +259,28 @@ impl RunFiles {
             dir: dir.to_path_buf(),
             iso: iso.to_path_buf(),
             serial_log: dir.join("serial.log"),
+            lpt_log: dir.join("lpt.log"),
             emulator_log,
             emulator_out,
         }
+    }
+
+    /// The whole capture the analyzer reads: the serial log (console text, and the sample log
+    /// with `channel=serial`) followed by what the parallel port carried (`channel=lpt`). The
+    /// sample log's frames are self-delimiting, so the two join into one valid stream; a line
+    /// break keeps the last console line apart from the first frame.
+    pub fn capture(&self) -> std::io::Result<Vec<u8>> {
+        let mut bytes = fs::read(&self.serial_log)?;
+        match fs::read(&self.lpt_log) {
+            Ok(lpt) if !lpt.is_empty() => {
+                bytes.extend_from_slice(b"\r\n");
+                bytes.extend_from_slice(&lpt);
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        Ok(bytes)
     }
 }
 
@@ -251,6 +300,8 @@ pub fn qemu_args(
         files.iso.display().to_string(),
         "-serial".into(),
         format!("file:{}", files.serial_log.display()),
+        "-parallel".into(),
+        format!("file:{}", files.lpt_log.display()),
         "-display".into(),
         "none".into(),
         "-no-reboot".into(),
@@ -296,16 +347,23 @@ pub fn command(emulator: &Emulator, cpus: u32, files: &RunFiles) -> Result<Comma
     fs::create_dir_all(&files.dir)
         .with_context(|| format!("cannot create {}", files.dir.display()))?;
     match emulator {
-        Emulator::Bochs { model } => {
-            for path in [&files.iso, &files.serial_log, &files.emulator_log] {
+        Emulator::Bochs { model, ips } => {
+            for path in [
+                &files.iso,
+                &files.serial_log,
+                &files.lpt_log,
+                &files.emulator_log,
+            ] {
                 check_bochs_path(path)?;
             }
             let rc = files.dir.join("bochsrc");
             let text = bochsrc(&BochsConfig {
                 model,
                 cpus,
+                ips: *ips,
                 iso: &files.iso,
                 serial_log: &files.serial_log,
+                lpt_log: &files.lpt_log,
                 log: &files.emulator_log,
             });
             fs::write(&rc, text).with_context(|| format!("cannot write {}", rc.display()))?;
@@ -350,8 +408,10 @@ mod tests {
         let text = bochsrc(&BochsConfig {
             model: "corei7_haswell_4770",
             cpus: 2,
+            ips: BOCHS_IPS,
             iso: Path::new("/t/s/hvprof.iso"),
             serial_log: Path::new("/t/s/serial.log"),
+            lpt_log: Path::new("/t/s/lpt.log"),
             log: Path::new("/t/s/emulator.log"),
         });
         let lines: Vec<&str> = text.lines().collect();
@@ -363,6 +423,7 @@ mod tests {
             "ata0-master: type=cdrom, path=\"/t/s/hvprof.iso\", status=inserted",
             "boot: cdrom",
             "com1: enabled=1, mode=file, dev=\"/t/s/serial.log\"",
+            "parport1: enabled=1, file=\"/t/s/lpt.log\"",
             "port_e9_hack: enabled=1",
             "log: /t/s/emulator.log",
             "romimage: file=/usr/share/bochs/BIOS-bochs-latest",
@@ -412,7 +473,8 @@ mod tests {
         let joined = args.join(" ");
         assert_eq!(
             joined,
-            "-m 1024 -cdrom /t/s/hvprof.iso -serial file:/t/s/serial.log -display none \
+            "-m 1024 -cdrom /t/s/hvprof.iso -serial file:/t/s/serial.log \
+             -parallel file:/t/s/lpt.log -display none \
              -no-reboot -monitor none -smp 2 -accel tcg"
         );
     }
@@ -450,9 +512,9 @@ mod tests {
     }
 
     #[test]
-    fn timeouts() {
-        assert_eq!(Emulator::bochs("ryzen").default_timeout().as_secs(), 60);
-        assert_eq!(Emulator::QemuTcgBios.default_timeout().as_secs(), 30);
-        assert_eq!(Emulator::QemuTcgUefi.default_timeout().as_secs(), 60);
+    fn budgets() {
+        assert_eq!(Emulator::bochs("ryzen").default_budget().as_secs(), 60);
+        assert_eq!(Emulator::QemuTcgBios.default_budget().as_secs(), 30);
+        assert_eq!(Emulator::QemuTcgUefi.default_budget().as_secs(), 60);
     }
 }

@@ -1,5 +1,11 @@
-//! Starting an emulator, watching its serial log, and ending it: at the end marker, at a
-//! timeout, at Ctrl-C, or when it exits by itself.
+//! Starting an emulator, watching its serial log, and ending it: at the end marker, when it has
+//! used up its CPU-time limit (or, as a last resort, its wall-time limit), at Ctrl-C, or when it
+//! exits by itself.
+//!
+//! The limit is on the emulator's CPU time, read from `/proc/<pid>/stat`: other work on the
+//! machine (a parallel build, another emulator, a CPU hog per core) slows the emulator's wall
+//! clock but not the CPU time it needs, so a run is judged by the work it did, not by how busy
+//! the machine was. The wall-time limit only catches an emulator that stopped using the CPU.
 //!
 //! Each emulator runs in its own process group (so a timeout can kill all of it, and Ctrl-C on the
 //! terminal reaches only us: we then kill the emulators we started), and dies with the thread that
@@ -29,11 +35,20 @@ mod sys {
     pub const SIGKILL: c_int = 9;
     pub const SIGTERM: c_int = 15;
     pub const PR_SET_PDEATHSIG: c_int = 1;
+    pub const SC_CLK_TCK: c_int = 2;
 
     unsafe extern "C" {
         pub fn kill(pid: c_int, sig: c_int) -> c_int;
         pub fn signal(signum: c_int, handler: extern "C" fn(c_int)) -> usize;
         pub fn prctl(option: c_int, ...) -> c_int;
+        pub fn sysconf(name: c_int) -> std::ffi::c_long;
+    }
+
+    /// Clock ticks per second of `/proc/<pid>/stat`'s times.
+    pub fn clock_ticks() -> u64 {
+        // SAFETY: sysconf reads a configuration value; no memory is passed.
+        let n = unsafe { sysconf(SC_CLK_TCK) };
+        u64::try_from(n).ok().filter(|&n| n > 0).unwrap_or(100)
     }
 
     /// `prctl(PR_SET_PDEATHSIG, SIGKILL)`.
@@ -83,8 +98,8 @@ pub enum RunEnd {
     Marker,
     /// The emulator exited before the end marker appeared.
     Exited(ExitStatus),
-    /// The timeout passed first; the emulator was killed.
-    TimedOut(Duration),
+    /// The emulator used up its limit first (what it used, and the limit); it was killed.
+    TimedOut(String),
     /// Ctrl-C (or SIGTERM/SIGHUP); the emulator was killed.
     Interrupted,
 }
@@ -97,7 +112,7 @@ impl RunEnd {
             Self::Exited(status) => {
                 format!("the emulator exited ({status}) before printing {end_marker:?}")
             }
-            Self::TimedOut(limit) => format!("timed out after {} s", limit.as_secs()),
+            Self::TimedOut(what) => format!("timed out: {what}"),
             Self::Interrupted => "interrupted".to_owned(),
         }
     }
@@ -110,6 +125,8 @@ pub struct RunOutcome {
     pub end: RunEnd,
     /// Wall time from start to end.
     pub elapsed: Duration,
+    /// The emulator's CPU time (last reading before it ended).
+    pub cpu: Duration,
     /// The whole serial log.
     pub serial: SerialLog,
 }
@@ -125,8 +142,47 @@ pub struct Launch<'a> {
     pub files: &'a RunFiles,
     /// The run ends once the serial log contains this.
     pub end_marker: &'a str,
-    /// Kill the emulator after this long (`None`: no limit).
-    pub timeout: Option<Duration>,
+    /// Kill the emulator when it has used this much (`None`: no limit).
+    pub limit: Option<Limit>,
+}
+
+/// How much an emulator run may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit {
+    /// The emulator's CPU time (user + system, all its threads).
+    pub cpu: Duration,
+    /// Wall time: only for an emulator that stops using the CPU (blocked, stopped).
+    pub wall: Duration,
+}
+
+impl Limit {
+    /// `cpu` of CPU time, and `wall_factor` times as much wall time.
+    pub fn cpu(cpu: Duration, wall_factor: u32) -> Self {
+        Self {
+            cpu,
+            wall: cpu.saturating_mul(wall_factor),
+        }
+    }
+}
+
+/// The CPU time (user + system, all threads) process `pid` has used so far, from
+/// `/proc/<pid>/stat` (fields 14 and 15, after the parenthesised command name).
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_cpu_time(&stat, sys::clock_ticks())
+}
+
+fn parse_cpu_time(stat: &str, ticks_per_second: u64) -> Option<Duration> {
+    // The command name may hold spaces and parentheses: the fields start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    // After ')': state (3), ppid (4), ... utime is field 14, stime field 15 (1-based).
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    let ticks = utime.checked_add(stime)?;
+    Some(Duration::from_micros(
+        ticks.saturating_mul(1_000_000) / ticks_per_second.max(1),
+    ))
 }
 
 /// How long the emulator may take to exit by itself once the end marker appeared.
@@ -202,8 +258,15 @@ impl Tail<'_> {
     }
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    needle.is_empty() || haystack.windows(needle.len()).any(|w| w == needle)
+/// Whether `needle` starts a line of `haystack` (at its start or after a `\n`): the end marker
+/// is a line of the hypervisor's own, and a guest's output never starts a line (it is prefixed
+/// with `[vm] `), so no guest can end a run by printing the marker.
+fn contains_line(haystack: &[u8], needle: &[u8]) -> bool {
+    needle.is_empty()
+        || haystack.starts_with(needle)
+        || haystack
+            .windows(needle.len() + 1)
+            .any(|w| w[0] == b'\n' && &w[1..] == needle)
 }
 
 /// Starts the emulator and follows its serial log until the run ends; every new chunk of the
@@ -249,13 +312,18 @@ pub fn launch(launch: &Launch<'_>, on_output: &mut dyn FnMut(&[u8])) -> Result<R
     let marker = launch.end_marker.as_bytes();
     let mut log = Vec::new();
     let mut marker_seen: Option<Instant> = None;
+    let pid = emu.child.id();
+    let mut cpu = Duration::ZERO;
     let end = loop {
+        if let Some(t) = cpu_time(pid) {
+            cpu = t;
+        }
         let before = log.len();
         if tail.read_new(&mut log)? > 0 {
             on_output(&log[before..]);
             if marker_seen.is_none() {
-                let from = before.saturating_sub(marker.len());
-                if contains(&log[from..], marker) {
+                let from = before.saturating_sub(marker.len() + 1);
+                if contains_line(&log[from..], marker) {
                     marker_seen = Some(Instant::now());
                 }
             }
@@ -272,11 +340,18 @@ pub fn launch(launch: &Launch<'_>, on_output: &mut dyn FnMut(&[u8])) -> Result<R
                 emu.kill()?;
                 break RunEnd::Marker;
             }
-        } else if let Some(limit) = launch.timeout
-            && start.elapsed() >= limit
-        {
-            emu.kill()?;
-            break RunEnd::TimedOut(limit);
+        } else if let Some(limit) = launch.limit {
+            let wall = start.elapsed();
+            if cpu >= limit.cpu || wall >= limit.wall {
+                emu.kill()?;
+                break RunEnd::TimedOut(format!(
+                    "the emulator used {:.1} s of CPU time in {:.1} s (limits: {:.0} s of CPU, {:.0} s of wall time)",
+                    cpu.as_secs_f64(),
+                    wall.as_secs_f64(),
+                    limit.cpu.as_secs_f64(),
+                    limit.wall.as_secs_f64()
+                ));
+            }
         }
         if interrupted() {
             emu.kill()?;
@@ -291,12 +366,13 @@ pub fn launch(launch: &Launch<'_>, on_output: &mut dyn FnMut(&[u8])) -> Result<R
         on_output(&log[before..]);
     }
     let end = match end {
-        RunEnd::Exited(_) | RunEnd::TimedOut(_) if contains(&log, marker) => RunEnd::Marker,
+        RunEnd::Exited(_) | RunEnd::TimedOut(_) if contains_line(&log, marker) => RunEnd::Marker,
         other => other,
     };
     Ok(RunOutcome {
         end,
         elapsed,
+        cpu,
         serial: SerialLog::from_bytes(&log),
     })
 }
@@ -346,25 +422,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cpu_time_from_proc_stat() {
+        let stat = "4242 (bochs-bin (x) y) R 1 2 3 4 5 6 7 8 9 10 1500 250 0 0 20 0 1 0 100 2 3";
+        assert_eq!(
+            parse_cpu_time(stat, 100),
+            Some(Duration::from_millis(17_500))
+        );
+        assert_eq!(parse_cpu_time("garbage", 100), None);
+        // This process has a stat file of its own.
+        assert!(cpu_time(std::process::id()).is_some());
+    }
+
+    #[test]
     fn strip_control_removes_escapes() {
         assert_eq!(strip_control("\u{1b}[2J\u{1b}[1;1Hhello\r"), "hello");
         assert_eq!(strip_control("a\u{1b}(Bb\tc"), "ab\tc");
     }
 
     #[test]
-    fn contains_finds_marker() {
-        assert!(contains(
-            b"xx hvprof: power off (acpi)",
+    fn contains_finds_marker_at_a_line_start() {
+        assert!(contains_line(
+            b"xx\r\nhvprof: power off (acpi)",
             b"hvprof: power off"
         ));
-        assert!(!contains(b"hvprof: power", b"hvprof: power off"));
+        assert!(contains_line(b"hvprof: power off", b"hvprof: power off"));
+        assert!(!contains_line(b"hvprof: power", b"hvprof: power off"));
+        assert!(!contains_line(
+            b"[evil] hvprof: power off (acpi)",
+            b"hvprof: power off"
+        ));
     }
 
     #[test]
     fn run_end_descriptions() {
         assert_eq!(
-            RunEnd::TimedOut(Duration::from_secs(60)).describe("m"),
-            "timed out after 60 s"
+            RunEnd::TimedOut("used 60 s".into()).describe("m"),
+            "timed out: used 60 s"
         );
         assert!(RunEnd::Interrupted.describe("m").contains("interrupted"));
     }

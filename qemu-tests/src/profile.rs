@@ -8,7 +8,7 @@ use serde_json::Value;
 
 /// What a profile check can use.
 pub struct ProfileRun {
-    /// The raw serial capture (console text and sample-log frames).
+    /// The whole capture (console text and sample-log frames; also in [`CAPTURE`]).
     pub capture: Vec<u8>,
     /// The scenario's artifact folder.
     pub dir: PathBuf,
@@ -18,6 +18,10 @@ pub struct ProfileRun {
     pub hypervisor: PathBuf,
     pub guest_dir: PathBuf,
 }
+
+/// The file in a scenario's folder that holds its whole capture (the serial log, then what the
+/// parallel port carried): what the analyzer reads.
+pub const CAPTURE: &str = "capture.log";
 
 /// A check of a scenario's profile.
 pub type ProfileCheck = Box<dyn Fn(&ProfileRun) -> Result<(), String> + Send + Sync>;
@@ -44,7 +48,7 @@ impl ProfileRun {
                 std::fs::write(&p, b).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
                 p
             }
-            None => self.dir.join("serial.log"),
+            None => self.dir.join(CAPTURE),
         };
         let mut cmd = Command::new(&self.analyzer);
         cmd.arg("report").arg("--json").arg(&path).args(extra);

@@ -58,10 +58,11 @@ pub struct Scenario {
     pub cmdline: String,
     /// Boot modules, module 0 first.
     pub modules: Vec<ScenarioModule>,
-    /// The run ends when the serial log contains this.
+    /// The run ends when a line of the serial log starts with this.
     pub end_marker: String,
-    /// The run fails when it takes longer.
-    pub timeout: Duration,
+    /// The emulator CPU time the run may take on the reference machine (see
+    /// [`REFERENCE_BOCHS_SPEED`]); the runner scales it to this machine's measured emulator speed.
+    pub budget: Duration,
     /// The verdict on the serial log.
     pub check: Check,
     /// A verdict on the profile (`hvprof-analyze`'s report of the capture), after `check`.
@@ -77,16 +78,16 @@ impl fmt::Debug for Scenario {
             .field("cmdline", &self.cmdline)
             .field("modules", &self.modules)
             .field("end_marker", &self.end_marker)
-            .field("timeout", &self.timeout)
+            .field("budget", &self.budget)
             .finish_non_exhaustive()
     }
 }
 
 impl Scenario {
     /// A scenario with 1 CPU, an empty command line, no modules, the default end marker, the
-    /// emulator's default timeout, and a check that accepts everything.
+    /// emulator's default budget, and a check that accepts everything.
     pub fn new(name: &str, emulator: Emulator) -> Self {
-        let timeout = emulator.default_timeout();
+        let budget = emulator.default_budget();
         Self {
             name: name.to_owned(),
             emulator,
@@ -94,7 +95,7 @@ impl Scenario {
             cmdline: String::new(),
             modules: Vec::new(),
             end_marker: DEFAULT_END_MARKER.to_owned(),
-            timeout,
+            budget,
             check: Box::new(|_| Ok(())),
             profile: None,
         }
@@ -142,10 +143,10 @@ impl Scenario {
         self
     }
 
-    /// Sets the timeout.
+    /// Sets the budget: emulator CPU time on the reference machine.
     #[must_use]
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+    pub fn budget(mut self, budget: Duration) -> Self {
+        self.budget = budget;
         self
     }
 
@@ -235,6 +236,94 @@ pub struct RunnerConfig {
     pub filter: Option<String>,
     /// How many scenarios run at once (0: the core count, at most 2).
     pub jobs: usize,
+    /// Budgets are multiplied by this ([`calibrate`]): how much slower this machine runs the
+    /// emulator than the reference machine (at least 1).
+    pub slowdown: f64,
+}
+
+/// Emulated instructions per second of emulator CPU time that Bochs reached on the machine the
+/// budgets were set on (the calibration boot of [`calibrate`], on a 2-core machine of the kind CI
+/// uses, measured by `cargo xtask test`, which prints it). A machine where Bochs is slower gets
+/// proportionally larger limits; a faster one keeps them.
+pub const REFERENCE_BOCHS_SPEED: f64 = 32.0e6;
+
+/// Wall time a run may take, in multiples of its CPU-time limit: room for a machine loaded with
+/// other work (two emulators and a CPU hog per core on two cores still give each emulator a
+/// third of a core), while an emulator that stopped using the CPU is still caught.
+pub const WALL_PER_CPU: u32 = 6;
+
+/// What [`calibrate`] measured.
+#[derive(Debug, Clone, Copy)]
+pub struct Calibration {
+    /// Emulated instructions (TSC ticks of the boot CPU at power off).
+    pub instructions: u64,
+    /// The emulator's CPU time for them.
+    pub cpu: Duration,
+}
+
+impl Calibration {
+    /// Emulated instructions per CPU second.
+    pub fn speed(&self) -> f64 {
+        self.instructions as f64 / self.cpu.as_secs_f64().max(1e-3)
+    }
+
+    /// How many times slower than the reference machine (at least 1).
+    pub fn slowdown(&self) -> f64 {
+        (REFERENCE_BOCHS_SPEED / self.speed()).max(1.0)
+    }
+}
+
+/// Measures this machine's Bochs speed: boots the hypervisor alone (no VM) in Bochs, reads the
+/// boot CPU's TSC at power off from the log (one tick per emulated instruction) and divides by
+/// the emulator's CPU time.
+pub fn calibrate(config: &RunnerConfig) -> Result<Calibration> {
+    let dir = config.out_dir.join("calibration");
+    if dir.exists() {
+        fs::remove_dir_all(&dir).with_context(|| format!("cannot remove {}", dir.display()))?;
+    }
+    let emulator = Emulator::bochs(crate::scenarios::HASWELL);
+    let files = RunFiles::in_dir(&dir, &dir.join("hvprof.iso"), &emulator);
+    build_iso(
+        &IsoSpec {
+            hypervisor: &config.hypervisor_elf,
+            cmdline: "",
+            modules: &[],
+        },
+        &dir.join("iso"),
+        &files.iso,
+    )?;
+    let outcome = process::launch(
+        &Launch {
+            emulator: &emulator,
+            cpus: 1,
+            files: &files,
+            end_marker: DEFAULT_END_MARKER,
+            limit: Some(process::Limit::cpu(Duration::from_secs(600), WALL_PER_CPU)),
+        },
+        &mut |_| {},
+    )?;
+    if outcome.end != RunEnd::Marker {
+        anyhow::bail!(
+            "the calibration boot did not power off: {}",
+            outcome.end.describe(DEFAULT_END_MARKER)
+        );
+    }
+    let instructions = outcome
+        .serial
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(DEFAULT_END_MARKER)?
+                .split("TSC ")
+                .nth(1)?
+                .trim_end_matches(')')
+                .parse::<u64>()
+                .ok()
+        })
+        .context("the calibration boot's power-off line has no TSC")?;
+    Ok(Calibration {
+        instructions,
+        cpu: outcome.cpu,
+    })
 }
 
 /// The default parallelism: the core count, at most 2 (each Bochs takes a whole core).
@@ -369,8 +458,11 @@ fn profile_verdict(
             scenario.name
         )
     })?;
-    let capture = fs::read(&files.serial_log)
-        .map_err(|e| format!("cannot read {}: {e}", files.serial_log.display()))?;
+    let capture = files
+        .capture()
+        .map_err(|e| format!("cannot read the capture in {}: {e}", files.dir.display()))?;
+    let path = files.dir.join(crate::profile::CAPTURE);
+    fs::write(&path, &capture).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     check(&crate::profile::ProfileRun {
         capture,
         dir: files.dir.clone(),
@@ -419,7 +511,10 @@ pub fn run_scenario(scenario: &Scenario, config: &RunnerConfig) -> (ScenarioResu
                 cpus: scenario.cpus,
                 files: &files,
                 end_marker: &scenario.end_marker,
-                timeout: Some(scenario.timeout),
+                limit: Some(process::Limit::cpu(
+                    scenario.budget.mul_f64(config.slowdown.max(1.0)),
+                    WALL_PER_CPU,
+                )),
             },
             &mut |_| {},
         )
@@ -496,7 +591,7 @@ mod tests {
         let s = Scenario::new("x", Emulator::QemuTcgBios);
         assert_eq!(s.cpus, 1);
         assert_eq!(s.end_marker, DEFAULT_END_MARKER);
-        assert_eq!(s.timeout, Duration::from_secs(30));
+        assert_eq!(s.budget, Duration::from_secs(30));
         assert!((s.check)(&SerialLog::default()).is_ok());
         let s = s
             .cpus(2)

@@ -507,19 +507,19 @@ mod tests {
     }
 
     #[test]
-    fn scenario_names_are_unique_and_timeouts_follow_the_emulator() {
+    fn scenario_names_are_unique_and_budgets_follow_the_emulator() {
         let list = all();
         let mut names: Vec<&str> = list.iter().map(|s| s.name.as_str()).collect();
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), list.len());
-        // The Linux guests boot a whole kernel first: they set their own, longer timeouts.
+        // The Linux guests boot a whole kernel first: they set their own, larger budgets.
         for s in list.iter().filter(|s| !s.name.contains("linux")) {
             let want = match s.emulator {
                 Emulator::Bochs { .. } | Emulator::QemuTcgUefi => 60,
                 Emulator::QemuTcgBios | Emulator::QemuKvm => 30,
             };
-            assert_eq!(s.timeout.as_secs(), want, "{}", s.name);
+            assert_eq!(s.budget.as_secs(), want, "{}", s.name);
         }
     }
 }

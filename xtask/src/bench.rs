@@ -23,6 +23,8 @@ pub fn bench() -> Result<ExitCode> {
         out_dir: target_dir().join("bench"),
         filter: None,
         jobs: 1,
+        // Benchmarks measure instruction counts, not time: no machine is too slow for them.
+        slowdown: 10.0,
     };
     let scenario = benches::exit_paths();
     let log = run(&scenario, &config)?;

@@ -383,6 +383,20 @@ pub fn truth_path() -> PathBuf {
     linux_dir().join("truth.json")
 }
 
+/// Whether the ground truth exists and holds everything the scenarios compare with (a truth
+/// written by an older version lacks the native kernel share).
+pub fn truth_is_current() -> bool {
+    let Ok(bytes) = std::fs::read(truth_path()) else {
+        return false;
+    };
+    let Ok(doc) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return false;
+    };
+    // Where perf could not run, the truth says so (an "error") and is as complete as it can be.
+    doc.pointer("/workloads/error").is_some()
+        || doc.pointer("/workloads/w41/kernel_share").is_some()
+}
+
 pub fn truth() -> Result<()> {
     let dir = linux_dir();
     let bin = dir.join("bin");
@@ -467,8 +481,36 @@ fn perf_truth(dir: &Path) -> Result<(String, serde_json::Map<String, serde_json:
         if rows.is_empty() {
             bail!("{report_shown} printed no samples:\n{text}");
         }
+        // The share of the process's samples in the kernel (system calls, page faults, the
+        // timer tick): what the same workload costs the kernel natively.
+        let mut dso = Command::new("perf");
+        dso.args([
+            "report",
+            "--stdio",
+            "--no-children",
+            "--sort",
+            "dso",
+            "-q",
+            "-i",
+        ])
+        .arg(&data);
+        let dso_shown = format!(
+            "perf report --stdio --no-children --sort dso -q -i {}",
+            data.display()
+        );
+        let kernel_share: f64 = output(&mut dso, perf_hint)?
+            .lines()
+            .filter(|l| l.contains("[kernel.kallsyms]"))
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .next()?
+                    .trim_end_matches('%')
+                    .parse::<f64>()
+                    .ok()
+            })
+            .sum::<f64>();
         let samples: u64 = rows.iter().map(|r| r.1).sum();
-        println!("{name}: {samples} samples");
+        println!("{name}: {samples} samples, {kernel_share:.2}% in the kernel");
         for (share, n, sym) in rows.iter().take(6) {
             println!("  {share:6.2}% {n:>7}  {sym}");
         }
@@ -478,6 +520,8 @@ fn perf_truth(dir: &Path) -> Result<(String, serde_json::Map<String, serde_json:
                 "command": record_shown,
                 "report_command": report_shown,
                 "samples": samples,
+                "kernel_share": kernel_share,
+                "kernel_share_command": dso_shown,
                 "functions": rows.iter().map(|(share, n, sym)| json!({"symbol": sym, "share": share, "samples": n})).collect::<Vec<_>>(),
             }),
         );

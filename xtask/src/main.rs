@@ -4,6 +4,7 @@ mod bench;
 mod build;
 mod config;
 mod linux;
+mod live;
 mod run;
 mod test;
 mod tools;
@@ -43,6 +44,9 @@ enum Cmd {
         /// Skip the end-to-end scenarios.
         #[arg(long)]
         no_e2e: bool,
+        /// Only the end-to-end scenarios (and the builds they need): no fmt, clippy or unit tests.
+        #[arg(long, conflicts_with = "no_e2e")]
+        e2e_only: bool,
     },
     /// Run the benchmarks and record their figures in docs/BENCHMARKS.md.
     Bench,
@@ -141,7 +145,11 @@ fn main() -> ExitCode {
         }),
         Cmd::Run(args) => run::run(&args),
         Cmd::Demo => run::demo(),
-        Cmd::Test { filter, no_e2e } => test::test(filter.as_deref(), no_e2e),
+        Cmd::Test {
+            filter,
+            no_e2e,
+            e2e_only,
+        } => test::test(filter.as_deref(), no_e2e, e2e_only),
         Cmd::Bench => bench::bench(),
         Cmd::LinuxImage { refresh } => linux::image(refresh).map(|()| ExitCode::SUCCESS),
         Cmd::LinuxTruth => linux::truth().map(|()| ExitCode::SUCCESS),

@@ -1,6 +1,5 @@
 //! `iso`, `run` and `demo`.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -8,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use qemu_tests::emulator::{Emulator, RunFiles, kvm_vmx_available};
 use qemu_tests::iso::{IsoModule, IsoSpec, build_iso};
-use qemu_tests::process::{Launch, RunEnd, RunOutcome, launch};
+use qemu_tests::process::{Launch, Limit, RunEnd, RunOutcome, launch};
 use qemu_tests::runner::DEFAULT_END_MARKER;
 
 use crate::build::build_hypervisor;
@@ -121,24 +120,34 @@ fn boot(args: &RunArgs) -> Result<RunOutcome> {
         cpus,
         files.serial_log.display()
     );
-    let mut stdout = std::io::stdout();
+    let mut live = crate::live::LiveEcho::new(std::io::stdout(), true);
     let outcome = launch(
         &Launch {
             emulator: &emulator,
             cpus,
             files: &files,
             end_marker: DEFAULT_END_MARKER,
-            timeout: args.timeout.map(Duration::from_secs),
+            limit: args.timeout.map(|t| Limit {
+                cpu: Duration::from_secs(t),
+                wall: Duration::from_secs(t),
+            }),
         },
-        &mut |bytes| {
-            let _ = stdout.write_all(bytes);
-            let _ = stdout.flush();
-        },
+        &mut |bytes| live.feed(bytes),
     )?;
+    live.finish();
+    // One file with everything the analyzer reads: the serial log, then what the parallel port
+    // carried (`channel=lpt`).
+    let capture = dir.join("capture.log");
+    std::fs::write(
+        &capture,
+        files.capture().context("cannot read the capture")?,
+    )
+    .with_context(|| format!("cannot write {}", capture.display()))?;
     eprintln!(
-        "xtask: {} after {:.1} s (emulator log: {})",
+        "xtask: {} after {:.1} s; the whole capture is in {} (emulator log: {})",
         outcome.end.describe(DEFAULT_END_MARKER),
         outcome.elapsed.as_secs_f64(),
+        capture.display(),
         files.emulator_log.display()
     );
     Ok(outcome)
@@ -208,7 +217,7 @@ pub fn demo() -> Result<ExitCode> {
     println!("== profile (hvprof-analyze report) ==");
     let mut cmd = std::process::Command::new(&analyzer);
     cmd.arg("report")
-        .arg(target_dir().join("run").join("serial.log"))
+        .arg(target_dir().join("run").join("capture.log"))
         .arg("--hypervisor")
         .arg(&hypervisor)
         .args(["--top", "12"]);

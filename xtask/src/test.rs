@@ -4,7 +4,9 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use qemu_tests::runner::{RunnerConfig, default_jobs, run_scenarios, select};
+use qemu_tests::runner::{
+    REFERENCE_BOCHS_SPEED, RunnerConfig, calibrate, default_jobs, run_scenarios, select,
+};
 use qemu_tests::scenarios;
 
 use crate::build::{TARGET, build_analyzer, build_hypervisor, cargo, ensure_rust_target};
@@ -61,14 +63,8 @@ fn cargo_stage(args: &[&str]) -> Result<()> {
     }
 }
 
-/// `cargo xtask test [--filter S] [--no-e2e]`.
-pub fn test(filter: Option<&str>, no_e2e: bool) -> Result<ExitCode> {
-    let mut tally = Tally::default();
-    // The bare-metal lint and build need the target; a fresh machine may lack it.
-    ensure_rust_target()?;
-    // Emulators, ISO tools, valgrind and Chromium (the HTML report's browser check among the
-    // unit tests): installed first, so a fresh machine runs every test the first time.
-    tally.stage("tools", ensure_tools);
+/// fmt, clippy and the unit tests.
+fn checks(tally: &mut Tally) {
     tally.stage("fmt", || cargo_stage(&["fmt", "--all", "--", "--check"]));
     // The host crates are the workspace's default members.
     tally.stage("clippy (host)", || {
@@ -107,6 +103,19 @@ pub fn test(filter: Option<&str>, no_e2e: bool) -> Result<ExitCode> {
             "--lib",
         ])
     });
+}
+
+/// `cargo xtask test [--filter S] [--no-e2e | --e2e-only]`.
+pub fn test(filter: Option<&str>, no_e2e: bool, e2e_only: bool) -> Result<ExitCode> {
+    let mut tally = Tally::default();
+    // The bare-metal lint and build need the target; a fresh machine may lack it.
+    ensure_rust_target()?;
+    // Emulators, ISO tools, valgrind and Chromium (the HTML report's browser check among the
+    // unit tests): installed first, so a fresh machine runs every test the first time.
+    tally.stage("tools", ensure_tools);
+    if !e2e_only {
+        checks(&mut tally);
+    }
     let mut hypervisor = None;
     tally.stage("build hypervisor", || {
         hypervisor = Some(build_hypervisor(false)?);
@@ -126,7 +135,7 @@ pub fn test(filter: Option<&str>, no_e2e: bool) -> Result<ExitCode> {
         // The Linux scenarios' kernel, initramfs and ground truth, from Debian's packages
         // (downloaded once into target/linux/debs).
         tally.stage("linux guest images", || crate::linux::image(false));
-        if !crate::linux::truth_path().exists() {
+        if !crate::linux::truth_is_current() {
             tally.stage("linux ground truth", crate::linux::truth);
         }
     }
@@ -142,17 +151,38 @@ pub fn test(filter: Option<&str>, no_e2e: bool) -> Result<ExitCode> {
         } else if let Some(hypervisor) = hypervisor {
             match ensure_tools() {
                 Ok(()) => {
-                    let summary = run_scenarios(
-                        &all,
-                        &RunnerConfig {
-                            guest_dir: crate::build::guest_dir(&hypervisor),
-                            hypervisor_elf: hypervisor,
-                            analyzer: analyzer.clone(),
-                            out_dir: target_dir().join("scenarios"),
-                            filter: filter.map(str::to_owned),
-                            jobs: default_jobs(),
-                        },
-                    );
+                    let mut config = RunnerConfig {
+                        guest_dir: crate::build::guest_dir(&hypervisor),
+                        hypervisor_elf: hypervisor,
+                        analyzer: analyzer.clone(),
+                        out_dir: target_dir().join("scenarios"),
+                        filter: filter.map(str::to_owned),
+                        jobs: default_jobs(),
+                        slowdown: 1.0,
+                    };
+                    // Every scenario's emulator CPU budget is set for the reference machine; this
+                    // machine's Bochs speed scales them.
+                    match calibrate(&config) {
+                        Ok(c) => {
+                            config.slowdown = c.slowdown();
+                            println!(
+                                "calibration: Bochs ran {:.1} M instructions in {:.2} s of CPU time: {:.1} M/s (reference {:.1} M/s): budgets x{:.2}",
+                                c.instructions as f64 / 1e6,
+                                c.cpu.as_secs_f64(),
+                                c.speed() / 1e6,
+                                REFERENCE_BOCHS_SPEED / 1e6,
+                                config.slowdown
+                            );
+                        }
+                        Err(e) => {
+                            config.slowdown = 3.0;
+                            println!(
+                                "calibration failed ({e:#}): budgets x{:.1}",
+                                config.slowdown
+                            );
+                        }
+                    }
+                    let summary = run_scenarios(&all, &config);
                     println!("{}", summary.closing_line());
                     tally.passed += summary.passed();
                     tally.failed += summary.failed();
