@@ -143,8 +143,25 @@ fn u32_at(b: &[u8], o: usize) -> u32 {
 fn u64_at(b: &[u8], o: usize) -> u64 {
     u64::from(u32_at(b, o)) | u64::from(u32_at(b, o + 4)) << 32
 }
-fn put(mem: &mut [u8], at: u64, bytes: &[u8]) {
-    mem[at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
+/// Copies `bytes` to guest-physical `at`; `NoRoom` if they do not all fit in `mem` (the image's
+/// header chooses some of these addresses: nothing it says may index outside guest memory).
+fn put(mem: &mut [u8], at: u64, bytes: &[u8]) -> Result<(), LinuxError> {
+    let size = mem.len() as u64;
+    let room = usize::try_from(at)
+        .ok()
+        .and_then(|start| Some(start..start.checked_add(bytes.len())?))
+        .and_then(|range| mem.get_mut(range));
+    match room {
+        Some(dst) => {
+            dst.copy_from_slice(bytes);
+            Ok(())
+        }
+        None => Err(LinuxError::NoRoom {
+            what: "a part of the boot image at the address the header gives",
+            need: at.saturating_add(bytes.len() as u64).saturating_sub(size),
+            mem: size,
+        }),
+    }
 }
 
 /// Whether `image` looks like a bzImage (the setup header's magic and boot flag).
@@ -236,7 +253,7 @@ pub fn load(
     let kernel = &image[h.kernel_offset..];
     let kernel_len = kernel.len() as u64;
     let kernel_gpa = h.pref_address.max(HIGH_RAM_START);
-    let kernel_end = kernel_gpa + u64::from(h.init_size).max(kernel_len);
+    let kernel_end = kernel_gpa.saturating_add(u64::from(h.init_size).max(kernel_len));
     if kernel_end > size {
         return Err(LinuxError::NoRoom {
             what: "the kernel's init_size from its load address",
@@ -244,23 +261,23 @@ pub fn load(
             mem: size,
         });
     }
-    put(mem, kernel_gpa, kernel);
+    put(mem, kernel_gpa, kernel)?;
 
     // 2. The initrd at the top of memory (below initrd_addr_max), page-aligned, above the kernel.
     let initrd_len = initrd.len() as u64;
     let mut initrd_gpa = 0;
     if !initrd.is_empty() {
-        let top = size.min(u64::from(h.initrd_addr_max) + 1);
+        let top = size.min(u64::from(h.initrd_addr_max).saturating_add(1));
         let at = top.saturating_sub(initrd_len) & !0xfff;
         if at < kernel_end || top < initrd_len {
             return Err(LinuxError::NoRoom {
                 what: "the initrd above the kernel",
-                need: (kernel_end + initrd_len).saturating_sub(top),
+                need: kernel_end.saturating_add(initrd_len).saturating_sub(top),
                 mem: size,
             });
         }
         initrd_gpa = at;
-        put(mem, initrd_gpa, initrd);
+        put(mem, initrd_gpa, initrd)?;
     }
 
     // 3. The command line.
@@ -275,49 +292,52 @@ pub fn load(
             max,
         });
     }
-    put(mem, CMDLINE_GPA, cmdline.as_bytes());
-    mem[CMDLINE_GPA as usize + cmdline.len()] = 0;
+    put(mem, CMDLINE_GPA, cmdline.as_bytes())?;
+    put(mem, CMDLINE_GPA + cmdline.len() as u64, &[0])?;
 
     // 4. boot_params: the setup header as the file has it, then what the loader fills in.
-    let bp = BOOT_PARAMS_GPA as usize;
+    let bp = BOOT_PARAMS_GPA;
+    let at = |o: usize| bp + o as u64;
     let header_end = (0x202 + usize::from(u8_at(image, off::HEADER_END_LEN))).min(image.len());
-    mem[bp + off::SETUP_SECTS..bp + header_end]
-        .copy_from_slice(&image[off::SETUP_SECTS..header_end]);
-    mem[bp + off::TYPE_OF_LOADER] = 0xff; // "undefined" boot loader
-    mem[bp + off::LOADFLAGS] = h.loadflags | LOADED_HIGH;
-    let put32 =
-        |mem: &mut [u8], o: usize, v: u64| put(mem, (bp + o) as u64, &(v as u32).to_le_bytes());
-    put32(mem, off::CMD_LINE_PTR, CMDLINE_GPA);
-    put32(mem, off::EXT_CMD_LINE_PTR, CMDLINE_GPA >> 32);
-    put32(mem, off::RAMDISK_IMAGE, initrd_gpa);
-    put32(mem, off::EXT_RAMDISK_IMAGE, initrd_gpa >> 32);
-    put32(mem, off::RAMDISK_SIZE, initrd_len);
-    put32(mem, off::EXT_RAMDISK_SIZE, initrd_len >> 32);
+    put(
+        mem,
+        at(off::SETUP_SECTS),
+        image.get(off::SETUP_SECTS..header_end).unwrap_or(&[]),
+    )?;
+    put(mem, at(off::TYPE_OF_LOADER), &[0xff])?; // "undefined" boot loader
+    put(mem, at(off::LOADFLAGS), &[h.loadflags | LOADED_HIGH])?;
+    let put32 = |mem: &mut [u8], o: usize, v: u64| put(mem, at(o), &(v as u32).to_le_bytes());
+    put32(mem, off::CMD_LINE_PTR, CMDLINE_GPA)?;
+    put32(mem, off::EXT_CMD_LINE_PTR, CMDLINE_GPA >> 32)?;
+    put32(mem, off::RAMDISK_IMAGE, initrd_gpa)?;
+    put32(mem, off::EXT_RAMDISK_IMAGE, initrd_gpa >> 32)?;
+    put32(mem, off::RAMDISK_SIZE, initrd_len)?;
+    put32(mem, off::EXT_RAMDISK_SIZE, initrd_len >> 32)?;
     let map = e820(size);
-    mem[bp + off::E820_ENTRIES] = map.len() as u8;
+    put(mem, at(off::E820_ENTRIES), &[map.len() as u8])?;
     const _: () = assert!(4 <= E820_MAX);
     for (i, (addr, len, kind)) in map.iter().enumerate() {
-        let at = (bp + off::E820_TABLE + 20 * i) as u64;
-        put(mem, at, &addr.to_le_bytes());
-        put(mem, at + 8, &len.to_le_bytes());
-        put(mem, at + 16, &kind.to_le_bytes());
+        let entry = at(off::E820_TABLE + 20 * i);
+        put(mem, entry, &addr.to_le_bytes())?;
+        put(mem, entry + 8, &len.to_le_bytes())?;
+        put(mem, entry + 16, &kind.to_le_bytes())?;
     }
 
     // 5. GDT and identity map of all guest memory with 2 MiB pages.
     for (i, d) in GDT.iter().enumerate() {
-        put(mem, GDT_GPA + 8 * i as u64, &d.to_le_bytes());
+        put(mem, GDT_GPA + 8 * i as u64, &d.to_le_bytes())?;
     }
-    put(mem, PML4_GPA, &(PDPT_GPA | 0x3).to_le_bytes());
+    put(mem, PML4_GPA, &(PDPT_GPA | 0x3).to_le_bytes())?;
     let pages = size.div_ceil(2 << 20);
     for i in 0..pages.div_ceil(512) {
         put(
             mem,
             PDPT_GPA + 8 * i,
             &((PD_GPA + 0x1000 * i) | 0x3).to_le_bytes(),
-        );
+        )?;
     }
     for p in 0..pages {
-        put(mem, PD_GPA + 8 * p, &((p << 21) | 0x83).to_le_bytes());
+        put(mem, PD_GPA + 8 * p, &((p << 21) | 0x83).to_le_bytes())?;
     }
     let entry = kernel_gpa + 0x200;
     Ok((
@@ -461,7 +481,44 @@ mod tests {
         ));
     }
 
+    /// A header whose preferred address or sizes run past the end of the address space is
+    /// refused, not a panic (the sum used to overflow, then index guest memory out of bounds).
+    #[test]
+    fn absurd_header_addresses_are_refused() {
+        let mut mem = vec![0u8; 40 << 20];
+        for (pref, init, initrd_max) in [
+            (u64::MAX - 0x1000, 0x100_0000u32, u32::MAX),
+            (u64::MAX, u32::MAX, u32::MAX),
+            (0x1000_0000_0000_0000, 1, 0),
+            (0x100_0000, u32::MAX, u32::MAX),
+        ] {
+            let mut img = bzimage(4, 64, 0x020f, 1);
+            img[off::PREF_ADDRESS..off::PREF_ADDRESS + 8].copy_from_slice(&pref.to_le_bytes());
+            img[off::INIT_SIZE..off::INIT_SIZE + 4].copy_from_slice(&init.to_le_bytes());
+            img[off::INITRD_ADDR_MAX..off::INITRD_ADDR_MAX + 4]
+                .copy_from_slice(&initrd_max.to_le_bytes());
+            match load(&mut mem, &img, &[1; 4096], "console=ttyS0") {
+                Err(LinuxError::NoRoom { .. }) => {}
+                other => panic!("pref {pref:#x} init {init:#x}: {other:?}"),
+            }
+        }
+    }
+
     proptest::proptest! {
+        #[test]
+        fn header_numbers_never_panic(pref in proptest::num::u64::ANY,
+                                      init in proptest::num::u32::ANY,
+                                      initrd_max in proptest::num::u32::ANY,
+                                      initrd_len in 0usize..8192) {
+            let mut img = bzimage(4, 64, 0x020f, 1);
+            img[off::PREF_ADDRESS..off::PREF_ADDRESS + 8].copy_from_slice(&pref.to_le_bytes());
+            img[off::INIT_SIZE..off::INIT_SIZE + 4].copy_from_slice(&init.to_le_bytes());
+            img[off::INITRD_ADDR_MAX..off::INITRD_ADDR_MAX + 4]
+                .copy_from_slice(&initrd_max.to_le_bytes());
+            let mut mem = vec![0u8; 8 << 20];
+            let _ = load(&mut mem, &img, &vec![7u8; initrd_len], "console=ttyS0");
+        }
+
         #[test]
         fn never_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..2048),
                         patch in proptest::num::u8::ANY) {
