@@ -666,7 +666,7 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
     let lost = Lost {
         blocks: decoded.blocks_lost(),
         samples: decoded.samples_lost(),
-        events: decoded.pcpus.values().map(|p| p.events_lost).sum(),
+        events: decoded.events_lost(),
         dropped: decoded.ring_drops(),
         damaged_frames: decoded.damaged.len() as u64,
         truncated: !decoded.end_seen(),

@@ -534,7 +534,8 @@ pub struct PcpuLog {
     /// Blocks lost: sequence gaps, including before the first block received and — when the end
     /// frame was seen — after the last.
     pub blocks_lost: u64,
-    /// Samples in the lost blocks (exact).
+    /// Samples in the lost blocks (exact; saturates at `u64::MAX`, as do the other loss counts,
+    /// when the input claims more).
     pub samples_lost: u64,
     /// Events in the lost blocks (exact).
     pub events_lost: u64,
@@ -552,6 +553,15 @@ pub struct PcpuLog {
 }
 
 impl PcpuLog {
+    /// Counts a gap's losses (saturating: the counts come from the input, which may claim
+    /// anything up to 2^64 per gap) and records it.
+    fn add_gap(&mut self, gap: Gap) {
+        self.blocks_lost = self.blocks_lost.saturating_add(gap.blocks);
+        self.samples_lost = self.samples_lost.saturating_add(gap.samples);
+        self.events_lost = self.events_lost.saturating_add(gap.events);
+        self.gaps.push(gap);
+    }
+
     /// The samples received.
     pub fn samples(&self) -> impl Iterator<Item = &crate::Sample> {
         self.records.iter().filter_map(Record::as_sample)
@@ -617,19 +627,33 @@ impl Decoded {
     /// Blocks lost, all pCPUs.
     #[must_use]
     pub fn blocks_lost(&self) -> u64 {
-        self.pcpus.values().map(|p| p.blocks_lost).sum()
+        self.pcpus
+            .values()
+            .fold(0, |n, p| n.saturating_add(p.blocks_lost))
+    }
+
+    /// Events lost in lost blocks, all pCPUs.
+    #[must_use]
+    pub fn events_lost(&self) -> u64 {
+        self.pcpus
+            .values()
+            .fold(0, |n, p| n.saturating_add(p.events_lost))
     }
 
     /// Samples lost in lost blocks, all pCPUs.
     #[must_use]
     pub fn samples_lost(&self) -> u64 {
-        self.pcpus.values().map(|p| p.samples_lost).sum()
+        self.pcpus
+            .values()
+            .fold(0, |n, p| n.saturating_add(p.samples_lost))
     }
 
     /// Ring drops, all pCPUs.
     #[must_use]
     pub fn ring_drops(&self) -> u64 {
-        self.pcpus.values().map(|p| p.ring_drops).sum()
+        self.pcpus
+            .values()
+            .fold(0, |n, p| n.saturating_add(p.ring_drops))
     }
 
     /// All text spans concatenated.
@@ -836,10 +860,7 @@ fn finish_pcpu(pcpu: u16, mut acc: PcpuAcc, totals: Option<PcpuTotals>) -> PcpuL
                 after_tsc: last_tsc,
                 before_tsc: acc.records.get(b.start).map(Record::tsc),
             };
-            log.blocks_lost += gap.blocks;
-            log.samples_lost += gap.samples;
-            log.events_lost += gap.events;
-            log.gaps.push(gap);
+            log.add_gap(gap);
         } else if b.h.first_sample != next_sample || b.h.first_event != next_event {
             log.inconsistent_blocks += 1;
         }
@@ -864,10 +885,7 @@ fn finish_pcpu(pcpu: u16, mut acc: PcpuAcc, totals: Option<PcpuTotals>) -> PcpuL
                 after_tsc: last_tsc,
                 before_tsc: None,
             };
-            log.blocks_lost += gap.blocks;
-            log.samples_lost += gap.samples;
-            log.events_lost += gap.events;
-            log.gaps.push(gap);
+            log.add_gap(gap);
         } else if t.blocks < next_seq || t.samples != next_sample || t.events != next_event {
             log.inconsistent_blocks += 1;
         }
@@ -993,4 +1011,57 @@ pub fn decode(bytes: &[u8]) -> Decoded {
     dec.feed(bytes, &mut |item| col.push(item));
     dec.finish(&mut |item| col.push(item));
     col.finish(dec.position())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::encode::{encode_block, max_block_frame_len};
+    use crate::types::Sample;
+
+    /// One block frame of `pcpu` with this numbering and one sample at `tsc`.
+    fn block(pcpu: u16, seq: u64, first_sample: u64, tsc: u64) -> Vec<u8> {
+        let h = BlockHeader {
+            pcpu,
+            seq,
+            first_sample,
+            first_event: 0,
+            ring_drops: 0,
+            period_ticks: 100,
+        };
+        let rec = [Record::Sample(Sample {
+            tsc,
+            ..Sample::default()
+        })];
+        let mut buf = vec![0u8; max_block_frame_len(1)];
+        let n = encode_block(&h, &rec, &mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    /// Sequence 1/3/5 with first_sample u64::MAX-5 / 0 / u64::MAX-5: the two gaps each claim
+    /// almost 2^64 lost samples. Their sum overflowed (a panic in debug builds); it saturates.
+    #[test]
+    fn loss_counters_saturate() {
+        let mut bytes = Vec::new();
+        for (seq, first, tsc) in [(1, u64::MAX - 5, 10), (3, 0, 20), (5, u64::MAX - 5, 30)] {
+            bytes.extend(block(0, seq, first, tsc));
+        }
+        // A second pCPU with the same claim, so the capture-wide sums overflow too.
+        bytes.extend(block(1, u64::MAX, u64::MAX, 40));
+        let d = decode(&bytes);
+        let log = &d.pcpus[&0];
+        assert_eq!(log.blocks_received, 3);
+        assert_eq!(log.blocks_lost, 3, "seq 0, 2 and 4");
+        assert_eq!(log.samples_lost, u64::MAX);
+        assert_eq!(log.inconsistent_blocks, 1, "block 3 goes back to sample 0");
+        assert_eq!(log.gaps.len(), 3);
+        assert_eq!(log.gaps[0].samples, u64::MAX - 5);
+        assert_eq!(log.gaps[1].samples, 0);
+        assert_eq!(log.gaps[2].samples, u64::MAX - 6);
+        assert_eq!(d.pcpus[&1].blocks_lost, u64::MAX);
+        assert_eq!(d.blocks_lost(), u64::MAX);
+        assert_eq!(d.samples_lost(), u64::MAX);
+        assert_eq!(d.samples(), 4);
+    }
 }
