@@ -4,7 +4,7 @@
 //! vCPU rows steal.
 //!
 //! A pCPU row holds that pCPU's samples. A vCPU row holds its virtual sample stream on the host
-//! time axis (`timeline::classify`, the report's `[steal]`/`[idle]` slots): its own samples as
+//! time axis (`timeline::runs`, the report's `[steal]`/`[idle]` slots): its own samples as
 //! guest user/kernel, the hypervisor's work on its exits while it was in by exit reason (the
 //! report's `[steal] (hypervisor)`), the scheduler's work while it was out as "hypervisor: no VM",
 //! halted slots as idle, and every other slot while it was out (another VM or vCPU held its
@@ -20,7 +20,10 @@ use hvprof_samplelog::{NO_EXIT, NO_VM};
 
 use crate::naming::exit_name;
 use crate::profile::{Profile, Sampled, What};
-use crate::timeline::{Owner, Slot, classify};
+use crate::timeline::{Class, Owner, PcpuIndex, runs};
+
+/// [`State::Hypervisor`] of every exit reason that is not one (128 and above).
+pub const INVALID_EXIT: u16 = 0xfffe;
 
 /// The state of one slot of a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -41,6 +44,7 @@ impl State {
             State::GuestUser => "guest user".into(),
             State::GuestKernel => "guest kernel".into(),
             State::Hypervisor(NO_EXIT) => "hypervisor: no exit yet".into(),
+            State::Hypervisor(INVALID_EXIT) => "hypervisor: invalid exit reason".into(),
             State::Hypervisor(r) => format!("hypervisor: {}", exit_name(r)),
             State::HypervisorNoVm => "hypervisor: no VM".into(),
             State::Idle => "idle".into(),
@@ -54,7 +58,10 @@ impl State {
             What::GuestUser => State::GuestUser,
             What::GuestKernel => State::GuestKernel,
             What::Hypervisor if s.vm == NO_VM => State::HypervisorNoVm,
-            What::Hypervisor => State::Hypervisor(s.exit),
+            // Basic exit reasons are below 128 (Intel SDM Vol. 3D Table C-1): any other is one
+            // state, so a forged log cannot make a state (and a legend entry) per sample.
+            What::Hypervisor if s.exit < 128 || s.exit == NO_EXIT => State::Hypervisor(s.exit),
+            What::Hypervisor => State::Hypervisor(INVALID_EXIT),
             What::Idle => State::Idle,
         }
     }
@@ -172,20 +179,90 @@ impl Timeline {
             .collect();
         let mut vrows: HashMap<(u16, u16), Vec<HashMap<State, u64>>> = HashMap::default();
         if !p.events.is_empty() {
-            classify(&lists, &p.events, |key, pcpu, i, slot| {
-                let s = &p.samples[per_pcpu[&pcpu][i]];
-                let st = match slot {
-                    Slot::Own | Slot::Hypervisor => State::of(s),
-                    Slot::Idle => State::Idle,
-                    Slot::HypervisorOut => State::HypervisorNoVm,
-                    Slot::StealOn(_) | Slot::StealOutside => State::Steal,
-                };
+            // Per pCPU: its row, where each bin starts in its list, and its samples by state.
+            struct Ix {
+                row: usize,
+                bin_start: Vec<usize>,
+                by_state: HashMap<State, Vec<usize>>,
+                owners: PcpuIndex,
+            }
+            let index: HashMap<u16, Ix> = pcpus
+                .iter()
+                .enumerate()
+                .map(|(row, &c)| {
+                    let list = &lists[&c];
+                    let bin_start = (0..=bins)
+                        .map(|b| list.partition_point(|&(t, _)| bin(t) < b))
+                        .collect();
+                    let mut by_state: HashMap<State, Vec<usize>> = HashMap::default();
+                    for (i, &s) in per_pcpu[&c].iter().enumerate() {
+                        by_state
+                            .entry(State::of(&p.samples[s]))
+                            .or_default()
+                            .push(i);
+                    }
+                    let owners = PcpuIndex::new(list);
+                    (
+                        c,
+                        Ix {
+                            row,
+                            bin_start,
+                            by_state,
+                            owners,
+                        },
+                    )
+                })
+                .collect();
+            // Each run adds its slots bin by bin: a whole bin at once, a part of one by binary
+            // search per state present there.
+            for run in runs(&lists, &p.events) {
+                let ix = &index[&run.pcpu];
                 let row = vrows
-                    .entry(key)
+                    .entry(run.vcpu)
                     .or_insert_with(|| vec![HashMap::default(); bins]);
-                *row[bin(s.tsc)].entry(st).or_default() += 1;
-                *totals.entry(st).or_default() += 1;
-            });
+                let list = &lists[&run.pcpu];
+                let first = bin(list[run.samples.start].0);
+                let last = bin(list[run.samples.end - 1].0);
+                for (b, cell) in row.iter_mut().enumerate().take(last + 1).skip(first) {
+                    let lo = run.samples.start.max(ix.bin_start[b]);
+                    let hi = run.samples.end.min(ix.bin_start[b + 1]);
+                    if lo >= hi {
+                        continue;
+                    }
+                    let part = lo..hi;
+                    let mut add = |st: State, n: u64| {
+                        if n > 0 {
+                            *cell.entry(st).or_default() += n;
+                            *totals.entry(st).or_default() += n;
+                        }
+                    };
+                    let n = part.len() as u64;
+                    match run.class {
+                        Class::OutHalted => add(State::Idle, n),
+                        Class::Out => {
+                            let hv = ix.owners.hypervisor_out(run.vcpu, &part);
+                            add(State::HypervisorNoVm, hv);
+                            add(State::Steal, n - hv);
+                        }
+                        // Its own samples and the hypervisor's on its exits, as the pCPU's.
+                        Class::In => {
+                            let whole = &rows[ix.row].bins[b];
+                            if part == (ix.bin_start[b]..ix.bin_start[b + 1]) {
+                                for (&st, &k) in whole {
+                                    add(st, k);
+                                }
+                            } else {
+                                for &st in whole.keys() {
+                                    let at = &ix.by_state[&st];
+                                    let k = at.partition_point(|&i| i < hi)
+                                        - at.partition_point(|&i| i < lo);
+                                    add(st, k as u64);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
         } else {
             // No scheduling events: a vCPU's row is its own samples and the hypervisor's on its
             // exits.
@@ -367,4 +444,214 @@ pub fn write(p: &Profile, bins: usize, title: &str, out: &mut dyn std::io::Write
     let t = Timeline::build(p, bins);
     out.write_all(t.svg(title)?.as_bytes())
         .context("cannot write the timeline")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::LoadOptions;
+    use crate::progress::Progress;
+    use crate::report::Images;
+    use crate::timeline::{Slot, naive_classify};
+    use hvprof_samplelog::{
+        Event, EventKind, OutReason, Record, Sample, SampleKind, guest_mode, synth,
+    };
+    use proptest::prelude::*;
+
+    fn profile(records: &[Vec<Record>]) -> Profile {
+        let mut bytes = Vec::new();
+        for (pcpu, r) in records.iter().enumerate() {
+            bytes.extend(synth::encode_blocks(pcpu as u16, r, 10, 64));
+        }
+        Profile::from_bytes(
+            &bytes,
+            &Images::default(),
+            LoadOptions {
+                threads: 2,
+                keep_guest: false,
+            },
+            &Progress::hidden(),
+        )
+    }
+
+    /// The vCPU rows as the chart drew them slot by slot before it counted runs.
+    fn naive_vcpu_rows(p: &Profile, bins: usize) -> Vec<Row> {
+        let (start, end) = p.span();
+        let bin_ticks = ((end - start) / bins as u64 + 1).max(1);
+        let bin = |tsc: u64| (((tsc - start) / bin_ticks) as usize).min(bins - 1);
+        let mut per_pcpu: HashMap<u16, Vec<usize>> = HashMap::default();
+        for (i, s) in p.samples.iter().enumerate() {
+            per_pcpu.entry(s.pcpu).or_default().push(i);
+        }
+        let lists: HashMap<u16, Vec<(u64, Owner)>> = per_pcpu
+            .iter()
+            .map(|(&c, idx)| {
+                let l = idx
+                    .iter()
+                    .map(|&i| (p.samples[i].tsc, p.samples[i].owner()));
+                (c, l.collect())
+            })
+            .collect();
+        let mut rows: HashMap<(u16, u16), Vec<HashMap<State, u64>>> = HashMap::default();
+        naive_classify(&lists, &p.events, |key, pcpu, i, slot| {
+            let s = &p.samples[per_pcpu[&pcpu][i]];
+            let st = match slot {
+                Slot::Own | Slot::Hypervisor => State::of(s),
+                Slot::Idle => State::Idle,
+                Slot::HypervisorOut => State::HypervisorNoVm,
+                Slot::StealOn(_) | Slot::StealOutside => State::Steal,
+            };
+            let row = rows
+                .entry(key)
+                .or_insert_with(|| vec![HashMap::default(); bins]);
+            *row[bin(s.tsc)].entry(st).or_default() += 1;
+        });
+        let mut keys: Vec<_> = rows.keys().copied().collect();
+        keys.sort_unstable();
+        keys.into_iter()
+            .map(|(vm, vcpu)| Row {
+                label: format!("{} vCPU {vcpu}", p.vm_name(vm)),
+                bins: rows.remove(&(vm, vcpu)).unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    fn arb_record() -> impl Strategy<Value = (u64, Record)> {
+        let vm = prop_oneof![Just(0u16), Just(1), Just(NO_VM)];
+        let sample = (
+            0u8..3,
+            vm.clone(),
+            0u16..3,
+            any::<bool>(),
+            prop_oneof![Just(1u16), Just(12), Just(48), Just(300), Just(NO_EXIT)],
+        )
+            .prop_map(|(kind, vm, vcpu, user, exit)| {
+                Record::Sample(Sample {
+                    kind: SampleKind::from_u8(kind).unwrap_or_default(),
+                    vm,
+                    vcpu,
+                    guest_mode: guest_mode(if user { 3 } else { 0 }, 2),
+                    exit_reason: exit,
+                    guest_rip: 0x1000,
+                    ..Sample::default()
+                })
+            });
+        let event = (any::<bool>(), vm, 0u16..3, 0u8..4).prop_map(|(out, vm, vcpu, reason)| {
+            Record::Event(Event {
+                kind: if out {
+                    EventKind::VcpuOut
+                } else {
+                    EventKind::VcpuIn
+                },
+                vm,
+                vcpu,
+                reason: OutReason::from_u8(reason).unwrap_or_default(),
+                tsc: 0,
+            })
+        });
+        (0u64..40, prop_oneof![3 => sample, 1 => event])
+    }
+
+    fn with_tsc(records: Vec<(u64, Record)>) -> Vec<Record> {
+        let mut t = 0u64;
+        records
+            .into_iter()
+            .map(|(dt, mut r)| {
+                t += dt;
+                match &mut r {
+                    Record::Sample(s) => s.tsc = t,
+                    Record::Event(e) => e.tsc = t,
+                }
+                r
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// The vCPU rows counted per run are the rows classified slot by slot, bin by bin.
+        #[test]
+        fn vcpu_rows_equal_slot_by_slot(
+            pcpus in prop::collection::vec(prop::collection::vec(arb_record(), 0..120), 1..4),
+            bins in 1usize..12,
+        ) {
+            let records: Vec<Vec<Record>> = pcpus.into_iter().map(with_tsc).collect();
+            let p = profile(&records);
+            prop_assume!(!p.samples.is_empty() && !p.events.is_empty());
+            let t = Timeline::build(&p, bins);
+            let pcpu_rows = p.pcpu_list().len();
+            let naive = naive_vcpu_rows(&p, bins);
+            prop_assert_eq!(&t.rows[pcpu_rows..], naive.as_slice());
+        }
+    }
+
+    /// A decoded log with 2000 vCPUs (250 VMs of 8), each in once for 20 samples on one of two
+    /// pCPUs and then out (preempted) for good, so that every later sample of its pCPU is its
+    /// steal: the rows hold exactly that, bin by bin.
+    #[test]
+    fn thousands_of_vcpu_rows() {
+        const K: u64 = 2000;
+        const OWN: u64 = 20;
+        const BINS: usize = 50;
+        let mut records = vec![Vec::new(), Vec::new()];
+        for k in 0..K {
+            let (vm, vcpu) = ((k / 8) as u16, (k % 8) as u16);
+            let t = 100 * k;
+            let ev = |tsc, kind| {
+                Record::Event(Event {
+                    tsc,
+                    kind,
+                    vm,
+                    vcpu,
+                    reason: OutReason::Preempted,
+                })
+            };
+            let r = &mut records[(k % 2) as usize];
+            r.push(ev(t, EventKind::VcpuIn));
+            r.extend((1..=OWN).map(|i| {
+                Record::Sample(Sample {
+                    tsc: t + i,
+                    vm,
+                    vcpu,
+                    guest_mode: guest_mode(0, 2),
+                    ..Sample::default()
+                })
+            }));
+            r.push(ev(t + OWN + 1, EventKind::VcpuOut));
+        }
+        let p = profile(&records);
+        assert_eq!(p.samples.len() as u64, K * OWN);
+        let t = Timeline::build(&p, BINS);
+        assert_eq!(t.rows.len(), 2 + K as usize);
+        let (start, end) = p.span();
+        let bin_ticks = (end - start) / BINS as u64 + 1;
+        for k in 0..K {
+            let row = &t.rows[2 + k as usize];
+            assert_eq!(row.label, format!("vm{} vCPU {}", k / 8, k % 8));
+            let mut want = vec![HashMap::<State, u64>::default(); BINS];
+            for j in (k..K).step_by(2) {
+                let st = if j == k {
+                    State::GuestKernel
+                } else {
+                    State::Steal
+                };
+                for i in 1..=OWN {
+                    let b = ((100 * j + i - start) / bin_ticks) as usize;
+                    *want[b].entry(st).or_default() += 1;
+                }
+            }
+            assert_eq!(row.bins, want, "vCPU {k}");
+        }
+        // The report's steal agrees: per vCPU, the later vCPUs of the same pCPU.
+        let vm0 = p.report.vms.iter().find(|v| v.id == 0).unwrap();
+        let steal: u64 = vm0
+            .table
+            .rows
+            .iter()
+            .filter(|r| r.function == "[steal]")
+            .map(|r| r.samples)
+            .sum();
+        let later: usize = (0..8).map(|k| (k + 2..K).step_by(2).count()).sum();
+        assert_eq!(steal, OWN * later as u64);
+    }
 }

@@ -587,6 +587,9 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
                 for (&other, &n) in &b.steal_on {
                     *g.steal.entry(format!("(on vcpu{other})")).or_default() += n;
                 }
+                if b.steal_on_others > 0 {
+                    *g.steal.entry("(on other vcpus)".into()).or_default() += b.steal_on_others;
+                }
             };
             add(per_vm.entry(vm).or_default());
             add(per_vcpu.entry((vm, vcpu)).or_default());

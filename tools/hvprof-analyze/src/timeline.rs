@@ -8,12 +8,19 @@
 //! the hypervisor handling that VM's exits). The hypervisor's time on the vCPU's own exits while
 //! it was in is `[steal] (hypervisor)` too, though the events count it as running. The exact
 //! figures come from the scheduling events beside the sample-based ones.
+//!
+//! Each vCPU's stream is a list of [`Run`]s (a range of one pCPU's samples in one state), found
+//! by binary search from its events, and counted per run: the work grows with the events and
+//! samples, not with their product (a log with thousands of vCPUs and many samples is as quick as
+//! one with a few).
+
+use std::ops::Range;
 
 use hvprof_samplelog::{Event, EventKind, OutReason};
 use rustc_hash::FxHashMap as HashMap;
 
 /// Who a sample belongs to: a vCPU's guest, the hypervisor (on behalf of a vCPU or not), idle.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Owner {
     Guest { vm: u16, vcpu: u16 },
     Hypervisor { vm: u16, vcpu: u16 },
@@ -27,6 +34,8 @@ pub struct Blanks {
     pub idle: u64,
     /// Slots while another vCPU of its VM held its pCPU, per that vCPU.
     pub steal_on: HashMap<u16, u64>,
+    /// The same for siblings beyond the first [`STEAL_ON_MAX`] of a pCPU (a forged log).
+    pub steal_on_others: u64,
     /// Every other blank slot while it was out.
     pub steal_outside: u64,
     /// Slots on its pCPU while it was in that are not its own: the hypervisor handling its exits.
@@ -39,34 +48,30 @@ pub struct Blanks {
     pub ticks_in: u64,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum State {
-    In(u16),
-    Out { pcpu: u16, halted: bool },
-    Gone,
+/// What a vCPU was doing over a stretch of host time, from its scheduling events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Class {
+    /// In: it held the pCPU.
+    In,
+    /// Out because it halted.
+    OutHalted,
+    /// Out otherwise (preempted, yielded): runnable.
+    Out,
+}
+
+/// A stretch of one vCPU's virtual stream: the samples `samples` (indices into the pCPU's list)
+/// of pCPU `pcpu`, all taken while the vCPU was in `class` there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub vcpu: (u16, u16),
+    pub pcpu: u16,
+    pub samples: Range<usize>,
+    pub class: Class,
 }
 
 /// One vCPU's events in time order, with the pCPU each came from.
 struct Track {
     events: Vec<(u64, u16, Event)>,
-}
-
-impl Track {
-    /// The state just after the last event at or before `t` (`None`: not started yet).
-    fn state_at(&self, t: u64, cursor: &mut usize) -> Option<State> {
-        while *cursor < self.events.len() && self.events[*cursor].0 <= t {
-            *cursor += 1;
-        }
-        let (_, pcpu, e) = self.events.get(cursor.checked_sub(1)?)?;
-        Some(match (e.kind, e.reason) {
-            (EventKind::VcpuIn, _) => State::In(*pcpu),
-            (EventKind::VcpuOut, OutReason::Stopped) => State::Gone,
-            (EventKind::VcpuOut, reason) => State::Out {
-                pcpu: *pcpu,
-                halted: reason == OutReason::Halted,
-            },
-        })
-    }
 }
 
 /// What one slot of a vCPU's virtual stream holds.
@@ -86,55 +91,32 @@ pub enum Slot {
     StealOutside,
 }
 
-/// Classifies every slot of every vCPU's virtual stream. `samples`: per pCPU, (TSC, owner) in
-/// TSC order; `events`: every scheduling event with its pCPU. `visit` gets the vCPU, the pCPU,
-/// the index of the sample in that pCPU's list, and the slot.
-pub fn classify(
-    samples: &HashMap<u16, Vec<(u64, Owner)>>,
-    events: &[(u16, Event)],
-    mut visit: impl FnMut((u16, u16), u16, usize, Slot),
-) {
-    for (&key, track) in &tracks(events) {
-        let (vm, vcpu) = key;
-        for (&pcpu, list) in samples {
-            let mut cursor = 0;
-            for (i, &(t, owner)) in list.iter().enumerate() {
-                let Some(state) = track.state_at(t, &mut cursor) else {
-                    continue;
-                };
-                let own =
-                    |o: Owner| matches!(o, Owner::Guest { vm: v, vcpu: c } if v == vm && c == vcpu);
-                let slot = match state {
-                    State::Gone => break,
-                    State::In(p) if p != pcpu => continue,
-                    State::In(_) if own(owner) => Slot::Own,
-                    // Its pCPU, while it was in: the hypervisor handling its exit.
-                    State::In(_) => Slot::Hypervisor,
-                    State::Out { pcpu: p, .. } if p != pcpu => continue,
-                    State::Out { halted: true, .. } => Slot::Idle,
-                    // The pCPU held by a sibling vCPU: running its guest, or the hypervisor
-                    // handling its exits.
-                    State::Out { halted: false, .. } => match owner {
-                        Owner::Guest { vm: v, vcpu: c } | Owner::Hypervisor { vm: v, vcpu: c }
-                            if v == vm && c != vcpu =>
-                        {
-                            Slot::StealOn(c)
-                        }
-                        Owner::Hypervisor {
-                            vm: hvprof_samplelog::NO_VM,
-                            ..
-                        } => Slot::HypervisorOut,
-                        _ => Slot::StealOutside,
-                    },
-                };
-                visit(key, pcpu, i, slot);
+/// The slot of vCPU `(vm, vcpu)`, in `class` on the pCPU of a sample owned by `owner`.
+pub fn slot((vm, vcpu): (u16, u16), class: Class, owner: Owner) -> Slot {
+    match class {
+        Class::In if owner == (Owner::Guest { vm, vcpu }) => Slot::Own,
+        // Its pCPU, while it was in: the hypervisor handling its exit.
+        Class::In => Slot::Hypervisor,
+        Class::OutHalted => Slot::Idle,
+        // The pCPU held by a sibling vCPU: running its guest, or the hypervisor handling its
+        // exits.
+        Class::Out => match owner {
+            Owner::Guest { vm: v, vcpu: c } | Owner::Hypervisor { vm: v, vcpu: c }
+                if v == vm && c != vcpu =>
+            {
+                Slot::StealOn(c)
             }
-        }
+            Owner::Hypervisor {
+                vm: hvprof_samplelog::NO_VM,
+                ..
+            } => Slot::HypervisorOut,
+            _ => Slot::StealOutside,
+        },
     }
 }
 
-/// Each vCPU's events in TSC order.
-fn tracks(events: &[(u16, Event)]) -> HashMap<(u16, u16), Track> {
+/// Each vCPU's events in TSC order (events at the same TSC keep their order), by vCPU.
+fn tracks(events: &[(u16, Event)]) -> Vec<((u16, u16), Track)> {
     let mut tracks: HashMap<(u16, u16), Track> = HashMap::default();
     for &(pcpu, e) in events {
         tracks
@@ -143,49 +125,417 @@ fn tracks(events: &[(u16, Event)]) -> HashMap<(u16, u16), Track> {
             .events
             .push((e.tsc, pcpu, e));
     }
-    for track in tracks.values_mut() {
+    let mut tracks: Vec<_> = tracks.into_iter().collect();
+    tracks.sort_unstable_by_key(|(k, _)| *k);
+    for (_, track) in &mut tracks {
         track.events.sort_by_key(|(t, _, _)| *t);
     }
     tracks
 }
 
+/// Every vCPU's virtual stream as runs. `samples`: per pCPU, (TSC, owner) in TSC order;
+/// `events`: every scheduling event with its pCPU. After an event the vCPU is in the state it
+/// names, on that event's pCPU, from the samples at its TSC on until the vCPU's next event; it
+/// has no slots before its first event and none from its first `Stopped` on (a stopped vCPU
+/// stays stopped). Time O(E log E + E log S) for E events and S samples: each run is found by
+/// two binary searches, whatever the number of vCPUs.
+pub fn runs(samples: &HashMap<u16, Vec<(u64, Owner)>>, events: &[(u16, Event)]) -> Vec<Run> {
+    let mut out = Vec::new();
+    for (key, track) in tracks(events) {
+        for (k, &(t, pcpu, e)) in track.events.iter().enumerate() {
+            let class = match (e.kind, e.reason) {
+                (EventKind::VcpuIn, _) => Class::In,
+                (EventKind::VcpuOut, OutReason::Stopped) => break,
+                (EventKind::VcpuOut, OutReason::Halted) => Class::OutHalted,
+                (EventKind::VcpuOut, _) => Class::Out,
+            };
+            let Some(list) = samples.get(&pcpu) else {
+                continue;
+            };
+            let start = list.partition_point(|s| s.0 < t);
+            let end = match track.events.get(k + 1) {
+                Some(&(next, _, _)) => list.partition_point(|s| s.0 < next),
+                None => list.len(),
+            };
+            if start < end {
+                out.push(Run {
+                    vcpu: key,
+                    pcpu,
+                    samples: start..end,
+                    class,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Classifies every slot of every vCPU's virtual stream (see [`runs`]). `visit` gets the vCPU,
+/// the pCPU, the index of the sample in that pCPU's list, and the slot. Its calls are the
+/// output: one per slot; [`blanks`] and the chart count slots per run instead.
+pub fn classify(
+    samples: &HashMap<u16, Vec<(u64, Owner)>>,
+    events: &[(u16, Event)],
+    mut visit: impl FnMut((u16, u16), u16, usize, Slot),
+) {
+    for run in runs(samples, events) {
+        let list = &samples[&run.pcpu];
+        for i in run.samples.clone() {
+            visit(run.vcpu, run.pcpu, i, slot(run.vcpu, run.class, list[i].1));
+        }
+    }
+}
+
+/// Positions of a set of samples in a pCPU's list, counted in any range by binary search.
+#[derive(Default)]
+struct Positions(Vec<usize>);
+
+impl Positions {
+    fn count(&self, r: &Range<usize>) -> u64 {
+        (self.0.partition_point(|&i| i < r.end) - self.0.partition_point(|&i| i < r.start)) as u64
+    }
+}
+
+/// Most siblings of a vCPU its `[steal] (on vcpuN)` slots are told apart for, per pCPU (the
+/// hypervisor runs at most 8 vCPUs per VM; a log naming more is forged or damaged, and the rest
+/// go to `Blanks::steal_on_others`, which keeps the work linear).
+pub const STEAL_ON_MAX: usize = 64;
+
+/// One pCPU's samples indexed by owner: what a run's slots are counted with.
+pub struct PcpuIndex {
+    /// Samples owned by a vCPU: its guest or the hypervisor on its behalf.
+    by_vcpu: HashMap<(u16, u16), Positions>,
+    /// Guest samples of a vCPU.
+    guest: HashMap<(u16, u16), Positions>,
+    /// Samples owned by a VM (guest or hypervisor on its behalf).
+    by_vm: HashMap<u16, Positions>,
+    /// The hypervisor working for no VM.
+    hv_no_vm: Positions,
+    /// Each VM's vCPUs that own samples here, sorted.
+    vcpus: HashMap<u16, Vec<u16>>,
+}
+
+impl PcpuIndex {
+    /// Indexes one pCPU's samples (in TSC order).
+    pub fn new(list: &[(u64, Owner)]) -> Self {
+        let mut ix = PcpuIndex {
+            by_vcpu: HashMap::default(),
+            guest: HashMap::default(),
+            by_vm: HashMap::default(),
+            hv_no_vm: Positions::default(),
+            vcpus: HashMap::default(),
+        };
+        for (i, &(_, owner)) in list.iter().enumerate() {
+            let (vm, vcpu, guest) = match owner {
+                Owner::Guest { vm, vcpu } => (vm, vcpu, true),
+                Owner::Hypervisor { vm, vcpu } => (vm, vcpu, false),
+                Owner::Idle => continue,
+            };
+            if guest {
+                ix.guest.entry((vm, vcpu)).or_default().0.push(i);
+            } else if vm == hvprof_samplelog::NO_VM {
+                ix.hv_no_vm.0.push(i);
+            }
+            let p = ix.by_vcpu.entry((vm, vcpu)).or_default();
+            if p.0.is_empty() {
+                ix.vcpus.entry(vm).or_default().push(vcpu);
+            }
+            p.0.push(i);
+            ix.by_vm.entry(vm).or_default().0.push(i);
+        }
+        for v in ix.vcpus.values_mut() {
+            v.sort_unstable();
+        }
+        ix
+    }
+
+    fn count<K: std::hash::Hash + Eq>(map: &HashMap<K, Positions>, k: &K, r: &Range<usize>) -> u64 {
+        map.get(k).map_or(0, |p| p.count(r))
+    }
+
+    /// Guest samples of `vcpu` in `r`: its [`Slot::Own`] slots while in.
+    pub fn own(&self, vcpu: (u16, u16), r: &Range<usize>) -> u64 {
+        Self::count(&self.guest, &vcpu, r)
+    }
+
+    /// [`Slot::HypervisorOut`] slots of `vcpu` in `r` while it is out.
+    pub fn hypervisor_out(&self, (vm, vcpu): (u16, u16), r: &Range<usize>) -> u64 {
+        if vm == hvprof_samplelog::NO_VM {
+            // Its own "VM": the hypervisor's samples for the other vCPUs are siblings'.
+            Self::count(&self.by_vcpu, &(vm, vcpu), r) - self.own((vm, vcpu), r)
+        } else {
+            self.hv_no_vm.count(r)
+        }
+    }
+
+    /// [`Slot::StealOn`] slots of `vcpu` in `r` while it is out: all of them, and per sibling
+    /// (the first [`STEAL_ON_MAX`] of its VM's vCPUs here; the rest are in the total only).
+    pub fn steal_on(&self, (vm, vcpu): (u16, u16), r: &Range<usize>) -> (u64, Vec<(u16, u64)>) {
+        let total = Self::count(&self.by_vm, &vm, r) - Self::count(&self.by_vcpu, &(vm, vcpu), r);
+        let mut each = Vec::new();
+        if total > 0 {
+            for &c in self.vcpus.get(&vm).into_iter().flatten().take(STEAL_ON_MAX) {
+                if c != vcpu {
+                    let n = Self::count(&self.by_vcpu, &(vm, c), r);
+                    if n > 0 {
+                        each.push((c, n));
+                    }
+                }
+            }
+        }
+        (total, each)
+    }
+}
+
 /// Classifies every vCPU's blank slots. `samples`: per pCPU, (TSC, owner) in TSC order;
-/// `events`: every scheduling event with its pCPU.
+/// `events`: every scheduling event with its pCPU. Counts per run (see [`runs`]), never per
+/// slot: time O((E + S) log(E + S)), with at most [`STEAL_ON_MAX`] siblings per run.
 pub fn blanks(
     samples: &HashMap<u16, Vec<(u64, Owner)>>,
     events: &[(u16, Event)],
 ) -> HashMap<(u16, u16), Blanks> {
     let mut out: HashMap<(u16, u16), Blanks> = HashMap::default();
-    for (&key, track) in &tracks(events) {
+    for (key, track) in tracks(events) {
         let b = out.entry(key).or_default();
         // Exact time, from the events.
         for w in track.events.windows(2) {
             let span = w[1].0.saturating_sub(w[0].0);
-            match (w[0].2.kind, w[0].2.reason) {
-                (EventKind::VcpuIn, _) => b.ticks_in += span,
-                (EventKind::VcpuOut, OutReason::Halted) => b.ticks_halted += span,
-                (EventKind::VcpuOut, OutReason::Stopped) => {}
-                (EventKind::VcpuOut, _) => b.ticks_out += span,
+            let ticks = match (w[0].2.kind, w[0].2.reason) {
+                (EventKind::VcpuIn, _) => &mut b.ticks_in,
+                (EventKind::VcpuOut, OutReason::Halted) => &mut b.ticks_halted,
+                (EventKind::VcpuOut, OutReason::Stopped) => continue,
+                (EventKind::VcpuOut, _) => &mut b.ticks_out,
+            };
+            *ticks = ticks.saturating_add(span);
+        }
+    }
+    let index: HashMap<u16, PcpuIndex> = samples
+        .iter()
+        .map(|(&p, list)| (p, PcpuIndex::new(list)))
+        .collect();
+    for run in runs(samples, events) {
+        let ix = &index[&run.pcpu];
+        let b = out.entry(run.vcpu).or_default();
+        let r = &run.samples;
+        let len = r.len() as u64;
+        match run.class {
+            Class::In => b.hypervisor += len - ix.own(run.vcpu, r),
+            Class::OutHalted => b.idle += len,
+            Class::Out => {
+                let hv = ix.hypervisor_out(run.vcpu, r);
+                let (steal_on, each) = ix.steal_on(run.vcpu, r);
+                b.hypervisor_out += hv;
+                b.steal_outside += len - hv - steal_on;
+                let mut named = 0;
+                for (c, n) in each {
+                    *b.steal_on.entry(c).or_default() += n;
+                    named += n;
+                }
+                b.steal_on_others += steal_on - named;
             }
         }
     }
-    classify(samples, events, |key, _, _, slot| {
-        let b = out.entry(key).or_default();
-        match slot {
-            Slot::Own => {}
-            Slot::Hypervisor => b.hypervisor += 1,
-            Slot::Idle => b.idle += 1,
-            Slot::StealOn(c) => *b.steal_on.entry(c).or_default() += 1,
-            Slot::HypervisorOut => b.hypervisor_out += 1,
-            Slot::StealOutside => b.steal_outside += 1,
-        }
-    });
     out
+}
+
+/// The classification slot by slot, as it was before [`runs`]: for every vCPU, every sample of
+/// every pCPU, looking its state up (quadratic). The reference the tests compare with.
+#[cfg(test)]
+pub(crate) fn naive_classify(
+    samples: &HashMap<u16, Vec<(u64, Owner)>>,
+    events: &[(u16, Event)],
+    mut visit: impl FnMut((u16, u16), u16, usize, Slot),
+) {
+    for (key, track) in tracks(events) {
+        // A stopped vCPU stays stopped.
+        let cut = track
+            .events
+            .iter()
+            .position(|e| e.2.kind == EventKind::VcpuOut && e.2.reason == OutReason::Stopped)
+            .map_or(track.events.len(), |i| i + 1);
+        let evs = &track.events[..cut];
+        for (&pcpu, list) in samples {
+            let mut cursor = 0;
+            for (i, &(t, owner)) in list.iter().enumerate() {
+                while cursor < evs.len() && evs[cursor].0 <= t {
+                    cursor += 1;
+                }
+                let Some(&(_, p, e)) = cursor.checked_sub(1).and_then(|c| evs.get(c)) else {
+                    continue;
+                };
+                let class = match (e.kind, e.reason) {
+                    (EventKind::VcpuIn, _) => Class::In,
+                    (EventKind::VcpuOut, OutReason::Stopped) => break,
+                    (EventKind::VcpuOut, OutReason::Halted) => Class::OutHalted,
+                    (EventKind::VcpuOut, _) => Class::Out,
+                };
+                if p == pcpu {
+                    visit(key, pcpu, i, slot(key, class, owner));
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// [`blanks`] from [`naive_classify`].
+    fn naive_blanks(
+        samples: &HashMap<u16, Vec<(u64, Owner)>>,
+        events: &[(u16, Event)],
+    ) -> HashMap<(u16, u16), Blanks> {
+        let mut out: HashMap<(u16, u16), Blanks> = HashMap::default();
+        for (key, b) in blanks(&HashMap::default(), events) {
+            // The exact ticks only: no samples.
+            out.insert(key, b);
+        }
+        naive_classify(samples, events, |key, _, _, slot| {
+            let b = out.entry(key).or_default();
+            match slot {
+                Slot::Own => {}
+                Slot::Hypervisor => b.hypervisor += 1,
+                Slot::Idle => b.idle += 1,
+                Slot::StealOn(c) => *b.steal_on.entry(c).or_default() += 1,
+                Slot::HypervisorOut => b.hypervisor_out += 1,
+                Slot::StealOutside => b.steal_outside += 1,
+            }
+        });
+        out
+    }
+
+    fn arb_owner() -> impl Strategy<Value = Owner> {
+        let vm = prop_oneof![Just(0u16), Just(1), Just(hvprof_samplelog::NO_VM)];
+        prop_oneof![
+            (vm.clone(), 0u16..4).prop_map(|(vm, vcpu)| Owner::Guest { vm, vcpu }),
+            (vm, 0u16..4).prop_map(|(vm, vcpu)| Owner::Hypervisor { vm, vcpu }),
+            Just(Owner::Idle),
+        ]
+    }
+
+    fn arb_event() -> impl Strategy<Value = (u16, Event)> {
+        let vm = prop_oneof![Just(0u16), Just(1), Just(hvprof_samplelog::NO_VM)];
+        (0u16..3, 0u64..60, vm, 0u16..4, any::<bool>(), 0u8..4).prop_map(
+            |(pcpu, tsc, vm, vcpu, out, reason)| {
+                (
+                    pcpu,
+                    Event {
+                        tsc,
+                        kind: if out {
+                            EventKind::VcpuOut
+                        } else {
+                            EventKind::VcpuIn
+                        },
+                        vm,
+                        vcpu,
+                        reason: OutReason::from_u8(reason).unwrap_or_default(),
+                    },
+                )
+            },
+        )
+    }
+
+    proptest! {
+        /// Counting per run gives what classifying slot by slot gives, on any events (out of
+        /// order, at equal TSCs, on several pCPUs, `NO_VM` as a VM) and any owners.
+        #[test]
+        fn runs_count_what_slots_count(
+            events in prop::collection::vec(arb_event(), 0..40),
+            lists in prop::collection::vec(prop::collection::vec((0u64..60, arb_owner()), 0..60), 1..4),
+        ) {
+            let mut samples: HashMap<u16, Vec<(u64, Owner)>> = HashMap::default();
+            for (p, mut l) in lists.into_iter().enumerate() {
+                l.sort_by_key(|s| s.0);
+                samples.insert(p as u16, l);
+            }
+            prop_assert_eq!(blanks(&samples, &events), naive_blanks(&samples, &events));
+            let mut slots = Vec::new();
+            classify(&samples, &events, |k, p, i, s| slots.push((k, p, i, format!("{s:?}"))));
+            let mut naive = Vec::new();
+            naive_classify(&samples, &events, |k, p, i, s| naive.push((k, p, i, format!("{s:?}"))));
+            slots.sort();
+            naive.sort();
+            prop_assert_eq!(slots, naive);
+        }
+    }
+
+    /// The figure in docs/FUZZING.md: `cargo test --release -p hvprof-analyze --lib
+    /// timeline::tests::bench_many_vcpus -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a benchmark"]
+    fn bench_many_vcpus() {
+        for k in [1000u64, 4000] {
+            let (samples, events) = many_vcpus(k, 20);
+            let t = std::time::Instant::now();
+            let fast = blanks(&samples, &events);
+            let fast_t = t.elapsed();
+            let t = std::time::Instant::now();
+            let slow = naive_blanks(&samples, &events);
+            let slow_t = t.elapsed();
+            assert_eq!(fast, slow);
+            println!(
+                "{k} vCPUs, {} samples, {} events: runs {fast_t:.2?}, slot by slot {slow_t:.2?}",
+                k * 20,
+                events.len()
+            );
+        }
+    }
+
+    type Lists = HashMap<u16, Vec<(u64, Owner)>>;
+
+    /// `k` vCPUs, each in once for `own` samples on one of two pCPUs, then out for good.
+    fn many_vcpus(k: u64, own: u64) -> (Lists, Vec<(u16, Event)>) {
+        let mut events = Vec::new();
+        let mut samples: HashMap<u16, Vec<(u64, Owner)>> = HashMap::default();
+        for k in 0..k {
+            let (vm, vcpu, pcpu) = ((k / 8) as u16, (k % 8) as u16, (k % 2) as u16);
+            let t = 100 * k;
+            let ev = |tsc, kind| {
+                (
+                    pcpu,
+                    Event {
+                        tsc,
+                        kind,
+                        vm,
+                        vcpu,
+                        reason: OutReason::Preempted,
+                    },
+                )
+            };
+            events.push(ev(t, EventKind::VcpuIn));
+            let list = samples.entry(pcpu).or_default();
+            list.extend((1..=own).map(|i| (t + i, Owner::Guest { vm, vcpu })));
+            events.push(ev(t + own + 1, EventKind::VcpuOut));
+        }
+        (samples, events)
+    }
+
+    /// Thousands of vCPUs, each in once on one of two pCPUs and then out (preempted) for good:
+    /// every later sample of its pCPU is a blank of all of them. VM `k / 8`, vCPU `k % 8`.
+    #[test]
+    fn thousands_of_vcpus() {
+        const K: u64 = 3000;
+        const OWN: u64 = 20;
+        let (samples, events) = many_vcpus(K, OWN);
+        let b = blanks(&samples, &events);
+        assert_eq!(b.len(), K as usize);
+        for k in 0..K {
+            let x = &b[&((k / 8) as u16, (k % 8) as u16)];
+            // Later vCPUs on the same pCPU: the rest of its VM's octet, then the others.
+            let later = (k + 2..K).step_by(2);
+            let siblings: Vec<u64> = later.clone().filter(|j| j / 8 == k / 8).collect();
+            let outside = later.count() as u64 - siblings.len() as u64;
+            assert_eq!(x.steal_outside, OWN * outside, "vCPU {k}");
+            assert_eq!(x.steal_on.len(), siblings.len(), "vCPU {k}");
+            for j in siblings {
+                assert_eq!(x.steal_on[&((j % 8) as u16)], OWN);
+            }
+            assert_eq!((x.idle, x.hypervisor, x.hypervisor_out), (0, 0, 0));
+            assert_eq!((x.ticks_in, x.ticks_out), (OWN + 1, 0));
+        }
+    }
 
     fn ev(tsc: u64, vm: u16, vcpu: u16, kind: EventKind, reason: OutReason) -> (u16, Event) {
         (
