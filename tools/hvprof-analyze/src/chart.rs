@@ -20,6 +20,7 @@ use hvprof_samplelog::{NO_EXIT, NO_VM};
 
 use crate::naming::exit_name;
 use crate::profile::{Profile, Sampled, What};
+use crate::report::LossRange;
 use crate::timeline::{Class, Owner, PcpuIndex, runs};
 
 /// [`State::Hypervisor`] of every exit reason that is not one (128 and above).
@@ -85,7 +86,14 @@ pub struct Timeline {
     /// Every state present, in drawing order (bottom to top), with its color.
     pub states: Vec<(State, RGBColor)>,
     pub rows: Vec<Row>,
+    /// The pCPUs of the first rows, in order (the vCPU rows follow).
+    pub pcpus: Vec<u16>,
+    /// Where records are missing (the report's): drawn over their pCPU's row.
+    pub losses: Vec<LossRange>,
 }
+
+/// The overlay marking lost records.
+pub const LOST_COLOR: RGBAColor = RGBAColor(200, 0, 0, 0.35);
 
 const HYPERVISOR_COLORS: [(u8, u8, u8); 12] = [
     (255, 127, 14),
@@ -298,7 +306,35 @@ impl Timeline {
             },
             states: colors(&states, &totals),
             rows,
+            pcpus,
+            losses: p.report.losses.clone(),
         }
+    }
+
+    /// Where a TSC falls on the time axis, in `per_ms` units (clamped to the axis).
+    fn x_of(&self, tsc: u64, per_ms: f64, x_max: f64) -> f64 {
+        (tsc.saturating_sub(self.start) as f64 * self.ms_per_tick * per_ms).min(x_max)
+    }
+
+    /// The loss ranges of `pcpu` on the time axis (`per_ms` units): from the last record before
+    /// to the first after (the axis' ends when there is none), at least 0.4 % of the axis wide
+    /// so that a short one shows.
+    pub fn loss_spans(&self, pcpu: u16, per_ms: f64, x_max: f64) -> Vec<(f64, f64)> {
+        let min_w = x_max * 0.004;
+        self.losses
+            .iter()
+            .filter(|l| l.pcpu == pcpu)
+            .map(|l| {
+                let x0 = l.from_tsc.map_or(0.0, |t| self.x_of(t, per_ms, x_max));
+                let x1 = l.to_tsc.map_or(x_max, |t| self.x_of(t, per_ms, x_max));
+                if x1 - x0 < min_w {
+                    let mid = (x0 + x1) / 2.0;
+                    ((mid - min_w / 2.0).max(0.0), (mid + min_w / 2.0).min(x_max))
+                } else {
+                    (x0, x1)
+                }
+            })
+            .collect()
     }
 
     /// The bars drawn for each state: (row, bin) cells where it has samples.
@@ -320,7 +356,8 @@ impl Timeline {
     pub fn svg(&self, title: &str) -> Result<String> {
         let row_h = 120u32;
         let legend_cols = 4usize;
-        let legend_rows = self.states.len().div_ceil(legend_cols) as u32;
+        let legend_entries = self.states.len() + usize::from(!self.losses.is_empty());
+        let legend_rows = legend_entries.div_ceil(legend_cols) as u32;
         let (w, title_h, legend_h) = (1200u32, 36u32, 24 * legend_rows + 16);
         let h = title_h + row_h * self.rows.len().max(1) as u32 + legend_h + 20;
         let mut buf = String::new();
@@ -388,17 +425,32 @@ impl Timeline {
                     }
                     chart.draw_series(rects).map_err(draw_err)?;
                 }
+                // Lost records, over the pCPU's row.
+                if let Some(&pcpu) = self.pcpus.get(ri) {
+                    let spans = self.loss_spans(pcpu, per_ms, x_max);
+                    chart
+                        .draw_series(spans.into_iter().map(|(x0, x1)| {
+                            Rectangle::new([(x0, 0.0), (x1, 100.0)], LOST_COLOR.filled())
+                        }))
+                        .map_err(draw_err)?;
+                }
             }
             // The legend: one swatch per state.
             let font = ("sans-serif", 13).into_font().color(&BLACK);
-            for (i, (state, color)) in self.states.iter().enumerate() {
+            let lost = (!self.losses.is_empty()).then(|| ("records lost".to_owned(), LOST_COLOR));
+            let entries = self
+                .states
+                .iter()
+                .map(|(state, color)| (state.label(), color.to_rgba()))
+                .chain(lost);
+            for (i, (label, color)) in entries.enumerate() {
                 let (col, line) = ((i % legend_cols) as i32, (i / legend_cols) as i32);
                 let (x, y) = (60 + col * 280, 10 + line * 24);
                 legend
                     .draw(&Rectangle::new([(x, y), (x + 16, y + 14)], color.filled()))
                     .map_err(draw_err)?;
                 legend
-                    .draw_text(&state.label(), &font, (x + 22, y))
+                    .draw_text(&label, &font, (x + 22, y))
                     .map_err(draw_err)?;
             }
             root.present().map_err(draw_err)?;
@@ -430,6 +482,9 @@ impl Timeline {
                 })
                 .collect();
             let _ = writeln!(out, "{}: {}", r.label, parts.join(", "));
+        }
+        for l in &self.losses {
+            let _ = writeln!(out, "lost: {}", l.describe());
         }
         out
     }

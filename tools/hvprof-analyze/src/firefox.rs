@@ -2,7 +2,8 @@
 //! process and each of its vCPUs a thread, with its guest samples on the host time axis
 //! (stack: guest process, function) and markers for when it ran, was preempted or halted (from
 //! the scheduling events); the hypervisor is a process with one thread per pCPU holding its own
-//! samples (stack: whom it worked for and on which exit, function) and the idle loop's.
+//! samples (stack: whom it worked for and on which exit, function) and the idle loop's, and a
+//! "records lost" marker over each range where the pCPU's records are missing.
 //! pids and tids are those of the `perf script` output.
 
 use std::io::Write;
@@ -209,6 +210,25 @@ pub fn build(p: &Profile, progress: &Progress) -> FxProfile {
                 }
             }
         }
+    }
+    // Lost records: an interval marker on the pCPU's thread, from the last record before to
+    // the first after (the profile's ends when there is none).
+    let lost_cat = fx.add_category("Lost records", CategoryColor::Red);
+    let lost = fx.intern_string("records lost");
+    let end = p.span().1;
+    for l in &p.report.losses {
+        let t = thread(&mut fx, false, l.pcpu, 0);
+        let why = fx.intern_string(&l.describe());
+        let (from, to) = (l.from_tsc.unwrap_or(start), l.to_tsc.unwrap_or(end));
+        fx.add_marker(
+            t,
+            MarkerTiming::Interval(ts(from), ts(to.max(from))),
+            VcpuMarker {
+                name: lost,
+                why,
+                category: lost_cat,
+            },
+        );
     }
     for &t in threads.values() {
         fx.set_thread_show_markers_in_timeline(t, true);

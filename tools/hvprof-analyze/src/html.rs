@@ -194,6 +194,10 @@ pub fn render(p: &Profile, source: &str, bins: usize, top: usize) -> Result<Stri
         esc(source)
     );
     let _ = writeln!(out, "<h1>hvprof profile: {}</h1>", esc(source));
+    // Warnings first: where records were lost (also drawn over the timeline), integrity.
+    for w in &r.warnings {
+        let _ = writeln!(out, "<p class=warn>warning: {}</p>", esc(w));
+    }
     out.push_str("<nav><a href=#timeline>Timeline</a><a href=#flame>Flame graph</a><a href=#host>Host level</a><a href=#guests>Guest level</a><a href=#stat>Exit statistics</a></nav>\n");
     let (start, end) = p.span();
     let _ = writeln!(
@@ -227,12 +231,9 @@ pub fn render(p: &Profile, source: &str, bins: usize, top: usize) -> Result<Stri
             ""
         }
     );
-    for w in &r.warnings {
-        let _ = writeln!(out, "<p class=warn>warning: {}</p>", esc(w));
-    }
     let _ = writeln!(
         out,
-        "<h2 id=timeline>Timeline</h2><p class=note>Stacked bars over host time: per pCPU its samples, per vCPU its virtual stream (steal: another VM or vCPU held its pCPU; hypervisor: the work on its exits, by exit reason).</p><figure>{}</figure>",
+        "<h2 id=timeline>Timeline</h2><p class=note>Stacked bars over host time: per pCPU its samples, per vCPU its virtual stream (steal: another VM or vCPU held its pCPU; hypervisor: the work on its exits, by exit reason). Red bands over a pCPU: records lost.</p><figure>{}</figure>",
         inline_svg(&timeline)
     );
     let _ = writeln!(

@@ -6,7 +6,8 @@
 //! function, then its process, then its VM (leaf first, as pprof wants), so `pprof -top` lists
 //! functions and the flame graph groups VM → process → function; samples carry the labels `vm`,
 //! `process`, `vcpu`, `cr3` and `pcpu`. One pprof sample per distinct (stack, labels), with its
-//! counts.
+//! counts. Lost records are samples with the one frame `[lost]` (values: the samples missing),
+//! labelled `pcpu`, `lost_from_tsc` and `lost_to_tsc`, and a comment line per loss range.
 
 use std::io::Write;
 
@@ -146,6 +147,9 @@ pub mod proto {
     }
 }
 
+/// The function of the samples standing for lost records.
+pub const LOST: &str = "[lost]";
+
 /// The string table (index 0 is "").
 #[derive(Default)]
 struct Strings {
@@ -269,7 +273,7 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
         num: v,
         ..Default::default()
     };
-    let samples = entries
+    let mut samples: Vec<proto::Sample> = entries
         .into_iter()
         .map(|((frame, vm, vcpu, cr3, pcpu), n)| {
             let f = &p.frames[frame as usize];
@@ -293,11 +297,33 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
             label.push(num(keys[4], i64::from(pcpu)));
             proto::Sample {
                 location_id: stacks[frame as usize].clone(),
-                value: vec![n, n * period_ns],
+                value: vec![n, n.saturating_mul(period_ns)],
                 label,
             }
         })
         .collect();
+    // Lost records: per range, a sample of the samples missing with the stack `[lost]`,
+    // labelled with its pCPU and TSC range, and a comment line.
+    let lost_keys = [strings.get("lost_from_tsc"), strings.get("lost_to_tsc")];
+    let mut lost_comments = Vec::new();
+    for l in &p.report.losses {
+        lost_comments.push(strings.get(&format!("records lost: {}", l.describe())));
+        let n = l.samples_missing().min(i64::MAX as u64) as i64;
+        if n == 0 {
+            continue;
+        }
+        let mut label = vec![num(keys[4], i64::from(l.pcpu))];
+        for (k, t) in lost_keys.iter().zip([l.from_tsc, l.to_tsc]) {
+            if let Some(t) = t {
+                label.push(num(*k, t as i64));
+            }
+        }
+        samples.push(proto::Sample {
+            location_id: vec![location(LOST, "", &mut strings)],
+            value: vec![n, n.saturating_mul(period_ns)],
+            label,
+        });
+    }
     let (start, end) = p.span();
     let sample_type = vec![
         proto::ValueType {
@@ -309,7 +335,7 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
             unit: strings.get("nanoseconds"),
         },
     ];
-    let comment = vec![strings.get(&format!(
+    let mut comment = vec![strings.get(&format!(
         "hvprof: {} samples, {} pCPU(s), {} source, period {} TSC ticks, TSC {} Hz",
         p.samples.len(),
         p.pcpus,
@@ -317,6 +343,7 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
         p.period_ticks,
         p.tsc_hz
     ))];
+    comment.extend(lost_comments);
     let period_type = Some(proto::ValueType {
         r#type: strings.get("cpu"),
         unit: strings.get("nanoseconds"),

@@ -10,13 +10,21 @@
 //!   "hypervisor_build_id": hex, "hypervisor_build_id_matches": bool | null,
 //!   "lost": { "blocks": u64, "samples": u64, "events": u64, "dropped": u64,
 //!             "damaged_frames": u64, "truncated": bool },
+//!   "losses": [ { "pcpu": u16,                      // where records are missing, per pCPU:
+//!                 "from_tsc": u64 | null,           // last record before (null: log start)
+//!                 "to_tsc": u64 | null,             // first record after (null: log end)
+//!                 "from_seconds": f64 | null, "to_seconds": f64 | null, // since the 1st sample
+//!                 "blocks": u64, "samples": u64, "events": u64,         // lost on the way
+//!                 "dropped": u64,                   // dropped by the hypervisor (ring full)
+//!                 "truncated": bool } ],            // no end frame: the rest is unknown
 //!   "cost": { "mean": f64, "min": u64, "max": u64, "percent_of_period": f64 },
 //!   "host": { "hypervisor": f64, "vm": f64, "idle": f64,          // percentages
 //!             "rows": [ { "function", "module", "samples", "percent" } ] },
 //!   "vms": [ { "id": u16, "name", "image", "samples": u64,        // guest + steal samples
 //!              "os": f64, "user": f64, "idle": f64, "steal": f64, // percentages of "samples"
 //!              "rows": [ row ], "vcpus": [ { "vcpu": u16, "samples", "os", "user", "idle",
-//!              "steal", "rows": [ row ] } ] } ] }
+//!              "steal", "rows": [ row ] } ] } ] },
+//!   "warnings": [ string ] }   // losses first (one per range, up to 20), then the others
 //! ```
 //! Rows are sorted by samples (descending), then function name. Percentages are of the table's
 //! total; they are not rounded.
@@ -50,6 +58,110 @@ pub struct Lost {
     pub damaged_frames: u64,
     pub truncated: bool,
 }
+
+/// Where a pCPU's records are missing, in host time (one per decoder `Gap`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LossRange {
+    pub pcpu: u16,
+    /// TSC of the last record received before the loss (`None`: from the start of the log).
+    pub from_tsc: Option<u64>,
+    /// TSC of the first record received after it (`None`: until the end of the log).
+    pub to_tsc: Option<u64>,
+    /// The same in seconds since the capture's first sample (`None` also when the TSC
+    /// frequency is unknown).
+    pub from_seconds: Option<f64>,
+    pub to_seconds: Option<f64>,
+    /// Blocks lost on the way, and the samples and events they held.
+    pub blocks: u64,
+    pub samples: u64,
+    pub events: u64,
+    /// Samples the hypervisor dropped (ring full).
+    pub dropped: u64,
+    /// The log ends here without an end frame: what followed is unknown.
+    pub truncated: bool,
+}
+
+impl LossRange {
+    /// Samples missing here (lost in blocks and dropped), saturating.
+    pub fn samples_missing(&self) -> u64 {
+        self.samples.saturating_add(self.dropped)
+    }
+
+    /// One line for the reader: how many samples, on which pCPU, over which host time.
+    pub fn describe(&self) -> String {
+        let at = |tsc: Option<u64>, s: Option<f64>, none: &str| match (tsc, s) {
+            (Some(t), Some(s)) => format!("TSC {t} ({s:.6} s)"),
+            (Some(t), None) => format!("TSC {t}"),
+            (None, _) => none.to_owned(),
+        };
+        let from = at(self.from_tsc, self.from_seconds, "the start of the log");
+        let to = at(self.to_tsc, self.to_seconds, "the end of the log");
+        let mut what = Vec::new();
+        if self.blocks > 0 || self.samples > 0 {
+            what.push(format!(
+                "{} samples and {} events lost in {} block(s)",
+                self.samples, self.events, self.blocks
+            ));
+        }
+        if self.dropped > 0 {
+            what.push(format!(
+                "{} samples dropped by the hypervisor (ring full)",
+                self.dropped
+            ));
+        }
+        if self.truncated {
+            what.push("no end frame: what it recorded is unknown".into());
+        }
+        format!(
+            "pCPU {}: {} from {from} to {to}",
+            self.pcpu,
+            what.join("; ")
+        )
+    }
+}
+
+/// The capture's losses, in host time, and the warnings that open the report: one per range
+/// (the first `MAX_LOSS_LINES`, then their total).
+fn losses(decoded: &Decoded, first_tsc: Option<u64>, tsc_hz: u64) -> (Vec<LossRange>, Vec<String>) {
+    let seconds = |tsc: Option<u64>| {
+        let (t, first) = (tsc?, first_tsc?);
+        (tsc_hz > 0).then(|| t.saturating_sub(first) as f64 / tsc_hz as f64)
+    };
+    let ranges: Vec<LossRange> = decoded
+        .gaps()
+        .map(|g| LossRange {
+            pcpu: g.pcpu,
+            from_tsc: g.after_tsc,
+            to_tsc: g.before_tsc,
+            from_seconds: seconds(g.after_tsc),
+            to_seconds: seconds(g.before_tsc),
+            blocks: g.blocks,
+            samples: g.samples,
+            events: g.events,
+            dropped: g.dropped,
+            truncated: g.truncated,
+        })
+        .collect();
+    let mut lines: Vec<String> = ranges
+        .iter()
+        .take(MAX_LOSS_LINES)
+        .map(|l| format!("records lost: {}", l.describe()))
+        .collect();
+    if ranges.len() > MAX_LOSS_LINES {
+        let rest = &ranges[MAX_LOSS_LINES..];
+        let n = rest
+            .iter()
+            .fold(0u64, |n, l| n.saturating_add(l.samples_missing()));
+        lines.push(format!(
+            "records lost: {} more ranges ({n} samples): see the JSON report's \"losses\"",
+            rest.len()
+        ));
+    }
+    (ranges, lines)
+}
+
+/// Loss ranges the report's warnings list one by one.
+pub const MAX_LOSS_LINES: usize = 20;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Cost {
@@ -121,10 +233,13 @@ pub struct Report {
     pub hypervisor_build_id: String,
     pub hypervisor_build_id_matches: Option<bool>,
     pub lost: Lost,
+    /// Where records are missing, per pCPU, in host time.
+    pub losses: Vec<LossRange>,
     pub cost: Cost,
     pub host: Host,
     pub vms: Vec<VmReport>,
-    /// Warnings for the reader (missing symbols, mismatched build ids, truncation).
+    /// Warnings for the reader: first where records were lost, then missing symbols,
+    /// mismatched build ids, truncation.
     pub warnings: Vec<String>,
 }
 
@@ -680,6 +795,9 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
                 .into(),
         );
     }
+    let first_tsc = timeline.values().flat_map(|l| l.iter().map(|s| s.0)).min();
+    let (losses, loss_lines) = losses(decoded, first_tsc, header.tsc_hz);
+    warnings.splice(0..0, loss_lines);
     let mean = if total == 0 {
         0.0
     } else {
@@ -699,6 +817,7 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
         hypervisor_build_id: hex(&hv_id),
         hypervisor_build_id_matches: hv_matches,
         lost,
+        losses,
         cost: Cost {
             mean,
             min: if total == 0 { 0 } else { cost_min },

@@ -60,8 +60,16 @@ fn guest(out: &mut String, title: &str, g: &GuestTable, top: usize) {
     out.push('\n');
 }
 
+/// The report as text. It opens with the warnings (where records were lost, integrity, missing
+/// names), before any table.
 pub fn render(r: &Report, top: usize, only_vm: Option<&str>) -> String {
     let mut out = String::new();
+    for w in &r.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    if !r.warnings.is_empty() {
+        out.push('\n');
+    }
     if only_vm.is_none() {
         let _ = writeln!(
             out,
@@ -118,9 +126,6 @@ pub fn render(r: &Report, top: usize, only_vm: Option<&str>) -> String {
             ""
         }
     );
-    for w in &r.warnings {
-        let _ = writeln!(out, "warning: {w}");
-    }
     out
 }
 

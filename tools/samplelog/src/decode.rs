@@ -505,9 +505,12 @@ fn parse_end(body: &[u8], totals: &mut Vec<PcpuTotals>) -> Result<usize, Malform
     Ok(r.pos())
 }
 
-/// Records missing from a pCPU's stream because blocks were lost.
+/// Records missing from a pCPU's stream, and over which host time: blocks lost on the way, samples
+/// the hypervisor dropped (its ring was full), or the end of a log without end frame.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Gap {
+    /// The pCPU.
+    pub pcpu: u16,
     /// Index in `PcpuLog::records` where the missing records belong.
     pub at_record: usize,
     /// Blocks lost here.
@@ -516,10 +519,19 @@ pub struct Gap {
     pub samples: u64,
     /// Events those blocks held.
     pub events: u64,
-    /// TSC of the last record before the gap (`None` at the start of the stream).
+    /// Samples the hypervisor dropped here, never recorded: how much the blocks' drop count rose
+    /// from the block before the gap to the one after (or to the end frame's). The hypervisor
+    /// never lets a block span a drop, so they were lost between those two blocks' records.
+    pub dropped: u64,
+    /// TSC of the last record received before the gap (`None` at the start of the stream): the
+    /// loss starts after it.
     pub after_tsc: Option<u64>,
-    /// TSC of the first record after the gap (`None` at the end of the stream).
+    /// TSC of the first record received after the gap (`None` at the end of the stream): the
+    /// loss ends before it.
     pub before_tsc: Option<u64>,
+    /// The log ends here without an end frame: what the pCPU recorded after `after_tsc` is
+    /// unknown (`blocks`, `samples` and `events` count only what is known lost).
+    pub truncated: bool,
 }
 
 /// One pCPU's decoded stream and its losses.
@@ -548,7 +560,8 @@ pub struct PcpuLog {
     pub ring_drops: u64,
     /// This pCPU's entry of the end frame.
     pub totals: Option<PcpuTotals>,
-    /// Where records are missing.
+    /// Where records are missing (lost blocks, samples dropped by the hypervisor, a truncated
+    /// end), in stream order.
     pub gaps: Vec<Gap>,
 }
 
@@ -560,6 +573,14 @@ impl PcpuLog {
         self.samples_lost = self.samples_lost.saturating_add(gap.samples);
         self.events_lost = self.events_lost.saturating_add(gap.events);
         self.gaps.push(gap);
+    }
+
+    /// Samples lost in its gaps: in lost blocks and dropped by the hypervisor (saturating).
+    #[must_use]
+    pub fn samples_missing(&self) -> u64 {
+        self.gaps.iter().fold(0, |n, g| {
+            n.saturating_add(g.samples).saturating_add(g.dropped)
+        })
     }
 
     /// The samples received.
@@ -656,6 +677,12 @@ impl Decoded {
             .fold(0, |n, p| n.saturating_add(p.ring_drops))
     }
 
+    /// Every pCPU's gaps, by pCPU then in stream order: where records are missing and over which
+    /// host time.
+    pub fn gaps(&self) -> impl Iterator<Item = &Gap> {
+        self.pcpus.values().flat_map(|p| p.gaps.iter())
+    }
+
     /// All text spans concatenated.
     #[must_use]
     pub fn text_joined(&self) -> String {
@@ -669,6 +696,8 @@ struct BlockMeta {
     start: usize,
     len: usize,
     samples: u64,
+    /// TSCs of its first and last records.
+    tsc: Option<(u64, u64)>,
 }
 
 #[derive(Default)]
@@ -706,7 +735,8 @@ impl Collector {
 
     /// A collector that keeps only what describes the capture (header, block numbering, losses,
     /// damage, text) and drops the records: for callers that consume records as they are decoded.
-    /// Its `PcpuLog::records` stay empty and its gaps carry no TSC bounds.
+    /// Its `PcpuLog::records` stay empty; its gaps carry the TSC bounds given to
+    /// [`Collector::push_block_meta`].
     #[must_use]
     pub fn metadata_only() -> Self {
         Self {
@@ -715,9 +745,15 @@ impl Collector {
         }
     }
 
-    /// Takes a block's numbering and its record counts without the records (see
-    /// [`Collector::metadata_only`]).
-    pub fn push_block_meta(&mut self, header: BlockHeader, samples: u64, events: u64) {
+    /// Takes a block's numbering, its record counts and the TSCs of its first and last records,
+    /// without the records (see [`Collector::metadata_only`]).
+    pub fn push_block_meta(
+        &mut self,
+        header: BlockHeader,
+        samples: u64,
+        events: u64,
+        tsc: Option<(u64, u64)>,
+    ) {
         self.d.frames += 1;
         let acc = self.acc.entry(header.pcpu).or_insert_with(|| PcpuAcc {
             sorted: true,
@@ -735,6 +771,7 @@ impl Collector {
             start: acc.records.len(),
             len: (samples + events) as usize,
             samples,
+            tsc,
         });
     }
 
@@ -774,6 +811,7 @@ impl Collector {
                     start: acc.records.len(),
                     len: records.len(),
                     samples,
+                    tsc: tsc_bounds(records),
                 });
                 if self.keep_records {
                     acc.records.extend_from_slice(records);
@@ -814,14 +852,18 @@ impl Collector {
             });
         }
         for (pcpu, acc) in mem::take(&mut self.acc) {
-            let log = finish_pcpu(pcpu, acc, totals.get(&pcpu).copied());
+            let log = finish_pcpu(pcpu, acc, totals.get(&pcpu).copied(), self.d.end.is_some());
             self.d.pcpus.insert(pcpu, log);
         }
         self.d
     }
 }
 
-fn finish_pcpu(pcpu: u16, mut acc: PcpuAcc, totals: Option<PcpuTotals>) -> PcpuLog {
+fn tsc_bounds(records: &[Record]) -> Option<(u64, u64)> {
+    Some((records.first()?.tsc(), records.last()?.tsc()))
+}
+
+fn finish_pcpu(pcpu: u16, mut acc: PcpuAcc, totals: Option<PcpuTotals>, end: bool) -> PcpuLog {
     if acc.records.is_empty() {
         // Metadata only: order the blocks; there are no records to move.
         if !acc.sorted {
@@ -845,31 +887,41 @@ fn finish_pcpu(pcpu: u16, mut acc: PcpuAcc, totals: Option<PcpuTotals>) -> PcpuL
         ..PcpuLog::default()
     };
     let (mut next_seq, mut next_sample, mut next_event) = (0u64, 0u64, 0u64);
+    let mut drops = 0u64;
     let mut last_tsc: Option<u64> = None;
+    // Records received so far (the index of the next block's first record).
+    let mut at = 0usize;
     for b in &acc.blocks {
         let events = b.len as u64 - b.samples;
+        let dropped = b.h.ring_drops.saturating_sub(drops);
         if b.h.seq > next_seq {
             if b.h.first_sample < next_sample || b.h.first_event < next_event {
                 log.inconsistent_blocks += 1;
             }
-            let gap = Gap {
-                at_record: b.start,
-                blocks: b.h.seq - next_seq,
-                samples: b.h.first_sample.saturating_sub(next_sample),
-                events: b.h.first_event.saturating_sub(next_event),
-                after_tsc: last_tsc,
-                before_tsc: acc.records.get(b.start).map(Record::tsc),
-            };
-            log.add_gap(gap);
         } else if b.h.first_sample != next_sample || b.h.first_event != next_event {
             log.inconsistent_blocks += 1;
+        }
+        if b.h.seq > next_seq || dropped > 0 {
+            log.add_gap(Gap {
+                pcpu,
+                at_record: at,
+                blocks: b.h.seq.saturating_sub(next_seq),
+                samples: b.h.first_sample.saturating_sub(next_sample),
+                events: b.h.first_event.saturating_sub(next_event),
+                dropped,
+                after_tsc: last_tsc,
+                before_tsc: b.tsc.map(|t| t.0),
+                truncated: false,
+            });
         }
         next_seq = b.h.seq.saturating_add(1);
         next_sample = b.h.first_sample.saturating_add(b.samples);
         next_event = b.h.first_event.saturating_add(events);
+        drops = drops.max(b.h.ring_drops);
         log.ring_drops = b.h.ring_drops;
-        if b.len > 0 {
-            last_tsc = acc.records.get(b.start + b.len - 1).map(Record::tsc);
+        at = at.saturating_add(b.len);
+        if let Some((_, last)) = b.tsc {
+            last_tsc = Some(last);
         }
     }
     if let Some(t) = totals {
@@ -877,19 +929,33 @@ fn finish_pcpu(pcpu: u16, mut acc: PcpuAcc, totals: Option<PcpuTotals>) -> PcpuL
             if t.samples < next_sample || t.events < next_event {
                 log.inconsistent_blocks += 1;
             }
-            let gap = Gap {
-                at_record: acc.records.len(),
-                blocks: t.blocks - next_seq,
-                samples: t.samples.saturating_sub(next_sample),
-                events: t.events.saturating_sub(next_event),
-                after_tsc: last_tsc,
-                before_tsc: None,
-            };
-            log.add_gap(gap);
         } else if t.blocks < next_seq || t.samples != next_sample || t.events != next_event {
             log.inconsistent_blocks += 1;
         }
+        let dropped = t.ring_drops.saturating_sub(drops);
+        if t.blocks > next_seq || dropped > 0 {
+            log.add_gap(Gap {
+                pcpu,
+                at_record: at,
+                blocks: t.blocks - next_seq.min(t.blocks),
+                samples: t.samples.saturating_sub(next_sample),
+                events: t.events.saturating_sub(next_event),
+                dropped,
+                after_tsc: last_tsc,
+                before_tsc: None,
+                truncated: false,
+            });
+        }
         log.ring_drops = t.ring_drops;
+    } else if !end {
+        // No end frame at all: whatever this pCPU recorded after its last block is unknown.
+        log.add_gap(Gap {
+            pcpu,
+            at_record: at,
+            after_tsc: last_tsc,
+            truncated: true,
+            ..Gap::default()
+        });
     }
     log.records = acc.records;
     log
@@ -899,7 +965,7 @@ fn finish_pcpu(pcpu: u16, mut acc: PcpuAcc, totals: Option<PcpuTotals>) -> PcpuL
 enum Meta {
     Header(Box<Header>, u64),
     Task(Task, u64),
-    Block(BlockHeader, u64, u64),
+    Block(BlockHeader, u64, u64, Option<(u64, u64)>),
     End(Vec<PcpuTotals>, u64),
     Unknown(u64, u8),
     Text(u64, String),
@@ -954,7 +1020,12 @@ pub fn decode_parallel<A: Send>(
                                 .iter()
                                 .filter(|r| matches!(r, Record::Sample(_)))
                                 .count() as u64;
-                            meta.push(Meta::Block(header, samples, records.len() as u64 - samples));
+                            meta.push(Meta::Block(
+                                header,
+                                samples,
+                                records.len() as u64 - samples,
+                                tsc_bounds(records),
+                            ));
                         }
                         Item::End { offset, totals } => {
                             meta.push(Meta::End(totals.to_vec(), offset))
@@ -987,7 +1058,9 @@ pub fn decode_parallel<A: Send>(
         for m in meta {
             match m {
                 Meta::Header(h, offset) => col.push(Item::Header { offset, header: &h }),
-                Meta::Block(h, samples, events) => col.push_block_meta(h, samples, events),
+                Meta::Block(h, samples, events, tsc) => {
+                    col.push_block_meta(h, samples, events, tsc)
+                }
                 Meta::End(t, offset) => col.push(Item::End { offset, totals: &t }),
                 Meta::Task(task, offset) => col.push(Item::Task { offset, task }),
                 Meta::Unknown(offset, frame_type) => col.push(Item::Unknown { offset, frame_type }),
@@ -1039,6 +1112,84 @@ mod tests {
         buf
     }
 
+    /// Block `seq` of pCPU 0 holding one sample per TSC in `tscs`, numbered as if every earlier
+    /// block held as many, after `drops` ring drops.
+    fn block_of(seq: u64, tscs: &[u64], drops: u64) -> Vec<u8> {
+        let h = BlockHeader {
+            pcpu: 0,
+            seq,
+            first_sample: seq * tscs.len() as u64,
+            first_event: 0,
+            ring_drops: drops,
+            period_ticks: 10,
+        };
+        let rec: Vec<Record> = tscs
+            .iter()
+            .map(|&tsc| {
+                Record::Sample(Sample {
+                    tsc,
+                    ..Sample::default()
+                })
+            })
+            .collect();
+        let mut buf = vec![0u8; max_block_frame_len(rec.len())];
+        let n = encode_block(&h, &rec, &mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    /// Each loss is placed between the last record before it and the first after it: a lost
+    /// block, samples the hypervisor dropped (its drop count rises between two blocks), and
+    /// at the end what the end frame counts beyond the last block received.
+    #[test]
+    fn gaps_are_placed_in_host_time() {
+        let mut bytes = Vec::new();
+        bytes.extend(block_of(0, &[10, 20], 0));
+        // Block 1 (TSC 30, 40) is lost.
+        bytes.extend(block_of(2, &[50, 60], 0));
+        bytes.extend(block_of(3, &[70, 80], 5));
+        let mut end = vec![0u8; crate::max_end_frame_len(1)];
+        let totals = [PcpuTotals {
+            pcpu: 0,
+            samples: 10,
+            events: 0,
+            ring_drops: 7,
+            blocks: 5,
+        }];
+        let n = crate::encode_end(&totals, &mut end).unwrap();
+        let gap = |at_record, blocks, samples, dropped, after: u64, before| Gap {
+            pcpu: 0,
+            at_record,
+            blocks,
+            samples,
+            events: 0,
+            dropped,
+            after_tsc: Some(after),
+            before_tsc: before,
+            truncated: false,
+        };
+        let want = vec![
+            gap(2, 1, 2, 0, 20, Some(50)),
+            gap(4, 0, 0, 5, 60, Some(70)),
+            gap(6, 1, 2, 2, 80, None),
+        ];
+        let mut whole = bytes.clone();
+        whole.extend_from_slice(&end[..n]);
+        let d = decode(&whole);
+        assert_eq!(d.gaps().copied().collect::<Vec<_>>(), want);
+        assert_eq!(d.pcpus[&0].samples_missing(), 2 + 5 + 2 + 2);
+        // Decoding in parallel (no records kept) places them the same.
+        for parts in [1, 3] {
+            let (p, _) = decode_parallel(&whole, parts, || (), |_, _, _| ());
+            assert_eq!(p.gaps().copied().collect::<Vec<_>>(), want, "{parts} parts");
+        }
+        // Without the end frame the last gap is the unknown end.
+        let d = decode(&bytes);
+        let last = d.gaps().last().copied().unwrap();
+        assert!(last.truncated && last.after_tsc == Some(80) && last.before_tsc.is_none());
+        assert_eq!((last.blocks, last.samples, last.dropped), (0, 0, 0));
+    }
+
     /// Sequence 1/3/5 with first_sample u64::MAX-5 / 0 / u64::MAX-5: the two gaps each claim
     /// almost 2^64 lost samples. Their sum overflowed (a panic in debug builds); it saturates.
     #[test]
@@ -1055,10 +1206,13 @@ mod tests {
         assert_eq!(log.blocks_lost, 3, "seq 0, 2 and 4");
         assert_eq!(log.samples_lost, u64::MAX);
         assert_eq!(log.inconsistent_blocks, 1, "block 3 goes back to sample 0");
-        assert_eq!(log.gaps.len(), 3);
+        // Three lost ranges, then the unknown end (no end frame).
+        assert_eq!(log.gaps.len(), 4);
         assert_eq!(log.gaps[0].samples, u64::MAX - 5);
         assert_eq!(log.gaps[1].samples, 0);
         assert_eq!(log.gaps[2].samples, u64::MAX - 6);
+        assert!(log.gaps[3].truncated && log.gaps[3].after_tsc == Some(30));
+        assert_eq!(log.samples_missing(), u64::MAX);
         assert_eq!(d.pcpus[&1].blocks_lost, u64::MAX);
         assert_eq!(d.blocks_lost(), u64::MAX);
         assert_eq!(d.samples_lost(), u64::MAX);
