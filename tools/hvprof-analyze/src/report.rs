@@ -17,6 +17,10 @@
 //!                 "blocks": u64, "samples": u64, "events": u64,         // lost on the way
 //!                 "dropped": u64,                   // dropped by the hypervisor (ring full)
 //!                 "truncated": bool } ],            // no end frame: the rest is unknown
+//!   "integrity": { "header_conflicts": u64,         // headers differing from the first
+//!                  "duplicate_blocks": u64,         // a pCPU's block number seen twice
+//!                  "tasks_of_unknown_vms": u64,     // task frames naming unlisted VMs,
+//!                  "unknown_task_vms": [ u16 ] },   // and those VMs
 //!   "cost": { "mean": f64, "min": u64, "max": u64, "percent_of_period": f64 },
 //!   "host": { "hypervisor": f64, "vm": f64, "idle": f64,          // percentages
 //!             "rows": [ { "function", "module", "samples", "percent" } ] },
@@ -24,7 +28,7 @@
 //!              "os": f64, "user": f64, "idle": f64, "steal": f64, // percentages of "samples"
 //!              "rows": [ row ], "vcpus": [ { "vcpu": u16, "samples", "os", "user", "idle",
 //!              "steal", "rows": [ row ] } ] } ] },
-//!   "warnings": [ string ] }   // losses first (one per range, up to 20), then the others
+//!   "warnings": [ string ] }   // losses first (one per range, up to 20), integrity, the others
 //! ```
 //! Rows are sorted by samples (descending), then function name. Percentages are of the table's
 //! total; they are not rounded.
@@ -57,6 +61,83 @@ pub struct Lost {
     pub dropped: u64,
     pub damaged_frames: u64,
     pub truncated: bool,
+}
+
+/// Signs that the log was tampered with (or badly damaged): a guest that could write to the
+/// capture channel might forge frames.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Integrity {
+    /// Header frames that differ from the first one (the first is used).
+    pub header_conflicts: u64,
+    /// Blocks received twice (same pCPU and sequence number; later copies are ignored).
+    pub duplicate_blocks: u64,
+    /// Task frames naming a VM the header does not list.
+    pub tasks_of_unknown_vms: u64,
+    /// Those VMs.
+    pub unknown_task_vms: Vec<u16>,
+}
+
+impl Integrity {
+    fn of(decoded: &Decoded) -> Self {
+        let listed = |vm: u16| {
+            decoded
+                .header
+                .as_ref()
+                .is_some_and(|h| h.vms.iter().any(|v| v.id == vm))
+        };
+        let mut unknown: Vec<u16> = Vec::new();
+        let mut tasks = 0u64;
+        for t in decoded.tasks.iter().filter(|t| !listed(t.vm)) {
+            tasks += 1;
+            unknown.push(t.vm);
+        }
+        unknown.sort_unstable();
+        unknown.dedup();
+        Integrity {
+            header_conflicts: decoded.header_conflicts,
+            duplicate_blocks: decoded
+                .pcpus
+                .values()
+                .fold(0, |n, p| n.saturating_add(p.duplicate_blocks)),
+            tasks_of_unknown_vms: tasks,
+            unknown_task_vms: unknown,
+        }
+    }
+
+    /// The warnings, one per kind of sign.
+    fn warnings(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.header_conflicts > 0 {
+            w.push(format!(
+                "log integrity: {} header frame(s) differ from the first one (forged or corrupted; the first is used)",
+                self.header_conflicts
+            ));
+        }
+        if self.duplicate_blocks > 0 {
+            w.push(format!(
+                "log integrity: {} duplicate block(s), a pCPU's sequence number sent twice (replayed or forged; later copies ignored)",
+                self.duplicate_blocks
+            ));
+        }
+        if self.tasks_of_unknown_vms > 0 {
+            const SHOWN: usize = 10;
+            let mut vms: Vec<String> = self
+                .unknown_task_vms
+                .iter()
+                .take(SHOWN)
+                .map(|v| format!("vm{v}"))
+                .collect();
+            if self.unknown_task_vms.len() > SHOWN {
+                vms.push(format!("{} more", self.unknown_task_vms.len() - SHOWN));
+            }
+            w.push(format!(
+                "log integrity: {} task frame(s) name VMs the header does not list ({}): forged or corrupted",
+                self.tasks_of_unknown_vms,
+                vms.join(", ")
+            ));
+        }
+        w
+    }
 }
 
 /// Where a pCPU's records are missing, in host time (one per decoder `Gap`).
@@ -235,11 +316,13 @@ pub struct Report {
     pub lost: Lost,
     /// Where records are missing, per pCPU, in host time.
     pub losses: Vec<LossRange>,
+    /// Signs of a forged or damaged log.
+    pub integrity: Integrity,
     pub cost: Cost,
     pub host: Host,
     pub vms: Vec<VmReport>,
-    /// Warnings for the reader: first where records were lost, then missing symbols,
-    /// mismatched build ids, truncation.
+    /// Warnings for the reader: first where records were lost, then signs of a forged log
+    /// (`integrity`), then missing symbols, mismatched build ids, truncation.
     pub warnings: Vec<String>,
 }
 
@@ -796,8 +879,10 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
         );
     }
     let first_tsc = timeline.values().flat_map(|l| l.iter().map(|s| s.0)).min();
-    let (losses, loss_lines) = losses(decoded, first_tsc, header.tsc_hz);
-    warnings.splice(0..0, loss_lines);
+    let (losses, mut first_lines) = losses(decoded, first_tsc, header.tsc_hz);
+    let integrity = Integrity::of(decoded);
+    first_lines.extend(integrity.warnings());
+    warnings.splice(0..0, first_lines);
     let mean = if total == 0 {
         0.0
     } else {
@@ -818,6 +903,7 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
         hypervisor_build_id_matches: hv_matches,
         lost,
         losses,
+        integrity,
         cost: Cost {
             mean,
             min: if total == 0 { 0 } else { cost_min },

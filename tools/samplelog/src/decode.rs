@@ -976,7 +976,8 @@ enum Meta {
 /// that decoded it, with that thread's accumulator (from `init`). Returns the capture's
 /// description ([`Decoded`] without records: header, losses, damage, text) and the
 /// accumulators, in capture order. The capture is split at `0x00` delimiters, so no frame is cut.
-/// Never panics.
+/// `visit` sees each block once, as [`decode`] keeps it: the first copy in the stream of a block
+/// sent more than once (a capture with such duplicates is decoded twice). Never panics.
 pub fn decode_parallel<A: Send>(
     bytes: &[u8],
     parts: usize,
@@ -998,15 +999,51 @@ pub fn decode_parallel<A: Send>(
     }
     bounds.push(bytes.len());
     bounds.dedup();
-    let results: Vec<(A, Vec<Meta>)> = std::thread::scope(|scope| {
+    // Blocks whose records `visit` must not see: later copies of a block (same pCPU and
+    // sequence number), by (part, block index in the part). Known only once every part is
+    // decoded: a capture with duplicates is decoded twice, the second time skipping them.
+    let mut skip: HashSet<(usize, usize)> = HashSet::new();
+    loop {
+        let results = decode_parts(bytes, &bounds, &init, &visit, &skip);
+        let mut seen: HashSet<(u16, u64)> = HashSet::new();
+        let mut later: HashSet<(usize, usize)> = HashSet::new();
+        for (part, (_, meta)) in results.iter().enumerate() {
+            let blocks = meta.iter().filter_map(|m| match m {
+                Meta::Block(h, ..) => Some((h.pcpu, h.seq)),
+                _ => None,
+            });
+            for (i, key) in blocks.enumerate() {
+                if !seen.insert(key) {
+                    later.insert((part, i));
+                }
+            }
+        }
+        if later == skip {
+            return collect_parts(bytes, results);
+        }
+        skip = later;
+    }
+}
+
+/// Decodes each part of `bytes` (between `bounds`) on a thread of its own, handing `visit` the
+/// records of every block but those in `skip` (part, block index).
+fn decode_parts<A: Send>(
+    bytes: &[u8],
+    bounds: &[usize],
+    init: &(impl Fn() -> A + Sync),
+    visit: &(impl Fn(&mut A, u16, &[Record]) + Sync),
+    skip: &HashSet<(usize, usize)>,
+) -> Vec<(A, Vec<Meta>)> {
+    std::thread::scope(|scope| {
         let handles: Vec<_> = bounds
             .windows(2)
-            .map(|w| {
+            .enumerate()
+            .map(|(part, w)| {
                 let (start, end) = (w[0], w[1]);
-                let (init, visit) = (&init, &visit);
                 scope.spawn(move || {
                     let mut acc = init();
                     let mut meta = Vec::new();
+                    let mut block = 0usize;
                     let mut dec = StreamDecoder::starting_at(start as u64);
                     let mut sink = |item: Item<'_>| match item {
                         Item::Header { offset, header } => {
@@ -1015,7 +1052,10 @@ pub fn decode_parallel<A: Send>(
                         Item::Block {
                             header, records, ..
                         } => {
-                            visit(&mut acc, header.pcpu, records);
+                            if !skip.contains(&(part, block)) {
+                                visit(&mut acc, header.pcpu, records);
+                            }
+                            block += 1;
                             let samples = records
                                 .iter()
                                 .filter(|r| matches!(r, Record::Sample(_)))
@@ -1051,7 +1091,11 @@ pub fn decode_parallel<A: Send>(
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
             .collect()
-    });
+    })
+}
+
+/// The capture's description from the parts' items, and their accumulators.
+fn collect_parts<A>(bytes: &[u8], results: Vec<(A, Vec<Meta>)>) -> (Decoded, Vec<A>) {
     let mut col = Collector::metadata_only();
     let mut accs = Vec::with_capacity(results.len());
     for (acc, meta) in results {
@@ -1188,6 +1232,29 @@ mod tests {
         let last = d.gaps().last().copied().unwrap();
         assert!(last.truncated && last.after_tsc == Some(80) && last.before_tsc.is_none());
         assert_eq!((last.blocks, last.samples, last.dropped), (0, 0, 0));
+    }
+
+    /// A block sent again later (a replay, or a forgery with the same numbering): decoding in
+    /// parallel visits only its first copy, wherever the parts are cut, as `decode` keeps it.
+    #[test]
+    fn parallel_decoding_visits_a_duplicated_block_once() {
+        let mut bytes = Vec::new();
+        for seq in 0..8 {
+            bytes.extend(block_of(seq, &[seq * 100, seq * 100 + 50], 0));
+        }
+        // A forged copy of block 2 with other records, at the end.
+        bytes.extend(block_of(2, &[7, 8], 0));
+        let whole = decode(&bytes);
+        assert_eq!(whole.pcpus[&0].duplicate_blocks, 1);
+        for parts in 1..6 {
+            let (d, accs) = decode_parallel(&bytes, parts, Vec::new, |acc, _, r| {
+                acc.extend(r.iter().map(Record::tsc));
+            });
+            let visited: Vec<u64> = accs.into_iter().flatten().collect();
+            let want: Vec<u64> = whole.pcpus[&0].records.iter().map(Record::tsc).collect();
+            assert_eq!(visited, want, "{parts} parts");
+            assert_eq!(d.pcpus[&0].duplicate_blocks, 1);
+        }
     }
 
     /// Sequence 1/3/5 with first_sample u64::MAX-5 / 0 / u64::MAX-5: the two gaps each claim

@@ -1,0 +1,151 @@
+//! A log a guest may have forged frames into: the report says so at its top (a second, different
+//! header; a block sent twice; task frames naming VMs the header does not list), in text and in
+//! JSON; and names the guest chose (VM names, process `comm`s, console text) never reach a text
+//! or HTML output with their control characters.
+
+use hvprof_analyze::report::{self, Images, Integrity};
+use hvprof_analyze::text;
+use hvprof_samplelog::{
+    BlockEncoder, BuildId, FixedStr, Header, PcpuTotals, Record, Sample, SampleKind, Task, VmInfo,
+    encode_end, encode_header, encode_task, guest_mode,
+};
+use serde_json::Value;
+
+const EVIL_COMM: &str = "evil\n\x1b[2J";
+const EVIL_VM: &str = "vm\x1b]0;pwned\x07";
+
+fn header(tsc_hz: u64) -> Header {
+    let mut h = Header {
+        tsc_hz,
+        pcpus: 1,
+        period_ticks: 1000,
+        ..Header::default()
+    };
+    for (id, name) in [(0u16, "web"), (1, EVIL_VM)] {
+        h.vms
+            .push(VmInfo {
+                id,
+                name: FixedStr::truncated(name),
+                vcpus: 1,
+                image: FixedStr::truncated("w.elf"),
+                image_build_id: BuildId::default(),
+            })
+            .unwrap();
+    }
+    h
+}
+
+fn task(vm: u16, comm: &str) -> Task {
+    Task {
+        pcpu: 0,
+        tsc: 0,
+        vm,
+        vcpu: 0,
+        cr3: 0x1000,
+        task: 0xffff_8880_0000_1000,
+        pid: 100,
+        tgid: 100,
+        comm: FixedStr::truncated(comm),
+    }
+}
+
+/// A capture from pCPU 0: header, task frames, one block of guest samples (VM 0 in user mode,
+/// VM 1), console text with an escape sequence, end frame. `forged`: also a second header with
+/// another TSC frequency, the block again, and a task frame for VM 7.
+fn capture(forged: bool) -> Vec<u8> {
+    let mut out = b"boot \x1b[31mred\x1b[0m\n".to_vec();
+    let mut buf = vec![0u8; 1 << 16];
+    let put = |out: &mut Vec<u8>, n: usize, buf: &[u8]| out.extend_from_slice(&buf[..n]);
+    let n = encode_header(&header(1_000_000), &mut buf).unwrap();
+    put(&mut out, n, &buf);
+    let n = encode_task(&task(0, EVIL_COMM), &mut buf).unwrap();
+    put(&mut out, n, &buf);
+    if forged {
+        let n = encode_task(&task(7, "ghost"), &mut buf).unwrap();
+        put(&mut out, n, &buf);
+    }
+    let records: Vec<Record> = (0..20u64)
+        .map(|i| {
+            Record::Sample(Sample {
+                tsc: 1000 * (i + 1),
+                kind: SampleKind::Guest,
+                vm: u16::from(i % 4 == 0),
+                vcpu: 0,
+                guest_rip: 0x40_1000,
+                guest_cr3: 0x1000,
+                guest_mode: guest_mode(3, 2),
+                ..Sample::default()
+            })
+        })
+        .collect();
+    let mut enc = BlockEncoder::new(0, 1000);
+    let n = enc.encode(&records, 0, &mut buf).unwrap();
+    let block = buf[..n].to_vec();
+    out.extend_from_slice(&block);
+    if forged {
+        let n = encode_header(&header(3_000_000_000), &mut buf).unwrap();
+        put(&mut out, n, &buf);
+        out.extend_from_slice(&block);
+    }
+    let totals: [PcpuTotals; 1] = [enc.totals(0)];
+    let n = encode_end(&totals, &mut buf).unwrap();
+    put(&mut out, n, &buf);
+    out
+}
+
+fn report(bytes: &[u8]) -> report::Report {
+    let (d, agg) = report::analyze(bytes, 2, true);
+    report::build_from(&d, agg, &Images::default())
+}
+
+#[test]
+fn forged_frames_are_reported_first() {
+    let r = report(&capture(true));
+    assert_eq!(
+        r.integrity,
+        Integrity {
+            header_conflicts: 1,
+            duplicate_blocks: 1,
+            tasks_of_unknown_vms: 1,
+            unknown_task_vms: vec![7],
+        }
+    );
+    // Nothing was lost: the integrity warnings open the report.
+    assert!(r.losses.is_empty());
+    let out = text::render(&r, 20, None);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[..3],
+        [
+            "warning: log integrity: 1 header frame(s) differ from the first one (forged or corrupted; the first is used)",
+            "warning: log integrity: 1 duplicate block(s), a pCPU's sequence number sent twice (replayed or forged; later copies ignored)",
+            "warning: log integrity: 1 task frame(s) name VMs the header does not list (vm7): forged or corrupted",
+        ]
+    );
+    // The duplicate is not counted twice.
+    assert_eq!(r.total_samples, 20);
+    let v: Value = serde_json::to_value(&r).unwrap();
+    assert_eq!(
+        v["integrity"],
+        serde_json::json!({"header_conflicts": 1, "duplicate_blocks": 1,
+            "tasks_of_unknown_vms": 1, "unknown_task_vms": [7]})
+    );
+    assert!(
+        v["warnings"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("log integrity: 1 header")
+    );
+}
+
+#[test]
+fn a_clean_log_has_no_integrity_warning() {
+    let r = report(&capture(false));
+    assert_eq!(r.integrity, Integrity::default());
+    let out = text::render(&r, 20, None);
+    assert!(!out.contains("integrity"), "{out}");
+    // Its only warning: no symbols for the VM without task frames.
+    let warnings: Vec<&str> = out.lines().filter(|l| l.starts_with("warning")).collect();
+    assert_eq!(warnings.len(), 1, "{out}");
+    assert!(warnings[0].starts_with("warning: no symbols for VM"));
+}
