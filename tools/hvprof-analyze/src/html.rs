@@ -21,6 +21,10 @@ pub fn esc(s: &str) -> String {
             '>' => o.push_str("&gt;"),
             '"' => o.push_str("&quot;"),
             '\'' => o.push_str("&#39;"),
+            // Control characters are not allowed in HTML text (nor in the inline SVG's XML).
+            c if c.is_control() && c != '\n' => {
+                o.push_str(&crate::naming::printable(&c.to_string()))
+            }
             c => o.push(c),
         }
     }

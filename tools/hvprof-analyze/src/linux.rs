@@ -72,9 +72,14 @@ pub fn kernel_function(kernel: Option<&GuestKernel>, rip: u64) -> String {
 /// A process as the report names it: `comm[tgid]`, the pid when it differs (a thread).
 pub fn process_label(t: &Task) -> String {
     if t.pid == t.tgid {
-        format!("{}[{}]", t.comm.as_str(), t.tgid)
+        format!("{}[{}]", crate::naming::printable(t.comm.as_str()), t.tgid)
     } else {
-        format!("{}[{}/{}]", t.comm.as_str(), t.tgid, t.pid)
+        format!(
+            "{}[{}/{}]",
+            crate::naming::printable(t.comm.as_str()),
+            t.tgid,
+            t.pid
+        )
     }
 }
 

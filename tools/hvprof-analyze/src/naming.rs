@@ -6,6 +6,8 @@
 //! guests), else by its address space: `cr3:0x...`. [`ProcessKey`] is what identifies it, so a
 //! later source of names (another frame type, a symbol file) only changes [`Namer::process`].
 
+use std::borrow::Cow;
+
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use hvprof_samplelog::Decoded;
@@ -13,6 +15,33 @@ use hvprof_samplelog::Decoded;
 use crate::linux::{GuestKernel, KERNEL_MODULE, TaskTimeline};
 use crate::report::Images;
 use crate::symbols::{Symbols, hex};
+
+/// `s` with every control character (C0, DEL, C1: newline, ESC, ...) and every bidirectional
+/// formatting character escaped (`\n`, `\t`, `\r`, `\x1b`, `\u{202e}`): the form in which a name
+/// from the log or from a guest image (a VM's name, a guest process's `comm`, a symbol) reaches
+/// any output, so that a guest cannot start a line, move the cursor or reorder text in a
+/// report. Idempotent (the result holds no such character).
+pub fn printable(s: &str) -> Cow<'_, str> {
+    let bad = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !s.chars().any(bad) {
+        return Cow::Borrowed(s);
+    }
+    let mut o = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\n' => o.push_str("\\n"),
+            '\t' => o.push_str("\\t"),
+            '\r' => o.push_str("\\r"),
+            c if bad(c) && (c as u32) < 0x100 => o.push_str(&format!("\\x{:02x}", c as u32)),
+            c if bad(c) => o.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    Cow::Owned(o)
+}
 
 /// One VM of the capture's header.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,8 +63,8 @@ pub fn vm_table(decoded: &Decoded) -> Vec<VmMeta> {
                 .iter()
                 .map(|v| VmMeta {
                     id: v.id,
-                    name: v.name.as_str().to_owned(),
-                    image: v.image.as_str().to_owned(),
+                    name: printable(v.name.as_str()).into_owned(),
+                    image: printable(v.image.as_str()).into_owned(),
                     build_id: v.image_build_id.as_bytes().to_vec(),
                     vcpus: v.vcpus,
                 })

@@ -141,7 +141,7 @@ pub fn parse_console(text: &str) -> HashMap<String, ExactVm> {
                 total as f64 / count as f64
             };
             vm.reasons.push(ExactReason {
-                reason: f[0].to_owned(),
+                reason: crate::naming::printable(f[0]).into_owned(),
                 count,
                 count_percent: 0.0,
                 total_ticks: total,
@@ -322,7 +322,12 @@ pub fn render(s: &Stat) -> String {
         format!("TSC ticks ({} Hz; us in brackets)", s.tsc_hz)
     };
     for vm in &s.vms {
-        let _ = writeln!(out, "Analyze events for VM {} (vm {}):", vm.name, vm.id);
+        let _ = writeln!(
+            out,
+            "Analyze events for VM {} (vm {}):",
+            crate::naming::printable(&vm.name),
+            vm.id
+        );
         match &vm.exact {
             Some(e) => {
                 let _ = writeln!(

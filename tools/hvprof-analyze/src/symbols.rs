@@ -81,7 +81,8 @@ impl Symbols {
 
 /// Demangles a Rust (or C++-less) symbol, dropping the hash suffix.
 pub fn demangle(name: &str) -> String {
-    format!("{:#}", rustc_demangle::demangle(name))
+    // A guest image's symbol names are the guest author's: no control characters in outputs.
+    crate::naming::printable(&format!("{:#}", rustc_demangle::demangle(name))).into_owned()
 }
 
 /// The descriptor of a GNU build-id note (`namesz`, `descsz`, `type`, "GNU\0", desc).

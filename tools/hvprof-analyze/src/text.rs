@@ -6,6 +6,7 @@ use comfy_table::presets::NOTHING;
 use comfy_table::{CellAlignment, Table};
 use hvprof_samplelog::{Decoded, Record};
 
+use crate::naming::printable;
 use crate::report::{GuestTable, Report, Row};
 
 fn table(rows: &[Row], top: usize) -> String {
@@ -19,14 +20,16 @@ fn table(rows: &[Row], top: usize) -> String {
     }
     t.set_header(header);
     for r in rows.iter().take(top) {
+        // Names come from the log and the guests' images: escaped (the report already holds
+        // them so; this keeps any other source from reaching a terminal raw).
         let mut row = vec![
             r.samples.to_string(),
             format!("{:.2}", r.percent),
-            r.function.clone(),
-            r.module.clone(),
+            printable(&r.function).into_owned(),
+            printable(&r.module).into_owned(),
         ];
         if processes {
-            row.push(r.process.clone().unwrap_or_default());
+            row.push(printable(r.process.as_deref().unwrap_or_default()).into_owned());
         }
         t.add_row(row);
     }
@@ -46,8 +49,13 @@ fn table(rows: &[Row], top: usize) -> String {
 fn guest(out: &mut String, title: &str, g: &GuestTable, top: usize) {
     let _ = writeln!(
         out,
-        "{title}\nTotal samples: {}   OS:USER:IDLE:steal = {:.2}%:{:.2}%:{:.2}%:{:.2}%",
-        g.samples, g.os, g.user, g.idle, g.steal
+        "{}\nTotal samples: {}   OS:USER:IDLE:steal = {:.2}%:{:.2}%:{:.2}%:{:.2}%",
+        printable(title),
+        g.samples,
+        g.os,
+        g.user,
+        g.idle,
+        g.steal
     );
     if let Some(e) = &g.exact {
         let _ = writeln!(
@@ -65,7 +73,7 @@ fn guest(out: &mut String, title: &str, g: &GuestTable, top: usize) {
 pub fn render(r: &Report, top: usize, only_vm: Option<&str>) -> String {
     let mut out = String::new();
     for w in &r.warnings {
-        let _ = writeln!(out, "warning: {w}");
+        let _ = writeln!(out, "warning: {}", printable(w));
     }
     if !r.warnings.is_empty() {
         out.push('\n');
@@ -158,9 +166,9 @@ pub fn decode_summary(d: &Decoded, text: bool, records: bool) -> String {
                 out,
                 "  vm {}: {} ({} vCPUs, image {}, build id {})",
                 v.id,
-                v.name.as_str(),
+                printable(v.name.as_str()),
                 v.vcpus,
-                v.image.as_str(),
+                printable(v.image.as_str()),
                 crate::symbols::hex(v.image_build_id.as_bytes())
             );
         }
@@ -211,7 +219,12 @@ pub fn decode_summary(d: &Decoded, text: bool, records: bool) -> String {
     }
     if text {
         out.push_str("--- console text ---\n");
-        out.push_str(&d.text_joined());
+        // Lines stay lines; every other control character (ESC, ...) is escaped.
+        for line in d.text_joined().split_inclusive('\n') {
+            let (body, nl) = line.strip_suffix('\n').map_or((line, ""), |b| (b, "\n"));
+            out.push_str(&printable(body));
+            out.push_str(nl);
+        }
     }
     out
 }

@@ -3,8 +3,10 @@
 //! JSON; and names the guest chose (VM names, process `comm`s, console text) never reach a text
 //! or HTML output with their control characters.
 
+use hvprof_analyze::profile::{LoadOptions, Profile};
+use hvprof_analyze::progress::Progress;
 use hvprof_analyze::report::{self, Images, Integrity};
-use hvprof_analyze::text;
+use hvprof_analyze::{html, script, text};
 use hvprof_samplelog::{
     BlockEncoder, BuildId, FixedStr, Header, PcpuTotals, Record, Sample, SampleKind, Task, VmInfo,
     encode_end, encode_header, encode_task, guest_mode,
@@ -148,4 +150,60 @@ fn a_clean_log_has_no_integrity_warning() {
     let warnings: Vec<&str> = out.lines().filter(|l| l.starts_with("warning")).collect();
     assert_eq!(warnings.len(), 1, "{out}");
     assert!(warnings[0].starts_with("warning: no symbols for VM"));
+}
+
+/// No control character but the line breaks (and, in `perf script`, its tabs).
+fn assert_printable(what: &str, s: &str, allowed: &[char]) {
+    if let Some(c) = s
+        .chars()
+        .find(|&c| (c.is_control() || c == '\u{202e}') && !allowed.contains(&c))
+    {
+        panic!("{what}: raw {c:?} in\n{s}");
+    }
+}
+
+#[test]
+fn guest_chosen_names_are_escaped() {
+    let bytes = capture(true);
+    let r = report(&bytes);
+    let out = text::render(&r, 20, None);
+    assert_printable("text report", &out, &['\n']);
+    // The process column and the VM's title hold the names, escaped.
+    assert!(out.contains(r"evil\n\x1b[2J[100]"), "{out}");
+    assert!(
+        out.contains(r"Guest level: VM vm\x1b]0;pwned\x07 (w.elf)"),
+        "{out}"
+    );
+    assert!(!out.lines().any(|l| l.starts_with("[2J")));
+    // The JSON report carries the same escaped names.
+    let v: Value = serde_json::to_value(&r).unwrap();
+    assert_eq!(v["vms"][1]["name"], r"vm\x1b]0;pwned\x07");
+    // The decode summary, console text included.
+    let summary = text::decode_summary(&hvprof_samplelog::decode(&bytes), true, true);
+    assert_printable("decode summary", &summary, &['\n']);
+    assert!(summary.contains(r"boot \x1b[31mred\x1b[0m"), "{summary}");
+    assert!(summary.contains(r"vm 1: vm\x1b]0;pwned\x07"), "{summary}");
+    // Every view of the profile.
+    let p = Profile::from_bytes(
+        &bytes,
+        &Images::default(),
+        LoadOptions {
+            threads: 1,
+            keep_guest: true,
+        },
+        &Progress::hidden(),
+    );
+    let page = html::render(&p, "t", 10, 10).unwrap();
+    assert_printable("html", &page, &['\n']);
+    assert!(page.contains(r"evil\n\x1b[2J[100]"));
+    let mut perf = Vec::new();
+    script::write(&p, &mut perf, &Progress::hidden()).unwrap();
+    assert_printable(
+        "perf script",
+        &String::from_utf8(perf).unwrap(),
+        &['\n', '\t'],
+    );
+    let folded = hvprof_analyze::flame::folded(&p).join("\n");
+    assert_printable("folded stacks", &folded, &['\n']);
+    assert!(folded.contains(r"evil\n\x1b[2J[100]"), "{folded}");
 }
