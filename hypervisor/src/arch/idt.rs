@@ -266,7 +266,13 @@ pub static STRAY: Stray = Stray {
 };
 
 extern "C" fn dispatch(frame: &mut TrapFrame) {
-    if let Some(fix) = fixups().iter().find(|f| f.fault_rip == frame.rip) {
+    // A fixup answers an exception of its instruction, never an interrupt that arrived just
+    // before it (the saved RIP is the same): taking the timer's interrupt for a #GP of a WRMSR
+    // would skip the WRMSR and the interrupt's EOI, and the pCPU would never hear its timer again.
+    if let Some(fix) = fixups()
+        .iter()
+        .find(|f| frame.vector < 32 && frame.vector != 2 && f.fault_rip == frame.rip)
+    {
         frame.r8 = frame.vector + 1;
         frame.rip = fix.continue_rip;
         return;
