@@ -1,7 +1,9 @@
 //! The serial console: a 16550 UART (COM1 by default) through the `uart_16550` crate, 115200 8N1,
 //! with its 16-byte transmit FIFO on.
 //!
-//! Output never waits for the line where it need not: text (and, with `channel=serial`, the
+//! Until the VMs start (and again after they stop) output is synchronous: at boot there is
+//! nothing else to do, and a boot that hangs must still show how far it got. While VMs run,
+//! output never waits for the line where it need not: text (and, with `channel=serial`, the
 //! sample log's frames) goes into a 64 KiB queue, and the queue is moved into the UART's FIFO
 //! whenever the FIFO is empty — at every `print`, and by [`pump`], which the run loop calls after
 //! VM exits, the scheduler between slices and the idle loop. At 115,200 baud a byte takes 87 µs
@@ -20,7 +22,7 @@
 //! sends what was queued, then its own text, synchronously.
 
 use core::fmt::{self, Write};
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use spin::Mutex;
 use uart_16550::backend::PioBackend;
 use uart_16550::spec::registers::LSR;
@@ -84,6 +86,18 @@ static QUEUED: AtomicUsize = AtomicUsize::new(0);
 /// the TSC ticks one byte takes on the line (0 until the TSC is calibrated: pump at every call).
 static NEXT_PUMP: AtomicU64 = AtomicU64::new(0);
 static TICKS_PER_BYTE: AtomicU64 = AtomicU64::new(0);
+
+/// Output is queued (`true`, while VMs run) or sent before `print` returns.
+static QUEUEING: AtomicBool = AtomicBool::new(false);
+
+/// Queue output from now on (the VMs start), or send it at once again (they stopped; what was
+/// queued is sent first).
+pub fn set_queueing(on: bool) {
+    QUEUEING.store(on, Ordering::Relaxed);
+    if !on {
+        CONSOLE.lock().flush();
+    }
+}
 
 /// Tells the console how fast the TSC runs, so that [`pump`] calls between bytes cost one load.
 pub fn set_tsc_hz(hz: u64) {
@@ -181,7 +195,11 @@ pub fn _print(args: fmt::Arguments) {
     // `emergency_writer`; the timer and NMI handlers never print.
     let mut console = CONSOLE.lock();
     let _ = console.write_fmt(args);
-    console.pump();
+    if QUEUEING.load(Ordering::Relaxed) {
+        console.pump();
+    } else {
+        console.flush();
+    }
 }
 
 /// Whether bytes wait in the queue and the UART may have room for them by now (TSC `now`).
@@ -207,7 +225,11 @@ pub fn write_raw(bytes: &[u8]) {
     for &b in bytes {
         console.put(b);
     }
-    console.pump();
+    if QUEUEING.load(Ordering::Relaxed) {
+        console.pump();
+    } else {
+        console.flush();
+    }
 }
 
 /// Why a guest line was not queued.

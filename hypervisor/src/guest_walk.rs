@@ -195,18 +195,13 @@ pub fn read_task_ids(
     if percpu_base < KERNEL_HALF {
         return None;
     }
-    let kernel_cr3 = cr3 & ADDR_MASK & !0x1000;
+    // The kernel's PGD of a page-table-isolation pair (CR3 bit 12 clear); a kernel without the
+    // pair may have a PGD with bit 12 set, so the CR3 as it is comes second.
     let mut word = [0u8; 8];
-    if !read_virt(
-        tlb,
-        read_phys,
-        read_bytes,
-        kernel_cr3,
-        percpu_base.wrapping_add(off.current_task),
-        &mut word,
-    ) {
-        return None;
-    }
+    let at = percpu_base.wrapping_add(off.current_task);
+    let kernel_cr3 = [cr3 & ADDR_MASK & !0x1000, cr3 & ADDR_MASK]
+        .into_iter()
+        .find(|&root| read_virt(tlb, read_phys, read_bytes, root, at, &mut word))?;
     let task = u64::from_le_bytes(word);
     if task < KERNEL_HALF {
         return None;
@@ -255,15 +250,11 @@ pub fn read_task_comm(
     off: &TaskOffsets,
 ) -> Option<[u8; 16]> {
     let mut comm = [0u8; 16];
-    read_virt(
-        tlb,
-        read_phys,
-        read_bytes,
-        cr3 & ADDR_MASK & !0x1000,
-        task.wrapping_add(u64::from(off.comm)),
-        &mut comm,
-    )
-    .then_some(comm)
+    let at = task.wrapping_add(u64::from(off.comm));
+    [cr3 & ADDR_MASK & !0x1000, cr3 & ADDR_MASK]
+        .into_iter()
+        .any(|root| read_virt(tlb, read_phys, read_bytes, root, at, &mut comm))
+        .then_some(comm)
 }
 
 #[cfg(test)]

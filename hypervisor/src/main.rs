@@ -15,6 +15,7 @@ mod acpi;
 mod arch;
 mod console;
 mod interrupts;
+mod isolation;
 mod memory;
 mod parallel;
 mod percpu;
@@ -121,6 +122,9 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
         power::off();
     }
     println!("vmx: VMXON done on the boot CPU");
+    vcpu::fpu::init();
+    println!("{}", vcpu::fpu::describe());
+    println!("{}", isolation::init());
     let lapic = arch::lapic::Lapic::init();
     match &lapic {
         Some(l) => println!(
@@ -189,10 +193,12 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     );
     let slice = options.slice.to_tsc_ticks(tsc.hz).max(1);
     scheduler::setup(vms, caps, slice, online);
+    console::set_queueing(true);
     smp::release(Some(smp::ApWork { caps, period, pmu }));
     scheduler::run_cpu(0);
     profiler::stop();
     smp::wait_for_aps();
+    console::set_queueing(false);
     for vm in vms {
         vm::print_exit_stats(vm);
     }

@@ -6,7 +6,7 @@
 //! `pin=` and the sample log's `pcpu` use these numbers.
 
 use crate::arch::gdt::Selectors;
-use core::sync::atomic::{AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 
 /// pCPUs the hypervisor runs on at most (more in the MADT are reported and left halted).
 pub const MAX_CPUS: usize = 16;
@@ -17,6 +17,8 @@ pub struct PerCpu {
     index: AtomicU64,
     /// The GDT selectors and TSS base of this pCPU (for the VMCS host state).
     selectors: spin::Once<Selectors>,
+    /// The VM whose vCPU this pCPU ran last (`u16::MAX`: none yet).
+    last_vm: AtomicU16,
 }
 
 impl PerCpu {
@@ -24,7 +26,15 @@ impl PerCpu {
         PerCpu {
             index: AtomicU64::new(0),
             selectors: spin::Once::new(),
+            last_vm: AtomicU16::new(u16::MAX),
         }
+    }
+
+    /// Records that this pCPU now runs VM `vm`; whether it ran another VM before (the caller
+    /// then clears what that VM may have left in the core: `isolation::switch_vm`).
+    pub fn enter_vm(&self, vm: u16) -> bool {
+        let last = self.last_vm.swap(vm, Ordering::Relaxed);
+        last != vm && last != u16::MAX
     }
 
     pub fn selectors(&self) -> Selectors {

@@ -90,9 +90,14 @@ pub mod pin {
 pub mod proc1 {
     pub const INTERRUPT_WINDOW_EXITING: u32 = 1 << 2;
     pub const HLT_EXITING: u32 = 1 << 7;
+    pub const MWAIT_EXITING: u32 = 1 << 10;
+    pub const RDPMC_EXITING: u32 = 1 << 11;
+    pub const CR8_LOAD_EXITING: u32 = 1 << 19;
+    pub const CR8_STORE_EXITING: u32 = 1 << 20;
     pub const USE_IO_BITMAPS: u32 = 1 << 25;
     pub const MONITOR_TRAP_FLAG: u32 = 1 << 27;
     pub const USE_MSR_BITMAPS: u32 = 1 << 28;
+    pub const MONITOR_EXITING: u32 = 1 << 29;
     pub const ACTIVATE_SECONDARY: u32 = 1 << 31;
 }
 
@@ -101,6 +106,7 @@ pub mod proc2 {
     pub const ENABLE_EPT: u32 = 1 << 1;
     pub const ENABLE_RDTSCP: u32 = 1 << 3;
     pub const ENABLE_VPID: u32 = 1 << 5;
+    pub const WBINVD_EXITING: u32 = 1 << 6;
     pub const UNRESTRICTED_GUEST: u32 = 1 << 7;
     pub const ENABLE_INVPCID: u32 = 1 << 12;
     pub const ENABLE_PML: u32 = 1 << 17;
@@ -109,6 +115,7 @@ pub mod proc2 {
 
 /// VM-exit controls (SDM Vol. 3C §25.7.1, Table 25-13).
 pub mod exit {
+    pub const SAVE_DEBUG_CONTROLS: u32 = 1 << 2;
     pub const HOST_ADDRESS_SPACE_SIZE: u32 = 1 << 9;
     pub const ACK_INTERRUPT_ON_EXIT: u32 = 1 << 15;
     pub const SAVE_IA32_PAT: u32 = 1 << 18;
@@ -120,6 +127,7 @@ pub mod exit {
 
 /// VM-entry controls (SDM Vol. 3C §25.8.1, Table 25-15).
 pub mod entry {
+    pub const LOAD_DEBUG_CONTROLS: u32 = 1 << 2;
     pub const IA32E_MODE_GUEST: u32 = 1 << 9;
     pub const LOAD_IA32_PAT: u32 = 1 << 14;
     pub const LOAD_IA32_EFER: u32 = 1 << 15;

@@ -6,6 +6,7 @@
 pub mod caps;
 pub mod errors;
 pub mod exit;
+pub mod guest;
 #[cfg(target_arch = "x86_64")]
 pub mod instructions;
 pub mod regs;

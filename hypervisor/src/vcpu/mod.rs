@@ -3,8 +3,10 @@
 //! its general-purpose registers (saved by the entry/exit stub) and its FPU state.
 
 pub mod entry;
+pub mod fpu;
 
 use crate::arch::msr;
+use fpu::FpuState;
 use hvprof_boot::memory::PAGE_SIZE;
 use hvprof_hypervisor::exit_stats::ExitStats;
 use hvprof_hypervisor::guest_image::{self, BootState, StartMode};
@@ -23,20 +25,6 @@ use x86_64::registers::control::{Cr0, Cr0Flags, Cr3, Cr4};
 pub const IA32_PAT: u32 = 0x277;
 pub const IA32_EFER: u32 = 0xc000_0080;
 const PAT_DEFAULT: u64 = 0x0007_0406_0007_0406;
-
-/// The FXSAVE image of a vCPU (SDM Vol. 1 §10.5.1): 512 bytes, 16-byte aligned.
-#[repr(C, align(16))]
-pub struct FxArea(pub [u8; 512]);
-
-impl FxArea {
-    /// The state after FNINIT with SSE reset: FCW 0x37f, MXCSR 0x1f80.
-    pub fn initial() -> Self {
-        let mut a = [0u8; 512];
-        a[0..2].copy_from_slice(&0x037fu16.to_le_bytes());
-        a[24..28].copy_from_slice(&0x1f80u32.to_le_bytes());
-        FxArea(a)
-    }
-}
 
 /// MSRs that VMX does not switch and the guest may use freely (docs/GUEST-ABI.md): the syscall
 /// MSRs and KERNEL_GS_BASE. The hypervisor never uses them, so they are switched only when the
@@ -58,7 +46,13 @@ pub struct Vcpu {
     pub vmcs: u64,
     pub regs: GuestRegisters,
     pub launched: bool,
-    pub fx: FxArea,
+    /// Its x87/SSE/AVX state and XCR0.
+    pub fpu: FpuState,
+    /// DR0-DR3 and DR6, which VMX does not switch (DR7 is in the VMCS).
+    pub debug: [u64; 5],
+    /// Its task-priority register (CR8: MOV to and from CR8 exit, the physical TPR stays the
+    /// hypervisor's).
+    pub cr8: u64,
     pub msrs: [u64; SWITCHED_MSRS.len()],
     pub vpid: u16,
     /// Bits the guest may not change in CR0/CR4 and their forced values (SDM Vol. 3C §25.6.6).
@@ -278,7 +272,15 @@ impl Vcpu {
         )?;
         let proc1 = adjust(
             caps.procbased(),
+            // Everything a guest could otherwise do to the physical CPU for the others: the TPR
+            // (CR8), the performance counters (RDPMC), MONITOR/MWAIT (a deep C-state stops the
+            // VMX-preemption timer on hardware).
             proc1::HLT_EXITING
+                | proc1::MWAIT_EXITING
+                | proc1::MONITOR_EXITING
+                | proc1::RDPMC_EXITING
+                | proc1::CR8_LOAD_EXITING
+                | proc1::CR8_STORE_EXITING
                 | proc1::USE_IO_BITMAPS
                 | proc1::USE_MSR_BITMAPS
                 | proc1::ACTIVATE_SECONDARY,
@@ -288,15 +290,19 @@ impl Vcpu {
         let proc2 = adjust(
             caps.procbased2(),
             proc2::ENABLE_EPT | proc2::ENABLE_VPID,
-            proc2::ENABLE_RDTSCP
-                | proc2::ENABLE_INVPCID
+            // Not "enable RDTSCP": RDTSCP and RDPID would read the host's IA32_TSC_AUX; without
+            // it they are #UD in the guest (SDM Vol. 3C §26.3), and CPUID does not offer them.
+            proc2::ENABLE_INVPCID
                 | proc2::ENABLE_XSAVES
+                | proc2::WBINVD_EXITING
                 | proc2::UNRESTRICTED_GUEST,
             "secondary processor-based",
         )?;
         let exit = adjust(
             caps.exit(),
-            exit::HOST_ADDRESS_SPACE_SIZE
+            // DR7 and IA32_DEBUGCTL per vCPU (DR0-3 and DR6 are switched with the FPU state).
+            exit::SAVE_DEBUG_CONTROLS
+                | exit::HOST_ADDRESS_SPACE_SIZE
                 | exit::ACK_INTERRUPT_ON_EXIT
                 | exit::SAVE_IA32_PAT
                 | exit::LOAD_IA32_PAT
@@ -317,7 +323,10 @@ impl Vcpu {
         let long_mode = if real { 0 } else { entry_ctl::IA32E_MODE_GUEST };
         let entry = adjust(
             caps.entry(),
-            long_mode | entry_ctl::LOAD_IA32_PAT | entry_ctl::LOAD_IA32_EFER,
+            long_mode
+                | entry_ctl::LOAD_DEBUG_CONTROLS
+                | entry_ctl::LOAD_IA32_PAT
+                | entry_ctl::LOAD_IA32_EFER,
             0,
             "VM-entry",
         )?;
@@ -399,7 +408,10 @@ impl Vcpu {
                 ..GuestRegisters::default()
             },
             launched: false,
-            fx: FxArea::initial(),
+            fpu: FpuState::initial(),
+            // DR6's reserved bits read as 1 (SDM Vol. 3B §19.2.3).
+            debug: [0, 0, 0, 0, 0xffff_0ff0],
+            cr8: 0,
             msrs: [0; SWITCHED_MSRS.len()],
             vpid,
             cr0_fixed,
@@ -621,11 +633,19 @@ impl Vcpu {
         (cr4 | self.cr4_fixed.0) & self.cr4_fixed.1
     }
 
-    /// Puts this vCPU's FPU state and switched MSRs on the CPU (before it runs).
+    /// Puts this vCPU's FPU state (and XCR0) and switched MSRs on the CPU (before it runs).
     pub fn load_state(&self) {
-        // SAFETY: `fx` is a 16-byte aligned FXSAVE image (initialised or saved by FXSAVE);
-        // CR4.OSFXSR is set (vmx_root::enable).
-        unsafe { core::arch::asm!("fxrstor64 [{}]", in(reg) self.fx.0.as_ptr(), options(nostack)) };
+        self.fpu.load();
+        // SAFETY: writing DR0-DR3 and DR6 arms nothing by itself: DR7 decides what the
+        // breakpoints do, and the hypervisor runs with DR7 = 0x400 (a VM exit loads that value,
+        // SDM Vol. 3C §28.5.1), the guest with its own DR7 from the VMCS.
+        unsafe {
+            core::arch::asm!(
+                "mov dr0, {}", "mov dr1, {}", "mov dr2, {}", "mov dr3, {}", "mov dr6, {}",
+                in(reg) self.debug[0], in(reg) self.debug[1], in(reg) self.debug[2],
+                in(reg) self.debug[3], in(reg) self.debug[4], options(nostack, nomem)
+            )
+        };
         for (m, v) in SWITCHED_MSRS.iter().zip(self.msrs) {
             // SAFETY: these MSRs only matter to code running in the guest (syscall entry,
             // SWAPGS); the hypervisor uses none of them.
@@ -635,9 +655,15 @@ impl Vcpu {
 
     /// Takes this vCPU's FPU state and switched MSRs off the CPU (after it ran).
     pub fn save_state(&mut self) {
-        // SAFETY: `fx` is 512 bytes, 16-byte aligned; CR4.OSFXSR is set.
+        self.fpu.save();
+        let d = &mut self.debug;
+        // SAFETY: reading debug registers has no effect.
         unsafe {
-            core::arch::asm!("fxsave64 [{}]", in(reg) self.fx.0.as_mut_ptr(), options(nostack))
+            core::arch::asm!(
+                "mov {}, dr0", "mov {}, dr1", "mov {}, dr2", "mov {}, dr3", "mov {}, dr6",
+                out(reg) d[0], out(reg) d[1], out(reg) d[2], out(reg) d[3], out(reg) d[4],
+                options(nostack, nomem)
+            )
         };
         for (m, v) in SWITCHED_MSRS.iter().zip(self.msrs.iter_mut()) {
             *v = msr::read_safe(*m).unwrap_or(0);

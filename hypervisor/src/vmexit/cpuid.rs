@@ -46,24 +46,38 @@ fn policy(leaf: u32, subleaf: u32, linux: bool, vcpu: u16, vcpus: u32) -> (u32, 
         }
         1 => {
             let (a, mut b, mut c, mut d) = host(1, 0);
-            // ECX bit 5: VMX hidden; bit 31: running under a hypervisor.
-            c = (c & !(1 << 5)) | (1 << 31);
+            // ECX bit 5: VMX hidden; bit 3: MONITOR/MWAIT (they exit and do nothing); bit 31:
+            // running under a hypervisor.
+            c = (c & !(1 << 5 | 1 << 3)) | (1 << 31);
+            // EBX: initial APIC id (31:24) = the vCPU, logical processors (23:16) = the VM's
+            // vCPUs: never the host's.
+            b = (b & 0xffff) | (vcpus.min(255) << 16) | (u32::from(vcpu) << 24);
             if linux {
-                // MONITOR (3), PDCM (15), x2APIC (21), TSC-deadline (24); and XSAVE (26),
-                // OSXSAVE (27), AVX (28) with FMA (12) and F16C (29): only the x87/SSE state is
-                // switched between vCPUs (FXSAVE), so AVX state would leak between guests.
-                c &= !(1 << 3 | 1 << 12 | 1 << 15 | 1 << 21 | 1 << 24 | 0xf << 26);
+                // PDCM (15), x2APIC (21), TSC-deadline (24); and XSAVE (26), OSXSAVE (27), AVX
+                // (28) with FMA (12) and F16C (29): a Linux guest gets the x87/SSE state only.
+                c &= !(1 << 12 | 1 << 15 | 1 << 21 | 1 << 24 | 0xf << 26);
                 // MCE (7), APIC (9), MTRR (12), MCA (14), ACPI thermal (22).
                 d &= !(1 << 7 | 1 << 9 | 1 << 12 | 1 << 14 | 1 << 22);
-                // EBX: initial APIC id (31:24) = the vCPU, logical processors (23:16).
-                b = (b & 0xffff) | (vcpus.min(255) << 16) | (u32::from(vcpu) << 24);
             }
             (a, b, c, d)
+        }
+        4 => {
+            // Deterministic cache parameters: the caches as the host has them, but cores per
+            // package (EAX 31:26) and threads sharing each cache (EAX 25:14) as one core per
+            // vCPU, none shared: not the host's topology.
+            let (a, b, c, d) = host(4, subleaf);
+            let cores = vcpus.clamp(1, 64) - 1;
+            (a & 0x3fff | cores << 26, b, c, d)
         }
         // Thermal and power management: nothing behind it for a guest.
         6 if linux => (0, 0, 0, 0),
         7 => {
             let (a, b, mut c, mut d) = host(7, subleaf);
+            if subleaf == 0 {
+                // RDPID (ECX 22): #UD in every guest ("enable RDTSCP" is off: it would read the
+                // host's IA32_TSC_AUX).
+                c &= !(1 << 22);
+            }
             if linux && subleaf == 0 {
                 // RDPID (ECX 22); MD_CLEAR (10), IBRS/IBPB (26), STIBP (27), L1D_FLUSH (28),
                 // ARCH_CAPABILITIES (29), CORE_CAPABILITIES (30), SSBD (31) in EDX: their
@@ -81,8 +95,9 @@ fn policy(leaf: u32, subleaf: u32, linux: bool, vcpu: u16, vcpus: u32) -> (u32, 
         0xa => (0, 0, 0, 0),
         // XSAVE state components: none (see leaf 1).
         0xd if linux => (0, 0, 0, 0),
-        // Topology: not described (one core per vCPU), so Linux falls back to leaves 1 and 4.
-        0xb | 0x1f if linux => (0, 0, 0, 0),
+        // Topology: not described (one core per vCPU), so Linux falls back to leaves 1 and 4; no
+        // guest sees the host's x2APIC ids.
+        0xb | 0x1f => (0, 0, 0, 0),
         // TSC/crystal ratio 1:1 and the crystal at the TSC's frequency; the base frequency in MHz.
         0x15 => (1, 1, crate::tsc::hz() as u32, 0),
         0x16 => {
@@ -90,9 +105,9 @@ fn policy(leaf: u32, subleaf: u32, linux: bool, vcpu: u16, vcpus: u32) -> (u32, 
             (mhz, mhz, 100, 0)
         }
         l if l < 0x4000_0000 && l > host_max => (0, 0, 0, 0),
-        0x8000_0001 if linux => {
+        0x8000_0001 => {
             let (a, b, c, d) = host(leaf, subleaf);
-            // RDTSCP (EDX 27): IA32_TSC_AUX is not switched per vCPU.
+            // RDTSCP (EDX 27): #UD in every guest (see leaf 7's RDPID).
             (a, b, c, d & !(1 << 27))
         }
         0x8000_0007 => {

@@ -19,7 +19,7 @@ use core::fmt::Write;
 use hvprof_ept::EptViolation;
 use hvprof_vmx::exit::{BasicExit, ExitReason, InterruptionInfo, InterruptionType};
 use hvprof_vmx::instructions::CurrentVmcs;
-use hvprof_vmx::vmcs::{Control32, GuestNatural, ReadOnly32, ReadOnly64, ReadOnlyNatural, VmcsExt};
+use hvprof_vmx::vmcs::{GuestNatural, ReadOnly32, ReadOnly64, ReadOnlyNatural, VmcsExt};
 
 /// What the run loop does after an exit.
 pub enum Flow {
@@ -116,8 +116,21 @@ fn handle_exit(
             }
         }
         Some(BasicExit::Invd | BasicExit::Wbinvd) => {
-            // Caches are coherent and the guest owns no device: nothing to do.
+            // Caches are coherent and the guest owns no device: nothing to do (and a guest may
+            // not stall the pCPU writing back every cache line).
             skip_instruction(vmcs);
+            None
+        }
+        Some(BasicExit::Monitor | BasicExit::Mwait) => {
+            // MONITOR arms nothing and MWAIT returns at once: MWAIT may always return early
+            // (SDM Vol. 2B, MWAIT), and a guest may not put the pCPU into a C-state where the
+            // VMX-preemption timer stops. CPUID does not offer them.
+            skip_instruction(vmcs);
+            None
+        }
+        Some(BasicExit::Rdpmc) => {
+            // The performance counters are the profiler's: no guest reads them.
+            inject_exception(vmcs, 13, Some(0));
             None
         }
         Some(BasicExit::Xsetbv) => xsetbv(vcpu, vmcs),
@@ -183,74 +196,44 @@ pub fn must<T>(r: Result<T, hvprof_vmx::errors::VmFail>, what: &str) -> T {
     r.unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
-/// Advances the guest RIP past the instruction that exited (SDM Vol. 3C §28.2.5: the VM-exit
-/// instruction-length field is valid for the exits that call this).
+/// Completes an emulated instruction: RIP past it, its STI/MOV-SS shadow ended
+/// (`hvprof_vmx::guest::skip_instruction`).
 pub fn skip_instruction(vmcs: &mut CurrentVmcs) {
-    let len = must(
-        vmcs.read32(ReadOnly32::ExitInstructionLength),
-        "VMREAD exit instruction length",
-    );
-    let rip = must(vmcs.read_natural(GuestNatural::Rip), "VMREAD guest RIP");
     must(
-        vmcs.write_natural(GuestNatural::Rip, rip.wrapping_add(len.into())),
-        "VMWRITE guest RIP",
+        hvprof_vmx::guest::skip_instruction(vmcs),
+        "skip the emulated instruction",
     );
 }
 
-/// Injects a hardware exception at the next VM entry (SDM Vol. 3C §25.8.3, §27.6). The guest RIP
-/// stays at the faulting instruction, as for a real fault.
+/// Injects a hardware exception at the next VM entry (`hvprof_vmx::guest::inject_exception`).
 pub fn inject_exception(vmcs: &mut CurrentVmcs, vector: u8, error_code: Option<u32>) {
-    let info = InterruptionInfo::inject(
-        vector,
-        InterruptionType::HardwareException,
-        error_code.is_some(),
-    );
     must(
-        vmcs.write32(Control32::EntryInterruptionInfo, info.0),
-        "VMWRITE entry interruption info",
+        hvprof_vmx::guest::inject_exception(vmcs, vector, error_code),
+        "VMWRITE the exception to inject",
     );
-    if let Some(code) = error_code {
-        must(
-            vmcs.write32(Control32::EntryExceptionErrorCode, code),
-            "VMWRITE entry error code",
-        );
-    }
 }
 
-/// CPL of the guest: the DPL of SS (SDM Vol. 3C §25.4.1).
+/// CPL of the guest (`hvprof_vmx::guest::cpl`).
 pub fn guest_cpl(vmcs: &CurrentVmcs) -> u8 {
-    let ar = vmcs
-        .read32(hvprof_vmx::vmcs::Guest32::SsAccessRights)
-        .unwrap_or(0);
-    ((ar >> 5) & 3) as u8
+    hvprof_vmx::guest::cpl(vmcs).unwrap_or(0)
 }
 
-/// XSETBV (exit reason 55, unconditional): allow x87|SSE (and AVX where the host allows it).
+/// XSETBV (exit reason 55, unconditional): the guest's XCR0, kept per vCPU and on the CPU while
+/// the vCPU runs (`vcpu::fpu`): x87|SSE, and AVX where the host has it.
 fn xsetbv(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
+    use crate::vcpu::fpu;
     let index = vcpu.regs.rcx as u32;
     let value = (vcpu.regs.rdx << 32) | (vcpu.regs.rax & 0xffff_ffff);
-    let supported = raw_cpuid::CpuId::new()
-        .get_extended_state_info()
-        .map_or(0b11, |s| {
-            (s.xcr0_supports_legacy_x87() as u64)
-                | (s.xcr0_supports_sse_128() as u64) << 1
-                | (s.xcr0_supports_avx_256() as u64) << 2
-        });
-    // SDM Vol. 2D, XSETBV: #GP for index != 0, bit 0 clear, AVX without SSE, unsupported bits.
-    if guest_cpl(vmcs) != 0
-        || index != 0
-        || value & 1 == 0
-        || (value & 0b100 != 0 && value & 0b10 == 0)
-        || value & !supported != 0
-    {
+    // SDM Vol. 2D, XSETBV: #GP for CPL > 0, index != 0, bit 0 clear, AVX without SSE, and bits
+    // not supported (here: anything but x87, SSE and AVX).
+    if guest_cpl(vmcs) != 0 || index != 0 || !fpu::valid_guest_xcr0(value) {
         inject_exception(vmcs, 13, Some(0));
         return None;
     }
-    // SAFETY: `value` passed the checks above, so XSETBV will not fault; XCR0 only affects
-    // XSAVE-managed state, which the hypervisor does not use.
-    unsafe {
-        core::arch::asm!("xsetbv", in("ecx") 0, in("eax") value as u32, in("edx") (value >> 32) as u32)
-    };
+    vcpu.fpu.xcr0 = value;
+    // SAFETY: the vCPU's state is on this CPU (loaded for its slice); `value` is a valid XCR0
+    // (checked above), and CR4.OSXSAVE is set wherever a guest can reach XSETBV.
+    unsafe { fpu::xsetbv(value) };
     skip_instruction(vmcs);
     None
 }
@@ -261,6 +244,9 @@ fn cr_access(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     use hvprof_vmx::exit::{CrAccess, CrAccessType};
     use hvprof_vmx::vmcs::ControlNatural;
     let q = CrAccess::decode(vmcs.exit_qualification().unwrap_or(0));
+    if q.cr == 8 {
+        return cr8_access(vcpu, vmcs, &q);
+    }
     if q.access != CrAccessType::MovToCr {
         return Some(fatal(
             vcpu,
@@ -273,6 +259,17 @@ fn cr_access(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     } else {
         vcpu.regs.get(q.gpr).unwrap_or(0)
     };
+    // A value the CPU itself would refuse is the guest's #GP, not a failed VM entry.
+    let ctx = cr_context(vmcs);
+    let faults = match q.cr {
+        0 => hvprof_vmx::guest::cr0_write_faults(value, &ctx),
+        4 => hvprof_vmx::guest::cr4_write_faults(value, vcpu.cr4_fixed.1, &ctx),
+        _ => false,
+    };
+    if faults {
+        inject_exception(vmcs, 13, Some(0));
+        return None;
+    }
     match q.cr {
         0 => {
             must(
@@ -298,6 +295,83 @@ fn cr_access(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     }
     skip_instruction(vmcs);
     None
+}
+
+/// MOV to and from CR8 (CR8-load and CR8-store exiting): the guest's own task-priority register,
+/// which never reaches the physical one (where it would mask the hypervisor's timer interrupt,
+/// and stay set for the next VM). Bits 63:4 are reserved: MOV to CR8 of a value with any of them
+/// set is #GP (SDM Vol. 3A §11.8.6.5, Vol. 2B MOV).
+fn cr8_access(
+    vcpu: &mut Vcpu,
+    vmcs: &mut CurrentVmcs,
+    q: &hvprof_vmx::exit::CrAccess,
+) -> Option<Stop> {
+    use hvprof_vmx::exit::CrAccessType;
+    use hvprof_vmx::regs::Gpr;
+    match q.access {
+        CrAccessType::MovToCr => {
+            let value = if q.gpr == Gpr::Rsp {
+                vmcs.read_natural(GuestNatural::Rsp).unwrap_or(0)
+            } else {
+                vcpu.regs.get(q.gpr).unwrap_or(0)
+            };
+            if value >> 4 != 0 {
+                inject_exception(vmcs, 13, Some(0));
+                return None;
+            }
+            vcpu.cr8 = value;
+        }
+        CrAccessType::MovFromCr => {
+            if q.gpr == Gpr::Rsp {
+                must(
+                    vmcs.write_natural(GuestNatural::Rsp, vcpu.cr8),
+                    "VMWRITE guest RSP",
+                );
+            } else if let Some(r) = vcpu.regs.get_mut(q.gpr) {
+                *r = vcpu.cr8;
+            }
+        }
+        other => {
+            return Some(fatal(
+                vcpu,
+                vmcs,
+                format!("unexpected CR8 access {other:?}"),
+            ));
+        }
+    }
+    skip_instruction(vmcs);
+    None
+}
+
+/// The guest's view of its control registers (host-owned bits from the read shadows, SDM Vol. 3C
+/// §25.6.6), EFER, CR3 and CS.L: what a MOV to CR0/CR4 is checked against.
+fn cr_context(vmcs: &CurrentVmcs) -> hvprof_vmx::guest::CrContext {
+    use hvprof_vmx::vmcs::{ControlNatural, Guest64};
+    let ctl = |f: ControlNatural| vmcs.read_natural(f).unwrap_or(0);
+    let guest = |f: GuestNatural| vmcs.read_natural(f).unwrap_or(0);
+    let view = |real: u64, mask: ControlNatural, shadow: ControlNatural| {
+        let m = ctl(mask);
+        (real & !m) | (ctl(shadow) & m)
+    };
+    hvprof_vmx::guest::CrContext {
+        cr0: view(
+            guest(GuestNatural::Cr0),
+            ControlNatural::Cr0GuestHostMask,
+            ControlNatural::Cr0ReadShadow,
+        ),
+        cr4: view(
+            guest(GuestNatural::Cr4),
+            ControlNatural::Cr4GuestHostMask,
+            ControlNatural::Cr4ReadShadow,
+        ),
+        efer: vmcs.read64(Guest64::Ia32Efer).unwrap_or(0),
+        cr3: guest(GuestNatural::Cr3),
+        cs_long: vmcs
+            .read32(hvprof_vmx::vmcs::Guest32::CsAccessRights)
+            .unwrap_or(0)
+            & (1 << 13)
+            != 0,
+    }
 }
 
 /// Stops the VM with a report: what happened, where, and the guest's registers.

@@ -1,0 +1,264 @@
+//! Operations on a guest's state that exit handlers share, over any [`VmcsAccess`] (the CPU's
+//! current VMCS, or a fake one in tests), and the architectural checks a hypervisor must make
+//! before it writes a value the guest chose into the guest-state area: a value the CPU would
+//! refuse at VM entry must become the fault the guest would have taken, not a failed entry.
+
+use crate::errors::VmFail;
+use crate::exit::{InterruptionInfo, InterruptionType};
+use crate::vmcs::VmcsAccess;
+use crate::vmcs::{Control32, Guest32, GuestNatural, Interruptibility, ReadOnly32, VmcsExt};
+
+/// The guest's CPL: the DPL of SS (SDM Vol. 3C §25.4.1: SS.DPL is the CPL).
+pub fn cpl(v: &impl VmcsAccess) -> Result<u8, VmFail> {
+    Ok(((v.read32(Guest32::SsAccessRights)? >> 5) & 3) as u8)
+}
+
+/// Completes an instruction the hypervisor emulated: advances RIP by the VM-exit instruction
+/// length (valid for exits caused by an instruction, SDM Vol. 3C §28.2.5) and ends the
+/// interrupt shadow of a preceding STI or MOV SS. The shadow covers only the instruction after
+/// STI/MOV SS (SDM Vol. 3C §25.4.2, "Interruptibility State"); that instruction has now
+/// executed, as the processor would clear the blocking after executing it. Left set, it would
+/// delay interrupts by one more instruction and make a VM entry that injects an event fail.
+pub fn skip_instruction(v: &mut impl VmcsAccess) -> Result<(), VmFail> {
+    let len = v.read32(ReadOnly32::ExitInstructionLength)?;
+    let rip = v.read_natural(GuestNatural::Rip)?;
+    v.write_natural(GuestNatural::Rip, rip.wrapping_add(len.into()))?;
+    let state = Interruptibility::from_bits_retain(v.read32(Guest32::InterruptibilityState)?);
+    let shadow = Interruptibility::BLOCKING_BY_STI | Interruptibility::BLOCKING_BY_MOV_SS;
+    if state.intersects(shadow) {
+        v.write32(Guest32::InterruptibilityState, (state - shadow).bits())?;
+    }
+    Ok(())
+}
+
+/// Injects a hardware exception at the next VM entry (SDM Vol. 3C §25.8.3, §27.6); RIP stays at
+/// the faulting instruction, as for a real fault.
+pub fn inject_exception(
+    v: &mut impl VmcsAccess,
+    vector: u8,
+    error_code: Option<u32>,
+) -> Result<(), VmFail> {
+    let info = InterruptionInfo::inject(
+        vector,
+        InterruptionType::HardwareException,
+        error_code.is_some(),
+    );
+    v.write32(Control32::EntryInterruptionInfo, info.0)?;
+    if let Some(code) = error_code {
+        v.write32(Control32::EntryExceptionErrorCode, code)?;
+    }
+    Ok(())
+}
+
+/// CR0 bits (SDM Vol. 3A §2.5).
+pub mod cr0 {
+    pub const PE: u64 = 1 << 0;
+    pub const NW: u64 = 1 << 29;
+    pub const CD: u64 = 1 << 30;
+    pub const PG: u64 = 1 << 31;
+}
+
+/// CR4 bits (SDM Vol. 3A §2.5).
+pub mod cr4 {
+    pub const PAE: u64 = 1 << 5;
+    pub const LA57: u64 = 1 << 12;
+    pub const VMXE: u64 = 1 << 13;
+    pub const PCIDE: u64 = 1 << 17;
+}
+
+/// IA32_EFER bits (SDM Vol. 3A §2.2.1).
+pub mod efer {
+    pub const LME: u64 = 1 << 8;
+    pub const LMA: u64 = 1 << 10;
+}
+
+/// What the guest is doing when it writes a control register.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CrContext {
+    /// The guest's CR0 and CR4 as it sees them (read shadows merged in).
+    pub cr0: u64,
+    pub cr4: u64,
+    pub efer: u64,
+    pub cr3: u64,
+    /// CS.L: executing 64-bit code.
+    pub cs_long: bool,
+}
+
+/// Whether MOV to CR0 of `value` raises #GP (SDM Vol. 2B, "MOV—Move to/from Control Registers",
+/// and Vol. 3A §2.5, §10.8.5): a reserved bit (63:32) set, PG without PE, NW without CD, paging
+/// enabled with EFER.LME but without CR4.PAE, or paging disabled in 64-bit code.
+pub fn cr0_write_faults(value: u64, ctx: &CrContext) -> bool {
+    let enabling_paging = value & cr0::PG != 0 && ctx.cr0 & cr0::PG == 0;
+    value >> 32 != 0
+        || (value & cr0::PG != 0 && value & cr0::PE == 0)
+        || (value & cr0::NW != 0 && value & cr0::CD == 0)
+        || (enabling_paging && ctx.efer & efer::LME != 0 && ctx.cr4 & cr4::PAE == 0)
+        || (value & cr0::PG == 0 && ctx.cs_long && ctx.efer & efer::LMA != 0)
+}
+
+/// Whether MOV to CR4 of `value` raises #GP (SDM Vol. 2B, "MOV—Move to/from Control Registers";
+/// Vol. 3A §2.5, §4.10.1): a bit the processor does not support (`allowed` holds those it does:
+/// the IA32_VMX_CR4_FIXED1 bits, without VMXE, which the guest does not have), PAE cleared or
+/// LA57 changed in IA-32e mode, or PCIDE set outside IA-32e mode or with CR3[11:0] not zero.
+pub fn cr4_write_faults(value: u64, allowed: u64, ctx: &CrContext) -> bool {
+    let long = ctx.efer & efer::LMA != 0;
+    let setting_pcide = value & cr4::PCIDE != 0 && ctx.cr4 & cr4::PCIDE == 0;
+    value & !(allowed & !cr4::VMXE) != 0
+        || (long && value & cr4::PAE == 0)
+        || (long && (value ^ ctx.cr4) & cr4::LA57 != 0)
+        || (setting_pcide && (!long || ctx.cr3 & 0xfff != 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::errors::{InstructionError, VmFail};
+    use std::collections::HashMap;
+
+    /// A VMCS where every field exists and holds what was last written.
+    #[derive(Default)]
+    struct MapVmcs(HashMap<u32, u64>);
+
+    impl VmcsAccess for MapVmcs {
+        fn read(&self, encoding: u32) -> Result<u64, VmFail> {
+            self.0
+                .get(&encoding)
+                .copied()
+                .ok_or(VmFail::Valid(InstructionError::UnsupportedComponent))
+        }
+        fn write(&mut self, encoding: u32, value: u64) -> Result<(), VmFail> {
+            self.0.insert(encoding, value);
+            Ok(())
+        }
+    }
+
+    fn vmcs(rip: u64, len: u32, interruptibility: u32) -> MapVmcs {
+        let mut v = MapVmcs::default();
+        v.0.insert(GuestNatural::Rip as u32, rip);
+        v.0.insert(ReadOnly32::ExitInstructionLength as u32, len.into());
+        v.0.insert(
+            Guest32::InterruptibilityState as u32,
+            interruptibility.into(),
+        );
+        v
+    }
+
+    #[test]
+    fn skipping_an_instruction_ends_the_sti_and_mov_ss_shadow() {
+        for (before, after) in [(0, 0), (1, 0), (2, 0), (3, 0), (1 | 8, 8), (4, 4)] {
+            let mut v = vmcs(0x1000, 2, before);
+            skip_instruction(&mut v).unwrap();
+            assert_eq!(v.read_natural(GuestNatural::Rip), Ok(0x1002));
+            assert_eq!(
+                v.read32(Guest32::InterruptibilityState),
+                Ok(after),
+                "blocking {before:#x}: NMI and SMI blocking stay, STI and MOV SS end"
+            );
+        }
+        let mut v = vmcs(u64::MAX, 3, 0);
+        skip_instruction(&mut v).unwrap();
+        assert_eq!(v.read_natural(GuestNatural::Rip), Ok(2), "wraps");
+    }
+
+    #[test]
+    fn injection_writes_the_entry_fields() {
+        let mut v = MapVmcs::default();
+        inject_exception(&mut v, 13, Some(0)).unwrap();
+        assert_eq!(
+            v.read32(Control32::EntryInterruptionInfo),
+            Ok(0x8000_0b0d),
+            "valid, error code, hardware exception, #GP"
+        );
+        assert_eq!(v.read32(Control32::EntryExceptionErrorCode), Ok(0));
+        v.0.insert(Guest32::SsAccessRights as u32, 0x60f3);
+        assert_eq!(cpl(&v), Ok(3));
+    }
+
+    const LONG: CrContext = CrContext {
+        cr0: cr0::PE | cr0::PG | (1 << 16),
+        cr4: cr4::PAE | (1 << 9),
+        efer: efer::LME | efer::LMA | 1,
+        cr3: 0x1000,
+        cs_long: true,
+    };
+    const REAL: CrContext = CrContext {
+        cr0: 0x10,
+        cr4: 0,
+        efer: 0,
+        cr3: 0,
+        cs_long: false,
+    };
+
+    #[test]
+    fn cr0_values_the_cpu_refuses_fault() {
+        assert!(!cr0_write_faults(LONG.cr0, &LONG), "unchanged");
+        assert!(!cr0_write_faults(LONG.cr0 | cr0::CD | cr0::NW, &LONG));
+        assert!(cr0_write_faults(LONG.cr0 | cr0::NW, &LONG), "NW without CD");
+        assert!(cr0_write_faults(cr0::PG, &REAL), "PG without PE");
+        assert!(
+            cr0_write_faults(LONG.cr0 | 1 << 40, &LONG),
+            "reserved high bits"
+        );
+        assert!(
+            cr0_write_faults(LONG.cr0 & !cr0::PG, &LONG),
+            "paging off in 64-bit code"
+        );
+        let compat = CrContext {
+            cs_long: false,
+            ..LONG
+        };
+        assert!(
+            !cr0_write_faults(LONG.cr0 & !cr0::PG, &compat),
+            "leaving long mode"
+        );
+        let no_pae = CrContext {
+            cr0: cr0::PE,
+            cr4: 0,
+            efer: efer::LME,
+            cr3: 0,
+            cs_long: false,
+        };
+        assert!(
+            cr0_write_faults(cr0::PE | cr0::PG, &no_pae),
+            "LME without PAE"
+        );
+        assert!(!cr0_write_faults(cr0::PE, &REAL));
+        assert!(!cr0_write_faults(0, &REAL), "real mode again");
+    }
+
+    #[test]
+    fn cr4_values_the_cpu_refuses_fault() {
+        let allowed = 0x0037_27ff | cr4::VMXE | cr4::PCIDE;
+        assert!(!cr4_write_faults(LONG.cr4, allowed, &LONG));
+        assert!(
+            cr4_write_faults(LONG.cr4 | 1 << 31, allowed, &LONG),
+            "reserved"
+        );
+        assert!(
+            cr4_write_faults(LONG.cr4 | cr4::VMXE, allowed, &LONG),
+            "VMX is hidden"
+        );
+        assert!(
+            cr4_write_faults(LONG.cr4 & !cr4::PAE, allowed, &LONG),
+            "PAE off in IA-32e"
+        );
+        let pcid_bad = CrContext {
+            cr3: 0x1005,
+            ..LONG
+        };
+        assert!(
+            cr4_write_faults(LONG.cr4 | cr4::PCIDE, allowed, &pcid_bad),
+            "CR3[11:0] != 0"
+        );
+        let pcid_ok = CrContext {
+            cr3: 0x2000,
+            ..LONG
+        };
+        assert!(!cr4_write_faults(LONG.cr4 | cr4::PCIDE, allowed, &pcid_ok));
+        assert!(
+            cr4_write_faults(cr4::PCIDE, allowed, &REAL),
+            "PCIDE outside IA-32e"
+        );
+        assert!(!cr4_write_faults(cr4::PAE, allowed, &REAL));
+    }
+}
