@@ -41,6 +41,10 @@ struct Slot {
     state: State,
     /// When its virtual timer wakes it (Halted only).
     wake_at: Option<u64>,
+    /// TSC ticks it ran beyond the ends of its slices (an exit that took long: a slice ends only
+    /// between exits), paid back by shorter slices and skipped turns, so that a guest whose exits
+    /// are long does not take the pCPU from the others.
+    debt: u64,
 }
 
 struct Queue {
@@ -79,9 +83,13 @@ pub fn setup(vms: &'static [Vm], caps: &'static VmxCaps, slice: u64, pcpus: usiz
             pin: vms[v].pin.and_then(|p| p.get(c)).map(usize::from),
             state: State::Runnable,
             wake_at: None,
+            debt: 0,
         })
         .collect();
+    let now = rdtsc();
     for vm in vms {
+        vm.wall_deadline
+            .store(now.saturating_add(vm.wall_budget), Ordering::Relaxed);
         println!("vm {}: running ({} vCPUs)", vm.name, vm.vcpus.len());
     }
     *QUEUE.lock() = Some(Queue {
@@ -110,6 +118,8 @@ enum Next {
         vm: usize,
         vcpu: usize,
         pinned: bool,
+        /// The slice's length, TSC ticks (shorter while the vCPU pays back a debt).
+        len: u64,
     },
     Idle(u64),
     Done,
@@ -148,28 +158,33 @@ pub fn run_cpu(cpu: usize) {
                 vm: v,
                 vcpu: c,
                 pinned,
+                len,
             } => {
                 let vm = &m.vms[v];
                 // A vCPU free to move gives its VMCS up at the end of the slice when another
                 // pCPU could take it next.
                 let release = !pinned && m.pcpus > 1;
+                let slice_end = rdtsc().saturating_add(len);
                 let (end, wake_at) = {
                     let mut vcpu = vm.vcpus[c].lock();
-                    let end = vm::run_slice(
-                        vm,
-                        &mut vcpu,
-                        cpu,
-                        release,
-                        m.caps,
-                        rdtsc().saturating_add(m.slice),
-                    );
-                    (end, vcpu.wake_at.take())
+                    let end = vm::run_slice(vm, &mut vcpu, cpu, release, m.caps, slice_end);
+                    // The virtual timer belongs to the vCPU until it halts: a slice that ends
+                    // otherwise keeps it armed for the HLT to come.
+                    let wake_at = match end {
+                        SliceEnd::Halted => vcpu.wake_at.take(),
+                        _ => None,
+                    };
+                    (end, wake_at)
                 };
                 prof.arm_host_clock();
                 x86_64::instructions::interrupts::enable();
                 let done = {
                     let mut guard = QUEUE.lock();
                     let q = guard.as_mut().expect("set up");
+                    if matches!(end, SliceEnd::Preempted) {
+                        let s = &mut q.slots[slot];
+                        s.debt = s.debt.saturating_add(rdtsc().saturating_sub(slice_end));
+                    }
                     slice_ended(q, m, slot, end, wake_at)
                 };
                 if let Some((v, stop)) = done {
@@ -218,23 +233,64 @@ fn pick(q: &mut Queue, m: &Machine, cpu: usize, now: u64, poll: u64) -> (Next, V
             s.state = State::Runnable;
         }
     }
+    // A VM whose wall budget ran out stops even if its vCPUs only wait (a timer armed for the
+    // end of time must not hold the machine): its halted vCPUs stop now, its running ones at
+    // their next VM entry.
+    for i in 0..q.slots.len() {
+        let v = q.slots[i].vm;
+        if q.slots[i].state == State::Halted
+            && now >= m.vms[v].wall_deadline.load(Ordering::Relaxed)
+        {
+            q.slots[i].state = State::Running;
+            done.extend(slice_ended(
+                q,
+                m,
+                i,
+                SliceEnd::Stopped(Stop::WallBudget),
+                None,
+            ));
+        }
+    }
+    // A halted vCPU's wake-up never lies beyond its VM's wall deadline.
+    for s in q.slots.iter_mut().filter(|s| s.state == State::Halted) {
+        let end = m.vms[s.vm].wall_deadline.load(Ordering::Relaxed);
+        s.wake_at = s.wake_at.map(|t| t.min(end));
+    }
     if q.slots.iter().all(|s| s.state == State::Stopped) {
         return (Next::Done, done);
     }
     let n = q.slots.len();
     let mine = |s: &Slot| s.pin.is_none_or(|p| p == cpu);
-    if let Some(i) = (0..n)
-        .map(|k| (q.next[cpu] + k) % n)
-        .find(|&i| q.slots[i].state == State::Runnable && mine(&q.slots[i]))
-    {
+    let candidates = || {
+        (0..n)
+            .map(|k| (q.next[cpu] + k) % n)
+            .filter(|&i| q.slots[i].state == State::Runnable && mine(&q.slots[i]))
+    };
+    if let Some(first) = candidates().next() {
+        // Round-robin, except that a vCPU owing a whole slice or more gives its turn to the next
+        // one (and owes a slice less), as long as another one can run.
+        let slice = m.slice;
+        let owing: Vec<usize> = candidates().filter(|&i| q.slots[i].debt >= slice).collect();
+        let i = candidates()
+            .find(|&i| q.slots[i].debt < slice)
+            .unwrap_or(first);
+        for k in owing {
+            if k != i {
+                q.slots[k].debt -= slice;
+            }
+        }
         q.next[cpu] = i + 1;
-        q.slots[i].state = State::Running;
-        let s = &q.slots[i];
+        let s = &mut q.slots[i];
+        s.state = State::Running;
+        // What it still owes comes off this slice (which keeps an eighth at least).
+        let len = slice.saturating_sub(s.debt).max(slice / 8);
+        s.debt = s.debt.saturating_sub(slice - len);
         let next = Next::Run {
             slot: i,
             vm: s.vm,
             vcpu: s.vcpu,
             pinned: s.pin.is_some(),
+            len,
         };
         return (next, done);
     }

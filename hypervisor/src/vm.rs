@@ -58,6 +58,8 @@ pub enum Stop {
     Fault(String),
     /// The run budget ran out.
     Budget,
+    /// The wall budget ran out (the VM was started that long ago, running or not).
+    WallBudget,
     /// The vCPU halted with nothing that could ever wake it.
     HaltedForever,
     /// Another vCPU stopped the whole VM (that vCPU's stop is the VM's).
@@ -89,6 +91,10 @@ pub struct Vm {
     /// Its legacy devices (the UART, the PICs, the PIT, the CMOS clock) and the once-only logs.
     pub devices: Mutex<VmDevices>,
     pub budget: u64,
+    /// `wall-budget=`: how long after its start the VM is stopped, running or not.
+    pub wall_budget: u64,
+    /// The TSC at which the wall budget runs out (`u64::MAX` before the scheduler starts it).
+    pub wall_deadline: AtomicU64,
     pub target: Option<AttackTarget>,
     /// TSC ticks its vCPUs ran, added up at the end of each slice.
     pub run_ticks: AtomicU64,
@@ -484,6 +490,8 @@ fn build(
             logged_ports: Vec::new(),
         }),
         budget: config.budget,
+        wall_budget: config.wall_budget,
+        wall_deadline: AtomicU64::new(u64::MAX),
         target,
         run_ticks: AtomicU64::new(0),
         stopping: AtomicBool::new(false),
@@ -536,6 +544,10 @@ pub fn run_slice(
     caps: &VmxCaps,
     slice_end: u64,
 ) -> SliceEnd {
+    let here = crate::percpu::this();
+    if here.enter_vm(vm.index) {
+        crate::isolation::switch_vm(here.selectors().data);
+    }
     let mut vmcs = match activate(vcpu, cpu, caps) {
         Ok(v) => v,
         Err(e) => return SliceEnd::Stopped(Stop::Fault(e)),
@@ -603,10 +615,12 @@ fn run_loaded(
     let shift = caps.preemption_timer_shift();
     let start = rdtsc();
     // The budget counts the VM's own running time (all its vCPUs').
-    let deadline = start.saturating_add(
+    let budget_end = start.saturating_add(
         vm.budget
             .saturating_sub(vm.run_ticks.load(Ordering::Relaxed)),
     );
+    let wall_end = vm.wall_deadline.load(Ordering::Relaxed);
+    let deadline = budget_end.min(wall_end);
     let mut exit_at: Option<(u16, u64)> = None;
     // An exit for a sampling deadline (its cost is the profiler's): the TSC it began at, moved on
     // by any export done inside it (counted as export), and its sample path and task read ticks.
@@ -647,7 +661,11 @@ fn run_loaded(
             break SliceEnd::Stopped(Stop::WithVm);
         }
         if now >= deadline {
-            break SliceEnd::Stopped(Stop::Budget);
+            break SliceEnd::Stopped(if now >= budget_end {
+                Stop::Budget
+            } else {
+                Stop::WallBudget
+            });
         }
         if now >= slice_end {
             break SliceEnd::Preempted;
@@ -661,7 +679,12 @@ fn run_loaded(
         let tick = prof.next_tick();
         // The timer is set for a sampling deadline that nothing else needed.
         let timer_for_sampling = tick < other;
-        let until = tick.min(other).saturating_sub(now);
+        let mut until = tick.min(other).saturating_sub(now);
+        // The guest runs at least a quarter of a period at each entry the sampling clock ends:
+        // with a period shorter than the exits it causes, it would otherwise never run at all.
+        if timer_for_sampling {
+            until = until.max(prof.period() / 4);
+        }
         let timer = (until >> shift).min(u32::MAX as u64) as u32;
         if let Err(e) = vmcs.write32(Guest32::PreemptionTimerValue, timer) {
             break SliceEnd::Stopped(Stop::Fault(format!(
@@ -896,6 +919,11 @@ fn report(vm: &Vm, stop: &Stop) {
         Stop::Budget => println!(
             "vm {name}: stopped: run budget of {} ticks exhausted (budget= module argument)",
             vm.budget
+        ),
+        Stop::WallBudget => println!(
+            "vm {name}: stopped: wall budget of {} ticks since its start exhausted after {} ticks of running (wall-budget= module argument)",
+            vm.wall_budget,
+            vm.run_ticks.load(Ordering::Relaxed)
         ),
         Stop::HaltedForever => println!(
             "vm {name}: stopped: HLT with no event that could wake the vCPU (no virtual timer armed)"

@@ -13,6 +13,9 @@ pub const MEM_MAX: u64 = 4 << 30;
 pub const MEM_DEFAULT: u64 = 16 * MIB;
 /// Default run budget in TSC ticks (in Bochs, instructions): a guest that never stops is stopped.
 pub const BUDGET_DEFAULT: u64 = 2_000_000_000;
+/// The default wall budget, in multiples of the run budget: room for a VM that halts, waits for
+/// its timer or is preempted most of its life, but an end.
+pub const WALL_PER_BUDGET: u64 = 8;
 pub const NAME_MAX: usize = 32;
 pub const VCPUS_MAX: u16 = 8;
 
@@ -47,6 +50,10 @@ pub struct VmConfig<'a> {
     /// vCPUs, 1 to `VCPUS_MAX`.
     pub vcpus: u16,
     pub budget: u64,
+    /// `wall-budget=<ticks>`: TSC ticks from the VM's start after which it is stopped, running
+    /// or not (a guest that halts with its timer at the end of time must not hold the machine).
+    /// Default: `WALL_PER_BUDGET` times `budget`.
+    pub wall_budget: u64,
     pub target: Option<Target<'a>>,
     /// `pin=a,b,...`: the pCPU each vCPU runs on (one per vCPU); `None`: free to move.
     pub pin: Option<Pins>,
@@ -87,6 +94,7 @@ pub enum ConfigError<'a> {
     BadMem(&'a str),
     MemRange(u64),
     BadBudget(&'a str),
+    BadWallBudget(&'a str),
     BadTarget(&'a str),
     BadFormat(&'a str),
     BadVcpus(&'a str),
@@ -118,6 +126,12 @@ impl fmt::Display for ConfigError<'_> {
             ),
             ConfigError::BadBudget(v) => {
                 write!(f, "budget={v:?}: expected a positive number of TSC ticks")
+            }
+            ConfigError::BadWallBudget(v) => {
+                write!(
+                    f,
+                    "wall-budget={v:?}: expected a positive number of TSC ticks"
+                )
             }
             ConfigError::BadTarget(v) => write!(
                 f,
@@ -162,6 +176,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
     let mut name = None;
     let mut mem = None;
     let mut budget = None;
+    let mut wall_budget = None;
     let mut target = None;
     let mut format = None;
     let mut vcpus = None;
@@ -183,6 +198,15 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                     .ok()
                     .filter(|&b| b > 0)
                     .ok_or(ConfigError::BadBudget(value))?,
+            )?,
+            "wall-budget" => set(
+                &mut wall_budget,
+                key,
+                value
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&b| b > 0)
+                    .ok_or(ConfigError::BadWallBudget(value))?,
             )?,
             "target" => set(&mut target, key, parse_target(value)?)?,
             "vcpus" => set(
@@ -245,6 +269,11 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
         initrd,
         task_offsets: task_offsets.flatten(),
         budget: budget.unwrap_or(BUDGET_DEFAULT),
+        wall_budget: wall_budget.unwrap_or_else(|| {
+            budget
+                .unwrap_or(BUDGET_DEFAULT)
+                .saturating_mul(WALL_PER_BUDGET)
+        }),
         target,
         args,
     })
@@ -271,10 +300,11 @@ fn parse_name(n: &str) -> Result<&str, ConfigError<'_>> {
 }
 
 /// The keys the hypervisor takes from a module's command line (the rest goes to the guest).
-pub const KEYS: [&str; 9] = [
+pub const KEYS: [&str; 10] = [
     "vm",
     "mem",
     "budget",
+    "wall-budget",
     "target",
     "vcpus",
     "format",
@@ -388,6 +418,22 @@ mod tests {
         assert_eq!(parse("x.elf vm=a/b"), Err(ConfigError::BadName("a/b")));
         assert_eq!(parse("x.elf vm=a vm=b"), Err(ConfigError::Repeated("vm")));
         assert_eq!(parse("x.elf budget=0"), Err(ConfigError::BadBudget("0")));
+        assert_eq!(
+            parse("x.elf wall-budget=x"),
+            Err(ConfigError::BadWallBudget("x"))
+        );
+        assert_eq!(
+            parse("x.elf budget=5").unwrap().wall_budget,
+            5 * WALL_PER_BUDGET
+        );
+        assert_eq!(parse("x.elf wall-budget=7").unwrap().wall_budget, 7);
+        assert_eq!(
+            parse("x.elf budget=18446744073709551615")
+                .unwrap()
+                .wall_budget,
+            u64::MAX,
+            "saturates"
+        );
         assert_eq!(
             parse("x.elf target=kernel"),
             Err(ConfigError::BadTarget("kernel"))

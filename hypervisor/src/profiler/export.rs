@@ -70,6 +70,8 @@ struct CpuLog {
     /// `end` mode: synchronous flushes of a full buffer, and their TSC ticks.
     flushes: u64,
     flush_ticks: u64,
+    /// `end` mode: early sends of a full task store (their ticks are in `flush_ticks`).
+    task_flushes: u64,
     /// TSC ticks spent exporting on this pCPU (draining, encoding, sending, flushing).
     export_ticks: u64,
     bytes_sent: u64,
@@ -167,6 +169,7 @@ pub fn init(
                 task_drops: 0,
                 flushes: 0,
                 flush_ticks: 0,
+                task_flushes: 0,
                 export_ticks: 0,
                 bytes_sent: 0,
             })
@@ -306,11 +309,7 @@ impl Exporter {
     /// are left, moving the ring's new records in behind as room appears.
     fn flush(&self, log: &mut CpuLog, p: &CpuProfiler, keep: usize) {
         let t0 = rdtsc();
-        for i in 0..log.tasks_len {
-            let t = log.tasks[i];
-            self.send_task(log, &t);
-        }
-        log.tasks_len = 0;
+        self.send_tasks(log, p);
         let cap = log.stored.len();
         let mut chunk = [RawRecord::ZERO; BLOCK];
         while log.len > keep {
@@ -325,6 +324,18 @@ impl Exporter {
         }
         log.flushes += 1;
         log.flush_ticks += rdtsc() - t0;
+    }
+
+    /// `end` mode: sends the stored task changes (they carry their own TSC, so they need not
+    /// come with the blocks of their time), moving the ring's new records into the stored buffer
+    /// between frames: the samples taken meanwhile are kept, not dropped.
+    fn send_tasks(&self, log: &mut CpuLog, p: &CpuProfiler) {
+        for i in 0..log.tasks_len {
+            let t = log.tasks[i];
+            self.send_task(log, &t);
+            move_ring(log, p);
+        }
+        log.tasks_len = 0;
     }
 }
 
@@ -380,7 +391,10 @@ fn drain(p: &CpuProfiler, all: bool) -> u64 {
             Export::End if log.tasks.is_empty() => log.task_drops += 1,
             Export::End => {
                 if log.tasks_len == log.tasks.len() {
-                    ex.flush(log, p, log.stored.len() / 2);
+                    let t = rdtsc();
+                    ex.send_tasks(log, p);
+                    log.task_flushes += 1;
+                    log.flush_ticks += rdtsc() - t;
                 }
                 log.tasks[log.tasks_len] = t;
                 log.tasks_len += 1;
@@ -442,9 +456,11 @@ pub fn finish() {
         let _ = drain(p, true);
         if ex.mode == Export::End {
             let mut log = ex.cpus[cpu].lock();
+            let during_run = log.flush_ticks;
             ex.flush(&mut log, p, 0);
             // The final flush is the normal end-of-run export, not a flush of a full buffer.
             log.flushes -= 1;
+            log.flush_ticks = during_run;
         }
         RECORDS_TAKEN.fetch_add(p.ring.pushed() + p.ring.dropped(), Ordering::Relaxed);
     }
@@ -547,10 +563,11 @@ fn report(ex: &Exporter, totals: &[hvprof_samplelog::PcpuTotals]) {
         );
     }
     let flushes: u64 = ex.cpus.iter().map(|c| c.lock().flushes).sum();
-    if flushes > 0 {
+    let task_flushes: u64 = ex.cpus.iter().map(|c| c.lock().task_flushes).sum();
+    if flushes + task_flushes > 0 {
         let ticks: u64 = ex.cpus.iter().map(|c| c.lock().flush_ticks).sum();
         println!(
-            "profiler: export=end buffer full {flushes} times: flushed during the run, {ticks} TSC ticks (counted in the profiler's cost)"
+            "profiler: export=end buffer full {flushes} times (records) and {task_flushes} times (task changes): sent during the run, {ticks} TSC ticks (counted in the profiler's cost)"
         );
     }
     let task_drops: u64 = (0..pcpus)

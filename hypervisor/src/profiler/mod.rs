@@ -349,6 +349,11 @@ impl CpuProfiler {
         self.enabled.load(Ordering::Acquire)
     }
 
+    /// The sampling period, TSC ticks.
+    pub fn period(&self) -> u64 {
+        self.period.load(Ordering::Relaxed)
+    }
+
     /// The next sampling deadline (u64::MAX when off).
     pub fn next_tick(&self) -> u64 {
         if self.enabled() {
