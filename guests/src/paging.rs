@@ -86,6 +86,16 @@ mod imp {
     /// their physical addresses), and the new mapping must not alias memory Rust code relies on
     /// in an incompatible way.
     pub unsafe fn map_identity(addr: u64) -> Result<Mapped, MapError> {
+        // SAFETY: the caller's contract.
+        unsafe { map_page(addr, addr) }
+    }
+
+    /// Maps the 4 KiB page holding virtual `addr` to the guest-physical page holding `phys`,
+    /// read/write, executable (as [`map_identity`], for any virtual address).
+    ///
+    /// # Safety
+    /// As for [`map_identity`].
+    pub unsafe fn map_page(addr: u64, phys: u64) -> Result<Mapped, MapError> {
         if !is_canonical(addr) {
             return Err(MapError::NotCanonical);
         }
@@ -108,7 +118,7 @@ mod imp {
                 continue;
             }
             let value = if leaf {
-                (addr & ADDR_MASK) | P | RW
+                (phys & ADDR_MASK) | P | RW
             } else {
                 let next = alloc_table().ok_or(MapError::OutOfTables)?;
                 tables += 1;
@@ -126,7 +136,7 @@ mod imp {
 }
 
 #[cfg(target_os = "none")]
-pub use imp::map_identity;
+pub use imp::{map_identity, map_page};
 
 #[cfg(test)]
 mod tests {

@@ -19,6 +19,7 @@ pub mod profile;
 pub mod profile_scenarios;
 pub mod runner;
 pub mod scenarios;
+pub mod security_scenarios;
 pub mod tools;
 pub mod vm_scenarios;
 

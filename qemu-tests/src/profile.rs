@@ -27,7 +27,7 @@ pub const CAPTURE: &str = "capture.log";
 pub type ProfileCheck = Box<dyn Fn(&ProfileRun) -> Result<(), String> + Send + Sync>;
 
 /// The test guests whose symbols the analyzer is given.
-const GUESTS: [&str; 5] = ["hello", "probe", "busy", "attack", "mix"];
+const GUESTS: [&str; 6] = ["hello", "probe", "busy", "attack", "mix", "hostile"];
 
 impl ProfileRun {
     /// `hvprof-analyze report --json` on the capture (or on `bytes` instead, e.g. a damaged

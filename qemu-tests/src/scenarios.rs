@@ -352,6 +352,7 @@ pub fn all() -> Vec<Scenario> {
     .into_iter()
     .chain(crate::vm_scenarios::all())
     .chain(crate::profile_scenarios::all())
+    .chain(crate::security_scenarios::all())
     .chain(crate::linux_scenarios::all())
     .collect()
 }
@@ -513,13 +514,14 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), list.len());
-        // The Linux guests boot a whole kernel first: they set their own, larger budgets.
+        // The Linux guests boot a whole kernel first: they set their own, larger budgets; a few
+        // long runs (the task flood) set a larger one too. None sets less than its emulator's.
         for s in list.iter().filter(|s| !s.name.contains("linux")) {
-            let want = match s.emulator {
+            let least = match s.emulator {
                 Emulator::Bochs { .. } | Emulator::QemuTcgUefi => 60,
                 Emulator::QemuTcgBios | Emulator::QemuKvm => 30,
             };
-            assert_eq!(s.budget.as_secs(), want, "{}", s.name);
+            assert!(s.budget.as_secs() >= least, "{}", s.name);
         }
     }
 }

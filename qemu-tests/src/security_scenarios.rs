@@ -1,0 +1,235 @@
+//! Hostile guests (docs/SECURITY.md): each scenario runs the `hostile` guest against what it
+//! shares with other VMs and the hypervisor (the sample log, the FPU/AVX state, the debug
+//! registers and CR8, the CPU's identity, the control registers, the scheduler, the console),
+//! and checks that the hypervisor kept its promise: the guest itself reports `hostile: <mode>: ok`
+//! (it saw nothing it should not), the other VMs run to their end with their share of the pCPU,
+//! and the profile is the real one.
+
+use serde_json::Value;
+
+use crate::emulator::Emulator;
+use crate::log::SerialLog;
+use crate::profile::{ProfileRun, num, vm};
+use crate::runner::{ModuleSource, Scenario};
+use crate::scenarios::HASWELL;
+use crate::vm_scenarios::{all_of, check_exit_code};
+
+const HOSTILE: ModuleSource = ModuleSource::Guest("hostile");
+const MIX: ModuleSource = ModuleSource::Guest("mix");
+
+/// `hostile: <mode>: ok` printed by VM `vm`, which then exited with 0.
+fn hostile_ok(log: &SerialLog, vm: &str, mode: &str) -> Result<(), String> {
+    let line = log.expect(&format!("[{vm}] hostile: {mode}: "))?;
+    if !line.contains(&format!("hostile: {mode}: ok")) {
+        return Err(format!("VM {vm}: {line}"));
+    }
+    check_exit_code(log, vm, 0, "port 0xf4")
+}
+
+/// The names of the VMs in the report.
+fn vm_names(report: &Value) -> Vec<String> {
+    report
+        .get("vms")
+        .and_then(Value::as_array)
+        .map(|vms| {
+            vms.iter()
+                .filter_map(|v| v.get("name").and_then(Value::as_str))
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A guest that prints forged frames (header, block, task) cannot change the profile: the VMs
+/// keep their names, no forged sample or process appears, and its output reaches the console
+/// with every control byte escaped (no NUL, no frame-type byte).
+fn check_forgery(run: &ProfileRun) -> Result<(), String> {
+    let report = run.report(None)?;
+    let names = vm_names(&report);
+    let mut errors = Vec::new();
+    if names != ["victim", "forger"] {
+        errors.push(format!(
+            "the report's VMs are {names:?}, not [victim, forger]"
+        ));
+    }
+    let text = serde_json::to_string(&report).unwrap_or_default();
+    for forged in ["forged", "0xf0f0f0f0", "6666"] {
+        if text.contains(forged) {
+            errors.push(format!("the report shows the forgery ({forged:?})"));
+        }
+    }
+    for what in ["blocks", "dropped", "damaged_frames"] {
+        if num(&report, &format!("/lost/{what}")).unwrap_or(0.0) != 0.0 {
+            errors.push(format!("the log reports lost {what}"));
+        }
+    }
+    // The forger's console lines carry its bytes escaped: no 0x00 between "[forger]" and the
+    // end of its line.
+    for line in run.capture.split(|&b| b == b'\n') {
+        if line.starts_with(b"[forger]") && line.iter().any(|&b| b < 0x20 && b != b'\r') {
+            errors.push(format!(
+                "a forger line reached the console with control bytes: {:?}",
+                String::from_utf8_lossy(line)
+            ));
+            break;
+        }
+    }
+    all_of(errors.into_iter().map(Err))
+}
+
+/// A VM that floods the console cannot take the pCPU from another: over the victim's life (all of
+/// it beside the flooder, which prints for longer) the victim runs at least `min` percent of the
+/// time (a fair share is 50%), and the flooder's dropped output is reported.
+fn check_flood(run: &ProfileRun, min: f64) -> Result<(), String> {
+    let report = run.report(None)?;
+    let steal = num(vm(&report, "victim")?, "/steal")?;
+    if 100.0 - steal < min {
+        return Err(format!(
+            "the victim ran {:.1}% of its life beside the flooder (steal {steal:.1}%), expected at least {min}%",
+            100.0 - steal
+        ));
+    }
+    Ok(())
+}
+
+/// `profiler: guest task changes: <n> recorded, 0 dropped ...` with at least `min` recorded.
+fn check_task_changes(log: &SerialLog, min: u64) -> Result<(), String> {
+    let line = log.expect("profiler: guest task changes: ")?;
+    let mut words = line.split_whitespace().skip(4);
+    let recorded: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+    let dropped: u64 = words
+        .nth(1)
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(u64::MAX);
+    if recorded < min || dropped != 0 {
+        return Err(format!(
+            "expected at least {min} task changes recorded and none dropped: {line:?}"
+        ));
+    }
+    Ok(())
+}
+
+/// The scenarios.
+pub fn all() -> Vec<Scenario> {
+    let bochs = || Emulator::bochs(HASWELL);
+    vec![
+        // Finding 1: forged frames on the console (export=end: the real header comes last, so a
+        // forged one would be the first the reader sees).
+        Scenario::new("bochs-attack-forge-log", bochs())
+            .cmdline("export=end")
+            .module("victim.elf", MIX, "vm=victim mix=80,20 rounds=20")
+            .module("forger.elf", HOSTILE, "vm=forger hostile=forge")
+            .check(|log| {
+                check_exit_code(log, "victim", 0, "port 0xf4")?;
+                hostile_ok(log, "forger", "forge")
+            })
+            .profile(check_forgery),
+        // Finding 2: AVX state (and XCR0) between two VMs that take turns on one pCPU.
+        Scenario::new("bochs-attack-avx-leak", bochs())
+            .cmdline("export=end slice=2ms")
+            .module(
+                "secret.elf",
+                HOSTILE,
+                "vm=secret hostile=avx-secret rounds=40",
+            )
+            .module("spy.elf", HOSTILE, "vm=spy hostile=avx-spy rounds=40")
+            .check(|log| {
+                all_of([
+                    hostile_ok(log, "secret", "avx-secret"),
+                    hostile_ok(log, "spy", "avx-spy"),
+                ])
+            }),
+        // Finding 9: debug registers, CR8, RDPMC, RDTSCP/RDPID, CPUID identity, MONITOR/MWAIT;
+        // both VMs on pCPU 1, whose host APIC id is 1.
+        Scenario::new("bochs-attack-cpu-state", bochs())
+            .cpus(2)
+            .cmdline("export=end slice=2ms")
+            .module(
+                "setter.elf",
+                HOSTILE,
+                "vm=setter pin=1 hostile=state-set rounds=40",
+            )
+            .module(
+                "spy.elf",
+                HOSTILE,
+                "vm=spy pin=1 hostile=state-spy rounds=40",
+            )
+            .check(|log| {
+                all_of([
+                    hostile_ok(log, "setter", "state-set"),
+                    hostile_ok(log, "spy", "state-spy"),
+                ])
+            }),
+        // Finding 11: control-register values the CPU refuses are the guest's #GP, not a failed
+        // VM entry.
+        Scenario::new("bochs-attack-cr", bochs())
+            .module("cr.elf", HOSTILE, "vm=cr hostile=cr")
+            .check(|log| hostile_ok(log, "cr", "cr")),
+        // Finding 3: a guest that arms its timer for the end of time and halts is stopped by its
+        // wall budget; the other VM runs to its end and the machine powers off.
+        Scenario::new("bochs-attack-sleep", bochs())
+            .cmdline("export=end")
+            .module("victim.elf", MIX, "vm=victim mix=80,20 rounds=10")
+            .module(
+                "sleeper.elf",
+                HOSTILE,
+                "vm=sleeper hostile=sleep wall-budget=200000000",
+            )
+            .check(|log| {
+                check_exit_code(log, "victim", 0, "port 0xf4")?;
+                log.expect_containing("vm sleeper: stopped: ", "wall budget")?;
+                log.expect_none("[sleeper] hostile: sleep: woke up")
+            }),
+        // Finding 4: a task change at about every sample on two pCPUs (a guest renaming itself in
+        // a loop), 40,000 each: more than the hypervisor keeps in memory for `export=end` (its
+        // task buffer is flushed when full; the heap used to run out and the capture was lost).
+        Scenario::new("bochs-attack-task-flood", bochs())
+            .cpus(2)
+            .cmdline("export=end channel=lpt period=2000ticks")
+            .module(
+                "tasks1.elf",
+                HOSTILE,
+                "vm=tasks1 pin=0 hostile=tasks rounds=40000 every=800 task-offsets=0x100:2416:2420:2976",
+            )
+            .module(
+                "tasks2.elf",
+                HOSTILE,
+                "vm=tasks2 pin=1 hostile=tasks rounds=40000 every=800 task-offsets=0x100:2416:2420:2976",
+            )
+            .budget(std::time::Duration::from_secs(180))
+            .check(|log| {
+                all_of([
+                    hostile_ok(log, "tasks1", "tasks"),
+                    hostile_ok(log, "tasks2", "tasks"),
+                    log.expect_none("PANIC"),
+                    check_task_changes(log, 70_000),
+                ])
+            })
+            .profile(|run| {
+                let report = run.report(None)?;
+                for what in ["blocks", "samples", "dropped", "damaged_frames"] {
+                    let n = num(&report, &format!("/lost/{what}"))?;
+                    if n != 0.0 {
+                        return Err(format!("the log lost {n} {what}"));
+                    }
+                }
+                Ok(())
+            }),
+        // Finding 5: 4 KiB PRINTs as fast as the guest can beside a busy VM on one pCPU.
+        Scenario::new("bochs-attack-flood", bochs())
+            .cmdline("export=end")
+            .module("victim.elf", MIX, "vm=victim mix=80,20 rounds=20")
+            .module(
+                "flooder.elf",
+                HOSTILE,
+                "vm=flooder hostile=flood rounds=2000",
+            )
+            .check(|log| {
+                check_exit_code(log, "victim", 0, "port 0xf4")?;
+                hostile_ok(log, "flooder", "flood")?;
+                log.expect_containing("vm flooder: ", "console lines")
+                    .map(drop)
+            })
+            .profile(|run| check_flood(run, 40.0)),
+    ]
+}
