@@ -16,10 +16,12 @@ use crate::{target_dir, workspace_root};
 pub fn bench() -> Result<ExitCode> {
     ensure_tools()?;
     let hypervisor = build_hypervisor(false)?;
+    let analyzer = crate::build::build_analyzer()?;
     let config = RunnerConfig {
         guest_dir: crate::build::guest_dir(&hypervisor),
         hypervisor_elf: hypervisor,
-        analyzer: None,
+        // The Linux run checks its profile too.
+        analyzer: Some(analyzer.clone()),
         out_dir: target_dir().join("bench"),
         filter: None,
         jobs: 1,
@@ -89,6 +91,30 @@ pub fn bench() -> Result<ExitCode> {
     println!("{section}");
     record(&doc, "profile-costs", "The profiler's own costs", &section)?;
 
+    // The whole cost: the same test-guest run, then a Linux guest (when its image is built).
+    let (rows, whole) = benches::whole_costs(&log).map_err(anyhow::Error::msg)?;
+    let mut table =
+        benches::whole_cost_rows("test guest `mix` 80/20, period 1 ms (4,000 ticks)", &rows);
+    let mut linux_note = String::new();
+    let mut linux_whole = None;
+    match linux_cost_run(&config) {
+        Ok(log) => {
+            let (rows, whole) = benches::whole_costs(&log).map_err(anyhow::Error::msg)?;
+            table.push_str(&benches::whole_cost_rows(
+                "Linux w41 (`bochs-linux-w41`: 1 GHz clock, period 8,000 ticks)",
+                &rows,
+            ));
+            linux_whole = Some(whole);
+        }
+        Err(e) => linux_note = format!("\n\nLinux not measured in this run: {e:#}.\n"),
+    }
+    let section = format!(
+        "Measured by `cargo xtask bench` (the `bench-profile-costs` run above, and          `bochs-linux-w41` when `cargo xtask linux-image` has built the guest). Everything the          profiler adds to a run, from the hypervisor's own TSC readings: the VM exits that exist          only to take a sample (VMX-preemption timer exits for a sampling deadline, from the exit          to the next VM entry, task read included), the LAPIC timer interrupts that sample the          hypervisor and idle time, and the export of the log during the run; as a share of each          pCPU's time from the start of sampling to its end. A task read is the Linux guest's          running task read from guest memory, once per guest sample, when its identity may have          changed.\n\n         | run | pCPU | whole cost | sampling exits x mean ticks (share) | timer interrupts x mean ticks (share) | export | task reads x mean ticks |\n         |---|---:|---:|---:|---:|---:|---:|\n{table}\n         Whole machine: test guest {whole:.2}%{}. Goal: a whole sampling exit ≤ 300 ticks.{linux_note}\n",
+        linux_whole.map_or(String::new(), |w| format!(", Linux {w:.2}%")),
+    );
+    println!("{section}");
+    record(&doc, "whole-cost", "The profiler's whole cost", &section)?;
+
     let out = crate::build::cargo()
         .args([
             "run",
@@ -127,7 +153,6 @@ pub fn bench() -> Result<ExitCode> {
         "Sample-log size and decoding speed",
         &section,
     )?;
-    let analyzer = crate::build::build_analyzer()?;
     let out = std::process::Command::new(&analyzer)
         .args(["bench-synthetic", "10000000"])
         .output()
@@ -156,6 +181,15 @@ pub fn bench() -> Result<ExitCode> {
     )?;
     println!("recorded in docs/BENCHMARKS.md");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The Linux w41 scenario, for its cost lines.
+fn linux_cost_run(config: &RunnerConfig) -> Result<qemu_tests::SerialLog> {
+    let scenario = qemu_tests::linux_scenarios::all()
+        .into_iter()
+        .find(|s| s.name == "bochs-linux-w41")
+        .context("no bochs-linux-w41 scenario")?;
+    run(&scenario, config)
 }
 
 /// Runs one benchmark scenario and returns its serial log.
