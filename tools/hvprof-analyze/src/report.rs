@@ -453,6 +453,8 @@ pub struct Aggregate {
     /// and consecutive samples mostly come from the same one (`last` remembers it).
     pub guest: Vec<(VcpuMode, HashMap<u64, u64>)>,
     last: usize,
+    /// Where each key is in `guest` (a forged log may name thousands of vCPUs).
+    guest_index: HashMap<VcpuMode, usize>,
     /// (vm, vcpu) → hypervisor samples taken on that vCPU's behalf.
     pub steal: HashMap<(u16, u16), u64>,
     pub cost_sum: u64,
@@ -466,6 +468,18 @@ pub struct Aggregate {
     /// needs each sample's time) instead of counting it by address.
     pub keep_guest: bool,
     pub guest_samples: Vec<GuestSample>,
+}
+
+/// The index of `key`'s counts in `guest`, added if new.
+fn guest_slot(
+    guest: &mut Vec<(VcpuMode, HashMap<u64, u64>)>,
+    index: &mut HashMap<VcpuMode, usize>,
+    key: VcpuMode,
+) -> usize {
+    *index.entry(key).or_insert_with(|| {
+        guest.push((key, HashMap::default()));
+        guest.len() - 1
+    })
 }
 
 /// A guest sample kept whole (see `Aggregate::keep_guest`).
@@ -535,13 +549,7 @@ impl Aggregate {
                 SampleKind::Guest => {
                     let key = (s.vm, s.vcpu, s.cpl() == 3);
                     if self.guest.get(self.last).is_none_or(|g| g.0 != key) {
-                        self.last = match self.guest.iter().position(|g| g.0 == key) {
-                            Some(i) => i,
-                            None => {
-                                self.guest.push((key, HashMap::default()));
-                                self.guest.len() - 1
-                            }
-                        };
+                        self.last = guest_slot(&mut self.guest, &mut self.guest_index, key);
                     }
                     *self.guest[self.last].1.entry(s.guest_rip).or_default() += 1;
                 }
@@ -568,13 +576,7 @@ impl Aggregate {
             *self.hv_by_rip.entry(k).or_default() += v;
         }
         for (key, rips) in other.guest {
-            let i = match self.guest.iter().position(|g| g.0 == key) {
-                Some(i) => i,
-                None => {
-                    self.guest.push((key, HashMap::default()));
-                    self.guest.len() - 1
-                }
-            };
+            let i = guest_slot(&mut self.guest, &mut self.guest_index, key);
             for (rip, n) in rips {
                 *self.guest[i].1.entry(rip).or_default() += n;
             }

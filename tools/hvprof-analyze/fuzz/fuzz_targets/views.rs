@@ -1,0 +1,65 @@
+//! Every view of whatever a log decodes to: the report (text and JSON), the decode summary, the
+//! timeline (chart, SVG, summary), the folded stacks and flame graph, the exit statistics,
+//! `perf script`, the HTML page, the Firefox profile and pprof. None may panic (overflow checks
+//! on: `cargo fuzz run -a`); run with `-timeout` so that a view slower than linear shows.
+//! The first input byte picks the options (threads, Linux naming, drawing, bins).
+#![no_main]
+
+use hvprof_analyze::chart::Timeline;
+use hvprof_analyze::profile::{LoadOptions, Profile};
+use hvprof_analyze::progress::Progress;
+use hvprof_analyze::report::Images;
+use hvprof_analyze::{firefox, flame, html, pprof, script, stat, text};
+use libfuzzer_sys::fuzz_target;
+use prost::Message;
+
+fuzz_target!(|data: &[u8]| {
+    let opt = data.first().copied().unwrap_or(0);
+    let progress = Progress::hidden();
+    let p = Profile::from_bytes(
+        data,
+        &Images::default(),
+        LoadOptions {
+            threads: 1 + usize::from(opt & 1),
+            keep_guest: opt & 2 != 0,
+        },
+        &progress,
+    );
+    let r = &p.report;
+    assert_eq!(p.samples.len() as u64, r.total_samples);
+    // Text outputs hold no control character but line breaks (and perf script's tabs).
+    let printable = |s: &str, allowed: &[char]| {
+        assert!(
+            s.chars().all(|c| !c.is_control() || allowed.contains(&c)),
+            "{s:?}"
+        );
+    };
+    printable(&text::render(r, 20, None), &['\n']);
+    serde_json::to_string(r).unwrap();
+    printable(
+        &text::decode_summary(&hvprof_samplelog::decode(data), true, true),
+        &['\n'],
+    );
+    let bins = 1 + usize::from(opt >> 4);
+    let t = Timeline::build(&p, bins);
+    printable(&t.summary(), &['\n']);
+    printable(&flame::folded(&p).join("\n"), &['\n']);
+    let s = stat::build(&p);
+    printable(&stat::render(&s), &['\n']);
+    serde_json::to_string(&s).unwrap();
+    let mut perf = Vec::new();
+    script::write(&p, &mut perf, &progress).unwrap();
+    printable(std::str::from_utf8(&perf).unwrap(), &['\n', '\t']);
+    // Drawing (plotters, inferno) is most of the time and depends little on the input beyond
+    // the rows and states it gets: one input in four draws the HTML page, which holds the
+    // timeline's SVG and the flame graph's.
+    if opt & 0x0c == 0 {
+        if let Ok(page) = html::render(&p, "fuzz", bins, 10) {
+            printable(&page, &['\n']);
+        }
+        let mut sink = Vec::new();
+        let _ = flame::write(&p, "fuzz", true, &mut sink);
+    }
+    serde_json::to_vec(&firefox::build(&p, &progress)).unwrap();
+    pprof::build(&p, &progress).encode_to_vec();
+});
