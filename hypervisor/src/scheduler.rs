@@ -41,8 +41,8 @@ struct Slot {
     state: State,
     /// When its virtual timer wakes it (Halted only).
     wake_at: Option<u64>,
-    /// TSC ticks it ran beyond the ends of its slices (an exit that took long: a slice ends only
-    /// between exits), paid back by shorter slices and skipped turns, so that a guest whose exits
+    /// TSC ticks it ran beyond the ends of its slices, when more than an eighth of a slice (an
+    /// exit that took long: a slice ends only between exits), paid back by shorter slices and skipped turns, so that a guest whose exits
     /// are long does not take the pCPU from the others.
     debt: u64,
 }
@@ -181,9 +181,12 @@ pub fn run_cpu(cpu: usize) {
                 let done = {
                     let mut guard = QUEUE.lock();
                     let q = guard.as_mut().expect("set up");
-                    if matches!(end, SliceEnd::Preempted) {
+                    // An overrun within an eighth of a slice is the ordinary end of a slice
+                    // (the exit it ended at, the VMCS handed over): forgiven.
+                    let over = rdtsc().saturating_sub(slice_end);
+                    if matches!(end, SliceEnd::Preempted) && over > m.slice / 8 {
                         let s = &mut q.slots[slot];
-                        s.debt = s.debt.saturating_add(rdtsc().saturating_sub(slice_end));
+                        s.debt = s.debt.saturating_add(over);
                     }
                     slice_ended(q, m, slot, end, wake_at)
                 };
