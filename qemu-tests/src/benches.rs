@@ -179,91 +179,17 @@ mod profile_tests {
     }
 }
 
-/// One pCPU's line `profiler: pCPU <i> cost: ...`: the profiler's whole cost there, in parts.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PcpuCost {
-    pub pcpu: u64,
-    /// The share of the pCPU's time, percent.
-    pub share: f64,
-    pub span: u64,
-    pub samples: u64,
-    pub sampling_exits: u64,
-    pub sampling_exit_mean: u64,
-    pub sampling_exit_share: f64,
-    pub timer_interrupts: u64,
-    pub timer_interrupt_mean: u64,
-    pub timer_share: f64,
-    pub export_ticks: u64,
-    pub export_share: f64,
-    pub task_reads: u64,
-    pub task_read_mean: u64,
-}
-
-/// The whole-cost lines of a run: one per pCPU, then the machine's share (percent).
+/// The whole-cost lines of a run (read by the analyzer's `cost::parse`, which the report uses).
 pub fn whole_costs(log: &SerialLog) -> Result<(Vec<PcpuCost>, f64), String> {
-    let mut rows = Vec::new();
-    for line in log.all("profiler: pCPU ") {
-        if !line.contains(" cost: ") {
-            continue;
-        }
-        // Every number of the line, in order (percentages keep their decimals).
-        let nums: Vec<f64> = line
-            .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .filter(|w| !w.is_empty() && *w != ".")
-            .filter_map(|w| w.trim_end_matches('.').parse().ok())
-            .collect();
-        // pCPU i cost: S% of T ticks (N samples): E sampling exits x M ticks (s%), I timer
-        // interrupts x m ticks (s%), other samples o ticks (s%), export x ticks (s%); R task
-        // reads x r ticks
-        let [
-            pcpu,
-            share,
-            span,
-            samples,
-            exits,
-            exit_mean,
-            exit_share,
-            ints,
-            int_mean,
-            int_share,
-            _,
-            _,
-            export,
-            export_share,
-            reads,
-            read_mean,
-        ] = nums[..]
-        else {
-            return Err(format!("cannot read {line:?}"));
-        };
-        rows.push(PcpuCost {
-            pcpu: pcpu as u64,
-            share,
-            span: span as u64,
-            samples: samples as u64,
-            sampling_exits: exits as u64,
-            sampling_exit_mean: exit_mean as u64,
-            sampling_exit_share: exit_share,
-            timer_interrupts: ints as u64,
-            timer_interrupt_mean: int_mean as u64,
-            timer_share: int_share,
-            export_ticks: export as u64,
-            export_share,
-            task_reads: reads as u64,
-            task_read_mean: read_mean as u64,
-        });
-    }
-    if rows.is_empty() {
+    let cost = hvprof_analyze::cost::parse(log.text())
+        .ok_or("no `profiler: whole cost` line in the log")?;
+    if cost.pcpus.is_empty() {
         return Err("no `profiler: pCPU <i> cost:` line".into());
     }
-    let whole = log.expect("profiler: whole cost ")?;
-    let share = whole["profiler: whole cost ".len()..]
-        .split('%')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .ok_or_else(|| format!("cannot read {whole:?}"))?;
-    Ok((rows, share))
+    Ok((cost.pcpus, cost.percent))
 }
+
+pub use hvprof_analyze::cost::PcpuCost;
 
 /// The rows of `whole_costs` as a Markdown table, each labelled with `what`.
 pub fn whole_cost_rows(what: &str, rows: &[PcpuCost]) -> String {
@@ -272,14 +198,14 @@ pub fn whole_cost_rows(what: &str, rows: &[PcpuCost]) -> String {
             format!(
                 "| {what} | {} | {:.2}% | {} x {} ({:.2}%) | {} x {} ({:.2}%) | {:.2}% | {} |\n",
                 r.pcpu,
-                r.share,
+                r.percent,
                 r.sampling_exits,
                 r.sampling_exit_mean,
-                r.sampling_exit_share,
+                r.sampling_exit_percent,
                 r.timer_interrupts,
                 r.timer_interrupt_mean,
-                r.timer_share,
-                r.export_share,
+                r.timer_percent,
+                r.export_percent,
                 if r.task_reads > 0 {
                     format!("{} x {}", r.task_reads, r.task_read_mean)
                 } else {
@@ -295,30 +221,17 @@ mod whole_cost_tests {
     use super::*;
 
     #[test]
-    fn cost_lines_are_read() {
+    fn cost_lines_make_table_rows() {
         let log = SerialLog::new(
-            "profiler: pCPU 0: 133794 records taken, 33076 dropped\n\
-             profiler: pCPU 0 cost: 56.20% of 315703835 ticks (125692 samples): 80847 sampling exits x 952 ticks (24.39%), 44775 timer interrupts x 116 ticks (1.65%), other samples 0 ticks (0.00%), export 95183755 ticks (30.15%); 80853 task reads x 532 ticks\n\
-             profiler: pCPU 1 cost: 0.50% of 1000 ticks (10 samples): 3 sampling exits x 300 ticks (0.40%), 1 timer interrupts x 100 ticks (0.10%), other samples 0 ticks (0.00%), export 0 ticks (0.00%); 0 task reads x 0 ticks\n\
+            "profiler: pCPU 0 cost: 56.20% of 315703835 ticks (125692 samples): 80847 sampling exits x 952 ticks (24.39%), 44775 timer interrupts x 116 ticks (1.65%), other samples 0 ticks (0.00%), export 95183755 ticks (30.15%); 80853 task reads x 532 ticks\n\
              profiler: whole cost 56.01% of the pCPUs' time (1 of 2 ticks)\n",
         );
         let (rows, whole) = whole_costs(&log).unwrap();
-        assert_eq!(rows.len(), 2);
         assert_eq!(whole, 56.01);
-        let r = &rows[0];
-        assert_eq!((r.pcpu, r.span, r.samples), (0, 315_703_835, 125_692));
-        assert_eq!((r.sampling_exits, r.sampling_exit_mean), (80847, 952));
-        assert_eq!((r.timer_interrupts, r.timer_interrupt_mean), (44775, 116));
         assert_eq!(
-            (r.export_ticks, r.task_reads, r.task_read_mean),
-            (95_183_755, 80853, 532)
+            whole_cost_rows("x", &rows),
+            "| x | 0 | 56.20% | 80847 x 952 (24.39%) | 44775 x 116 (1.65%) | 30.15% | 80853 x 532 |\n"
         );
-        assert_eq!(
-            (r.share, r.sampling_exit_share, r.export_share),
-            (56.2, 24.39, 30.15)
-        );
-        assert_eq!(rows[1].pcpu, 1);
-        assert!(whole_cost_rows("x", &rows).starts_with("| x | 0 | 56.20% | 80847 x 952 (24.39%)"));
         assert!(whole_costs(&SerialLog::new("nothing\n")).is_err());
     }
 }

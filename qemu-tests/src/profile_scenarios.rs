@@ -106,8 +106,48 @@ fn shares_scenario(
             if num(&report, "/lost/blocks")? != 0.0 || num(&report, "/lost/dropped")? != 0.0 {
                 errors.push("a clean capture reports losses".to_owned());
             }
+            if let Err(e) = check_whole_cost(&report) {
+                errors.push(e);
+            }
             all_of(errors.into_iter().map(Err))
         })
+}
+
+/// The report carries the profiler's whole cost as the hypervisor measured it: one pCPU, a
+/// sampling exit for most guest samples, each costing what a VM exit and entry can (more than
+/// the sample path alone, less than a period), the whole at least its parts.
+fn check_whole_cost(report: &serde_json::Value) -> Result<(), String> {
+    let w = report
+        .get("whole_cost")
+        .filter(|w| !w.is_null())
+        .ok_or("the report has no whole_cost")?;
+    let period = num(report, "/period_ticks")?;
+    let path = num(report, "/cost/mean")?;
+    let pcpus = w
+        .get("pcpus")
+        .and_then(|p| p.as_array())
+        .map_or(0, Vec::len);
+    let exits = num(w, "/pcpus/0/sampling_exits")?;
+    let exit_mean = num(w, "/pcpus/0/sampling_exit_mean")?;
+    let exit_share = num(w, "/pcpus/0/sampling_exit_percent")?;
+    let export_share = num(w, "/pcpus/0/export_percent")?;
+    let share = num(w, "/percent")?;
+    let samples = num(report, "/total_samples")?;
+    // The export's share depends on the channel (the UART at 4 MHz is most of a streamed run):
+    // it is judged only as a part of the whole.
+    if pcpus != 1
+        || exits < samples * 0.4
+        || exit_mean <= path
+        || exit_mean >= period
+        || !(0.5..25.0).contains(&exit_share)
+        || share < exit_share + export_share - 0.01
+        || share >= 100.0
+    {
+        return Err(format!(
+            "whole cost: {pcpus} pCPUs, {exits} sampling exits of mean {exit_mean} ticks ({exit_share}%) for {samples} samples (sample path {path}, period {period}), export {export_share}%, {share}% of the run in all"
+        ));
+    }
+    Ok(())
 }
 
 /// The frames of a capture: (start, end) byte ranges of the spans between 0x00 delimiters that

@@ -4,6 +4,7 @@
 //! The binary (`main.rs`) is the command line over it.
 
 pub mod chart;
+pub mod cost;
 pub mod firefox;
 pub mod flame;
 pub mod html;

@@ -21,7 +21,13 @@
 //!                  "duplicate_blocks": u64,         // a pCPU's block number seen twice
 //!                  "tasks_of_unknown_vms": u64,     // task frames naming unlisted VMs,
 //!                  "unknown_task_vms": [ u16 ] },   // and those VMs
-//!   "cost": { "mean": f64, "min": u64, "max": u64, "percent_of_period": f64 },
+//!   "cost": { "mean": f64, "min": u64, "max": u64, "percent_of_period": f64 }, // sample path
+//!   "whole_cost": null | { "percent": f64,         // the profiler's whole cost, all pCPUs,
+//!       "pcpus": [ { "pcpu", "percent", "span_ticks", "samples", // as the hypervisor measured
+//!         "sampling_exits", "sampling_exit_mean", "sampling_exit_percent", // it (crate::cost)
+//!         "timer_interrupts", "timer_interrupt_mean", "timer_percent",
+//!         "other_sample_ticks", "other_sample_percent", "export_ticks", "export_percent",
+//!         "task_reads", "task_read_mean" } ] },
 //!   "host": { "hypervisor": f64, "vm": f64, "idle": f64,          // percentages
 //!             "rows": [ { "function", "module", "samples", "percent" } ] },
 //!   "vms": [ { "id": u16, "name", "image", "samples": u64,        // guest + steal samples
@@ -319,6 +325,8 @@ pub struct Report {
     /// Signs of a forged or damaged log.
     pub integrity: Integrity,
     pub cost: Cost,
+    /// The profiler's whole cost, from the hypervisor's closing lines (`None` without them).
+    pub whole_cost: Option<crate::cost::WholeCost>,
     pub host: Host,
     pub vms: Vec<VmReport>,
     /// Warnings for the reader: first where records were lost, then signs of a forged log
@@ -916,6 +924,7 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
                 100.0 * mean / header.period_ticks as f64
             },
         },
+        whole_cost: crate::cost::parse(&decoded.text_joined()),
         host: Host {
             hypervisor: pct(hv_samples),
             vm: pct(vm_samples),

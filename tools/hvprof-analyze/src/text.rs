@@ -119,6 +119,36 @@ pub fn render(r: &Report, top: usize, only_vm: Option<&str>) -> String {
         "Sample path cost: mean {:.1}, min {}, max {} TSC ticks ({:.2}% of the period)",
         r.cost.mean, r.cost.min, r.cost.max, r.cost.percent_of_period
     );
+    if let Some(w) = &r.whole_cost {
+        let _ = writeln!(
+            out,
+            "Profiler's whole cost (measured by the hypervisor): {:.2}% of the pCPUs' time",
+            w.percent
+        );
+        for p in &w.pcpus {
+            let _ = write!(
+                out,
+                "  pCPU {}: {:.2}%: {} sampling exits x {} ticks ({:.2}%), {} timer interrupts x {} ticks ({:.2}%), export {:.2}%",
+                p.pcpu,
+                p.percent,
+                p.sampling_exits,
+                p.sampling_exit_mean,
+                p.sampling_exit_percent,
+                p.timer_interrupts,
+                p.timer_interrupt_mean,
+                p.timer_percent,
+                p.export_percent
+            );
+            if p.task_reads > 0 {
+                let _ = write!(
+                    out,
+                    "; {} task reads x {} ticks",
+                    p.task_reads, p.task_read_mean
+                );
+            }
+            let _ = writeln!(out);
+        }
+    }
     let l = &r.lost;
     let _ = writeln!(
         out,
