@@ -273,13 +273,15 @@ fn pick(q: &mut Queue, m: &Machine, cpu: usize, now: u64, poll: u64) -> (Next, V
         // Round-robin, except that a vCPU owing a whole slice or more gives its turn to the next
         // one (and owes a slice less), as long as another one can run.
         let slice = m.slice;
-        let owing: Vec<usize> = candidates().filter(|&i| q.slots[i].debt >= slice).collect();
         let i = candidates()
             .find(|&i| q.slots[i].debt < slice)
             .unwrap_or(first);
-        for k in owing {
-            if k != i {
-                q.slots[k].debt -= slice;
+        // Those passed over on the way to it (all owing a slice) have paid one.
+        let start = q.next[cpu];
+        for k in (0..n).map(|k| (start + k) % n).take_while(|&k| k != i) {
+            let s = &mut q.slots[k];
+            if s.state == State::Runnable && mine(s) {
+                s.debt -= slice;
             }
         }
         q.next[cpu] = i + 1;
