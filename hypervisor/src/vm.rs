@@ -628,6 +628,8 @@ fn run_loaded(
     // The LAPIC timer samples the hypervisor while it handles an exit; a sampling exit leaves it
     // unarmed (nothing runs but the path back into the guest).
     let mut host_clock_armed = true;
+    // The last exit took the sampling clock's short path (no handler ran).
+    let mut short_path = false;
     prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
     prof.event(profiler::Kind::VcpuIn, 0);
     // A Linux guest's devices need a look before an entry when an exit may have changed them
@@ -656,7 +658,13 @@ fn run_loaded(
             host_clock_armed = false;
         }
         let now = rdtsc();
-        let _ = prof.sample_host_at(run_slice as *const () as u64, false, now);
+        // A deadline that passed while the hypervisor worked is its sample, taken here; after a
+        // sampling exit's short path none can have (the guest sample just moved the deadline a
+        // period on).
+        if !short_path {
+            let _ = prof.sample_host_at(run_slice as *const () as u64, false, now);
+        }
+        short_path = false;
         if vm.stopping.load(Ordering::Acquire) {
             break SliceEnd::Stopped(Stop::WithVm);
         }
@@ -768,6 +776,7 @@ fn run_loaded(
         // The sampling clock's exit: nothing to handle. Straight back into the guest, unless the
         // ring or the console has something to move on (done below, where it is sampled).
         if preemption && !profiler::export::wants_drain(prof) && !crate::console::pump_due(t_exit) {
+            short_path = matches!(sampling_exit, Some((_, sampled)) if sampled > 0);
             continue;
         }
         devices_touched |= !preemption;

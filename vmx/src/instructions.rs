@@ -154,7 +154,7 @@ pub unsafe fn vmptrst() -> Result<u64, VmFail> {
 ///
 /// # Safety
 /// In VMX operation (else #UD).
-#[inline]
+#[inline(always)]
 pub unsafe fn vmread(encoding: u32) -> Result<u64, VmFail> {
     let value: u64;
     let (cf, zf): (u8, u8);
