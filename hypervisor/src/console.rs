@@ -144,6 +144,16 @@ impl Console {
         }
     }
 
+    /// After new output: moves what the UART takes now while VMs run ([`set_queueing`]), else
+    /// sends everything.
+    fn send_or_queue(&mut self) {
+        if QUEUEING.load(Ordering::Relaxed) {
+            self.pump();
+        } else {
+            self.flush();
+        }
+    }
+
     /// Sends everything queued, waiting for the line.
     fn flush(&mut self) {
         while self.queue.len > 0 {
@@ -195,11 +205,7 @@ pub fn _print(args: fmt::Arguments) {
     // `emergency_writer`; the timer and NMI handlers never print.
     let mut console = CONSOLE.lock();
     let _ = console.write_fmt(args);
-    if QUEUEING.load(Ordering::Relaxed) {
-        console.pump();
-    } else {
-        console.flush();
-    }
+    console.send_or_queue();
 }
 
 /// Whether bytes wait in the queue and the UART may have room for them by now (TSC `now`).
@@ -225,11 +231,7 @@ pub fn write_raw(bytes: &[u8]) {
     for &b in bytes {
         console.put(b);
     }
-    if QUEUEING.load(Ordering::Relaxed) {
-        console.pump();
-    } else {
-        console.flush();
-    }
+    console.send_or_queue();
 }
 
 /// Why a guest line was not queued.

@@ -42,8 +42,8 @@ struct Slot {
     /// When its virtual timer wakes it (Halted only).
     wake_at: Option<u64>,
     /// TSC ticks it ran beyond the ends of its slices, when more than an eighth of a slice (an
-    /// exit that took long: a slice ends only between exits), paid back by shorter slices and skipped turns, so that a guest whose exits
-    /// are long does not take the pCPU from the others.
+    /// exit that took long: a slice ends only between exits), paid back by shorter slices and
+    /// skipped turns, so that a guest whose exits are long does not take the pCPU from the others.
     debt: u64,
 }
 
@@ -254,11 +254,6 @@ fn pick(q: &mut Queue, m: &Machine, cpu: usize, now: u64, poll: u64) -> (Next, V
             ));
         }
     }
-    // A halted vCPU's wake-up never lies beyond its VM's wall deadline.
-    for s in q.slots.iter_mut().filter(|s| s.state == State::Halted) {
-        let end = m.vms[s.vm].wall_deadline.load(Ordering::Relaxed);
-        s.wake_at = s.wake_at.map(|t| t.min(end));
-    }
     if q.slots.iter().all(|s| s.state == State::Stopped) {
         return (Next::Done, done);
     }
@@ -357,7 +352,9 @@ fn slice_ended(
         SliceEnd::Preempted => q.slots[i].state = State::Runnable,
         SliceEnd::Halted => {
             q.slots[i].state = State::Halted;
-            q.slots[i].wake_at = wake_at;
+            // A halted vCPU's wake-up never lies beyond its VM's wall deadline.
+            let end = vm.wall_deadline.load(Ordering::Relaxed);
+            q.slots[i].wake_at = wake_at.map(|t| t.min(end));
         }
         SliceEnd::Stopped(stop) => {
             q.slots[i].state = State::Stopped;

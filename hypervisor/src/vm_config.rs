@@ -183,6 +183,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
     let mut pin = None;
     let mut initrd = None;
     let mut task_offsets = None;
+    let positive = |v: &str| v.parse::<u64>().ok().filter(|&n| n > 0);
     for word in words {
         let Some((key, value)) = word.split_once('=') else {
             continue;
@@ -193,20 +194,12 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
             "budget" => set(
                 &mut budget,
                 key,
-                value
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|&b| b > 0)
-                    .ok_or(ConfigError::BadBudget(value))?,
+                positive(value).ok_or(ConfigError::BadBudget(value))?,
             )?,
             "wall-budget" => set(
                 &mut wall_budget,
                 key,
-                value
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|&b| b > 0)
-                    .ok_or(ConfigError::BadWallBudget(value))?,
+                positive(value).ok_or(ConfigError::BadWallBudget(value))?,
             )?,
             "target" => set(&mut target, key, parse_target(value)?)?,
             "vcpus" => set(

@@ -308,7 +308,6 @@ impl Exporter {
     /// `end` mode: sends the stored task changes, then stored blocks until at most `keep` records
     /// are left, moving the ring's new records in behind as room appears.
     fn flush(&self, log: &mut CpuLog, p: &CpuProfiler, keep: usize) {
-        let t0 = rdtsc();
         self.send_tasks(log, p);
         let cap = log.stored.len();
         let mut chunk = [RawRecord::ZERO; BLOCK];
@@ -322,8 +321,6 @@ impl Exporter {
             self.send_block(log, &chunk[..n]);
             move_ring(log, p);
         }
-        log.flushes += 1;
-        log.flush_ticks += rdtsc() - t0;
     }
 
     /// `end` mode: sends the stored task changes (they carry their own TSC, so they need not
@@ -408,7 +405,10 @@ fn drain(p: &CpuProfiler, all: bool) -> u64 {
                 break;
             }
             // Full: send the older half now rather than lose what comes next.
+            let t = rdtsc();
             ex.flush(log, p, log.stored.len() / 2);
+            log.flushes += 1;
+            log.flush_ticks += rdtsc() - t;
         },
         Export::Stream => loop {
             if !all && p.ring.len() < BLOCK {
@@ -455,12 +455,8 @@ pub fn finish() {
         let p = super::cpu(cpu);
         let _ = drain(p, true);
         if ex.mode == Export::End {
-            let mut log = ex.cpus[cpu].lock();
-            let during_run = log.flush_ticks;
-            ex.flush(&mut log, p, 0);
-            // The final flush is the normal end-of-run export, not a flush of a full buffer.
-            log.flushes -= 1;
-            log.flush_ticks = during_run;
+            // The normal end-of-run export (not counted as a flush of a full buffer).
+            ex.flush(&mut ex.cpus[cpu].lock(), p, 0);
         }
         RECORDS_TAKEN.fetch_add(p.ring.pushed() + p.ring.dropped(), Ordering::Relaxed);
     }

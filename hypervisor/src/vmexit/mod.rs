@@ -254,11 +254,7 @@ fn cr_access(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
             format!("unexpected control-register access {q:?}"),
         ));
     }
-    let value = if q.gpr == hvprof_vmx::regs::Gpr::Rsp {
-        vmcs.read_natural(GuestNatural::Rsp).unwrap_or(0)
-    } else {
-        vcpu.regs.get(q.gpr).unwrap_or(0)
-    };
+    let value = cr_source(vcpu, vmcs, q.gpr);
     // A value the CPU itself would refuse is the guest's #GP, not a failed VM entry.
     let ctx = cr_context(vmcs);
     let faults = match q.cr {
@@ -297,6 +293,16 @@ fn cr_access(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     None
 }
 
+/// The general register a MOV to a control register reads (RSP lives in the VMCS, the others in
+/// the saved registers).
+fn cr_source(vcpu: &Vcpu, vmcs: &CurrentVmcs, gpr: hvprof_vmx::regs::Gpr) -> u64 {
+    if gpr == hvprof_vmx::regs::Gpr::Rsp {
+        vmcs.read_natural(GuestNatural::Rsp).unwrap_or(0)
+    } else {
+        vcpu.regs.get(gpr).unwrap_or(0)
+    }
+}
+
 /// MOV to and from CR8 (CR8-load and CR8-store exiting): the guest's own task-priority register,
 /// which never reaches the physical one (where it would mask the hypervisor's timer interrupt,
 /// and stay set for the next VM). Bits 63:4 are reserved: MOV to CR8 of a value with any of them
@@ -310,11 +316,7 @@ fn cr8_access(
     use hvprof_vmx::regs::Gpr;
     match q.access {
         CrAccessType::MovToCr => {
-            let value = if q.gpr == Gpr::Rsp {
-                vmcs.read_natural(GuestNatural::Rsp).unwrap_or(0)
-            } else {
-                vcpu.regs.get(q.gpr).unwrap_or(0)
-            };
+            let value = cr_source(vcpu, vmcs, q.gpr);
             if value >> 4 != 0 {
                 inject_exception(vmcs, 13, Some(0));
                 return None;
