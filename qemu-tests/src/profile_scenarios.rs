@@ -593,6 +593,39 @@ pub fn all() -> Vec<Scenario> {
             }
             Ok(())
         }),
+        // A user's run: a tiny buffer, a short period and the parallel port, on two pCPUs. Sending
+        // a record costs more than a period here, so a flush that sampled itself filled the buffer
+        // faster than it emptied it and the guests never ran again; the flush now runs without
+        // the sampling clock, the guests finish and their shares are exact.
+        Scenario::new("bochs-profile-slow-export", Emulator::bochs(HASWELL))
+            .cpus(2)
+            .cmdline("export=end buffer=700 period=250us channel=lpt slice=3ms")
+            .module("a.elf", ModuleSource::Guest("mix"), "vm=a pin=0 mix=60,40 rounds=40")
+            .module("b.elf", ModuleSource::Guest("mix"), "vm=b pin=1 mix=30,70 rounds=30")
+            .check(|log| {
+                check_exit_code(log, "a", 0, "port 0xf4")?;
+                check_exit_code(log, "b", 0, "port 0xf4")?;
+                let (_, dropped) = hypervisor_counts(log)?;
+                if dropped != 0.0 {
+                    return Err(format!("{dropped} records dropped"));
+                }
+                log.expect("profiler: export=end buffer full ").map(drop)
+            })
+            .profile(|run: &ProfileRun| {
+                let report = run.report(None)?;
+                let mut errors = Vec::new();
+                for (vm, truth) in [("a", [60.0, 40.0]), ("b", [30.0, 70.0])] {
+                    let shares = guest_shares(&report, vm, &["work_a", "work_b"])?;
+                    for ((f, want), got) in ["work_a", "work_b"].iter().zip(truth).zip(&shares) {
+                        if let Err(e) =
+                            within(&format!("{f} share of VM {vm}"), *got, want, TOLERANCE)
+                        {
+                            errors.push(e);
+                        }
+                    }
+                }
+                all_of(errors.into_iter().map(Err))
+            }),
     ]
 }
 

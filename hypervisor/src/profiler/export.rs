@@ -336,6 +336,14 @@ impl Exporter {
     }
 }
 
+/// Runs a synchronous send of the stored log with interrupts off: the LAPIC timer's samples of
+/// it would go into the buffer being emptied, and where a record costs more to send than a
+/// sampling period, the send would feed itself forever and the guests would never run again. The
+/// time is the profiler's cost (counted by the caller); the next deadline takes one sample.
+fn without_sampling<R>(f: impl FnOnce() -> R) -> R {
+    x86_64::instructions::interrupts::without_interrupts(f)
+}
+
 /// How many of `records` (at most `BLOCK`) go into the next block: a block never spans a change of
 /// the drop count, so that its `ring_drops` says how many records were lost just before it.
 fn block_len<'a>(mut records: impl Iterator<Item = &'a RawRecord>) -> usize {
@@ -389,7 +397,7 @@ fn drain(p: &CpuProfiler, all: bool) -> u64 {
             Export::End => {
                 if log.tasks_len == log.tasks.len() {
                     let t = rdtsc();
-                    ex.send_tasks(log, p);
+                    without_sampling(|| ex.send_tasks(log, p));
                     log.task_flushes += 1;
                     log.flush_ticks += rdtsc() - t;
                 }
@@ -406,7 +414,8 @@ fn drain(p: &CpuProfiler, all: bool) -> u64 {
             }
             // Full: send the older half now rather than lose what comes next.
             let t = rdtsc();
-            ex.flush(log, p, log.stored.len() / 2);
+            let keep = log.stored.len() / 2;
+            without_sampling(|| ex.flush(log, p, keep));
             log.flushes += 1;
             log.flush_ticks += rdtsc() - t;
         },
