@@ -22,6 +22,21 @@ pub(crate) const fn bit_len(v: u64) -> u32 {
 
 /// Rice quotients at or above this are escaped.
 pub(crate) const RICE_ESCAPE: u64 = 3;
+
+/// The low 8 bits of `v`, without a cast: the next byte a writer emits, or a field of at most 8
+/// bits read back (which fits by construction).
+#[inline]
+pub(crate) const fn low_u8(v: u64) -> u8 {
+    v.to_le_bytes()[0]
+}
+
+/// The low 32 bits of `v`, without a cast, for values below 2^32 by construction (bit counts,
+/// fields of at most 32 bits read back).
+#[inline]
+pub(crate) const fn low_u32(v: u64) -> u32 {
+    let b = v.to_le_bytes();
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
 /// Bits of the length field of a Rice escape.
 const RICE_LEN_BITS: u32 = 6;
 
@@ -30,9 +45,9 @@ const RICE_LEN_BITS: u32 = 6;
 pub(crate) const fn rice_bits(k: u32, v: u64) -> u32 {
     let q = v >> k;
     if q < RICE_ESCAPE {
-        q as u32 + 1 + k
+        low_u32(q) + 1 + k
     } else {
-        RICE_ESCAPE as u32 + RICE_LEN_BITS + bit_len(v) - 1
+        low_u32(RICE_ESCAPE) + RICE_LEN_BITS + bit_len(v) - 1
     }
 }
 
@@ -75,10 +90,10 @@ impl<'a> ByteWriter<'a> {
     /// Unsigned LEB128.
     pub(crate) fn varint(&mut self, mut v: u64) {
         while v >= 0x80 {
-            self.u8((v as u8) | 0x80);
+            self.u8(low_u8(v) | 0x80);
             v >>= 7;
         }
-        self.u8(v as u8);
+        self.u8(low_u8(v));
     }
 
     pub(crate) fn pos(&self) -> usize {
@@ -187,7 +202,7 @@ impl<'a> BitWriter<'a> {
         self.acc |= v << self.n;
         self.n += bits;
         while self.n >= 8 {
-            self.emit(self.acc as u8);
+            self.emit(low_u8(self.acc));
             self.acc >>= 8;
             self.n -= 8;
         }
@@ -217,10 +232,10 @@ impl<'a> BitWriter<'a> {
     pub(crate) fn rice(&mut self, k: u32, v: u64) {
         let q = v >> k;
         if q < RICE_ESCAPE {
-            self.put((1u64 << q) - 1, q as u32 + 1);
+            self.put((1u64 << q) - 1, low_u32(q) + 1);
             self.put(v, k);
         } else {
-            self.put(0b111, RICE_ESCAPE as u32);
+            self.put(0b111, low_u32(RICE_ESCAPE));
             let n = bit_len(v);
             self.put(u64::from(n - k - 2), RICE_LEN_BITS);
             self.put(v, n - 1);
@@ -232,7 +247,7 @@ impl<'a> BitWriter<'a> {
     #[inline]
     pub(crate) fn small_rice(&mut self, k: u32, v: u64) {
         let q = v >> k;
-        self.put((1u64 << q) - 1, q as u32 + 1);
+        self.put((1u64 << q) - 1, low_u32(q) + 1);
         self.put(v, k);
     }
 
@@ -247,7 +262,7 @@ impl<'a> BitWriter<'a> {
     /// Flushes the last partial byte (zero padding); returns bytes written, `None` on overflow.
     pub(crate) fn finish(mut self) -> Option<usize> {
         if self.n > 0 {
-            self.emit(self.acc as u8);
+            self.emit(low_u8(self.acc));
         }
         if self.overflow { None } else { Some(self.pos) }
     }
@@ -342,8 +357,8 @@ impl<'a> BitReader<'a> {
             Ok((q << k) | low)
         } else {
             self.acc >>= RICE_ESCAPE;
-            self.n -= RICE_ESCAPE as u32;
-            let n = self.get(RICE_LEN_BITS) as u32 + k + 2;
+            self.n -= low_u32(RICE_ESCAPE);
+            let n = low_u32(self.get(RICE_LEN_BITS)) + k + 2;
             if n > 64 {
                 return Err(Malformed);
             }
@@ -369,7 +384,7 @@ impl<'a> BitReader<'a> {
     /// Inverse of [`BitWriter::lp`]; rejects lengths above `max_bits`.
     #[inline]
     pub(crate) fn lp(&mut self, len_bits: u32, max_bits: u32) -> Result<u64, Malformed> {
-        let n = self.get(len_bits) as u32;
+        let n = low_u32(self.get(len_bits));
         if n > max_bits {
             return Err(Malformed);
         }

@@ -2,7 +2,7 @@
 //! encoder / decoder of one record. The byte-exact description is in the crate documentation.
 
 #[cfg(feature = "std")]
-use crate::bits::{BitReader, Malformed, unzigzag};
+use crate::bits::{BitReader, Malformed, low_u8, unzigzag};
 use crate::bits::{BitWriter, RICE_ESCAPE, bit_len, zigzag};
 use crate::types::{Event, Record, Sample, SampleKind};
 #[cfg(feature = "std")]
@@ -265,9 +265,9 @@ impl RiceCost {
         // Σ over b of count·(b + 8), for b > k + 2, maintained as k grows.
         let mut esc_above: u64 = (3..=64).map(|b| count(b) * (b as u64 + esc)).sum();
         let mut at_most_k = count(0);
-        let mut best_k = 0;
+        let mut best_k = 0u32;
         let mut best_bits = u64::MAX;
-        for k in 0..64usize {
+        for (k, k32) in (0..64usize).zip(0u32..) {
             if k > 0 {
                 at_most_k += count(k);
                 esc_above -= count(k + 2) * ((k + 2) as u64 + esc);
@@ -281,10 +281,10 @@ impl RiceCost {
                 + esc_above;
             if bits < best_bits {
                 best_bits = bits;
-                best_k = k;
+                best_k = k32;
             }
         }
-        best_k as u32
+        best_k
     }
 }
 
@@ -314,7 +314,8 @@ pub(crate) fn choose_params(records: &[Record], period: u64) -> Params {
     }
     let slot_bits = |k: u32| -> u64 {
         (0..RIP_SLOTS)
-            .map(|i| u64::from(slots[i]) * u64::from((i as u32 >> k) + 1 + k))
+            .zip(0u32..)
+            .map(|(i, i32)| u64::from(slots[i]) * u64::from((i32 >> k) + 1 + k))
             .sum()
     };
     Params {
@@ -458,7 +459,7 @@ pub(crate) fn read_records(
         } else if !r.bit() {
             Some(1u8 << r.get(3))
         } else if !r.bit() {
-            Some(r.get(8) as u8)
+            Some(low_u8(r.get(8)))
         } else {
             None
         };
@@ -478,7 +479,7 @@ pub(crate) fn read_records(
                 } else {
                     (st.ctx[0].vm, st.ctx[0].vcpu)
                 };
-                let reason = OutReason::from_u8(r.get(2) as u8).ok_or(Malformed)?;
+                let reason = OutReason::from_u8(low_u8(r.get(2))).ok_or(Malformed)?;
                 let tsc = st.last_tsc.wrapping_add(unzigzag(r.rice(ks.k_evt)?) as u64);
                 let e = Event {
                     tsc,
@@ -501,8 +502,7 @@ pub(crate) fn read_records(
 #[cfg(feature = "std")]
 #[inline]
 fn lp16(r: &mut BitReader<'_>) -> Result<u16, Malformed> {
-    // At most 16 bits: fits.
-    Ok(r.lp(5, 16)? as u16)
+    u16::try_from(r.lp(5, 16)?).map_err(|_| Malformed)
 }
 
 #[cfg(feature = "std")]
@@ -513,7 +513,7 @@ fn read_history<T: Copy>(
     literal: impl FnOnce(&mut BitReader<'_>) -> Result<T, Malformed>,
 ) -> Result<T, Malformed> {
     if r.bit() {
-        Ok(list[1 + r.get(2) as usize])
+        Ok(list[1 + usize::from(low_u8(r.get(2)))])
     } else {
         literal(r)
     }
@@ -530,7 +530,7 @@ fn read_sample(
 ) -> Result<Sample, Malformed> {
     let has = |f: u8| mask & (1 << f) != 0;
     let kind = if has(F_KIND) {
-        SampleKind::from_u8(r.get(2) as u8).ok_or(Malformed)?
+        SampleKind::from_u8(low_u8(r.get(2))).ok_or(Malformed)?
     } else {
         st.kind
     };
@@ -568,8 +568,8 @@ fn read_sample(
             s.guest_mode = if r.bit() {
                 c.mode[1]
             } else {
-                let low = r.get(4) as u8;
-                let high = if r.bit() { r.get(4) as u8 } else { 0 };
+                let low = low_u8(r.get(4));
+                let high = if r.bit() { low_u8(r.get(4)) } else { 0 };
                 low | (high << 4)
             };
         }
@@ -585,7 +585,7 @@ fn read_sample(
         .wrapping_add(period)
         .wrapping_add(unzigzag(r.rice(ks.k_tsc)?) as u64);
     // The slot's quotient is at most 15 >> k_slot.
-    let slot = r.small_rice(ks.k_slot, (15 >> ks.k_slot) + 1)? as usize;
+    let slot = usize::from(low_u8(r.small_rice(ks.k_slot, (15 >> ks.k_slot) + 1)?));
     let base = c.rips[slot];
     let exact = r.bit();
     s.guest_rip = if exact {

@@ -889,7 +889,7 @@ impl Collector {
         acc.blocks.push(BlockMeta {
             h: header,
             start: acc.records.len(),
-            len: (samples + events) as usize,
+            len: usize::try_from(samples + events).unwrap_or(usize::MAX),
             samples,
             tsc,
         });

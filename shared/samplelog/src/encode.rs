@@ -163,9 +163,16 @@ fn finish(w: &ByteWriter<'_>) -> Result<usize, EncodeError> {
 }
 
 fn short_bytes(w: &mut ByteWriter<'_>, bytes: &[u8]) {
-    // Callers pass fixed-capacity fields of at most 255 bytes.
-    w.u8(bytes.len() as u8);
-    w.bytes(bytes);
+    // Callers pass fixed-capacity fields of at most 255 bytes; a longer one would be cut, never
+    // mis-framed.
+    let n = u8::try_from(bytes.len()).unwrap_or(u8::MAX);
+    w.u8(n);
+    w.bytes(&bytes[..usize::from(n)]);
+}
+
+/// A count the format limits to a byte (its type's capacity is smaller): as a `u8`.
+fn count_u8(n: usize) -> u8 {
+    u8::try_from(n).unwrap_or(u8::MAX)
 }
 
 /// Encodes the header frame into `out` (size it with `MAX_HEADER_FRAME_LEN`); returns the frame
@@ -184,7 +191,7 @@ pub fn encode_header(h: &Header, out: &mut [u8]) -> Result<usize, EncodeError> {
         w.varint(h.period_ticks);
         w.u8(h.source);
         // At most MAX_VMS = 64.
-        w.u8(h.vms.len() as u8);
+        w.u8(count_u8(h.vms.len()));
         for vm in h.vms.iter() {
             w.varint(u64::from(vm.id));
             short_bytes(&mut w, vm.name.as_bytes());
@@ -273,9 +280,7 @@ pub fn encode_task(t: &Task, out: &mut [u8]) -> Result<usize, EncodeError> {
         w.varint(t.task);
         w.varint(u64::from(t.pid));
         w.varint(u64::from(t.tgid));
-        let comm = t.comm.as_str().as_bytes();
-        w.u8(comm.len() as u8);
-        w.bytes(comm);
+        short_bytes(&mut w, t.comm.as_str().as_bytes());
         finish(&w)
     })
 }
@@ -303,9 +308,9 @@ pub fn encode_vm_end(v: &VmEnd, out: &mut [u8]) -> Result<usize, EncodeError> {
         let e = &v.exits;
         w.varint(e.other);
         // At most EXIT_REASONS = 80 rows, reasons below 80: both fit a byte.
-        w.u8(e.reasons().count() as u8);
+        w.u8(count_u8(e.reasons().count()));
         for (reason, s) in e.reasons() {
-            w.u8(reason as u8);
+            w.u8(count_u8(usize::from(reason)));
             w.varint(s.count);
             w.varint(s.total);
             w.varint(s.min);
@@ -322,7 +327,7 @@ pub fn encode_vm_end(v: &VmEnd, out: &mut [u8]) -> Result<usize, EncodeError> {
             }
         }
         // At most EXIT_PORTS = 16.
-        w.u8(e.ports().len() as u8);
+        w.u8(count_u8(e.ports().len()));
         for &(port, n) in e.ports() {
             w.varint(u64::from(port));
             w.varint(n);

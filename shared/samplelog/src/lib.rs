@@ -270,6 +270,9 @@
 
 #![cfg_attr(not(any(feature = "std", test)), no_std)]
 #![forbid(unsafe_code)]
+// Codecs truncate silently when a cast is wrong: every narrowing is `try_from` or a named,
+// documented helper (`bits::low_u8`, `bits::low_u32`).
+#![deny(clippy::cast_possible_truncation)]
 #![warn(missing_docs)]
 
 mod bits;

@@ -244,7 +244,10 @@ impl fmt::Display for Table<'_> {
             "vm {vm}: exit {:<22} {:>10} {:>14} {:>9} {:>9} {:>9}",
             "reason", "count", "total", "min", "max", "mean"
         )?;
-        let mut order: [u16; EXIT_REASONS] = core::array::from_fn(|i| i as u16);
+        let mut order = [0u16; EXIT_REASONS];
+        for (o, r) in order.iter_mut().zip(0u16..) {
+            *o = r;
+        }
         order.sort_unstable_by_key(|&r| (core::cmp::Reverse(s.reasons[usize::from(r)].count), r));
         for r in order {
             let st = s.reasons[usize::from(r)];

@@ -259,7 +259,7 @@ impl<const N: usize> FixedStr<N> {
         let mut out = Self::new();
         out.buf[..s.len()].copy_from_slice(s.as_bytes());
         // `s.len() <= N <= 255`.
-        out.len = s.len() as u8;
+        out.len = u8::try_from(s.len()).unwrap_or(u8::MAX);
         Ok(out)
     }
 
@@ -359,7 +359,7 @@ impl BuildId {
         let mut out = Self::NONE;
         out.bytes[..bytes.len()].copy_from_slice(bytes);
         // At most 20.
-        out.len = bytes.len() as u8;
+        out.len = u8::try_from(bytes.len()).unwrap_or(u8::MAX);
         Ok(out)
     }
 
