@@ -14,6 +14,7 @@ pub mod btf;
 pub mod bzimage;
 pub mod initramfs;
 pub mod kallsyms;
+pub mod layouts;
 mod offsets;
 
 use std::path::Path;
@@ -61,6 +62,11 @@ pub struct KernelImage {
     pub banner: Option<String>,
     /// The GNU build ID, hex.
     pub build_id: Option<String>,
+    /// Where a process's memory map and the module list are, for the hypervisor's walkers (an
+    /// error on kernels whose structures the walkers do not read, e.g. before 6.1).
+    pub mm_layout: Result<hvprof_linux_walk::MmLayout, String>,
+    /// See `mm_layout`.
+    pub module_layout: Result<hvprof_linux_walk::ModuleLayout, String>,
 }
 
 impl KernelImage {
@@ -104,6 +110,8 @@ impl KernelImage {
         })?;
         let btf = btf::Btf::parse(section_data(&btf_section)?)?;
         let offsets = TaskOffsets::derive(&btf, &symbols)?;
+        let mm_layout = layouts::mm_layout(&btf).map_err(|e| e.to_string());
+        let module_layout = layouts::module_layout(&btf, &symbols).map_err(|e| e.to_string());
         let banner = elf
             .section_by_name(".rodata")
             .and_then(|s| s.data().ok())
@@ -118,6 +126,8 @@ impl KernelImage {
             offsets,
             banner,
             build_id,
+            mm_layout,
+            module_layout,
         })
     }
 

@@ -1,0 +1,156 @@
+//! Reading a Linux guest's kernel structures from its memory, with no agent in the guest: a
+//! process's memory map (the VMAs of its `mm`, kept in a maple tree since Linux 6.1), the file
+//! behind a mapping (its name from the dentry chain) and the kernel's list of loaded modules.
+//!
+//! The hypervisor runs these walkers over the guest's memory (through the guest's page tables
+//! and the VM's own EPT); the host tests run them over models of that memory. Every layout (an
+//! offset, an array length) comes from the kernel's own BTF, derived on the host by
+//! `linux-guest` and passed to the hypervisor as `task-offsets=` is: nothing here is hard-coded
+//! to one kernel build.
+//!
+//! Guest memory is hostile input: every read can fail (unmapped, outside the VM), every pointer
+//! can point anywhere, every structure can be garbage or change under the walk. So each walk is
+//! bounded by a [`Budget`] of reads, never recurses deeper than the format allows, checks what it
+//! can (a VMA points back to its `mm`, VMAs are sorted and disjoint, node types are known), and
+//! reports a truncated result as such rather than fault or loop. `no_std`, no allocation.
+
+#![cfg_attr(not(test), no_std)]
+#![forbid(unsafe_code)]
+#![deny(clippy::cast_possible_truncation)]
+
+pub mod maple;
+pub mod modules;
+
+pub use maple::{MapleLayout, MmLayout, Vma, VmaWalk, walk_vmas};
+pub use modules::{Module, ModuleLayout, ModuleWalk, walk_modules};
+
+/// Reads guest-virtual memory of one address space.
+pub trait GuestMemory {
+    /// Fills `out` from guest-virtual address `addr`; `false` if any byte is not readable
+    /// (unmapped, not present, outside the VM). Must never read outside the VM.
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool;
+}
+
+/// A bound on the work of one walk, in guest reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    reads: u32,
+}
+
+impl Budget {
+    /// At most `reads` guest reads.
+    #[must_use]
+    pub const fn new(reads: u32) -> Self {
+        Self { reads }
+    }
+
+    /// Reads left.
+    #[must_use]
+    pub const fn left(&self) -> u32 {
+        self.reads
+    }
+
+    fn take(&mut self) -> Result<(), Stop> {
+        self.reads = self.reads.checked_sub(1).ok_or(Stop::Budget)?;
+        Ok(())
+    }
+}
+
+/// Why a walk ended early (its results so far are valid but incomplete).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The read budget ran out.
+    Budget,
+    /// A read failed (unmapped or outside the VM).
+    Unreadable {
+        /// The guest-virtual address.
+        addr: u64,
+    },
+    /// A structure was not what the layout says (an unknown node type, a cycle, unsorted
+    /// entries, a pointer that does not point back).
+    Malformed,
+    /// The caller's sink asked to stop (it is full).
+    Full,
+}
+
+/// Reads a little-endian `u64` at `addr`, counted against `budget`.
+fn read_u64(mem: &dyn GuestMemory, budget: &mut Budget, addr: u64) -> Result<u64, Stop> {
+    let mut b = [0u8; 8];
+    read(mem, budget, addr, &mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+/// Reads a little-endian `u32` at `addr`, counted against `budget`.
+fn read_u32(mem: &dyn GuestMemory, budget: &mut Budget, addr: u64) -> Result<u32, Stop> {
+    let mut b = [0u8; 4];
+    read(mem, budget, addr, &mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn read(mem: &dyn GuestMemory, budget: &mut Budget, addr: u64, out: &mut [u8]) -> Result<(), Stop> {
+    budget.take()?;
+    if mem.read(addr, out) {
+        Ok(())
+    } else {
+        Err(Stop::Unreadable { addr })
+    }
+}
+
+/// `base + offset` for a field, or `Malformed` if it wraps.
+fn field(base: u64, offset: u32) -> Result<u64, Stop> {
+    base.checked_add(u64::from(offset)).ok_or(Stop::Malformed)
+}
+
+/// Lowest kernel-half address: kernel pointers are at or above it.
+pub const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
+
+/// A plausible kernel pointer: in the kernel half and 8-byte aligned.
+fn kernel_ptr(p: u64) -> bool {
+    p >= KERNEL_HALF && p.is_multiple_of(8)
+}
+
+#[cfg(test)]
+pub(crate) mod model {
+    //! A model of guest memory for the tests: sparse 8-byte-aligned words and byte strings.
+    use std::cell::Cell;
+    use std::collections::BTreeMap;
+
+    #[derive(Default)]
+    pub struct Memory {
+        pub bytes: BTreeMap<u64, u8>,
+        pub reads: Cell<u64>,
+    }
+
+    impl Memory {
+        pub fn put_u64(&mut self, addr: u64, v: u64) {
+            self.put(addr, &v.to_le_bytes());
+        }
+        pub fn put_u32(&mut self, addr: u64, v: u32) {
+            self.put(addr, &v.to_le_bytes());
+        }
+        pub fn put(&mut self, addr: u64, b: &[u8]) {
+            for (i, &x) in b.iter().enumerate() {
+                self.bytes.insert(addr + i as u64, x);
+            }
+        }
+        /// Zero-filled memory over `[addr, addr + len)` (a structure's bytes exist).
+        pub fn zero(&mut self, addr: u64, len: u64) {
+            for a in addr..addr + len {
+                self.bytes.entry(a).or_insert(0);
+            }
+        }
+    }
+
+    impl super::GuestMemory for Memory {
+        fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+            self.reads.set(self.reads.get() + 1);
+            for (i, o) in out.iter_mut().enumerate() {
+                match addr.checked_add(i as u64).and_then(|a| self.bytes.get(&a)) {
+                    Some(&b) => *o = b,
+                    None => return false,
+                }
+            }
+            true
+        }
+    }
+}
