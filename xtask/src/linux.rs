@@ -361,7 +361,7 @@ pub fn image(refresh: bool) -> Result<()> {
         kernel_version.as_deref().unwrap_or("?"),
         bz.compression
     );
-    println!("{h}");
+    println!("{bz}");
     println!(
         "vmlinux: {} symbols from kallsyms, entry_SYSCALL_64 {entry:#x}, task offsets {}",
         kernel.symbols.symbols().len(),
