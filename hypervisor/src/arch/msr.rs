@@ -3,9 +3,9 @@
 //! Probing code (the PMU probe, the VMX capability report on odd CPUs) must read MSRs that may not
 //! exist. The accessors are `hvprof_x86_trap`'s (`shared/x86-trap`), the same the test guests
 //! use: each records its instruction's address in the `.fixup` section; when it raises #GP (a
-//! reserved or unimplemented MSR, SDM Vol. 2B RDMSR/WRMSR "64-Bit Mode Exceptions") or #UD, the
-//! exception dispatcher (`idt::dispatch`) resumes at the next instruction and the accessor returns
-//! the fault. Here a fault becomes the PMU probe's `MsrFault`, which names the MSR.
+//! reserved or unimplemented MSR, SDM Vol. 2 RDMSR and WRMSR, "64-Bit Mode Exceptions") or #UD,
+//! the exception dispatcher (`idt::dispatch`) resumes at the next instruction and the accessor
+//! returns the fault. Here a fault becomes the PMU probe's `MsrFault`, which names the MSR.
 
 use hvprof_pmu::probe::{MsrAccess, MsrFault};
 

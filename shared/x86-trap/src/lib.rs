@@ -11,7 +11,7 @@
 //!   reports, a guest prints and exits.
 //! - [`read_msr`] and [`write_msr`] record their RDMSR/WRMSR in the `.fixup` section (a pair:
 //!   faulting RIP, continuation RIP). When that instruction raises #GP or #UD — the only
-//!   exceptions RDMSR and WRMSR raise in 64-bit mode (SDM Vol. 2B, RDMSR/WRMSR "64-Bit Mode
+//!   exceptions RDMSR and WRMSR raise in 64-bit mode (SDM Vol. 2, RDMSR and WRMSR, "64-Bit Mode
 //!   Exceptions") — the dispatcher calls [`resolve_fixup`], which resumes at the continuation
 //!   with `0x100 | vector` in R8 (zero before the access), and the accessor returns
 //!   `Err(Fault)`. The linker script must gather `.fixup` between `__fixup_start` and
