@@ -1,8 +1,9 @@
 //! CPU instructions: CPUID, MSR access that survives #GP/#UD, control registers, `invlpg`, `hlt`.
 //!
-//! [`rdmsr_safe`] and [`wrmsr_safe`] record their instruction in the `.fixup` section (a pair:
-//! faulting RIP, continuation RIP). When that instruction raises #GP or #UD, the exception
-//! handler resumes at the continuation with `0x100 | vector` in R8, which was zero before.
+//! [`rdmsr_safe`] and [`wrmsr_safe`] are `hvprof_x86_trap`'s accessors (`shared/x86-trap`, the
+//! same the hypervisor uses): they record their instruction in the `.fixup` section (a pair:
+//! faulting RIP, continuation RIP), and when that instruction raises #GP or #UD the exception
+//! handler resumes at the continuation and the accessor returns the fault.
 
 pub use crate::fault::Fault;
 
@@ -40,36 +41,9 @@ pub fn cpuid(leaf: u32, subleaf: u32) -> Cpuid {
     }
 }
 
-fn fault_from(r8: u64) -> Result<(), Fault> {
-    if r8 == 0 {
-        Ok(())
-    } else {
-        Err(Fault { vector: r8 as u8 })
-    }
-}
-
 /// Reads an MSR; `Err` with the vector when RDMSR faulted.
 pub fn rdmsr_safe(msr: u32) -> Result<u64, Fault> {
-    let (lo, hi, fault): (u32, u32, u64);
-    // SAFETY: RDMSR writes only EDX:EAX; a #GP/#UD is caught through the fixup entry and
-    // reported in R8. The guest runs at CPL 0.
-    unsafe {
-        core::arch::asm!(
-            "xor r8d, r8d",
-            "2: rdmsr",
-            "3:",
-            ".pushsection .fixup, \"a\"",
-            ".balign 8",
-            ".quad 2b, 3b",
-            ".popsection",
-            in("ecx") msr,
-            out("eax") lo,
-            out("edx") hi,
-            out("r8") fault,
-            options(nostack),
-        );
-    }
-    fault_from(fault).map(|()| ((hi as u64) << 32) | lo as u64)
+    hvprof_x86_trap::read_msr(msr)
 }
 
 /// Writes an MSR; `Err` with the vector when WRMSR faulted.
@@ -77,25 +51,8 @@ pub fn rdmsr_safe(msr: u32) -> Result<u64, Fault> {
 /// # Safety
 /// A successful write changes processor behaviour: the caller must know what it does.
 pub unsafe fn wrmsr_safe(msr: u32, value: u64) -> Result<(), Fault> {
-    let fault: u64;
-    // SAFETY: the caller vouches for the effect; a #GP/#UD is caught through the fixup entry.
-    unsafe {
-        core::arch::asm!(
-            "xor r8d, r8d",
-            "2: wrmsr",
-            "3:",
-            ".pushsection .fixup, \"a\"",
-            ".balign 8",
-            ".quad 2b, 3b",
-            ".popsection",
-            in("ecx") msr,
-            in("eax") value as u32,
-            in("edx") (value >> 32) as u32,
-            out("r8") fault,
-            options(nostack),
-        );
-    }
-    fault_from(fault)
+    // SAFETY: the caller vouches for the effect of the write.
+    unsafe { hvprof_x86_trap::write_msr(msr, value) }
 }
 
 /// CR0.

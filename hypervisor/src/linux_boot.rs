@@ -5,11 +5,19 @@
 //! `load address + 0x200` with RSI pointing at `boot_params`, interrupts off, and an identity map
 //! covering the kernel, the zero page, the command line and the initrd.
 //!
-//! The bzImage decompresses itself in the guest, so the loader needs no decompressor. Pure: the
-//! host tests it on a `Vec`.
+//! The setup header is read by `hvprof_linux_boot` (`shared/linux-boot`), the one parser the
+//! host tools use too. The bzImage decompresses itself in the guest, so the loader needs no
+//! decompressor. Pure: the host tests it on a `Vec`.
 
 use crate::guest_image::{BootState, PD_GPA, PDPT_GPA, PML4_GPA, StartMode};
 use core::fmt;
+use hvprof_linux_boot::boot_params::{
+    E820_ENTRIES, E820_ENTRY_SIZE, E820_MAX_ENTRIES, E820_RAM, E820_RESERVED, E820_TABLE,
+    EXT_CMD_LINE_PTR, EXT_RAMDISK_IMAGE, EXT_RAMDISK_SIZE,
+};
+use hvprof_linux_boot::{HeaderError, LOADED_HIGH, LOADER_UNDEFINED, MIN_LEN, offset as off};
+/// The setup header, parsed by the crate the host tools share (`shared/linux-boot`).
+pub use hvprof_linux_boot::{SetupHeader, looks_like_bzimage as is_bzimage};
 
 /// Where the loader puts its own pieces (all below 1 MiB, in RAM the e820 map reports as usable:
 /// Linux reclaims it once it runs on its own page tables).
@@ -24,60 +32,6 @@ pub const HIGH_RAM_START: u64 = 0x10_0000;
 pub const CODE_SELECTOR: u16 = 0x10;
 pub const DATA_SELECTOR: u16 = 0x18;
 const GDT: [u64; 4] = [0, 0, 0x00af_9b00_0000_ffff, 0x00cf_9300_0000_ffff];
-
-/// The setup header's fields (offsets in the bzImage file and in `boot_params`, boot.rst "The
-/// Real-Mode Kernel Header").
-mod off {
-    pub const SETUP_SECTS: usize = 0x1f1;
-    pub const HEADER_END_LEN: usize = 0x201;
-    pub const BOOT_FLAG: usize = 0x1fe;
-    pub const HEADER_MAGIC: usize = 0x202;
-    pub const VERSION: usize = 0x206;
-    pub const TYPE_OF_LOADER: usize = 0x210;
-    pub const LOADFLAGS: usize = 0x211;
-    pub const RAMDISK_IMAGE: usize = 0x218;
-    pub const RAMDISK_SIZE: usize = 0x21c;
-    pub const CMD_LINE_PTR: usize = 0x228;
-    pub const INITRD_ADDR_MAX: usize = 0x22c;
-    pub const KERNEL_ALIGNMENT: usize = 0x230;
-    pub const RELOCATABLE: usize = 0x234;
-    pub const XLOADFLAGS: usize = 0x236;
-    pub const CMDLINE_SIZE: usize = 0x238;
-    pub const PREF_ADDRESS: usize = 0x258;
-    pub const INIT_SIZE: usize = 0x260;
-    // boot_params only (boot.rst "The Zero Page" / arch/x86/include/uapi/asm/bootparam.h).
-    pub const EXT_RAMDISK_IMAGE: usize = 0x0c0;
-    pub const EXT_RAMDISK_SIZE: usize = 0x0c4;
-    pub const EXT_CMD_LINE_PTR: usize = 0x0c8;
-    pub const E820_ENTRIES: usize = 0x1e8;
-    pub const E820_TABLE: usize = 0x2d0;
-}
-const HDRS: u32 = 0x5372_6448; // "HdrS"
-const XLF_KERNEL_64: u16 = 1 << 0;
-const LOADED_HIGH: u8 = 1 << 0;
-const E820_RAM: u32 = 1;
-const E820_RESERVED: u32 = 2;
-const E820_MAX: usize = 128;
-
-/// What the loader reads from a bzImage's setup header.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SetupHeader {
-    /// Boot protocol version (0x020f = 2.15).
-    pub version: u16,
-    /// 512-byte sectors of real-mode setup code after the boot sector.
-    pub setup_sects: u8,
-    pub loadflags: u8,
-    pub xloadflags: u16,
-    pub relocatable: bool,
-    pub kernel_alignment: u32,
-    pub pref_address: u64,
-    /// Memory the kernel needs from its load address while it decompresses and starts.
-    pub init_size: u32,
-    pub cmdline_size: u32,
-    pub initrd_addr_max: u32,
-    /// Where the protected-mode kernel starts in the file.
-    pub kernel_offset: usize,
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinuxError {
@@ -131,18 +85,6 @@ impl fmt::Display for LinuxError {
     }
 }
 
-fn u8_at(b: &[u8], o: usize) -> u8 {
-    b.get(o).copied().unwrap_or(0)
-}
-fn u16_at(b: &[u8], o: usize) -> u16 {
-    u16::from_le_bytes([u8_at(b, o), u8_at(b, o + 1)])
-}
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    u32::from(u16_at(b, o)) | u32::from(u16_at(b, o + 2)) << 16
-}
-fn u64_at(b: &[u8], o: usize) -> u64 {
-    u64::from(u32_at(b, o)) | u64::from(u32_at(b, o + 4)) << 32
-}
 /// Copies `bytes` to guest-physical `at`; `NoRoom` if they do not all fit in `mem` (the image's
 /// header chooses some of these addresses: nothing it says may index outside guest memory).
 fn put(mem: &mut [u8], at: u64, bytes: &[u8]) -> Result<(), LinuxError> {
@@ -164,56 +106,37 @@ fn put(mem: &mut [u8], at: u64, bytes: &[u8]) -> Result<(), LinuxError> {
     }
 }
 
-/// Whether `image` looks like a bzImage (the setup header's magic and boot flag).
-pub fn is_bzimage(image: &[u8]) -> bool {
-    image.len() > off::INIT_SIZE + 4
-        && u32_at(image, off::HEADER_MAGIC) == HDRS
-        && u16_at(image, off::BOOT_FLAG) == 0xaa55
-}
-
-/// Reads and checks the setup header: protocol 2.12 or later with the 64-bit entry.
+/// Reads and checks the setup header (`hvprof_linux_boot`): protocol 2.12 or later, with the
+/// 64-bit entry this loader uses.
 pub fn parse_header(image: &[u8]) -> Result<SetupHeader, LinuxError> {
     if !is_bzimage(image) {
         return Err(LinuxError::NotBzImage);
     }
-    let version = u16_at(image, off::VERSION);
-    if version < 0x020c {
-        return Err(LinuxError::Protocol(
-            "2.12 or later is needed for the 64-bit entry",
-            version,
-        ));
-    }
-    let xloadflags = u16_at(image, off::XLOADFLAGS);
-    if xloadflags & XLF_KERNEL_64 == 0 {
+    let h = SetupHeader::parse(image).map_err(|e| match e {
+        HeaderError::BootFlag(_) | HeaderError::Magic(_) => LinuxError::NotBzImage,
+        HeaderError::Protocol(v) => {
+            LinuxError::Protocol("2.12 or later is needed for the 64-bit entry", v)
+        }
+        HeaderError::TooShort { len } => LinuxError::Truncated {
+            needed: MIN_LEN,
+            len,
+        },
+        HeaderError::KernelPastEnd { kernel_offset, len } => LinuxError::Truncated {
+            needed: kernel_offset + 1,
+            len,
+        },
+        HeaderError::Payload { start, length, len } => LinuxError::Truncated {
+            needed: usize::try_from(start + u64::from(length)).unwrap_or(usize::MAX),
+            len,
+        },
+    })?;
+    if !h.has_64bit_entry() {
         return Err(LinuxError::Protocol(
             "the kernel has no 64-bit entry point (XLF_KERNEL_64 clear)",
-            version,
+            h.version,
         ));
     }
-    let setup_sects = match u8_at(image, off::SETUP_SECTS) {
-        0 => 4,
-        n => n,
-    };
-    let kernel_offset = (usize::from(setup_sects) + 1) * 512;
-    if kernel_offset >= image.len() {
-        return Err(LinuxError::Truncated {
-            needed: kernel_offset + 1,
-            len: image.len(),
-        });
-    }
-    Ok(SetupHeader {
-        version,
-        setup_sects,
-        loadflags: u8_at(image, off::LOADFLAGS),
-        xloadflags,
-        relocatable: u8_at(image, off::RELOCATABLE) != 0,
-        kernel_alignment: u32_at(image, off::KERNEL_ALIGNMENT),
-        pref_address: u64_at(image, off::PREF_ADDRESS),
-        init_size: u32_at(image, off::INIT_SIZE),
-        cmdline_size: u32_at(image, off::CMDLINE_SIZE),
-        initrd_addr_max: u32_at(image, off::INITRD_ADDR_MAX),
-        kernel_offset,
-    })
+    Ok(h)
 }
 
 /// Where things went, for the boot log.
@@ -250,7 +173,7 @@ pub fn load(
     let size = mem.len() as u64;
     // 1. The protected-mode kernel at its preferred address (it is relocatable and decompresses
     //    itself; KASLR may move it later, inside the e820 RAM).
-    let kernel = &image[h.kernel_offset..];
+    let kernel = &image[h.kernel_offset()..];
     let kernel_len = kernel.len() as u64;
     let kernel_gpa = h.pref_address.max(HIGH_RAM_START);
     let kernel_end = kernel_gpa.saturating_add(u64::from(h.init_size).max(kernel_len));
@@ -298,26 +221,25 @@ pub fn load(
     // 4. boot_params: the setup header as the file has it, then what the loader fills in.
     let bp = BOOT_PARAMS_GPA;
     let at = |o: usize| bp + o as u64;
-    let header_end = (0x202 + usize::from(u8_at(image, off::HEADER_END_LEN))).min(image.len());
     put(
         mem,
         at(off::SETUP_SECTS),
-        image.get(off::SETUP_SECTS..header_end).unwrap_or(&[]),
+        hvprof_linux_boot::setup_header_bytes(image),
     )?;
-    put(mem, at(off::TYPE_OF_LOADER), &[0xff])?; // "undefined" boot loader
+    put(mem, at(off::TYPE_OF_LOADER), &[LOADER_UNDEFINED])?;
     put(mem, at(off::LOADFLAGS), &[h.loadflags | LOADED_HIGH])?;
     let put32 = |mem: &mut [u8], o: usize, v: u64| put(mem, at(o), &(v as u32).to_le_bytes());
     put32(mem, off::CMD_LINE_PTR, CMDLINE_GPA)?;
-    put32(mem, off::EXT_CMD_LINE_PTR, CMDLINE_GPA >> 32)?;
+    put32(mem, EXT_CMD_LINE_PTR, CMDLINE_GPA >> 32)?;
     put32(mem, off::RAMDISK_IMAGE, initrd_gpa)?;
-    put32(mem, off::EXT_RAMDISK_IMAGE, initrd_gpa >> 32)?;
+    put32(mem, EXT_RAMDISK_IMAGE, initrd_gpa >> 32)?;
     put32(mem, off::RAMDISK_SIZE, initrd_len)?;
-    put32(mem, off::EXT_RAMDISK_SIZE, initrd_len >> 32)?;
+    put32(mem, EXT_RAMDISK_SIZE, initrd_len >> 32)?;
     let map = e820(size);
-    put(mem, at(off::E820_ENTRIES), &[map.len() as u8])?;
-    const _: () = assert!(4 <= E820_MAX);
+    put(mem, at(E820_ENTRIES), &[map.len() as u8])?;
+    const _: () = assert!(4 <= E820_MAX_ENTRIES);
     for (i, (addr, len, kind)) in map.iter().enumerate() {
-        let entry = at(off::E820_TABLE + 20 * i);
+        let entry = at(E820_TABLE + E820_ENTRY_SIZE * i);
         put(mem, entry, &addr.to_le_bytes())?;
         put(mem, entry + 8, &len.to_le_bytes())?;
         put(mem, entry + 16, &kind.to_le_bytes())?;
@@ -371,21 +293,29 @@ mod tests {
     use alloc::vec;
     use alloc::vec::Vec;
 
+    fn u32_at(b: &[u8], o: usize) -> u32 {
+        u32::from_le_bytes(b[o..o + 4].try_into().unwrap())
+    }
+    fn u64_at(b: &[u8], o: usize) -> u64 {
+        u64::from_le_bytes(b[o..o + 8].try_into().unwrap())
+    }
+
     /// A minimal bzImage: boot sector with the header, `setup_sects` setup sectors, then a
     /// "kernel" of `kernel` bytes.
     fn bzimage(setup_sects: u8, kernel: usize, version: u16, xlf: u16) -> Vec<u8> {
         let mut b = vec![0u8; (usize::from(setup_sects) + 1) * 512 + kernel];
         b[off::SETUP_SECTS] = setup_sects;
         b[off::BOOT_FLAG..off::BOOT_FLAG + 2].copy_from_slice(&0xaa55u16.to_le_bytes());
-        b[off::HEADER_END_LEN] = 0x6a; // header up to 0x26c, as 2.15 kernels have
-        b[off::HEADER_MAGIC..off::HEADER_MAGIC + 4].copy_from_slice(&HDRS.to_le_bytes());
+        b[off::JUMP_LENGTH] = 0x6a; // header up to 0x26c, as 2.15 kernels have
+        b[off::HEADER..off::HEADER + 4]
+            .copy_from_slice(&hvprof_linux_boot::HEADER_MAGIC.to_le_bytes());
         b[off::VERSION..off::VERSION + 2].copy_from_slice(&version.to_le_bytes());
         b[off::LOADFLAGS] = 0x01;
         b[off::INITRD_ADDR_MAX..off::INITRD_ADDR_MAX + 4]
             .copy_from_slice(&0x7fff_ffffu32.to_le_bytes());
         b[off::KERNEL_ALIGNMENT..off::KERNEL_ALIGNMENT + 4]
             .copy_from_slice(&0x20_0000u32.to_le_bytes());
-        b[off::RELOCATABLE] = 1;
+        b[off::RELOCATABLE_KERNEL] = 1;
         b[off::XLOADFLAGS..off::XLOADFLAGS + 2].copy_from_slice(&xlf.to_le_bytes());
         b[off::CMDLINE_SIZE..off::CMDLINE_SIZE + 4].copy_from_slice(&2047u32.to_le_bytes());
         b[off::PREF_ADDRESS..off::PREF_ADDRESS + 8].copy_from_slice(&0x100_0000u64.to_le_bytes());
@@ -419,11 +349,14 @@ mod tests {
             &mem[CMDLINE_GPA as usize..CMDLINE_GPA as usize + 20],
             b"console=ttyS0 quiet\0"
         );
-        assert_eq!(u32_at(&mem, bp + off::HEADER_MAGIC), HDRS);
+        assert_eq!(
+            u32_at(&mem, bp + off::HEADER),
+            hvprof_linux_boot::HEADER_MAGIC
+        );
         assert_eq!(mem[bp + off::TYPE_OF_LOADER], 0xff);
         // e820: four entries, the last one RAM from 1 MiB to the end.
-        assert_eq!(mem[bp + off::E820_ENTRIES], 4);
-        let last = bp + off::E820_TABLE + 3 * 20;
+        assert_eq!(mem[bp + E820_ENTRIES], 4);
+        let last = bp + E820_TABLE + 3 * 20;
         assert_eq!(u64_at(&mem, last), 0x10_0000);
         assert_eq!(u64_at(&mem, last + 8), (64 << 20) - 0x10_0000);
         assert_eq!(u32_at(&mem, last + 16), E820_RAM);

@@ -2,10 +2,10 @@
 //! Performance Monitoring").
 //!
 //! CPUID leaf 0AH alone lies on some platforms: Bochs 2.7 advertises version 3 with 4 general and
-//! 3 fixed counters whose MSRs never count (shared/platform/PLATFORM.md). So the probe programs a
-//! counter, runs a known workload, and checks that the counter moved. The MSR interface is a
-//! trait so the logic is unit-tested on the host against models of working, silent and faulting
-//! PMUs.
+//! 3 fixed counters whose MSRs never count (they read 0; with Bochs' `ignore_bad_msrs=0` they
+//! raise #GP instead). So the probe programs a counter, runs a known workload, and checks that the
+//! counter moved. The MSR interface is a trait so the logic is unit-tested on the host against
+//! models of working, silent and faulting PMUs.
 
 use core::fmt;
 

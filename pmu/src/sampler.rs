@@ -1,10 +1,11 @@
 //! The architectural-PMU sampling source: a counter that overflows every `period` events and
 //! raises a performance-monitoring interrupt (PMI) delivered as an NMI.
 //!
-//! Written for real hardware and nested KVM (`-cpu host,pmu=on`). Bochs has no PMU
-//! (shared/platform/PLATFORM.md), so nothing here runs end to end on the build machine: the logic
-//! is unit-tested on the host against a model of the PMU MSRs and of the local APIC's LVT
-//! performance-monitoring counters entry. Run [`crate::probe::probe`] first: CPUID.0AH alone lies.
+//! Written for real hardware and nested KVM (`-cpu host,pmu=on`). Bochs 2.7, where the end-to-end
+//! tests run, has no working PMU (its counter MSRs read 0 and never count), so nothing here runs
+//! end to end on the build machine: the logic is unit-tested on the host against a model of the
+//! PMU MSRs and of the local APIC's LVT performance-monitoring counters entry. Run
+//! [`crate::probe::probe`] first: CPUID.0AH alone lies.
 //!
 //! Section numbers are those of the SDM editions where "Performance Monitoring" is Vol. 3B
 //! chapter 21 and the APIC is Vol. 3A chapter 12 (older editions: chapters 18-20 and 10-11).
@@ -42,7 +43,8 @@
 //! previous overflow, not after the reload, so no events are dropped except the few between the
 //! RDMSR and the WRMSR of the reload. If `since` exceeds `period` (the NMI was held off), the whole
 //! periods in it are counted in [`Sampler::missed_periods`] and the phase is kept. What a sample
-//! costs is measured separately by the sample path (TSC in, TSC out; DESIGN.md "Sampling").
+//! costs is measured separately by the sample path: it reads the TSC when it starts and when it
+//! ends, and the record carries the difference, so every profile says what profiling cost.
 //!
 //! # Period limit
 //! `1 ..= 2^(w-1) - 1`, where `w` is the counter width, or 32 for a general counter without

@@ -58,7 +58,7 @@ pub struct AllowedBits(pub u64);
 
 impl AllowedBits {
     pub fn must_be_one(self) -> u32 {
-        self.0 as u32
+        (self.0 & 0xffff_ffff) as u32
     }
     pub fn may_be_one(self) -> u32 {
         (self.0 >> 32) as u32
@@ -457,8 +457,8 @@ mod tests {
     #[test]
     fn no_secondary_controls_means_no_ept() {
         let mut raw = haswell();
-        raw.procbased &= !((proc1::ACTIVATE_SECONDARY as u64) << 32);
-        raw.true_procbased &= !((proc1::ACTIVATE_SECONDARY as u64) << 32);
+        raw.procbased &= !(u64::from(proc1::ACTIVATE_SECONDARY) << 32);
+        raw.true_procbased &= !(u64::from(proc1::ACTIVATE_SECONDARY) << 32);
         let c = VmxCaps::new(raw);
         assert!(!c.has_ept());
         assert!(!c.has_vpid());

@@ -170,7 +170,7 @@ impl ExitReason {
 
     /// Bits 15:0.
     pub const fn basic(self) -> u16 {
-        self.0 as u16
+        (self.0 & 0xffff) as u16
     }
     /// Bit 31: VM entry failed during or after loading guest state (SDM Vol. 3C §27.8); see
     /// [`crate::errors::EntryFailure`].
@@ -251,8 +251,8 @@ impl CrAccess {
                 _ => CrAccessType::Lmsw,
             },
             lmsw_memory_operand: q & (1 << 6) != 0,
-            gpr: Gpr::from_number((q >> 8) as u8),
-            lmsw_source: (q >> 16) as u16,
+            gpr: Gpr::from_number(((q >> 8) & 0xf) as u8),
+            lmsw_source: ((q >> 16) & 0xffff) as u16,
         }
     }
 }
@@ -295,7 +295,7 @@ impl IoAccess {
             string: q & (1 << 4) != 0,
             rep: q & (1 << 5) != 0,
             immediate: q & (1 << 6) != 0,
-            port: (q >> 16) as u16,
+            port: ((q >> 16) & 0xffff) as u16,
         }
     }
 }
@@ -380,7 +380,7 @@ impl InterruptionInfo {
 
     /// Bits 7:0.
     pub const fn vector(self) -> u8 {
-        self.0 as u8
+        (self.0 & 0xff) as u8
     }
     /// Bits 10:8.
     pub const fn kind(self) -> InterruptionType {
@@ -599,9 +599,9 @@ mod tests {
             prop_assert!(cr.cr < 16);
             let io = IoAccess::decode(q);
             prop_assert!((1..=8).contains(&io.size));
-            let info = InterruptionInfo(q as u32);
+            let info = InterruptionInfo((q & 0xffff_ffff) as u32);
             let _ = (info.vector(), info.kind(), format!("{info:?}"));
-            let r = ExitReason(q as u32);
+            let r = ExitReason((q >> 32) as u32);
             let _ = (r.name(), r.kind(), r.to_string());
             if let Some(k) = r.kind() {
                 prop_assert_eq!(k.number(), r.basic());

@@ -24,7 +24,7 @@ unsafe fn outcome(cf: u8, zf: u8) -> Result<(), VmFail> {
         // SAFETY: VMfailValid means we are in VMX root operation with a current VMCS (SDM Vol. 3C
         // §32.2), so VMREAD of the VM-instruction error field is valid.
         match unsafe { vmread(ReadOnly32::VmInstructionError as u32) } {
-            Ok(n) => n as u32,
+            Ok(n) => (n & 0xffff_ffff) as u32,
             Err(_) => InstructionError::Unknown(0).number(),
         }
     })

@@ -185,7 +185,7 @@ mod tests {
             if g == Gpr::Rsp {
                 assert!(r.get_mut(g).is_none() && r.get(g).is_none());
             } else {
-                *r.get_mut(g).unwrap() = 0x100 + n as u64;
+                *r.get_mut(g).unwrap() = 0x100 + u64::from(n);
             }
         }
         assert_eq!((r.rax, r.rcx, r.rdx, r.rbx), (0x100, 0x101, 0x102, 0x103));

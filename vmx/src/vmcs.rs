@@ -587,10 +587,11 @@ pub trait VmcsAccess {
 /// ```
 pub trait VmcsExt: VmcsAccess {
     fn read16(&self, field: impl Field16) -> Result<u16, VmFail> {
-        self.read(field.encoding()).map(|v| v as u16)
+        self.read(field.encoding()).map(|v| (v & 0xffff) as u16)
     }
     fn read32(&self, field: impl Field32) -> Result<u32, VmFail> {
-        self.read(field.encoding()).map(|v| v as u32)
+        self.read(field.encoding())
+            .map(|v| (v & 0xffff_ffff) as u32)
     }
     fn read64(&self, field: impl Field64) -> Result<u64, VmFail> {
         self.read(field.encoding())

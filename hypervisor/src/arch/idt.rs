@@ -3,136 +3,27 @@
 //! Stable Rust has no `x86-interrupt` ABI, so every vector enters through a small assembly stub
 //! that pushes a dummy error code where the CPU pushes none (SDM Vol. 3A §7.13, "Error Code"),
 //! then the vector number, then every general-purpose register, and calls [`dispatch`] with a
-//! pointer to the resulting [`TrapFrame`]. The layout of that frame is checked at compile time.
+//! pointer to the resulting [`TrapFrame`]. The stubs and the frame are `hvprof_x86_trap`'s
+//! (`shared/x86-trap`), the same the test guests use.
 //!
-//! A fault whose RIP is listed in the `.fixup` section (see [`super::msr`]) resumes at the
+//! A #GP or #UD whose RIP is listed in the `.fixup` section (see [`super::msr`]) resumes at the
 //! listed continuation with the vector reported in R8: that is how RDMSR/WRMSR probe MSRs that
 //! may not exist. Every other exception prints a register dump and powers the machine off.
 
 use super::gdt;
 use crate::console::emergency_writer;
 use core::fmt::Write;
-use core::mem::{offset_of, size_of};
 use core::sync::atomic::{AtomicU64, Ordering};
 use spin::Once;
 use x86_64::VirtAddr;
 use x86_64::registers::control::{Cr0, Cr2, Cr3, Cr4};
 use x86_64::structures::idt::InterruptDescriptorTable;
 
-/// The register state saved by the entry stubs, lowest address first.
-#[repr(C)]
-#[derive(Debug)]
-pub struct TrapFrame {
-    pub r15: u64,
-    pub r14: u64,
-    pub r13: u64,
-    pub r12: u64,
-    pub r11: u64,
-    pub r10: u64,
-    pub r9: u64,
-    pub r8: u64,
-    pub rbp: u64,
-    pub rdi: u64,
-    pub rsi: u64,
-    pub rdx: u64,
-    pub rcx: u64,
-    pub rbx: u64,
-    pub rax: u64,
-    pub vector: u64,
-    pub error_code: u64,
-    // Pushed by the CPU (SDM Vol. 3A §7.14.4, Figure 7-9).
-    pub rip: u64,
-    pub cs: u64,
-    pub rflags: u64,
-    pub rsp: u64,
-    pub ss: u64,
-}
+/// The register state the entry stubs save (`shared/x86-trap`).
+pub use hvprof_x86_trap::TrapFrame;
 
-// The stub pushes 15 registers after vector and error code: keep the asm and the struct in step.
-const _: () = assert!(size_of::<TrapFrame>() == 22 * 8);
-const _: () = assert!(offset_of!(TrapFrame, rax) == 14 * 8);
-const _: () = assert!(offset_of!(TrapFrame, vector) == 15 * 8);
-const _: () = assert!(offset_of!(TrapFrame, rip) == 17 * 8);
-// 22 quadwords keep RSP 16-byte aligned at the `call` (the CPU aligns before pushing its frame).
-const _: () = assert!(size_of::<TrapFrame>().is_multiple_of(16));
-
-/// Stub length: every stub is padded to this many bytes so stub N is at `trap_stubs + 16 * N`.
-const STUB_SIZE: usize = 16;
-
-// 256 stubs, then the common part. The vectors with an error code (SDM Vol. 3A Table 7-1) skip
-// the dummy push. `.rept` with an assembler counter keeps the vector numbers
-// out of Rust; each stub is `[push 0] ; push vector ; jmp trap_common`, padded to 16 bytes.
-core::arch::global_asm!(
-    r#"
-    .section .text.trap_stubs, "ax"
-    .balign 16
-    .global trap_stubs
-trap_stubs:
-    .set vec, 0
-    .rept 256
-    .balign 16
-    .if (vec == 8) || (vec == 10) || (vec == 11) || (vec == 12) || (vec == 13) || (vec == 14) || (vec == 17) || (vec == 21) || (vec == 29) || (vec == 30)
-    .else
-    push 0
-    .endif
-    push vec
-    jmp trap_common
-    .set vec, vec + 1
-    .endr
-
-trap_common:
-    push rax
-    push rbx
-    push rcx
-    push rdx
-    push rsi
-    push rdi
-    push rbp
-    push r8
-    push r9
-    push r10
-    push r11
-    push r12
-    push r13
-    push r14
-    push r15
-    mov rdi, rsp
-    cld
-    call {dispatch}
-    pop r15
-    pop r14
-    pop r13
-    pop r12
-    pop r11
-    pop r10
-    pop r9
-    pop r8
-    pop rbp
-    pop rdi
-    pop rsi
-    pop rdx
-    pop rcx
-    pop rbx
-    pop rax
-    add rsp, 16
-    iretq
-"#,
-    dispatch = sym dispatch,
-);
-
-unsafe extern "C" {
-    static trap_stubs: [u8; 256 * STUB_SIZE];
-    static __fixup_start: [FixupEntry; 0];
-    static __fixup_end: [FixupEntry; 0];
-}
-
-/// One `.fixup` entry: a faulting instruction and where to continue.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct FixupEntry {
-    pub fault_rip: u64,
-    pub continue_rip: u64,
-}
+// The 256 entry stubs, shared with the test guests: each calls `dispatch` with the frame.
+hvprof_x86_trap::trap_stubs!(dispatch);
 
 static IDT: Once<InterruptDescriptorTable> = Once::new();
 
@@ -141,8 +32,7 @@ static IDT: Once<InterruptDescriptorTable> = Once::new();
 pub fn init() {
     let idt = IDT.call_once(|| {
         let mut idt = InterruptDescriptorTable::new();
-        let base = VirtAddr::from_ptr(core::ptr::addr_of!(trap_stubs));
-        let stub = |v: u64| base + v * STUB_SIZE as u64;
+        let stub = |v: u8| VirtAddr::new(hvprof_x86_trap::stub_address(v));
         // SAFETY: (all `set_handler_addr` calls) stub N is an entry stub written above for
         // vector N, with the right error-code handling for that vector; the IST indices name
         // stacks that every CPU's TSS provides (see `gdt`).
@@ -176,8 +66,8 @@ pub fn init() {
             idt.hv_injection_exception.set_handler_addr(stub(28));
             idt.vmm_communication_exception.set_handler_addr(stub(29));
             idt.security_exception.set_handler_addr(stub(30));
-            for (i, entry) in idt.slice_mut(32..).iter_mut().enumerate() {
-                entry.set_handler_addr(stub(32 + i as u64));
+            for (entry, vector) in idt.slice_mut(32..).iter_mut().zip(32..=u8::MAX) {
+                entry.set_handler_addr(stub(vector));
             }
         }
         idt
@@ -185,40 +75,15 @@ pub fn init() {
     idt.load();
 }
 
-fn fixups() -> &'static [FixupEntry] {
-    // SAFETY: the linker script brackets the `.fixup` output section with these two symbols;
-    // every input is a pair of quadwords emitted by `msr.rs`, so the span is a whole number of
-    // `FixupEntry` values, 8-byte aligned, immutable after link time.
-    unsafe {
-        let start = core::ptr::addr_of!(__fixup_start) as *const FixupEntry;
-        let end = core::ptr::addr_of!(__fixup_end) as *const FixupEntry;
-        core::slice::from_raw_parts(start, end.offset_from(start) as usize)
-    }
-}
+/// "#GP general protection" (SDM Vol. 3A Table 7-1), or "interrupt".
+struct Name(u64);
 
-pub const fn name(vector: u64) -> &'static str {
-    match vector {
-        0 => "#DE divide error",
-        1 => "#DB debug",
-        2 => "NMI",
-        3 => "#BP breakpoint",
-        4 => "#OF overflow",
-        5 => "#BR bound range",
-        6 => "#UD invalid opcode",
-        7 => "#NM device not available",
-        8 => "#DF double fault",
-        10 => "#TS invalid TSS",
-        11 => "#NP segment not present",
-        12 => "#SS stack fault",
-        13 => "#GP general protection",
-        14 => "#PF page fault",
-        16 => "#MF x87 error",
-        17 => "#AC alignment check",
-        18 => "#MC machine check",
-        19 => "#XM SIMD error",
-        20 => "#VE virtualization",
-        21 => "#CP control protection",
-        _ => "interrupt",
+impl core::fmt::Display for Name {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match hvprof_x86_trap::describe(self.0) {
+            Some((mnemonic, name)) => write!(f, "{mnemonic} {name}"),
+            None => f.write_str("interrupt"),
+        }
     }
 }
 
@@ -266,15 +131,10 @@ pub static STRAY: Stray = Stray {
 };
 
 extern "C" fn dispatch(frame: &mut TrapFrame) {
-    // A fixup answers an exception of its instruction, never an interrupt that arrived just
+    // A fixup answers a #GP or #UD of its instruction, never an interrupt that arrived just
     // before it (the saved RIP is the same): taking the timer's interrupt for a #GP of a WRMSR
     // would skip the WRMSR and the interrupt's EOI, and the pCPU would never hear its timer again.
-    if let Some(fix) = fixups()
-        .iter()
-        .find(|f| frame.vector < 32 && frame.vector != 2 && f.fault_rip == frame.rip)
-    {
-        frame.r8 = frame.vector + 1;
-        frame.rip = fix.continue_rip;
+    if hvprof_x86_trap::resolve_fixup(frame) {
         return;
     }
     if frame.vector == 2 {
@@ -308,7 +168,7 @@ fn fatal(frame: &TrapFrame) -> ! {
     let _ = writeln!(
         w,
         "EXCEPTION: {} (vector {}, error code {:#x}) at RIP={:#018x}",
-        name(frame.vector),
+        Name(frame.vector),
         frame.vector,
         frame.error_code,
         frame.rip

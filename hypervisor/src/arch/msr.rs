@@ -1,40 +1,17 @@
 //! MSR access that survives a #GP.
 //!
 //! Probing code (the PMU probe, the VMX capability report on odd CPUs) must read MSRs that may not
-//! exist. Each access here records its instruction's address in the `.fixup` section; when it
-//! faults, the exception dispatcher (`idt::dispatch`) resumes at the next instruction with the
-//! vector + 1 in R8, which was zero before the access. RDMSR/WRMSR raise #GP for a reserved or
-//! unimplemented MSR (SDM Vol. 2B, RDMSR/WRMSR "Protected Mode Exceptions").
+//! exist. The accessors are `hvprof_x86_trap`'s (`shared/x86-trap`), the same the test guests
+//! use: each records its instruction's address in the `.fixup` section; when it raises #GP (a
+//! reserved or unimplemented MSR, SDM Vol. 2 RDMSR and WRMSR, "64-Bit Mode Exceptions") or #UD,
+//! the exception dispatcher (`idt::dispatch`) resumes at the next instruction and the accessor
+//! returns the fault. Here a fault becomes the PMU probe's `MsrFault`, which names the MSR.
 
 use hvprof_pmu::probe::{MsrAccess, MsrFault};
 
 /// Reads an MSR; `Err` when the CPU faulted.
 pub fn read_safe(msr: u32) -> Result<u64, MsrFault> {
-    let (lo, hi): (u32, u32);
-    let fault: u64;
-    // SAFETY: RDMSR only reads; a #GP is caught by the fixup entry and reported in R8. The
-    // caller runs in ring 0 (the hypervisor never runs elsewhere).
-    unsafe {
-        core::arch::asm!(
-            "xor r8d, r8d",
-            "2: rdmsr",
-            "3:",
-            ".pushsection .fixup, \"a\"",
-            ".balign 8",
-            ".quad 2b, 3b",
-            ".popsection",
-            in("ecx") msr,
-            out("eax") lo,
-            out("edx") hi,
-            out("r8") fault,
-            options(nostack),
-        );
-    }
-    if fault != 0 {
-        Err(MsrFault { msr, write: false })
-    } else {
-        Ok(((hi as u64) << 32) | lo as u64)
-    }
+    hvprof_x86_trap::read_msr(msr).map_err(|_| MsrFault { msr, write: false })
 }
 
 /// Writes an MSR; `Err` when the CPU faulted.
@@ -42,29 +19,8 @@ pub fn read_safe(msr: u32) -> Result<u64, MsrFault> {
 /// # Safety
 /// Writing an MSR changes processor behaviour: the caller must know what the write does.
 pub unsafe fn write_safe(msr: u32, value: u64) -> Result<(), MsrFault> {
-    let fault: u64;
-    // SAFETY: the caller vouches for the effect of the write; a #GP is caught by the fixup entry.
-    unsafe {
-        core::arch::asm!(
-            "xor r8d, r8d",
-            "2: wrmsr",
-            "3:",
-            ".pushsection .fixup, \"a\"",
-            ".balign 8",
-            ".quad 2b, 3b",
-            ".popsection",
-            in("ecx") msr,
-            in("eax") value as u32,
-            in("edx") (value >> 32) as u32,
-            out("r8") fault,
-            options(nostack),
-        );
-    }
-    if fault != 0 {
-        Err(MsrFault { msr, write: true })
-    } else {
-        Ok(())
-    }
+    // SAFETY: the caller vouches for the effect of the write.
+    unsafe { hvprof_x86_trap::write_msr(msr, value) }.map_err(|_| MsrFault { msr, write: true })
 }
 
 /// Fault-tolerant MSR access for code written against the `MsrAccess` trait (the PMU probe).

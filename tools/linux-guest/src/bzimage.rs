@@ -1,235 +1,24 @@
 //! The bzImage file: its real-mode setup header (Linux x86 boot protocol,
 //! `Documentation/arch/x86/boot.rst`) and its compressed payload, the vmlinux ELF.
 //!
-//! Offsets below are file offsets, which are also offsets into the "zero page"
-//! (`struct boot_params`): the setup header is copied to the same place there.
+//! The setup header itself is parsed by `hvprof_linux_boot` (re-exported here), the crate the
+//! hypervisor's loader uses too; this module adds what only the host needs: the kernel version
+//! string and the decompressed payload.
 
 use std::fmt;
 
 use crate::Error;
 
-/// File offset of the setup header (`struct setup_header`, the `hdr` field of `boot_params`).
-pub const SETUP_HEADER_OFFSET: usize = 0x1f1;
-/// `"HdrS"`, at 0x202.
-pub const HEADER_MAGIC: u32 = 0x5372_6448;
-/// Offset of the 64-bit entry point from the start of the protected-mode kernel
-/// (the load address), when `xloadflags` has `XLF_KERNEL_64`.
-pub const ENTRY_64_OFFSET: u64 = 0x200;
+/// The setup header and the boot protocol's constants: one parser, shared with the hypervisor's
+/// loader (`shared/linux-boot`).
+pub use hvprof_linux_boot::{
+    self as protocol, CAN_USE_HEAP, ENTRY_64_OFFSET, HeaderError, LOADED_HIGH, SetupHeader,
+    XLF_CAN_BE_LOADED_ABOVE_4G, XLF_KERNEL_64, boot_params,
+};
 
-/// `loadflags` bits.
-pub const LOADED_HIGH: u8 = 1 << 0;
-pub const KASLR_FLAG: u8 = 1 << 1;
-pub const QUIET_FLAG: u8 = 1 << 5;
-pub const KEEP_SEGMENTS: u8 = 1 << 6;
-pub const CAN_USE_HEAP: u8 = 1 << 7;
-
-/// `xloadflags` bits.
-pub const XLF_KERNEL_64: u16 = 1 << 0;
-pub const XLF_CAN_BE_LOADED_ABOVE_4G: u16 = 1 << 1;
-pub const XLF_EFI_HANDOVER_32: u16 = 1 << 2;
-pub const XLF_EFI_HANDOVER_64: u16 = 1 << 3;
-pub const XLF_EFI_KEXEC: u16 = 1 << 4;
-
-/// Offsets into `struct boot_params` (the zero page) a 64-bit boot loader fills in, besides the
-/// setup header it copies to [`SETUP_HEADER_OFFSET`] (`arch/x86/include/uapi/asm/bootparam.h`).
-pub mod boot_params {
-    /// Size of the zero page.
-    pub const SIZE: usize = 0x1000;
-    /// `u64 acpi_rsdp_addr`.
-    pub const ACPI_RSDP_ADDR: usize = 0x070;
-    /// `u32 ext_ramdisk_image`, `ext_ramdisk_size`, `ext_cmd_line_ptr`: the high 32 bits.
-    pub const EXT_RAMDISK_IMAGE: usize = 0x0c0;
-    pub const EXT_RAMDISK_SIZE: usize = 0x0c4;
-    pub const EXT_CMD_LINE_PTR: usize = 0x0c8;
-    /// `u8 e820_entries`.
-    pub const E820_ENTRIES: usize = 0x1e8;
-    /// `struct boot_e820_entry e820_table[128]`: `u64 addr, u64 size, u32 type`, packed (20 bytes).
-    pub const E820_TABLE: usize = 0x2d0;
-    pub const E820_ENTRY_SIZE: usize = 20;
-    pub const E820_MAX_ENTRIES: usize = 128;
-    /// e820 types.
-    pub const E820_RAM: u32 = 1;
-    pub const E820_RESERVED: u32 = 2;
-    /// Setup header fields in the zero page (same offsets as in the file).
-    pub const TYPE_OF_LOADER: usize = 0x210;
-    pub const LOADFLAGS: usize = 0x211;
-    pub const RAMDISK_IMAGE: usize = 0x218;
-    pub const RAMDISK_SIZE: usize = 0x21c;
-    pub const CMD_LINE_PTR: usize = 0x228;
-}
-
-/// The setup header fields a boot loader reads, as found in the file.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct SetupHeader {
-    /// Number of 512-byte setup sectors after the boot sector (0 means 4).
-    pub setup_sects: u8,
-    /// Boot protocol version, e.g. 0x020f for 2.15.
-    pub version: u16,
-    /// The kernel version string the header points to (`kernel_version` + 0x200).
-    pub kernel_version: Option<String>,
-    pub loadflags: u8,
-    /// 32-bit entry (protected mode), the default load address 0x100000 for a bzImage.
-    pub code32_start: u32,
-    pub initrd_addr_max: u32,
-    pub kernel_alignment: u32,
-    pub relocatable_kernel: bool,
-    pub min_alignment: u8,
-    pub xloadflags: u16,
-    /// Maximum command line length, without the NUL.
-    pub cmdline_size: u32,
-    /// Offset of the compressed payload from the start of the protected-mode code.
-    pub payload_offset: u32,
-    pub payload_length: u32,
-    pub pref_address: u64,
-    /// Memory the kernel needs from its load address until it has set itself up.
-    pub init_size: u32,
-    pub handover_offset: u32,
-    pub kernel_info_offset: u32,
-}
-
-impl SetupHeader {
-    /// Parses the setup header of a bzImage. Needs boot protocol 2.10 or later (the fields up
-    /// to `init_size`); 2.12 for `xloadflags`.
-    pub fn parse(image: &[u8]) -> Result<Self, Error> {
-        let bad = |what: String| Error::BzImage(what);
-        if image.len() < 0x270 {
-            return Err(bad(format!(
-                "{} bytes is too short for a setup header (needs 0x270)",
-                image.len()
-            )));
-        }
-        let boot_flag = le16(image, 0x1fe);
-        if boot_flag != 0xaa55 {
-            return Err(bad(format!(
-                "boot_flag at 0x1fe is {boot_flag:#06x}, not 0xaa55"
-            )));
-        }
-        let magic = le32(image, 0x202);
-        if magic != HEADER_MAGIC {
-            return Err(bad(format!(
-                "no \"HdrS\" signature at 0x202 (found {magic:#010x}): not a bzImage"
-            )));
-        }
-        let version = le16(image, 0x206);
-        if version < 0x020c {
-            return Err(bad(format!(
-                "boot protocol {}.{:02} is older than 2.12 (no xloadflags)",
-                version >> 8,
-                version & 0xff
-            )));
-        }
-        let setup_sects = image[0x1f1];
-        let kernel_version = match le16(image, 0x20e) {
-            0 => None,
-            ptr => c_string(image, usize::from(ptr) + 0x200),
-        };
-        let header = SetupHeader {
-            setup_sects,
-            version,
-            kernel_version,
-            loadflags: image[0x211],
-            code32_start: le32(image, 0x214),
-            initrd_addr_max: le32(image, 0x22c),
-            kernel_alignment: le32(image, 0x230),
-            relocatable_kernel: image[0x234] != 0,
-            min_alignment: image[0x235],
-            xloadflags: le16(image, 0x236),
-            cmdline_size: le32(image, 0x238),
-            payload_offset: le32(image, 0x248),
-            payload_length: le32(image, 0x24c),
-            pref_address: le64(image, 0x258),
-            init_size: le32(image, 0x260),
-            handover_offset: le32(image, 0x264),
-            kernel_info_offset: le32(image, 0x268),
-        };
-        if header.kernel_offset() >= image.len() {
-            return Err(bad(format!(
-                "setup_sects {} puts the protected-mode kernel at {:#x}, past the end of the {}-byte file",
-                setup_sects,
-                header.kernel_offset(),
-                image.len()
-            )));
-        }
-        Ok(header)
-    }
-
-    /// File offset of the protected-mode kernel: `(setup_sects + 1) * 512`.
-    pub fn kernel_offset(&self) -> usize {
-        let sects = if self.setup_sects == 0 {
-            4
-        } else {
-            usize::from(self.setup_sects)
-        };
-        (sects + 1) * 512
-    }
-
-    /// Whether the image has a 64-bit entry point at load address + 0x200.
-    pub fn has_64bit_entry(&self) -> bool {
-        self.xloadflags & XLF_KERNEL_64 != 0
-    }
-
-    /// The payload's file range.
-    pub fn payload_range(&self, file_len: usize) -> Result<std::ops::Range<usize>, Error> {
-        let start = self.kernel_offset() + self.payload_offset as usize;
-        let end = start + self.payload_length as usize;
-        if self.payload_length == 0 || end > file_len {
-            return Err(Error::BzImage(format!(
-                "payload {:#x}+{:#x} does not fit in the {}-byte file",
-                start, self.payload_length, file_len
-            )));
-        }
-        Ok(start..end)
-    }
-}
-
-impl fmt::Display for SetupHeader {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "boot protocol {}.{:02}, kernel \"{}\"",
-            self.version >> 8,
-            self.version & 0xff,
-            self.kernel_version.as_deref().unwrap_or("?")
-        )?;
-        writeln!(
-            f,
-            "setup_sects {} (protected-mode kernel at file offset {:#x}), code32_start {:#x}, 64-bit entry at load address + {:#x}: {}",
-            self.setup_sects,
-            self.kernel_offset(),
-            self.code32_start,
-            ENTRY_64_OFFSET,
-            if self.has_64bit_entry() { "yes" } else { "no" }
-        )?;
-        writeln!(
-            f,
-            "loadflags {:#04x} (LOADED_HIGH {}, CAN_USE_HEAP {}), xloadflags {:#06x} (KERNEL_64 {}, CAN_BE_LOADED_ABOVE_4G {})",
-            self.loadflags,
-            self.loadflags & LOADED_HIGH != 0,
-            self.loadflags & CAN_USE_HEAP != 0,
-            self.xloadflags,
-            self.xloadflags & XLF_KERNEL_64 != 0,
-            self.xloadflags & XLF_CAN_BE_LOADED_ABOVE_4G != 0
-        )?;
-        writeln!(
-            f,
-            "relocatable {}, kernel_alignment {:#x}, min_alignment 2^{}, pref_address {:#x}, init_size {:#x} ({} MiB)",
-            self.relocatable_kernel,
-            self.kernel_alignment,
-            self.min_alignment,
-            self.pref_address,
-            self.init_size,
-            self.init_size >> 20
-        )?;
-        write!(
-            f,
-            "initrd_addr_max {:#x}, cmdline_size {}, payload at +{:#x}, {} bytes, handover_offset {:#x}, kernel_info_offset {:#x}",
-            self.initrd_addr_max,
-            self.cmdline_size,
-            self.payload_offset,
-            self.payload_length,
-            self.handover_offset,
-            self.kernel_info_offset
-        )
+impl From<HeaderError> for Error {
+    fn from(e: HeaderError) -> Self {
+        Error::BzImage(e.to_string())
     }
 }
 
@@ -273,6 +62,8 @@ const PREALLOCATE: usize = 128 << 20;
 #[derive(Clone, Debug)]
 pub struct BzImage<'a> {
     pub header: SetupHeader,
+    /// The string the header's `kernel_version` points to (lossy UTF-8).
+    pub kernel_version: Option<String>,
     pub compression: Compression,
     payload: &'a [u8],
 }
@@ -284,6 +75,9 @@ impl<'a> BzImage<'a> {
         let compression = Compression::detect(payload)?;
         Ok(Self {
             header,
+            kernel_version: header
+                .kernel_version_bytes(image)
+                .map(|b| String::from_utf8_lossy(b).into_owned()),
             compression,
             payload,
         })
@@ -326,6 +120,59 @@ impl<'a> BzImage<'a> {
             ));
         }
         Ok(out)
+    }
+}
+
+impl fmt::Display for BzImage<'_> {
+    /// The setup header, one group of fields a line, and the payload.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let h = &self.header;
+        writeln!(
+            f,
+            "boot protocol {}.{:02}, kernel \"{}\"",
+            h.version >> 8,
+            h.version & 0xff,
+            self.kernel_version.as_deref().unwrap_or("?")
+        )?;
+        writeln!(
+            f,
+            "setup_sects {} (protected-mode kernel at file offset {:#x}), code32_start {:#x}, 64-bit entry at load address + {:#x}: {}",
+            h.setup_sects,
+            h.kernel_offset(),
+            h.code32_start,
+            ENTRY_64_OFFSET,
+            if h.has_64bit_entry() { "yes" } else { "no" }
+        )?;
+        writeln!(
+            f,
+            "loadflags {:#04x} (LOADED_HIGH {}, CAN_USE_HEAP {}), xloadflags {:#06x} (KERNEL_64 {}, CAN_BE_LOADED_ABOVE_4G {})",
+            h.loadflags,
+            h.loadflags & LOADED_HIGH != 0,
+            h.loadflags & CAN_USE_HEAP != 0,
+            h.xloadflags,
+            h.xloadflags & XLF_KERNEL_64 != 0,
+            h.xloadflags & XLF_CAN_BE_LOADED_ABOVE_4G != 0
+        )?;
+        writeln!(
+            f,
+            "relocatable {}, kernel_alignment {:#x}, min_alignment 2^{}, pref_address {:#x}, init_size {:#x} ({} MiB)",
+            h.relocatable_kernel,
+            h.kernel_alignment,
+            h.min_alignment,
+            h.pref_address,
+            h.init_size,
+            h.init_size >> 20
+        )?;
+        write!(
+            f,
+            "initrd_addr_max {:#x}, cmdline_size {}, payload at +{:#x}, {} bytes, handover_offset {:#x}, kernel_info_offset {:#x}",
+            h.initrd_addr_max,
+            h.cmdline_size,
+            h.payload_offset,
+            h.payload_length,
+            h.handover_offset,
+            h.kernel_info_offset
+        )
     }
 }
 
@@ -389,12 +236,6 @@ pub(crate) fn le64(b: &[u8], at: usize) -> u64 {
     u64::from(le32(b, at)) | (u64::from(le32(b, at + 4)) << 32)
 }
 
-fn c_string(b: &[u8], at: usize) -> Option<String> {
-    let tail = b.get(at..)?;
-    let end = tail.iter().take(256).position(|&c| c == 0)?;
-    Some(String::from_utf8_lossy(&tail[..end]).into_owned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -428,10 +269,11 @@ mod tests {
     #[test]
     fn header_fields_are_read_from_their_offsets() {
         let img = synthetic(&[0x1f, 0x8b, 0, 0, 0, 0, 0, 0]);
-        let h = SetupHeader::parse(&img).unwrap();
+        let bz = BzImage::parse(&img).unwrap();
+        let h = bz.header;
         assert_eq!(h.version, 0x020f);
         assert_eq!(h.kernel_offset(), 1024);
-        assert_eq!(h.kernel_version.as_deref(), Some("6.9.9"));
+        assert_eq!(bz.kernel_version.as_deref(), Some("6.9.9"));
         assert_eq!(h.code32_start, 0x100000);
         assert!(h.relocatable_kernel && h.has_64bit_entry());
         assert_eq!(h.pref_address, 0x1000000);

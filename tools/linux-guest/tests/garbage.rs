@@ -81,7 +81,7 @@ proptest! {
         if let Ok(bz) = BzImage::parse(&img) {
             let _ = bz.vmlinux_size();
             let _ = bz.vmlinux();
-            let _ = bz.header.to_string();
+            let _ = bz.to_string();
         }
     }
 
