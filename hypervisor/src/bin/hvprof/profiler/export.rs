@@ -18,7 +18,7 @@
 //! block never spans a change of that count, so a block's `ring_drops` counts the records lost
 //! before its first record (the decoder places each loss between two blocks).
 
-use super::{CpuProfiler, Kind, RawRecord};
+use super::sampler::{self, CpuProfiler, Kind, RawRecord};
 use crate::percpu::MAX_CPUS;
 use crate::tsc::rdtsc;
 use crate::{console, memory, parallel, println};
@@ -247,8 +247,8 @@ fn convert(r: &RawRecord) -> Record {
             vm: r.vm,
             vcpu: r.vcpu,
             reason: match r.mode {
-                super::OUT_PREEMPTED => OutReason::Preempted,
-                super::OUT_HALTED => OutReason::Halted,
+                sampler::OUT_PREEMPTED => OutReason::Preempted,
+                sampler::OUT_HALTED => OutReason::Halted,
                 _ => OutReason::Stopped,
             },
         }),
@@ -461,7 +461,7 @@ pub fn finish() {
     };
     let pcpus = ex.cpus.len();
     for cpu in 0..pcpus {
-        let p = super::cpu(cpu);
+        let p = sampler::cpu(cpu);
         let _ = drain(p, true);
         if ex.mode == Export::End {
             // The normal end-of-run export (not counted as a flush of a full buffer).
@@ -474,7 +474,7 @@ pub fn finish() {
             ex.cpus[cpu]
                 .lock()
                 .encoder
-                .totals(super::cpu(cpu).ring.dropped())
+                .totals(sampler::cpu(cpu).ring.dropped())
         })
         .collect();
     {
@@ -495,7 +495,7 @@ pub fn finish() {
 fn report_costs(ex: &Exporter) {
     let mut total = (0u64, 0u64);
     for cpu in 0..ex.cpus.len() {
-        let c = super::cpu(cpu).cost_report();
+        let c = sampler::cpu(cpu).cost_report();
         let span = c.span.max(1);
         let pct = |t: u64| t as f64 * 100.0 / span as f64;
         println!(
@@ -534,7 +534,7 @@ fn report(ex: &Exporter, totals: &[hvprof_samplelog::PcpuTotals]) {
     let period = ex.header.period_ticks;
     let mut all = (0u64, 0u64, u64::MAX, 0u64); // samples, cost sum, min, max
     for cpu in 0..pcpus {
-        let (n, mean, min, max) = super::cpu(cpu).cost();
+        let (n, mean, min, max) = sampler::cpu(cpu).cost();
         all.0 += n;
         all.1 += mean * n;
         all.2 = all.2.min(if n == 0 { u64::MAX } else { min });
@@ -576,9 +576,9 @@ fn report(ex: &Exporter, totals: &[hvprof_samplelog::PcpuTotals]) {
         );
     }
     let task_drops: u64 = (0..pcpus)
-        .map(|c| super::cpu(c).tasks.dropped() + ex.cpus[c].lock().task_drops)
+        .map(|c| sampler::cpu(c).tasks.dropped() + ex.cpus[c].lock().task_drops)
         .sum();
-    let tasks: u64 = (0..pcpus).map(|c| super::cpu(c).tasks.pushed()).sum();
+    let tasks: u64 = (0..pcpus).map(|c| sampler::cpu(c).tasks.pushed()).sum();
     if tasks + task_drops > 0 {
         println!(
             "profiler: guest task changes: {tasks} recorded, {task_drops} dropped (task ring full)"
@@ -586,7 +586,7 @@ fn report(ex: &Exporter, totals: &[hvprof_samplelog::PcpuTotals]) {
     }
     if pcpus > 1 {
         for (cpu, t) in totals.iter().enumerate() {
-            let p = super::cpu(cpu);
+            let p = sampler::cpu(cpu);
             let (n, mean, min, max) = p.cost();
             println!(
                 "profiler: pCPU {cpu}: {} records taken, {} dropped, {} samples and {} events in {} blocks; sample path mean {mean}, min {min}, max {max} ticks over {n} samples",
