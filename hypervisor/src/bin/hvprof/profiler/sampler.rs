@@ -6,65 +6,28 @@ use crate::percpu::MAX_CPUS;
 use crate::tsc::rdtsc;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use hvprof_hypervisor::profiler::ring::Ring;
+use hvprof_samplelog::{
+    Event, EventKind, NO_EXIT, NO_VCPU, NO_VM, OutReason, Record, Sample, SampleKind,
+};
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::{Guest32, Guest64, GuestNatural};
 
-/// What a record is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Kind {
-    Guest = 0,
-    Hypervisor = 1,
-    Idle = 2,
-    VcpuIn = 3,
-    VcpuOut = 4,
-}
-
-/// One record as the sample path writes it (encoding happens later, in `export`).
+/// A record as the ring holds it: the wire format's own record (`hvprof_samplelog::Record`, what
+/// the encoder takes), and the ring's drop count when it was pushed (records lost before it on
+/// this pCPU: a block never spans a change of it, so the decoder places each loss).
 #[derive(Clone, Copy, Debug)]
-pub struct RawRecord {
-    pub tsc: u64,
-    pub guest_rip: u64,
-    pub guest_cr3: u64,
-    pub host_rip: u64,
-    pub cost: u32,
-    pub exit_reason: u16,
-    pub vm: u16,
-    pub vcpu: u16,
-    pub vpid: u16,
-    pub kind: Kind,
-    /// Samples: bits 1:0 CPL, bits 3:2 mode (0 real, 1 protected, 2 long). VcpuOut: the reason.
-    pub mode: u8,
-    /// The ring's drop count when this record was pushed: records lost before it on this pCPU.
+pub struct Stamped {
+    pub record: Record,
     pub drops: u64,
 }
 
-impl RawRecord {
-    pub const ZERO: RawRecord = RawRecord {
-        tsc: 0,
-        guest_rip: 0,
-        guest_cr3: 0,
-        host_rip: 0,
-        cost: 0,
-        exit_reason: 0,
-        vm: 0,
-        vcpu: 0,
-        vpid: 0,
-        kind: Kind::Guest,
-        mode: 0,
-        drops: 0,
-    };
-}
-
-pub const NO_VM: u16 = 0xffff;
-pub const NO_EXIT: u16 = 0xffff;
 pub const RING_RECORDS: usize = 4096;
 pub const TASK_RECORDS: usize = 256;
 
 /// This pCPU's profiler state. Shared between the run loop and the timer/NMI handlers of the
 /// same CPU, so every field is atomic.
 pub struct CpuProfiler {
-    pub ring: Ring<RawRecord, RING_RECORDS>,
+    pub ring: Ring<Stamped, RING_RECORDS>,
     /// Task changes of Linux guests read at samples (rare: only when the task differs).
     pub tasks: Ring<hvprof_samplelog::Task, TASK_RECORDS>,
     enabled: AtomicBool,
@@ -191,7 +154,7 @@ impl CpuProfiler {
             enabled: AtomicBool::new(false),
             period: AtomicU64::new(u64::MAX),
             next_tick: AtomicU64::new(u64::MAX),
-            current: AtomicU64::new(pack(NO_VM, 0xffff, 0, NO_EXIT)),
+            current: AtomicU64::new(pack(NO_VM, NO_VCPU, 0, NO_EXIT)),
             samples_taken: AtomicU64::new(0),
             cost_total: AtomicU64::new(0),
             cost_min: AtomicU64::new(u64::MAX),
@@ -337,24 +300,26 @@ impl CpuProfiler {
     /// in three contexts: the run loop and scheduler, the timer interrupt and the PMU's NMI. The
     /// interrupt is kept out while the others push; an NMI that lands inside a push finds the
     /// ring busy and its record is counted as a drop rather than corrupting the one in flight.
-    fn offer(&self, mut r: RawRecord) {
+    fn offer(&self, record: Record) {
         x86_64::instructions::interrupts::without_interrupts(|| {
             if self.pushing.swap(true, Ordering::Acquire) {
                 self.ring.count_drop();
                 return;
             }
-            r.drops = self.ring.dropped();
-            self.ring.push(r);
+            self.ring.push(Stamped {
+                record,
+                drops: self.ring.dropped(),
+            });
             self.pushing.store(false, Ordering::Release);
         });
     }
 
     /// Records a sample taken since `t0`; returns the ticks from `t0` to the end, bookkeeping
     /// included (the `cost` the sample carries stops before the ring push).
-    fn push(&self, mut r: RawRecord, t0: u64) -> u64 {
+    fn push(&self, mut s: Sample, t0: u64) -> u64 {
         let cost = rdtsc() - t0;
-        r.cost = cost.min(u32::MAX as u64) as u32;
-        self.offer(r);
+        s.cost = cost.min(u32::MAX as u64) as u32;
+        self.offer(Record::Sample(s));
         self.samples_taken.fetch_add(1, Ordering::Relaxed);
         self.cost_total.fetch_add(cost, Ordering::Relaxed);
         // Plain compare-and-store, not a CAS loop: only this pCPU writes them (an NMI sample that
@@ -401,7 +366,7 @@ impl CpuProfiler {
         let cs_ar = read(Guest32::CsAccessRights as u32) as u32;
         let cr0 = read(GuestNatural::Cr0 as u32);
         let efer = read(Guest64::Ia32Efer as u32);
-        let cpl = ((ss_ar >> 5) & 3) as u8;
+        let cpl = hvprof_vmx::guest::cpl_from_ss_access_rights(ss_ar);
         // Mode: real (CR0.PE = 0), long 64-bit (EFER.LMA and CS.L), else protected.
         let mode = if cr0 & CR0_PE == 0 {
             hvprof_samplelog::MODE_REAL
@@ -411,19 +376,18 @@ impl CpuProfiler {
             hvprof_samplelog::MODE_PROTECTED
         };
         self.push(
-            RawRecord {
+            Sample {
                 tsc: now,
-                guest_rip: rip,
-                guest_cr3: cr3,
-                host_rip: 0,
-                cost: 0,
-                exit_reason: exit,
+                kind: SampleKind::Guest,
                 vm,
                 vcpu,
                 vpid,
-                kind: Kind::Guest,
-                mode: hvprof_samplelog::guest_mode(cpl, mode),
-                drops: 0,
+                guest_rip: rip,
+                guest_cr3: cr3,
+                guest_mode: hvprof_samplelog::guest_mode(cpl, mode),
+                exit_reason: exit,
+                host_rip: 0,
+                cost: 0,
             },
             t0,
         )
@@ -446,19 +410,22 @@ impl CpuProfiler {
     pub fn sample_host(&self, rip: u64, idle: bool, t0: u64) -> u64 {
         let (vm, vcpu, vpid, exit) = self.current();
         self.push(
-            RawRecord {
+            Sample {
                 tsc: t0,
-                guest_rip: 0,
-                guest_cr3: 0,
-                host_rip: rip,
-                cost: 0,
-                exit_reason: exit,
+                kind: if idle {
+                    SampleKind::Idle
+                } else {
+                    SampleKind::Hypervisor
+                },
                 vm,
                 vcpu,
                 vpid,
-                kind: if idle { Kind::Idle } else { Kind::Hypervisor },
-                mode: 0,
-                drops: 0,
+                guest_rip: 0,
+                guest_cr3: 0,
+                guest_mode: 0,
+                exit_reason: exit,
+                host_rip: rip,
+                cost: 0,
             },
             t0,
         )
@@ -506,33 +473,21 @@ impl CpuProfiler {
     }
 }
 
-/// `VcpuOut` reasons (the `mode` byte of the record).
-pub const OUT_PREEMPTED: u8 = 0;
-pub const OUT_HALTED: u8 = 1;
-pub const OUT_STOPPED: u8 = 2;
-
 impl CpuProfiler {
     /// A scheduling event: this pCPU starts (`VcpuIn`) or stops (`VcpuOut`, with its reason)
-    /// running the current vCPU. Exact times for the steal/halt analysis, beside the samples.
-    pub fn event(&self, kind: Kind, reason: u8) {
+    /// running the current vCPU (`reason`: why it stops; ignored for `VcpuIn`). Exact times for the steal/halt analysis, beside the samples.
+    pub fn event(&self, kind: EventKind, reason: OutReason) {
         if !self.enabled() {
             return;
         }
-        let (vm, vcpu, vpid, exit) = self.current();
-        self.offer(RawRecord {
+        let (vm, vcpu, _, _) = self.current();
+        self.offer(Record::Event(Event {
             tsc: rdtsc(),
-            guest_rip: 0,
-            guest_cr3: 0,
-            host_rip: 0,
-            cost: 0,
-            exit_reason: exit,
+            kind,
             vm,
             vcpu,
-            vpid,
-            kind,
-            mode: reason,
-            drops: 0,
-        });
+            reason,
+        }));
     }
 }
 

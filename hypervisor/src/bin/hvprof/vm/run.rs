@@ -10,6 +10,7 @@ use crate::vmexit;
 use alloc::format;
 use alloc::string::String;
 use core::sync::atomic::Ordering;
+use hvprof_samplelog::{EventKind, NO_EXIT, NO_VCPU, NO_VM, OutReason};
 use hvprof_vmx::caps::{VmxCaps, ept_cap};
 use hvprof_vmx::exit::BasicExit;
 use hvprof_vmx::instructions::{self, CurrentVmcs};
@@ -125,7 +126,7 @@ fn run_loaded(
     // The last exit took the sampling clock's short path (no handler ran).
     let mut short_path = false;
     prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
-    prof.event(profiler::sampler::Kind::VcpuIn, 0);
+    prof.event(EventKind::VcpuIn, OutReason::Preempted);
     // A Linux guest's devices need a look before an entry when an exit may have changed them
     // (any exit but the VMX-preemption timer's), when their next event has come, or while an
     // interrupt waits: not at the sampling clock's exits in between.
@@ -302,19 +303,14 @@ fn run_loaded(
         prof.disarm_host_clock();
     }
     prof.event(
-        profiler::sampler::Kind::VcpuOut,
+        EventKind::VcpuOut,
         match end {
-            SliceEnd::Preempted => profiler::sampler::OUT_PREEMPTED,
-            SliceEnd::Halted => profiler::sampler::OUT_HALTED,
-            SliceEnd::Stopped(_) => profiler::sampler::OUT_STOPPED,
+            SliceEnd::Preempted => OutReason::Preempted,
+            SliceEnd::Halted => OutReason::Halted,
+            SliceEnd::Stopped(_) => OutReason::Stopped,
         },
     );
-    prof.set_current(
-        profiler::sampler::NO_VM,
-        0xffff,
-        0,
-        profiler::sampler::NO_EXIT,
-    );
+    prof.set_current(NO_VM, NO_VCPU, 0, NO_EXIT);
     vm.run_ticks.fetch_add(rdtsc() - start, Ordering::Relaxed);
     vcpu.save_state();
     end
