@@ -5,7 +5,6 @@ use crate::emulator::Emulator;
 use crate::log::SerialLog;
 use crate::runner::{ModuleSource, Scenario};
 use crate::scenarios::HASWELL;
-use crate::vm_scenarios::exit_count;
 
 /// Rounds of each exiting instruction the guest times itself.
 pub const ROUNDS: u64 = 1000;
@@ -50,6 +49,7 @@ pub fn exit_path_figures(log: &SerialLog) -> Result<Vec<ExitPath>, String> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     let trip = |k: &str| round_trips.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+    let exits = vm_exits(log, "bench")?;
     [
         ("CPUID", trip("cpuid")),
         ("IO_INSTRUCTION", trip("io")),
@@ -58,25 +58,78 @@ pub fn exit_path_figures(log: &SerialLog) -> Result<Vec<ExitPath>, String> {
     ]
     .into_iter()
     .map(|(reason, round_trip)| {
-        let prefix = format!("vm bench: exit {reason} ");
-        let line = log.expect(&prefix)?;
-        let cols: Vec<u64> = line[prefix.len()..]
-            .split_whitespace()
-            .map(|c| c.parse().map_err(|_| format!("bad number in {line:?}")))
-            .collect::<Result<_, _>>()?;
-        let [count, _total, min, _max, mean] = cols[..] else {
-            return Err(format!("expected 5 columns in {line:?}"));
-        };
-        debug_assert_eq!(exit_count(log, "bench", reason).ok(), Some(count));
+        let r = exit_row(&exits, reason)?;
         Ok(ExitPath {
             reason,
-            count,
-            min,
-            mean,
+            count: r.count,
+            min: r.min,
+            mean: r.mean(),
             round_trip,
         })
     })
     .collect()
+}
+
+/// A VM's exit statistics from its VM end frame in the capture `log` holds (the console's table
+/// says the same for people; it is not read).
+pub fn vm_exits(log: &SerialLog, vm: &str) -> Result<hvprof_samplelog::ExitStats, String> {
+    let d = hvprof_samplelog::decode(log.raw());
+    let id = d
+        .header
+        .as_ref()
+        .and_then(|h| h.vms.iter().find(|v| v.name.as_str() == vm))
+        .map(|v| v.id)
+        .ok_or_else(|| format!("no VM {vm:?} in the capture's header"))?;
+    d.vm_ends
+        .into_iter()
+        .rev()
+        .find(|e| e.vm == id)
+        .map(|e| e.exits)
+        .ok_or_else(|| format!("no VM end frame for VM {vm:?} in the capture"))
+}
+
+/// The row of the exit named `reason` (`CPUID`, `PREEMPTION_TIMER`, ...).
+fn exit_row(
+    exits: &hvprof_samplelog::ExitStats,
+    reason: &str,
+) -> Result<hvprof_samplelog::ReasonStats, String> {
+    exits
+        .reasons()
+        .find(|(r, _)| hvprof_analyze::naming::exit_name(*r) == reason)
+        .map(|(_, s)| *s)
+        .ok_or_else(|| format!("no {reason} exit in the VM end frame"))
+}
+
+/// A capture as the hypervisor sends it: `text`, a header naming VM 0 `bench`, and VM 0's end
+/// frame with `exits`.
+#[cfg(test)]
+pub(crate) fn capture_with_exits(text: &str, exits: hvprof_samplelog::ExitStats) -> SerialLog {
+    use hvprof_samplelog::{
+        FixedStr, Header, MAX_HEADER_FRAME_LEN, MAX_VM_END_FRAME_LEN, VmEnd, VmInfo, encode_header,
+        encode_vm_end,
+    };
+    let mut header = Header::default();
+    header
+        .vms
+        .push(VmInfo {
+            id: 0,
+            name: FixedStr::truncated("bench"),
+            vcpus: 1,
+            ..VmInfo::default()
+        })
+        .unwrap();
+    let mut bytes = text.as_bytes().to_vec();
+    let mut buf = vec![0u8; MAX_HEADER_FRAME_LEN.max(MAX_VM_END_FRAME_LEN)];
+    let n = encode_header(&header, &mut buf).unwrap();
+    bytes.extend_from_slice(&buf[..n]);
+    let end = VmEnd {
+        vm: 0,
+        exits,
+        ..VmEnd::default()
+    };
+    let n = encode_vm_end(&end, &mut buf).unwrap();
+    bytes.extend_from_slice(&buf[..n]);
+    SerialLog::from_bytes(&bytes)
 }
 
 #[cfg(test)]
@@ -85,16 +138,27 @@ mod tests {
 
     #[test]
     fn figures_are_read() {
-        let log = SerialLog::new(
+        let mut e = hvprof_samplelog::ExitStats::new();
+        for (reason, n, ticks) in [
+            (10, 2000, 290),
+            (30, 2100, 285),
+            (18, 2000, 315),
+            (52, 20, 146),
+        ] {
+            for _ in 0..n {
+                e.record(reason, ticks);
+            }
+        }
+        // The console's table is not read: a wrong one changes nothing.
+        let log = capture_with_exits(
             "[bench] busy: round trip cpuid=400 io=380 vmcall=420 ticks\n\
-             vm bench: exit CPUID                       2000         580000       290       300       290\n\
-             vm bench: exit IO_INSTRUCTION              2100         600000       260     30000       285\n\
-             vm bench: exit VMCALL                      2000         630000       315       315       315\n\
-             vm bench: exit PREEMPTION_TIMER              20           2920       146       146       146\n",
+             vm bench: exit CPUID                       1         1       1       1       1\n",
+            e,
         );
         let f = exit_path_figures(&log).unwrap();
         assert_eq!(f.len(), 4);
         assert_eq!(f[0].round_trip, Some(400));
+        assert_eq!((f[0].count, f[0].min, f[0].mean), (2000, 290, 290));
         assert_eq!((f[3].count, f[3].min, f[3].round_trip), (20, 146, None));
         assert!(exit_path_figures(&SerialLog::new("nothing")).is_err());
     }
@@ -142,11 +206,7 @@ pub fn profile_figures(log: &SerialLog) -> Result<ProfileFigures, String> {
         .and_then(|(_, r)| r.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .ok_or_else(|| format!("cannot read {sent:?}"))?;
-    let timer = log.expect("vm bench: exit PREEMPTION_TIMER ")?;
-    let cols: Vec<u64> = timer["vm bench: exit PREEMPTION_TIMER ".len()..]
-        .split_whitespace()
-        .filter_map(|c| c.parse().ok())
-        .collect();
+    let timer = exit_row(&vm_exits(log, "bench")?, "PREEMPTION_TIMER")?;
     Ok(ProfileFigures {
         samples,
         cost_mean: mean,
@@ -154,7 +214,7 @@ pub fn profile_figures(log: &SerialLog) -> Result<ProfileFigures, String> {
         cost_max: max,
         period,
         bytes_per_record,
-        timer_exit_mean: cols.get(4).copied().unwrap_or(0),
+        timer_exit_mean: timer.mean(),
     })
 }
 
@@ -164,10 +224,13 @@ mod profile_tests {
 
     #[test]
     fn profile_figures_are_read() {
-        let log = SerialLog::new(
-            "vm bench: exit PREEMPTION_TIMER             5567        2163815       315      5030       388\n\
-             profiler: sample path cost over 5675 samples: mean 30, min 30, max 35 TSC ticks (0.75% of the 4000-tick period)\n\
+        let mut e = hvprof_samplelog::ExitStats::new();
+        e.record(52, 300);
+        e.record(52, 476);
+        let log = capture_with_exits(
+            "profiler: sample path cost over 5675 samples: mean 30, min 30, max 35 TSC ticks (0.75% of the 4000-tick period)\n\
              profiler: sample log sent: 5679 records taken, 0 records dropped (ring or buffer full), 5675 samples and 4 events in 89 blocks, 9972 bytes (1.76 bytes per record)\n",
+            e,
         );
         let f = profile_figures(&log).unwrap();
         assert_eq!(
@@ -179,13 +242,13 @@ mod profile_tests {
     }
 }
 
-/// The whole-cost lines of a run (read by the analyzer's `cost::parse`, which the report uses).
+/// The whole cost of a run, from the pCPU cost frames of its capture (`log` must hold the
+/// whole capture: with `channel=lpt` the frames are in the parallel port's log), as the
+/// analyzer's report reads it.
 pub fn whole_costs(log: &SerialLog) -> Result<(Vec<PcpuCost>, f64), String> {
-    let cost = hvprof_analyze::cost::parse(log.text())
-        .ok_or("no `profiler: whole cost` line in the log")?;
-    if cost.pcpus.is_empty() {
-        return Err("no `profiler: pCPU <i> cost:` line".into());
-    }
+    let decoded = hvprof_samplelog::decode(log.raw());
+    let cost = hvprof_analyze::cost::from_frames(&decoded.costs)
+        .ok_or("no pCPU cost frame in the capture")?;
     Ok((cost.pcpus, cost.percent))
 }
 
@@ -221,16 +284,29 @@ mod whole_cost_tests {
     use super::*;
 
     #[test]
-    fn cost_lines_make_table_rows() {
-        let log = SerialLog::new(
-            "profiler: pCPU 0 cost: 56.20% of 315703835 ticks (125692 samples): 80847 sampling exits x 952 ticks (24.39%), 44775 timer interrupts x 116 ticks (1.65%), other samples 0 ticks (0.00%), export 95183755 ticks (30.15%); 80853 task reads x 532 ticks\n\
-             profiler: whole cost 56.01% of the pCPUs' time (1 of 2 ticks)\n",
-        );
-        let (rows, whole) = whole_costs(&log).unwrap();
-        assert_eq!(whole, 56.01);
+    fn cost_frames_make_table_rows() {
+        let frame = hvprof_samplelog::PcpuCost {
+            pcpu: 0,
+            span_ticks: 1_000_000,
+            samples: 1000,
+            sampling_exits: 800,
+            sampling_exit_ticks: 800 * 300,
+            timer_interrupts: 200,
+            timer_ticks: 200 * 100,
+            other_sample_ticks: 0,
+            export_ticks: 10_000,
+            task_reads: 5,
+            task_read_ticks: 5 * 40,
+        };
+        let mut buf = [0u8; hvprof_samplelog::MAX_PCPU_COST_FRAME_LEN];
+        let n = hvprof_samplelog::encode_pcpu_cost(&frame, &mut buf).unwrap();
+        let mut capture = b"profiler: whole cost 99.00% (console text is not read)\r\n".to_vec();
+        capture.extend_from_slice(&buf[..n]);
+        let (rows, whole) = whole_costs(&SerialLog::from_bytes(&capture)).unwrap();
+        assert!((whole - 27.0).abs() < 1e-9, "{whole}");
         assert_eq!(
             whole_cost_rows("x", &rows),
-            "| x | 0 | 56.20% | 80847 x 952 (24.39%) | 44775 x 116 (1.65%) | 30.15% | 80853 x 532 |\n"
+            "| x | 0 | 27.00% | 800 x 300 (24.00%) | 200 x 100 (2.00%) | 1.00% | 5 x 40 |\n"
         );
         assert!(whole_costs(&SerialLog::new("nothing\n")).is_err());
     }

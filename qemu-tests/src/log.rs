@@ -10,6 +10,8 @@
 pub struct SerialLog {
     text: String,
     lines: Vec<String>,
+    /// The bytes as captured (the sample log's frames are read from these, never from text).
+    raw: Vec<u8>,
 }
 
 /// One raw line as a terminal shows it.
@@ -28,12 +30,21 @@ impl SerialLog {
         if text.ends_with('\n') || text.is_empty() {
             lines.pop();
         }
-        Self { text, lines }
+        let raw = text.as_bytes().to_vec();
+        Self { text, lines, raw }
     }
 
-    /// Wraps raw bytes as read from the serial log file.
+    /// Wraps raw bytes as read from the serial log file (or a whole capture).
     pub fn from_bytes(bytes: &[u8]) -> Self {
-        Self::new(String::from_utf8_lossy(bytes).into_owned())
+        Self {
+            raw: bytes.to_vec(),
+            ..Self::new(String::from_utf8_lossy(bytes).into_owned())
+        }
+    }
+
+    /// The bytes as captured.
+    pub fn raw(&self) -> &[u8] {
+        &self.raw
     }
 
     /// The whole text, as it came.

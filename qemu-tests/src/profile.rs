@@ -75,6 +75,107 @@ impl ProfileRun {
     }
 }
 
+impl ProfileRun {
+    /// `hvprof-analyze <args> <capture>` (the capture given as bytes, written to `name`), its
+    /// standard output.
+    pub fn analyze(&self, args: &[&str], name: &str, bytes: &[u8]) -> Result<Vec<u8>, String> {
+        let path = self.dir.join(name);
+        std::fs::write(&path, bytes)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        let out = Command::new(&self.analyzer)
+            .args(args)
+            .arg(&path)
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", self.analyzer.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "hvprof-analyze {} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(out.stdout)
+    }
+}
+
+/// The capture with every piece of console text reworded (each line reversed behind a `~ `
+/// prefix) and every sample-log frame kept byte for byte: what a hypervisor that printed its
+/// console differently would have sent. Frames are the spans between `0x00` bytes whose second
+/// to fourth bytes are the magic `HVP`; console text never contains `0x00`.
+pub fn reword_console(capture: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capture.len() * 2);
+    for (i, span) in capture.split(|&b| b == 0).enumerate() {
+        if i > 0 {
+            out.push(0);
+        }
+        if span.get(1..4) == Some(b"HVP".as_slice()) {
+            out.extend_from_slice(span);
+            continue;
+        }
+        let text = String::from_utf8_lossy(span);
+        for (j, line) in text.split('\n').enumerate() {
+            if j > 0 {
+                out.push(b'\n');
+            }
+            if !line.trim().is_empty() {
+                out.extend_from_slice(b"~ ");
+                out.extend(line.chars().rev().collect::<String>().into_bytes());
+            }
+        }
+    }
+    out
+}
+
+/// The frames are the only contract: `stat` and `report` (with `extra`, e.g. `--kernel`) say the
+/// same about the capture and about [`reword_console`] of it. Compares `stat --json` whole and
+/// the report's host table, VM tables, exact costs, whole cost and losses.
+pub fn check_console_is_not_read(
+    run: &ProfileRun,
+    extra: &[std::ffi::OsString],
+) -> Result<(), String> {
+    let reworded = reword_console(&run.capture);
+    if reworded == run.capture {
+        return Err("rewording changed nothing: the capture has no console text".into());
+    }
+    let stat = |name: &str, bytes: &[u8]| -> Result<Value, String> {
+        let out = run.analyze(&["stat", "--json"], name, bytes)?;
+        serde_json::from_slice(&out).map_err(|e| format!("stat --json is not JSON: {e}"))
+    };
+    let (a, b) = (
+        stat("stat-original.log", &run.capture)?,
+        stat("stat-reworded.log", &reworded)?,
+    );
+    if a != b {
+        return Err(format!(
+            "stat differs once the console is reworded:\n{a:#}\n---\n{b:#}"
+        ));
+    }
+    if a.pointer("/vms/0/exact").is_none_or(Value::is_null) {
+        return Err("stat has no exact exit table (no VM end frame?)".into());
+    }
+    let original = run.report_with(None, extra)?;
+    let other = run.report_with(Some(("capture-reworded.log", &reworded)), extra)?;
+    for key in [
+        "host",
+        "vms",
+        "cost",
+        "whole_cost",
+        "losses",
+        "total_samples",
+    ] {
+        if original.get(key) != other.get(key) {
+            return Err(format!(
+                "the report's {key:?} differs once the console is reworded"
+            ));
+        }
+    }
+    if original.get("whole_cost").is_none_or(Value::is_null) {
+        return Err("the report has no whole cost (no pCPU cost frame?)".into());
+    }
+    Ok(())
+}
+
 /// A number at a JSON pointer (`/vms/0/samples`).
 pub fn num(v: &Value, pointer: &str) -> Result<f64, String> {
     v.pointer(pointer)
@@ -113,5 +214,24 @@ pub fn within(what: &str, got: f64, want: f64, tolerance: f64) -> Result<(), Str
         Err(format!(
             "{what}: {got:.2}%, expected {want:.2}% ± {tolerance}"
         ))
+    }
+}
+
+#[cfg(test)]
+mod reword_tests {
+    use super::*;
+
+    #[test]
+    fn text_is_reworded_and_frames_kept() {
+        let mut capture = b"vm a: guest IA32_LSTAR 0x1\r\nline two\n".to_vec();
+        let frame = [0u8, 9, b'H', b'V', b'P', 5, 1, 2, 3, 4, 0];
+        capture.extend_from_slice(&frame);
+        capture.extend_from_slice(b"after\n");
+        let out = reword_console(&capture);
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.starts_with("~ \r1x0 RATSL_23AI"), "{text}");
+        assert!(text.contains("~ owt enil\n"), "{text}");
+        assert!(out.windows(frame.len()).any(|w| w == frame), "frame kept");
+        assert!(text.ends_with("~ retfa\n"), "{text}");
     }
 }

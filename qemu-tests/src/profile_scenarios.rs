@@ -109,6 +109,9 @@ fn shares_scenario(
             if let Err(e) = check_whole_cost(&report) {
                 errors.push(e);
             }
+            if let Err(e) = crate::profile::check_console_is_not_read(run, &[]) {
+                errors.push(e);
+            }
             all_of(errors.into_iter().map(Err))
         })
 }

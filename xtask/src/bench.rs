@@ -227,10 +227,15 @@ fn run(scenario: &qemu_tests::Scenario, config: &RunnerConfig) -> Result<qemu_te
             result.verdict
         );
     }
-    let log_path = config.out_dir.join(&scenario.name).join("serial.log");
-    Ok(qemu_tests::SerialLog::from_bytes(
-        &fs::read(&log_path).with_context(|| format!("cannot read {}", log_path.display()))?,
-    ))
+    // The whole capture: console text and, with `channel=lpt`, the parallel port's frames.
+    let dir = config.out_dir.join(&scenario.name);
+    let mut bytes = fs::read(dir.join("serial.log"))
+        .with_context(|| format!("cannot read {}", dir.display()))?;
+    if let Ok(lpt) = fs::read(dir.join("lpt.log")) {
+        bytes.extend_from_slice(b"\r\n");
+        bytes.extend_from_slice(&lpt);
+    }
+    Ok(qemu_tests::SerialLog::from_bytes(&bytes))
 }
 
 /// Replaces the text between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`, appending the

@@ -7,7 +7,10 @@
 use std::path::PathBuf;
 
 use hvprof_samplelog::synth::{self, CaptureOptions, FrameKind, SynthConfig};
-use hvprof_samplelog::{FixedStr, MAX_TASK_FRAME_LEN, Task, encode_task};
+use hvprof_samplelog::{
+    ExitStats, FixedStr, MAX_PCPU_COST_FRAME_LEN, MAX_TASK_FRAME_LEN, MAX_VM_END_FRAME_LEN,
+    PcpuCost, Task, TaskOffsets, VmEnd, encode_pcpu_cost, encode_task, encode_vm_end,
+};
 
 fn main() -> std::io::Result<()> {
     let dir = PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "seeds".into()));
@@ -71,6 +74,37 @@ fn main() -> std::io::Result<()> {
             let len = encode_task(&t, &mut buf).expect("task frame fits");
             frames.extend_from_slice(&buf[..len]);
         }
+        // A VM end frame and a pCPU cost frame, as the hypervisor sends them at the end.
+        let mut exits = ExitStats::new();
+        for (reason, ticks) in [(10, 400), (10, 900), (30, 5_000), (48, 2_000_000), (99, 1)] {
+            exits.record(reason, ticks);
+        }
+        exits.record_port(0x3f8);
+        let vm_end = VmEnd {
+            vm: 0,
+            lstar: 0xffff_ffff_8160_0040,
+            task_offsets: Some(TaskOffsets {
+                current_task: 0x2_1440,
+                pid: 0x5d0,
+                tgid: 0x5d4,
+                comm: 0x758,
+            }),
+            exits,
+        };
+        let mut big = vec![0u8; MAX_VM_END_FRAME_LEN];
+        let len = encode_vm_end(&vm_end, &mut big).expect("VM end frame fits");
+        frames.extend_from_slice(&big[..len]);
+        let mut small = [0u8; MAX_PCPU_COST_FRAME_LEN];
+        let cost = PcpuCost {
+            pcpu: 0,
+            span_ticks: 1_000_000,
+            samples: 1_000,
+            sampling_exits: 900,
+            sampling_exit_ticks: 270_000,
+            ..PcpuCost::default()
+        };
+        let len = encode_pcpu_cost(&cost, &mut small).expect("cost frame fits");
+        frames.extend_from_slice(&small[..len]);
         tasks.splice(at..at, frames);
         std::fs::write(dir.join(format!("synth-{seed}-tasks")), &tasks)?;
         n += 1;

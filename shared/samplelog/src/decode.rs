@@ -9,8 +9,12 @@ use crate::bits::{ByteReader, Malformed};
 use crate::cobs;
 use crate::codec;
 use crate::encode::{
-    CRC32C, FRAME_BLOCK, FRAME_END, FRAME_HEADER, FRAME_TASK, MAGIC, MAX_BLOCK_RECORDS,
-    MAX_END_PCPUS, MAX_FRAME_BYTES, MAX_FRAME_TYPE,
+    CRC32C, FRAME_BLOCK, FRAME_END, FRAME_HEADER, FRAME_PCPU_COST, FRAME_TASK, FRAME_VM_END, MAGIC,
+    MAX_BLOCK_RECORDS, MAX_END_PCPUS, MAX_FRAME_BYTES, MAX_FRAME_TYPE,
+};
+use crate::stats::{
+    EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, PcpuCost, ReasonStats, TaskOffsets,
+    VmEnd,
 };
 use crate::types::{
     BUILD_ID_LEN, BlockHeader, BuildId, COMM_LEN, FixedStr, Header, MAX_VMS, PcpuTotals, Record,
@@ -91,7 +95,21 @@ pub enum Item<'a> {
         /// The task.
         task: Task,
     },
-    /// A valid frame of a type this decoder does not know (5..=8).
+    /// A VM end frame: a VM's exit statistics, LSTAR and task offsets.
+    VmEnd {
+        /// Stream offset of the frame.
+        offset: u64,
+        /// What it carried.
+        vm_end: &'a VmEnd,
+    },
+    /// A pCPU cost frame: the profiler's whole cost on one pCPU.
+    PcpuCost {
+        /// Stream offset of the frame.
+        offset: u64,
+        /// What it carried.
+        cost: PcpuCost,
+    },
+    /// A valid frame of a type this decoder does not know (7..=8).
     Unknown {
         /// Stream offset of the frame.
         offset: u64,
@@ -116,6 +134,8 @@ enum Parsed {
     Block(BlockHeader),
     End,
     Task(Task),
+    VmEnd,
+    PcpuCost(PcpuCost),
     Unknown(u8),
 }
 
@@ -125,6 +145,7 @@ struct Scratch {
     records: Vec<Record>,
     header: Box<Header>,
     totals: Vec<PcpuTotals>,
+    vm_end: Box<VmEnd>,
 }
 
 /// Incremental decoder: feed it the capture in chunks of any size.
@@ -155,6 +176,7 @@ impl StreamDecoder {
                 records: Vec::new(),
                 header: Box::default(),
                 totals: Vec::new(),
+                vm_end: Box::default(),
             },
         }
     }
@@ -331,6 +353,11 @@ impl Scratch {
                 totals: &self.totals,
             },
             Parsed::Task(task) => Item::Task { offset, task },
+            Parsed::VmEnd => Item::VmEnd {
+                offset,
+                vm_end: &self.vm_end,
+            },
+            Parsed::PcpuCost(cost) => Item::PcpuCost { offset, cost },
             Parsed::Unknown(frame_type) => Item::Unknown { offset, frame_type },
         });
     }
@@ -399,6 +426,8 @@ impl Scratch {
             FRAME_BLOCK => parse_block(body, &mut self.records).map(|(h, n)| (Parsed::Block(h), n)),
             FRAME_END => parse_end(body, &mut self.totals).map(|n| (Parsed::End, n)),
             FRAME_TASK => parse_task(body).map(|(t, n)| (Parsed::Task(t), n)),
+            FRAME_VM_END => parse_vm_end(body, &mut self.vm_end).map(|n| (Parsed::VmEnd, n)),
+            FRAME_PCPU_COST => parse_pcpu_cost(body).map(|(c, n)| (Parsed::PcpuCost(c), n)),
             t => Ok((Parsed::Unknown(t), body.len())),
         }
     }
@@ -483,6 +512,93 @@ fn parse_task(body: &[u8]) -> Result<(Task, usize), Malformed> {
         comm: FixedStr::from_utf8(short_bytes(&mut r, COMM_LEN)?).ok_or(Malformed)?,
     };
     Ok((t, r.pos()))
+}
+
+fn parse_vm_end(body: &[u8], v: &mut VmEnd) -> Result<usize, Malformed> {
+    let mut r = ByteReader::new(body);
+    let u32v = |v: u64| u32::try_from(v).map_err(|_| Malformed);
+    v.vm = r.varint_u16()?;
+    v.lstar = r.varint()?;
+    v.task_offsets = match r.u8()? {
+        0 => None,
+        1 => Some(TaskOffsets {
+            current_task: r.varint()?,
+            pid: u32v(r.varint()?)?,
+            tgid: u32v(r.varint()?)?,
+            comm: u32v(r.varint()?)?,
+        }),
+        _ => return Err(Malformed),
+    };
+    let mut e = ExitStats::new();
+    e.other = r.varint()?;
+    let rows = usize::from(r.u8()?);
+    if rows > EXIT_REASONS {
+        return Err(Malformed);
+    }
+    let mut next_reason = 0u16;
+    for _ in 0..rows {
+        // Rows come in ascending reason order, each once, each with at least one exit.
+        let reason = u16::from(r.u8()?);
+        if reason < next_reason {
+            return Err(Malformed);
+        }
+        next_reason = reason + 1;
+        let mut s = ReasonStats {
+            count: r.varint()?,
+            total: r.varint()?,
+            min: r.varint()?,
+            max: r.varint()?,
+            histogram: [0; HISTOGRAM_BUCKETS],
+        };
+        if s.count == 0 || s.min > s.max {
+            return Err(Malformed);
+        }
+        let mask = u16::from_le_bytes([r.u8()?, r.u8()?]);
+        for (b, h) in s.histogram.iter_mut().enumerate() {
+            if mask & (1 << b) != 0 {
+                *h = u32v(r.varint()?)?;
+                if *h == 0 {
+                    return Err(Malformed);
+                }
+            }
+        }
+        if !e.set_reason(reason, s) {
+            return Err(Malformed);
+        }
+    }
+    let ports = usize::from(r.u8()?);
+    if ports > EXIT_PORTS {
+        return Err(Malformed);
+    }
+    for _ in 0..ports {
+        let port = r.varint_u16()?;
+        let n = r.varint()?;
+        if n == 0 || e.port(port) != 0 {
+            return Err(Malformed);
+        }
+        e.add_port_count(port, n);
+    }
+    e.ports_other = r.varint()?;
+    v.exits = e;
+    Ok(r.pos())
+}
+
+fn parse_pcpu_cost(body: &[u8]) -> Result<(PcpuCost, usize), Malformed> {
+    let mut r = ByteReader::new(body);
+    let c = PcpuCost {
+        pcpu: r.varint_u16()?,
+        span_ticks: r.varint()?,
+        samples: r.varint()?,
+        sampling_exits: r.varint()?,
+        sampling_exit_ticks: r.varint()?,
+        timer_interrupts: r.varint()?,
+        timer_ticks: r.varint()?,
+        other_sample_ticks: r.varint()?,
+        export_ticks: r.varint()?,
+        task_reads: r.varint()?,
+        task_read_ticks: r.varint()?,
+    };
+    Ok((c, r.pos()))
 }
 
 fn parse_end(body: &[u8], totals: &mut Vec<PcpuTotals>) -> Result<usize, Malformed> {
@@ -614,6 +730,10 @@ pub struct Decoded {
     pub unknown_frames: u64,
     /// Task frames, in stream order.
     pub tasks: Vec<Task>,
+    /// VM end frames, in stream order (a VM's last one is its final state).
+    pub vm_ends: Vec<VmEnd>,
+    /// pCPU cost frames, in stream order.
+    pub costs: Vec<PcpuCost>,
     /// Damaged frames and unrecognised bytes, in stream order.
     pub damaged: Vec<Damage>,
     /// Console text, in stream order.
@@ -825,6 +945,14 @@ impl Collector {
                 self.d.frames += 1;
                 self.d.tasks.push(task);
             }
+            Item::VmEnd { vm_end, .. } => {
+                self.d.frames += 1;
+                self.d.vm_ends.push(vm_end.clone());
+            }
+            Item::PcpuCost { cost, .. } => {
+                self.d.frames += 1;
+                self.d.costs.push(cost);
+            }
             Item::Unknown { .. } => {
                 self.d.frames += 1;
                 self.d.unknown_frames += 1;
@@ -965,6 +1093,8 @@ fn finish_pcpu(pcpu: u16, mut acc: PcpuAcc, totals: Option<PcpuTotals>, end: boo
 enum Meta {
     Header(Box<Header>, u64),
     Task(Task, u64),
+    VmEnd(Box<VmEnd>, u64),
+    PcpuCost(PcpuCost, u64),
     Block(BlockHeader, u64, u64, Option<(u64, u64)>),
     End(Vec<PcpuTotals>, u64),
     Unknown(u64, u8),
@@ -1071,6 +1201,12 @@ fn decode_parts<A: Send>(
                             meta.push(Meta::End(totals.to_vec(), offset))
                         }
                         Item::Task { offset, task } => meta.push(Meta::Task(task, offset)),
+                        Item::VmEnd { offset, vm_end } => {
+                            meta.push(Meta::VmEnd(Box::new(vm_end.clone()), offset));
+                        }
+                        Item::PcpuCost { offset, cost } => {
+                            meta.push(Meta::PcpuCost(cost, offset));
+                        }
                         Item::Unknown { offset, frame_type } => {
                             meta.push(Meta::Unknown(offset, frame_type));
                         }
@@ -1107,6 +1243,11 @@ fn collect_parts<A>(bytes: &[u8], results: Vec<(A, Vec<Meta>)>) -> (Decoded, Vec
                 }
                 Meta::End(t, offset) => col.push(Item::End { offset, totals: &t }),
                 Meta::Task(task, offset) => col.push(Item::Task { offset, task }),
+                Meta::VmEnd(vm_end, offset) => col.push(Item::VmEnd {
+                    offset,
+                    vm_end: &vm_end,
+                }),
+                Meta::PcpuCost(cost, offset) => col.push(Item::PcpuCost { offset, cost }),
                 Meta::Unknown(offset, frame_type) => col.push(Item::Unknown { offset, frame_type }),
                 Meta::Text(offset, text) => col.push(Item::Text {
                     offset,
@@ -1284,5 +1425,50 @@ mod tests {
         assert_eq!(d.blocks_lost(), u64::MAX);
         assert_eq!(d.samples_lost(), u64::MAX);
         assert_eq!(d.samples(), 4);
+    }
+}
+
+#[cfg(test)]
+mod stats_frame_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any body behind a VM end or pCPU cost frame type is decoded or refused, never a
+        /// panic, and a decoded one re-encodes to the same table (the parser's checks are the
+        /// encoder's invariants).
+        #[test]
+        fn any_stats_body_is_decoded_or_refused(body in prop::collection::vec(any::<u8>(), 0..400)) {
+            let mut v = VmEnd::default();
+            if let Ok(n) = parse_vm_end(&body, &mut v) {
+                prop_assert!(n <= body.len());
+                let mut buf = vec![0u8; crate::MAX_VM_END_FRAME_LEN];
+                let len = crate::encode_vm_end(&v, &mut buf).unwrap();
+                prop_assert_eq!(&crate::decode(&buf[..len]).vm_ends, &vec![v]);
+            }
+            if let Ok((_, n)) = parse_pcpu_cost(&body) {
+                prop_assert!(n <= body.len());
+            }
+        }
+    }
+
+    #[test]
+    fn vm_end_rows_out_of_order_or_empty_are_refused() {
+        // vm 0, lstar 0, no offsets, other 0, 2 rows: reason 10 then reason 10 again.
+        let mut body = vec![0, 0, 0, 0, 2];
+        for _ in 0..2 {
+            body.extend_from_slice(&[10, 1, 5, 5, 5, 0, 0]);
+        }
+        body.extend_from_slice(&[0, 0]);
+        assert!(parse_vm_end(&body, &mut VmEnd::default()).is_err());
+        // One row with a zero count.
+        let body = [0, 0, 0, 0, 1, 10, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert!(parse_vm_end(&body, &mut VmEnd::default()).is_err());
+        // A valid one: reason 10, one exit of 5 ticks in bucket 0.
+        let body = [0, 0, 0, 0, 1, 10, 1, 5, 5, 5, 1, 0, 1, 0, 0];
+        let mut v = VmEnd::default();
+        assert_eq!(parse_vm_end(&body, &mut v), Ok(body.len()));
+        assert_eq!(v.exits.reason(10).count, 1);
+        assert_eq!(v.exits.reason(10).histogram[0], 1);
     }
 }

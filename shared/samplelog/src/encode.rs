@@ -6,6 +6,7 @@ use core::fmt;
 use crate::bits::ByteWriter;
 use crate::cobs;
 use crate::codec;
+use crate::stats::{EXIT_PORTS, EXIT_REASONS, HISTOGRAM_BUCKETS, PcpuCost, VmEnd};
 use crate::types::{BlockHeader, COMM_LEN, Header, PcpuTotals, Record, Task};
 
 /// The first three payload bytes of every frame.
@@ -18,6 +19,10 @@ pub const FRAME_BLOCK: u8 = 2;
 pub const FRAME_END: u8 = 3;
 /// Frame type of a task frame.
 pub const FRAME_TASK: u8 = 4;
+/// Frame type of a VM end frame (a VM's exit statistics, LSTAR and task offsets).
+pub const FRAME_VM_END: u8 = 5;
+/// Frame type of a pCPU cost frame (the profiler's whole cost on one pCPU).
+pub const FRAME_PCPU_COST: u8 = 6;
 /// Frame types up to this value are recognised as frames (unknown ones are reported, not decoded).
 pub const MAX_FRAME_TYPE: u8 = 8;
 /// Most records in one block frame.
@@ -86,6 +91,25 @@ pub const fn max_end_frame_len(pcpus: usize) -> usize {
     frame_buffer_len(4 + 3 + pcpus * (3 + 4 * 10) + 4)
 }
 
+/// Buffer size that always holds a VM end frame.
+pub const MAX_VM_END_FRAME_LEN: usize = frame_buffer_len(
+    4 + 3
+        + 10
+        + 1
+        + 10
+        + 3 * 5
+        + 10
+        + 1
+        + EXIT_REASONS * (1 + 4 * 10 + 2 + HISTOGRAM_BUCKETS * 5)
+        + 1
+        + EXIT_PORTS * (3 + 10)
+        + 10
+        + 4,
+);
+
+/// Buffer size that always holds a pCPU cost frame.
+pub const MAX_PCPU_COST_FRAME_LEN: usize = frame_buffer_len(4 + 3 + 10 * 10 + 4);
+
 #[cfg(feature = "std")]
 const fn max(a: usize, b: usize) -> usize {
     if a > b { a } else { b }
@@ -94,8 +118,11 @@ const fn max(a: usize, b: usize) -> usize {
 /// No valid frame is longer than this on the wire (readers bound their work with it).
 #[cfg(feature = "std")]
 pub(crate) const MAX_FRAME_BYTES: usize = max(
-    max(max_block_frame_len(MAX_BLOCK_RECORDS), MAX_HEADER_FRAME_LEN),
-    max_end_frame_len(MAX_END_PCPUS),
+    max(
+        max(max_block_frame_len(MAX_BLOCK_RECORDS), MAX_HEADER_FRAME_LEN),
+        max_end_frame_len(MAX_END_PCPUS),
+    ),
+    MAX_VM_END_FRAME_LEN,
 );
 
 /// Builds one frame in `out`: the body writer gets the payload area after magic and type (and
@@ -249,6 +276,85 @@ pub fn encode_task(t: &Task, out: &mut [u8]) -> Result<usize, EncodeError> {
         let comm = t.comm.as_str().as_bytes();
         w.u8(comm.len() as u8);
         w.bytes(comm);
+        finish(&w)
+    })
+}
+
+/// Encodes a VM end frame into `out` (size it with [`MAX_VM_END_FRAME_LEN`]); returns the frame
+/// length.
+///
+/// # Errors
+/// `BufferTooSmall`.
+pub fn encode_vm_end(v: &VmEnd, out: &mut [u8]) -> Result<usize, EncodeError> {
+    write_frame(out, FRAME_VM_END, |body| {
+        let mut w = ByteWriter::new(body);
+        w.varint(u64::from(v.vm));
+        w.varint(v.lstar);
+        match &v.task_offsets {
+            Some(t) => {
+                w.u8(1);
+                w.varint(t.current_task);
+                w.varint(u64::from(t.pid));
+                w.varint(u64::from(t.tgid));
+                w.varint(u64::from(t.comm));
+            }
+            None => w.u8(0),
+        }
+        let e = &v.exits;
+        w.varint(e.other);
+        // At most EXIT_REASONS = 80 rows, reasons below 80: both fit a byte.
+        w.u8(e.reasons().count() as u8);
+        for (reason, s) in e.reasons() {
+            w.u8(reason as u8);
+            w.varint(s.count);
+            w.varint(s.total);
+            w.varint(s.min);
+            w.varint(s.max);
+            let mask = s
+                .histogram
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| **n > 0)
+                .fold(0u16, |m, (b, _)| m | 1 << b);
+            w.bytes(&mask.to_le_bytes());
+            for &n in s.histogram.iter().filter(|n| **n > 0) {
+                w.varint(u64::from(n));
+            }
+        }
+        // At most EXIT_PORTS = 16.
+        w.u8(e.ports().len() as u8);
+        for &(port, n) in e.ports() {
+            w.varint(u64::from(port));
+            w.varint(n);
+        }
+        w.varint(e.ports_other);
+        finish(&w)
+    })
+}
+
+/// Encodes a pCPU cost frame into `out` (size it with [`MAX_PCPU_COST_FRAME_LEN`]); returns the
+/// frame length.
+///
+/// # Errors
+/// `BufferTooSmall`.
+pub fn encode_pcpu_cost(c: &PcpuCost, out: &mut [u8]) -> Result<usize, EncodeError> {
+    write_frame(out, FRAME_PCPU_COST, |body| {
+        let mut w = ByteWriter::new(body);
+        w.varint(u64::from(c.pcpu));
+        for v in [
+            c.span_ticks,
+            c.samples,
+            c.sampling_exits,
+            c.sampling_exit_ticks,
+            c.timer_interrupts,
+            c.timer_ticks,
+            c.other_sample_ticks,
+            c.export_ticks,
+            c.task_reads,
+            c.task_read_ticks,
+        ] {
+            w.varint(v);
+        }
         finish(&w)
     })
 }

@@ -42,7 +42,8 @@
 //! ```text
 //! offset  size  field
 //! 0       3     magic "HVP" (0x48 0x56 0x50)
-//! 3       1     frame type: 1 header, 2 block, 3 end (4..=8 reserved: skipped, counted)
+//! 3       1     frame type: 1 header, 2 block, 3 end, 4 task, 5 VM end, 6 pCPU cost
+//!               (7..=8 reserved: skipped, counted)
 //! 4       n     body (per type, below)
 //! 4+n     4     CRC-32C of bytes 0..4+n, little-endian
 //! ```
@@ -58,7 +59,7 @@
 //! ### Header body (type 1)
 //!
 //! ```text
-//! varint  version          (1)
+//! varint  version          (2; version 1 had no VM end and pCPU cost frames)
 //! bytes8  build_id         hypervisor GNU build id, 0..=20 bytes (0 = none)
 //! varint  tsc_hz
 //! varint  pcpus            (u16)
@@ -209,6 +210,50 @@
 //! Without an end frame a reader cannot tell how many blocks were lost after the last one it
 //! received: it reports the capture as truncated.
 //!
+//! ### VM end body (type 5)
+//!
+//! What the hypervisor knows exactly about a VM when it stops ([`VmEnd`]): its exit statistics
+//! (every exit of every vCPU, the handler cost from VM exit to the next VM entry), its vCPU 0's
+//! IA32_LSTAR (a Linux guest's KASLR slide) and the task offsets it was profiled with. Sent once
+//! per VM; a reader keeps the last one per VM. Console text says the same for people; readers
+//! take it from here only.
+//!
+//! ```text
+//! varint  vm               (u16)
+//! varint  lstar            0 = never written
+//! u8      offsets          0 none, 1: varint current_task, pid, tgid, comm (the last three u32)
+//! varint  other            exits whose basic reason is ≥ 80
+//! u8      rows             0..=80, then per row, in strictly ascending reason order:
+//!   u8      reason         basic exit reason, < 80
+//!   varint  count          ≥ 1
+//!   varint  total, min, max  handler cost, TSC ticks (min ≤ max)
+//!   u16     buckets        bit b set: histogram bucket b is non-zero
+//!   varint  per set bit, ascending: that bucket's count (u32, ≥ 1)
+//! u8      ports            0..=16, then per port (distinct): varint port (u16), varint count ≥ 1
+//! varint  ports_other      I/O exits on ports beyond the first 16
+//! ```
+//!
+//! Histogram bucket 0 counts costs below 64 ticks, bucket `b` in `1..=14` costs in
+//! `[2^(5+b), 2^(6+b))`, bucket 15 costs from 2^20 on ([`histogram_bucket`]); counts saturate at
+//! `u32::MAX`.
+//!
+//! ### pCPU cost body (type 6)
+//!
+//! The profiler's whole cost on one pCPU ([`PcpuCost`]), sent at the end of the run, one frame
+//! per pCPU: ten varints after the pCPU number.
+//!
+//! ```text
+//! varint  pcpu                 (u16)
+//! varint  span_ticks           start of sampling on this pCPU to its end
+//! varint  samples
+//! varint  sampling_exits, sampling_exit_ticks   exits that exist only to take a sample
+//! varint  timer_interrupts, timer_ticks         LAPIC timer interrupts (hypervisor, idle)
+//! varint  other_sample_ticks   the sample path of samples taken on other exits
+//! varint  export_ticks         draining, encoding and sending the log during the run
+//! varint  task_reads, task_read_ticks           (inside the parts above)
+//! ```
+//! The whole cost is `sampling_exit_ticks + timer_ticks + other_sample_ticks + export_ticks`.
+//!
 //! ## Size
 //!
 //! On the synthetic trace of `synth` (1 kHz samples with jitter, a few hot functions per
@@ -231,6 +276,7 @@ mod bits;
 mod cobs;
 mod codec;
 mod encode;
+mod stats;
 mod types;
 
 #[cfg(feature = "std")]
@@ -240,10 +286,15 @@ pub mod synth;
 
 pub use cobs::max_encoded_len as cobs_max_encoded_len;
 pub use encode::{
-    BlockEncoder, EncodeError, FRAME_BLOCK, FRAME_END, FRAME_HEADER, FRAME_TASK, MAGIC,
-    MAX_BLOCK_RECORDS, MAX_END_PCPUS, MAX_FRAME_TYPE, MAX_HEADER_FRAME_LEN, MAX_TASK_FRAME_LEN,
-    crc32c, encode_block, encode_end, encode_header, encode_task, frame_buffer_len,
+    BlockEncoder, EncodeError, FRAME_BLOCK, FRAME_END, FRAME_HEADER, FRAME_PCPU_COST, FRAME_TASK,
+    FRAME_VM_END, MAGIC, MAX_BLOCK_RECORDS, MAX_END_PCPUS, MAX_FRAME_TYPE, MAX_HEADER_FRAME_LEN,
+    MAX_PCPU_COST_FRAME_LEN, MAX_TASK_FRAME_LEN, MAX_VM_END_FRAME_LEN, crc32c, encode_block,
+    encode_end, encode_header, encode_pcpu_cost, encode_task, encode_vm_end, frame_buffer_len,
     max_block_frame_len, max_end_frame_len,
+};
+pub use stats::{
+    EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, PcpuCost, ReasonStats, Table,
+    TaskOffsets, VmEnd, histogram_bucket, histogram_bucket_start,
 };
 pub use types::{
     BUILD_ID_LEN, BlockHeader, BuildId, COMM_LEN, CapacityError, Event, EventKind, FORMAT_VERSION,

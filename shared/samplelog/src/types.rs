@@ -5,7 +5,7 @@ use core::fmt;
 use core::ops::Deref;
 
 /// Current format version, written in the header frame.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 /// `Sample::vm` / `Event::vm` when no VM is concerned (idle, hypervisor work for no VM).
 pub const NO_VM: u16 = 0xffff;
 /// `Sample::vcpu` when no vCPU is concerned.

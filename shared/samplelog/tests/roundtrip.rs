@@ -7,6 +7,11 @@ use hvprof_samplelog::{
     Record, Sample, SampleKind, StreamDecoder, Task, VmInfo, decode, decode_parallel, encode_block,
     encode_end, encode_header, encode_task, max_block_frame_len, max_end_frame_len,
 };
+use hvprof_samplelog::{
+    EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, MAX_PCPU_COST_FRAME_LEN,
+    MAX_VM_END_FRAME_LEN, PcpuCost, ReasonStats, TaskOffsets, VmEnd, encode_pcpu_cost,
+    encode_vm_end,
+};
 use proptest::prelude::*;
 
 /// Values that repeat (so the delta coder's "unchanged" and history paths run), extremes, and
@@ -257,6 +262,63 @@ proptest! {
     }
 
     #[test]
+    fn vm_end_round_trips(
+        vm in any::<u16>(),
+        lstar in u64_field(),
+        offsets in prop::option::of((any::<u64>(), any::<u32>(), any::<u32>(), any::<u32>())),
+        exits in prop::collection::vec((0u16..100, prop_oneof![0u64..5000, any::<u64>()]), 0..200),
+        ports in prop::collection::vec(0u16..24, 0..60),
+    ) {
+        let mut stats = ExitStats::new();
+        for (reason, ticks) in exits {
+            stats.record(reason, ticks);
+        }
+        for port in ports {
+            stats.record_port(port);
+        }
+        let v = VmEnd {
+            vm,
+            lstar,
+            task_offsets: offsets.map(|(current_task, pid, tgid, comm)| TaskOffsets {
+                current_task, pid, tgid, comm,
+            }),
+            exits: stats,
+        };
+        let mut buf = vec![0u8; MAX_VM_END_FRAME_LEN];
+        let n = encode_vm_end(&v, &mut buf).unwrap();
+        let mut bytes = b"vm x: exits\n".to_vec();
+        bytes.extend_from_slice(&buf[..n]);
+        let d = decode(&bytes);
+        prop_assert_eq!(&d.vm_ends, &vec![v.clone()]);
+        prop_assert!(d.damaged.is_empty());
+        prop_assert_eq!(d.unknown_frames, 0);
+        let (p, _) = decode_parallel(&bytes, 2, || (), |_, _, _| {});
+        prop_assert_eq!(&p.vm_ends, &vec![v]);
+    }
+
+    #[test]
+    fn pcpu_cost_round_trips(pcpu in any::<u16>(), f in prop::array::uniform10(u64_field())) {
+        let c = PcpuCost {
+            pcpu,
+            span_ticks: f[0],
+            samples: f[1],
+            sampling_exits: f[2],
+            sampling_exit_ticks: f[3],
+            timer_interrupts: f[4],
+            timer_ticks: f[5],
+            other_sample_ticks: f[6],
+            export_ticks: f[7],
+            task_reads: f[8],
+            task_read_ticks: f[9],
+        };
+        let mut buf = vec![0u8; MAX_PCPU_COST_FRAME_LEN];
+        let n = encode_pcpu_cost(&c, &mut buf).unwrap();
+        let d = decode(&buf[..n]);
+        prop_assert_eq!(&d.costs, &vec![c]);
+        prop_assert!(d.damaged.is_empty());
+    }
+
+    #[test]
     fn end_round_trips(totals in prop::collection::vec(
         (any::<u16>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>())
             .prop_map(|(pcpu, samples, events, ring_drops, blocks)| PcpuTotals { pcpu, samples, events, ring_drops, blocks }),
@@ -364,6 +426,49 @@ fn out_of_order_and_duplicate_blocks_are_put_in_order() {
         assert_eq!(log.records, whole.pcpus[pcpu].records);
     }
     assert_eq!(d.pcpus.values().map(|p| p.duplicate_blocks).sum::<u64>(), 1);
+}
+
+/// The largest VM end frame there can be (every reason, every bucket, every port, every field at
+/// its widest) fits `MAX_VM_END_FRAME_LEN`, and one byte less of buffer is refused, not
+/// overrun.
+#[test]
+fn worst_case_vm_end_fits_the_advertised_bound() {
+    let mut e = ExitStats::new();
+    for r in 0..EXIT_REASONS as u16 {
+        e.set_reason(
+            r,
+            ReasonStats {
+                count: u64::MAX,
+                total: u64::MAX,
+                min: u64::MAX,
+                max: u64::MAX,
+                histogram: [u32::MAX; HISTOGRAM_BUCKETS],
+            },
+        );
+    }
+    for p in 0..EXIT_PORTS as u16 {
+        e.add_port_count(0xff00 | p, u64::MAX);
+    }
+    e.other = u64::MAX;
+    e.ports_other = u64::MAX;
+    let v = VmEnd {
+        vm: u16::MAX,
+        lstar: u64::MAX,
+        task_offsets: Some(TaskOffsets {
+            current_task: u64::MAX,
+            pid: u32::MAX,
+            tgid: u32::MAX,
+            comm: u32::MAX,
+        }),
+        exits: e,
+    };
+    let mut buf = vec![0u8; MAX_VM_END_FRAME_LEN];
+    let n = encode_vm_end(&v, &mut buf).unwrap();
+    assert_eq!(decode(&buf[..n]).vm_ends, vec![v.clone()]);
+    // A buffer exactly the frame's size may not be enough (in-place COBS), but a much smaller
+    // one is refused cleanly.
+    let mut small = vec![0u8; n / 2];
+    assert!(encode_vm_end(&v, &mut small).is_err());
 }
 
 #[test]

@@ -1,11 +1,12 @@
-//! The profiler's whole cost, as the hypervisor measured and printed it at the end of the run
-//! (`profiler: pCPU <i> cost: ...` and `profiler: whole cost ...`, docs/BOOT-LOG.md): the VM
-//! exits that exist only to take samples, the LAPIC timer interrupts, the export during the run
-//! and the task reads of Linux guests, per pCPU, as a share of its time.
-//!
-//! The lines are console text of the hypervisor's own: a guest's console lines always start with
-//! `[<vm name>] ` and have their control bytes escaped, so no guest can write one.
+//! The profiler's whole cost, as the hypervisor measured it and sent it at the end of the run in
+//! one pCPU cost frame per pCPU: the VM exits that exist only to take samples, the LAPIC timer
+//! interrupts, the export during the run and the task reads of Linux guests, per pCPU, as a
+//! share of its time. (The console's `profiler: pCPU <i> cost: ...` lines say the same for
+//! people; they are never read here.)
 
+use std::collections::BTreeMap;
+
+use hvprof_samplelog::PcpuCost as CostFrame;
 use serde::Serialize;
 
 /// One pCPU's whole cost.
@@ -45,89 +46,84 @@ pub struct WholeCost {
     pub pcpus: Vec<PcpuCost>,
 }
 
-/// Reads the cost lines from the console text of a capture; `None` when it has none (a log
-/// from an older hypervisor, or one cut short before the end).
-pub fn parse(text: &str) -> Option<WholeCost> {
-    let mut pcpus = Vec::new();
-    let mut percent = None;
-    for line in text.lines().map(|l| l.trim_end_matches('\r')) {
-        if let Some(rest) = line.strip_prefix("profiler: whole cost ") {
-            percent = rest.split('%').next().and_then(|n| n.parse().ok());
-        } else if line.starts_with("profiler: pCPU ") && line.contains(" cost: ") {
-            pcpus.extend(pcpu_line(line));
-        }
+/// The whole cost from a capture's pCPU cost frames (a pCPU's last frame counts); `None` when
+/// it has none (a log from a hypervisor older than format version 2, or one cut short before
+/// the end).
+pub fn from_frames(frames: &[CostFrame]) -> Option<WholeCost> {
+    let mut last: BTreeMap<u16, &CostFrame> = BTreeMap::new();
+    for f in frames {
+        last.insert(f.pcpu, f);
     }
+    if last.is_empty() {
+        return None;
+    }
+    let pcpus: Vec<PcpuCost> = last.values().map(|f| row(f)).collect();
+    let whole: u64 = last.values().map(|f| f.whole()).sum();
+    let span: u64 = last.values().map(|f| f.span_ticks.max(1)).sum();
     Some(WholeCost {
-        percent: percent?,
+        percent: share(whole, span),
         pcpus,
     })
 }
 
-/// `profiler: pCPU i cost: S% of T ticks (N samples): E sampling exits x M ticks (s%), I timer
-/// interrupts x m ticks (s%), other samples o ticks (s%), export x ticks (s%); R task reads x r
-/// ticks`
-fn pcpu_line(line: &str) -> Option<PcpuCost> {
-    let nums: Vec<f64> = line
-        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .map(|w| w.trim_matches('.'))
-        .filter(|w| !w.is_empty())
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    let [
-        pcpu,
-        percent,
-        span,
-        samples,
-        exits,
-        exit_mean,
-        exit_percent,
-        ints,
-        int_mean,
-        int_percent,
-        other,
-        other_percent,
-        export,
-        export_percent,
-        reads,
-        read_mean,
-    ] = nums[..]
-    else {
-        return None;
-    };
-    Some(PcpuCost {
-        pcpu: pcpu as u64,
-        percent,
-        span_ticks: span as u64,
-        samples: samples as u64,
-        sampling_exits: exits as u64,
-        sampling_exit_mean: exit_mean as u64,
-        sampling_exit_percent: exit_percent,
-        timer_interrupts: ints as u64,
-        timer_interrupt_mean: int_mean as u64,
-        timer_percent: int_percent,
-        other_sample_ticks: other as u64,
-        other_sample_percent: other_percent,
-        export_ticks: export as u64,
-        export_percent,
-        task_reads: reads as u64,
-        task_read_mean: read_mean as u64,
-    })
+fn share(ticks: u64, span: u64) -> f64 {
+    ticks as f64 * 100.0 / span.max(1) as f64
+}
+
+fn row(f: &CostFrame) -> PcpuCost {
+    let mean = |ticks: u64, n: u64| ticks.checked_div(n).unwrap_or(0);
+    PcpuCost {
+        pcpu: u64::from(f.pcpu),
+        percent: share(f.whole(), f.span_ticks),
+        span_ticks: f.span_ticks,
+        samples: f.samples,
+        sampling_exits: f.sampling_exits,
+        sampling_exit_mean: mean(f.sampling_exit_ticks, f.sampling_exits),
+        sampling_exit_percent: share(f.sampling_exit_ticks, f.span_ticks),
+        timer_interrupts: f.timer_interrupts,
+        timer_interrupt_mean: mean(f.timer_ticks, f.timer_interrupts),
+        timer_percent: share(f.timer_ticks, f.span_ticks),
+        other_sample_ticks: f.other_sample_ticks,
+        other_sample_percent: share(f.other_sample_ticks, f.span_ticks),
+        export_ticks: f.export_ticks,
+        export_percent: share(f.export_ticks, f.span_ticks),
+        task_reads: f.task_reads,
+        task_read_mean: mean(f.task_read_ticks, f.task_reads),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const LINES: &str = "profiler: pCPU 0: 133794 records taken, 33076 dropped\r\n\
-        profiler: pCPU 0 cost: 56.20% of 315703835 ticks (125692 samples): 80847 sampling exits x 952 ticks (24.39%), 44775 timer interrupts x 116 ticks (1.65%), other samples 7 ticks (0.01%), export 95183755 ticks (30.15%); 80853 task reads x 532 ticks\r\n\
-        [evil] profiler: whole cost 0.00% of the pCPUs' time (0 of 1 ticks)\r\n\
-        profiler: pCPU 1 cost: 0.50% of 1000 ticks (10 samples): 3 sampling exits x 300 ticks (0.40%), 1 timer interrupts x 100 ticks (0.10%), other samples 0 ticks (0.00%), export 0 ticks (0.00%); 0 task reads x 0 ticks\r\n\
-        profiler: whole cost 56.01% of the pCPUs' time (1 of 2 ticks)\r\n";
+    fn frame(pcpu: u16, span_ticks: u64) -> CostFrame {
+        CostFrame {
+            pcpu,
+            span_ticks,
+            samples: 125_692,
+            sampling_exits: 80_847,
+            sampling_exit_ticks: 80_847 * 952 + 100,
+            timer_interrupts: 44_775,
+            timer_ticks: 44_775 * 116,
+            other_sample_ticks: 7,
+            export_ticks: 95_183_755,
+            task_reads: 80_853,
+            task_read_ticks: 80_853 * 532,
+        }
+    }
 
     #[test]
-    fn the_hypervisors_cost_lines_are_read() {
-        let c = parse(LINES).unwrap();
-        assert_eq!(c.percent, 56.01);
+    fn the_whole_cost_comes_from_the_frames() {
+        let idle = CostFrame {
+            pcpu: 1,
+            span_ticks: 1000,
+            samples: 10,
+            sampling_exits: 3,
+            sampling_exit_ticks: 900,
+            ..CostFrame::default()
+        };
+        // pCPU 0 sent twice: its last frame counts.
+        let c = from_frames(&[frame(0, 1), idle, frame(0, 315_703_835)]).unwrap();
         assert_eq!(c.pcpus.len(), 2);
         let p = &c.pcpus[0];
         assert_eq!((p.pcpu, p.span_ticks, p.samples), (0, 315_703_835, 125_692));
@@ -135,25 +131,17 @@ mod tests {
         assert_eq!((p.timer_interrupts, p.timer_interrupt_mean), (44775, 116));
         assert_eq!((p.other_sample_ticks, p.export_ticks), (7, 95_183_755));
         assert_eq!((p.task_reads, p.task_read_mean), (80853, 532));
-        assert_eq!(
-            (
-                p.percent,
-                p.sampling_exit_percent,
-                p.timer_percent,
-                p.export_percent
-            ),
-            (56.2, 24.39, 1.65, 30.15)
-        );
-        assert_eq!(c.pcpus[1].pcpu, 1);
+        let whole0 = 80_847 * 952 + 100 + 44_775 * 116 + 7 + 95_183_755;
+        assert!((p.percent - whole0 as f64 * 100.0 / 315_703_835.0).abs() < 1e-9);
+        assert!((p.export_percent - 95_183_755.0 * 100.0 / 315_703_835.0).abs() < 1e-9);
+        let p1 = &c.pcpus[1];
+        assert!((p1.percent - 90.0).abs() < 1e-9);
+        let all = (whole0 + 900) as f64 * 100.0 / (315_703_835.0 + 1000.0);
+        assert!((c.percent - all).abs() < 1e-9);
     }
 
     #[test]
-    fn no_cost_lines_no_cost() {
-        assert_eq!(parse("hvprof: ready\n"), None);
-        // A guest's line is never the hypervisor's.
-        assert_eq!(parse("[vm] profiler: whole cost 1.00% of x\n"), None);
-        // A cut line is skipped, not misread.
-        let c = parse("profiler: pCPU 0 cost: 5.00% of 10 ticks\nprofiler: whole cost 5.00%\n");
-        assert_eq!(c.unwrap().pcpus, vec![]);
+    fn no_cost_frames_no_cost() {
+        assert_eq!(from_frames(&[]), None);
     }
 }

@@ -1,8 +1,9 @@
 //! Linux guests: their kernel's functions and their processes, with no agent in the guest.
 //!
 //! - Kernel symbols come from the guest's decompressed vmlinux (`--kernel`), rebuilt from its
-//!   kallsyms tables by `linux-guest`; the KASLR slide from the `vm <name>: guest IA32_LSTAR`
-//!   line the hypervisor prints when the VM stops (`entry_SYSCALL_64` moves with the kernel).
+//!   kallsyms tables by `linux-guest`; the KASLR slide from the guest's IA32_LSTAR, which the
+//!   hypervisor sends in the VM's end frame when it stops (`entry_SYSCALL_64` moves with the
+//!   kernel).
 //!   Kernel frames go under the module `[guest.kallsyms]`.
 //! - Processes come from the task frames: the hypervisor reads the task a vCPU runs at each
 //!   sample and logs it when it changes, so a sample at TSC `t` on a vCPU belongs to the vCPU's
@@ -11,7 +12,7 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
-use hvprof_samplelog::Task;
+use hvprof_samplelog::{Task, VmEnd};
 use linux_guest::KernelImage;
 
 /// The module kernel frames are reported under (viewers mark `[...]` modules as kernel).
@@ -33,22 +34,15 @@ impl GuestKernel {
     }
 }
 
-/// `vm <name>: guest IA32_LSTAR 0x...` lines of the console text: VM name → LSTAR.
-pub fn lstar_lines(text: &str) -> HashMap<String, u64> {
+/// Each VM's IA32_LSTAR from its VM end frame (the last one, when it is non-zero): VM id →
+/// LSTAR. Console text is never read for it.
+pub fn lstars(vm_ends: &[VmEnd]) -> HashMap<u16, u64> {
     let mut out = HashMap::default();
-    for line in text.lines() {
-        let Some(rest) = line.trim_end_matches('\r').strip_prefix("vm ") else {
-            continue;
-        };
-        let Some((name, value)) = rest.split_once(": guest IA32_LSTAR ") else {
-            continue;
-        };
-        if let Some(v) = value
-            .trim()
-            .strip_prefix("0x")
-            .and_then(|h| u64::from_str_radix(h, 16).ok())
-        {
-            out.insert(name.to_string(), v);
+    for v in vm_ends {
+        if v.lstar != 0 {
+            out.insert(v.vm, v.lstar);
+        } else {
+            out.remove(&v.vm);
         }
     }
     out
@@ -171,14 +165,25 @@ mod tests {
     }
 
     #[test]
-    fn lstar_lines_are_read_from_the_console() {
-        let text = "vm linux1: stopped: exit code 0 (port 0xf4)\r\n\
-                    vm linux1: guest IA32_LSTAR 0xffffffff9a200080\r\n\
-                    vm linux2: guest IA32_LSTAR 0xbad\n\
-                    vm x: guest IA32_LSTAR nonsense\n";
-        let m = lstar_lines(text);
-        assert_eq!(m.get("linux1"), Some(&0xffff_ffff_9a20_0080));
-        assert_eq!(m.get("linux2"), Some(&0xbad));
-        assert_eq!(m.get("x"), None);
+    fn lstar_comes_from_the_last_vm_end_frame() {
+        let end = |vm, lstar| VmEnd {
+            vm,
+            lstar,
+            ..VmEnd::default()
+        };
+        let m = lstars(&[
+            end(0, 0xffff_ffff_9a20_0080),
+            end(1, 0xbad),
+            end(1, 0xffff_ffff_8100_0000),
+            end(2, 0x1234),
+            end(2, 0),
+        ]);
+        assert_eq!(m.get(&0), Some(&0xffff_ffff_9a20_0080));
+        assert_eq!(m.get(&1), Some(&0xffff_ffff_8100_0000));
+        assert_eq!(
+            m.get(&2),
+            None,
+            "a VM whose last frame has no LSTAR has none"
+        );
     }
 }

@@ -105,7 +105,7 @@ pub struct Namer<'a> {
     pub vms: Vec<VmMeta>,
     guest_symbols: HashMap<u16, &'a Symbols>,
     kernels: HashMap<u16, GuestKernel>,
-    /// Linux VMs: they printed their `IA32_LSTAR`, or the log has task frames for them.
+    /// Linux VMs: their end frame has an `IA32_LSTAR`, or the log has task frames for them.
     linux: HashSet<u16>,
     tasks: TaskTimeline,
 }
@@ -115,11 +115,11 @@ impl<'a> Namer<'a> {
     /// kernel at its KASLR slide; says in `warnings` what stays unnamed.
     pub fn new(decoded: &Decoded, images: &'a Images, warnings: &mut Vec<String>) -> Self {
         let vms = vm_table(decoded);
-        let lstars = crate::linux::lstar_lines(&decoded.text_joined());
+        let lstars = crate::linux::lstars(&decoded.vm_ends);
         let mut linux: HashSet<u16> = decoded.tasks.iter().map(|t| t.vm).collect();
         linux.extend(
             vms.iter()
-                .filter(|v| lstars.contains_key(&v.name))
+                .filter(|v| lstars.contains_key(&v.id))
                 .map(|v| v.id),
         );
         let guest_symbols = vms
@@ -152,7 +152,7 @@ impl<'a> Namer<'a> {
         let mut kernels = HashMap::default();
         if let Some(image) = &images.kernel {
             for v in &vms {
-                let Some(&lstar) = lstars.get(&v.name) else {
+                let Some(&lstar) = lstars.get(&v.id) else {
                     continue;
                 };
                 match image.kaslr_slide(lstar) {

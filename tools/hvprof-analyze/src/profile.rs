@@ -115,8 +115,10 @@ pub struct Profile {
     pub frames: Vec<Frame>,
     /// Every scheduling event with its pCPU, in TSC order.
     pub events: Vec<(u16, Event)>,
-    /// The console text of the capture.
+    /// The console text of the capture (shown, never read for data).
     pub text: String,
+    /// The VM end frames: exit tables, LSTAR, task offsets.
+    pub vm_ends: Vec<hvprof_samplelog::VmEnd>,
 }
 
 /// The report's flags: `keep_guest` names Linux guests' samples by process (`--kernel`,
@@ -290,6 +292,7 @@ impl Profile {
             frames,
             events,
             text: decoded.text_joined(),
+            vm_ends: decoded.vm_ends.clone(),
         }
     }
 

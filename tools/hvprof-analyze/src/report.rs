@@ -924,7 +924,7 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
                 100.0 * mean / header.period_ticks as f64
             },
         },
-        whole_cost: crate::cost::parse(&decoded.text_joined()),
+        whole_cost: crate::cost::from_frames(&decoded.costs),
         host: Host {
             hypervisor: pct(hv_samples),
             vm: pct(vm_samples),

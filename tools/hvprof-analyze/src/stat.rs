@@ -1,9 +1,11 @@
 //! Exit statistics in the manner of `perf kvm stat`, from two sources, kept apart:
 //!
-//! - **exact**: the per-VM tables the hypervisor prints on the console when a VM stops (every
-//!   exit counted, its handler cost from VM exit to VM entry in TSC ticks: total, min, max,
-//!   mean). The hypervisor keeps no sum of squares, so the spread is given as the largest
-//!   standard deviation those figures allow (Bhatia–Davis: σ² ≤ (max − mean)(mean − min)).
+//! - **exact**: the per-VM tables the hypervisor sends in a VM end frame when a VM stops (every
+//!   exit counted, its handler cost from VM exit to VM entry in TSC ticks: total, min, max and a
+//!   log2 histogram, from which the median and 99th-percentile buckets). The hypervisor keeps
+//!   no sum of squares, so the spread is given as the largest standard deviation those figures
+//!   allow (Bhatia–Davis: σ² ≤ (max − mean)(mean − min)). The console shows the same table for
+//!   people; it is never read here.
 //! - **estimated**: the sample log, per VM and per vCPU: the hypervisor's samples taken while it
 //!   worked on a vCPU's exit, by that vCPU's last exit reason. Each stands for one period; the
 //!   estimate's standard deviation is √n periods (n samples, Poisson). With the deadline clock
@@ -14,7 +16,7 @@ use std::fmt::Write;
 use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
 
-use hvprof_samplelog::NO_VM;
+use hvprof_samplelog::{ExitStats, HISTOGRAM_BUCKETS, NO_VM, VmEnd, histogram_bucket_start};
 
 use crate::naming::exit_name;
 use crate::profile::{Profile, What};
@@ -34,9 +36,14 @@ pub struct ExactReason {
     pub mean_ticks: f64,
     /// The largest standard deviation count, min, max and mean allow.
     pub stddev_bound_ticks: f64,
+    /// The handler costs' log2 histogram (non-empty buckets), and the buckets holding the
+    /// median and the 99th percentile.
+    pub histogram: Vec<CostBucket>,
+    pub median_bucket: Option<CostBucket>,
+    pub p99_bucket: Option<CostBucket>,
 }
 
-/// A VM's table as the hypervisor printed it.
+/// A VM's table as the hypervisor counted it (its VM end frame).
 #[derive(Debug, Clone, Serialize, PartialEq, Default)]
 pub struct ExactVm {
     pub exits: u64,
@@ -57,8 +64,8 @@ pub struct SampledReason {
     /// samples × period, and its standard deviation √samples × period.
     pub time_ticks: u64,
     pub time_stddev_ticks: f64,
-    /// The estimated time divided by the exact count of such exits (per VM, when the console
-    /// has the table), with its standard deviation.
+    /// The estimated time divided by the exact count of such exits (per VM, when the capture
+    /// has its VM end frame), with its standard deviation.
     pub per_exit_ticks: Option<f64>,
     pub per_exit_stddev_ticks: Option<f64>,
 }
@@ -85,7 +92,7 @@ pub struct VcpuStat {
 pub struct VmStat {
     pub id: u16,
     pub name: String,
-    /// From the console (exact); `None` when the capture has no table for this VM.
+    /// From its VM end frame (exact); `None` when the capture has none for this VM.
     pub exact: Option<ExactVm>,
     pub estimated: SampledTable,
     pub vcpus: Vec<VcpuStat>,
@@ -103,84 +110,104 @@ fn pct(n: f64, total: f64) -> f64 {
     if total == 0.0 { 0.0 } else { 100.0 * n / total }
 }
 
-/// The hypervisor's exit tables from the console text: VM name → table.
-pub fn parse_console(text: &str) -> HashMap<String, ExactVm> {
-    let mut out: HashMap<String, ExactVm> = HashMap::default();
-    for line in text.lines() {
-        let Some((name, rest)) = line
-            .trim_end_matches('\r')
-            .strip_prefix("vm ")
-            .and_then(|r| r.split_once(": "))
-        else {
-            continue;
-        };
-        if let Some(tail) = rest.strip_prefix("exits: ") {
-            if let Some(n) = tail.split_whitespace().next().and_then(|n| n.parse().ok()) {
-                out.entry(name.to_owned()).or_default().exits = n;
-            }
-        } else if let Some(tail) = rest.strip_prefix("exit ") {
-            let f: Vec<&str> = tail.split_whitespace().collect();
-            let vm = out.entry(name.to_owned()).or_default();
-            if tail.starts_with("(unknown reason)") {
-                vm.unknown_reason = f.last().and_then(|n| n.parse().ok()).unwrap_or(0);
-                continue;
-            }
-            let nums: Option<Vec<u64>> = f.get(1..6).map(|n| {
-                n.iter()
-                    .filter_map(|x| x.parse().ok())
-                    .collect::<Vec<u64>>()
-            });
-            let Some([count, total, min, max, _mean]) =
-                nums.and_then(|n| <[u64; 5]>::try_from(n).ok())
-            else {
-                continue; // the column header, or a line cut short
-            };
-            let mean = if count == 0 {
-                0.0
-            } else {
-                total as f64 / count as f64
-            };
-            vm.reasons.push(ExactReason {
-                reason: crate::naming::printable(f[0]).into_owned(),
-                count,
-                count_percent: 0.0,
-                total_ticks: total,
-                time_percent: 0.0,
-                min_ticks: min,
-                max_ticks: max,
-                mean_ticks: mean,
-                stddev_bound_ticks: ((max as f64 - mean).max(0.0) * (mean - min as f64).max(0.0))
+/// A histogram bucket's cost range, ticks (`to` is `None` for the last, open bucket).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct CostBucket {
+    pub from_ticks: u64,
+    pub to_ticks: Option<u64>,
+    pub count: u64,
+}
+
+impl CostBucket {
+    /// `256-511`, `<64`, `≥1048576`.
+    fn range(&self) -> String {
+        match (self.from_ticks, self.to_ticks) {
+            (0, Some(to)) => format!("<{}", to + 1),
+            (from, Some(to)) => format!("{from}-{to}"),
+            (from, None) => format!("≥{from}"),
+        }
+    }
+}
+
+/// The bucket holding quantile `q` (0..=1) of the exits (`None` without exits).
+fn quantile_bucket(h: &[CostBucket], q: f64) -> Option<CostBucket> {
+    let n: u64 = h.iter().map(|b| b.count).sum();
+    if n == 0 {
+        return None;
+    }
+    let rank = ((q * n as f64).ceil() as u64).clamp(1, n);
+    let mut seen = 0;
+    h.iter()
+        .find(|b| {
+            seen += b.count;
+            seen >= rank
+        })
+        .copied()
+}
+
+impl ExactVm {
+    /// A VM's table from its VM end frame: reasons named, shares computed, most frequent first.
+    pub fn from_exits(e: &ExitStats) -> ExactVm {
+        let count = e.total_exits();
+        let time: u64 = e.reasons().map(|(_, r)| r.total).sum();
+        let mut reasons: Vec<ExactReason> = e
+            .reasons()
+            .map(|(reason, r)| {
+                let mean = r.total as f64 / r.count as f64;
+                let histogram = (0..HISTOGRAM_BUCKETS)
+                    .filter(|&b| r.histogram[b] > 0)
+                    .map(|b| CostBucket {
+                        from_ticks: histogram_bucket_start(b),
+                        to_ticks: (b + 1 < HISTOGRAM_BUCKETS)
+                            .then(|| histogram_bucket_start(b + 1) - 1),
+                        count: u64::from(r.histogram[b]),
+                    })
+                    .collect::<Vec<_>>();
+                ExactReason {
+                    reason: exit_name(reason),
+                    count: r.count,
+                    count_percent: pct(r.count as f64, count as f64),
+                    total_ticks: r.total,
+                    time_percent: pct(r.total as f64, time as f64),
+                    min_ticks: r.min,
+                    max_ticks: r.max,
+                    mean_ticks: mean,
+                    stddev_bound_ticks: ((r.max as f64 - mean).max(0.0)
+                        * (mean - r.min as f64).max(0.0))
                     .sqrt(),
-            });
-        } else if let Some(tail) = rest.strip_prefix("io port ") {
-            let f: Vec<&str> = tail.split_whitespace().collect();
-            if let (Some(port), Some(n)) = (f.first(), f.last().and_then(|n| n.parse().ok())) {
-                let port = if *port == "(others)" {
-                    "others".to_owned()
-                } else {
-                    (*port).to_owned()
-                };
-                out.entry(name.to_owned())
-                    .or_default()
-                    .io_ports
-                    .push((port, n));
-            }
+                    median_bucket: quantile_bucket(&histogram, 0.5),
+                    p99_bucket: quantile_bucket(&histogram, 0.99),
+                    histogram,
+                }
+            })
+            .collect();
+        reasons.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
+        let mut io_ports: Vec<(String, u64)> = e
+            .ports()
+            .iter()
+            .map(|&(port, n)| (format!("{port:#06x}"), n))
+            .collect();
+        if e.ports_other > 0 {
+            io_ports.push(("others".to_owned(), e.ports_other));
+        }
+        ExactVm {
+            exits: count,
+            reasons,
+            unknown_reason: e.other,
+            io_ports,
         }
     }
-    for vm in out.values_mut() {
-        let count: u64 = vm.reasons.iter().map(|r| r.count).sum::<u64>() + vm.unknown_reason;
-        let time: u64 = vm.reasons.iter().map(|r| r.total_ticks).sum();
-        if vm.exits == 0 {
-            vm.exits = count;
-        }
-        for r in &mut vm.reasons {
-            r.count_percent = pct(r.count as f64, count as f64);
-            r.time_percent = pct(r.total_ticks as f64, time as f64);
-        }
-        vm.reasons
-            .sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
+}
+
+/// The exact tables of a capture's VM end frames: VM id → table (a VM's last frame wins).
+pub fn exact_tables(vm_ends: &[VmEnd]) -> HashMap<u16, ExactVm> {
+    let mut last: HashMap<u16, &VmEnd> = HashMap::default();
+    for v in vm_ends {
+        last.insert(v.vm, v);
     }
-    out
+    last.into_iter()
+        .map(|(id, v)| (id, ExactVm::from_exits(&v.exits)))
+        .collect()
 }
 
 fn sampled_table(
@@ -222,7 +249,7 @@ fn sampled_table(
 
 /// The exit statistics of a profile.
 pub fn build(p: &Profile) -> Stat {
-    let console = parse_console(&p.text);
+    let exact_by_vm = exact_tables(&p.vm_ends);
     let mut per_vm: HashMap<u16, HashMap<u16, u64>> = HashMap::default();
     let mut per_vcpu: HashMap<(u16, u16), HashMap<u16, u64>> = HashMap::default();
     let mut guest_vm: HashMap<u16, u64> = HashMap::default();
@@ -253,7 +280,7 @@ pub fn build(p: &Profile) -> Stat {
         .into_iter()
         .map(|id| {
             let name = p.vm_name(id);
-            let exact = console.get(&name).cloned();
+            let exact = exact_by_vm.get(&id).cloned();
             let mut vcpus: Vec<u16> = per_vcpu
                 .keys()
                 .chain(guest_vcpu.keys())
@@ -288,14 +315,14 @@ pub fn build(p: &Profile) -> Stat {
         })
         .collect::<Vec<_>>();
     let mut notes = vec![
-        "exact: the hypervisor's own exit table (console), every exit counted, handler cost from VM exit to VM entry; stddev is the largest that count, min, max and mean allow (the hypervisor keeps no sum of squares)".to_owned(),
+        "exact: the hypervisor's own exit table (its VM end frame), every exit counted, handler cost from VM exit to VM entry; stddev is the largest that count, min, max and mean allow (the hypervisor keeps no sum of squares)".to_owned(),
         format!(
             "estimated: from the samples, one period ({} ticks) per hypervisor sample taken on a vCPU's exit, by its last exit reason; ± is √n periods; the exit each sample causes is never sampled (deadline clock)",
             p.period_ticks
         ),
     ];
     if vms.iter().all(|v| v.exact.is_none()) {
-        notes.push("the capture has no exit table on its console (a VM that did not stop, or console text lost): exact figures unavailable".into());
+        notes.push("the capture has no VM end frame (a VM that did not stop, a capture cut short, or a log from a hypervisor older than format version 2): exact figures unavailable".into());
     }
     Stat {
         period_ticks: p.period_ticks,
@@ -337,8 +364,16 @@ pub fn render(s: &Stat) -> String {
                 );
                 let _ = writeln!(
                     out,
-                    "{:>24} {:>9} {:>9} {:>8} {:>9} {:>9} {:>24}",
-                    "VM-EXIT", "Samples", "Samples%", "Time%", "Min", "Max", "Avg time ± stddev"
+                    "{:>24} {:>9} {:>9} {:>8} {:>9} {:>9} {:>24} {:>14} {:>14}",
+                    "VM-EXIT",
+                    "Samples",
+                    "Samples%",
+                    "Time%",
+                    "Min",
+                    "Max",
+                    "Avg time ± stddev",
+                    "Median in",
+                    "p99 in"
                 );
                 for r in &e.reasons {
                     let avg = format!(
@@ -351,16 +386,19 @@ pub fn render(s: &Stat) -> String {
                             format!(" [{} us]", us(r.mean_ticks, s.tsc_hz))
                         }
                     );
+                    let bucket = |b: &Option<CostBucket>| b.map_or("-".to_owned(), |b| b.range());
                     let _ = writeln!(
                         out,
-                        "{:>24} {:>9} {:>8.2}% {:>7.2}% {:>9} {:>9} {:>24}",
+                        "{:>24} {:>9} {:>8.2}% {:>7.2}% {:>9} {:>9} {:>24} {:>14} {:>14}",
                         r.reason,
                         r.count,
                         r.count_percent,
                         r.time_percent,
                         r.min_ticks,
                         r.max_ticks,
-                        avg
+                        avg,
+                        bucket(&r.median_bucket),
+                        bucket(&r.p99_bucket)
                     );
                 }
                 if e.unknown_reason > 0 {
@@ -378,7 +416,7 @@ pub fn render(s: &Stat) -> String {
             None => {
                 let _ = writeln!(
                     out,
-                    "Exact: no exit table on the console for this VM (it did not stop, or the text was lost)"
+                    "Exact: no VM end frame for this VM (it did not stop, or the capture was cut short)"
                 );
             }
         }
@@ -428,21 +466,50 @@ fn sampled(out: &mut String, what: &str, t: &SampledTable) {
 mod tests {
     use super::*;
 
-    const CONSOLE: &str = "vm guestOS1: exits: 3792 in all; handler cost in TSC ticks, VM exit to VM entry\r\n\
-vm guestOS1: exit reason                      count          total       min       max      mean\r\n\
-vm guestOS1: exit PREEMPTION_TIMER             3751        1701876       220      6167       453\r\n\
-vm guestOS1: exit IO_INSTRUCTION                 41          31314       323     10825       763\r\n\
-vm guestOS1: exit (unknown reason)          2\r\n\
-vm guestOS1: io port 0x03fd         20\r\n\
-vm guestOS1: io port 0x00f4          1\r\n\
-vm other: stopped: exit code 0 (port 0xf4) after 14138765 ticks\r\n";
+    /// The table of the old console example, as the hypervisor counts it: 3751 timer exits
+    /// (220..6167 ticks, 1701876 in all), 41 port I/O exits (323..10825, 31314), 2 of an
+    /// unknown reason, ports 0x3fd x20 and 0xf4 x1.
+    fn guest_os1() -> ExitStats {
+        let mut e = ExitStats::new();
+        e.record(52, 220);
+        e.record(52, 6167);
+        let rest = 1_701_876 - 220 - 6167;
+        for i in 0..3749u64 {
+            e.record(52, rest / 3749 + u64::from(i < rest % 3749));
+        }
+        e.record(30, 323);
+        e.record(30, 10_825);
+        let rest = 31_314 - 323 - 10_825;
+        for i in 0..39u64 {
+            e.record(30, rest / 39 + u64::from(i < rest % 39));
+        }
+        e.record(200, 1);
+        e.record(300, 1);
+        for _ in 0..20 {
+            e.record_port(0x3fd);
+        }
+        e.record_port(0xf4);
+        e
+    }
 
     #[test]
-    fn console_tables_are_read_exactly() {
-        let t = parse_console(CONSOLE);
-        assert_eq!(t.len(), 1, "a stop line is not a table: {:?}", t.keys());
-        let vm = &t["guestOS1"];
-        assert_eq!(vm.exits, 3792);
+    fn vm_end_tables_are_read_exactly() {
+        let ends = [
+            VmEnd {
+                vm: 3,
+                exits: ExitStats::new(),
+                ..VmEnd::default()
+            },
+            VmEnd {
+                vm: 3,
+                exits: guest_os1(),
+                ..VmEnd::default()
+            },
+        ];
+        let t = exact_tables(&ends);
+        assert_eq!(t.len(), 1);
+        let vm = &t[&3];
+        assert_eq!(vm.exits, 3794);
         assert_eq!(vm.unknown_reason, 2);
         assert_eq!(vm.reasons.len(), 2);
         let timer = &vm.reasons[0];
@@ -466,11 +533,18 @@ vm other: stopped: exit code 0 (port 0xf4) after 14138765 ticks\r\n";
             vm.io_ports,
             vec![("0x03fd".to_owned(), 20), ("0x00f4".to_owned(), 1)]
         );
+        // 3749 of the 3751 timer exits cost about 452 ticks: bucket 256-511 holds the median and
+        // the 99th percentile; the histogram holds every exit.
+        let b = timer.median_bucket.unwrap();
+        assert_eq!((b.from_ticks, b.to_ticks), (256, Some(511)));
+        assert_eq!(timer.p99_bucket.unwrap().from_ticks, 256);
+        assert_eq!(timer.histogram.iter().map(|b| b.count).sum::<u64>(), 3751);
+        assert_eq!(b.range(), "256-511");
     }
 
     #[test]
     fn estimates_scale_with_the_period_and_use_exact_counts() {
-        let exact = &parse_console(CONSOLE)["guestOS1"];
+        let exact = &ExactVm::from_exits(&guest_os1());
         let mut by: HashMap<u16, u64> = HashMap::default();
         by.insert(52, 100);
         by.insert(30, 4);
