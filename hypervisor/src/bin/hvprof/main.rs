@@ -204,7 +204,7 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     smp::wait_for_aps();
     console::set_queueing(false);
     for vm in vms {
-        vm::report::print_exit_stats(vm);
+        vm::report::exit_stats(vm);
     }
     profiler::export::finish();
     arch::idt::STRAY.report();

@@ -28,7 +28,8 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use hvprof_boot::cmdline::{Channel, Export};
 use hvprof_samplelog::{
     BlockEncoder, BuildId, FixedStr, Header, MAX_BLOCK_RECORDS, MAX_HEADER_FRAME_LEN,
-    MAX_TASK_FRAME_LEN, Record, Sample, Task, VmInfo, encode_end, encode_header, encode_task,
+    MAX_PCPU_COST_FRAME_LEN, MAX_TASK_FRAME_LEN, MAX_VM_END_FRAME_LEN, PcpuCost, Record, Sample,
+    Task, VmEnd, VmInfo, encode_end, encode_header, encode_pcpu_cost, encode_task, encode_vm_end,
     max_block_frame_len, max_end_frame_len,
 };
 use spin::{Mutex, Once};
@@ -42,7 +43,10 @@ const FRAME_BUF: usize = max(
     MAX_HEADER_FRAME_LEN,
     max(
         max_block_frame_len(BLOCK),
-        max(max_end_frame_len(MAX_CPUS), MAX_TASK_FRAME_LEN),
+        max(
+            max(max_end_frame_len(MAX_CPUS), MAX_TASK_FRAME_LEN),
+            max(MAX_VM_END_FRAME_LEN, MAX_PCPU_COST_FRAME_LEN),
+        ),
     ),
 );
 
@@ -427,8 +431,25 @@ fn drain(p: &CpuProfiler, all: bool) -> u64 {
 /// Records taken over the whole run, all pCPUs (for the closing lines).
 static RECORDS_TAKEN: AtomicU64 = AtomicU64::new(0);
 
+/// After the run, once every pCPU has stopped sampling: sends the VM end frame of a stopped VM
+/// (its exit statistics, IA32_LSTAR and task offsets), on the boot CPU's log.
+pub fn send_vm_end(v: &VmEnd) {
+    let Some(ex) = EXPORTER.get() else {
+        return;
+    };
+    let Some(cell) = ex.cpus.first() else {
+        return;
+    };
+    let mut log = cell.lock();
+    ex.send_header(&mut log);
+    if let Ok(n) = encode_vm_end(v, log.frame) {
+        ex.send(&mut log, n);
+    }
+}
+
 /// After the run, once every pCPU has stopped sampling: the rest of each ring, then (in `end`
-/// mode) every stored task change and block, then the end frame with each pCPU's totals.
+/// mode) every stored task change and block, then each pCPU's cost frame, then the end frame
+/// with each pCPU's totals.
 pub fn finish() {
     let Some(ex) = EXPORTER.get() else {
         return;
@@ -451,26 +472,34 @@ pub fn finish() {
                 .totals(sampler::cpu(cpu).ring.dropped())
         })
         .collect();
+    let costs: Vec<PcpuCost> = (0..pcpus)
+        .map(|cpu| sampler::cpu(cpu).cost_report())
+        .collect();
     {
         let mut log = ex.cpus[0].lock();
         ex.send_header(&mut log);
+        for c in &costs {
+            if let Ok(n) = encode_pcpu_cost(c, log.frame) {
+                ex.send(&mut log, n);
+            }
+        }
         if let Ok(n) = encode_end(&totals, log.frame) {
             ex.send(&mut log, n);
         }
     }
     report(ex, &totals);
-    report_costs(ex);
+    report_costs(&costs);
 }
 
 /// The profiler's whole cost on each pCPU, as a share of the time it sampled, in disjoint parts:
 /// the exits that exist only to take samples, the LAPIC timer's interrupts, the other samples'
 /// sample path and task reads, and the export. Samples cannot see most of it: a sampling exit
 /// begins with its sample and ends a period before the next one.
-fn report_costs(ex: &Exporter) {
+fn report_costs(costs: &[PcpuCost]) {
     let mut total = (0u64, 0u64);
-    for cpu in 0..ex.cpus.len() {
-        let c = sampler::cpu(cpu).cost_report();
-        let span = c.span.max(1);
+    for c in costs {
+        let cpu = c.pcpu;
+        let span = c.span_ticks.max(1);
         let pct = |t: u64| t as f64 * 100.0 / span as f64;
         println!(
             "profiler: pCPU {cpu} cost: {:.2}% of {span} ticks ({} samples): {} sampling exits x {} ticks ({:.2}%), {} timer interrupts x {} ticks ({:.2}%), other samples {} ticks ({:.2}%), export {} ticks ({:.2}%); {} task reads x {} ticks",
@@ -484,8 +513,8 @@ fn report_costs(ex: &Exporter) {
             c.timer_interrupts,
             c.timer_ticks.checked_div(c.timer_interrupts).unwrap_or(0),
             pct(c.timer_ticks),
-            c.other_samples_ticks,
-            pct(c.other_samples_ticks),
+            c.other_sample_ticks,
+            pct(c.other_sample_ticks),
             c.export_ticks,
             pct(c.export_ticks),
             c.task_reads,

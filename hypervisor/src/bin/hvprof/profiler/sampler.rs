@@ -7,7 +7,7 @@ use crate::tsc::rdtsc;
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use hvprof_hypervisor::profiler::ring::Ring;
 use hvprof_samplelog::{
-    Event, EventKind, NO_EXIT, NO_VCPU, NO_VM, OutReason, Record, Sample, SampleKind,
+    Event, EventKind, NO_EXIT, NO_VCPU, NO_VM, OutReason, PcpuCost, Record, Sample, SampleKind,
 };
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::{Guest32, Guest64, GuestNatural};
@@ -121,31 +121,6 @@ const EFER_LMA: u64 = 1 << 10;
 /// code segment.
 const CS_AR_L: u32 = 1 << 13;
 
-/// The profiler's whole cost on one pCPU, in TSC ticks, in disjoint parts.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CostReport {
-    /// Ticks the pCPU sampled.
-    pub span: u64,
-    pub samples: u64,
-    /// The sample path of the samples taken outside sampling exits and timer interrupts, and
-    /// their task reads.
-    pub other_samples_ticks: u64,
-    pub sampling_exits: u64,
-    pub sampling_exit_ticks: u64,
-    pub timer_interrupts: u64,
-    pub timer_ticks: u64,
-    pub task_reads: u64,
-    pub task_read_ticks: u64,
-    pub export_ticks: u64,
-}
-
-impl CostReport {
-    /// The whole cost, ticks.
-    pub fn whole(&self) -> u64 {
-        self.other_samples_ticks + self.sampling_exit_ticks + self.timer_ticks + self.export_ticks
-    }
-}
-
 impl CpuProfiler {
     pub const fn new() -> Self {
         CpuProfiler {
@@ -209,8 +184,8 @@ impl CpuProfiler {
         self.costs.inside.fetch_add(inside, Ordering::Relaxed);
     }
 
-    /// The whole cost so far.
-    pub fn cost_report(&self) -> CostReport {
+    /// The whole cost so far, in disjoint parts (as the pCPU cost frame carries it).
+    pub fn cost_report(&self) -> PcpuCost {
         let (sampling_exits, sampling_exit_ticks) = self.costs.sampling_exits.get();
         let (timer_interrupts, timer_ticks) = self.costs.timer_interrupts.get();
         let (task_reads, task_read_ticks) = self.costs.task_reads.get();
@@ -219,10 +194,11 @@ impl CpuProfiler {
             .cost_total
             .load(Ordering::Relaxed)
             .saturating_add(self.costs.task_reads.ticks.load(Ordering::Relaxed));
-        CostReport {
-            span: self.span(),
+        PcpuCost {
+            pcpu: self.pcpu() as u16,
+            span_ticks: self.span(),
             samples: self.samples_taken.load(Ordering::Relaxed),
-            other_samples_ticks: sampled.saturating_sub(self.costs.inside.load(Ordering::Relaxed)),
+            other_sample_ticks: sampled.saturating_sub(self.costs.inside.load(Ordering::Relaxed)),
             sampling_exits,
             sampling_exit_ticks,
             timer_interrupts,

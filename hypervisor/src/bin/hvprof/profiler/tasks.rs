@@ -4,7 +4,8 @@
 use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::{GuestOps, must};
 use crate::vm::Vm;
-use hvprof_hypervisor::profiler::guest_walk::{self, TaskOffsets};
+use hvprof_hypervisor::profiler::guest_walk;
+use hvprof_samplelog::TaskOffsets;
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::VmcsExt;
 

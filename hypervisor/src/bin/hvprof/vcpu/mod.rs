@@ -9,8 +9,8 @@ pub mod guest_ops;
 use crate::arch::msr;
 use fpu::FpuState;
 use hvprof_boot::memory::PAGE_SIZE;
-use hvprof_hypervisor::exit_stats::ExitStats;
 use hvprof_hypervisor::guest_image::{self, BootState, StartMode};
+use hvprof_samplelog::ExitStats;
 use hvprof_vmx::caps::{
     AllowedBits, VmxCaps, entry as entry_ctl, exit, msr as vmsr, pin, proc1, proc2,
 };

@@ -23,9 +23,9 @@ use alloc::vec::Vec;
 use core::sync::atomic::{AtomicBool, AtomicU64};
 use hvprof_ept::{Ept, FrameSource, PhysMem};
 use hvprof_hypervisor::devices::board::Board;
-use hvprof_hypervisor::profiler::guest_walk::TaskOffsets;
 use hvprof_hypervisor::rate::TokenBucket;
 use hvprof_hypervisor::vm_config::Pins;
+use hvprof_samplelog::TaskOffsets;
 use spin::Mutex;
 
 /// Host-physical memory as the EPT builder sees it: identity-mapped, frames from the allocator.

@@ -3,14 +3,16 @@
 //! statistics.
 
 use super::{GuestConsole, Stop, Vm, VmDevices, page_checksum};
+use crate::profiler;
 use crate::tsc::rdtsc;
+use crate::vcpu::LSTAR_SLOT;
 use crate::{print, println};
 use core::sync::atomic::Ordering;
-use hvprof_hypervisor::exit_stats::ExitStats;
+use hvprof_samplelog::{ExitStats, VmEnd};
 use hvprof_vmx::exit::BasicExit;
 
 /// After a VM's stop (all its vCPUs stopped): the rest of its console line, then why it stopped
-/// (`print_exit_stats` follows at the end of the run).
+/// (`exit_stats` follows at the end of the run).
 pub fn finish(vm: &Vm, stop: &Stop) {
     let (lines, bytes) = {
         let mut guard = vm.devices.lock();
@@ -32,7 +34,7 @@ pub fn finish(vm: &Vm, stop: &Stop) {
     if vm.linux {
         // The guest kernel's system-call entry: with the offline symbols it gives the KASLR
         // slide (`entry_SYSCALL_64` moves with the kernel), for hvprof-analyze.
-        let lstar = vm.vcpus[0].lock().msrs[crate::vcpu::LSTAR_SLOT];
+        let lstar = vm.vcpus[0].lock().msrs[LSTAR_SLOT];
         println!("vm {}: guest IA32_LSTAR {lstar:#018x}", vm.name);
     }
 }
@@ -92,14 +94,23 @@ fn report(vm: &Vm, stop: &Stop) {
     }
 }
 
-/// The VM's exit statistics (its vCPUs' added up). Printed once every VM has stopped: on a slow
-/// console the table costs more than the run's last slices, and it would be sampled as theirs.
-pub fn print_exit_stats(vm: &Vm) {
-    let mut stats = ExitStats::default();
+/// The VM's exit statistics (its vCPUs' added up): printed for people, and sent in the VM's end
+/// frame with its vCPU 0's IA32_LSTAR and its task offsets, for the analyzer. Done once every
+/// VM has stopped: on a slow console the table costs more than the run's last slices, and it
+/// would be sampled as theirs.
+pub fn exit_stats(vm: &Vm) {
+    let mut exits = ExitStats::default();
     for v in &vm.vcpus {
-        stats.merge(&v.lock().stats);
+        exits.merge(&v.lock().stats);
     }
-    print!("{}", stats.table(&vm.name, exit_name));
+    print!("{}", exits.table(&vm.name, exit_name));
+    let lstar = vm.vcpus.first().map_or(0, |v| v.lock().msrs[LSTAR_SLOT]);
+    profiler::export::send_vm_end(&VmEnd {
+        vm: vm.index,
+        lstar,
+        task_offsets: vm.task_offsets,
+        exits,
+    });
 }
 
 pub fn exit_name(reason: u16) -> &'static str {
