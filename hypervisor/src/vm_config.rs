@@ -61,7 +61,7 @@ pub struct VmConfig<'a> {
     pub initrd: Option<&'a str>,
     /// `task-offsets=current_task:pid:tgid:comm`: where a Linux guest keeps its running task
     /// (derived on the host from the kernel image), so samples name guest processes.
-    pub task_offsets: Option<crate::guest_walk::TaskOffsets>,
+    pub task_offsets: Option<hvprof_samplelog::TaskOffsets>,
     /// Every argument after the image name, passed to the guest as is.
     pub args: &'a str,
 }
@@ -216,7 +216,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                 &mut task_offsets,
                 key,
                 Some(
-                    crate::guest_walk::TaskOffsets::parse(value)
+                    hvprof_samplelog::TaskOffsets::parse(value)
                         .ok_or(ConfigError::BadTaskOffsets(value))?,
                 ),
             )?,
@@ -438,7 +438,7 @@ mod tests {
         );
         assert_eq!(
             parse("x task-offsets=0x10:1:2:3").unwrap().task_offsets,
-            crate::guest_walk::TaskOffsets::parse("16:1:2:3")
+            hvprof_samplelog::TaskOffsets::parse("16:1:2:3")
         );
         let c =
             parse("vmlinuz vm=l mem=256M format=linux initrd=rd.gz console=ttyS0 quiet").unwrap();

@@ -10,7 +10,15 @@ use crate::vmcs::{Control32, Guest32, GuestNatural, Interruptibility, ReadOnly32
 
 /// The guest's CPL: the DPL of SS (SDM Vol. 3C §25.4.1: SS.DPL is the CPL).
 pub fn cpl(v: &impl VmcsAccess) -> Result<u8, VmFail> {
-    Ok(((v.read32(Guest32::SsAccessRights)? >> 5) & 3) as u8)
+    Ok(cpl_from_ss_access_rights(
+        v.read32(Guest32::SsAccessRights)?,
+    ))
+}
+
+/// The CPL in the guest's SS access rights as the VMCS holds them (SDM Vol. 3C §25.4.1, Table
+/// 25-2: bits 6:5 are the DPL, and SS.DPL is the CPL), for a caller that read the field itself.
+pub const fn cpl_from_ss_access_rights(access_rights: u32) -> u8 {
+    ((access_rights >> 5) & 3) as u8
 }
 
 /// Completes an instruction the hypervisor emulated: advances RIP by the VM-exit instruction
@@ -141,6 +149,18 @@ mod tests {
             interruptibility.into(),
         );
         v
+    }
+
+    #[test]
+    fn the_cpl_is_the_dpl_of_ss() {
+        // A flat writable data segment (type 3, S, present) at DPL 0 and 3; the other bits of
+        // the access rights do not change it.
+        for (rights, want) in [(0x93, 0), (0xf3, 3), (0xb3, 1), (0x1_c0d3, 2)] {
+            assert_eq!(cpl_from_ss_access_rights(rights), want, "{rights:#x}");
+            let mut v = MapVmcs::default();
+            v.0.insert(Guest32::SsAccessRights as u32, rights.into());
+            assert_eq!(cpl(&v), Ok(want));
+        }
     }
 
     #[test]

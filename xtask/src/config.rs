@@ -64,7 +64,7 @@ use serde::Deserialize;
 
 use crate::EmulatorArg;
 
-/// The most pCPUs the hypervisor uses (its ACPI table of CPUs, `hypervisor/src/acpi.rs`).
+/// The most pCPUs the hypervisor uses (its ACPI table of CPUs, `hypervisor/src/bin/hvprof/acpi.rs`).
 pub const CPUS_MAX: u32 = 64;
 
 /// Module arguments the configuration sets itself, with the field that sets each.

@@ -5,6 +5,8 @@ mod build;
 mod config;
 mod linux;
 mod live;
+#[cfg(test)]
+mod modgraph;
 mod run;
 mod test;
 mod tools;

@@ -39,18 +39,18 @@ pub struct Selectors {
     pub tss_base: u64,
 }
 
-/// Loads the boot CPU's GDT and TSS and makes it pCPU 0. Call once, on the boot CPU, before the
-/// IDT is loaded.
-pub fn init_bsp() {
+/// Loads the boot CPU's GDT and TSS; returns their selectors (for `percpu::init`, which makes it
+/// pCPU 0). Call once, on the boot CPU, before the IDT is loaded.
+pub fn init_bsp() -> Selectors {
     // SAFETY: called once on the boot CPU before any other CPU runs, so this is the only
     // reference to BSP_TABLES that will ever exist.
     let tables: &'static mut CpuTables = unsafe { &mut *core::ptr::addr_of_mut!(BSP_TABLES) };
-    crate::percpu::init(0, load(tables));
+    load(tables)
 }
 
 /// Builds and loads the GDT and TSS of application processor `index` (in memory from the frame
-/// allocator: they live as long as the machine) and makes it pCPU `index`.
-pub fn init_ap(index: usize) {
+/// allocator: they live as long as the machine); returns their selectors (for `percpu::init`).
+pub fn init_ap() -> Selectors {
     let size = core::mem::size_of::<CpuTables>() as u64;
     let Some(addr) = crate::memory::alloc_zeroed(size, 4096) else {
         // Without its own IST stacks this CPU cannot take an NMI safely: stop it.
@@ -65,7 +65,7 @@ pub fn init_ap(index: usize) {
         core::ptr::addr_of_mut!((*ptr).tss).write(TaskStateSegment::new());
         &mut *ptr
     };
-    crate::percpu::init(index, load(tables));
+    load(tables)
 }
 
 fn load(tables: &'static mut CpuTables) -> Selectors {

@@ -167,7 +167,7 @@ pub fn wait_for_aps() {
 /// Where an AP arrives, in 64-bit mode on its own stack, interrupts off.
 extern "C" fn ap_main(index: u64) -> ! {
     let cpu = index as usize;
-    arch::gdt::init_ap(cpu);
+    crate::percpu::init(cpu, arch::gdt::init_ap());
     arch::idt::init();
     ONLINE.fetch_add(1, Ordering::AcqRel);
     answer_tsc();

@@ -1,7 +1,7 @@
 //! VMCALL (exit reason 18): the hypercall interface of docs/GUEST-ABI.md, "Hypercalls".
 
-use super::{guest_cpl, inject_exception, skip_instruction};
 use crate::vcpu::Vcpu;
+use crate::vcpu::guest_ops::GuestOps;
 use crate::vm::{Stop, Vm};
 use hvprof_vmx::instructions::CurrentVmcs;
 
@@ -14,8 +14,8 @@ pub const ERR_BAD_BUFFER: u64 = u64::MAX;
 pub const ERR_UNKNOWN: u64 = u64::MAX - 1;
 
 pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
-    if guest_cpl(vmcs) != 0 {
-        inject_exception(vmcs, 6, None);
+    if vmcs.guest_cpl() != 0 {
+        vmcs.inject_exception(6, None);
         return None;
     }
     let (function, a, b) = (vcpu.regs.rax, vcpu.regs.rdi, vcpu.regs.rsi);
@@ -36,7 +36,7 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
         _ => ERR_UNKNOWN,
     };
     vcpu.regs.rax = result;
-    skip_instruction(vmcs);
+    vmcs.skip_instruction();
     None
 }
 

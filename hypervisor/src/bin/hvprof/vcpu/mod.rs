@@ -4,12 +4,13 @@
 
 pub mod entry;
 pub mod fpu;
+pub mod guest_ops;
 
 use crate::arch::msr;
 use fpu::FpuState;
 use hvprof_boot::memory::PAGE_SIZE;
-use hvprof_hypervisor::exit_stats::ExitStats;
 use hvprof_hypervisor::guest_image::{self, BootState, StartMode};
+use hvprof_samplelog::ExitStats;
 use hvprof_vmx::caps::{
     AllowedBits, VmxCaps, entry as entry_ctl, exit, msr as vmsr, pin, proc1, proc2,
 };
@@ -76,9 +77,13 @@ pub struct Vcpu {
     pub interrupts_injected: u64,
     /// The Linux task seen at its last sample: its address and ids, the address space (CR3
     /// without its flag bits) and its name.
-    pub last_task: Option<(hvprof_hypervisor::guest_walk::TaskIds, u64, [u8; 16])>,
+    pub last_task: Option<(
+        hvprof_hypervisor::profiler::guest_walk::TaskIds,
+        u64,
+        [u8; 16],
+    )>,
     /// Its guest's kernel-page translations, for reading the task at samples.
-    pub tlb: hvprof_hypervisor::guest_walk::Tlb,
+    pub tlb: hvprof_hypervisor::profiler::guest_walk::Tlb,
 }
 
 /// Bitmaps shared by every VM: every I/O port and every MSR exits, except the MSRs passed
@@ -425,7 +430,7 @@ impl Vcpu {
             proc1,
             interrupts_injected: 0,
             last_task: None,
-            tlb: hvprof_hypervisor::guest_walk::Tlb::new(),
+            tlb: hvprof_hypervisor::profiler::guest_walk::Tlb::new(),
         };
         w(
             v.write_natural(ControlNatural::Cr0GuestHostMask, cr0_fixed.0 | !cr0_fixed.1),

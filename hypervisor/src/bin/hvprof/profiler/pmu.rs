@@ -61,7 +61,7 @@ pub fn on_nmi_host(rip: u64) -> bool {
     if !ours() {
         return false;
     }
-    super::this_cpu().sample_host(rip, false, crate::tsc::rdtsc());
+    super::sampler::this_cpu().sample_host(rip, false, crate::tsc::rdtsc());
     true
 }
 
@@ -71,7 +71,7 @@ pub fn on_nmi_exit(vmcs: &CurrentVmcs, now: u64) -> bool {
     if !ours() {
         return false;
     }
-    super::this_cpu().sample_guest(vmcs, now);
+    super::sampler::this_cpu().sample_guest(vmcs, now);
     true
 }
 

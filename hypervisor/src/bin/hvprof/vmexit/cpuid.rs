@@ -2,8 +2,8 @@
 //! policy (docs/GUEST-ABI.md, "CPUID"): the host's values, with VMX hidden, the hypervisor bit
 //! set, and hvprof's signature at 0x40000000.
 
-use super::skip_instruction;
 use crate::vcpu::Vcpu;
+use crate::vcpu::guest_ops::GuestOps;
 use crate::vm::{Stop, Vm};
 use hvprof_vmx::instructions::CurrentVmcs;
 
@@ -130,6 +130,6 @@ fn finish(
     r.rbx = b.into();
     r.rcx = c.into();
     r.rdx = d.into();
-    skip_instruction(vmcs);
+    vmcs.skip_instruction();
     None
 }

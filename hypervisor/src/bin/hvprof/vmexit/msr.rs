@@ -2,8 +2,8 @@
 //! §26.1.3, §25.6.9). The policy is docs/GUEST-ABI.md, "MSRs": a few MSRs are emulated, every
 //! other one injects #GP and is reported once.
 
-use super::{inject_exception, skip_instruction};
 use crate::vcpu::Vcpu;
+use crate::vcpu::guest_ops::GuestOps;
 use crate::vm::{Stop, Vm};
 use hvprof_vmx::instructions::CurrentVmcs;
 
@@ -32,14 +32,14 @@ pub fn rdmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         IA32_MISC_ENABLE if vm.linux => MISC_ENABLE_VALUE,
         _ => {
             vm.log_msr_once(msr, "read of unhandled");
-            inject_exception(vmcs, 13, Some(0));
+            vmcs.inject_exception(13, Some(0));
             return None;
         }
     };
     let r = &mut vcpu.regs;
     r.rax = value & 0xffff_ffff;
     r.rdx = value >> 32;
-    skip_instruction(vmcs);
+    vmcs.skip_instruction();
     None
 }
 
@@ -54,10 +54,10 @@ pub fn wrmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         IA32_BIOS_SIGN_ID | IA32_MISC_ENABLE if vm.linux => {}
         _ => {
             vm.log_msr_once(msr, "write to unhandled");
-            inject_exception(vmcs, 13, Some(0));
+            vmcs.inject_exception(13, Some(0));
             return None;
         }
     }
-    skip_instruction(vmcs);
+    vmcs.skip_instruction();
     None
 }

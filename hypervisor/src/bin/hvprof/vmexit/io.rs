@@ -3,8 +3,9 @@
 //! the PICs, the PIT, the CMOS clock) take theirs; every other port reads all ones and drops
 //! writes (docs/GUEST-ABI.md, "Devices").
 
-use super::{fatal, skip_instruction};
+use super::fatal::fatal;
 use crate::vcpu::Vcpu;
+use crate::vcpu::guest_ops::GuestOps;
 use crate::vm::{Stop, Vm};
 use alloc::format;
 use hvprof_hypervisor::devices::board::Access;
@@ -78,6 +79,6 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
             };
         }
     }
-    skip_instruction(vmcs);
+    vmcs.skip_instruction();
     None
 }

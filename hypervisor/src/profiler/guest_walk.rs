@@ -5,6 +5,8 @@
 //! kernel image (BTF and kallsyms). Pure: `read_phys` supplies guest-physical memory, so the host
 //! tests it on a model.
 
+use hvprof_samplelog::TaskOffsets;
+
 /// Bits 51:12 of a paging-structure entry.
 const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
 const PRESENT: u64 = 1;
@@ -113,36 +115,6 @@ pub fn read_virt(
         done += n;
     }
     true
-}
-
-/// Where the running task sits in a Linux guest, for one kernel build.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TaskOffsets {
-    /// The per-CPU variable `current_task`: its offset from the per-CPU base (GS base).
-    pub current_task: u64,
-    /// `task_struct.pid`, `.tgid` (i32 each) and `.comm` (char[16]).
-    pub pid: u32,
-    pub tgid: u32,
-    pub comm: u32,
-}
-
-impl TaskOffsets {
-    /// Parses `current_task:pid:tgid:comm` (each decimal or 0x-hex), as the module argument
-    /// `task-offsets=` gives them.
-    pub fn parse(s: &str) -> Option<TaskOffsets> {
-        let mut it = s.split(':').map(|v| match v.strip_prefix("0x") {
-            Some(h) => u64::from_str_radix(h, 16).ok(),
-            None => v.parse::<u64>().ok(),
-        });
-        let mut next = || it.next().flatten();
-        let t = TaskOffsets {
-            current_task: next()?,
-            pid: u32::try_from(next()?).ok()?,
-            tgid: u32::try_from(next()?).ok()?,
-            comm: u32::try_from(next()?).ok()?,
-        };
-        next().is_none().then_some(t)
-    }
 }
 
 /// The task a Linux vCPU runs, as read from its memory.
@@ -398,14 +370,6 @@ mod tests {
             &mut buf
         ));
         assert_eq!(&buf, b"abcd");
-    }
-
-    #[test]
-    fn offsets_parse() {
-        assert_eq!(TaskOffsets::parse("0x21440:2416:2420:2976"), Some(OFF));
-        assert_eq!(TaskOffsets::parse("0x21440:2416:2420"), None);
-        assert_eq!(TaskOffsets::parse("0x21440:2416:2420:2976:1"), None);
-        assert_eq!(TaskOffsets::parse("x:1:2:3"), None);
     }
 
     proptest::proptest! {

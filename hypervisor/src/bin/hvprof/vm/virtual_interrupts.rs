@@ -5,9 +5,9 @@
 //! §27.6 "Event Injection"). An event whose delivery a VM exit interrupted is delivered again
 //! first (§28.2.4, IDT-vectoring information).
 
+use super::Vm;
 use crate::vcpu::Vcpu;
-use crate::vm::Vm;
-use crate::vmexit::must;
+use crate::vcpu::guest_ops::must;
 use hvprof_vmx::caps::{VmxCaps, proc1};
 use hvprof_vmx::exit::{InterruptionInfo, InterruptionType};
 use hvprof_vmx::instructions::CurrentVmcs;

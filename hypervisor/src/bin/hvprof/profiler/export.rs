@@ -18,17 +18,19 @@
 //! block never spans a change of that count, so a block's `ring_drops` counts the records lost
 //! before its first record (the decoder places each loss between two blocks).
 
-use super::{CpuProfiler, Kind, RawRecord};
+use super::sampler::{self, CpuProfiler, Stamped};
 use crate::percpu::MAX_CPUS;
 use crate::tsc::rdtsc;
 use crate::{console, memory, parallel, println};
 use alloc::vec::Vec;
+use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicU64, Ordering};
 use hvprof_boot::cmdline::{Channel, Export};
 use hvprof_samplelog::{
-    BlockEncoder, BuildId, Event, EventKind, FixedStr, Header, MAX_BLOCK_RECORDS,
-    MAX_HEADER_FRAME_LEN, MAX_TASK_FRAME_LEN, OutReason, Record, Sample, SampleKind, Task, VmInfo,
-    encode_end, encode_header, encode_task, max_block_frame_len, max_end_frame_len,
+    BlockEncoder, BuildId, FixedStr, Header, MAX_BLOCK_RECORDS, MAX_HEADER_FRAME_LEN,
+    MAX_PCPU_COST_FRAME_LEN, MAX_TASK_FRAME_LEN, MAX_VM_END_FRAME_LEN, PcpuCost, Record, Sample,
+    Task, VmEnd, VmInfo, encode_end, encode_header, encode_pcpu_cost, encode_task, encode_vm_end,
+    max_block_frame_len, max_end_frame_len,
 };
 use spin::{Mutex, Once};
 
@@ -41,7 +43,10 @@ const FRAME_BUF: usize = max(
     MAX_HEADER_FRAME_LEN,
     max(
         max_block_frame_len(BLOCK),
-        max(max_end_frame_len(MAX_CPUS), MAX_TASK_FRAME_LEN),
+        max(
+            max(max_end_frame_len(MAX_CPUS), MAX_TASK_FRAME_LEN),
+            max(MAX_VM_END_FRAME_LEN, MAX_PCPU_COST_FRAME_LEN),
+        ),
     ),
 );
 
@@ -57,8 +62,9 @@ struct CpuLog {
     encoder: BlockEncoder,
     /// Where this pCPU's frames are encoded.
     frame: &'static mut [u8],
-    /// `end` mode: raw records waiting, a circular buffer (`head`, `len`).
-    stored: &'static mut [RawRecord],
+    /// `end` mode: records waiting, a circular buffer (`head`, `len`): the slots in
+    /// `[head, head + len)` (modulo its length) are written, the others may not be.
+    stored: &'static mut [MaybeUninit<Stamped>],
     head: usize,
     len: usize,
     /// `end` mode: task changes waiting.
@@ -143,7 +149,7 @@ pub fn init(
     };
     // `end` mode: `buffer=` records in all, or half of the memory still free, shared equally
     // between the pCPUs; never less than a few blocks (a full buffer is flushed, not dropped).
-    let size = core::mem::size_of::<RawRecord>() as u64;
+    let size = core::mem::size_of::<Stamped>() as u64;
     let n = u64::from(pcpus.max(1));
     let per_cpu = match (mode, buffer) {
         (Export::Stream, _) => 0,
@@ -161,7 +167,7 @@ pub fn init(
             Mutex::new(CpuLog {
                 encoder: BlockEncoder::new(cpu, period),
                 frame: alloc_slice::<u8>(FRAME_BUF as u64),
-                stored: alloc_slice::<RawRecord>(per_cpu),
+                stored: alloc_slice::<MaybeUninit<Stamped>>(per_cpu),
                 head: 0,
                 len: 0,
                 tasks: alloc_slice::<Task>(tasks as u64),
@@ -211,47 +217,10 @@ fn alloc_slice<T>(count: u64) -> &'static mut [T] {
     match memory::alloc_zeroed(bytes, 4096) {
         // SAFETY: fresh zeroed memory for `count` values, aligned to a page (more than any `T`
         // here needs), owned by the exporter for the life of the machine. It is used only for
-        // `u8`, `RawRecord` and `Task`, for which all-zero bytes are valid values (integers, a
-        // `Kind` whose discriminant 0 is `Guest`, fixed strings of length 0).
+        // `u8`, `MaybeUninit<Stamped>` and `Task`, for which all-zero bytes are valid values
+        // (integers, any bytes, fixed strings of length 0).
         Some(addr) => unsafe { core::slice::from_raw_parts_mut(addr as *mut T, count as usize) },
         None => &mut [],
-    }
-}
-
-fn convert(r: &RawRecord) -> Record {
-    match r.kind {
-        Kind::Guest | Kind::Hypervisor | Kind::Idle => Record::Sample(Sample {
-            tsc: r.tsc,
-            kind: match r.kind {
-                Kind::Guest => SampleKind::Guest,
-                Kind::Hypervisor => SampleKind::Hypervisor,
-                _ => SampleKind::Idle,
-            },
-            vm: r.vm,
-            vcpu: r.vcpu,
-            vpid: r.vpid,
-            guest_rip: r.guest_rip,
-            guest_cr3: r.guest_cr3,
-            guest_mode: r.mode,
-            exit_reason: r.exit_reason,
-            host_rip: r.host_rip,
-            cost: r.cost,
-        }),
-        Kind::VcpuIn | Kind::VcpuOut => Record::Event(Event {
-            tsc: r.tsc,
-            kind: if r.kind == Kind::VcpuIn {
-                EventKind::VcpuIn
-            } else {
-                EventKind::VcpuOut
-            },
-            vm: r.vm,
-            vcpu: r.vcpu,
-            reason: match r.mode {
-                super::OUT_PREEMPTED => OutReason::Preempted,
-                super::OUT_HALTED => OutReason::Halted,
-                _ => OutReason::Stopped,
-            },
-        }),
     }
 }
 
@@ -289,18 +258,15 @@ impl Exporter {
         }
     }
 
-    /// Encodes and sends one block of records, which share their drop count (`block_len`).
-    fn send_block(&self, log: &mut CpuLog, records: &[RawRecord]) {
-        let Some(first) = records.first() else {
+    /// Encodes and sends one block of records, which share their drop count `drops` (the ring's
+    /// count when the first was pushed: `block_len`).
+    fn send_block(&self, log: &mut CpuLog, records: &[Record], drops: u64) {
+        if records.is_empty() {
             return;
-        };
-        self.send_header(log);
-        let mut converted = [Record::Sample(Sample::default()); BLOCK];
-        for (slot, r) in converted.iter_mut().zip(records) {
-            *slot = convert(r);
         }
+        self.send_header(log);
         let CpuLog { encoder, frame, .. } = &mut *log;
-        if let Ok(n) = encoder.encode(&converted[..records.len()], first.drops, frame) {
+        if let Ok(n) = encoder.encode(records, drops, frame) {
             self.send(log, n);
         }
     }
@@ -310,15 +276,16 @@ impl Exporter {
     fn flush(&self, log: &mut CpuLog, p: &CpuProfiler, keep: usize) {
         self.send_tasks(log, p);
         let cap = log.stored.len();
-        let mut chunk = [RawRecord::ZERO; BLOCK];
+        let mut chunk = [Record::Sample(Sample::default()); BLOCK];
         while log.len > keep {
-            let n = block_len((0..log.len).map(|i| &log.stored[(log.head + i) % cap]));
+            let n = block_len((0..log.len).map(|i| stored(log, i)));
+            let drops = stored(log, 0).drops;
             for (i, slot) in chunk[..n].iter_mut().enumerate() {
-                *slot = log.stored[(log.head + i) % cap];
+                *slot = stored(log, i).record;
             }
             log.head = (log.head + n) % cap;
             log.len -= n;
-            self.send_block(log, &chunk[..n]);
+            self.send_block(log, &chunk[..n], drops);
             move_ring(log, p);
         }
     }
@@ -346,7 +313,7 @@ fn without_sampling<R>(f: impl FnOnce() -> R) -> R {
 
 /// How many of `records` (at most `BLOCK`) go into the next block: a block never spans a change of
 /// the drop count, so that its `ring_drops` says how many records were lost just before it.
-fn block_len<'a>(mut records: impl Iterator<Item = &'a RawRecord>) -> usize {
+fn block_len(mut records: impl Iterator<Item = Stamped>) -> usize {
     let Some(first) = records.next() else {
         return 0;
     };
@@ -356,6 +323,15 @@ fn block_len<'a>(mut records: impl Iterator<Item = &'a RawRecord>) -> usize {
         .count()
 }
 
+/// `end` mode: the `i`-th record waiting in the stored buffer (`i < log.len`).
+fn stored(log: &CpuLog, i: usize) -> Stamped {
+    debug_assert!(i < log.len);
+    let slot = &log.stored[(log.head + i) % log.stored.len()];
+    // SAFETY: `i < log.len`, and the slots in [head, head + len) were written by `move_ring`
+    // before `len` grew over them (the buffer's invariant, kept by `move_ring` and `flush`).
+    unsafe { slot.assume_init() }
+}
+
 /// `end` mode: moves ring records into the stored buffer while it has room.
 fn move_ring(log: &mut CpuLog, p: &CpuProfiler) {
     let cap = log.stored.len();
@@ -363,7 +339,7 @@ fn move_ring(log: &mut CpuLog, p: &CpuProfiler) {
         let Some(r) = p.ring.pop() else {
             break;
         };
-        log.stored[(log.head + log.len) % cap] = r;
+        log.stored[(log.head + log.len) % cap] = MaybeUninit::new(r);
         log.len += 1;
     }
 }
@@ -423,12 +399,14 @@ fn drain(p: &CpuProfiler, all: bool) -> u64 {
             if !all && p.ring.len() < BLOCK {
                 break;
             }
-            let mut block = [RawRecord::ZERO; BLOCK];
+            let mut block = [Record::Sample(Sample::default()); BLOCK];
             let mut n = 0;
+            let mut drops = 0;
             while n < BLOCK {
                 match p.ring.peek() {
-                    Some(r) if n == 0 || r.drops == block[0].drops => {
-                        block[n] = r;
+                    Some(r) if n == 0 || r.drops == drops => {
+                        drops = r.drops;
+                        block[n] = r.record;
                         n += 1;
                         p.ring.pop();
                     }
@@ -438,7 +416,7 @@ fn drain(p: &CpuProfiler, all: bool) -> u64 {
             if n == 0 {
                 break;
             }
-            ex.send_block(log, &block[..n]);
+            ex.send_block(log, &block[..n], drops);
         },
     }
     let ticks = rdtsc() - t0;
@@ -453,15 +431,32 @@ fn drain(p: &CpuProfiler, all: bool) -> u64 {
 /// Records taken over the whole run, all pCPUs (for the closing lines).
 static RECORDS_TAKEN: AtomicU64 = AtomicU64::new(0);
 
+/// After the run, once every pCPU has stopped sampling: sends the VM end frame of a stopped VM
+/// (its exit statistics, IA32_LSTAR and task offsets), on the boot CPU's log.
+pub fn send_vm_end(v: &VmEnd) {
+    let Some(ex) = EXPORTER.get() else {
+        return;
+    };
+    let Some(cell) = ex.cpus.first() else {
+        return;
+    };
+    let mut log = cell.lock();
+    ex.send_header(&mut log);
+    if let Ok(n) = encode_vm_end(v, log.frame) {
+        ex.send(&mut log, n);
+    }
+}
+
 /// After the run, once every pCPU has stopped sampling: the rest of each ring, then (in `end`
-/// mode) every stored task change and block, then the end frame with each pCPU's totals.
+/// mode) every stored task change and block, then each pCPU's cost frame, then the end frame
+/// with each pCPU's totals.
 pub fn finish() {
     let Some(ex) = EXPORTER.get() else {
         return;
     };
     let pcpus = ex.cpus.len();
     for cpu in 0..pcpus {
-        let p = super::cpu(cpu);
+        let p = sampler::cpu(cpu);
         let _ = drain(p, true);
         if ex.mode == Export::End {
             // The normal end-of-run export (not counted as a flush of a full buffer).
@@ -474,29 +469,37 @@ pub fn finish() {
             ex.cpus[cpu]
                 .lock()
                 .encoder
-                .totals(super::cpu(cpu).ring.dropped())
+                .totals(sampler::cpu(cpu).ring.dropped())
         })
+        .collect();
+    let costs: Vec<PcpuCost> = (0..pcpus)
+        .map(|cpu| sampler::cpu(cpu).cost_report())
         .collect();
     {
         let mut log = ex.cpus[0].lock();
         ex.send_header(&mut log);
+        for c in &costs {
+            if let Ok(n) = encode_pcpu_cost(c, log.frame) {
+                ex.send(&mut log, n);
+            }
+        }
         if let Ok(n) = encode_end(&totals, log.frame) {
             ex.send(&mut log, n);
         }
     }
     report(ex, &totals);
-    report_costs(ex);
+    report_costs(&costs);
 }
 
 /// The profiler's whole cost on each pCPU, as a share of the time it sampled, in disjoint parts:
 /// the exits that exist only to take samples, the LAPIC timer's interrupts, the other samples'
 /// sample path and task reads, and the export. Samples cannot see most of it: a sampling exit
 /// begins with its sample and ends a period before the next one.
-fn report_costs(ex: &Exporter) {
+fn report_costs(costs: &[PcpuCost]) {
     let mut total = (0u64, 0u64);
-    for cpu in 0..ex.cpus.len() {
-        let c = super::cpu(cpu).cost_report();
-        let span = c.span.max(1);
+    for c in costs {
+        let cpu = c.pcpu;
+        let span = c.span_ticks.max(1);
         let pct = |t: u64| t as f64 * 100.0 / span as f64;
         println!(
             "profiler: pCPU {cpu} cost: {:.2}% of {span} ticks ({} samples): {} sampling exits x {} ticks ({:.2}%), {} timer interrupts x {} ticks ({:.2}%), other samples {} ticks ({:.2}%), export {} ticks ({:.2}%); {} task reads x {} ticks",
@@ -510,8 +513,8 @@ fn report_costs(ex: &Exporter) {
             c.timer_interrupts,
             c.timer_ticks.checked_div(c.timer_interrupts).unwrap_or(0),
             pct(c.timer_ticks),
-            c.other_samples_ticks,
-            pct(c.other_samples_ticks),
+            c.other_sample_ticks,
+            pct(c.other_sample_ticks),
             c.export_ticks,
             pct(c.export_ticks),
             c.task_reads,
@@ -534,7 +537,7 @@ fn report(ex: &Exporter, totals: &[hvprof_samplelog::PcpuTotals]) {
     let period = ex.header.period_ticks;
     let mut all = (0u64, 0u64, u64::MAX, 0u64); // samples, cost sum, min, max
     for cpu in 0..pcpus {
-        let (n, mean, min, max) = super::cpu(cpu).cost();
+        let (n, mean, min, max) = sampler::cpu(cpu).cost();
         all.0 += n;
         all.1 += mean * n;
         all.2 = all.2.min(if n == 0 { u64::MAX } else { min });
@@ -576,9 +579,9 @@ fn report(ex: &Exporter, totals: &[hvprof_samplelog::PcpuTotals]) {
         );
     }
     let task_drops: u64 = (0..pcpus)
-        .map(|c| super::cpu(c).tasks.dropped() + ex.cpus[c].lock().task_drops)
+        .map(|c| sampler::cpu(c).tasks.dropped() + ex.cpus[c].lock().task_drops)
         .sum();
-    let tasks: u64 = (0..pcpus).map(|c| super::cpu(c).tasks.pushed()).sum();
+    let tasks: u64 = (0..pcpus).map(|c| sampler::cpu(c).tasks.pushed()).sum();
     if tasks + task_drops > 0 {
         println!(
             "profiler: guest task changes: {tasks} recorded, {task_drops} dropped (task ring full)"
@@ -586,7 +589,7 @@ fn report(ex: &Exporter, totals: &[hvprof_samplelog::PcpuTotals]) {
     }
     if pcpus > 1 {
         for (cpu, t) in totals.iter().enumerate() {
-            let p = super::cpu(cpu);
+            let p = sampler::cpu(cpu);
             let (n, mean, min, max) = p.cost();
             println!(
                 "profiler: pCPU {cpu}: {} records taken, {} dropped, {} samples and {} events in {} blocks; sample path mean {mean}, min {min}, max {max} ticks over {n} samples",

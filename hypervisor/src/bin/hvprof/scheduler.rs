@@ -16,7 +16,8 @@
 
 use crate::percpu::MAX_CPUS;
 use crate::tsc::rdtsc;
-use crate::vm::{self, SliceEnd, Stop, Vm};
+use crate::vm::run::SliceEnd;
+use crate::vm::{self, Stop, Vm};
 use crate::{println, profiler};
 use alloc::vec::Vec;
 use core::sync::atomic::Ordering;
@@ -148,7 +149,7 @@ pub fn run_cpu(cpu: usize) {
             pick(q, m, cpu, now, poll)
         };
         for (v, stop) in done {
-            vm::finish(&m.vms[v], &stop);
+            vm::report::finish(&m.vms[v], &stop);
         }
         match next {
             Next::Done => return,
@@ -167,7 +168,7 @@ pub fn run_cpu(cpu: usize) {
                 let slice_end = rdtsc().saturating_add(len);
                 let (end, wake_at) = {
                     let mut vcpu = vm.vcpus[c].lock();
-                    let end = vm::run_slice(vm, &mut vcpu, cpu, release, m.caps, slice_end);
+                    let end = vm::run::run_slice(vm, &mut vcpu, cpu, release, m.caps, slice_end);
                     // The virtual timer belongs to the vCPU until it halts: a slice that ends
                     // otherwise keeps it armed for the HLT to come.
                     let wake_at = match end {
@@ -191,7 +192,7 @@ pub fn run_cpu(cpu: usize) {
                     slice_ended(q, m, slot, end, wake_at)
                 };
                 if let Some((v, stop)) = done {
-                    vm::finish(&m.vms[v], &stop);
+                    vm::report::finish(&m.vms[v], &stop);
                 }
             }
         }
@@ -222,7 +223,7 @@ pub fn cpu_unavailable(cpu: usize, why: &str) {
         done
     };
     for (v, stop) in done {
-        vm::finish(&m.vms[v], &stop);
+        vm::report::finish(&m.vms[v], &stop);
     }
 }
 

@@ -7,15 +7,19 @@
 //! ([`Flow::Halt`]).
 
 mod cpuid;
+mod fatal;
 mod io;
 mod msr;
 mod vmcall;
 
 use crate::vcpu::Vcpu;
+use crate::vcpu::guest_ops::{GuestOps, must};
+use crate::vm::virtual_interrupts;
 use crate::vm::{Stop, Vm};
 use alloc::format;
 use alloc::string::String;
 use core::fmt::Write;
+use fatal::fatal;
 use hvprof_ept::EptViolation;
 use hvprof_vmx::exit::{BasicExit, ExitReason, InterruptionInfo, InterruptionType};
 use hvprof_vmx::instructions::CurrentVmcs;
@@ -37,9 +41,9 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, reason: ExitReas
         // HLT blocks the vCPU until an event: the scheduler runs something else and resumes it
         // after the HLT when its virtual timer fires (docs/GUEST-ABI.md, "Time"), or, for a
         // Linux guest, when its devices raise an interrupt it takes (none pending now).
-        skip_instruction(vmcs);
+        vmcs.skip_instruction();
         if vm.linux {
-            match crate::interrupts::on_halt(vm, vmcs, crate::tsc::rdtsc()) {
+            match virtual_interrupts::on_halt(vm, vmcs, crate::tsc::rdtsc()) {
                 Ok(()) => return Flow::Resume,
                 Err(wake) => {
                     vcpu.wake_at = match (vcpu.wake_at, wake) {
@@ -118,19 +122,19 @@ fn handle_exit(
         Some(BasicExit::Invd | BasicExit::Wbinvd) => {
             // Caches are coherent and the guest owns no device: nothing to do (and a guest may
             // not stall the pCPU writing back every cache line).
-            skip_instruction(vmcs);
+            vmcs.skip_instruction();
             None
         }
         Some(BasicExit::Monitor | BasicExit::Mwait) => {
             // MONITOR arms nothing and MWAIT returns at once: MWAIT may always return early
             // (SDM Vol. 2B, MWAIT), and a guest may not put the pCPU into a C-state where the
             // VMX-preemption timer stops. CPUID does not offer them.
-            skip_instruction(vmcs);
+            vmcs.skip_instruction();
             None
         }
         Some(BasicExit::Rdpmc) => {
             // The performance counters are the profiler's: no guest reads them.
-            inject_exception(vmcs, 13, Some(0));
+            vmcs.inject_exception(13, Some(0));
             None
         }
         Some(BasicExit::Xsetbv) => xsetbv(vcpu, vmcs),
@@ -150,7 +154,7 @@ fn handle_exit(
             | BasicExit::Vmfunc,
         ) => {
             // VMX is hidden from guests (CPUID.1:ECX.VMX = 0): these are invalid opcodes.
-            inject_exception(vmcs, 6, None);
+            vmcs.inject_exception(6, None);
             None
         }
         Some(BasicExit::CrAccess) => cr_access(vcpu, vmcs),
@@ -190,34 +194,6 @@ fn handle_exit(
     }
 }
 
-/// VMREAD/VMWRITE of fields every VMCS has: a failure is a hypervisor bug, reported by a panic
-/// that names the access (and powers off), never ignored.
-pub fn must<T>(r: Result<T, hvprof_vmx::errors::VmFail>, what: &str) -> T {
-    r.unwrap_or_else(|e| panic!("{what}: {e}"))
-}
-
-/// Completes an emulated instruction: RIP past it, its STI/MOV-SS shadow ended
-/// (`hvprof_vmx::guest::skip_instruction`).
-pub fn skip_instruction(vmcs: &mut CurrentVmcs) {
-    must(
-        hvprof_vmx::guest::skip_instruction(vmcs),
-        "skip the emulated instruction",
-    );
-}
-
-/// Injects a hardware exception at the next VM entry (`hvprof_vmx::guest::inject_exception`).
-pub fn inject_exception(vmcs: &mut CurrentVmcs, vector: u8, error_code: Option<u32>) {
-    must(
-        hvprof_vmx::guest::inject_exception(vmcs, vector, error_code),
-        "VMWRITE the exception to inject",
-    );
-}
-
-/// CPL of the guest (`hvprof_vmx::guest::cpl`).
-pub fn guest_cpl(vmcs: &CurrentVmcs) -> u8 {
-    hvprof_vmx::guest::cpl(vmcs).unwrap_or(0)
-}
-
 /// XSETBV (exit reason 55, unconditional): the guest's XCR0, kept per vCPU and on the CPU while
 /// the vCPU runs (`vcpu::fpu`): x87|SSE, and AVX where the host has it.
 fn xsetbv(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
@@ -226,15 +202,15 @@ fn xsetbv(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     let value = (vcpu.regs.rdx << 32) | (vcpu.regs.rax & 0xffff_ffff);
     // SDM Vol. 2D, XSETBV: #GP for CPL > 0, index != 0, bit 0 clear, AVX without SSE, and bits
     // not supported (here: anything but x87, SSE and AVX).
-    if guest_cpl(vmcs) != 0 || index != 0 || !fpu::valid_guest_xcr0(value) {
-        inject_exception(vmcs, 13, Some(0));
+    if vmcs.guest_cpl() != 0 || index != 0 || !fpu::valid_guest_xcr0(value) {
+        vmcs.inject_exception(13, Some(0));
         return None;
     }
     vcpu.fpu.xcr0 = value;
     // SAFETY: the vCPU's state is on this CPU (loaded for its slice); `value` is a valid XCR0
     // (checked above), and CR4.OSXSAVE is set wherever a guest can reach XSETBV.
     unsafe { fpu::xsetbv(value) };
-    skip_instruction(vmcs);
+    vmcs.skip_instruction();
     None
 }
 
@@ -263,7 +239,7 @@ fn cr_access(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         _ => false,
     };
     if faults {
-        inject_exception(vmcs, 13, Some(0));
+        vmcs.inject_exception(13, Some(0));
         return None;
     }
     match q.cr {
@@ -289,7 +265,7 @@ fn cr_access(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         }
         _ => return Some(fatal(vcpu, vmcs, format!("unexpected MOV to CR{}", q.cr))),
     }
-    skip_instruction(vmcs);
+    vmcs.skip_instruction();
     None
 }
 
@@ -318,7 +294,7 @@ fn cr8_access(
         CrAccessType::MovToCr => {
             let value = cr_source(vcpu, vmcs, q.gpr);
             if value >> 4 != 0 {
-                inject_exception(vmcs, 13, Some(0));
+                vmcs.inject_exception(13, Some(0));
                 return None;
             }
             vcpu.cr8 = value;
@@ -341,7 +317,7 @@ fn cr8_access(
             ));
         }
     }
-    skip_instruction(vmcs);
+    vmcs.skip_instruction();
     None
 }
 
@@ -374,42 +350,4 @@ fn cr_context(vmcs: &CurrentVmcs) -> hvprof_vmx::guest::CrContext {
             & (1 << 13)
             != 0,
     }
-}
-
-/// Stops the VM with a report: what happened, where, and the guest's registers.
-pub fn fatal(vcpu: &Vcpu, vmcs: &CurrentVmcs, what: String) -> Stop {
-    let rd = |f| vmcs.read_natural(f).unwrap_or(0);
-    let r = &vcpu.regs;
-    let mut s = what;
-    let _ = write!(
-        s,
-        "\nguest RIP={:#018x} RSP={:#018x} RFLAGS={:#x} CR0={:#x} CR3={:#x} CR4={:#x} CPL={}",
-        rd(GuestNatural::Rip),
-        rd(GuestNatural::Rsp),
-        rd(GuestNatural::Rflags),
-        rd(GuestNatural::Cr0),
-        rd(GuestNatural::Cr3),
-        rd(GuestNatural::Cr4),
-        guest_cpl(vmcs)
-    );
-    let _ = write!(
-        s,
-        "\nRAX={:#018x} RBX={:#018x} RCX={:#018x} RDX={:#018x}\nRSI={:#018x} RDI={:#018x} RBP={:#018x} R8 ={:#018x}\nR9 ={:#018x} R10={:#018x} R11={:#018x} R12={:#018x}\nR13={:#018x} R14={:#018x} R15={:#018x}",
-        r.rax,
-        r.rbx,
-        r.rcx,
-        r.rdx,
-        r.rsi,
-        r.rdi,
-        r.rbp,
-        r.r8,
-        r.r9,
-        r.r10,
-        r.r11,
-        r.r12,
-        r.r13,
-        r.r14,
-        r.r15
-    );
-    Stop::Fault(s)
 }

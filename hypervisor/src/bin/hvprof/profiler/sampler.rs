@@ -1,0 +1,531 @@
+//! One pCPU's profiler: its state (every field atomic: the run loop, the timer interrupt and the
+//! PMU's NMI of the same pCPU share it), the sample path, and the deadline clock's arithmetic.
+
+use crate::arch::lapic::Lapic;
+use crate::percpu::MAX_CPUS;
+use crate::tsc::rdtsc;
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use hvprof_hypervisor::profiler::ring::Ring;
+use hvprof_samplelog::{
+    Event, EventKind, NO_EXIT, NO_VCPU, NO_VM, OutReason, PcpuCost, Record, Sample, SampleKind,
+};
+use hvprof_vmx::instructions::CurrentVmcs;
+use hvprof_vmx::vmcs::{Guest32, Guest64, GuestNatural};
+
+/// A record as the ring holds it: the wire format's own record (`hvprof_samplelog::Record`, what
+/// the encoder takes), and the ring's drop count when it was pushed (records lost before it on
+/// this pCPU: a block never spans a change of it, so the decoder places each loss).
+#[derive(Clone, Copy, Debug)]
+pub struct Stamped {
+    pub record: Record,
+    pub drops: u64,
+}
+
+pub const RING_RECORDS: usize = 4096;
+pub const TASK_RECORDS: usize = 256;
+
+/// This pCPU's profiler state. Shared between the run loop and the timer/NMI handlers of the
+/// same CPU, so every field is atomic.
+pub struct CpuProfiler {
+    pub ring: Ring<Stamped, RING_RECORDS>,
+    /// Task changes of Linux guests read at samples (rare: only when the task differs).
+    pub tasks: Ring<hvprof_samplelog::Task, TASK_RECORDS>,
+    enabled: AtomicBool,
+    period: AtomicU64,
+    next_tick: AtomicU64,
+    /// (vm, vcpu, vpid, last exit reason) of what this pCPU runs, packed in 16-bit fields.
+    current: AtomicU64,
+    /// Samples taken, and the total, smallest and largest cost of the sample path (TSC ticks).
+    pub samples_taken: AtomicU64,
+    cost_total: AtomicU64,
+    cost_min: AtomicU64,
+    cost_max: AtomicU64,
+    lapic: spin::Once<Lapic>,
+    /// This pCPU runs its idle loop.
+    idle: AtomicBool,
+    /// A push into `ring` is under way (see `offer`).
+    pushing: AtomicBool,
+    /// What profiling cost this pCPU beyond the sample path itself.
+    pub costs: Costs,
+    /// TSC when sampling started and stopped on this pCPU (the span the costs are shares of).
+    started_at: AtomicU64,
+    stopped_at: AtomicU64,
+}
+
+/// A count of events and the TSC ticks they took.
+pub struct Tally {
+    count: AtomicU64,
+    ticks: AtomicU64,
+}
+
+impl Tally {
+    const fn new() -> Self {
+        Tally {
+            count: AtomicU64::new(0),
+            ticks: AtomicU64::new(0),
+        }
+    }
+
+    /// One more event that took `ticks`.
+    pub fn add(&self, ticks: u64) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.ticks.fetch_add(ticks, Ordering::Relaxed);
+    }
+
+    /// (events, ticks).
+    pub fn get(&self) -> (u64, u64) {
+        (
+            self.count.load(Ordering::Relaxed),
+            self.ticks.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// What profiling costs one pCPU besides the sample path (whose cost every sample measures), each
+/// measured from TSC to TSC where it happens.
+pub struct Costs {
+    /// VM exits that exist only to take a sample (the VMX-preemption timer at a sampling deadline
+    /// that nothing else needed): VM exit to the next VM entry, their sample and task read
+    /// included, any export they did excluded. Samples never see this time: a sampling exit
+    /// begins with its sample, and the next deadline is a period later.
+    pub sampling_exits: Tally,
+    /// The LAPIC timer's interrupts in the hypervisor and idle loop (handler entry to exit, their
+    /// sample included).
+    pub timer_interrupts: Tally,
+    /// Reading a Linux guest's running task at its samples.
+    pub task_reads: Tally,
+    /// Draining the rings, encoding and sending the log.
+    pub export: Tally,
+    /// Sample-path and task-read ticks spent inside the sampling exits and timer interrupts (so
+    /// that the whole cost counts them once).
+    inside: AtomicU64,
+}
+
+impl Costs {
+    const fn new() -> Self {
+        Costs {
+            sampling_exits: Tally::new(),
+            timer_interrupts: Tally::new(),
+            task_reads: Tally::new(),
+            export: Tally::new(),
+            inside: AtomicU64::new(0),
+        }
+    }
+}
+
+/// CR0.PE (SDM Vol. 3A §2.5): protected mode.
+const CR0_PE: u64 = 1 << 0;
+/// IA32_EFER.LMA (SDM Vol. 3A §2.2.1, Table 2-1 "IA32_EFER"): IA-32e mode active.
+const EFER_LMA: u64 = 1 << 10;
+/// The L bit of the CS access rights in the VMCS format (SDM Vol. 3C §25.4.1, Table 25-2): 64-bit
+/// code segment.
+const CS_AR_L: u32 = 1 << 13;
+
+impl CpuProfiler {
+    pub const fn new() -> Self {
+        CpuProfiler {
+            ring: Ring::new(),
+            tasks: Ring::new(),
+            enabled: AtomicBool::new(false),
+            period: AtomicU64::new(u64::MAX),
+            next_tick: AtomicU64::new(u64::MAX),
+            current: AtomicU64::new(pack(NO_VM, NO_VCPU, 0, NO_EXIT)),
+            samples_taken: AtomicU64::new(0),
+            cost_total: AtomicU64::new(0),
+            cost_min: AtomicU64::new(u64::MAX),
+            cost_max: AtomicU64::new(0),
+            lapic: spin::Once::new(),
+            idle: AtomicBool::new(false),
+            pushing: AtomicBool::new(false),
+            costs: Costs::new(),
+            started_at: AtomicU64::new(0),
+            stopped_at: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Default for CpuProfiler {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+const fn pack(vm: u16, vcpu: u16, vpid: u16, exit: u16) -> u64 {
+    (vm as u64) | (vcpu as u64) << 16 | (vpid as u64) << 32 | (exit as u64) << 48
+}
+
+/// Every pCPU's profiler, indexed by pCPU number.
+static CPUS: [CpuProfiler; MAX_CPUS] = [const { CpuProfiler::new() }; MAX_CPUS];
+
+/// This CPU's profiler.
+#[inline]
+pub fn this_cpu() -> &'static CpuProfiler {
+    &CPUS[crate::percpu::index()]
+}
+
+impl CpuProfiler {
+    /// The number of the pCPU this profiler belongs to.
+    pub fn pcpu(&self) -> usize {
+        (self as *const CpuProfiler as usize - CPUS.as_ptr() as usize)
+            / core::mem::size_of::<CpuProfiler>()
+    }
+}
+
+/// pCPU `index`'s profiler.
+pub fn cpu(index: usize) -> &'static CpuProfiler {
+    &CPUS[index]
+}
+
+impl CpuProfiler {
+    /// A sampling exit that began at TSC `start` ends at `end`; `inside` of its ticks were its
+    /// sample path and task read (counted there too).
+    pub fn sampling_exit_done(&self, start: u64, end: u64, inside: u64) {
+        self.costs.sampling_exits.add(end.saturating_sub(start));
+        self.costs.inside.fetch_add(inside, Ordering::Relaxed);
+    }
+
+    /// The whole cost so far, in disjoint parts (as the pCPU cost frame carries it).
+    pub fn cost_report(&self) -> PcpuCost {
+        let (sampling_exits, sampling_exit_ticks) = self.costs.sampling_exits.get();
+        let (timer_interrupts, timer_ticks) = self.costs.timer_interrupts.get();
+        let (task_reads, task_read_ticks) = self.costs.task_reads.get();
+        let (_, export_ticks) = self.costs.export.get();
+        let sampled = self
+            .cost_total
+            .load(Ordering::Relaxed)
+            .saturating_add(self.costs.task_reads.ticks.load(Ordering::Relaxed));
+        PcpuCost {
+            pcpu: self.pcpu() as u16,
+            span_ticks: self.span(),
+            samples: self.samples_taken.load(Ordering::Relaxed),
+            other_sample_ticks: sampled.saturating_sub(self.costs.inside.load(Ordering::Relaxed)),
+            sampling_exits,
+            sampling_exit_ticks,
+            timer_interrupts,
+            timer_ticks,
+            task_reads,
+            task_read_ticks,
+            export_ticks,
+        }
+    }
+
+    /// TSC ticks from the start of sampling on this pCPU to its end (or to now, while running).
+    pub fn span(&self) -> u64 {
+        let end = match self.stopped_at.load(Ordering::Relaxed) {
+            0 => rdtsc(),
+            t => t,
+        };
+        end.saturating_sub(self.started_at.load(Ordering::Relaxed))
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Ordering::Acquire)
+    }
+
+    /// The sampling period, TSC ticks.
+    pub fn period(&self) -> u64 {
+        self.period.load(Ordering::Relaxed)
+    }
+
+    /// The next sampling deadline (u64::MAX when off).
+    pub fn next_tick(&self) -> u64 {
+        if self.enabled() {
+            self.next_tick.load(Ordering::Relaxed)
+        } else {
+            u64::MAX
+        }
+    }
+
+    /// Whether a sample is due at `now`; if so, moves the deadline past `now` (ticks missed while
+    /// the sample could not be taken are skipped, not bunched: one sample per elapsed deadline
+    /// would fake time the CPU did not spend there).
+    fn take_due(&self, now: u64) -> bool {
+        if !self.enabled() {
+            return false;
+        }
+        let next = self.next_tick.load(Ordering::Relaxed);
+        if now < next {
+            return false;
+        }
+        let period = self.period.load(Ordering::Relaxed).max(1);
+        let late = now - next;
+        // Usually the deadline is less than a period ago: no division on the sample path.
+        let missed = if late < period { 0 } else { late / period };
+        self.next_tick
+            .store(next + (missed + 1) * period, Ordering::Relaxed);
+        true
+    }
+
+    /// Sets what this pCPU runs now (the run loop calls it on every VM exit).
+    pub fn set_current(&self, vm: u16, vcpu: u16, vpid: u16, exit: u16) {
+        self.current
+            .store(pack(vm, vcpu, vpid, exit), Ordering::Relaxed);
+    }
+
+    fn current(&self) -> (u16, u16, u16, u16) {
+        let c = self.current.load(Ordering::Relaxed);
+        (
+            c as u16,
+            (c >> 16) as u16,
+            (c >> 32) as u16,
+            (c >> 48) as u16,
+        )
+    }
+
+    /// Puts a record into the ring. The ring has one producer, but on one pCPU that producer runs
+    /// in three contexts: the run loop and scheduler, the timer interrupt and the PMU's NMI. The
+    /// interrupt is kept out while the others push; an NMI that lands inside a push finds the
+    /// ring busy and its record is counted as a drop rather than corrupting the one in flight.
+    fn offer(&self, record: Record) {
+        x86_64::instructions::interrupts::without_interrupts(|| {
+            if self.pushing.swap(true, Ordering::Acquire) {
+                self.ring.count_drop();
+                return;
+            }
+            self.ring.push(Stamped {
+                record,
+                drops: self.ring.dropped(),
+            });
+            self.pushing.store(false, Ordering::Release);
+        });
+    }
+
+    /// Records a sample taken since `t0`; returns the ticks from `t0` to the end, bookkeeping
+    /// included (the `cost` the sample carries stops before the ring push).
+    /// Inlined: the sample is then built in registers and its cost read before any of it is
+    /// stored (the bench's sample path and sampling exit figures).
+    #[inline(always)]
+    fn push(&self, mut s: Sample, t0: u64) -> u64 {
+        let cost = rdtsc() - t0;
+        s.cost = cost.min(u32::MAX as u64) as u32;
+        self.offer(Record::Sample(s));
+        self.samples_taken.fetch_add(1, Ordering::Relaxed);
+        self.cost_total.fetch_add(cost, Ordering::Relaxed);
+        // Plain compare-and-store, not a CAS loop: only this pCPU writes them (an NMI sample that
+        // lands in between can lose a new minimum or maximum, never corrupt it).
+        if cost < self.cost_min.load(Ordering::Relaxed) {
+            self.cost_min.store(cost, Ordering::Relaxed);
+        }
+        if cost > self.cost_max.load(Ordering::Relaxed) {
+            self.cost_max.store(cost, Ordering::Relaxed);
+        }
+        rdtsc() - t0
+    }
+
+    /// (samples, mean, min, max) of the sample path's own cost in TSC ticks.
+    pub fn cost(&self) -> (u64, u64, u64, u64) {
+        let n = self.samples_taken.load(Ordering::Relaxed);
+        let total = self.cost_total.load(Ordering::Relaxed);
+        let min = self.cost_min.load(Ordering::Relaxed);
+        (
+            n,
+            total.checked_div(n).unwrap_or(0),
+            if n == 0 { 0 } else { min },
+            self.cost_max.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The deadline clock's guest sample, at a VM exit taken at `now` (the VMX-preemption
+    /// timer's, or any exit that finds the deadline passed); its cost in ticks if it was due.
+    pub fn sample_guest_if_due(&self, vmcs: &CurrentVmcs, now: u64) -> Option<u64> {
+        self.take_due(now).then(|| self.sample_guest(vmcs, now))
+    }
+
+    /// The sample path for a guest: reads its state from the current VMCS. Returns its cost.
+    pub fn sample_guest(&self, vmcs: &CurrentVmcs, now: u64) -> u64 {
+        let t0 = rdtsc();
+        let (vm, vcpu, vpid, exit) = self.current();
+        let _ = vmcs;
+        // SAFETY: the caller is the run loop right after a VM exit, in VMX operation with this
+        // vCPU's VMCS current; every encoding below exists in every VMCS.
+        let read = |field: u32| unsafe { hvprof_vmx::instructions::vmread_fast(field) };
+        let rip = read(GuestNatural::Rip as u32);
+        let cr3 = read(GuestNatural::Cr3 as u32);
+        let ss_ar = read(Guest32::SsAccessRights as u32) as u32;
+        let cs_ar = read(Guest32::CsAccessRights as u32) as u32;
+        let cr0 = read(GuestNatural::Cr0 as u32);
+        let efer = read(Guest64::Ia32Efer as u32);
+        let cpl = hvprof_vmx::guest::cpl_from_ss_access_rights(ss_ar);
+        // Mode: real (CR0.PE = 0), long 64-bit (EFER.LMA and CS.L), else protected.
+        let mode = if cr0 & CR0_PE == 0 {
+            hvprof_samplelog::MODE_REAL
+        } else if efer & EFER_LMA != 0 && cs_ar & CS_AR_L != 0 {
+            hvprof_samplelog::MODE_LONG
+        } else {
+            hvprof_samplelog::MODE_PROTECTED
+        };
+        self.push(
+            Sample {
+                tsc: now,
+                kind: SampleKind::Guest,
+                vm,
+                vcpu,
+                vpid,
+                guest_rip: rip,
+                guest_cr3: cr3,
+                guest_mode: hvprof_samplelog::guest_mode(cpl, mode),
+                exit_reason: exit,
+                host_rip: 0,
+                cost: 0,
+            },
+            t0,
+        )
+    }
+
+    /// The deadline clock's hypervisor sample, from the LAPIC timer's interrupt frame, or at a
+    /// VM entry that finds the deadline passed (`rip` = the run loop).
+    /// Its cost in ticks if it was due.
+    pub fn sample_host_if_due(&self, rip: u64, idle: bool) -> Option<u64> {
+        self.sample_host_at(rip, idle, rdtsc())
+    }
+
+    /// `sample_host_if_due` with the TSC already read (`now`).
+    pub fn sample_host_at(&self, rip: u64, idle: bool, now: u64) -> Option<u64> {
+        self.take_due(now).then(|| self.sample_host(rip, idle, now))
+    }
+
+    /// The sample path for the hypervisor itself (`t0`: when the sample was triggered). Returns
+    /// its cost.
+    pub fn sample_host(&self, rip: u64, idle: bool, t0: u64) -> u64 {
+        let (vm, vcpu, vpid, exit) = self.current();
+        self.push(
+            Sample {
+                tsc: t0,
+                kind: if idle {
+                    SampleKind::Idle
+                } else {
+                    SampleKind::Hypervisor
+                },
+                vm,
+                vcpu,
+                vpid,
+                guest_rip: 0,
+                guest_cr3: 0,
+                guest_mode: 0,
+                exit_reason: exit,
+                host_rip: rip,
+                cost: 0,
+            },
+            t0,
+        )
+    }
+
+    /// Arms the LAPIC timer for the next deadline (while the hypervisor runs).
+    pub fn arm_host_clock(&self) {
+        if let (true, Some(l)) = (self.enabled(), self.lapic.get()) {
+            l.arm(self.next_tick());
+        }
+    }
+
+    /// Signals the end of an interrupt to this pCPU's local APIC.
+    pub fn eoi(&self) {
+        if let Some(l) = self.lapic.get() {
+            l.eoi();
+        }
+    }
+
+    /// Halts this pCPU until its next sampling deadline or TSC `t`, whichever comes first (the
+    /// LAPIC timer wakes it; `on_timer` takes the sample and re-arms for the next deadline).
+    /// Without a LAPIC timer, returns at once: the caller polls.
+    pub fn halt_until(&self, t: u64) {
+        let Some(l) = self.lapic.get() else {
+            core::hint::spin_loop();
+            return;
+        };
+        x86_64::instructions::interrupts::disable();
+        let wake = t.min(self.next_tick());
+        l.arm(wake);
+        if rdtsc() < wake {
+            // STI's interrupt shadow covers HLT: a timer interrupt that is already pending is
+            // taken after the HLT starts, so it cannot be missed (SDM Vol. 2B, STI).
+            x86_64::instructions::interrupts::enable_and_hlt();
+        } else {
+            x86_64::instructions::interrupts::enable();
+        }
+    }
+
+    /// Disarms it (before VM entry: in the guest the VMX-preemption timer takes over).
+    pub fn disarm_host_clock(&self) {
+        if let Some(l) = self.lapic.get() {
+            l.disarm();
+        }
+    }
+}
+
+impl CpuProfiler {
+    /// A scheduling event: this pCPU starts (`VcpuIn`) or stops (`VcpuOut`, with its reason)
+    /// running the current vCPU (`reason`: why it stops; ignored for `VcpuIn`). Exact times for the steal/halt analysis, beside the samples.
+    pub fn event(&self, kind: EventKind, reason: OutReason) {
+        if !self.enabled() {
+            return;
+        }
+        let (vm, vcpu, _, _) = self.current();
+        self.offer(Record::Event(Event {
+            tsc: rdtsc(),
+            kind,
+            vm,
+            vcpu,
+            reason,
+        }));
+    }
+}
+
+impl CpuProfiler {
+    /// Records that a vCPU of a Linux guest runs another task from the sample at `tsc` on.
+    /// Called by the run loop (interrupts off) after a guest sample.
+    pub fn task_changed(&self, t: hvprof_samplelog::Task) {
+        if self.enabled() {
+            self.tasks.push(t);
+        }
+    }
+
+    /// Marks this pCPU as idle (its samples are `[idle]`) or busy.
+    pub fn set_idle(&self, idle: bool) {
+        self.idle.store(idle, Ordering::Relaxed);
+    }
+}
+
+/// The LAPIC timer interrupt (vector `TIMER_VECTOR`): a hypervisor (or idle) sample at the
+/// interrupted RIP, then the next deadline.
+pub fn on_timer(rip: u64) {
+    let t0 = rdtsc();
+    let p = this_cpu();
+    let sample = p.sample_host_if_due(rip, p.idle.load(Ordering::Relaxed));
+    if let Some(l) = p.lapic.get() {
+        l.eoi();
+    }
+    p.arm_host_clock();
+    p.costs.timer_interrupts.add(rdtsc() - t0);
+    p.costs
+        .inside
+        .fetch_add(sample.unwrap_or(0), Ordering::Relaxed);
+}
+
+impl CpuProfiler {
+    /// Starts sampling on this pCPU every `period` ticks; `lapic` is the deadline clock's timer
+    /// in the hypervisor (none when the PMU samples), `deadline` whether the deadline clock is
+    /// the source.
+    pub fn begin(&self, period: u64, lapic: Option<Lapic>, deadline: bool) {
+        self.period.store(period, Ordering::Relaxed);
+        if let Some(l) = lapic {
+            self.lapic.call_once(|| l);
+        }
+        let next = if deadline {
+            rdtsc().saturating_add(period)
+        } else {
+            u64::MAX
+        };
+        self.next_tick.store(next, Ordering::Relaxed);
+        self.started_at.store(rdtsc(), Ordering::Relaxed);
+        self.enabled.store(true, Ordering::Release);
+    }
+
+    /// Stops sampling on this pCPU.
+    pub fn end(&self) {
+        self.enabled.store(false, Ordering::Release);
+        self.stopped_at.store(rdtsc(), Ordering::Relaxed);
+        if let Some(l) = self.lapic.get() {
+            l.disarm();
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Task tracking: after a sample of a Linux guest, the task its vCPU runs, read from guest memory
+//! (`hvprof_hypervisor::profiler::guest_walk`), and a task-change record when it is another one.
+
+use crate::vcpu::Vcpu;
+use crate::vcpu::guest_ops::{GuestOps, must};
+use crate::vm::Vm;
+use hvprof_hypervisor::profiler::guest_walk;
+use hvprof_samplelog::TaskOffsets;
+use hvprof_vmx::instructions::CurrentVmcs;
+use hvprof_vmx::vmcs::VmcsExt;
+
+/// After a sample of a Linux guest: reads the task its vCPU runs (`guest_walk::read_task`) and,
+/// when it is not the one seen at the vCPU's previous sample, records the change for the log.
+/// The task's address, pid and name are compared, so a task structure reused by a new process
+/// (or a CR3 reused by one) still shows as a change, and so does an exec().
+pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffsets, tsc: u64) {
+    use hvprof_vmx::vmcs::GuestNatural;
+    let read = |f| must(vmcs.read_natural(f), "VMREAD guest state");
+    let cr3 = read(GuestNatural::Cr3);
+    // The kernel's per-CPU base: GS base in kernel mode, IA32_KERNEL_GS_BASE (the guest's
+    // value, live on this CPU while the vCPU is loaded) in user mode.
+    let base = if vmcs.guest_cpl() == 0 {
+        read(GuestNatural::GsBase)
+    } else {
+        crate::arch::msr::read_safe(0xc000_0102).unwrap_or(0)
+    };
+    let read_phys = |gpa: u64| vm.read_guest_u64(gpa);
+    let read_bytes = |gpa: u64, buf: &mut [u8]| vm.read_guest(gpa, buf);
+    let Some(ids) =
+        guest_walk::read_task_ids(&mut vcpu.tlb, &read_phys, &read_bytes, cr3, base, off)
+    else {
+        return;
+    };
+    // Same task, same ids, same address space: same name (exec() changes the name and the CR3
+    // together), so no need to read it again.
+    let space = cr3 & !0xfff;
+    if vcpu
+        .last_task
+        .is_some_and(|(i, s, _)| i == ids && s == space)
+    {
+        return;
+    }
+    let Some(comm) =
+        guest_walk::read_task_comm(&mut vcpu.tlb, &read_phys, &read_bytes, cr3, ids.0, off)
+    else {
+        return;
+    };
+    let changed = vcpu.last_task.is_none_or(|(i, _, c)| i != ids || c != comm);
+    vcpu.last_task = Some((ids, space, comm));
+    if !changed {
+        return;
+    }
+    let (task, pid, tgid) = ids;
+    let len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
+    let name = core::str::from_utf8(&comm[..len]).unwrap_or("?");
+    super::sampler::this_cpu().task_changed(hvprof_samplelog::Task {
+        pcpu: crate::percpu::index() as u16,
+        tsc,
+        vm: vm.index,
+        vcpu: vcpu.index,
+        cr3,
+        task,
+        pid,
+        tgid,
+        comm: hvprof_samplelog::FixedStr::truncated(name),
+    });
+}

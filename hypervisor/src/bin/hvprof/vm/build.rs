@@ -1,0 +1,321 @@
+//! Building the VMs from the boot modules (on the boot CPU, before the scheduler starts): guest
+//! memory, the guest image or Linux kernel, the EPT, one VMCS per vCPU.
+
+use super::{AttackTarget, CLOCK_START, GuestConsole, HostPhys, Vm, VmDevices, page_checksum};
+use crate::tsc::rdtsc;
+use crate::vcpu::{Bitmaps, Vcpu};
+use crate::{memory, println};
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicBool, AtomicU64};
+use hvprof_boot::info::ModuleTag;
+use hvprof_ept::{Ept, EptCaps, MemoryType, PageSizes, Permissions};
+use hvprof_hypervisor::devices::board::Board;
+use hvprof_hypervisor::vm_config::Pins;
+use hvprof_hypervisor::vm_config::{self, MEM_GRANULE, Target};
+use hvprof_hypervisor::{guest_image, linux_boot};
+use hvprof_vmx::caps::{VmxCaps, ept_cap};
+use hvprof_vmx::instructions;
+use spin::Mutex;
+
+/// Builds every VM from the boot modules that passed `check_module`. A module that cannot
+/// become a VM is reported and skipped, as is one pinned to a pCPU that is not online (`pcpus`
+/// are).
+pub fn build_all(
+    caps: &VmxCaps,
+    modules: &[(usize, ModuleTag<'static>)],
+    initrds: &[ModuleTag<'static>],
+    pcpus: usize,
+) -> Vec<Vm> {
+    let Some(bitmaps) = Bitmaps::new() else {
+        println!("hvprof: error: no memory for the I/O and MSR bitmaps");
+        return Vec::new();
+    };
+    let bitmaps = alloc::boxed::Box::leak(alloc::boxed::Box::new(bitmaps));
+    let mut vms: Vec<Vm> = Vec::new();
+    for (index, module) in modules {
+        let cmdline = module.cmdline_str().unwrap_or("");
+        let config = match vm_config::parse(cmdline) {
+            Ok(c) => c,
+            Err(e) => {
+                println!("module {index}: error: {e}; VM not created");
+                continue;
+            }
+        };
+        if let Some(&cpu) = config
+            .pin
+            .as_ref()
+            .and_then(|p| p.as_slice().iter().find(|&&c| usize::from(c) >= pcpus))
+        {
+            println!(
+                "vm {}: error: pin={}: pCPU {cpu} is not online ({pcpus} pCPU{} online, numbered from 0); VM not created",
+                config.name,
+                PinList(config.pin.as_ref()),
+                if pcpus == 1 { "" } else { "s" }
+            );
+            continue;
+        }
+        if vms.iter().any(|v| v.name == config.name) {
+            println!(
+                "module {index}: error: a VM named {:?} exists already; VM not created",
+                config.name
+            );
+            continue;
+        }
+        // An attack target naming a VM must name one built before (an earlier module).
+        let target = match config.target.map(|t| resolve(&vms, t)).transpose() {
+            Ok(t) => t,
+            Err(e) => {
+                println!("vm {}: error: {e}; VM not created", config.name);
+                continue;
+            }
+        };
+        // SAFETY: the caller passes modules that `check_module` accepted: inside available
+        // memory, excluded from the frame allocator, unchanged since GRUB loaded them.
+        let image = unsafe {
+            core::slice::from_raw_parts(module.start as *const u8, module.len() as usize)
+        };
+        let image_name = module.name().unwrap_or("?");
+        let initrd: &[u8] = match config.initrd {
+            None => &[],
+            Some(name) => match initrds.iter().find(|m| m.name() == Some(name)) {
+                // SAFETY: as for `image`: a module `check_module` accepted, left as GRUB loaded
+                // it.
+                Some(m) => unsafe {
+                    core::slice::from_raw_parts(m.start as *const u8, m.len() as usize)
+                },
+                None => {
+                    println!(
+                        "vm {}: error: initrd={name}: no boot module of that name; VM not created",
+                        config.name
+                    );
+                    continue;
+                }
+            },
+        };
+        match build(
+            caps,
+            bitmaps,
+            vms.len(),
+            &config,
+            image,
+            image_name,
+            initrd,
+            target,
+        ) {
+            Ok(vm) => {
+                println!(
+                    "vm {}: created from module {index}: {} MiB of guest memory at host {:#x}-{:#x}, EPT {}, VPID {}, budget {} ticks, {} vCPU{} {}",
+                    vm.name,
+                    vm.mem_size >> 20,
+                    vm.mem_hpa,
+                    vm.mem_hpa + vm.mem_size,
+                    vm.ept.stats(),
+                    vm.vcpus.first().map_or(0, |v| v.lock().vpid),
+                    vm.budget,
+                    vm.vcpus.len(),
+                    if vm.vcpus.len() == 1 { "" } else { "s" },
+                    match &vm.pin {
+                        Some(_) => format!("pinned to pCPU {}", PinList(vm.pin.as_ref())),
+                        None => String::from("free to move between pCPUs"),
+                    }
+                );
+                if let Some(t) = &vm.target {
+                    println!(
+                        "vm {}: attack target: {} at host {:#x}{}",
+                        vm.name,
+                        t.what,
+                        t.hpa,
+                        if t.hpa < vm.mem_size {
+                            " (inside this VM's own guest-physical range: the access reaches its own memory)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+                vms.push(vm);
+            }
+            Err(e) => println!(
+                "vm {}: error: {e}; VM not created, the others go on",
+                config.name
+            ),
+        }
+    }
+    vms
+}
+
+/// Each vCPU's initial stack lies this far below the previous one's.
+pub const VCPU_STACK: u64 = 64 * 1024;
+
+/// VPIDs are handed out in order, one per vCPU (0 is the host's).
+static NEXT_VPID: core::sync::atomic::AtomicU16 = core::sync::atomic::AtomicU16::new(1);
+
+/// Where no memory or device sits on the test machines (Bochs and QEMU with 512 MiB).
+pub const UNMAPPED_TARGET: u64 = 0xc000_0000;
+pub const LAPIC_BASE: u64 = 0xfee0_0000;
+
+fn resolve(vms: &[Vm], t: Target) -> Result<AttackTarget, String> {
+    let (hpa, what, ram) = match t {
+        Target::Hypervisor => (
+            memory::image_range().start,
+            String::from("the hypervisor image"),
+            true,
+        ),
+        Target::Vm(name) => {
+            let vm = vms
+                .iter()
+                .find(|v| v.name == name)
+                .ok_or_else(|| format!("target=vm:{name}: no VM of that name before this one"))?;
+            (vm.mem_hpa, format!("VM {name}'s memory"), true)
+        }
+        Target::Unmapped => (UNMAPPED_TARGET, String::from("unmapped space"), false),
+        Target::Mmio => (LAPIC_BASE, String::from("the local APIC"), false),
+    };
+    Ok(AttackTarget {
+        hpa,
+        what,
+        checksum: ram.then(|| page_checksum(hpa)),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build(
+    caps: &VmxCaps,
+    bitmaps: &Bitmaps,
+    index: usize,
+    config: &vm_config::VmConfig,
+    image: &[u8],
+    image_name: &str,
+    initrd: &[u8],
+    target: Option<AttackTarget>,
+) -> Result<Vm, String> {
+    let mem_hpa = memory::alloc_zeroed(config.mem, MEM_GRANULE)
+        .ok_or_else(|| format!("no {} MiB of contiguous memory left", config.mem >> 20))?;
+    // The attack guest learns its target's address through its arguments.
+    let mut args = String::from(config.args);
+    if let Some(t) = &target {
+        args.push_str(&format!(" addr={:#x}", t.hpa));
+    }
+    // SAFETY: the range was just allocated for this VM (zeroed, identity-mapped).
+    let mem = unsafe { core::slice::from_raw_parts_mut(mem_hpa as *mut u8, config.mem as usize) };
+    let linux = config.format == vm_config::Format::Linux || linux_boot::is_bzimage(image);
+    let boot = if linux {
+        let cmdline = vm_config::guest_args(config.args)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let (boot, l) =
+            linux_boot::load(mem, image, initrd, &cmdline).map_err(|e| format!("{e}"))?;
+        println!(
+            "vm {}: Linux kernel ({} bytes) at GPA {:#x}, entry {:#x}; initrd ({} bytes) at GPA {:#x}; boot_params at {:#x}; command line \"{cmdline}\"",
+            config.name,
+            l.kernel_len,
+            l.kernel_gpa,
+            l.entry,
+            l.initrd_len,
+            l.initrd_gpa,
+            linux_boot::BOOT_PARAMS_GPA
+        );
+        boot
+    } else {
+        match config.format {
+            vm_config::Format::Real16 => guest_image::load_real16(mem, image, &args),
+            _ => guest_image::load(mem, image, &args),
+        }
+        .map_err(|e| format!("{e}"))?
+    };
+
+    let ept_caps = EptCaps {
+        pages: PageSizes {
+            two_mib: caps.ept_cap(ept_cap::PAGE_2M),
+            one_gib: caps.ept_cap(ept_cap::PAGE_1G),
+        },
+        execute_only: caps.ept_cap(ept_cap::EXECUTE_ONLY),
+        phys_addr_bits: phys_addr_bits(),
+    };
+    let mut ept = Ept::new(HostPhys, ept_caps).map_err(|e| format!("EPT: {e}"))?;
+    ept.map(
+        0,
+        mem_hpa,
+        config.mem,
+        Permissions::all(),
+        MemoryType::WriteBack,
+    )
+    .map_err(|e| format!("EPT: {e}"))?;
+    let eptp = ept.eptp(false);
+    // No translation derived from this EPTP may survive from an earlier use of the same tables'
+    // addresses (SDM Vol. 3C §29.4.3.1): invalidate before the first VM entry.
+    let kind = if caps.ept_cap(ept_cap::INVEPT_SINGLE) {
+        instructions::InvEptType::SingleContext
+    } else {
+        instructions::InvEptType::AllContext
+    };
+    // SAFETY: VMX root operation; `missing_requirement` checked that INVEPT exists with one of
+    // these types; invalidating TLB entries cannot break memory safety.
+    unsafe { instructions::invept(kind, eptp) }.map_err(|e| format!("INVEPT: {e}"))?;
+    // One VMCS per vCPU, each with its own VPID; vCPU i starts at the same entry with its stack
+    // 64 KiB below vCPU i-1's (docs/GUEST-ABI.md, "Entry state").
+    let mut vcpus = Vec::new();
+    for i in 0..config.vcpus {
+        let mut start = boot;
+        start.rsp = boot.rsp - u64::from(i) * VCPU_STACK;
+        let vpid = NEXT_VPID.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        let (mut vcpu, _vmcs) =
+            Vcpu::new(caps, bitmaps, eptp, vpid, &start).map_err(|e| format!("vCPU {i}: {e}"))?;
+        // Made on the boot CPU, it may run on any pCPU: clear it (SDM Vol. 3C §25.11.3), so the
+        // pCPU that runs it first loads it and writes its own host state.
+        // SAFETY: VMX root operation; the VMCS was just made current on this CPU.
+        unsafe { instructions::vmclear(vcpu.vmcs) }.map_err(|e| format!("VMCLEAR: {e}"))?;
+        vcpu.host_cpu = None;
+        // The guest learns which vCPU it is in RDX.
+        vcpu.regs.rdx = u64::from(i);
+        vcpu.index = i;
+        vcpus.push(Mutex::new(vcpu));
+    }
+    Ok(Vm {
+        index: index as u16,
+        vcpus,
+        pin: config.pin,
+        linux,
+        task_offsets: config.task_offsets,
+        name: String::from(config.name),
+        mem_hpa,
+        mem_size: config.mem,
+        ept,
+        devices: Mutex::new(VmDevices {
+            board: Board::new(crate::tsc::hz(), CLOCK_START),
+            console: GuestConsole::new(crate::tsc::hz(), rdtsc()),
+            logged_msrs: Vec::new(),
+            logged_ports: Vec::new(),
+        }),
+        budget: config.budget,
+        wall_budget: config.wall_budget,
+        wall_deadline: AtomicU64::new(u64::MAX),
+        target,
+        run_ticks: AtomicU64::new(0),
+        stopping: AtomicBool::new(false),
+        image: String::from(image_name),
+        build_id: guest_image::build_id(image)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default(),
+    })
+}
+
+/// `a,b,...` of a `pin=` list.
+struct PinList<'a>(Option<&'a Pins>);
+
+impl core::fmt::Display for PinList<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        for (i, c) in self.0.map_or(&[][..], Pins::as_slice).iter().enumerate() {
+            write!(f, "{}{c}", if i == 0 { "" } else { "," })?;
+        }
+        Ok(())
+    }
+}
+
+/// MAXPHYADDR (CPUID.80000008H:EAX[7:0]), 36 when the leaf is missing (SDM Vol. 3A §4.1.4).
+fn phys_addr_bits() -> u8 {
+    raw_cpuid::CpuId::new()
+        .get_processor_capacity_feature_info()
+        .map_or(36, |c| c.physical_address_bits())
+}

@@ -1,0 +1,220 @@
+//! Virtual machines: each owns its memory (taken from the frame allocator, never shared), its EPT
+//! and its vCPUs. This module is the VM model; the flow runs one way through its submodules:
+//! `build` makes the VMs from the boot modules on the boot CPU, then the scheduler of every pCPU
+//! runs their vCPUs (`run::run_slice`, several pCPUs at once), which hands each VM exit to
+//! `crate::vmexit`; `virtual_interrupts` delivers a Linux guest's device interrupts, and `report`
+//! prints why a VM stopped and its exit statistics.
+//!
+//! What several pCPUs share is split by who may touch it: a vCPU (registers, VMCS, exit
+//! statistics) is locked by the pCPU running it; the VM's console and once-only logs are behind
+//! their own lock, taken only by the exits that use them; the rest is fixed after `build` or
+//! atomic.
+
+pub mod build;
+pub mod report;
+pub mod run;
+pub mod virtual_interrupts;
+
+use crate::memory;
+use crate::println;
+use crate::vcpu::Vcpu;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::sync::atomic::{AtomicBool, AtomicU64};
+use hvprof_ept::{Ept, FrameSource, PhysMem};
+use hvprof_hypervisor::devices::board::Board;
+use hvprof_hypervisor::rate::TokenBucket;
+use hvprof_hypervisor::vm_config::Pins;
+use hvprof_samplelog::TaskOffsets;
+use spin::Mutex;
+
+/// Host-physical memory as the EPT builder sees it: identity-mapped, frames from the allocator.
+pub struct HostPhys;
+
+impl FrameSource for HostPhys {
+    fn alloc_zeroed_frame(&mut self) -> Option<u64> {
+        memory::alloc_zeroed(4096, 4096)
+    }
+}
+
+impl PhysMem for HostPhys {
+    fn read_u64(&self, hpa: u64) -> u64 {
+        // SAFETY: the EPT builder only reads its own table frames, which came from
+        // `alloc_zeroed_frame` and are identity-mapped and 8-byte aligned.
+        unsafe { core::ptr::read_volatile(hpa as *const u64) }
+    }
+    fn write_u64(&mut self, hpa: u64, v: u64) {
+        // SAFETY: as for `read_u64`: only its own table frames.
+        unsafe { core::ptr::write_volatile(hpa as *mut u64, v) }
+    }
+}
+
+/// Why a VM stopped.
+pub enum Stop {
+    /// The guest asked: exit port 0xf4 or the EXIT hypercall.
+    Exited { code: u8, how: &'static str },
+    /// The guest did something it may not: the report says what.
+    Fault(String),
+    /// The run budget ran out.
+    Budget,
+    /// The wall budget ran out (the VM was started that long ago, running or not).
+    WallBudget,
+    /// The vCPU halted with nothing that could ever wake it.
+    HaltedForever,
+    /// Another vCPU stopped the whole VM (that vCPU's stop is the VM's).
+    WithVm,
+}
+
+/// What an attack guest aims at, and the checksum of that host page before it ran.
+pub struct AttackTarget {
+    pub hpa: u64,
+    pub what: String,
+    pub checksum: Option<u64>,
+}
+
+pub struct Vm {
+    /// Index in the VM table of the sample log's header.
+    pub index: u16,
+    pub name: String,
+    pub mem_hpa: u64,
+    pub mem_size: u64,
+    pub ept: Ept<HostPhys>,
+    /// Its vCPUs, each locked by the pCPU that runs it.
+    pub vcpus: Vec<Mutex<Vcpu>>,
+    /// `pin=`: the pCPU of each vCPU, or free to move.
+    pub pin: Option<Pins>,
+    /// A Linux guest (booted from a bzImage): its CPUID, MSR and device policy.
+    pub linux: bool,
+    /// Where its running task sits (`task-offsets=`), to name guest processes in samples.
+    pub task_offsets: Option<TaskOffsets>,
+    /// Its legacy devices (the UART, the PICs, the PIT, the CMOS clock) and the once-only logs.
+    pub devices: Mutex<VmDevices>,
+    pub budget: u64,
+    /// `wall-budget=`: how long after its start the VM is stopped, running or not.
+    pub wall_budget: u64,
+    /// The TSC at which the wall budget runs out (`u64::MAX` before the scheduler starts it).
+    pub wall_deadline: AtomicU64,
+    pub target: Option<AttackTarget>,
+    /// TSC ticks its vCPUs ran, added up at the end of each slice.
+    pub run_ticks: AtomicU64,
+    /// The whole VM stops: its other vCPUs stop before their next VM entry.
+    pub stopping: AtomicBool,
+    /// The module's image name and its GNU build id (for the sample log's VM table).
+    pub image: String,
+    pub build_id: Vec<u8>,
+}
+
+/// What the VM's exits reach, under `Vm::devices`.
+pub struct VmDevices {
+    pub board: Board,
+    /// Its lines on the hypervisor's console.
+    pub console: GuestConsole,
+    /// MSRs and ports already reported once.
+    logged_msrs: Vec<u32>,
+    logged_ports: Vec<u16>,
+}
+
+/// A VM's share of the console line: its output is queued (never waited for) and limited to the
+/// line's rate with a burst of `GuestConsole::BURST` bytes; what is over is dropped and counted.
+pub struct GuestConsole {
+    bucket: TokenBucket,
+    pub lines_dropped: u64,
+    pub bytes_dropped: u64,
+}
+
+impl GuestConsole {
+    /// Bytes a VM may print at once before the line rate applies.
+    pub const BURST: u64 = 8 * 1024;
+    /// The console's line rate: 115,200 baud, 10 bits per byte.
+    pub const LINE_BYTES_PER_SECOND: u64 = 11_520;
+
+    fn new(tsc_hz: u64, now: u64) -> Self {
+        GuestConsole {
+            bucket: TokenBucket::new(Self::BURST, tsc_hz / Self::LINE_BYTES_PER_SECOND, now),
+            lines_dropped: 0,
+            bytes_dropped: 0,
+        }
+    }
+
+    /// Queues `[vm] line` (escaped) on the console, or counts it as dropped when the VM is over
+    /// its rate or the console queue is full.
+    pub fn emit(&mut self, vm: &str, line: &[u8], now: u64) {
+        let cost = line.len() as u64 + vm.len() as u64 + 5;
+        if !self.bucket.take(cost, now) || crate::console::try_print_guest_line(vm, line).is_err() {
+            self.lines_dropped += 1;
+            self.bytes_dropped += line.len() as u64;
+        }
+    }
+}
+
+/// The CMOS clock of every VM starts at 2026-01-01 00:00:00 UTC (runs are reproducible).
+pub const CLOCK_START: u64 = 1_767_225_600;
+
+impl Vm {
+    /// Copies guest-physical `[gpa, gpa + buf.len())` into `buf`; false if it is not all guest
+    /// memory.
+    pub fn read_guest(&self, gpa: u64, buf: &mut [u8]) -> bool {
+        let fits = gpa
+            .checked_add(buf.len() as u64)
+            .is_some_and(|end| end <= self.mem_size);
+        if fits {
+            // SAFETY: [mem_hpa, mem_hpa + mem_size) was taken from the frame allocator for this
+            // VM alone and is identity-mapped; the range was checked to lie inside it. Guest
+            // vCPUs may write it meanwhile: the copy is of bytes, any value is valid.
+            unsafe {
+                core::ptr::copy_nonoverlapping(
+                    (self.mem_hpa + gpa) as *const u8,
+                    buf.as_mut_ptr(),
+                    buf.len(),
+                )
+            };
+        }
+        fits
+    }
+
+    /// The 8 bytes at guest-physical `gpa` (little-endian), or `None` outside guest memory.
+    #[inline]
+    pub fn read_guest_u64(&self, gpa: u64) -> Option<u64> {
+        if gpa.checked_add(8).is_some_and(|end| end <= self.mem_size) {
+            // SAFETY: as in `read_guest`: the 8 bytes lie inside this VM's own memory,
+            // identity-mapped; any bit pattern is a valid u64, and the read is unaligned-safe.
+            Some(unsafe { core::ptr::read_unaligned((self.mem_hpa + gpa) as *const u64) })
+        } else {
+            None
+        }
+    }
+
+    /// Logs `what` the first time `msr` is seen.
+    pub fn log_msr_once(&self, msr: u32, what: &str) {
+        let mut c = self.devices.lock();
+        if !c.logged_msrs.contains(&msr) && c.logged_msrs.len() < 64 {
+            c.logged_msrs.push(msr);
+            println!(
+                "vm {}: {what} MSR {msr:#x}: #GP injected (reported once)",
+                self.name
+            );
+        }
+    }
+
+    pub fn log_port_once(&self, port: u16, write: bool) {
+        let mut c = self.devices.lock();
+        if !c.logged_ports.contains(&port) && c.logged_ports.len() < 64 {
+            c.logged_ports.push(port);
+            let access = if write { "write to" } else { "read from" };
+            println!(
+                "vm {}: {access} unhandled I/O port {port:#x} (reads all ones, writes dropped; reported once)",
+                self.name
+            );
+        }
+    }
+}
+
+/// FNV-1a over the 4 KiB host page at `hpa` (RAM only).
+pub fn page_checksum(hpa: u64) -> u64 {
+    // SAFETY: called only for pages of RAM the hypervisor owns (its image, a VM's memory), all
+    // identity-mapped; read-only.
+    let page = unsafe { core::slice::from_raw_parts((hpa & !0xfff) as *const u8, 4096) };
+    page.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}

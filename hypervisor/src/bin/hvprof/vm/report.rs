@@ -1,0 +1,118 @@
+//! What is printed when a VM stops: the rest of its console line, why it stopped, an attack
+//! target's page checksum, the guest's IA32_LSTAR, and (at the end of the run) its exit
+//! statistics.
+
+use super::{GuestConsole, Stop, Vm, VmDevices, page_checksum};
+use crate::profiler;
+use crate::tsc::rdtsc;
+use crate::vcpu::LSTAR_SLOT;
+use crate::{print, println};
+use core::sync::atomic::Ordering;
+use hvprof_samplelog::{ExitStats, VmEnd};
+use hvprof_vmx::exit::BasicExit;
+
+/// After a VM's stop (all its vCPUs stopped): the rest of its console line, then why it stopped
+/// (`exit_stats` follows at the end of the run).
+pub fn finish(vm: &Vm, stop: &Stop) {
+    let (lines, bytes) = {
+        let mut guard = vm.devices.lock();
+        let VmDevices { board, console, .. } = &mut *guard;
+        if let Some(rest) = board.uart.flush() {
+            console.emit(&vm.name, rest, rdtsc());
+        }
+        (console.lines_dropped, console.bytes_dropped)
+    };
+    if lines > 0 {
+        println!(
+            "vm {}: {lines} console lines ({bytes} bytes) dropped: the guest printed faster than the console line carries ({} bytes/s, bursts of {} bytes)",
+            vm.name,
+            GuestConsole::LINE_BYTES_PER_SECOND,
+            GuestConsole::BURST
+        );
+    }
+    report(vm, stop);
+    if vm.linux {
+        // The guest kernel's system-call entry: with the offline symbols it gives the KASLR
+        // slide (`entry_SYSCALL_64` moves with the kernel), for hvprof-analyze.
+        let lstar = vm.vcpus[0].lock().msrs[LSTAR_SLOT];
+        println!("vm {}: guest IA32_LSTAR {lstar:#018x}", vm.name);
+    }
+}
+
+fn report(vm: &Vm, stop: &Stop) {
+    let name = &vm.name;
+    match stop {
+        Stop::Exited { code, how } => {
+            println!(
+                "vm {name}: stopped: exit code {code} ({how}) after {} ticks",
+                vm.run_ticks.load(Ordering::Relaxed)
+            )
+        }
+        Stop::WithVm => println!("vm {name}: stopped"),
+        Stop::Fault(report) => {
+            for (i, line) in report.lines().enumerate() {
+                if i == 0 {
+                    println!("vm {name}: stopped: {line}");
+                } else {
+                    println!("vm {name}:   {line}");
+                }
+            }
+        }
+        Stop::Budget => println!(
+            "vm {name}: stopped: run budget of {} ticks exhausted (budget= module argument)",
+            vm.budget
+        ),
+        Stop::WallBudget => println!(
+            "vm {name}: stopped: wall budget of {} ticks since its start exhausted after {} ticks of running (wall-budget= module argument)",
+            vm.wall_budget,
+            vm.run_ticks.load(Ordering::Relaxed)
+        ),
+        Stop::HaltedForever => println!(
+            "vm {name}: stopped: HLT with no event that could wake the vCPU (no virtual timer armed)"
+        ),
+    }
+    if let Some(t) = &vm.target {
+        match t.checksum {
+            Some(before) => {
+                let after = page_checksum(t.hpa);
+                println!(
+                    "vm {name}: target {} at host {:#x}: page checksum {before:#018x} before, {after:#018x} after: {}",
+                    t.what,
+                    t.hpa,
+                    if before == after {
+                        "unchanged"
+                    } else {
+                        "CHANGED"
+                    }
+                );
+            }
+            None => println!(
+                "vm {name}: target {} at {:#x} (not RAM: no checksum)",
+                t.what, t.hpa
+            ),
+        }
+    }
+}
+
+/// The VM's exit statistics (its vCPUs' added up): printed for people, and sent in the VM's end
+/// frame with its vCPU 0's IA32_LSTAR and its task offsets, for the analyzer. Done once every
+/// VM has stopped: on a slow console the table costs more than the run's last slices, and it
+/// would be sampled as theirs.
+pub fn exit_stats(vm: &Vm) {
+    let mut exits = ExitStats::default();
+    for v in &vm.vcpus {
+        exits.merge(&v.lock().stats);
+    }
+    print!("{}", exits.table(&vm.name, exit_name));
+    let lstar = vm.vcpus.first().map_or(0, |v| v.lock().msrs[LSTAR_SLOT]);
+    profiler::export::send_vm_end(&VmEnd {
+        vm: vm.index,
+        lstar,
+        task_offsets: vm.task_offsets,
+        exits,
+    });
+}
+
+pub fn exit_name(reason: u16) -> &'static str {
+    BasicExit::from_number(reason).map_or("UNKNOWN", |b| b.name())
+}

@@ -1,0 +1,317 @@
+//! The run loop: one slice of a vCPU on this pCPU, from VM entry to VM exit and back, with the
+//! profiler's sampling clock (the VMX-preemption timer) and the exits handed to `crate::vmexit`.
+
+use super::virtual_interrupts;
+use super::{Stop, Vm};
+use crate::profiler::{self, tasks};
+use crate::tsc::rdtsc;
+use crate::vcpu::Vcpu;
+use crate::vmexit;
+use alloc::format;
+use alloc::string::String;
+use core::sync::atomic::Ordering;
+use hvprof_samplelog::{EventKind, NO_EXIT, NO_VCPU, NO_VM, OutReason};
+use hvprof_vmx::caps::{VmxCaps, ept_cap};
+use hvprof_vmx::exit::BasicExit;
+use hvprof_vmx::instructions::{self, CurrentVmcs};
+use hvprof_vmx::vmcs::{Guest32, VmcsExt};
+
+/// How a slice of a vCPU's time ended.
+pub enum SliceEnd {
+    /// The slice ran out: the vCPU is still runnable.
+    Preempted,
+    /// The guest executed HLT: the vCPU blocks until its virtual timer (if any) fires.
+    Halted,
+    /// The VM stopped.
+    Stopped(Stop),
+}
+
+/// Runs vCPU `vcpu` of `vm` on this pCPU (`cpu`) until `slice_end` (TSC), a HLT, or its stop.
+/// The VMX-preemption timer stops the guest at the profiler's next sampling deadline, at the end
+/// of the slice and at the end of the VM's budget; while the hypervisor handles an exit,
+/// interrupts are on and the LAPIC timer takes the samples. With `release`, the VMCS is cleared
+/// at the end so that the vCPU may run on another pCPU next.
+pub fn run_slice(
+    vm: &Vm,
+    vcpu: &mut Vcpu,
+    cpu: usize,
+    release: bool,
+    caps: &VmxCaps,
+    slice_end: u64,
+) -> SliceEnd {
+    let here = crate::percpu::this();
+    if here.enter_vm(vm.index) {
+        crate::isolation::switch_vm(here.selectors().data);
+    }
+    let mut vmcs = match activate(vcpu, cpu, caps) {
+        Ok(v) => v,
+        Err(e) => return SliceEnd::Stopped(Stop::Fault(e)),
+    };
+    let end = run_loaded(vm, vcpu, &mut vmcs, caps, slice_end);
+    if release {
+        // SAFETY: VMX root operation; the VMCS is active on this CPU. VMCLEAR writes its state
+        // to memory and makes it inactive, so another CPU may VMPTRLD it (SDM Vol. 3C §25.11.1).
+        if let Err(e) = unsafe { instructions::vmclear(vcpu.vmcs) } {
+            return SliceEnd::Stopped(Stop::Fault(format!("VMCLEAR failed: {e}")));
+        }
+        vcpu.launched = false;
+        vcpu.host_cpu = None;
+    }
+    end
+}
+
+/// Makes the vCPU's VMCS current on pCPU `cpu`: VMPTRLD, and when the VMCS last held another
+/// pCPU's host state (it was cleared there), this pCPU's; when the vCPU last ran elsewhere, its
+/// VPID's cached translations here may be stale and are flushed (SDM Vol. 3C §29.4.3.3).
+fn activate(vcpu: &mut Vcpu, cpu: usize, caps: &VmxCaps) -> Result<CurrentVmcs, String> {
+    if let Some(other) = vcpu.host_cpu.filter(|&c| c != cpu) {
+        return Err(format!(
+            "scheduler bug: the VMCS is still active on pCPU {other} (not cleared before moving)"
+        ));
+    }
+    // SAFETY: in VMX root operation; the VMCS was prepared by `Vcpu::new` and is active on no
+    // other CPU (checked above: a vCPU that may move is cleared at the end of each slice).
+    unsafe { instructions::vmptrld(vcpu.vmcs) }.map_err(|e| format!("VMPTRLD failed: {e}"))?;
+    // SAFETY: VMX root operation with this vCPU's VMCS current, on this CPU only.
+    let mut vmcs = unsafe { CurrentVmcs::new() };
+    if vcpu.host_cpu.is_none() {
+        crate::vcpu::write_host_cpu_state(&mut vmcs).map_err(|e| format!("{e}"))?;
+        vcpu.host_cpu = Some(cpu);
+    }
+    if vcpu.last_cpu.is_some_and(|c| c != cpu) && caps.ept_cap(ept_cap::INVVPID) {
+        let kind = if caps.ept_cap(ept_cap::INVVPID_SINGLE) {
+            Some(instructions::InvVpidType::SingleContext)
+        } else if caps.ept_cap(ept_cap::INVVPID_ALL) {
+            Some(instructions::InvVpidType::AllContext)
+        } else {
+            None
+        };
+        if let Some(kind) = kind {
+            // SAFETY: VMX root operation; INVVPID of this type is supported (checked above);
+            // invalidating cached translations cannot break memory safety.
+            unsafe { instructions::invvpid(kind, vcpu.vpid, 0) }
+                .map_err(|e| format!("INVVPID failed: {e}"))?;
+        }
+    }
+    vcpu.last_cpu = Some(cpu);
+    Ok(vmcs)
+}
+
+/// The run loop of `run_slice`, with the VMCS current.
+fn run_loaded(
+    vm: &Vm,
+    vcpu: &mut Vcpu,
+    vmcs: &mut CurrentVmcs,
+    caps: &VmxCaps,
+    slice_end: u64,
+) -> SliceEnd {
+    let prof = profiler::this_cpu();
+    vcpu.load_state();
+    let shift = caps.preemption_timer_shift();
+    let start = rdtsc();
+    // The budget counts the VM's own running time (all its vCPUs').
+    let budget_end = start.saturating_add(
+        vm.budget
+            .saturating_sub(vm.run_ticks.load(Ordering::Relaxed)),
+    );
+    let wall_end = vm.wall_deadline.load(Ordering::Relaxed);
+    let deadline = budget_end.min(wall_end);
+    let mut exit_at: Option<(u16, u64)> = None;
+    // An exit for a sampling deadline (its cost is the profiler's): the TSC it began at, moved on
+    // by any export done inside it (counted as export), and its sample path and task read ticks.
+    let mut sampling_exit: Option<(u64, u64)> = None;
+    // The LAPIC timer samples the hypervisor while it handles an exit; a sampling exit leaves it
+    // unarmed (nothing runs but the path back into the guest).
+    let mut host_clock_armed = true;
+    // The last exit took the sampling clock's short path (no handler ran).
+    let mut short_path = false;
+    prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
+    prof.event(EventKind::VcpuIn, OutReason::Preempted);
+    // A Linux guest's devices need a look before an entry when an exit may have changed them
+    // (any exit but the VMX-preemption timer's), when their next event has come, or while an
+    // interrupt waits: not at the sampling clock's exits in between.
+    let mut devices_touched = true;
+    let mut device_event: Option<u64> = None;
+    let end = loop {
+        // A Linux guest's devices: raise what is due, inject what the guest can take now (with
+        // interrupts on, so the sampling clock sees this work for what it is).
+        if vm.linux && (devices_touched || device_event.is_some_and(|t| rdtsc() >= t)) {
+            if !host_clock_armed {
+                prof.arm_host_clock();
+                x86_64::instructions::interrupts::enable();
+                host_clock_armed = true;
+            }
+            let (next, waiting) = virtual_interrupts::before_entry(vm, vcpu, vmcs, caps, rdtsc());
+            device_event = next;
+            devices_touched = waiting;
+        }
+        // Interrupts stay off from here to the VM exit: a tick that falls in this window is
+        // taken as a hypervisor sample right here.
+        x86_64::instructions::interrupts::disable();
+        if host_clock_armed {
+            prof.disarm_host_clock();
+            host_clock_armed = false;
+        }
+        let now = rdtsc();
+        // A deadline that passed while the hypervisor worked is its sample, taken here; after a
+        // sampling exit's short path none can have (the guest sample just moved the deadline a
+        // period on).
+        if !short_path {
+            let _ = prof.sample_host_at(run_slice as *const () as u64, false, now);
+        }
+        short_path = false;
+        if vm.stopping.load(Ordering::Acquire) {
+            break SliceEnd::Stopped(Stop::WithVm);
+        }
+        if now >= deadline {
+            break SliceEnd::Stopped(if now >= budget_end {
+                Stop::Budget
+            } else {
+                Stop::WallBudget
+            });
+        }
+        if now >= slice_end {
+            break SliceEnd::Preempted;
+        }
+        // The VMX-preemption timer stops the guest at the next sampling deadline, the end of the
+        // slice, the end of the budget or its devices' next event, whichever comes first (SDM
+        // Vol. 3C §26.5.1).
+        let other = deadline
+            .min(slice_end)
+            .min(device_event.unwrap_or(u64::MAX));
+        let tick = prof.next_tick();
+        // The timer is set for a sampling deadline that nothing else needed.
+        let timer_for_sampling = tick < other;
+        let mut until = tick.min(other).saturating_sub(now);
+        // The guest runs at least a quarter of a period at each entry the sampling clock ends:
+        // with a period shorter than the exits it causes, it would otherwise never run at all.
+        if timer_for_sampling {
+            until = until.max(prof.period() / 4);
+        }
+        let timer = (until >> shift).min(u32::MAX as u64) as u32;
+        if let Err(e) = vmcs.write32(Guest32::PreemptionTimerValue, timer) {
+            break SliceEnd::Stopped(Stop::Fault(format!(
+                "VMWRITE of the preemption timer failed: {e}"
+            )));
+        }
+        if let Some((reason, t)) = exit_at.take() {
+            vcpu.stats.record(reason, rdtsc() - t);
+        }
+        // A sampling exit ends at the entry: it is booked after it, so that the booking is the
+        // only part of it left out.
+        let ending = sampling_exit.take();
+        let t_entry = rdtsc();
+        // SAFETY: the VMCS is current and complete (host state is this pCPU's); `launched`
+        // tracks VMLAUNCH since the last VMCLEAR.
+        let flags = unsafe { crate::vcpu::entry::vmx_run(&mut vcpu.regs, vcpu.launched as u64) };
+        let t_exit = rdtsc();
+        if let Some((t, inside)) = ending {
+            prof.sampling_exit_done(t, t_entry, inside);
+        }
+        if flags != 0 {
+            let why = hvprof_vmx::errors::VmFail::from_rflags(flags, || {
+                vmcs.read32(hvprof_vmx::vmcs::ReadOnly32::VmInstructionError)
+                    .unwrap_or(0)
+            });
+            let what = if vcpu.launched {
+                "VMRESUME"
+            } else {
+                "VMLAUNCH"
+            };
+            break SliceEnd::Stopped(Stop::Fault(match why {
+                Err(e) => format!("{what} failed: {e}"),
+                Ok(()) => format!("{what} returned with RFLAGS {flags:#x}"),
+            }));
+        }
+        let reason = match vmcs.exit_reason() {
+            Ok(r) => r,
+            Err(e) => {
+                break SliceEnd::Stopped(Stop::Fault(format!(
+                    "VMREAD of the exit reason failed: {e}"
+                )));
+            }
+        };
+        if reason.entry_failure() {
+            let qual = vmcs.exit_qualification().unwrap_or(0);
+            let detail = hvprof_vmx::errors::EntryFailure::decode(reason, qual)
+                .map(|f| format!("{f}"))
+                .unwrap_or_default();
+            break SliceEnd::Stopped(Stop::Fault(format!("VM entry failed: {reason} {detail}")));
+        }
+        vcpu.launched = true;
+        let preemption = reason.basic() == BasicExit::PreemptionTimer as u16;
+        // A VMX-preemption timer exit happens between instructions, never while an event is being
+        // delivered (SDM Vol. 3C §26.5.1 and §28.2.4: only exits that the delivery itself causes
+        // leave valid IDT-vectoring information), so the sampling clock's exits skip the check.
+        if !preemption {
+            virtual_interrupts::redeliver_interrupted_event(vmcs);
+        }
+        // The guest sample (if the deadline has come: the preemption timer's exit, or any exit
+        // that found it passed) carries the previous exit reason; then this exit becomes the
+        // last one.
+        let mut inside = 0;
+        if let Some(cost) = prof.sample_guest_if_due(vmcs, t_exit) {
+            inside = cost;
+            if let Some(off) = &vm.task_offsets {
+                let t = rdtsc();
+                tasks::track_task(vm, vcpu, vmcs, off, t_exit);
+                let ticks = rdtsc() - t;
+                prof.costs.task_reads.add(ticks);
+                inside += ticks;
+            }
+        }
+        if vcpu.last_exit != reason.basic() {
+            vcpu.last_exit = reason.basic();
+            prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
+        }
+        exit_at = Some((reason.basic(), t_exit));
+        if preemption && timer_for_sampling {
+            sampling_exit = Some((t_exit, inside));
+        }
+        // The sampling clock's exit: nothing to handle. Straight back into the guest, unless the
+        // ring or the console has something to move on (done below, where it is sampled).
+        if preemption && !profiler::export::wants_drain(prof) && !crate::console::pump_due(t_exit) {
+            short_path = matches!(sampling_exit, Some((_, sampled)) if sampled > 0);
+            continue;
+        }
+        devices_touched |= !preemption;
+        prof.arm_host_clock();
+        host_clock_armed = true;
+        x86_64::instructions::interrupts::enable();
+        let flow = vmexit::handle(vm, vcpu, vmcs, reason);
+        x86_64::instructions::interrupts::disable();
+        match flow {
+            vmexit::Flow::Resume => {}
+            vmexit::Flow::Halt => break SliceEnd::Halted,
+            vmexit::Flow::Stop(stop) => break SliceEnd::Stopped(stop),
+        }
+        x86_64::instructions::interrupts::enable();
+        let export = profiler::export::drain_if_full(prof);
+        if let Some((t, _)) = &mut sampling_exit {
+            *t += export;
+        }
+        crate::console::pump();
+    };
+    x86_64::instructions::interrupts::disable();
+    if let Some((reason, t)) = exit_at.take() {
+        vcpu.stats.record(reason, rdtsc() - t);
+    }
+    if let Some((t, inside)) = sampling_exit.take() {
+        prof.sampling_exit_done(t, rdtsc(), inside);
+    }
+    if host_clock_armed {
+        prof.disarm_host_clock();
+    }
+    prof.event(
+        EventKind::VcpuOut,
+        match end {
+            SliceEnd::Preempted => OutReason::Preempted,
+            SliceEnd::Halted => OutReason::Halted,
+            SliceEnd::Stopped(_) => OutReason::Stopped,
+        },
+    );
+    prof.set_current(NO_VM, NO_VCPU, 0, NO_EXIT);
+    vm.run_ticks.fetch_add(rdtsc() - start, Ordering::Relaxed);
+    vcpu.save_state();
+    end
+}
