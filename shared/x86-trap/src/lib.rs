@@ -1,6 +1,6 @@
 //! x86-64 exception entry and fault-tolerant MSR access, shared by the hypervisor
-//! (`hypervisor/src/arch/`) and the test guests (`guests/`), which both run at CPL 0 in 64-bit
-//! mode without the `x86-interrupt` ABI (stable Rust has none).
+//! (`hypervisor/src/bin/hvprof/arch/`) and the test guests (`guests/`), which both run at CPL 0
+//! in 64-bit mode without the `x86-interrupt` ABI (stable Rust has none).
 //!
 //! - [`trap_stubs!`] emits 256 entry stubs, one per vector, [`STUB_SIZE`] bytes apart from the
 //!   symbol `hvprof_trap_stubs`. Each pushes a dummy error code where the CPU pushes none (SDM

@@ -12,10 +12,7 @@
 extern crate alloc;
 
 mod acpi;
-// The CPU's own tables and devices (GDT/TSS, IDT and exception handlers, local APIC, MSRs): bare
-// metal like the rest of this binary, kept at `hypervisor/src/arch/` for now (issue 16: another
-// change is reworking it in place).
-#[path = "../../arch/mod.rs"]
+// The CPU's own tables and devices (GDT/TSS, IDT and exception handlers, local APIC, MSRs).
 mod arch;
 mod console;
 mod isolation;
