@@ -57,7 +57,7 @@ const CAPTURES: [Capture; 4] = [
     // CPUID, I/O and VMCALL exits: the hypervisor at work.
     Capture {
         log: "vm-exit-stats.log",
-        hypervisor: "hvprof-6c46cb03.sym",
+        hypervisor: "hvprof-401c55b7.sym",
         image: "busy.elf",
     },
 ];
@@ -505,6 +505,22 @@ fn stat_reads_the_exact_tables_and_estimates_from_samples() {
         .collect();
     for want in ["CPUID", "IO_INSTRUCTION", "VMCALL"] {
         assert!(reasons.contains(want), "{reasons:?}");
+    }
+    // From the VM end frame, exactly as the guest made them (`busy cpuid=1000 vmcall=200`),
+    // with the handler-cost histogram holding every exit and its median bucket within min..max.
+    let row = |name: &str| exact.iter().find(|r| r["reason"] == name).unwrap();
+    assert_eq!(row("CPUID")["count"], 1000);
+    assert_eq!(row("VMCALL")["count"], 200);
+    for r in exact {
+        let n: u64 = r["histogram"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["count"].as_u64().unwrap())
+            .sum();
+        assert_eq!(n, r["count"].as_u64().unwrap(), "{r}");
+        let median = &r["median_bucket"];
+        assert!(median["from_ticks"].as_u64().unwrap() <= r["max_ticks"].as_u64().unwrap());
     }
     // The exact shares add up; the estimate counts the hypervisor's samples on the VM's exits.
     let share: f64 = exact
