@@ -14,3 +14,4 @@ pub mod linux_boot;
 pub mod profiler;
 pub mod rate;
 pub mod vm_config;
+pub mod vmcs_setup;

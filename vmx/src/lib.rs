@@ -15,6 +15,8 @@
 pub mod caps;
 pub mod errors;
 pub mod exit;
+#[cfg(any(test, feature = "fake-vmcs"))]
+pub mod fake;
 pub mod guest;
 #[cfg(target_arch = "x86_64")]
 pub mod instructions;

@@ -636,7 +636,6 @@ impl<T: VmcsAccess + ?Sized> VmcsExt for T {}
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     /// Every field of every enum as (encoding, width, type, writable).
     fn all_fields() -> Vec<(u32, Width, FieldType, bool, &'static str)> {
@@ -747,37 +746,7 @@ mod tests {
         }
     }
 
-    /// A fake current VMCS: the fields of this crate's enums exist; VMREAD/VMWRITE of anything else
-    /// fails with error 12, VMWRITE of a read-only field with error 13 (SDM Vol. 3C §32.3).
-    struct FakeVmcs(HashMap<u32, u64>);
-
-    impl FakeVmcs {
-        fn new() -> Self {
-            FakeVmcs(all_fields().iter().map(|f| (f.0, 0)).collect())
-        }
-        fn unsupported() -> VmFail {
-            VmFail::Valid(InstructionError::UnsupportedComponent)
-        }
-    }
-
-    impl VmcsAccess for FakeVmcs {
-        fn read(&self, encoding: u32) -> Result<u64, VmFail> {
-            let v = *self.0.get(&encoding).ok_or_else(Self::unsupported)?;
-            Ok(match width_of(encoding) {
-                Width::Bits16 => v & 0xffff,
-                Width::Bits32 => v & 0xffff_ffff,
-                Width::Bits64 | Width::Natural => v,
-            })
-        }
-        fn write(&mut self, encoding: u32, value: u64) -> Result<(), VmFail> {
-            let slot = self.0.get_mut(&encoding).ok_or_else(Self::unsupported)?;
-            if type_of(encoding) == FieldType::ReadOnly {
-                return Err(VmFail::Valid(InstructionError::WriteReadOnlyComponent));
-            }
-            *slot = value;
-            Ok(())
-        }
-    }
+    use crate::fake::FakeVmcs;
 
     #[test]
     fn typed_access_through_a_fake_vmcs() {

@@ -235,7 +235,7 @@ fn cr_access(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     let ctx = cr_context(vmcs);
     let faults = match q.cr {
         0 => hvprof_vmx::guest::cr0_write_faults(value, &ctx),
-        4 => hvprof_vmx::guest::cr4_write_faults(value, vcpu.cr4_fixed.1, &ctx),
+        4 => hvprof_vmx::guest::cr4_write_faults(value, vcpu.fixed.cr4.1, &ctx),
         _ => false,
     };
     if faults {
