@@ -9,16 +9,16 @@ use crate::bits::{ByteReader, Malformed};
 use crate::cobs;
 use crate::codec;
 use crate::encode::{
-    CRC32C, FRAME_BLOCK, FRAME_END, FRAME_HEADER, FRAME_PCPU_COST, FRAME_TASK, FRAME_VM_END, MAGIC,
-    MAX_BLOCK_RECORDS, MAX_END_PCPUS, MAX_FRAME_BYTES, MAX_FRAME_TYPE,
+    CRC32C, FRAME_BLOCK, FRAME_END, FRAME_HEADER, FRAME_MAPPING, FRAME_PCPU_COST, FRAME_TASK,
+    FRAME_VM_END, MAGIC, MAX_BLOCK_RECORDS, MAX_END_PCPUS, MAX_FRAME_BYTES, MAX_FRAME_TYPE,
 };
 use crate::stats::{
     EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, PcpuCost, ReasonStats, TaskOffsets,
     VmEnd,
 };
 use crate::types::{
-    BUILD_ID_LEN, BlockHeader, BuildId, COMM_LEN, FixedStr, Header, MAX_VMS, PcpuTotals, Record,
-    Task, VmInfo,
+    BUILD_ID_LEN, BlockHeader, BuildId, COMM_LEN, FixedStr, Header, MAX_VMS, Mapping, MappingKind,
+    PATH_LEN, PcpuTotals, Record, Task, VmInfo,
 };
 
 /// Spans (bytes between two `0x00`) longer than this are classified in pieces, bounding memory.
@@ -109,7 +109,14 @@ pub enum Item<'a> {
         /// What it carried.
         cost: PcpuCost,
     },
-    /// A valid frame of a type this decoder does not know (7..=8).
+    /// A mapping frame: executable code a guest maps (a process's file or a module).
+    Mapping {
+        /// Stream offset of the frame.
+        offset: u64,
+        /// The mapping.
+        mapping: &'a Mapping,
+    },
+    /// A valid frame of a type this decoder does not know (8..=15).
     Unknown {
         /// Stream offset of the frame.
         offset: u64,
@@ -136,6 +143,7 @@ enum Parsed {
     Task(Task),
     VmEnd,
     PcpuCost(PcpuCost),
+    Mapping,
     Unknown(u8),
 }
 
@@ -146,6 +154,7 @@ struct Scratch {
     header: Box<Header>,
     totals: Vec<PcpuTotals>,
     vm_end: Box<VmEnd>,
+    mapping: Box<Mapping>,
 }
 
 /// Incremental decoder: feed it the capture in chunks of any size.
@@ -177,6 +186,7 @@ impl StreamDecoder {
                 header: Box::default(),
                 totals: Vec::new(),
                 vm_end: Box::default(),
+                mapping: Box::default(),
             },
         }
     }
@@ -358,6 +368,10 @@ impl Scratch {
                 vm_end: &self.vm_end,
             },
             Parsed::PcpuCost(cost) => Item::PcpuCost { offset, cost },
+            Parsed::Mapping => Item::Mapping {
+                offset,
+                mapping: &self.mapping,
+            },
             Parsed::Unknown(frame_type) => Item::Unknown { offset, frame_type },
         });
     }
@@ -428,6 +442,7 @@ impl Scratch {
             FRAME_TASK => parse_task(body).map(|(t, n)| (Parsed::Task(t), n)),
             FRAME_VM_END => parse_vm_end(body, &mut self.vm_end).map(|n| (Parsed::VmEnd, n)),
             FRAME_PCPU_COST => parse_pcpu_cost(body).map(|(c, n)| (Parsed::PcpuCost(c), n)),
+            FRAME_MAPPING => parse_mapping(body, &mut self.mapping).map(|n| (Parsed::Mapping, n)),
             t => Ok((Parsed::Unknown(t), body.len())),
         }
     }
@@ -583,6 +598,31 @@ fn parse_vm_end(body: &[u8], v: &mut VmEnd) -> Result<usize, Malformed> {
     Ok(r.pos())
 }
 
+fn parse_mapping(body: &[u8], m: &mut Mapping) -> Result<usize, Malformed> {
+    let mut r = ByteReader::new(body);
+    let u32v = |v: u64| u32::try_from(v).map_err(|_| Malformed);
+    m.pcpu = r.varint_u16()?;
+    m.tsc = r.varint()?;
+    m.vm = r.varint_u16()?;
+    m.vcpu = r.varint_u16()?;
+    m.kind = match r.u8()? {
+        0 => MappingKind::Process,
+        1 => MappingKind::Module,
+        _ => return Err(Malformed),
+    };
+    m.cr3 = r.varint()?;
+    m.tgid = u32v(r.varint()?)?;
+    m.start = r.varint()?;
+    m.end = r.varint()?;
+    m.pgoff = r.varint()?;
+    if m.start >= m.end {
+        return Err(Malformed);
+    }
+    m.path = FixedStr::from_utf8(short_bytes(&mut r, PATH_LEN)?).ok_or(Malformed)?;
+    m.build_id = BuildId::new(short_bytes(&mut r, BUILD_ID_LEN)?).map_err(|_| Malformed)?;
+    Ok(r.pos())
+}
+
 fn parse_pcpu_cost(body: &[u8]) -> Result<(PcpuCost, usize), Malformed> {
     let mut r = ByteReader::new(body);
     let c = PcpuCost {
@@ -734,6 +774,8 @@ pub struct Decoded {
     pub vm_ends: Vec<VmEnd>,
     /// pCPU cost frames, in stream order.
     pub costs: Vec<PcpuCost>,
+    /// Mapping frames, in stream order.
+    pub mappings: Vec<Mapping>,
     /// Damaged frames and unrecognised bytes, in stream order.
     pub damaged: Vec<Damage>,
     /// Console text, in stream order.
@@ -953,6 +995,10 @@ impl Collector {
                 self.d.frames += 1;
                 self.d.costs.push(cost);
             }
+            Item::Mapping { mapping, .. } => {
+                self.d.frames += 1;
+                self.d.mappings.push(*mapping);
+            }
             Item::Unknown { .. } => {
                 self.d.frames += 1;
                 self.d.unknown_frames += 1;
@@ -1095,6 +1141,7 @@ enum Meta {
     Task(Task, u64),
     VmEnd(Box<VmEnd>, u64),
     PcpuCost(PcpuCost, u64),
+    Mapping(Box<Mapping>, u64),
     Block(BlockHeader, u64, u64, Option<(u64, u64)>),
     End(Vec<PcpuTotals>, u64),
     Unknown(u64, u8),
@@ -1207,6 +1254,9 @@ fn decode_parts<A: Send>(
                         Item::PcpuCost { offset, cost } => {
                             meta.push(Meta::PcpuCost(cost, offset));
                         }
+                        Item::Mapping { offset, mapping } => {
+                            meta.push(Meta::Mapping(Box::new(*mapping), offset));
+                        }
                         Item::Unknown { offset, frame_type } => {
                             meta.push(Meta::Unknown(offset, frame_type));
                         }
@@ -1248,6 +1298,10 @@ fn collect_parts<A>(bytes: &[u8], results: Vec<(A, Vec<Meta>)>) -> (Decoded, Vec
                     vm_end: &vm_end,
                 }),
                 Meta::PcpuCost(cost, offset) => col.push(Item::PcpuCost { offset, cost }),
+                Meta::Mapping(mapping, offset) => col.push(Item::Mapping {
+                    offset,
+                    mapping: &mapping,
+                }),
                 Meta::Unknown(offset, frame_type) => col.push(Item::Unknown { offset, frame_type }),
                 Meta::Text(offset, text) => col.push(Item::Text {
                     offset,
@@ -1448,6 +1502,13 @@ mod stats_frame_tests {
             }
             if let Ok((_, n)) = parse_pcpu_cost(&body) {
                 prop_assert!(n <= body.len());
+            }
+            let mut m = Mapping::default();
+            if let Ok(n) = parse_mapping(&body, &mut m) {
+                prop_assert!(n <= body.len() && m.start < m.end);
+                let mut buf = vec![0u8; crate::MAX_MAPPING_FRAME_LEN];
+                let len = crate::encode_mapping(&m, &mut buf).unwrap();
+                prop_assert_eq!(&crate::decode(&buf[..len]).mappings, &vec![m]);
             }
         }
     }

@@ -7,7 +7,9 @@ use crate::bits::ByteWriter;
 use crate::cobs;
 use crate::codec;
 use crate::stats::{EXIT_PORTS, EXIT_REASONS, HISTOGRAM_BUCKETS, PcpuCost, VmEnd};
-use crate::types::{BlockHeader, COMM_LEN, Header, PcpuTotals, Record, Task};
+use crate::types::{
+    BUILD_ID_LEN, BlockHeader, COMM_LEN, Header, Mapping, PATH_LEN, PcpuTotals, Record, Task,
+};
 
 /// The first three payload bytes of every frame.
 pub const MAGIC: [u8; 3] = *b"HVP";
@@ -23,8 +25,10 @@ pub const FRAME_TASK: u8 = 4;
 pub const FRAME_VM_END: u8 = 5;
 /// Frame type of a pCPU cost frame (the profiler's whole cost on one pCPU).
 pub const FRAME_PCPU_COST: u8 = 6;
+/// Frame type of a mapping frame (a guest process's executable file mapping, or a module).
+pub const FRAME_MAPPING: u8 = 7;
 /// Frame types up to this value are recognised as frames (unknown ones are reported, not decoded).
-pub const MAX_FRAME_TYPE: u8 = 8;
+pub const MAX_FRAME_TYPE: u8 = 15;
 /// Most records in one block frame.
 pub const MAX_BLOCK_RECORDS: usize = 1024;
 /// Most pCPU entries in one end frame.
@@ -360,6 +364,34 @@ pub fn encode_pcpu_cost(c: &PcpuCost, out: &mut [u8]) -> Result<usize, EncodeErr
         ] {
             w.varint(v);
         }
+        finish(&w)
+    })
+}
+
+/// Buffer size that always holds a mapping frame.
+pub const MAX_MAPPING_FRAME_LEN: usize =
+    frame_buffer_len(4 + 3 * 3 + 10 + 1 + 10 + 5 + 3 * 10 + 1 + PATH_LEN + 1 + BUILD_ID_LEN + 4);
+
+/// Encodes a mapping frame into `out` (size it with [`MAX_MAPPING_FRAME_LEN`]); returns the
+/// frame length.
+///
+/// # Errors
+/// `BufferTooSmall`.
+pub fn encode_mapping(m: &Mapping, out: &mut [u8]) -> Result<usize, EncodeError> {
+    write_frame(out, FRAME_MAPPING, |body| {
+        let mut w = ByteWriter::new(body);
+        w.varint(u64::from(m.pcpu));
+        w.varint(m.tsc);
+        w.varint(u64::from(m.vm));
+        w.varint(u64::from(m.vcpu));
+        w.u8(m.kind as u8);
+        w.varint(m.cr3);
+        w.varint(u64::from(m.tgid));
+        w.varint(m.start);
+        w.varint(m.end);
+        w.varint(m.pgoff);
+        short_bytes(&mut w, m.path.as_str().as_bytes());
+        short_bytes(&mut w, m.build_id.as_bytes());
         finish(&w)
     })
 }

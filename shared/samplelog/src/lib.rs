@@ -25,7 +25,7 @@
 //!
 //! A reader splits the stream at every `0x00` and classifies each non-empty span:
 //! - a **frame** if its bytes 1..4 are `"HVP"`, its byte 0 (the first COBS code) is ≥ 5 and its
-//!   byte 4 (the frame type) is in `1..=8` — these bytes are the payload's first group, which COBS
+//!   byte 4 (the frame type) is in `1..=15` — these bytes are the payload's first group, which COBS
 //!   copies verbatim — and it decodes: CRC and structure correct;
 //! - a **damaged frame** if it looks like one (the three conditions above) but does not decode,
 //!   unless the rest of the span is valid UTF-8 (console text that happens to contain the
@@ -42,8 +42,8 @@
 //! ```text
 //! offset  size  field
 //! 0       3     magic "HVP" (0x48 0x56 0x50)
-//! 3       1     frame type: 1 header, 2 block, 3 end, 4 task, 5 VM end, 6 pCPU cost
-//!               (7..=8 reserved: skipped, counted)
+//! 3       1     frame type: 1 header, 2 block, 3 end, 4 task, 5 VM end, 6 pCPU cost,
+//!               7 mapping (8..=15 reserved: skipped, counted)
 //! 4       n     body (per type, below)
 //! 4+n     4     CRC-32C of bytes 0..4+n, little-endian
 //! ```
@@ -254,6 +254,22 @@
 //! ```
 //! The whole cost is `sampling_exit_ticks + timer_ticks + other_sample_ticks + export_ticks`.
 //!
+//! ### Mapping body (type 7)
+//!
+//! Executable code a guest maps ([`Mapping`]), read by the hypervisor from the guest's memory:
+//! an executable file mapping of a process (when the process is first seen or has exec'd), or a
+//! loaded kernel module.
+//!
+//! ```text
+//! varint  pcpu, tsc, vm, vcpu
+//! u8      kind             0 process mapping, 1 kernel module
+//! varint  cr3, tgid        the process (0 for a module; tgid a u32)
+//! varint  start, end       start < end
+//! varint  pgoff            file offset of start, in 4 KiB pages (0 for a module)
+//! bytes8  path             UTF-8, 0..=255 bytes: the file's path, or the module's name
+//! bytes8  build_id         0..=20 bytes (0 = not read)
+//! ```
+//!
 //! ## Size
 //!
 //! On the synthetic trace of `synth` (1 kHz samples with jitter, a few hot functions per
@@ -289,10 +305,11 @@ pub mod synth;
 
 pub use cobs::max_encoded_len as cobs_max_encoded_len;
 pub use encode::{
-    BlockEncoder, EncodeError, FRAME_BLOCK, FRAME_END, FRAME_HEADER, FRAME_PCPU_COST, FRAME_TASK,
-    FRAME_VM_END, MAGIC, MAX_BLOCK_RECORDS, MAX_END_PCPUS, MAX_FRAME_TYPE, MAX_HEADER_FRAME_LEN,
-    MAX_PCPU_COST_FRAME_LEN, MAX_TASK_FRAME_LEN, MAX_VM_END_FRAME_LEN, crc32c, encode_block,
-    encode_end, encode_header, encode_pcpu_cost, encode_task, encode_vm_end, frame_buffer_len,
+    BlockEncoder, EncodeError, FRAME_BLOCK, FRAME_END, FRAME_HEADER, FRAME_MAPPING,
+    FRAME_PCPU_COST, FRAME_TASK, FRAME_VM_END, MAGIC, MAX_BLOCK_RECORDS, MAX_END_PCPUS,
+    MAX_FRAME_TYPE, MAX_HEADER_FRAME_LEN, MAX_MAPPING_FRAME_LEN, MAX_PCPU_COST_FRAME_LEN,
+    MAX_TASK_FRAME_LEN, MAX_VM_END_FRAME_LEN, crc32c, encode_block, encode_end, encode_header,
+    encode_mapping, encode_pcpu_cost, encode_task, encode_vm_end, frame_buffer_len,
     max_block_frame_len, max_end_frame_len,
 };
 pub use stats::{
@@ -301,9 +318,9 @@ pub use stats::{
 };
 pub use types::{
     BUILD_ID_LEN, BlockHeader, BuildId, COMM_LEN, CapacityError, Event, EventKind, FORMAT_VERSION,
-    FixedStr, Header, IMAGE_NAME_LEN, MAX_VMS, MODE_LONG, MODE_PROTECTED, MODE_REAL, NO_EXIT,
-    NO_VCPU, NO_VM, OutReason, PcpuTotals, Record, SOURCE_DEADLINE, SOURCE_PMU, Sample, SampleKind,
-    Task, VM_NAME_LEN, VmInfo, VmList, guest_mode,
+    FixedStr, Header, IMAGE_NAME_LEN, MAX_VMS, MODE_LONG, MODE_PROTECTED, MODE_REAL, Mapping,
+    MappingKind, NO_EXIT, NO_VCPU, NO_VM, OutReason, PATH_LEN, PcpuTotals, Record, SOURCE_DEADLINE,
+    SOURCE_PMU, Sample, SampleKind, Task, VM_NAME_LEN, VmInfo, VmList, guest_mode,
 };
 
 #[cfg(feature = "std")]

@@ -587,3 +587,50 @@ pub struct Task {
     /// The task's name.
     pub comm: FixedStr<COMM_LEN>,
 }
+
+/// Capacity of `Mapping::path` (a longer path keeps its end: the hypervisor cuts it from the
+/// left and marks the cut with `…`).
+pub const PATH_LEN: usize = 255;
+
+/// What a [`Mapping`] maps.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MappingKind {
+    /// An executable file mapping of a guest process (`path` is the file).
+    #[default]
+    Process = 0,
+    /// A loaded guest kernel module (`path` is its name).
+    Module = 1,
+}
+
+/// Executable code a guest maps, read from its memory by the hypervisor (mapping frame, type 7):
+/// a file mapping of a process when the process is first seen (and after an exec), a kernel
+/// module when the module list changes. Samples of that process (module) in `start..end` belong
+/// to that file (module) from `tsc` on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Mapping {
+    /// The pCPU that read it.
+    pub pcpu: u16,
+    /// The TSC at which it was read.
+    pub tsc: u64,
+    /// VM index.
+    pub vm: u16,
+    /// The vCPU whose memory view was read.
+    pub vcpu: u16,
+    /// Process mapping or module.
+    pub kind: MappingKind,
+    /// Process: its CR3 when read (its address space; 0 for a module).
+    pub cr3: u64,
+    /// Process: its id (Linux `tgid`; 0 for a module).
+    pub tgid: u32,
+    /// First address mapped.
+    pub start: u64,
+    /// First address past the mapping (`> start`).
+    pub end: u64,
+    /// Process: the file offset of `start`, in 4 KiB pages (`vm_pgoff`); 0 for a module.
+    pub pgoff: u64,
+    /// Process: the file's path (`/usr/lib/x86_64-linux-gnu/libc.so.6`); module: its name.
+    pub path: FixedStr<PATH_LEN>,
+    /// The file's GNU build id when it could be read (the ELF note in memory), else none.
+    pub build_id: BuildId,
+}

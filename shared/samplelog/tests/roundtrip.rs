@@ -12,6 +12,7 @@ use hvprof_samplelog::{
     MAX_VM_END_FRAME_LEN, PcpuCost, ReasonStats, TaskOffsets, VmEnd, encode_pcpu_cost,
     encode_vm_end,
 };
+use hvprof_samplelog::{MAX_MAPPING_FRAME_LEN, Mapping, MappingKind, encode_mapping};
 use proptest::prelude::*;
 
 /// Values that repeat (so the delta coder's "unchanged" and history paths run), extremes, and
@@ -294,6 +295,42 @@ proptest! {
         prop_assert_eq!(d.unknown_frames, 0);
         let (p, _) = decode_parallel(&bytes, 2, || (), |_, _, _| {});
         prop_assert_eq!(&p.vm_ends, &vec![v]);
+    }
+
+    #[test]
+    fn mapping_round_trips(
+        maps in prop::collection::vec(
+            (any::<u16>(), any::<u64>(), any::<u16>(), any::<u16>(), any::<bool>(), u64_field(),
+             any::<u32>(), u64_field(), 1u64..1 << 40, any::<u64>(), "\\PC{0,300}",
+             prop::collection::vec(any::<u8>(), 0..=20)),
+            1..6,
+        ),
+    ) {
+        let maps: Vec<Mapping> = maps
+            .into_iter()
+            .map(|(pcpu, tsc, vm, vcpu, module, cr3, tgid, start, len, pgoff, path, id)| Mapping {
+                pcpu, tsc, vm, vcpu,
+                kind: if module { MappingKind::Module } else { MappingKind::Process },
+                cr3, tgid,
+                start,
+                end: start.saturating_add(len),
+                pgoff,
+                path: FixedStr::truncated(&path),
+                build_id: BuildId::new(&id).unwrap(),
+            })
+            .filter(|m| m.start < m.end)
+            .collect();
+        let mut bytes = b"text\n".to_vec();
+        let mut buf = vec![0u8; MAX_MAPPING_FRAME_LEN];
+        for m in &maps {
+            let n = encode_mapping(m, &mut buf).unwrap();
+            bytes.extend_from_slice(&buf[..n]);
+        }
+        let d = decode(&bytes);
+        prop_assert_eq!(&d.mappings, &maps);
+        prop_assert!(d.damaged.is_empty());
+        let (p, _) = decode_parallel(&bytes, 2, || (), |_, _, _| {});
+        prop_assert_eq!(&p.mappings, &maps);
     }
 
     #[test]
