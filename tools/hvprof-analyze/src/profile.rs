@@ -499,6 +499,25 @@ impl Classified {
                     slot.stack = id;
                 }
             }
+            // The stacks split by task are no one's now: drop them.
+            let mut remap = vec![0u32; samples.stacks.len()];
+            let mut kept = 0u32;
+            for (i, r) in remap.iter_mut().enumerate() {
+                if i >= timed.len() || !timed[i] {
+                    *r = kept;
+                    kept += 1;
+                }
+            }
+            let mut i = 0;
+            samples.stacks.retain(|_| {
+                i += 1;
+                i > timed.len() || !timed[i - 1]
+            });
+            for (_, list) in samples.pcpus.iter_mut() {
+                for slot in list.iter_mut() {
+                    slot.stack = remap[slot.stack as usize];
+                }
+            }
         }
         // Named once per distinct (what, VM, exit, address, process), then merged by name.
         type FrameKey = (What, u16, u16, u64, Option<ProcessKey>);
