@@ -330,11 +330,17 @@ impl CostSum {
 }
 
 /// What one decoding thread classified: its distinct keys with their counts, each pCPU's
-/// samples (TSC, key index) in stream order, the scheduling events, the cost.
+/// samples (TSC, key index) in stream order, the scheduling events, the cost. A key is found
+/// in two steps, so that the per-sample table stays small (it is the one random access per
+/// sample): its context (all but the address; consecutive samples mostly share it), then
+/// (address, context).
 #[derive(Default)]
 struct Part {
-    ids: HashMap<Key, u32>,
-    keys: Vec<(Key, u64)>,
+    contexts: HashMap<Key, u32>,
+    context_keys: Vec<Key>,
+    /// (address, context) → (key index, samples).
+    ids: HashMap<(u64, u32), (u32, u64)>,
+    keys: Vec<Key>,
     lists: HashMap<u16, Vec<Slot>>,
     events: Vec<(u16, Event)>,
     cost: CostSum,
@@ -344,6 +350,7 @@ impl Part {
     fn add(&mut self, pcpu: u16, records: &[Record]) {
         let list = self.lists.entry(pcpu).or_default();
         list.reserve(records.len());
+        let mut last: Option<(Key, u32)> = None;
         for r in records {
             let s = match r {
                 Record::Sample(s) => s,
@@ -357,17 +364,39 @@ impl Part {
             self.cost.min = self.cost.min.min(cost);
             self.cost.max = self.cost.max.max(cost);
             let key = classify(pcpu, s);
+            let context = Key { addr: 0, ..key };
+            let ctx = match last {
+                Some((c, i)) if c == context => i,
+                _ => {
+                    let keys = &mut self.context_keys;
+                    let i = *self.contexts.entry(context).or_insert_with(|| {
+                        keys.push(context);
+                        (keys.len() - 1) as u32
+                    });
+                    last = Some((context, i));
+                    i
+                }
+            };
             let keys = &mut self.keys;
-            let id = *self.ids.entry(key).or_insert_with(|| {
-                keys.push((key, 0));
-                (keys.len() - 1) as u32
+            let entry = self.ids.entry((key.addr, ctx)).or_insert_with(|| {
+                keys.push(key);
+                ((keys.len() - 1) as u32, 0)
             });
-            keys[id as usize].1 += 1;
+            entry.1 += 1;
             list.push(Slot {
                 tsc: s.tsc,
-                stack: id,
+                stack: entry.0,
             });
         }
+    }
+
+    /// Each key with its samples, by key index.
+    fn counted_keys(&self) -> Vec<(Key, u64)> {
+        let mut out: Vec<(Key, u64)> = self.keys.iter().map(|&k| (k, 0)).collect();
+        for &(id, n) in self.ids.values() {
+            out[id as usize].1 = n;
+        }
+        out
     }
 }
 
@@ -408,9 +437,9 @@ impl Classified {
         let mut len = 0usize;
         for part in parts {
             let remap: Vec<u32> = part
-                .keys
-                .iter()
-                .map(|&(k, n)| {
+                .counted_keys()
+                .into_iter()
+                .map(|(k, n)| {
                     let id = *ids.entry(k).or_insert_with(|| {
                         stacks.push(Stack {
                             what: k.what,
@@ -432,11 +461,16 @@ impl Classified {
                 .collect();
             for (pcpu, list) in part.lists {
                 len += list.len();
+                let mut list = list;
+                for s in &mut list {
+                    s.stack = remap[s.stack as usize];
+                }
                 let to = lists.entry(pcpu).or_default();
-                to.extend(list.into_iter().map(|s| Slot {
-                    tsc: s.tsc,
-                    stack: remap[s.stack as usize],
-                }));
+                if to.is_empty() {
+                    *to = list;
+                } else {
+                    to.extend_from_slice(&list);
+                }
             }
             events.extend(part.events);
             cost.merge(part.cost);
