@@ -335,6 +335,118 @@ pub struct Report {
     pub warnings: Vec<String>,
 }
 
+/// One table of the report as every renderer shows it (`text.rs`, `html.rs`): which level, its
+/// title, the lines above it, its rows. The renderers differ only in markup.
+pub struct Section<'a> {
+    pub level: Level,
+    /// `VM guestOS1 (guestOS1.elf)`, `VM guestOS1 vCPU 1`, `Host level`.
+    pub title: String,
+    /// `Total samples: N`.
+    pub total: String,
+    /// `HYPERVISOR:VM:IDLE = ...` or `OS:USER:IDLE:steal = ...`.
+    pub split: String,
+    /// The exact split from the scheduling events, when the log has them.
+    pub exact: Option<String>,
+    pub rows: &'a [Row],
+}
+
+/// A section's level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Host,
+    Vm,
+    Vcpu,
+}
+
+impl Report {
+    /// The tables in order: the host level (unless `only_vm`), then each VM (or only the one
+    /// named `only_vm`) followed by its vCPUs when it has more than one.
+    pub fn sections(&self, only_vm: Option<&str>) -> Vec<Section<'_>> {
+        let mut out = Vec::new();
+        if only_vm.is_none() {
+            out.push(Section {
+                level: Level::Host,
+                title: "Host level".into(),
+                total: format!("Total samples: {}", self.total_samples),
+                split: format!(
+                    "HYPERVISOR:VM:IDLE = {:.2}%:{:.2}%:{:.2}%",
+                    self.host.hypervisor, self.host.vm, self.host.idle
+                ),
+                exact: None,
+                rows: &self.host.rows,
+            });
+        }
+        for vm in self
+            .vms
+            .iter()
+            .filter(|vm| only_vm.is_none_or(|n| n == vm.name))
+        {
+            out.push(
+                vm.table
+                    .section(Level::Vm, format!("VM {} ({})", vm.name, vm.image)),
+            );
+            if vm.vcpus.len() > 1 {
+                for v in &vm.vcpus {
+                    out.push(
+                        v.table
+                            .section(Level::Vcpu, format!("VM {} vCPU {}", vm.name, v.vcpu)),
+                    );
+                }
+            }
+        }
+        out
+    }
+}
+
+impl GuestTable {
+    fn section(&self, level: Level, title: String) -> Section<'_> {
+        Section {
+            level,
+            title,
+            total: format!("Total samples: {}", self.samples),
+            split: format!(
+                "OS:USER:IDLE:steal = {:.2}%:{:.2}%:{:.2}%:{:.2}%",
+                self.os, self.user, self.idle, self.steal
+            ),
+            exact: self.exact.as_ref().map(|e| {
+                format!(
+                    "Exact, from the scheduling events: running {:.2}%, idle {:.2}%, steal {:.2}% of {} ticks (samples differ by {:+.2} and {:+.2} points)",
+                    e.running, e.idle, e.steal, e.ticks, e.idle_difference, e.steal_difference
+                )
+            }),
+            rows: &self.rows,
+        }
+    }
+}
+
+/// A table's columns and its first `top` rows as text (names as they are: each renderer
+/// escapes them for its medium). The Process column appears when a Linux guest's task frames
+/// name processes.
+pub fn cells(rows: &[Row], top: usize) -> (Vec<&'static str>, Vec<Vec<String>>) {
+    let processes = rows.iter().any(|r| r.process.is_some());
+    let mut header = vec!["Samples", "%Ratio", "Function", "Module"];
+    if processes {
+        header.push("Process");
+    }
+    let body = rows
+        .iter()
+        .take(top)
+        .map(|r| {
+            let mut row = vec![
+                r.samples.to_string(),
+                format!("{:.2}", r.percent),
+                r.function.clone(),
+                r.module.clone(),
+            ];
+            if processes {
+                row.push(r.process.clone().unwrap_or_default());
+            }
+            row
+        })
+        .collect();
+    (header, body)
+}
+
 /// A guest table row's identity: function, module, process.
 type RowKey = (String, String, Option<String>);
 
