@@ -230,13 +230,20 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let steps = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let steps = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .replace(&format!("{}/", workspace_root().display()), "");
     let samples: u64 = steps
         .lines()
         .find_map(|l| l.strip_prefix("capture: "))
         .and_then(|l| l.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .context("bench-synthetic did not say how many samples its capture holds")?;
+    // Other work on the machine slows every figure here alike; the load says how much there was.
+    let load = fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".into());
     let cap = capture.to_string_lossy().into_owned();
     let pprof = dir.join("synthetic.pb.gz").to_string_lossy().into_owned();
     let firefox = dir.join("synthetic.json").to_string_lossy().into_owned();
@@ -285,7 +292,8 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
         Err(why) => format!("`perf report` not measured: {why}. "),
     };
     Ok(format!(
-        "Measured by `cargo xtask bench` (release build, this 2-core machine). \
+        "Measured by `cargo xtask bench` (release build, this 2-core machine, load average {load} \
+         when it started). \
          `hvprof-analyze bench-synthetic {SYNTHETIC_SAMPLES} --exports --write {}` makes the \
          synthetic capture (the trace above: 4 pCPUs, several VMs, no symbols, so every distinct \
          address is a row) and times each step in the process:\n\n```\n{steps}\n```\n\n\
@@ -295,7 +303,10 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
          (its samples counted with `perf report --sort comm -F sample`):\n\n{table}\n{perf}\
          Goal: `report` ≥ 20 M samples/s and ≥ 15x `perf report`; `script`, pprof and Firefox \
          ≥ 10 M samples/s.\n",
-        capture.display()
+        capture
+            .strip_prefix(workspace_root())
+            .unwrap_or(&capture)
+            .display()
     ))
 }
 
