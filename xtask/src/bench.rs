@@ -292,8 +292,8 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
         Err(why) => format!("`perf report` not measured: {why}. "),
     };
     Ok(format!(
-        "Measured by `cargo xtask bench` (release build, this 2-core machine, load average {load} \
-         when it started). \
+        "Measured by `cargo xtask bench` (release build, this 2-core machine; its load average, 1 min, was {load} \
+         midway). \
          `hvprof-analyze bench-synthetic {SYNTHETIC_SAMPLES} --exports --write {}` makes the \
          synthetic capture (the trace above: 4 pCPUs, several VMs, no symbols, so every distinct \
          address is a row) and times each step in the process:\n\n```\n{steps}\n```\n\n\
