@@ -3,7 +3,8 @@
 
 use std::fs;
 use std::path::Path;
-use std::process::ExitCode;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use qemu_tests::benches::{self, ROUNDS};
@@ -13,7 +14,16 @@ use crate::build::build_hypervisor;
 use crate::tools::ensure_tools;
 use crate::{target_dir, workspace_root};
 
-pub fn bench() -> Result<ExitCode> {
+/// Runs every benchmark, or with `host_only` only those that need no emulator (the decoder's
+/// and the analyzer's throughput).
+pub fn bench(host_only: bool) -> Result<ExitCode> {
+    let doc = workspace_root().join("docs/BENCHMARKS.md");
+    if host_only {
+        let analyzer = crate::build::build_analyzer()?;
+        host_benches(&analyzer, &doc)?;
+        println!("recorded in docs/BENCHMARKS.md");
+        return Ok(ExitCode::SUCCESS);
+    }
     ensure_tools()?;
     let hypervisor = build_hypervisor(false)?;
     let analyzer = crate::build::build_analyzer()?;
@@ -57,7 +67,6 @@ pub fn bench() -> Result<ExitCode> {
          port when the guest completes one.\n\n{table}",
         scenario.name
     );
-    let doc = workspace_root().join("docs/BENCHMARKS.md");
     record(&doc, "exit-paths", "VM-exit handler path lengths", &section)?;
 
     let scenario = benches::profile_costs();
@@ -140,6 +149,13 @@ pub fn bench() -> Result<ExitCode> {
     println!("{section}");
     record(&doc, "whole-cost", "The profiler's whole cost", &section)?;
 
+    host_benches(&analyzer, &doc)?;
+    println!("recorded in docs/BENCHMARKS.md");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The decoder's and the analyzer's throughput, beside `perf report`'s measured in the same run.
+fn host_benches(analyzer: &Path, doc: &Path) -> Result<()> {
     let out = crate::build::cargo()
         .args([
             "run",
@@ -167,19 +183,45 @@ pub fn bench() -> Result<ExitCode> {
         "Measured by `cargo xtask bench`, which runs `cargo run --release -p hvprof-samplelog \
          --features std --example throughput -- 10000000` (a synthetic 10 M-sample trace over 4 \
          pCPUs: several VMs, hot functions, timing jitter; one core of this 2-core machine):\n\n\
-         ```\n{}\n```\n\nFor comparison, `perf report` reads about 1.35 M samples/s and \
-         `perf script` about 0.9 M samples/s on these machines (shared/platform/PLATFORM.md).\n",
+         ```\n{}\n```\n\n`perf report`'s rate on this machine, measured in the same run, is in \
+         the next section.\n",
         text.trim()
     );
     println!("{section}");
     record(
-        &doc,
+        doc,
         "decode-throughput",
         "Sample-log size and decoding speed",
         &section,
     )?;
-    let out = std::process::Command::new(&analyzer)
-        .args(["bench-synthetic", "10000000"])
+    let section = analyzer_throughput(analyzer)?;
+    println!("{section}");
+    record(
+        doc,
+        "analyzer-throughput",
+        "hvprof-analyze throughput",
+        &section,
+    )
+}
+
+/// Samples in the synthetic capture of the analyzer's benchmark.
+const SYNTHETIC_SAMPLES: u64 = 10_000_000;
+
+/// `hvprof-analyze` on a synthetic capture: its own timing of each step, then each command as a
+/// user runs it (wall time and peak memory of the process), and `perf report` on a perf.data
+/// recorded here, in the same run.
+fn analyzer_throughput(analyzer: &Path) -> Result<String> {
+    let dir = target_dir().join("bench");
+    fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let capture = dir.join("synthetic.log");
+    let out = Command::new(analyzer)
+        .args([
+            "bench-synthetic",
+            &SYNTHETIC_SAMPLES.to_string(),
+            "--exports",
+            "--write",
+        ])
+        .arg(&capture)
         .output()
         .context("cannot run hvprof-analyze bench-synthetic")?;
     if !out.status.success() {
@@ -188,24 +230,174 @@ pub fn bench() -> Result<ExitCode> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let section = format!(
-        "Measured by `cargo xtask bench`, which runs `hvprof-analyze bench-synthetic 10000000` \
-         (release build; the same synthetic trace; the report as `hvprof-analyze report` makes it: \
-         the capture decoded in parts by `hvprof_samplelog::decode_parallel` while each thread \
-         counts its samples, then the tables; on one thread, then on the machine's cores):\n\n```\n{}\n```\n\nGoal: ≥ 20 M samples/s \
-         on 2 cores; `perf report` does about 1.35 M samples/s here.\n",
-        text.trim()
+    let steps = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .replace(&format!("{}/", workspace_root().display()), "");
+    let samples: u64 = steps
+        .lines()
+        .find_map(|l| l.strip_prefix("capture: "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .context("bench-synthetic did not say how many samples its capture holds")?;
+    // Other work on the machine slows every figure here alike; the load says how much there was.
+    let load = fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".into());
+    let cap = capture.to_string_lossy().into_owned();
+    let pprof = dir.join("synthetic.pb.gz").to_string_lossy().into_owned();
+    let firefox = dir.join("synthetic.json").to_string_lossy().into_owned();
+    let commands: [(&str, Vec<&str>); 4] = [
+        ("report", vec!["report", &cap]),
+        ("script", vec!["script", &cap, "-o", "/dev/null"]),
+        ("export --pprof", vec!["export", &cap, "--pprof", &pprof]),
+        (
+            "export --firefox",
+            vec!["export", &cap, "--firefox", &firefox],
+        ),
+    ];
+    let mut table = String::from(
+        "| command (10 M samples) | wall time (s) | M samples/s | peak memory (MB) |\n|---|---:|---:|---:|\n",
     );
-    println!("{section}");
-    record(
-        &doc,
-        "analyzer-throughput",
-        "hvprof-analyze throughput",
-        &section,
-    )?;
-    println!("recorded in docs/BENCHMARKS.md");
-    Ok(ExitCode::SUCCESS)
+    let mut report_rate = 0.0;
+    for (name, args) in &commands {
+        let run = timed(Command::new(analyzer).args(args))
+            .with_context(|| format!("hvprof-analyze {name}"))?;
+        let rate = samples as f64 / run.seconds / 1e6;
+        if *name == "report" {
+            report_rate = rate;
+        }
+        table.push_str(&format!(
+            "| `hvprof-analyze {name}` | {:.2} | {rate:.1} | {:.0} |\n",
+            run.seconds,
+            run.peak_kb as f64 / 1024.0
+        ));
+    }
+    let perf = match perf_report_rate(&dir) {
+        Ok(p) => {
+            table.push_str(&format!(
+                "| `perf report --stdio --sort comm,dso,sym` ({} samples) | {:.2} | {:.1} | {:.0} |\n",
+                p.samples,
+                p.run.seconds,
+                p.rate() / 1e6,
+                p.run.peak_kb as f64 / 1024.0
+            ));
+            format!(
+                "`hvprof-analyze report` read {report_rate:.1} M samples/s, `perf report` {:.2} M \
+                 samples/s: {:.1}x. ",
+                p.rate() / 1e6,
+                report_rate * 1e6 / p.rate()
+            )
+        }
+        Err(why) => format!("`perf report` not measured: {why}. "),
+    };
+    Ok(format!(
+        "Measured by `cargo xtask bench` (release build, this 2-core machine; its load average, 1 min, was {load} \
+         midway). \
+         `hvprof-analyze bench-synthetic {SYNTHETIC_SAMPLES} --exports --write {}` makes the \
+         synthetic capture (the trace above: 4 pCPUs, several VMs, no symbols, so every distinct \
+         address is a row) and times each step in the process:\n\n```\n{steps}\n```\n\n\
+         Then each command runs on that file as a user runs it (its whole process: reading the \
+         file, decoding on every core, classifying, naming, writing), and `perf report` on a \
+         perf.data that `perf record -e cpu-clock -c 10000` made here of two CPU-bound shells \
+         (its samples counted with `perf report --sort comm -F sample`):\n\n{table}\n{perf}\
+         Goal: `report` ≥ 20 M samples/s and ≥ 15x `perf report`; `script`, pprof and Firefox \
+         ≥ 10 M samples/s.\n",
+        capture
+            .strip_prefix(workspace_root())
+            .unwrap_or(&capture)
+            .display()
+    ))
+}
+
+/// A child process's wall time and peak resident memory.
+struct Run {
+    seconds: f64,
+    peak_kb: u64,
+}
+
+/// Runs `cmd` (its output discarded) and measures it: wall time, and the peak resident set
+/// size from the kernel's accounting of the child (`wait4`).
+fn timed(cmd: &mut Command) -> Result<Run> {
+    let start = Instant::now();
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot start it")?;
+    let pid = libc::pid_t::try_from(child.id()).context("pid out of range")?;
+    let mut status: libc::c_int = 0;
+    // SAFETY: `rusage` is a plain C struct of integers, for which all zero bytes are a value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our child, which nothing else waits for (the `Child` handle is dropped
+    // without waiting); `status` and `usage` are live locals the call may write.
+    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let seconds = start.elapsed().as_secs_f64();
+    if r != pid {
+        bail!("wait4 failed: {}", std::io::Error::last_os_error());
+    }
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        bail!("it failed (wait status {status:#x})");
+    }
+    drop(child);
+    Ok(Run {
+        seconds,
+        // Linux reports ru_maxrss in KiB.
+        peak_kb: u64::try_from(usage.ru_maxrss).unwrap_or(0),
+    })
+}
+
+/// `perf report` on a perf.data of known size, recorded here.
+struct PerfRun {
+    samples: u64,
+    run: Run,
+}
+
+impl PerfRun {
+    fn rate(&self) -> f64 {
+        self.samples as f64 / self.run.seconds
+    }
+}
+
+/// Records two CPU-bound shells for 6 s with `perf record -e cpu-clock -c 10000` (a sample
+/// every 10 µs of CPU time), counts the samples, and times `perf report` on them.
+fn perf_report_rate(dir: &Path) -> std::result::Result<PerfRun, String> {
+    let data = dir.join("perf.data");
+    let busy =
+        "timeout 6 sh -c 'while :; do :; done' & timeout 6 sh -c 'while :; do :; done'; wait";
+    let rec = Command::new("perf")
+        .args(["record", "-q", "-e", "cpu-clock", "-c", "10000", "-o"])
+        .arg(&data)
+        .args(["--", "sh", "-c", busy])
+        .stdout(Stdio::null())
+        .output()
+        .map_err(|e| format!("perf cannot be run ({e}); Debian package linux-perf"))?;
+    if !rec.status.success() {
+        return Err(format!(
+            "perf record failed: {}",
+            String::from_utf8_lossy(&rec.stderr).trim()
+        ));
+    }
+    let count = Command::new("perf")
+        .args(["report", "--stdio", "--sort", "comm", "-F", "sample", "-i"])
+        .arg(&data)
+        .output()
+        .map_err(|e| format!("perf report failed: {e}"))?;
+    let samples: u64 = String::from_utf8_lossy(&count.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    if samples == 0 {
+        return Err("perf record took no samples".into());
+    }
+    let run = timed(
+        Command::new("perf")
+            .args(["report", "--stdio", "--sort", "comm,dso,sym", "-i"])
+            .arg(&data),
+    )
+    .map_err(|e| format!("perf report failed: {e:#}"))?;
+    Ok(PerfRun { samples, run })
 }
 
 /// The Linux w41 scenario, for its cost lines.

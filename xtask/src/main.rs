@@ -51,7 +51,12 @@ enum Cmd {
         e2e_only: bool,
     },
     /// Run the benchmarks and record their figures in docs/BENCHMARKS.md.
-    Bench,
+    Bench {
+        /// Only the host-side benchmarks (decoder and analyzer throughput, beside `perf
+        /// report`): no emulator.
+        #[arg(long)]
+        host_only: bool,
+    },
     /// Build the Linux guest under target/linux from Debian packages (docs/LINUX-GUESTS.md).
     LinuxImage {
         /// Download the packages again (the current versions) instead of using target/linux/debs.
@@ -152,7 +157,7 @@ fn main() -> ExitCode {
             no_e2e,
             e2e_only,
         } => test::test(filter.as_deref(), no_e2e, e2e_only),
-        Cmd::Bench => bench::bench(),
+        Cmd::Bench { host_only } => bench::bench(host_only),
         Cmd::LinuxImage { refresh } => linux::image(refresh).map(|()| ExitCode::SUCCESS),
         Cmd::LinuxTruth => linux::truth().map(|()| ExitCode::SUCCESS),
         Cmd::LinuxQemu { run, arg, timeout } => linux::qemu(&run, arg.as_deref(), timeout),

@@ -156,17 +156,17 @@ impl Timeline {
         let mut totals: HashMap<State, u64> = HashMap::default();
         // pCPU rows.
         let pcpus = p.pcpu_list();
-        let mut per_pcpu: HashMap<u16, Vec<usize>> = HashMap::default();
-        for (i, s) in p.samples.iter().enumerate() {
-            per_pcpu.entry(s.pcpu).or_default().push(i);
-        }
+        let per_pcpu: HashMap<u16, Vec<Sampled>> = p
+            .samples
+            .pcpus()
+            .map(|(c, list)| (c, list.iter().map(|&s| p.samples.sampled(s)).collect()))
+            .collect();
         for &c in &pcpus {
             let mut row = Row {
                 label: format!("pCPU {c}"),
                 bins: vec![HashMap::default(); bins],
             };
-            for &i in &per_pcpu[&c] {
-                let s = &p.samples[i];
+            for s in &per_pcpu[&c] {
                 let st = State::of(s);
                 *row.bins[bin(s.tsc)].entry(st).or_default() += 1;
                 *totals.entry(st).or_default() += 1;
@@ -176,14 +176,7 @@ impl Timeline {
         // vCPU rows, from their virtual streams.
         let lists: HashMap<u16, Vec<(u64, Owner)>> = per_pcpu
             .iter()
-            .map(|(&c, idx)| {
-                (
-                    c,
-                    idx.iter()
-                        .map(|&i| (p.samples[i].tsc, p.samples[i].owner()))
-                        .collect(),
-                )
-            })
+            .map(|(&c, idx)| (c, idx.iter().map(|s| (s.tsc, s.owner())).collect()))
             .collect();
         let mut vrows: HashMap<(u16, u16), Vec<HashMap<State, u64>>> = HashMap::default();
         if !p.events.is_empty() {
@@ -203,11 +196,8 @@ impl Timeline {
                         .map(|b| list.partition_point(|&(t, _)| bin(t) < b))
                         .collect();
                     let mut by_state: HashMap<State, Vec<usize>> = HashMap::default();
-                    for (i, &s) in per_pcpu[&c].iter().enumerate() {
-                        by_state
-                            .entry(State::of(&p.samples[s]))
-                            .or_default()
-                            .push(i);
+                    for (i, s) in per_pcpu[&c].iter().enumerate() {
+                        by_state.entry(State::of(s)).or_default().push(i);
                     }
                     let owners = PcpuIndex::new(list);
                     (
@@ -278,7 +268,7 @@ impl Timeline {
                 if s.vm == NO_VM || s.what == What::Idle {
                     continue;
                 }
-                let st = State::of(s);
+                let st = State::of(&s);
                 let row = vrows
                     .entry((s.vm, s.vcpu))
                     .or_insert_with(|| vec![HashMap::default(); bins]);
@@ -506,7 +496,7 @@ mod tests {
     use super::*;
     use crate::profile::LoadOptions;
     use crate::progress::Progress;
-    use crate::report::Images;
+    use crate::symbols::Images;
     use crate::timeline::{Slot, naive_classify};
     use hvprof_samplelog::{
         Event, EventKind, OutReason, Record, Sample, SampleKind, guest_mode, synth,
@@ -534,22 +524,21 @@ mod tests {
         let (start, end) = p.span();
         let bin_ticks = ((end - start) / bins as u64 + 1).max(1);
         let bin = |tsc: u64| (((tsc - start) / bin_ticks) as usize).min(bins - 1);
-        let mut per_pcpu: HashMap<u16, Vec<usize>> = HashMap::default();
-        for (i, s) in p.samples.iter().enumerate() {
-            per_pcpu.entry(s.pcpu).or_default().push(i);
-        }
+        let per_pcpu: HashMap<u16, Vec<Sampled>> = p
+            .samples
+            .pcpus()
+            .map(|(c, list)| (c, list.iter().map(|&s| p.samples.sampled(s)).collect()))
+            .collect();
         let lists: HashMap<u16, Vec<(u64, Owner)>> = per_pcpu
             .iter()
             .map(|(&c, idx)| {
-                let l = idx
-                    .iter()
-                    .map(|&i| (p.samples[i].tsc, p.samples[i].owner()));
+                let l = idx.iter().map(|s| (s.tsc, s.owner()));
                 (c, l.collect())
             })
             .collect();
         let mut rows: HashMap<(u16, u16), Vec<HashMap<State, u64>>> = HashMap::default();
         naive_classify(&lists, &p.events, |key, pcpu, i, slot| {
-            let s = &p.samples[per_pcpu[&pcpu][i]];
+            let s = &per_pcpu[&pcpu][i];
             let st = match slot {
                 Slot::Own | Slot::Hypervisor => State::of(s),
                 Slot::Idle => State::Idle,

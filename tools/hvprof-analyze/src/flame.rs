@@ -13,8 +13,8 @@ use crate::profile::Profile;
 /// Folded stacks (`a;b;c count`), sorted, one per distinct frame.
 pub fn folded(p: &Profile) -> Vec<String> {
     let mut counts: HashMap<u32, u64> = HashMap::default();
-    for s in &p.samples {
-        *counts.entry(s.frame).or_default() += 1;
+    for s in p.samples.stacks() {
+        *counts.entry(s.frame).or_default() += s.count;
     }
     let mut by_stack: HashMap<String, u64> = HashMap::default();
     for (frame, n) in counts {

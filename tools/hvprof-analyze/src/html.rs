@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use crate::chart::Timeline;
 use crate::profile::Profile;
-use crate::report::{GuestTable, Row};
+use crate::report::{Level, Row, Section, cells};
 use crate::stat::{SampledTable, Stat};
 
 /// Escapes text for HTML.
@@ -40,25 +40,18 @@ fn inline_svg(doc: &str) -> String {
 }
 
 fn rows_table(out: &mut String, rows: &[Row], top: usize) {
-    let process = rows.iter().any(|r| r.process.is_some());
-    out.push_str(
-        "<table><thead><tr><th>Samples</th><th>%Ratio</th><th>Function</th><th>Module</th>",
-    );
-    if process {
-        out.push_str("<th>Process</th>");
+    let (header, body) = cells(rows, top);
+    out.push_str("<table><thead><tr>");
+    for h in header {
+        let _ = write!(out, "<th>{h}</th>");
     }
     out.push_str("</tr></thead><tbody>\n");
-    for r in rows.iter().take(top) {
-        let _ = write!(
-            out,
-            "<tr><td class=n>{}</td><td class=n>{:.2}</td><td>{}</td><td>{}</td>",
-            r.samples,
-            r.percent,
-            esc(&r.function),
-            esc(&r.module)
-        );
-        if process {
-            let _ = write!(out, "<td>{}</td>", esc(r.process.as_deref().unwrap_or("")));
+    for row in &body {
+        out.push_str("<tr>");
+        for (c, cell) in row.iter().enumerate() {
+            // Samples and %Ratio are numbers, right-aligned.
+            let class = if c < 2 { " class=n" } else { "" };
+            let _ = write!(out, "<td{class}>{}</td>", esc(cell));
         }
         out.push_str("</tr>\n");
     }
@@ -68,25 +61,35 @@ fn rows_table(out: &mut String, rows: &[Row], top: usize) {
     }
 }
 
-fn guest_table(out: &mut String, title: &str, g: &GuestTable, top: usize) {
-    let _ = writeln!(
-        out,
-        "<h3>{}</h3><p>Total samples: {} &nbsp; OS:USER:IDLE:steal = {:.2}%:{:.2}%:{:.2}%:{:.2}%</p>",
-        esc(title),
-        g.samples,
-        g.os,
-        g.user,
-        g.idle,
-        g.steal
-    );
-    if let Some(e) = &g.exact {
-        let _ = writeln!(
-            out,
-            "<p>Exact, from the scheduling events: running {:.2}%, idle {:.2}%, steal {:.2}% of {} ticks (samples differ by {:+.2} and {:+.2} points)</p>",
-            e.running, e.idle, e.steal, e.ticks, e.idle_difference, e.steal_difference
-        );
+/// A section of the report: its title, its figures, its rows.
+fn section(out: &mut String, s: &Section, top: usize) {
+    match s.level {
+        Level::Host => {
+            let _ = writeln!(
+                out,
+                "<h2 id=host>{}</h2><p>{} &nbsp; {}</p>",
+                esc(&s.title),
+                s.total,
+                s.split
+            );
+        }
+        Level::Vm | Level::Vcpu => {
+            let _ = writeln!(
+                out,
+                "<h3>{}</h3><p>{} &nbsp; {}</p>",
+                esc(&s.title),
+                s.total,
+                s.split
+            );
+        }
     }
-    rows_table(out, &g.rows, top);
+    if let Some(e) = &s.exact {
+        let _ = writeln!(out, "<p>{e}</p>");
+    }
+    rows_table(out, s.rows, top);
+    if s.level == Level::Host {
+        out.push_str("<h2 id=guests>Guest level</h2>\n");
+    }
 }
 
 fn sampled_table(out: &mut String, title: &str, t: &SampledTable) {
@@ -245,30 +248,8 @@ pub fn render(p: &Profile, source: &str, bins: usize, top: usize) -> Result<Stri
         "<h2 id=flame>Flame graph</h2><p class=note>VM; process; module; function. Hover a frame for its samples.</p><figure>{}</figure>",
         flame
     );
-    let _ = writeln!(
-        out,
-        "<h2 id=host>Host level</h2><p>Total samples: {} &nbsp; HYPERVISOR:VM:IDLE = {:.2}%:{:.2}%:{:.2}%</p>",
-        r.total_samples, r.host.hypervisor, r.host.vm, r.host.idle
-    );
-    rows_table(&mut out, &r.host.rows, top);
-    out.push_str("<h2 id=guests>Guest level</h2>\n");
-    for vm in &r.vms {
-        guest_table(
-            &mut out,
-            &format!("VM {} ({})", vm.name, vm.image),
-            &vm.table,
-            top,
-        );
-        if vm.vcpus.len() > 1 {
-            for v in &vm.vcpus {
-                guest_table(
-                    &mut out,
-                    &format!("VM {} vCPU {}", vm.name, v.vcpu),
-                    &v.table,
-                    top,
-                );
-            }
-        }
+    for s in r.sections(None) {
+        section(&mut out, &s, top);
     }
     stat_section(&mut out, &stat);
     out.push_str("<p class=note>Made by hvprof-analyze.</p>\n</body></html>\n");

@@ -22,7 +22,8 @@ use clap::{Args, Parser, Subcommand};
 
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
-use hvprof_analyze::{chart, firefox, flame, html, pprof, report, script, stat, symbols, text};
+use hvprof_analyze::symbols::Images;
+use hvprof_analyze::{chart, firefox, flame, html, pprof, script, stat, text};
 
 #[derive(Parser)]
 #[command(
@@ -140,9 +141,12 @@ enum Cmd {
     BenchSynthetic {
         #[arg(default_value_t = 10_000_000)]
         samples: u64,
-        /// Also time `script` and `export --pprof` on it.
+        /// Also time `script`, `export --pprof` and `export --firefox` on it.
         #[arg(long)]
         exports: bool,
+        /// Also write the capture to this file (for timing the commands on it).
+        #[arg(long)]
+        write: Option<PathBuf>,
     },
     /// What the capture holds: frames, records, losses, console text.
     Decode {
@@ -175,60 +179,27 @@ fn main() -> ExitCode {
     }
 }
 
-/// Reads the symbol files `input` names (a file that cannot be used is a warning, except the
-/// kernel, which must be one).
-fn load_images(input: &Input) -> Result<report::Images> {
-    let mut imgs = report::Images::default();
-    if let Some(k) = &input.kernel {
-        let image = if linux_guest::BzImage::parse(
-            &std::fs::read(k).with_context(|| format!("cannot read {}", k.display()))?,
-        )
-        .is_ok()
-        {
-            linux_guest::KernelImage::from_bzimage(k)
-        } else {
-            linux_guest::KernelImage::from_vmlinux(k)
-        };
-        imgs.kernel = Some(image.with_context(|| {
-            format!(
-                "{}: not a Linux kernel image hvprof-analyze can read",
-                k.display()
-            )
-        })?);
+/// Reads the symbol files `input` names (`symbols::Images::load`).
+fn load_images(input: &Input) -> Result<Images> {
+    Images::load(
+        input.hypervisor.as_deref(),
+        &input.images,
+        input.kernel.as_deref(),
+    )
+}
+
+/// The options every command decodes with.
+fn load_options(input: &Input) -> LoadOptions {
+    LoadOptions {
+        threads: threads(),
+        keep_guest: input.kernel.is_some() || input.processes,
     }
-    if let Some(h) = &input.hypervisor {
-        match symbols::Symbols::load(h) {
-            Ok(s) => imgs.hypervisor = Some(s),
-            Err(e) => {
-                eprintln!("hvprof-analyze: warning: {e:#}; hypervisor addresses stay hex")
-            }
-        }
-    }
-    for i in &input.images {
-        match symbols::Symbols::load(i) {
-            Ok(s) if s.is_empty() => eprintln!(
-                "hvprof-analyze: warning: {} has no function symbols (stripped?)",
-                i.display()
-            ),
-            Ok(s) => imgs.guests.push(s),
-            Err(e) => eprintln!("hvprof-analyze: warning: {e:#}"),
-        }
-    }
-    Ok(imgs)
 }
 
 /// Decodes and names the capture, with a progress bar on a terminal.
 fn load_profile(input: &Input, progress: &Progress) -> Result<Profile> {
     let images = load_images(input)?;
-    let p = Profile::load(
-        &input.log,
-        &images,
-        LoadOptions {
-            threads: threads(),
-            keep_guest: input.kernel.is_some() || input.processes,
-        },
-        progress,
-    )?;
+    let p = Profile::load(&input.log, &images, load_options(input), progress)?;
     for w in &p.report.warnings {
         progress.warn(&format!("hvprof-analyze: warning: {w}"));
     }
@@ -289,9 +260,8 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             let bytes =
                 std::fs::read(log).with_context(|| format!("cannot read {}", log.display()))?;
             let imgs = load_images(&input)?;
-            let (decoded, agg) =
-                report::analyze(&bytes, threads(), input.kernel.is_some() || input.processes);
-            let r = report::build_from(&decoded, agg, &imgs);
+            // A capture without samples still gets its report (what was lost, the warnings).
+            let r = Profile::from_bytes(&bytes, &imgs, load_options(&input), progress).report;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
@@ -387,10 +357,11 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             out.write_all(page.as_bytes())?;
             finish(out, path.as_deref())
         }
-        Cmd::BenchSynthetic { samples, exports } => {
-            bench_synthetic(samples, exports);
-            Ok(())
-        }
+        Cmd::BenchSynthetic {
+            samples,
+            exports,
+            write,
+        } => bench_synthetic(samples, exports, write.as_deref()),
         Cmd::Decode { log, text, records } => {
             let bytes =
                 std::fs::read(&log).with_context(|| format!("cannot read {}", log.display()))?;
@@ -403,7 +374,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
 
 /// Generates a realistic synthetic capture (hvprof-samplelog's generator: 4 pCPUs, several VMs,
 /// hot functions, jitter), then times decoding and the report's aggregation.
-fn bench_synthetic(samples: u64, exports: bool) {
+fn bench_synthetic(samples: u64, exports: bool, write: Option<&Path>) -> Result<()> {
     use hvprof_samplelog::synth::{self, CaptureOptions, SynthConfig};
     use std::time::Instant;
     let pcpus = 4u16;
@@ -426,53 +397,73 @@ fn bench_synthetic(samples: u64, exports: bool) {
         cap.bytes.len(),
         cap.bytes.len() as f64 / n
     );
-    for threads in [1, threads()] {
-        let t = Instant::now();
-        let (decoded, agg) = report::analyze(&cap.bytes, threads, false);
-        let r = report::build_from(&decoded, agg, &report::Images::default());
-        let took = t.elapsed();
-        println!(
-            "report on {threads} thread(s): {:.2?} for decoding, counting and the tables: {:.1} M samples/s ({} samples reported)",
-            took,
-            n / took.as_secs_f64() / 1e6,
-            r.total_samples
-        );
+    if let Some(path) = write {
+        std::fs::write(path, &cap.bytes)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        println!("written to {}", path.display());
     }
-    if exports {
+    let options = |threads| LoadOptions {
+        threads,
+        keep_guest: false,
+    };
+    for threads in [1, threads()] {
         let t = Instant::now();
         let p = Profile::from_bytes(
             &cap.bytes,
-            &report::Images::default(),
-            LoadOptions {
-                threads: threads(),
-                keep_guest: false,
-            },
+            &Images::default(),
+            options(threads),
             &Progress::hidden(),
         );
         let took = t.elapsed();
         println!(
-            "profile (decode, report, name every sample): {took:.2?}, {:.1} M samples/s",
-            n / took.as_secs_f64() / 1e6
+            "report on {threads} thread(s): {:.2?} for decoding, classifying, naming and the tables: {:.1} M samples/s ({} samples reported)",
+            took,
+            n / took.as_secs_f64() / 1e6,
+            p.report.total_samples
         );
+    }
+    if exports {
+        let p = Profile::from_bytes(
+            &cap.bytes,
+            &Images::default(),
+            options(threads()),
+            &Progress::hidden(),
+        );
+        println!(
+            "profile: {} distinct stacks, {} frames",
+            p.samples.stacks().len(),
+            p.frames.len()
+        );
+        let rate = |took: std::time::Duration| n / took.as_secs_f64() / 1e6;
         let mut sink = Counting(0);
         let t = Instant::now();
-        let _ = script::write(&p, &mut sink, &Progress::hidden());
+        script::write(&p, &mut sink, &Progress::hidden())?;
         let took = t.elapsed();
         println!(
             "script: {took:.2?}, {:.1} M samples/s, {:.1} MB of text",
-            n / took.as_secs_f64() / 1e6,
+            rate(took),
             sink.0 as f64 / 1e6
         );
         let mut sink = Counting(0);
         let t = Instant::now();
-        let _ = pprof::write(&p, &mut sink, &Progress::hidden());
+        pprof::write(&p, &mut sink, &Progress::hidden())?;
         let took = t.elapsed();
         println!(
             "pprof: {took:.2?}, {:.1} M samples/s, {:.2} MB gzipped",
-            n / took.as_secs_f64() / 1e6,
+            rate(took),
+            sink.0 as f64 / 1e6
+        );
+        let mut sink = Counting(0);
+        let t = Instant::now();
+        firefox::write(&p, &mut sink, &Progress::hidden())?;
+        let took = t.elapsed();
+        println!(
+            "firefox: {took:.2?}, {:.1} M samples/s, {:.1} MB of JSON",
+            rate(took),
             sink.0 as f64 / 1e6
         );
     }
+    Ok(())
 }
 
 /// A writer that only counts bytes.
@@ -492,3 +483,9 @@ impl Write for Counting {
 fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
 }
+
+/// The analyzer allocates and frees a string per distinct function, frame and table row (a
+/// synthetic 10 M-sample capture without symbols has some 300,000): mimalloc does that several
+/// times faster than the system allocator (`cargo xtask bench` measures the whole).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

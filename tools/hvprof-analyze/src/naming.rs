@@ -13,8 +13,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use hvprof_samplelog::Decoded;
 
 use crate::linux::{GuestKernel, KERNEL_MODULE, TaskTimeline};
-use crate::report::Images;
-use crate::symbols::{Symbols, hex};
+use crate::symbols::{Images, Symbols, hex};
 
 /// `s` with every control character (C0, DEL, C1: newline, ESC, ...) and every bidirectional
 /// formatting character escaped (`\n`, `\t`, `\r`, `\x1b`, `\u{202e}`): the form in which a name
@@ -224,6 +223,14 @@ impl<'a> Namer<'a> {
         match self.tasks.task_index_at(vm, vcpu, tsc) {
             Some(i) => ProcessKey::Task(i as u32),
             None => ProcessKey::Cr3(cr3),
+        }
+    }
+
+    /// The task's label (`comm[tgid]`) when the process is a task.
+    pub fn task_label(&self, key: ProcessKey) -> Option<&str> {
+        match key {
+            ProcessKey::Task(i) => Some(self.tasks.label(i as usize)),
+            ProcessKey::Cr3(_) => None,
         }
     }
 

@@ -248,10 +248,10 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
         strings.get("cr3"),
         strings.get("pcpu"),
     ];
-    progress.phase("pprof", Some(p.samples.len() as u64), "samples");
-    // (frame, vm, vcpu, cr3, pcpu) → samples.
+    progress.phase("pprof", Some(p.samples.stacks().len() as u64), "stacks");
+    // (frame, vm, vcpu, cr3, pcpu) → samples, from the distinct stacks.
     let mut counts: HashMap<(u32, u16, u16, u64, u16), i64> = HashMap::default();
-    for (i, s) in p.samples.iter().enumerate() {
+    for s in p.samples.stacks().iter().filter(|s| s.count > 0) {
         let guest = matches!(s.what, What::GuestKernel | What::GuestUser);
         let key = (
             s.frame,
@@ -260,10 +260,7 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
             if guest { s.cr3 } else { u64::MAX },
             s.pcpu,
         );
-        *counts.entry(key).or_default() += 1;
-        if i % 65536 == 65535 {
-            progress.inc(65536);
-        }
+        *counts.entry(key).or_default() += s.count as i64;
     }
     let mut entries: Vec<_> = counts.into_iter().collect();
     entries.sort_unstable_by_key(|e| e.0);

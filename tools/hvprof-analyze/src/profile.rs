@@ -13,7 +13,8 @@ use hvprof_samplelog::{Decoded, Event, NO_VM, Record, SampleKind};
 
 use crate::naming::{Namer, ProcessKey, VmMeta, exit_name};
 use crate::progress::Progress;
-use crate::report::{Aggregate, Images, Report};
+use crate::report::Report;
+use crate::symbols::Images;
 use crate::timeline::Owner;
 
 /// What a pCPU was doing at a sample.
@@ -25,11 +26,11 @@ pub enum What {
     Idle,
 }
 
-/// One sample, compact (10 M samples fit in memory).
+/// One sample, whole (made on the fly from its [`Slot`] and [`Stack`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sampled {
     pub tsc: u64,
-    /// The guest CR3 (guest samples).
+    /// The guest CR3 (guest samples; 0 for the others).
     pub cr3: u64,
     /// The sampled address: guest RIP, or hypervisor RIP.
     pub addr: u64,
@@ -39,7 +40,7 @@ pub struct Sampled {
     /// `NO_VM` for the hypervisor's work for no VM, and idle.
     pub vm: u16,
     pub vcpu: u16,
-    /// The vCPU's last exit reason (`NO_EXIT` when none).
+    /// The vCPU's last exit reason (`NO_EXIT` when none): hypervisor samples; 0 for the others.
     pub exit: u16,
     pub what: What,
 }
@@ -103,6 +104,145 @@ impl Frame {
     }
 }
 
+/// A distinct sample, all but its time: what every view reads from a sample. Samples with
+/// equal fields share one `Stack`, and the profile keeps each sample as its TSC and the index
+/// of its stack ([`Slot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stack {
+    pub what: What,
+    pub pcpu: u16,
+    pub vm: u16,
+    pub vcpu: u16,
+    /// Hypervisor samples: the vCPU's last exit reason (`NO_EXIT` when none); 0 for the others.
+    pub exit: u16,
+    /// The sampled address: guest RIP, or hypervisor RIP.
+    pub addr: u64,
+    /// Guest samples: the guest CR3; 0 for the others.
+    pub cr3: u64,
+    /// The guest process (guest samples): its task where the log names it, else its CR3.
+    pub process: Option<ProcessKey>,
+    /// Index into `Profile::frames`.
+    pub frame: u32,
+    /// Samples of this stack.
+    pub count: u64,
+}
+
+/// One sample: its TSC and its stack (index into `Samples::stacks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub tsc: u64,
+    pub stack: u32,
+}
+
+/// Every sample of a capture: the distinct stacks, and per pCPU each sample's TSC and stack in
+/// TSC order. Iterating gives every sample as a [`Sampled`], in TSC order (then pCPU).
+#[derive(Debug, Default)]
+pub struct Samples {
+    stacks: Vec<Stack>,
+    /// Per pCPU (ascending): its samples in TSC order.
+    pcpus: Vec<(u16, Vec<Slot>)>,
+    len: usize,
+}
+
+impl Samples {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The distinct stacks, each with its count.
+    pub fn stacks(&self) -> &[Stack] {
+        &self.stacks
+    }
+
+    /// Each pCPU's samples in TSC order, by pCPU.
+    pub fn pcpus(&self) -> impl Iterator<Item = (u16, &[Slot])> {
+        self.pcpus.iter().map(|(c, l)| (*c, l.as_slice()))
+    }
+
+    /// A sample whole.
+    pub fn sampled(&self, slot: Slot) -> Sampled {
+        let s = &self.stacks[slot.stack as usize];
+        Sampled {
+            tsc: slot.tsc,
+            cr3: s.cr3,
+            addr: s.addr,
+            frame: s.frame,
+            pcpu: s.pcpu,
+            vm: s.vm,
+            vcpu: s.vcpu,
+            exit: s.exit,
+            what: s.what,
+        }
+    }
+
+    /// Every sample in TSC order, then pCPU (the pCPUs' lists merged).
+    pub fn iter(&self) -> InOrder<'_> {
+        let mut heads = std::collections::BinaryHeap::new();
+        for (i, (_, list)) in self.pcpus.iter().enumerate() {
+            if let Some(first) = list.first() {
+                heads.push(std::cmp::Reverse((first.tsc, i, 0usize)));
+            }
+        }
+        InOrder {
+            samples: self,
+            heads,
+        }
+    }
+
+    /// First and last sample TSC (0, 0 without samples).
+    pub fn span(&self) -> (u64, u64) {
+        let first = self
+            .pcpus
+            .iter()
+            .filter_map(|(_, l)| l.first())
+            .map(|s| s.tsc)
+            .min();
+        let last = self
+            .pcpus
+            .iter()
+            .filter_map(|(_, l)| l.last())
+            .map(|s| s.tsc)
+            .max();
+        (first.unwrap_or(0), last.unwrap_or(0))
+    }
+}
+
+/// [`Samples::iter`]: a k-way merge of the pCPUs' lists.
+pub struct InOrder<'a> {
+    samples: &'a Samples,
+    /// (TSC, pCPU index, position) of each pCPU's next sample.
+    heads: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize, usize)>>,
+}
+
+impl Iterator for InOrder<'_> {
+    type Item = Sampled;
+
+    fn next(&mut self) -> Option<Sampled> {
+        let std::cmp::Reverse((_, p, at)) = self.heads.pop()?;
+        let list = &self.samples.pcpus[p].1;
+        if let Some(next) = list.get(at + 1) {
+            self.heads.push(std::cmp::Reverse((next.tsc, p, at + 1)));
+        }
+        Some(self.samples.sampled(list[at]))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, Some(self.samples.len))
+    }
+}
+
+impl<'a> IntoIterator for &'a Samples {
+    type Item = Sampled;
+    type IntoIter = InOrder<'a>;
+    fn into_iter(self) -> InOrder<'a> {
+        self.iter()
+    }
+}
+
 /// A whole capture, named.
 pub struct Profile {
     pub report: Report,
@@ -111,7 +251,7 @@ pub struct Profile {
     pub pcpus: u16,
     pub vms: Vec<VmMeta>,
     /// Every sample, in TSC order (then pCPU).
-    pub samples: Vec<Sampled>,
+    pub samples: Samples,
     pub frames: Vec<Frame>,
     /// Every scheduling event with its pCPU, in TSC order.
     pub events: Vec<(u16, Event)>,
@@ -121,20 +261,19 @@ pub struct Profile {
     pub vm_ends: Vec<hvprof_samplelog::VmEnd>,
 }
 
-/// The report's flags: `keep_guest` names Linux guests' samples by process (`--kernel`,
-/// `--processes`).
+/// `keep_guest` names Linux guests' samples by process in the report (`--kernel`,
+/// `--processes`; the other views always do).
 #[derive(Debug, Clone, Copy)]
 pub struct LoadOptions {
     pub threads: usize,
     pub keep_guest: bool,
 }
 
-/// A sample as decoded, before naming.
-#[derive(Clone, Copy)]
-struct Raw {
-    tsc: u64,
-    cr3: u64,
+/// A sample classified, before naming: the fields of [`Stack`] the records give.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
     addr: u64,
+    cr3: u64,
     pcpu: u16,
     vm: u16,
     vcpu: u16,
@@ -142,9 +281,305 @@ struct Raw {
     what: What,
 }
 
-struct Acc {
-    agg: Aggregate,
-    raw: Vec<Raw>,
+/// The one classification of a sample: what it is and which address names it.
+fn classify(pcpu: u16, s: &hvprof_samplelog::Sample) -> Key {
+    let (what, addr) = match s.kind {
+        SampleKind::Guest if s.cpl() == 3 => (What::GuestUser, s.guest_rip),
+        SampleKind::Guest => (What::GuestKernel, s.guest_rip),
+        SampleKind::Hypervisor => (What::Hypervisor, s.host_rip),
+        SampleKind::Idle => (What::Idle, s.host_rip),
+    };
+    let guest = matches!(what, What::GuestKernel | What::GuestUser);
+    Key {
+        addr,
+        cr3: if guest { s.guest_cr3 } else { 0 },
+        pcpu,
+        vm: s.vm,
+        vcpu: s.vcpu,
+        exit: if what == What::Hypervisor {
+            s.exit_reason
+        } else {
+            0
+        },
+        what,
+    }
+}
+
+/// The sample path's cost over the samples: sum, min, max (TSC ticks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CostSum {
+    pub sum: u64,
+    pub min: u64,
+    pub max: u64,
+}
+
+impl Default for CostSum {
+    fn default() -> Self {
+        CostSum {
+            sum: 0,
+            min: u64::MAX,
+            max: 0,
+        }
+    }
+}
+
+impl CostSum {
+    fn merge(&mut self, o: CostSum) {
+        self.sum = self.sum.saturating_add(o.sum);
+        self.min = self.min.min(o.min);
+        self.max = self.max.max(o.max);
+    }
+}
+
+/// What one decoding thread classified: its distinct keys with their counts, each pCPU's
+/// samples (TSC, key index) in stream order, the scheduling events, the cost. A key is found
+/// in two steps, so that the per-sample table stays small (it is the one random access per
+/// sample): its context (all but the address; consecutive samples mostly share it), then
+/// (address, context).
+#[derive(Default)]
+struct Part {
+    contexts: HashMap<Key, u32>,
+    context_keys: Vec<Key>,
+    /// (address, context) → (key index, samples).
+    ids: HashMap<(u64, u32), (u32, u64)>,
+    keys: Vec<Key>,
+    lists: HashMap<u16, Vec<Slot>>,
+    events: Vec<(u16, Event)>,
+    cost: CostSum,
+}
+
+impl Part {
+    fn add(&mut self, pcpu: u16, records: &[Record]) {
+        let list = self.lists.entry(pcpu).or_default();
+        list.reserve(records.len());
+        let mut last: Option<(Key, u32)> = None;
+        for r in records {
+            let s = match r {
+                Record::Sample(s) => s,
+                Record::Event(e) => {
+                    self.events.push((pcpu, *e));
+                    continue;
+                }
+            };
+            let cost = u64::from(s.cost);
+            self.cost.sum += cost;
+            self.cost.min = self.cost.min.min(cost);
+            self.cost.max = self.cost.max.max(cost);
+            let key = classify(pcpu, s);
+            let context = Key { addr: 0, ..key };
+            let ctx = match last {
+                Some((c, i)) if c == context => i,
+                _ => {
+                    let keys = &mut self.context_keys;
+                    let i = *self.contexts.entry(context).or_insert_with(|| {
+                        keys.push(context);
+                        (keys.len() - 1) as u32
+                    });
+                    last = Some((context, i));
+                    i
+                }
+            };
+            let keys = &mut self.keys;
+            let entry = self.ids.entry((key.addr, ctx)).or_insert_with(|| {
+                keys.push(key);
+                ((keys.len() - 1) as u32, 0)
+            });
+            entry.1 += 1;
+            list.push(Slot {
+                tsc: s.tsc,
+                stack: entry.0,
+            });
+        }
+    }
+
+    /// Each key with its samples, by key index.
+    fn counted_keys(&self) -> Vec<(Key, u64)> {
+        let mut out: Vec<(Key, u64)> = self.keys.iter().map(|&k| (k, 0)).collect();
+        for &(id, n) in self.ids.values() {
+            out[id as usize].1 = n;
+        }
+        out
+    }
+}
+
+/// A capture's samples classified once, before naming: what the report and every view are
+/// built from.
+pub struct Classified {
+    /// Stacks without their frame (`frame` 0) until named.
+    pub samples: Samples,
+    /// Every scheduling event with its pCPU, in stream order.
+    pub events: Vec<(u16, Event)>,
+    pub cost: CostSum,
+}
+
+impl Classified {
+    /// Decodes `bytes` on `threads` threads, classifying every sample as it is decoded.
+    pub fn decode(bytes: &[u8], threads: usize, progress: &Progress) -> (Decoded, Classified) {
+        progress.phase("decoding", None, "records");
+        let (decoded, parts) = hvprof_samplelog::decode_parallel(
+            bytes,
+            threads,
+            Part::default,
+            |part: &mut Part, pcpu, records: &[Record]| {
+                part.add(pcpu, records);
+                progress.inc(records.len() as u64);
+            },
+        );
+        (decoded, Self::merge(parts))
+    }
+
+    /// The parts' keys made one table, their lists joined per pCPU in stream order, then put
+    /// in TSC order.
+    fn merge(parts: Vec<Part>) -> Classified {
+        let mut ids: HashMap<Key, u32> = HashMap::default();
+        let mut stacks: Vec<Stack> = Vec::new();
+        let mut lists: std::collections::BTreeMap<u16, Vec<Slot>> = Default::default();
+        let mut events = Vec::new();
+        let mut cost = CostSum::default();
+        let mut len = 0usize;
+        for part in parts {
+            let remap: Vec<u32> = part
+                .counted_keys()
+                .into_iter()
+                .map(|(k, n)| {
+                    let id = *ids.entry(k).or_insert_with(|| {
+                        stacks.push(Stack {
+                            what: k.what,
+                            pcpu: k.pcpu,
+                            vm: k.vm,
+                            vcpu: k.vcpu,
+                            exit: k.exit,
+                            addr: k.addr,
+                            cr3: k.cr3,
+                            process: None,
+                            frame: 0,
+                            count: 0,
+                        });
+                        (stacks.len() - 1) as u32
+                    });
+                    stacks[id as usize].count += n;
+                    id
+                })
+                .collect();
+            for (pcpu, list) in part.lists {
+                len += list.len();
+                let mut list = list;
+                for s in &mut list {
+                    s.stack = remap[s.stack as usize];
+                }
+                let to = lists.entry(pcpu).or_default();
+                if to.is_empty() {
+                    *to = list;
+                } else {
+                    to.extend_from_slice(&list);
+                }
+            }
+            events.extend(part.events);
+            cost.merge(part.cost);
+        }
+        let pcpus = lists
+            .into_iter()
+            .filter(|(_, l)| !l.is_empty())
+            .map(|(c, mut l)| {
+                if !l.is_sorted_by_key(|s| s.tsc) {
+                    l.sort_by_key(|s| s.tsc);
+                }
+                (c, l)
+            })
+            .collect();
+        Classified {
+            samples: Samples { stacks, pcpus, len },
+            events,
+            cost,
+        }
+    }
+
+    /// Names every stack: a guest sample's process (for Linux guests the task its vCPU ran at
+    /// the sample's time, which splits a stack by task), then its frame.
+    fn name(&mut self, namer: &Namer) -> Vec<Frame> {
+        let samples = &mut self.samples;
+        // Stacks whose process depends on the time: guest samples of Linux VMs.
+        let timed: Vec<bool> = samples
+            .stacks
+            .iter()
+            .map(|s| is_guest(s.what) && namer.is_linux(s.vm))
+            .collect();
+        for s in samples.stacks.iter_mut() {
+            if is_guest(s.what) {
+                s.process = Some(ProcessKey::Cr3(s.cr3));
+            }
+        }
+        if timed.iter().any(|&t| t) {
+            let mut split: HashMap<(u32, ProcessKey), u32> = HashMap::default();
+            for s in samples.stacks.iter_mut().zip(&timed).filter(|(_, t)| **t) {
+                s.0.count = 0;
+            }
+            let stacks = &mut samples.stacks;
+            for (_, list) in samples.pcpus.iter_mut() {
+                for slot in list.iter_mut() {
+                    let i = slot.stack as usize;
+                    if !timed[i] {
+                        continue;
+                    }
+                    let base = stacks[i];
+                    let pk = namer.process_key(base.vm, base.vcpu, slot.tsc, base.cr3);
+                    let id = *split.entry((slot.stack, pk)).or_insert_with(|| {
+                        stacks.push(Stack {
+                            process: Some(pk),
+                            count: 0,
+                            ..base
+                        });
+                        (stacks.len() - 1) as u32
+                    });
+                    stacks[id as usize].count += 1;
+                    slot.stack = id;
+                }
+            }
+            // The stacks split by task are no one's now: drop them.
+            let mut remap = vec![0u32; samples.stacks.len()];
+            let mut kept = 0u32;
+            for (i, r) in remap.iter_mut().enumerate() {
+                if i >= timed.len() || !timed[i] {
+                    *r = kept;
+                    kept += 1;
+                }
+            }
+            let mut i = 0;
+            samples.stacks.retain(|_| {
+                i += 1;
+                i > timed.len() || !timed[i - 1]
+            });
+            for (_, list) in samples.pcpus.iter_mut() {
+                for slot in list.iter_mut() {
+                    slot.stack = remap[slot.stack as usize];
+                }
+            }
+        }
+        // Named once per distinct (what, VM, exit, address, process), then merged by name.
+        type FrameKey = (What, u16, u16, u64, Option<ProcessKey>);
+        let mut named: HashMap<FrameKey, u32> = HashMap::default();
+        let mut frames: Vec<Frame> = Vec::new();
+        let mut index: HashMap<Frame, u32> = HashMap::default();
+        for s in samples.stacks.iter_mut() {
+            let key: FrameKey = match s.what {
+                What::GuestKernel | What::GuestUser => (s.what, s.vm, 0, s.addr, s.process),
+                What::Hypervisor => (s.what, s.vm, s.exit, s.addr, None),
+                What::Idle => (s.what, 0, 0, 0, None),
+            };
+            s.frame = *named.entry(key).or_insert_with(|| {
+                let f = make_frame(namer, s);
+                *index.entry(f.clone()).or_insert_with(|| {
+                    frames.push(f);
+                    (frames.len() - 1) as u32
+                })
+            });
+        }
+        frames
+    }
+}
+
+fn is_guest(what: What) -> bool {
+    matches!(what, What::GuestKernel | What::GuestUser)
 }
 
 impl Profile {
@@ -173,114 +608,34 @@ impl Profile {
         Ok(profile)
     }
 
-    /// Decodes (on `options.threads` threads), reports and names a capture.
+    /// Decodes (on `options.threads` threads) and classifies a capture, names its stacks and
+    /// builds the report from them.
     pub fn from_bytes(
         bytes: &[u8],
         images: &Images,
         options: LoadOptions,
         progress: &Progress,
     ) -> Profile {
-        progress.phase("decoding", None, "records");
-        let init = || Acc {
-            agg: if options.keep_guest {
-                Aggregate::keeping_guest_samples()
-            } else {
-                Aggregate::new()
-            },
-            raw: Vec::new(),
-        };
-        let (decoded, parts) = hvprof_samplelog::decode_parallel(
-            bytes,
-            options.threads,
-            init,
-            |acc: &mut Acc, pcpu, records: &[Record]| {
-                acc.agg.add(pcpu, records);
-                acc.raw.extend(records.iter().filter_map(|r| {
-                    let s = r.as_sample()?;
-                    let (what, addr) = match s.kind {
-                        SampleKind::Guest if s.cpl() == 3 => (What::GuestUser, s.guest_rip),
-                        SampleKind::Guest => (What::GuestKernel, s.guest_rip),
-                        SampleKind::Hypervisor => (What::Hypervisor, s.host_rip),
-                        SampleKind::Idle => (What::Idle, s.host_rip),
-                    };
-                    Some(Raw {
-                        tsc: s.tsc,
-                        cr3: s.guest_cr3,
-                        addr,
-                        pcpu,
-                        vm: s.vm,
-                        vcpu: s.vcpu,
-                        exit: s.exit_reason,
-                        what,
-                    })
-                }));
-                progress.inc(records.len() as u64);
-            },
+        let (decoded, mut classified) = Classified::decode(bytes, options.threads, progress);
+        progress.phase("naming", None, "stacks");
+        let mut warnings = Vec::new();
+        let namer = Namer::new(&decoded, images, &mut warnings);
+        let frames = classified.name(&namer);
+        let report = crate::report::build(
+            &decoded,
+            &classified,
+            &frames,
+            &namer,
+            images,
+            options.keep_guest,
+            warnings,
         );
-        let mut agg = init().agg;
-        let mut raw = Vec::new();
-        for p in parts {
-            agg.merge(p.agg);
-            raw.extend(p.raw);
-        }
-        let mut events = agg.sched.clone();
+        let Classified {
+            samples,
+            mut events,
+            ..
+        } = classified;
         events.sort_by_key(|(pcpu, e)| (e.tsc, *pcpu));
-        let report = crate::report::build_from(&decoded, agg, images);
-        Self::name(&decoded, report, raw, events, images, progress)
-    }
-
-    fn name(
-        decoded: &Decoded,
-        report: Report,
-        mut raw: Vec<Raw>,
-        events: Vec<(u16, Event)>,
-        images: &Images,
-        progress: &Progress,
-    ) -> Profile {
-        raw.sort_by_key(|r| (r.tsc, r.pcpu));
-        progress.phase("naming", Some(raw.len() as u64), "samples");
-        let mut ignored = Vec::new();
-        let namer = Namer::new(decoded, images, &mut ignored);
-        let mut frames: Vec<Frame> = Vec::new();
-        let mut index: HashMap<Frame, u32> = HashMap::default();
-        // (what, vm, exit, address, process) → frame.
-        type Key = (What, u16, u16, u64, Option<ProcessKey>);
-        let mut cache: HashMap<Key, u32> = HashMap::default();
-        let mut samples = Vec::with_capacity(raw.len());
-        for (i, r) in raw.iter().enumerate() {
-            let key: Key = match r.what {
-                What::GuestKernel | What::GuestUser => (
-                    r.what,
-                    r.vm,
-                    0,
-                    r.addr,
-                    Some(namer.process_key(r.vm, r.vcpu, r.tsc, r.cr3)),
-                ),
-                What::Hypervisor => (r.what, r.vm, r.exit, r.addr, None),
-                What::Idle => (r.what, 0, 0, 0, None),
-            };
-            let frame = *cache.entry(key).or_insert_with(|| {
-                let f = make_frame(&namer, r, key.4);
-                *index.entry(f.clone()).or_insert_with(|| {
-                    frames.push(f);
-                    (frames.len() - 1) as u32
-                })
-            });
-            samples.push(Sampled {
-                tsc: r.tsc,
-                cr3: r.cr3,
-                addr: r.addr,
-                frame,
-                pcpu: r.pcpu,
-                vm: r.vm,
-                vcpu: r.vcpu,
-                exit: r.exit,
-                what: r.what,
-            });
-            if i % 65536 == 65535 {
-                progress.inc(65536);
-            }
-        }
         let header = decoded.header.clone().unwrap_or_default();
         Profile {
             report,
@@ -308,8 +663,9 @@ impl Profile {
     pub fn vcpus(&self) -> Vec<(u16, u16)> {
         let mut v: Vec<(u16, u16)> = self
             .samples
+            .stacks()
             .iter()
-            .filter(|s| matches!(s.what, What::GuestKernel | What::GuestUser))
+            .filter(|s| is_guest(s.what) && s.count > 0)
             .map(|s| (s.vm, s.vcpu))
             .chain(self.events.iter().map(|(_, e)| (e.vm, e.vcpu)))
             .collect();
@@ -320,18 +676,12 @@ impl Profile {
 
     /// The pCPUs that have samples, sorted.
     pub fn pcpu_list(&self) -> Vec<u16> {
-        let mut v: Vec<u16> = self.samples.iter().map(|s| s.pcpu).collect();
-        v.sort_unstable();
-        v.dedup();
-        v
+        self.samples.pcpus().map(|(c, _)| c).collect()
     }
 
     /// First and last sample TSC.
     pub fn span(&self) -> (u64, u64) {
-        (
-            self.samples.first().map_or(0, |s| s.tsc),
-            self.samples.last().map_or(0, |s| s.tsc),
-        )
+        self.samples.span()
     }
 
     /// Seconds since the first sample.
@@ -354,35 +704,34 @@ impl Profile {
     }
 }
 
-fn make_frame(namer: &Namer, r: &Raw, process: Option<ProcessKey>) -> Frame {
-    match r.what {
+fn make_frame(namer: &Namer, s: &Stack) -> Frame {
+    match s.what {
         What::GuestKernel | What::GuestUser => {
-            let label = process.map(|p| namer.process(p));
-            let task = namer.task(r.vm, r.vcpu, r.tsc);
+            let task = s.process.and_then(|p| namer.task_label(p));
             let (function, module) =
-                namer.guest_function(r.vm, r.what == What::GuestUser, r.addr, task);
+                namer.guest_function(s.vm, s.what == What::GuestUser, s.addr, task);
             Frame {
-                what: r.what,
-                vm: namer.vm_name(r.vm),
-                process: label.unwrap_or_default(),
+                what: s.what,
+                vm: namer.vm_name(s.vm),
+                process: s.process.map(|p| namer.process(p)).unwrap_or_default(),
                 module,
                 function,
-                process_key: process,
+                process_key: s.process,
             }
         }
         What::Hypervisor => Frame {
-            what: r.what,
+            what: s.what,
             vm: "[hypervisor]".into(),
             process: hypervisor_label(
-                (r.vm != NO_VM).then(|| namer.vm_name(r.vm)).as_deref(),
-                r.exit,
+                (s.vm != NO_VM).then(|| namer.vm_name(s.vm)).as_deref(),
+                s.exit,
             ),
             module: "hvprof".into(),
-            function: namer.hypervisor_function(r.addr),
+            function: namer.hypervisor_function(s.addr),
             process_key: None,
         },
         What::Idle => Frame {
-            what: r.what,
+            what: s.what,
             vm: String::new(),
             process: String::new(),
             module: String::new(),
@@ -416,12 +765,13 @@ mod tests {
         );
         assert_eq!(p.samples.len() as u64, p.report.total_samples);
         assert_eq!(p.report.total_samples, cap.samples);
-        assert!(p.samples.windows(2).all(|w| w[0].tsc <= w[1].tsc));
+        let all: Vec<Sampled> = p.samples.iter().collect();
+        assert_eq!(all.len(), p.samples.len());
         assert!(
-            p.samples
-                .iter()
-                .all(|s| (s.frame as usize) < p.frames.len())
+            all.windows(2)
+                .all(|w| (w[0].tsc, w[0].pcpu) <= (w[1].tsc, w[1].pcpu))
         );
+        assert!(all.iter().all(|s| (s.frame as usize) < p.frames.len()));
         // Frames are distinct.
         let set: std::collections::HashSet<_> = p.frames.iter().collect();
         assert_eq!(set.len(), p.frames.len());

@@ -41,11 +41,12 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
-use hvprof_samplelog::{Decoded, Record, SampleKind};
+use hvprof_samplelog::Decoded;
 use serde::Serialize;
 
 use crate::naming::{Namer, function_name as name};
-use crate::symbols::{Symbols, hex};
+use crate::profile::{Classified, Frame, Stack, What};
+use crate::symbols::{Images, Symbols, hex};
 use crate::timeline::Owner;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -334,14 +335,116 @@ pub struct Report {
     pub warnings: Vec<String>,
 }
 
-/// What symbolizes what.
-#[derive(Default)]
-pub struct Images {
-    pub hypervisor: Option<Symbols>,
-    pub guests: Vec<Symbols>,
-    /// The kernel of the Linux guests (`--kernel`): their kernel functions, by VM after the
-    /// KASLR slide each VM's `IA32_LSTAR` line gives.
-    pub kernel: Option<linux_guest::KernelImage>,
+/// One table of the report as every renderer shows it (`text.rs`, `html.rs`): which level, its
+/// title, the lines above it, its rows. The renderers differ only in markup.
+pub struct Section<'a> {
+    pub level: Level,
+    /// `VM guestOS1 (guestOS1.elf)`, `VM guestOS1 vCPU 1`, `Host level`.
+    pub title: String,
+    /// `Total samples: N`.
+    pub total: String,
+    /// `HYPERVISOR:VM:IDLE = ...` or `OS:USER:IDLE:steal = ...`.
+    pub split: String,
+    /// The exact split from the scheduling events, when the log has them.
+    pub exact: Option<String>,
+    pub rows: &'a [Row],
+}
+
+/// A section's level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Host,
+    Vm,
+    Vcpu,
+}
+
+impl Report {
+    /// The tables in order: the host level (unless `only_vm`), then each VM (or only the one
+    /// named `only_vm`) followed by its vCPUs when it has more than one.
+    pub fn sections(&self, only_vm: Option<&str>) -> Vec<Section<'_>> {
+        let mut out = Vec::new();
+        if only_vm.is_none() {
+            out.push(Section {
+                level: Level::Host,
+                title: "Host level".into(),
+                total: format!("Total samples: {}", self.total_samples),
+                split: format!(
+                    "HYPERVISOR:VM:IDLE = {:.2}%:{:.2}%:{:.2}%",
+                    self.host.hypervisor, self.host.vm, self.host.idle
+                ),
+                exact: None,
+                rows: &self.host.rows,
+            });
+        }
+        for vm in self
+            .vms
+            .iter()
+            .filter(|vm| only_vm.is_none_or(|n| n == vm.name))
+        {
+            out.push(
+                vm.table
+                    .section(Level::Vm, format!("VM {} ({})", vm.name, vm.image)),
+            );
+            if vm.vcpus.len() > 1 {
+                for v in &vm.vcpus {
+                    out.push(
+                        v.table
+                            .section(Level::Vcpu, format!("VM {} vCPU {}", vm.name, v.vcpu)),
+                    );
+                }
+            }
+        }
+        out
+    }
+}
+
+impl GuestTable {
+    fn section(&self, level: Level, title: String) -> Section<'_> {
+        Section {
+            level,
+            title,
+            total: format!("Total samples: {}", self.samples),
+            split: format!(
+                "OS:USER:IDLE:steal = {:.2}%:{:.2}%:{:.2}%:{:.2}%",
+                self.os, self.user, self.idle, self.steal
+            ),
+            exact: self.exact.as_ref().map(|e| {
+                format!(
+                    "Exact, from the scheduling events: running {:.2}%, idle {:.2}%, steal {:.2}% of {} ticks (samples differ by {:+.2} and {:+.2} points)",
+                    e.running, e.idle, e.steal, e.ticks, e.idle_difference, e.steal_difference
+                )
+            }),
+            rows: &self.rows,
+        }
+    }
+}
+
+/// A table's columns and its first `top` rows as text (names as they are: each renderer
+/// escapes them for its medium). The Process column appears when a Linux guest's task frames
+/// name processes.
+pub fn cells(rows: &[Row], top: usize) -> (Vec<&'static str>, Vec<Vec<String>>) {
+    let processes = rows.iter().any(|r| r.process.is_some());
+    let mut header = vec!["Samples", "%Ratio", "Function", "Module"];
+    if processes {
+        header.push("Process");
+    }
+    let body = rows
+        .iter()
+        .take(top)
+        .map(|r| {
+            let mut row = vec![
+                r.samples.to_string(),
+                format!("{:.2}", r.percent),
+                r.function.clone(),
+                r.module.clone(),
+            ];
+            if processes {
+                row.push(r.process.clone().unwrap_or_default());
+            }
+            row
+        })
+        .collect();
+    (header, body)
 }
 
 /// A guest table row's identity: function, module, process.
@@ -371,12 +474,12 @@ impl GuestCounts {
         }
     }
 
-    fn add_named(&mut self, key: &RowKey, user: bool) {
-        *self.named.entry(key.clone()).or_default() += 1;
+    fn add_named(&mut self, key: &RowKey, user: bool, n: u64) {
+        *self.named.entry(key.clone()).or_default() += n;
         if user {
-            self.user += 1;
+            self.user += n;
         } else {
-            self.os += 1;
+            self.os += n;
         }
     }
 
@@ -446,227 +549,6 @@ fn rows(counts: HashMap<RowKey, u64>, total: u64) -> Vec<Row> {
     rows
 }
 
-/// (vm, vcpu, user mode).
-pub type VcpuMode = (u16, u16, bool);
-
-/// Every sample, counted: what the report needs from the records, built while they are decoded
-/// (possibly on several threads, then merged).
-#[derive(Debug, Clone, Default)]
-pub struct Aggregate {
-    pub total: u64,
-    pub events: u64,
-    pub hv_by_rip: HashMap<u64, u64>,
-    pub idle: u64,
-    /// Per (vm, vcpu, user mode): guest RIP → samples. A short list: a capture has few vCPUs,
-    /// and consecutive samples mostly come from the same one (`last` remembers it).
-    pub guest: Vec<(VcpuMode, HashMap<u64, u64>)>,
-    last: usize,
-    /// Where each key is in `guest` (a forged log may name thousands of vCPUs).
-    guest_index: HashMap<VcpuMode, usize>,
-    /// (vm, vcpu) → hypervisor samples taken on that vCPU's behalf.
-    pub steal: HashMap<(u16, u16), u64>,
-    pub cost_sum: u64,
-    pub cost_min: u64,
-    pub cost_max: u64,
-    /// Per pCPU: every sample's TSC and owner, for the common time axis.
-    pub timeline: HashMap<u16, Vec<(u64, Owner)>>,
-    /// Every scheduling event, with its pCPU.
-    pub sched: Vec<(u16, hvprof_samplelog::Event)>,
-    /// Keep every guest sample (for naming Linux guests' processes and kernel functions, which
-    /// needs each sample's time) instead of counting it by address.
-    pub keep_guest: bool,
-    pub guest_samples: Vec<GuestSample>,
-}
-
-/// The index of `key`'s counts in `guest`, added if new.
-fn guest_slot(
-    guest: &mut Vec<(VcpuMode, HashMap<u64, u64>)>,
-    index: &mut HashMap<VcpuMode, usize>,
-    key: VcpuMode,
-) -> usize {
-    *index.entry(key).or_insert_with(|| {
-        guest.push((key, HashMap::default()));
-        guest.len() - 1
-    })
-}
-
-/// A guest sample kept whole (see `Aggregate::keep_guest`).
-#[derive(Debug, Clone, Copy)]
-pub struct GuestSample {
-    pub vm: u16,
-    pub vcpu: u16,
-    pub tsc: u64,
-    pub rip: u64,
-    pub user: bool,
-}
-
-impl Aggregate {
-    pub fn new() -> Self {
-        Self {
-            cost_min: u64::MAX,
-            ..Self::default()
-        }
-    }
-
-    /// An aggregate that keeps every guest sample (`keep_guest`).
-    pub fn keeping_guest_samples() -> Self {
-        Self {
-            keep_guest: true,
-            ..Self::new()
-        }
-    }
-
-    pub fn add(&mut self, pcpu: u16, records: &[Record]) {
-        let line = self.timeline.entry(pcpu).or_default();
-        for r in records {
-            let s = match r {
-                Record::Sample(s) => s,
-                Record::Event(e) => {
-                    self.events += 1;
-                    self.sched.push((pcpu, *e));
-                    continue;
-                }
-            };
-            line.push((
-                s.tsc,
-                match s.kind {
-                    SampleKind::Guest => Owner::Guest {
-                        vm: s.vm,
-                        vcpu: s.vcpu,
-                    },
-                    SampleKind::Hypervisor => Owner::Hypervisor {
-                        vm: s.vm,
-                        vcpu: s.vcpu,
-                    },
-                    SampleKind::Idle => Owner::Idle,
-                },
-            ));
-            self.total += 1;
-            let cost = u64::from(s.cost);
-            self.cost_sum += cost;
-            self.cost_min = self.cost_min.min(cost);
-            self.cost_max = self.cost_max.max(cost);
-            match s.kind {
-                SampleKind::Guest if self.keep_guest => self.guest_samples.push(GuestSample {
-                    vm: s.vm,
-                    vcpu: s.vcpu,
-                    tsc: s.tsc,
-                    rip: s.guest_rip,
-                    user: s.cpl() == 3,
-                }),
-                SampleKind::Guest => {
-                    let key = (s.vm, s.vcpu, s.cpl() == 3);
-                    if self.guest.get(self.last).is_none_or(|g| g.0 != key) {
-                        self.last = guest_slot(&mut self.guest, &mut self.guest_index, key);
-                    }
-                    *self.guest[self.last].1.entry(s.guest_rip).or_default() += 1;
-                }
-                SampleKind::Hypervisor => {
-                    *self.hv_by_rip.entry(s.host_rip).or_default() += 1;
-                    // Time the hypervisor spent on a VM's behalf is that VM's steal.
-                    if s.vm != hvprof_samplelog::NO_VM {
-                        *self.steal.entry((s.vm, s.vcpu)).or_default() += 1;
-                    }
-                }
-                SampleKind::Idle => self.idle += 1,
-            }
-        }
-    }
-
-    pub fn merge(&mut self, other: Aggregate) {
-        self.total += other.total;
-        self.events += other.events;
-        self.idle += other.idle;
-        self.cost_sum += other.cost_sum;
-        self.cost_min = self.cost_min.min(other.cost_min);
-        self.cost_max = self.cost_max.max(other.cost_max);
-        for (k, v) in other.hv_by_rip {
-            *self.hv_by_rip.entry(k).or_default() += v;
-        }
-        for (key, rips) in other.guest {
-            let i = guest_slot(&mut self.guest, &mut self.guest_index, key);
-            for (rip, n) in rips {
-                *self.guest[i].1.entry(rip).or_default() += n;
-            }
-        }
-        for (k, v) in other.steal {
-            *self.steal.entry(k).or_default() += v;
-        }
-        for (k, v) in other.timeline {
-            self.timeline.entry(k).or_default().extend(v);
-        }
-        self.sched.extend(other.sched);
-        self.guest_samples.extend(other.guest_samples);
-    }
-}
-
-/// Decodes a capture on `threads` threads and counts its samples as they come (keeping every
-/// guest sample with `keep_guest`, for Linux guests).
-pub fn analyze(bytes: &[u8], threads: usize, keep_guest: bool) -> (Decoded, Aggregate) {
-    let init = || {
-        if keep_guest {
-            Aggregate::keeping_guest_samples()
-        } else {
-            Aggregate::new()
-        }
-    };
-    let (decoded, parts) =
-        hvprof_samplelog::decode_parallel(bytes, threads, init, |a, p, r| a.add(p, r));
-    let mut agg = init();
-    for p in parts {
-        agg.merge(p);
-    }
-    (decoded, agg)
-}
-
-/// Builds the report of a decoded capture (its records counted here).
-#[cfg(test)]
-pub fn build(decoded: &Decoded, images: &Images) -> Report {
-    let mut agg = Aggregate::new();
-    for (&pcpu, log) in &decoded.pcpus {
-        agg.add(pcpu, &log.records);
-    }
-    build_from(decoded, agg, images)
-}
-
-/// Names the guest samples kept whole (`Aggregate::keep_guest`): each takes its vCPU's process at
-/// its time from the task frames; kernel-mode samples of a Linux VM take the kernel's function
-/// (after the VM's KASLR slide) under `[guest.kallsyms]`, user-mode ones the function of the
-/// image named like the process (`--image w41` for process `w41`), else their address. Samples
-/// of the other VMs are counted by address, as without `keep_guest`.
-fn name_linux_samples(
-    namer: &Namer,
-    samples: &[GuestSample],
-    per_vm: &mut HashMap<u16, GuestCounts>,
-    per_vcpu: &mut HashMap<(u16, u16), GuestCounts>,
-) {
-    let mut cache: HashMap<(u16, bool, u64, Option<String>), RowKey> = HashMap::default();
-    for g in samples {
-        if !namer.is_linux(g.vm) {
-            per_vm.entry(g.vm).or_default().add_guest(g.rip, g.user, 1);
-            per_vcpu
-                .entry((g.vm, g.vcpu))
-                .or_default()
-                .add_guest(g.rip, g.user, 1);
-            continue;
-        }
-        let process = namer.task(g.vm, g.vcpu, g.tsc).map(str::to_owned);
-        let key = cache
-            .entry((g.vm, g.user, g.rip, process.clone()))
-            .or_insert_with(|| {
-                let (function, module) =
-                    namer.guest_function(g.vm, g.user, g.rip, process.as_deref());
-                (function, module, process)
-            })
-            .clone();
-        per_vm.entry(g.vm).or_default().add_named(&key, g.user);
-        per_vcpu
-            .entry((g.vm, g.vcpu))
-            .or_default()
-            .add_named(&key, g.user);
-    }
-}
-
 /// The exact split of the vCPUs' lifetimes from their scheduling events, beside `table`.
 fn exact_of<'a>(
     table: &GuestTable,
@@ -707,19 +589,26 @@ fn exact_of<'a>(
     })
 }
 
-/// Builds the report from a capture's description and its counted samples.
-pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report {
-    let mut warnings = Vec::new();
+/// Builds the report from a capture's description and its classified, named samples: the
+/// host level, each VM's and vCPU's guest level with the exact split from the scheduling
+/// events, then the losses and the warnings. `keep_guest` names Linux guests' samples by
+/// process; `warnings` holds what naming found missing.
+pub fn build(
+    decoded: &Decoded,
+    classified: &Classified,
+    frames: &[Frame],
+    namer: &Namer,
+    images: &Images,
+    keep_guest: bool,
+    mut warnings: Vec<String>,
+) -> Report {
     let header = decoded.header.clone().unwrap_or_default();
     if decoded.header.is_none() {
-        warnings.push("no header frame: VM names and the period are unknown".into());
+        warnings.insert(
+            0,
+            "no header frame: VM names and the period are unknown".into(),
+        );
     }
-    let namer = Namer::new(decoded, images, &mut warnings);
-    let vm_table: Vec<(u16, String, String)> = namer
-        .vms
-        .iter()
-        .map(|v| (v.id, v.name.clone(), v.image.clone()))
-        .collect();
     let hv_id = header.build_id.as_bytes().to_vec();
     let hv_matches = images
         .hypervisor
@@ -731,148 +620,12 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
                 .into(),
         );
     }
-
-    let Aggregate {
-        total,
-        events,
-        hv_by_rip,
-        idle,
-        guest,
-        steal,
-        cost_sum,
-        cost_min,
-        cost_max,
-        mut timeline,
-        sched,
-        guest_samples,
-        ..
-    } = agg;
-    let mut per_vm: HashMap<u16, GuestCounts> = HashMap::default();
-    let mut per_vcpu: HashMap<(u16, u16), GuestCounts> = HashMap::default();
-    for &((vm, vcpu, user), ref rips) in &guest {
-        for (&rip, &n) in rips {
-            per_vm.entry(vm).or_default().add_guest(rip, user, n);
-            per_vcpu
-                .entry((vm, vcpu))
-                .or_default()
-                .add_guest(rip, user, n);
-        }
-    }
-    name_linux_samples(&namer, &guest_samples, &mut per_vm, &mut per_vcpu);
-    let mut exact: HashMap<(u16, u16), crate::timeline::Blanks> = HashMap::default();
-    if sched.is_empty() {
-        // No scheduling events (an old or partial log): the hypervisor's samples on a vCPU's
-        // behalf are all that can be called its steal.
-        for (&(vm, vcpu), &n) in &steal {
-            *per_vm
-                .entry(vm)
-                .or_default()
-                .steal
-                .entry("(hypervisor)".into())
-                .or_default() += n;
-            *per_vcpu
-                .entry((vm, vcpu))
-                .or_default()
-                .steal
-                .entry("(hypervisor)".into())
-                .or_default() += n;
-        }
-    } else {
-        for line in timeline.values_mut() {
-            line.sort_by_key(|(t, _)| *t);
-        }
-        exact = crate::timeline::blanks(&timeline, &sched);
-        for (&(vm, vcpu), b) in &exact {
-            let add = |g: &mut GuestCounts| {
-                g.idle += b.idle;
-                if b.steal_outside > 0 {
-                    *g.steal.entry("(outside)".into()).or_default() += b.steal_outside;
-                }
-                if b.hypervisor + b.hypervisor_out > 0 {
-                    *g.steal.entry("(hypervisor)".into()).or_default() +=
-                        b.hypervisor + b.hypervisor_out;
-                }
-                for (&other, &n) in &b.steal_on {
-                    *g.steal.entry(format!("(on vcpu{other})")).or_default() += n;
-                }
-                if b.steal_on_others > 0 {
-                    *g.steal.entry("(on other vcpus)".into()).or_default() += b.steal_on_others;
-                }
-            };
-            add(per_vm.entry(vm).or_default());
-            add(per_vcpu.entry((vm, vcpu)).or_default());
-        }
-    }
-
-    // Host level.
-    let pct = |n: u64| percent(n, total);
-    let mut host_counts: HashMap<(String, String), u64> = HashMap::default();
-    let mut vm_samples = 0u64;
-    for (&vm, c) in &per_vm {
-        let n = c.os + c.user;
-        if n == 0 {
-            continue;
-        }
-        vm_samples += n;
-        let label = vm_table
-            .iter()
-            .find(|v| v.0 == vm)
-            .map_or_else(|| format!("vm{vm}"), |v| v.1.clone());
-        host_counts.insert((format!("[{label}]"), format!("(vm {vm})")), n);
-    }
-    let mut hv_samples = 0u64;
-    for (&rip, &n) in &hv_by_rip {
-        hv_samples += n;
-        *host_counts
-            .entry((name(images.hypervisor.as_ref(), rip), "hvprof".into()))
-            .or_default() += n;
-    }
-    if idle > 0 {
-        host_counts.insert(("[idle]".into(), "(idle)".into()), idle);
-    }
-
-    let mut vms: Vec<VmReport> = vm_table
-        .iter()
-        .map(|(id, name, image)| {
-            let counts = per_vm.remove(id).unwrap_or_default();
-            let symbols = namer.guest_symbols(*id);
-            let mut vcpus: Vec<VcpuReport> = per_vcpu
-                .iter()
-                .filter(|((vm, _), _)| vm == id)
-                .map(|(&(_, vcpu), c)| {
-                    let mut table = c.table(symbols, image);
-                    table.exact = exact_of(&table, exact.get(&(*id, vcpu)).into_iter());
-                    VcpuReport { vcpu, table }
-                })
-                .collect();
-            vcpus.sort_by_key(|v| v.vcpu);
-            let mut table = counts.table(symbols, image);
-            table.exact = exact_of(
-                &table,
-                exact.iter().filter(|((vm, _), _)| vm == id).map(|(_, b)| b),
-            );
-            VmReport {
-                id: *id,
-                name: name.clone(),
-                image: image.clone(),
-                table,
-                vcpus,
-            }
-        })
-        .collect();
-    // Samples of VMs the header does not list (a damaged or missing header).
-    let mut unknown: Vec<u16> = per_vm.keys().copied().collect();
-    unknown.sort_unstable();
-    for id in unknown {
-        let counts = &per_vm[&id];
-        vms.push(VmReport {
-            id,
-            name: format!("vm{id}"),
-            image: String::new(),
-            table: counts.table(None, "?"),
-            vcpus: Vec::new(),
-        });
-    }
+    let samples = &classified.samples;
+    let total = samples.len() as u64;
+    let mut guests = guest_counts(samples.stacks(), frames, namer, keep_guest);
+    let exact = add_blanks(classified, &mut guests);
+    let host = host_level(samples.stacks(), frames, namer, &guests.per_vm, total);
+    let vms = guest_level(namer, guests, &exact);
 
     let lost = Lost {
         blocks: decoded.blocks_lost(),
@@ -888,19 +641,20 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
                 .into(),
         );
     }
-    let first_tsc = timeline.values().flat_map(|l| l.iter().map(|s| s.0)).min();
+    let first_tsc = (!samples.is_empty()).then(|| samples.span().0);
     let (losses, mut first_lines) = losses(decoded, first_tsc, header.tsc_hz);
     let integrity = Integrity::of(decoded);
     first_lines.extend(integrity.warnings());
     warnings.splice(0..0, first_lines);
+    let cost = classified.cost;
     let mean = if total == 0 {
         0.0
     } else {
-        cost_sum as f64 / total as f64
+        cost.sum as f64 / total as f64
     };
     Report {
         total_samples: total,
-        events,
+        events: classified.events.len() as u64,
         period_ticks: header.period_ticks,
         tsc_hz: header.tsc_hz,
         pcpus: header.pcpus,
@@ -916,8 +670,8 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
         integrity,
         cost: Cost {
             mean,
-            min: if total == 0 { 0 } else { cost_min },
-            max: cost_max,
+            min: if total == 0 { 0 } else { cost.min },
+            max: cost.max,
             percent_of_period: if header.period_ticks == 0 {
                 0.0
             } else {
@@ -925,21 +679,238 @@ pub fn build_from(decoded: &Decoded, agg: Aggregate, images: &Images) -> Report 
             },
         },
         whole_cost: crate::cost::from_frames(&decoded.costs),
-        host: Host {
-            hypervisor: pct(hv_samples),
-            vm: pct(vm_samples),
-            idle: pct(idle),
-            rows: rows(
-                host_counts
-                    .into_iter()
-                    .map(|((f, m), n)| ((f, m, None), n))
-                    .collect(),
-                total,
-            ),
-        },
+        host,
         vms,
         warnings,
     }
+}
+
+/// Guest-level counts per VM and per vCPU, and the hypervisor's samples on each vCPU's behalf.
+#[derive(Default)]
+struct Guests {
+    per_vm: HashMap<u16, GuestCounts>,
+    per_vcpu: HashMap<(u16, u16), GuestCounts>,
+    /// (vm, vcpu) → hypervisor samples taken on that vCPU's behalf.
+    hypervisor: HashMap<(u16, u16), u64>,
+}
+
+/// Counts the guest samples of each VM and vCPU: by address, or for Linux guests with
+/// `keep_guest` by (function, module, process) as their frames name them (kernel functions
+/// under `[guest.kallsyms]` after the VM's KASLR slide, user functions from the image named
+/// like the process).
+fn guest_counts(stacks: &[Stack], frames: &[Frame], namer: &Namer, keep_guest: bool) -> Guests {
+    let mut g = Guests::default();
+    for s in stacks.iter().filter(|s| s.count > 0) {
+        let n = s.count;
+        match s.what {
+            What::GuestKernel | What::GuestUser => {
+                let user = s.what == What::GuestUser;
+                if keep_guest && namer.is_linux(s.vm) {
+                    let f = &frames[s.frame as usize];
+                    let key: RowKey = (
+                        f.function.clone(),
+                        f.module.clone(),
+                        s.process
+                            .and_then(|p| namer.task_label(p))
+                            .map(str::to_owned),
+                    );
+                    g.per_vm.entry(s.vm).or_default().add_named(&key, user, n);
+                    g.per_vcpu
+                        .entry((s.vm, s.vcpu))
+                        .or_default()
+                        .add_named(&key, user, n);
+                } else {
+                    g.per_vm.entry(s.vm).or_default().add_guest(s.addr, user, n);
+                    g.per_vcpu
+                        .entry((s.vm, s.vcpu))
+                        .or_default()
+                        .add_guest(s.addr, user, n);
+                }
+            }
+            // Time the hypervisor spent on a VM's behalf is that VM's steal.
+            What::Hypervisor if s.vm != hvprof_samplelog::NO_VM => {
+                *g.hypervisor.entry((s.vm, s.vcpu)).or_default() += n;
+            }
+            What::Hypervisor | What::Idle => {}
+        }
+    }
+    g
+}
+
+/// Adds each vCPU's blank slots (`[idle]`, `[steal]`) on the common time axis from the
+/// scheduling events, and returns them (for the exact split). Without events (an old or
+/// partial log) the hypervisor's samples on a vCPU's behalf are all that can be called its
+/// steal.
+fn add_blanks(
+    classified: &Classified,
+    g: &mut Guests,
+) -> HashMap<(u16, u16), crate::timeline::Blanks> {
+    if classified.events.is_empty() {
+        for (&(vm, vcpu), &n) in &g.hypervisor {
+            for counts in [
+                g.per_vm.entry(vm).or_default(),
+                g.per_vcpu.entry((vm, vcpu)).or_default(),
+            ] {
+                *counts.steal.entry("(hypervisor)".into()).or_default() += n;
+            }
+        }
+        return HashMap::default();
+    }
+    let stacks = classified.samples.stacks();
+    let timeline: HashMap<u16, Vec<(u64, Owner)>> = classified
+        .samples
+        .pcpus()
+        .map(|(c, list)| {
+            let owners = list
+                .iter()
+                .map(|s| (s.tsc, owner(&stacks[s.stack as usize])))
+                .collect();
+            (c, owners)
+        })
+        .collect();
+    let exact = crate::timeline::blanks(&timeline, &classified.events);
+    for (&(vm, vcpu), b) in &exact {
+        let add = |g: &mut GuestCounts| {
+            g.idle += b.idle;
+            if b.steal_outside > 0 {
+                *g.steal.entry("(outside)".into()).or_default() += b.steal_outside;
+            }
+            if b.hypervisor + b.hypervisor_out > 0 {
+                *g.steal.entry("(hypervisor)".into()).or_default() +=
+                    b.hypervisor + b.hypervisor_out;
+            }
+            for (&other, &n) in &b.steal_on {
+                *g.steal.entry(format!("(on vcpu{other})")).or_default() += n;
+            }
+            if b.steal_on_others > 0 {
+                *g.steal.entry("(on other vcpus)".into()).or_default() += b.steal_on_others;
+            }
+        };
+        add(g.per_vm.entry(vm).or_default());
+        add(g.per_vcpu.entry((vm, vcpu)).or_default());
+    }
+    exact
+}
+
+/// Who a stack's samples belong to on the common time axis.
+fn owner(s: &Stack) -> Owner {
+    match s.what {
+        What::GuestKernel | What::GuestUser => Owner::Guest {
+            vm: s.vm,
+            vcpu: s.vcpu,
+        },
+        What::Hypervisor => Owner::Hypervisor {
+            vm: s.vm,
+            vcpu: s.vcpu,
+        },
+        What::Idle => Owner::Idle,
+    }
+}
+
+/// The host level: each VM as one row, the hypervisor's functions, `[idle]`.
+fn host_level(
+    stacks: &[Stack],
+    frames: &[Frame],
+    namer: &Namer,
+    per_vm: &HashMap<u16, GuestCounts>,
+    total: u64,
+) -> Host {
+    let pct = |n: u64| percent(n, total);
+    let mut host_counts: HashMap<RowKey, u64> = HashMap::default();
+    let mut vm_samples = 0u64;
+    for (&vm, c) in per_vm {
+        let n = c.os + c.user;
+        if n == 0 {
+            continue;
+        }
+        vm_samples += n;
+        host_counts.insert(
+            (
+                format!("[{}]", namer.vm_name(vm)),
+                format!("(vm {vm})"),
+                None,
+            ),
+            n,
+        );
+    }
+    let (mut hv_samples, mut idle) = (0u64, 0u64);
+    for s in stacks.iter().filter(|s| s.count > 0) {
+        match s.what {
+            What::Hypervisor => {
+                hv_samples += s.count;
+                let function = frames[s.frame as usize].function.clone();
+                *host_counts
+                    .entry((function, "hvprof".into(), None))
+                    .or_default() += s.count;
+            }
+            What::Idle => idle += s.count,
+            What::GuestKernel | What::GuestUser => {}
+        }
+    }
+    if idle > 0 {
+        host_counts.insert(("[idle]".into(), "(idle)".into(), None), idle);
+    }
+    Host {
+        hypervisor: pct(hv_samples),
+        vm: pct(vm_samples),
+        idle: pct(idle),
+        rows: rows(host_counts, total),
+    }
+}
+
+/// The guest level: per VM of the header, its table and its vCPUs' (with the exact split from
+/// the events), then the VMs the header does not list (a damaged or missing header).
+fn guest_level(
+    namer: &Namer,
+    mut g: Guests,
+    exact: &HashMap<(u16, u16), crate::timeline::Blanks>,
+) -> Vec<VmReport> {
+    let mut vms: Vec<VmReport> = namer
+        .vms
+        .iter()
+        .map(|v| {
+            let counts = g.per_vm.remove(&v.id).unwrap_or_default();
+            let symbols = namer.guest_symbols(v.id);
+            let mut vcpus: Vec<VcpuReport> = g
+                .per_vcpu
+                .iter()
+                .filter(|((vm, _), _)| *vm == v.id)
+                .map(|(&(_, vcpu), c)| {
+                    let mut table = c.table(symbols, &v.image);
+                    table.exact = exact_of(&table, exact.get(&(v.id, vcpu)).into_iter());
+                    VcpuReport { vcpu, table }
+                })
+                .collect();
+            vcpus.sort_by_key(|v| v.vcpu);
+            let mut table = counts.table(symbols, &v.image);
+            table.exact = exact_of(
+                &table,
+                exact
+                    .iter()
+                    .filter(|((vm, _), _)| *vm == v.id)
+                    .map(|(_, b)| b),
+            );
+            VmReport {
+                id: v.id,
+                name: v.name.clone(),
+                image: v.image.clone(),
+                table,
+                vcpus,
+            }
+        })
+        .collect();
+    let mut unknown: Vec<u16> = g.per_vm.keys().copied().collect();
+    unknown.sort_unstable();
+    for id in unknown {
+        vms.push(VmReport {
+            id,
+            name: format!("vm{id}"),
+            image: String::new(),
+            table: g.per_vm[&id].table(None, "?"),
+            vcpus: Vec::new(),
+        });
+    }
+    vms
 }
 
 #[cfg(test)]
@@ -948,14 +919,32 @@ mod tests {
     use hvprof_samplelog::synth;
 
     use hvprof_samplelog::{
-        BlockEncoder, BuildId, FixedStr, Header, MAX_HEADER_FRAME_LEN, PcpuTotals, Sample, VmInfo,
-        encode_end, encode_header, max_block_frame_len, max_end_frame_len,
+        BlockEncoder, BuildId, FixedStr, Header, MAX_HEADER_FRAME_LEN, PcpuTotals, Record, Sample,
+        SampleKind, VmInfo, encode_end, encode_header, max_block_frame_len, max_end_frame_len,
     };
     use proptest::prelude::*;
 
+    /// The report of a capture, decoded on `threads` threads.
+    fn report_with(bytes: &[u8], threads: usize) -> Report {
+        crate::profile::Profile::from_bytes(
+            bytes,
+            &Images::default(),
+            crate::profile::LoadOptions {
+                threads,
+                keep_guest: false,
+            },
+            &crate::progress::Progress::hidden(),
+        )
+        .report
+    }
+
+    fn report_of(bytes: &[u8]) -> Report {
+        report_with(bytes, 1)
+    }
+
     #[test]
     fn empty_capture() {
-        let r = build(&hvprof_samplelog::decode(&[]), &Images::default());
+        let r = report_of(&[]);
         assert_eq!(r.total_samples, 0);
         assert!(r.lost.truncated);
         assert!(r.host.rows.is_empty());
@@ -1030,10 +1019,7 @@ mod tests {
 
     #[test]
     fn known_counts() {
-        let r = build(
-            &hvprof_samplelog::decode(&known_capture()),
-            &Images::default(),
-        );
+        let r = report_of(&known_capture());
         assert_eq!(r.total_samples, 100);
         assert!(!r.lost.truncated && r.lost.blocks == 0);
         let host = |f: &str| {
@@ -1081,14 +1067,9 @@ mod tests {
             ..synth::SynthConfig::default()
         };
         let cap = synth::capture(&cfg, &synth::CaptureOptions::default());
-        let seq = build(&hvprof_samplelog::decode(&cap.bytes), &Images::default());
-        for threads in [1, 2, 4] {
-            let (d, agg) = analyze(&cap.bytes, threads, false);
-            assert_eq!(
-                build_from(&d, agg, &Images::default()),
-                seq,
-                "{threads} threads"
-            );
+        let seq = report_of(&cap.bytes);
+        for threads in [2, 4] {
+            assert_eq!(report_with(&cap.bytes, threads), seq, "{threads} threads");
         }
     }
 
@@ -1100,7 +1081,7 @@ mod tests {
             ..synth::SynthConfig::default()
         };
         let cap = synth::capture(&cfg, &synth::CaptureOptions::default());
-        let r = build(&hvprof_samplelog::decode(&cap.bytes), &Images::default());
+        let r = report_of(&cap.bytes);
         assert_eq!(r.total_samples, cap.samples);
         let sum: u64 = r.host.rows.iter().map(|x| x.samples).sum();
         assert_eq!(sum, r.total_samples);
@@ -1109,7 +1090,7 @@ mod tests {
     proptest! {
         #[test]
         fn never_panics(bytes in prop::collection::vec(any::<u8>(), 0..2048)) {
-            let _ = build(&hvprof_samplelog::decode(&bytes), &Images::default());
+            let _ = report_of(&bytes);
         }
 
         #[test]
@@ -1119,7 +1100,7 @@ mod tests {
                 let at = i.index(bytes.len());
                 bytes[at] ^= v | 1;
             }
-            let r = build(&hvprof_samplelog::decode(&bytes), &Images::default());
+            let r = report_of(&bytes);
             // Whatever survives is counted, whatever is lost is accounted for.
             prop_assert!(r.total_samples + r.lost.samples <= 100);
         }

@@ -6,6 +6,65 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
+/// What names the capture's addresses: the one place symbol files are read.
+#[derive(Default)]
+pub struct Images {
+    pub hypervisor: Option<Symbols>,
+    pub guests: Vec<Symbols>,
+    /// The kernel of the Linux guests (`--kernel`): their kernel functions, by VM after the
+    /// KASLR slide each VM's `IA32_LSTAR` line gives.
+    pub kernel: Option<linux_guest::KernelImage>,
+}
+
+impl Images {
+    /// Reads the symbol files: the hypervisor's ELF, guest images, the Linux guests' kernel
+    /// (vmlinux or bzImage). A hypervisor or guest file that cannot be used is a warning (printed
+    /// on stderr; its addresses stay hex); a kernel that cannot be read is an error.
+    pub fn load(
+        hypervisor: Option<&Path>,
+        guests: &[std::path::PathBuf],
+        kernel: Option<&Path>,
+    ) -> Result<Images> {
+        let mut imgs = Images::default();
+        if let Some(k) = kernel {
+            let image = if linux_guest::BzImage::parse(
+                &std::fs::read(k).with_context(|| format!("cannot read {}", k.display()))?,
+            )
+            .is_ok()
+            {
+                linux_guest::KernelImage::from_bzimage(k)
+            } else {
+                linux_guest::KernelImage::from_vmlinux(k)
+            };
+            imgs.kernel = Some(image.with_context(|| {
+                format!(
+                    "{}: not a Linux kernel image hvprof-analyze can read",
+                    k.display()
+                )
+            })?);
+        }
+        if let Some(h) = hypervisor {
+            match Symbols::load(h) {
+                Ok(s) => imgs.hypervisor = Some(s),
+                Err(e) => {
+                    eprintln!("hvprof-analyze: warning: {e:#}; hypervisor addresses stay hex")
+                }
+            }
+        }
+        for i in guests {
+            match Symbols::load(i) {
+                Ok(s) if s.is_empty() => eprintln!(
+                    "hvprof-analyze: warning: {} has no function symbols (stripped?)",
+                    i.display()
+                ),
+                Ok(s) => imgs.guests.push(s),
+                Err(e) => eprintln!("hvprof-analyze: warning: {e:#}"),
+            }
+        }
+        Ok(imgs)
+    }
+}
+
 /// One image's functions, sorted by address.
 #[derive(Debug, Clone, Default)]
 pub struct Symbols {

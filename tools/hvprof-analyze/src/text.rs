@@ -7,31 +7,17 @@ use comfy_table::{CellAlignment, Table};
 use hvprof_samplelog::{Decoded, Record};
 
 use crate::naming::printable;
-use crate::report::{GuestTable, Report, Row};
+use crate::report::{Level, Report, Row, cells};
 
 fn table(rows: &[Row], top: usize) -> String {
     let mut t = Table::new();
     t.load_preset(NOTHING);
-    // The Process column appears when a Linux guest's task frames name processes.
-    let processes = rows.iter().any(|r| r.process.is_some());
-    let mut header = vec!["Samples", "%Ratio", "Function", "Module"];
-    if processes {
-        header.push("Process");
-    }
+    let (header, body) = cells(rows, top);
     t.set_header(header);
-    for r in rows.iter().take(top) {
+    for row in body {
         // Names come from the log and the guests' images: escaped (the report already holds
         // them so; this keeps any other source from reaching a terminal raw).
-        let mut row = vec![
-            r.samples.to_string(),
-            format!("{:.2}", r.percent),
-            printable(&r.function).into_owned(),
-            printable(&r.module).into_owned(),
-        ];
-        if processes {
-            row.push(printable(r.process.as_deref().unwrap_or_default()).into_owned());
-        }
-        t.add_row(row);
+        t.add_row(row.iter().map(|c| printable(c).into_owned()));
     }
     for i in 0..2 {
         if let Some(c) = t.column_mut(i) {
@@ -46,28 +32,6 @@ fn table(rows: &[Row], top: usize) -> String {
     s
 }
 
-fn guest(out: &mut String, title: &str, g: &GuestTable, top: usize) {
-    let _ = writeln!(
-        out,
-        "{}\nTotal samples: {}   OS:USER:IDLE:steal = {:.2}%:{:.2}%:{:.2}%:{:.2}%",
-        printable(title),
-        g.samples,
-        g.os,
-        g.user,
-        g.idle,
-        g.steal
-    );
-    if let Some(e) = &g.exact {
-        let _ = writeln!(
-            out,
-            "Exact, from the scheduling events: running {:.2}%, idle {:.2}%, steal {:.2}% of {} ticks (samples differ by {:+.2} and {:+.2} points)",
-            e.running, e.idle, e.steal, e.ticks, e.idle_difference, e.steal_difference
-        );
-    }
-    out.push_str(&table(&g.rows, top));
-    out.push('\n');
-}
-
 /// The report as text. It opens with the warnings (where records were lost, integrity, missing
 /// names), before any table.
 pub fn render(r: &Report, top: usize, only_vm: Option<&str>) -> String {
@@ -78,41 +42,20 @@ pub fn render(r: &Report, top: usize, only_vm: Option<&str>) -> String {
     if !r.warnings.is_empty() {
         out.push('\n');
     }
-    if only_vm.is_none() {
-        let _ = writeln!(
-            out,
-            "Host level ({} pCPU(s), {} source, period {} ticks)\nTotal samples: {}   HYPERVISOR:VM:IDLE = {:.2}%:{:.2}%:{:.2}%",
-            r.pcpus,
-            r.source,
-            r.period_ticks,
-            r.total_samples,
-            r.host.hypervisor,
-            r.host.vm,
-            r.host.idle
-        );
-        out.push_str(&table(&r.host.rows, top));
+    for section in r.sections(only_vm) {
+        let title = match section.level {
+            Level::Host => format!(
+                "Host level ({} pCPU(s), {} source, period {} ticks)",
+                r.pcpus, r.source, r.period_ticks
+            ),
+            Level::Vm | Level::Vcpu => format!("Guest level: {}", printable(&section.title)),
+        };
+        let _ = writeln!(out, "{title}\n{}   {}", section.total, section.split);
+        if let Some(e) = &section.exact {
+            let _ = writeln!(out, "{e}");
+        }
+        out.push_str(&table(section.rows, top));
         out.push('\n');
-    }
-    for vm in &r.vms {
-        if only_vm.is_some_and(|n| n != vm.name) {
-            continue;
-        }
-        guest(
-            &mut out,
-            &format!("Guest level: VM {} ({})", vm.name, vm.image),
-            &vm.table,
-            top,
-        );
-        if vm.vcpus.len() > 1 {
-            for v in &vm.vcpus {
-                guest(
-                    &mut out,
-                    &format!("Guest level: VM {} vCPU {}", vm.name, v.vcpu),
-                    &v.table,
-                    top,
-                );
-            }
-        }
     }
     let _ = writeln!(
         out,

@@ -187,12 +187,14 @@ pub fn classify(
 }
 
 /// Positions of a set of samples in a pCPU's list, counted in any range by binary search.
+/// (32 bits: a pCPU's list of 4 G samples would come from a capture of more than 20 GB.)
 #[derive(Default)]
-struct Positions(Vec<usize>);
+struct Positions(Vec<u32>);
 
 impl Positions {
     fn count(&self, r: &Range<usize>) -> u64 {
-        (self.0.partition_point(|&i| i < r.end) - self.0.partition_point(|&i| i < r.start)) as u64
+        let below = |end: usize| self.0.partition_point(|&i| (i as usize) < end);
+        (below(r.end) - below(r.start)) as u64
     }
 }
 
@@ -226,6 +228,7 @@ impl PcpuIndex {
             vcpus: HashMap::default(),
         };
         for (i, &(_, owner)) in list.iter().enumerate() {
+            let i = i as u32;
             let (vm, vcpu, guest) = match owner {
                 Owner::Guest { vm, vcpu } => (vm, vcpu, true),
                 Owner::Hypervisor { vm, vcpu } => (vm, vcpu, false),

@@ -18,7 +18,7 @@ use std::process::Command;
 use hvprof_analyze::chart::Timeline;
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
-use hvprof_analyze::report::Images;
+use hvprof_analyze::symbols::Images;
 use hvprof_analyze::symbols::Symbols;
 use serde_json::Value;
 

@@ -5,7 +5,8 @@
 
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
-use hvprof_analyze::report::{self, Images, Integrity};
+use hvprof_analyze::report::{self, Integrity};
+use hvprof_analyze::symbols::Images;
 use hvprof_analyze::{html, script, text};
 use hvprof_samplelog::{
     BlockEncoder, BuildId, FixedStr, Header, PcpuTotals, Record, Sample, SampleKind, Task, VmInfo,
@@ -96,8 +97,16 @@ fn capture(forged: bool) -> Vec<u8> {
 }
 
 fn report(bytes: &[u8]) -> report::Report {
-    let (d, agg) = report::analyze(bytes, 2, true);
-    report::build_from(&d, agg, &Images::default())
+    Profile::from_bytes(
+        bytes,
+        &Images::default(),
+        LoadOptions {
+            threads: 2,
+            keep_guest: true,
+        },
+        &Progress::hidden(),
+    )
+    .report
 }
 
 #[test]

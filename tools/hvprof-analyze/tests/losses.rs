@@ -6,7 +6,7 @@
 use hvprof_analyze::chart::{LOST_COLOR, Timeline};
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
-use hvprof_analyze::report::Images;
+use hvprof_analyze::symbols::Images;
 use hvprof_analyze::{firefox, html, pprof, text};
 use hvprof_samplelog::{
     BlockHeader, Header, MAX_HEADER_FRAME_LEN, PcpuTotals, Record, Sample, SampleKind,
