@@ -9,7 +9,7 @@
 //! →               0 cr3:0x3000 (guest.process)
 //!
 //! [hypervisor] 1/10 [000] 1.235567: cpu-clock:
-//! →         1012345 hvprof::vm::run_slice ([hvprof])
+//! →         1012345 hvprof::vm::run::run_slice ([hvprof])
 //! →               0 guestOS1: PREEMPTION_TIMER ([hvprof])
 //! ```
 //!
