@@ -19,9 +19,11 @@
 #![deny(clippy::cast_possible_truncation)]
 
 pub mod maple;
+pub mod maps;
 pub mod modules;
 
 pub use maple::{MapleLayout, MmLayout, Vma, VmaWalk, walk_vmas};
+pub use maps::{ExecMapping, MapsWalk, exec_mappings};
 pub use modules::{Module, ModuleLayout, ModuleWalk, walk_modules};
 
 /// Reads guest-virtual memory of one address space.

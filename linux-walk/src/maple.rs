@@ -15,6 +15,8 @@
 //! for the others, if the last pivot is 0 the metadata's `end`, else if it equals `max` the last
 //! pivot's index, else the last slot's index.
 
+use core::fmt;
+
 use crate::{Budget, GuestMemory, Stop, field, kernel_ptr, read, read_u32, read_u64};
 
 /// Where the fields of the maple tree's nodes are (from BTF: `struct maple_range_64`,
@@ -68,8 +70,94 @@ pub struct MmLayout {
     pub d_name_len: u32,
     /// See `d_name_len`.
     pub d_name_name: u32,
+    /// `task_struct.mm` (a pointer; 0 for kernel threads).
+    pub task_mm: u32,
     /// The tree's node layout.
     pub maple: MapleLayout,
+}
+
+impl MmLayout {
+    /// The fields in the order of the compact form.
+    fn fields(&self) -> [u32; 22] {
+        let m = &self.maple;
+        [
+            self.mm_root,
+            self.vm_start,
+            self.vm_end,
+            self.vm_mm,
+            self.vm_flags,
+            self.vm_pgoff,
+            self.vm_file,
+            self.file_dentry,
+            self.d_parent,
+            self.d_name_len,
+            self.d_name_name,
+            self.task_mm,
+            m.node_size,
+            m.range64_pivot,
+            m.range64_slot,
+            m.range64_slots,
+            m.range64_meta,
+            m.arange64_pivot,
+            m.arange64_slot,
+            m.arange64_slots,
+            m.arange64_meta,
+            m.meta_end,
+        ]
+    }
+
+    /// Parses the compact form [`fmt::Display`] writes: 22 decimal numbers separated by `:`
+    /// (the hypervisor's `mm-layout=` module argument). `None` if malformed or not walkable.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<MmLayout> {
+        let mut f = [0u32; 22];
+        let mut parts = s.split(':');
+        for slot in &mut f {
+            *slot = parts.next()?.parse().ok()?;
+        }
+        if parts.next().is_some() {
+            return None;
+        }
+        let l = MmLayout {
+            mm_root: f[0],
+            vm_start: f[1],
+            vm_end: f[2],
+            vm_mm: f[3],
+            vm_flags: f[4],
+            vm_pgoff: f[5],
+            vm_file: f[6],
+            file_dentry: f[7],
+            d_parent: f[8],
+            d_name_len: f[9],
+            d_name_name: f[10],
+            task_mm: f[11],
+            maple: MapleLayout {
+                node_size: f[12],
+                range64_pivot: f[13],
+                range64_slot: f[14],
+                range64_slots: f[15],
+                range64_meta: f[16],
+                arange64_pivot: f[17],
+                arange64_slot: f[18],
+                arange64_slots: f[19],
+                arange64_meta: f[20],
+                meta_end: f[21],
+            },
+        };
+        l.maple.is_usable().then_some(l)
+    }
+}
+
+impl fmt::Display for MmLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, v) in self.fields().iter().enumerate() {
+            if i > 0 {
+                f.write_str(":")?;
+            }
+            write!(f, "{v}")?;
+        }
+        Ok(())
+    }
 }
 
 /// `VM_EXEC` in `vm_flags` (`include/linux/mm.h`).
@@ -418,6 +506,12 @@ fn cut(out: &mut [u8], at: usize) -> (usize, bool) {
     }
 }
 
+/// The test layout, for the other modules' tests.
+#[cfg(test)]
+pub(crate) fn tests_layout() -> MmLayout {
+    tests::LAYOUT
+}
+
 #[cfg(test)]
 #[allow(clippy::cast_possible_truncation, reason = "test values are small")]
 mod tests {
@@ -439,6 +533,7 @@ mod tests {
         d_parent: 24,
         d_name_len: 32 + 4,
         d_name_name: 32 + 8,
+        task_mm: 2272,
         maple: MapleLayout {
             node_size: 256,
             range64_pivot: 8,
@@ -559,6 +654,19 @@ mod tests {
             assert_eq!(got.iter().map(|v| v.vma).collect::<Vec<_>>(), addrs);
             assert!(got.iter().all(Vma::is_exec));
         }
+    }
+
+    #[test]
+    fn the_compact_form_round_trips() {
+        let s = LAYOUT.to_string();
+        assert_eq!(s.split(':').count(), 22);
+        assert_eq!(MmLayout::parse(&s), Some(LAYOUT));
+        assert_eq!(MmLayout::parse(&s[..s.len() - 2]), None);
+        assert_eq!(MmLayout::parse(&format!("{s}:1")), None);
+        // A node layout the walker cannot read is refused.
+        let mut bad = LAYOUT;
+        bad.maple.node_size = 4096;
+        assert_eq!(MmLayout::parse(&bad.to_string()), None);
     }
 
     #[test]

@@ -80,6 +80,7 @@ pub fn mm_layout(btf: &Btf<'_>) -> Result<MmLayout, Error> {
         d_parent: offset(btf, "dentry", "d_parent")?,
         d_name_len: offset(btf, "dentry", "d_name.len")?,
         d_name_name: offset(btf, "dentry", "d_name.name")?,
+        task_mm: offset(btf, "task_struct", "mm")?,
         maple: maple_layout(btf)?,
     })
 }
