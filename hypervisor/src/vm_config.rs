@@ -62,6 +62,9 @@ pub struct VmConfig<'a> {
     /// `task-offsets=current_task:pid:tgid:comm`: where a Linux guest keeps its running task
     /// (derived on the host from the kernel image), so samples name guest processes.
     pub task_offsets: Option<hvprof_samplelog::TaskOffsets>,
+    /// `mm-layout=` (22 numbers, `linux-guest`'s derivation from the kernel's BTF): where a
+    /// Linux guest keeps a process's memory map, to name the files its processes run.
+    pub mm_layout: Option<hvprof_linux_walk::MmLayout>,
     /// Every argument after the image name, passed to the guest as is.
     pub args: &'a str,
 }
@@ -101,6 +104,7 @@ pub enum ConfigError<'a> {
     BadPin(&'a str),
     BadInitrd,
     BadTaskOffsets(&'a str),
+    BadMmLayout(&'a str),
     PinCount { pins: usize, vcpus: u16 },
     Repeated(&'a str),
 }
@@ -156,6 +160,10 @@ impl fmt::Display for ConfigError<'_> {
                 f,
                 "task-offsets={v:?}: expected current_task:pid:tgid:comm (decimal or 0x-hex)"
             ),
+            ConfigError::BadMmLayout(v) => write!(
+                f,
+                "mm-layout={v:?}: expected the 22 numbers linux-guest derives from the kernel's BTF (manifest.json's mm_layout)"
+            ),
             ConfigError::PinCount { pins, vcpus } => write!(
                 f,
                 "pin= names {pins} pCPU{} but the VM has {vcpus} vCPU{}: give one pCPU per vCPU",
@@ -183,6 +191,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
     let mut pin = None;
     let mut initrd = None;
     let mut task_offsets = None;
+    let mut mm_layout = None;
     let positive = |v: &str| v.parse::<u64>().ok().filter(|&n| n > 0);
     for word in words {
         let Some((key, value)) = word.split_once('=') else {
@@ -218,6 +227,14 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                 Some(
                     hvprof_samplelog::TaskOffsets::parse(value)
                         .ok_or(ConfigError::BadTaskOffsets(value))?,
+                ),
+            )?,
+            "mm-layout" => set(
+                &mut mm_layout,
+                key,
+                Some(
+                    hvprof_linux_walk::MmLayout::parse(value)
+                        .ok_or(ConfigError::BadMmLayout(value))?,
                 ),
             )?,
             "initrd" => set(
@@ -261,6 +278,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
         pin,
         initrd,
         task_offsets: task_offsets.flatten(),
+        mm_layout: mm_layout.flatten(),
         budget: budget.unwrap_or(BUDGET_DEFAULT),
         wall_budget: wall_budget.unwrap_or_else(|| {
             budget
@@ -293,7 +311,7 @@ fn parse_name(n: &str) -> Result<&str, ConfigError<'_>> {
 }
 
 /// The keys the hypervisor takes from a module's command line (the rest goes to the guest).
-pub const KEYS: [&str; 10] = [
+pub const KEYS: [&str; 11] = [
     "vm",
     "mem",
     "budget",
@@ -304,6 +322,7 @@ pub const KEYS: [&str; 10] = [
     "pin",
     "initrd",
     "task-offsets",
+    "mm-layout",
 ];
 
 /// The module's arguments without the hypervisor's keys: a Linux guest's kernel command line.
@@ -474,6 +493,20 @@ mod tests {
                 .to_string()
                 .contains("multiple of 2 MiB")
         );
+    }
+
+    #[test]
+    fn mm_layout_is_parsed_and_checked() {
+        let l = "72:0:8:16:32:120:128:24:24:36:40:2272:256:8:128:16:248:8:80:10:240:0";
+        let args = format!("linux.bzImage mm-layout={l}");
+        let c = parse(&args).unwrap();
+        assert_eq!(c.mm_layout.map(|m| m.to_string()), Some(l.to_owned()));
+        assert_eq!(
+            parse("x mm-layout=1:2:3"),
+            Err(ConfigError::BadMmLayout("1:2:3"))
+        );
+        let args = format!("mm-layout={l} quiet");
+        assert_eq!(guest_args(&args).count(), 1);
     }
 
     proptest! {

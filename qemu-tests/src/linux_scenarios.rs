@@ -65,6 +65,21 @@ fn task_offsets() -> String {
     )
 }
 
+/// `mm-layout=` for the hypervisor: where the kernel keeps a process's memory map, derived from
+/// the image's vmlinux BTF (empty when the kernel is missing or its layout is not walkable: the
+/// scenario then runs without naming files).
+fn mm_layout() -> String {
+    static LAYOUT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    LAYOUT
+        .get_or_init(|| {
+            linux_guest::KernelImage::from_vmlinux(linux_dir().join("vmlinux"))
+                .ok()
+                .and_then(|k| k.mm_layout.ok())
+                .map_or_else(String::new, |l| format!("mm-layout={l}"))
+        })
+        .clone()
+}
+
 /// One Linux VM running `run` with `arg` (module name `<vm>.bzImage`, initrd `<vm>.cpio`).
 fn linux_vm(s: Scenario, vm: &str, run: &str, arg: &str) -> Scenario {
     let dir = linux_dir();
@@ -73,8 +88,9 @@ fn linux_vm(s: Scenario, vm: &str, run: &str, arg: &str) -> Scenario {
         &format!("{vm}.bzImage"),
         ModuleSource::File(dir.join("bzImage")),
         &format!(
-            "vm={vm} mem=256M budget=100000000000 initrd={initrd} {} {KERNEL_CMDLINE} hvprof.run={run} hvprof.arg={arg}",
-            task_offsets()
+            "vm={vm} mem=256M budget=100000000000 initrd={initrd} {} {} {KERNEL_CMDLINE} hvprof.run={run} hvprof.arg={arg}",
+            task_offsets(),
+            mm_layout()
         ),
     )
     .module(
@@ -222,8 +238,65 @@ fn check_w41(run: &ProfileRun) -> Result<(), String> {
                 // Kernel symbols (the KASLR slide from LSTAR), exit tables and the whole cost
                 // come from frames: a reworded console changes nothing.
                 crate::profile::check_console_is_not_read(run, &linux_args()),
+                check_mapping(run, "w41"),
             ]),
     )
+}
+
+/// The hypervisor read the workload's executable mapping from guest memory: a mapping frame
+/// for `/bin/<workload>` in the process that the task frames name `<workload>`, whose range is
+/// the static binary's executable segment (page-aligned) and whose build id is the file's.
+fn check_mapping(run: &ProfileRun, workload: &str) -> Result<(), String> {
+    use object::{Object, ObjectSegment};
+    let d = hvprof_samplelog::decode(&run.capture);
+    let path = format!("/bin/{workload}");
+    let tgids: Vec<u32> = d
+        .tasks
+        .iter()
+        .filter(|t| t.comm.as_str() == workload)
+        .map(|t| t.tgid)
+        .collect();
+    let m = d
+        .mappings
+        .iter()
+        .find(|m| m.path.as_str() == path && tgids.contains(&m.tgid))
+        .ok_or_else(|| {
+            format!(
+                "no mapping frame for {path} in process {tgids:?}; mappings: {:?}",
+                d.mappings
+                    .iter()
+                    .map(|m| (m.tgid, m.path.as_str()))
+                    .collect::<Vec<_>>()
+            )
+        })?;
+    let bytes = std::fs::read(linux_dir().join("bin").join(workload))
+        .map_err(|e| format!("cannot read the workload: {e}"))?;
+    let elf = object::File::parse(&*bytes).map_err(|e| format!("the workload: {e}"))?;
+    let text = elf
+        .segments()
+        .find(|s| {
+            matches!(s.flags(), object::SegmentFlags::Elf { p_flags, .. } if p_flags.0 & object::elf::PF_X.0 != 0)
+        })
+        .ok_or("the workload has no executable segment")?;
+    let want = (
+        text.address() & !0xfff,
+        (text.address() + text.size() + 0xfff) & !0xfff,
+        text.file_range().0 / 4096,
+    );
+    if (m.start, m.end, m.pgoff) != want {
+        return Err(format!(
+            "{path}: mapping {:#x}..{:#x} page {} read from guest memory, the file says {:#x}..{:#x} page {}",
+            m.start, m.end, m.pgoff, want.0, want.1, want.2
+        ));
+    }
+    let id = elf.build_id().ok().flatten().unwrap_or_default();
+    if m.build_id.as_bytes() != id {
+        return Err(format!(
+            "{path}: build id {:02x?} read from guest memory, the file's is {id:02x?}",
+            m.build_id.as_bytes()
+        ));
+    }
+    Ok(())
 }
 
 /// The kernel's share of a workload's process (its kernel-mode samples among all of its

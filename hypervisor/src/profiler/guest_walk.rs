@@ -229,6 +229,51 @@ pub fn read_task_comm(
         .then_some(comm)
 }
 
+/// One guest address space (a CR3) read through its own page tables and the VM's memory, as
+/// `hvprof_linux_walk`'s walkers read guest memory: every read bounded to the VM (`read_phys`,
+/// `read_bytes` fail outside it), kernel-half translations cached for the walk.
+pub struct AddressSpace<'a, P, B> {
+    tlb: core::cell::RefCell<Tlb>,
+    read_phys: &'a P,
+    read_bytes: &'a B,
+    cr3: u64,
+}
+
+impl<'a, P, B> AddressSpace<'a, P, B>
+where
+    P: Fn(u64) -> Option<u64>,
+    B: Fn(u64, &mut [u8]) -> bool,
+{
+    pub fn new(read_phys: &'a P, read_bytes: &'a B, cr3: u64) -> Self {
+        AddressSpace {
+            tlb: core::cell::RefCell::new(Tlb::new()),
+            read_phys,
+            read_bytes,
+            cr3,
+        }
+    }
+}
+
+impl<P, B> hvprof_linux_walk::GuestMemory for AddressSpace<'_, P, B>
+where
+    P: Fn(u64) -> Option<u64>,
+    B: Fn(u64, &mut [u8]) -> bool,
+{
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+        let Ok(mut tlb) = self.tlb.try_borrow_mut() else {
+            return false;
+        };
+        read_virt(
+            &mut tlb,
+            self.read_phys,
+            self.read_bytes,
+            self.cr3,
+            addr,
+            out,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,5 +2,6 @@
 //! memory that names its running task. The sample path, the sampling clocks and the export are
 //! the binary's (`bin/hvprof/profiler/`).
 
+pub mod guest_maps;
 pub mod guest_walk;
 pub mod ring;

@@ -45,7 +45,13 @@ const FRAME_BUF: usize = max(
         max_block_frame_len(BLOCK),
         max(
             max(max_end_frame_len(MAX_CPUS), MAX_TASK_FRAME_LEN),
-            max(MAX_VM_END_FRAME_LEN, MAX_PCPU_COST_FRAME_LEN),
+            max(
+                MAX_VM_END_FRAME_LEN,
+                max(
+                    MAX_PCPU_COST_FRAME_LEN,
+                    hvprof_samplelog::MAX_MAPPING_FRAME_LEN,
+                ),
+            ),
         ),
     ),
 );
@@ -443,6 +449,22 @@ pub fn send_vm_end(v: &VmEnd) {
     let mut log = cell.lock();
     ex.send_header(&mut log);
     if let Ok(n) = encode_vm_end(v, log.frame) {
+        ex.send(&mut log, n);
+    }
+}
+
+/// After the run: sends a mapping frame (a guest process's executable file mapping), on the boot
+/// CPU's log.
+pub fn send_mapping(m: &hvprof_samplelog::Mapping) {
+    let Some(ex) = EXPORTER.get() else {
+        return;
+    };
+    let Some(cell) = ex.cpus.first() else {
+        return;
+    };
+    let mut log = cell.lock();
+    ex.send_header(&mut log);
+    if let Ok(n) = hvprof_samplelog::encode_mapping(m, log.frame) {
         ex.send(&mut log, n);
     }
 }

@@ -51,6 +51,11 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
         return;
     }
     let (task, pid, tgid) = ids;
+    if let Some(layout) = &vm.mm_layout
+        && vm.maps.lock().first_seen(tgid, space)
+    {
+        read_mappings(vm, vcpu, layout, cr3, task, tgid, tsc);
+    }
     let len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
     let name = core::str::from_utf8(&comm[..len]).unwrap_or("?");
     super::sampler::this_cpu().task_changed(hvprof_samplelog::Task {
@@ -64,4 +69,50 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
         tgid,
         comm: hvprof_samplelog::FixedStr::truncated(name),
     });
+}
+
+/// Reads the executable file mappings of the process whose task is at `task` (first seen now)
+/// through its own address space, and keeps them in the VM's table for the end of the run.
+/// Bounded by `guest_maps::WALK_READS` guest reads; a walk cut short keeps what it found.
+fn read_mappings(
+    vm: &Vm,
+    vcpu: &Vcpu,
+    layout: &hvprof_linux_walk::MmLayout,
+    cr3: u64,
+    task: u64,
+    tgid: u32,
+    tsc: u64,
+) {
+    use hvprof_hypervisor::profiler::guest_maps::WALK_READS;
+    let read_phys = |gpa: u64| vm.read_guest_u64(gpa);
+    let read_bytes = |gpa: u64, buf: &mut [u8]| vm.read_guest(gpa, buf);
+    let space = guest_walk::AddressSpace::new(&read_phys, &read_bytes, cr3);
+    let mut budget = hvprof_linux_walk::Budget::new(WALK_READS);
+    let pcpu = crate::percpu::index() as u16;
+    let mut found = alloc::vec::Vec::new();
+    let walk = hvprof_linux_walk::exec_mappings(&space, layout, task, &mut budget, &mut |m| {
+        let path = core::str::from_utf8(m.path()).unwrap_or("?");
+        found.push(hvprof_samplelog::Mapping {
+            pcpu,
+            tsc,
+            vm: vm.index,
+            vcpu: vcpu.index,
+            kind: hvprof_samplelog::MappingKind::Process,
+            cr3,
+            tgid,
+            start: m.start,
+            end: m.end,
+            pgoff: m.pgoff,
+            path: hvprof_samplelog::FixedStr::truncated(path),
+            build_id: hvprof_samplelog::BuildId::new(m.build_id()).unwrap_or_default(),
+        });
+        true
+    });
+    let mut maps = vm.maps.lock();
+    if walk.stop.is_some() {
+        maps.walks_cut += 1;
+    }
+    for m in found {
+        maps.add(m);
+    }
 }

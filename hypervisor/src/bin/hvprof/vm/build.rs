@@ -278,6 +278,8 @@ fn build(
         pin: config.pin,
         linux,
         task_offsets: config.task_offsets,
+        mm_layout: config.mm_layout,
+        maps: Mutex::new(Default::default()),
         name: String::from(config.name),
         mem_hpa,
         mem_size: config.mem,

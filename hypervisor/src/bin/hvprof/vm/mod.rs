@@ -87,6 +87,10 @@ pub struct Vm {
     pub linux: bool,
     /// Where its running task sits (`task-offsets=`), to name guest processes in samples.
     pub task_offsets: Option<TaskOffsets>,
+    /// Where its processes' memory maps are (`mm-layout=`), to name the files they run.
+    pub mm_layout: Option<hvprof_linux_walk::MmLayout>,
+    /// Its processes' executable file mappings, read once per process, sent at the end.
+    pub maps: Mutex<hvprof_hypervisor::profiler::guest_maps::ProcessMaps>,
     /// Its legacy devices (the UART, the PICs, the PIT, the CMOS clock) and the once-only logs.
     pub devices: Mutex<VmDevices>,
     pub budget: u64,

@@ -111,6 +111,21 @@ pub fn exit_stats(vm: &Vm) {
         task_offsets: vm.task_offsets,
         exits,
     });
+    if vm.mm_layout.is_some() {
+        let maps = vm.maps.lock();
+        for m in &maps.mappings {
+            profiler::export::send_mapping(m);
+        }
+        println!(
+            "vm {}: {} executable mappings of {} processes read from guest memory ({} walks cut short, {} processes and {} mappings not kept: tables full)",
+            vm.name,
+            maps.mappings.len(),
+            maps.processes(),
+            maps.walks_cut,
+            maps.processes_dropped,
+            maps.mappings_dropped
+        );
+    }
 }
 
 pub fn exit_name(reason: u16) -> &'static str {
