@@ -187,6 +187,33 @@ pub fn decode_summary(d: &Decoded, text: bool, records: bool) -> String {
             }
         }
     }
+    let _ = writeln!(
+        out,
+        "{} task frames, {} VM end frames, {} pCPU cost frames, {} mapping frames",
+        d.tasks.len(),
+        d.vm_ends.len(),
+        d.costs.len(),
+        d.mappings.len()
+    );
+    for m in &d.mappings {
+        let _ = writeln!(
+            out,
+            "  mapping: vm {} {:?} tgid {} cr3 {:#x} {:#x}-{:#x} page {} {} build id {}",
+            m.vm,
+            m.kind,
+            m.tgid,
+            m.cr3,
+            m.start,
+            m.end,
+            m.pgoff,
+            printable(m.path.as_str()),
+            if m.build_id.is_none() {
+                "none".to_owned()
+            } else {
+                crate::symbols::hex(m.build_id.as_bytes())
+            }
+        );
+    }
     for dmg in &d.damaged {
         let _ = writeln!(out, "damaged: {dmg:?}");
     }
