@@ -55,6 +55,11 @@ struct Input {
     /// Name the Linux guests' processes from the task frames even without `--kernel`.
     #[arg(long)]
     processes: bool,
+    /// The Linux guests' root file system (or the extracted Debian packages): the programs and
+    /// shared libraries their processes map (from the mapping frames) are read from here by
+    /// path, and used when their build id matches.
+    #[arg(long, value_name = "DIR")]
+    guest_root: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -181,11 +186,13 @@ fn main() -> ExitCode {
 
 /// Reads the symbol files `input` names (`symbols::Images::load`).
 fn load_images(input: &Input) -> Result<Images> {
-    Images::load(
+    let mut images = Images::load(
         input.hypervisor.as_deref(),
         &input.images,
         input.kernel.as_deref(),
-    )
+    )?;
+    images.guest_root = input.guest_root.clone();
+    Ok(images)
 }
 
 /// The options every command decodes with.

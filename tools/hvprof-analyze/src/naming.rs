@@ -107,6 +107,31 @@ pub struct Namer<'a> {
     /// Linux VMs: their end frame has an `IA32_LSTAR`, or the log has task frames for them.
     linux: HashSet<u16>,
     tasks: TaskTimeline,
+    /// Linux processes' executable file mappings (mapping frames), by (VM, tgid).
+    mappings: ProcessMappings,
+    /// Files found under `--guest-root` for them.
+    root_symbols: Vec<Symbols>,
+}
+
+/// Executable file mappings by (VM, tgid).
+type ProcessMappings = HashMap<(u16, u32), Vec<Mapped>>;
+
+/// A process's executable file mapping, with the symbols found for its file.
+struct Mapped {
+    start: u64,
+    end: u64,
+    pgoff: u64,
+    /// The file's name (the module column).
+    file: String,
+    symbols: Option<SymbolsRef>,
+}
+
+#[derive(Clone, Copy)]
+enum SymbolsRef {
+    /// `images.guests[i]`.
+    Image(usize),
+    /// `root_symbols[i]`.
+    Root(usize),
 }
 
 impl<'a> Namer<'a> {
@@ -177,6 +202,7 @@ impl<'a> Namer<'a> {
                 );
             }
         }
+        let (mappings, root_symbols) = mappings(decoded, images, warnings);
         Namer {
             images,
             vms,
@@ -184,7 +210,40 @@ impl<'a> Namer<'a> {
             kernels,
             linux,
             tasks: TaskTimeline::new(&decoded.tasks),
+            mappings,
+            root_symbols,
         }
+    }
+
+    fn mapped_symbols(&self, r: SymbolsRef) -> &Symbols {
+        match r {
+            SymbolsRef::Image(i) => &self.images.guests[i],
+            SymbolsRef::Root(i) => &self.root_symbols[i],
+        }
+    }
+
+    /// A Linux user address through its process's mappings: (function, file), when a mapping
+    /// frame of that process covers it. Without symbols for the file: `[unknown] file+offset`.
+    fn mapped_function(&self, vm: u16, tgid: u32, rip: u64) -> Option<(String, String)> {
+        let m = self
+            .mappings
+            .get(&(vm, tgid))?
+            .iter()
+            .rev()
+            .find(|m| (m.start..m.end).contains(&rip))?;
+        let named = m.symbols.and_then(|r| {
+            self.mapped_symbols(r)
+                .lookup_mapped(rip, m.start, m.pgoff)
+                .map(str::to_owned)
+        });
+        let function = named.unwrap_or_else(|| {
+            format!(
+                "[unknown] {}+{:#x}",
+                m.file,
+                rip - m.start + m.pgoff.saturating_mul(4096)
+            )
+        });
+        Some((function, m.file.clone()))
     }
 
     /// The VM's name (`vm<N>` for a VM the header does not list).
@@ -259,6 +318,11 @@ impl<'a> Namer<'a> {
             );
         }
         if user {
+            if let Some(tgid) = process.and_then(task_tgid)
+                && let Some(named) = self.mapped_function(vm, tgid, rip)
+            {
+                return named;
+            }
             let comm = process.map(|p| p.split_once('[').map_or(p, |(c, _)| c));
             match comm.and_then(|c| self.images.guests.iter().find(|s| s.module == c)) {
                 Some(s) => (function_name(Some(s), rip), s.module.clone()),
@@ -275,5 +339,164 @@ impl<'a> Namer<'a> {
     /// A hypervisor address's function.
     pub fn hypervisor_function(&self, rip: u64) -> String {
         function_name(self.images.hypervisor.as_ref(), rip)
+    }
+}
+
+/// The tgid in a task label (`comm[tgid]` or `comm[tgid/pid]`, `TaskTimeline::label`).
+fn task_tgid(label: &str) -> Option<u32> {
+    let inside = label.rsplit_once('[')?.1.strip_suffix(']')?;
+    inside.split('/').next()?.parse().ok()
+}
+
+/// The capture's process mappings by (VM, tgid), each with the symbols of its file: a `--image`
+/// with the same build id, else the file at the same path under `--guest-root` (when its build
+/// id matches, or the frame has none), else a `--image` of the same file name.
+fn mappings(
+    decoded: &Decoded,
+    images: &Images,
+    warnings: &mut Vec<String>,
+) -> (ProcessMappings, Vec<Symbols>) {
+    let mut out = ProcessMappings::default();
+    let mut root: Vec<Symbols> = Vec::new();
+    let mut root_paths: HashMap<String, Option<usize>> = HashMap::default();
+    let mut mismatched: HashSet<String> = HashSet::default();
+    for m in decoded
+        .mappings
+        .iter()
+        .filter(|m| m.kind == hvprof_samplelog::MappingKind::Process)
+    {
+        let path = m.path.as_str();
+        let file = printable(path.rsplit('/').next().unwrap_or(path)).into_owned();
+        let id = (!m.build_id.is_none()).then(|| m.build_id.as_bytes());
+        let by_id = id.and_then(|id| {
+            images
+                .guests
+                .iter()
+                .position(|s| s.build_id.as_deref() == Some(id))
+                .map(SymbolsRef::Image)
+        });
+        let under_root = || -> Option<SymbolsRef> {
+            let dir = images.guest_root.as_ref()?;
+            let i = *root_paths.entry(path.to_owned()).or_insert_with(|| {
+                let file = dir.join(path.trim_start_matches('/'));
+                let s = Symbols::load(&file).ok()?;
+                root.push(s);
+                Some(root.len() - 1)
+            });
+            let i = i?;
+            match (id, root[i].build_id.as_deref()) {
+                (Some(want), Some(got)) if want != got => {
+                    mismatched.insert(path.to_owned());
+                    None
+                }
+                _ => Some(SymbolsRef::Root(i)),
+            }
+        };
+        let symbols = by_id.or_else(under_root).or_else(|| {
+            images
+                .guests
+                .iter()
+                .position(|s| s.module == file)
+                .map(SymbolsRef::Image)
+        });
+        out.entry((m.vm, m.tgid)).or_default().push(Mapped {
+            start: m.start,
+            end: m.end,
+            pgoff: m.pgoff,
+            file,
+            symbols,
+        });
+    }
+    for p in mismatched {
+        warnings.push(format!(
+            "{}: the file under --guest-root is not the one the guest ran (its build id differs): its functions are shown as offsets",
+            printable(&p)
+        ));
+    }
+    (out, root)
+}
+
+#[cfg(test)]
+mod mapping_tests {
+    use super::*;
+    use hvprof_samplelog::{BuildId, FixedStr, Mapping, MappingKind, Task};
+
+    fn mapping(tgid: u32, start: u64, end: u64, pgoff: u64, path: &str) -> Mapping {
+        Mapping {
+            kind: MappingKind::Process,
+            tgid,
+            start,
+            end,
+            pgoff,
+            path: FixedStr::truncated(path),
+            build_id: BuildId::NONE,
+            ..Mapping::default()
+        }
+    }
+
+    #[test]
+    fn user_addresses_are_named_through_their_process_mappings() {
+        let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+        // A guest root holding /bin/mix (a fixed-address program: work_a at 0x200480).
+        let root = std::env::temp_dir().join(format!("hvprof-root-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        std::fs::copy(data.join("mix.elf"), root.join("bin/mix")).unwrap();
+        let images = Images {
+            guest_root: Some(root.clone()),
+            ..Images::default()
+        };
+        let decoded = Decoded {
+            tasks: vec![Task {
+                tgid: 57,
+                pid: 57,
+                comm: FixedStr::truncated("mix"),
+                ..Task::default()
+            }],
+            mappings: vec![
+                mapping(57, 0x20_0000, 0x20_4000, 0, "/bin/mix"),
+                mapping(
+                    57,
+                    0x7f00_0000_0000,
+                    0x7f00_0010_0000,
+                    0x28,
+                    "/lib/libc.so.6",
+                ),
+                mapping(58, 0x20_0000, 0x20_4000, 0, "/bin/other"),
+            ],
+            ..Decoded::default()
+        };
+        let mut warnings = Vec::new();
+        let n = Namer::new(&decoded, &images, &mut warnings);
+        assert_eq!(
+            n.guest_function(0, true, 0x20_0484, Some("mix[57]")),
+            ("work_a".to_owned(), "mix".to_owned())
+        );
+        // A thread's label names its process's mappings too.
+        assert_eq!(
+            n.guest_function(0, true, 0x20_0490, Some("mix[57/60]")).0,
+            "work_b"
+        );
+        // A file with no symbols: its name and the file offset, never a nearby symbol.
+        assert_eq!(
+            n.guest_function(0, true, 0x7f00_0000_1234, Some("mix[57]")),
+            (
+                "[unknown] libc.so.6+0x29234".to_owned(),
+                "libc.so.6".to_owned()
+            )
+        );
+        // Another process's mapping of another file at the same address is its own.
+        assert_eq!(
+            n.guest_function(0, true, 0x20_0484, Some("other[58]")).1,
+            "other"
+        );
+        // Outside every mapping: as before (no image named like the process: unknown).
+        assert_eq!(
+            n.guest_function(0, true, 0x1234, Some("mix[57]")).1,
+            "[unknown]"
+        );
+        assert_eq!(task_tgid("w41[57/60]"), Some(57));
+        assert_eq!(task_tgid("a[b]c[7]"), Some(7));
+        assert_eq!(task_tgid("nolabel"), None);
+        let _ = std::fs::remove_dir_all(root);
     }
 }

@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
 /// What names the capture's addresses: the one place symbol files are read.
 #[derive(Default)]
@@ -14,6 +14,9 @@ pub struct Images {
     /// The kernel of the Linux guests (`--kernel`): their kernel functions, by VM after the
     /// KASLR slide each VM's `IA32_LSTAR` line gives.
     pub kernel: Option<linux_guest::KernelImage>,
+    /// `--guest-root DIR`: the guests' root file system (or extracted packages), where the files
+    /// their processes map are found by the paths the mapping frames give.
+    pub guest_root: Option<std::path::PathBuf>,
 }
 
 impl Images {
@@ -73,6 +76,11 @@ pub struct Symbols {
     pub build_id: Option<Vec<u8>>,
     /// (start, size, demangled name), sorted by start.
     functions: Vec<(u64, u64, String)>,
+    /// A position-independent file (ELF `ET_DYN`: a PIE program or a shared library): loaded at
+    /// an address chosen at run time, so a sample's address is translated through its mapping.
+    pub relocatable: bool,
+    /// The file's `PT_LOAD` segments: (file offset, file size, virtual address).
+    segments: Vec<(u64, u64, u64)>,
 }
 
 impl Symbols {
@@ -110,6 +118,11 @@ impl Symbols {
                     .and_then(|s| s.data().ok())
                     .and_then(note_desc)
             });
+        let relocatable = file.kind() == object::ObjectKind::Dynamic;
+        let segments = file
+            .segments()
+            .map(|s| (s.file_range().0, s.file_range().1, s.address()))
+            .collect();
         Ok(Symbols {
             module: path.file_name().map_or_else(
                 || path.display().to_string(),
@@ -117,7 +130,27 @@ impl Symbols {
             ),
             build_id,
             functions,
+            relocatable,
+            segments,
         })
+    }
+
+    /// The function at run-time address `addr` in a mapping of this file that starts at `start`
+    /// with file page offset `pgoff` (as the guest's VMA says): a fixed-address program's
+    /// addresses are its own; a relocatable file's are moved to the segment holding that file
+    /// offset.
+    pub fn lookup_mapped(&self, addr: u64, start: u64, pgoff: u64) -> Option<&str> {
+        if !self.relocatable {
+            return self.lookup(addr);
+        }
+        let offset = addr
+            .checked_sub(start)?
+            .checked_add(pgoff.checked_mul(4096)?)?;
+        let &(file_off, _, vaddr) = self
+            .segments
+            .iter()
+            .find(|(o, n, _)| (*o..o.saturating_add(*n)).contains(&offset))?;
+        self.lookup(vaddr.checked_add(offset - file_off)?)
     }
 
     /// The function holding `addr`: the last symbol starting at or before it, if `addr` lies

@@ -78,6 +78,7 @@ impl Capture {
             hypervisor: Some(Symbols::load(&data(self.hypervisor)).unwrap()),
             guests: vec![Symbols::load(&data(self.image)).unwrap()],
             kernel: None,
+            guest_root: None,
         };
         Profile::load(
             &data(self.log),
