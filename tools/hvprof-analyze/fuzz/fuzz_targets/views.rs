@@ -8,7 +8,7 @@
 use hvprof_analyze::chart::Timeline;
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
-use hvprof_analyze::report::Images;
+use hvprof_analyze::symbols::Images;
 use hvprof_analyze::{firefox, flame, html, pprof, script, stat, text};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
