@@ -65,6 +65,9 @@ pub struct VmConfig<'a> {
     /// `mm-layout=` (22 numbers, `linux-guest`'s derivation from the kernel's BTF): where a
     /// Linux guest keeps a process's memory map, to name the files its processes run.
     pub mm_layout: Option<hvprof_linux_walk::MmLayout>,
+    /// `module-layout=` (`linux-guest`'s derivation from kallsyms and BTF): where a Linux
+    /// guest's module list is, to name the kernel modules its samples fall in.
+    pub module_layout: Option<hvprof_linux_walk::ModuleLayout>,
     /// Every argument after the image name, passed to the guest as is.
     pub args: &'a str,
 }
@@ -105,6 +108,7 @@ pub enum ConfigError<'a> {
     BadInitrd,
     BadTaskOffsets(&'a str),
     BadMmLayout(&'a str),
+    BadModuleLayout(&'a str),
     PinCount { pins: usize, vcpus: u16 },
     Repeated(&'a str),
 }
@@ -160,6 +164,10 @@ impl fmt::Display for ConfigError<'_> {
                 f,
                 "task-offsets={v:?}: expected current_task:pid:tgid:comm (decimal or 0x-hex)"
             ),
+            ConfigError::BadModuleLayout(v) => write!(
+                f,
+                "module-layout={v:?}: expected modules:entry_SYSCALL_64:list:name:name_len:base:size (manifest.json's module_layout)"
+            ),
             ConfigError::BadMmLayout(v) => write!(
                 f,
                 "mm-layout={v:?}: expected the 22 numbers linux-guest derives from the kernel's BTF (manifest.json's mm_layout)"
@@ -192,6 +200,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
     let mut initrd = None;
     let mut task_offsets = None;
     let mut mm_layout = None;
+    let mut module_layout = None;
     let positive = |v: &str| v.parse::<u64>().ok().filter(|&n| n > 0);
     for word in words {
         let Some((key, value)) = word.split_once('=') else {
@@ -237,6 +246,14 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                         .ok_or(ConfigError::BadMmLayout(value))?,
                 ),
             )?,
+            "module-layout" => set(
+                &mut module_layout,
+                key,
+                Some(
+                    hvprof_linux_walk::ModuleLayout::parse(value)
+                        .ok_or(ConfigError::BadModuleLayout(value))?,
+                ),
+            )?,
             "initrd" => set(
                 &mut initrd,
                 key,
@@ -279,6 +296,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
         initrd,
         task_offsets: task_offsets.flatten(),
         mm_layout: mm_layout.flatten(),
+        module_layout: module_layout.flatten(),
         budget: budget.unwrap_or(BUDGET_DEFAULT),
         wall_budget: wall_budget.unwrap_or_else(|| {
             budget
@@ -311,7 +329,7 @@ fn parse_name(n: &str) -> Result<&str, ConfigError<'_>> {
 }
 
 /// The keys the hypervisor takes from a module's command line (the rest goes to the guest).
-pub const KEYS: [&str; 11] = [
+pub const KEYS: [&str; 12] = [
     "vm",
     "mem",
     "budget",
@@ -323,6 +341,7 @@ pub const KEYS: [&str; 11] = [
     "initrd",
     "task-offsets",
     "mm-layout",
+    "module-layout",
 ];
 
 /// The module's arguments without the hypervisor's keys: a Linux guest's kernel command line.

@@ -21,6 +21,56 @@ pub struct ModuleLayout {
     pub base: u32,
     /// See `base`.
     pub size: u32,
+    /// The link-time address of `entry_SYSCALL_64`: with the guest's IA32_LSTAR (where that
+    /// entry runs) it gives the KASLR slide to apply to `modules`.
+    pub entry_syscall_64: u64,
+}
+
+impl ModuleLayout {
+    /// The compact form (the hypervisor's `module-layout=` argument): `modules:entry:list:name:
+    /// name_len:base:size`, the two addresses in 0x-hex, the offsets in decimal.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<ModuleLayout> {
+        let mut it = s.split(':');
+        let hex = |v: Option<&str>| u64::from_str_radix(v?.strip_prefix("0x")?, 16).ok();
+        let dec = |v: Option<&str>| v?.parse::<u32>().ok();
+        let l = ModuleLayout {
+            modules: hex(it.next())?,
+            entry_syscall_64: hex(it.next())?,
+            list: dec(it.next())?,
+            name: dec(it.next())?,
+            name_len: dec(it.next())?,
+            base: dec(it.next())?,
+            size: dec(it.next())?,
+        };
+        (it.next().is_none()
+            && (1..=MODULE_NAME_LEN).contains(&(l.name_len as usize))
+            && kernel_ptr(l.modules))
+        .then_some(l)
+    }
+
+    /// The `modules` list head in a kernel whose IA32_LSTAR is `lstar` (KASLR slide applied).
+    #[must_use]
+    pub fn head(&self, lstar: u64) -> u64 {
+        self.modules
+            .wrapping_add(lstar.wrapping_sub(self.entry_syscall_64))
+    }
+}
+
+impl core::fmt::Display for ModuleLayout {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "{:#x}:{:#x}:{}:{}:{}:{}:{}",
+            self.modules,
+            self.entry_syscall_64,
+            self.list,
+            self.name,
+            self.name_len,
+            self.base,
+            self.size
+        )
+    }
 }
 
 /// The longest module name kept (`MODULE_NAME_LEN` is 56 on 64-bit).
@@ -139,6 +189,7 @@ mod tests {
     /// Linux 6.1's layout (x86-64).
     const LAYOUT: ModuleLayout = ModuleLayout {
         modules: 0,
+        entry_syscall_64: 0,
         list: 8,
         name: 24,
         name_len: 56,
@@ -202,6 +253,22 @@ mod tests {
         let mut empty = Memory::default();
         module_list(&mut empty, &[]);
         assert_eq!(names(&empty, 10), (vec![], ModuleWalk::default()));
+    }
+
+    #[test]
+    fn the_compact_form_round_trips_and_the_slide_applies() {
+        let l = ModuleLayout {
+            modules: 0xffff_ffff_8280_0000,
+            entry_syscall_64: 0xffff_ffff_81c0_0080,
+            ..LAYOUT
+        };
+        let s = l.to_string();
+        assert_eq!(ModuleLayout::parse(&s), Some(l));
+        assert_eq!(ModuleLayout::parse("0x1:0x2:3"), None);
+        assert_eq!(
+            l.head(0xffff_ffff_81c0_0080 + 0x1e00_0000),
+            0xffff_ffff_a080_0000
+        );
     }
 
     #[test]

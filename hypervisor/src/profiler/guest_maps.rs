@@ -26,6 +26,9 @@ pub struct ProcessMaps {
     pub mappings_dropped: u64,
     /// Walks that ended early (budget, unreadable or malformed memory).
     pub walks_cut: u64,
+    /// The CR3 of the last task read (any process maps the kernel half: the module list is
+    /// read through it at the end).
+    pub kernel_cr3: u64,
 }
 
 impl ProcessMaps {

@@ -111,6 +111,8 @@ pub struct Namer<'a> {
     mappings: ProcessMappings,
     /// Files found under `--guest-root` for them.
     root_symbols: Vec<Symbols>,
+    /// Linux kernel modules (module mapping frames) by VM: (start, end, name).
+    modules: HashMap<u16, Vec<(u64, u64, String)>>,
 }
 
 /// Executable file mappings by (VM, tgid).
@@ -203,6 +205,18 @@ impl<'a> Namer<'a> {
             }
         }
         let (mappings, root_symbols) = mappings(decoded, images, warnings);
+        let mut modules: HashMap<u16, Vec<(u64, u64, String)>> = HashMap::default();
+        for m in decoded
+            .mappings
+            .iter()
+            .filter(|m| m.kind == hvprof_samplelog::MappingKind::Module)
+        {
+            modules.entry(m.vm).or_default().push((
+                m.start,
+                m.end,
+                printable(m.path.as_str()).into_owned(),
+            ));
+        }
         Namer {
             images,
             vms,
@@ -212,6 +226,7 @@ impl<'a> Namer<'a> {
             tasks: TaskTimeline::new(&decoded.tasks),
             mappings,
             root_symbols,
+            modules,
         }
     }
 
@@ -328,6 +343,17 @@ impl<'a> Namer<'a> {
                 Some(s) => (function_name(Some(s), rip), s.module.clone()),
                 None => (format!("[unknown] {rip:#x}"), "[unknown]".into()),
             }
+        } else if let Some((start, _, name)) = self
+            .modules
+            .get(&vm)
+            .and_then(|ms| ms.iter().find(|(s, e, _)| (*s..*e).contains(&rip)))
+        {
+            // A loaded module (its symbols are in its .ko, not in kallsyms): its name and the
+            // offset in its core, never the nearest kernel symbol.
+            (
+                format!("[unknown] {name}+{:#x}", rip - start),
+                format!("[{name}]"),
+            )
         } else {
             (
                 crate::linux::kernel_function(self.kernels.get(&vm), rip),
@@ -462,6 +488,13 @@ mod mapping_tests {
                     "/lib/libc.so.6",
                 ),
                 mapping(58, 0x20_0000, 0x20_4000, 0, "/bin/other"),
+                Mapping {
+                    kind: MappingKind::Module,
+                    start: 0xffff_ffff_c000_0000,
+                    end: 0xffff_ffff_c000_8000,
+                    path: FixedStr::truncated("wp512"),
+                    ..Mapping::default()
+                },
             ],
             ..Decoded::default()
         };
@@ -493,6 +526,11 @@ mod mapping_tests {
         assert_eq!(
             n.guest_function(0, true, 0x1234, Some("mix[57]")).1,
             "[unknown]"
+        );
+        // Kernel code in a loaded module: the module's name and offset.
+        assert_eq!(
+            n.guest_function(0, false, 0xffff_ffff_c000_0123, Some("mix[57]")),
+            ("[unknown] wp512+0x123".to_owned(), "[wp512]".to_owned())
         );
         assert_eq!(task_tgid("w41[57/60]"), Some(57));
         assert_eq!(task_tgid("a[b]c[7]"), Some(7));

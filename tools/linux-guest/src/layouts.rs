@@ -92,8 +92,13 @@ pub fn module_layout(btf: &Btf<'_>, syms: &Kallsyms) -> Result<ModuleLayout, Err
         .by_name("modules")
         .ok_or_else(|| Error::Kallsyms("no symbol `modules` (CONFIG_MODULES off?)".into()))?
         .address;
+    let entry_syscall_64 = syms
+        .by_name("entry_SYSCALL_64")
+        .ok_or_else(|| Error::Kallsyms("no symbol entry_SYSCALL_64".into()))?
+        .address;
     Ok(ModuleLayout {
         modules,
+        entry_syscall_64,
         list: offset(btf, "module", "list")?,
         name: offset(btf, "module", "name")?,
         name_len: array_len(btf, "module", "name")?,

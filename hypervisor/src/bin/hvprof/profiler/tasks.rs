@@ -51,10 +51,15 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
         return;
     }
     let (task, pid, tgid) = ids;
-    if let Some(layout) = &vm.mm_layout
-        && vm.maps.lock().first_seen(tgid, space)
-    {
-        read_mappings(vm, vcpu, layout, cr3, task, tgid, tsc);
+    if vm.mm_layout.is_some() || vm.module_layout.is_some() {
+        let new = {
+            let mut maps = vm.maps.lock();
+            maps.kernel_cr3 = cr3;
+            maps.first_seen(tgid, space)
+        };
+        if new && let Some(layout) = &vm.mm_layout {
+            read_mappings(vm, vcpu, layout, cr3, task, tgid, tsc);
+        }
     }
     let len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
     let name = core::str::from_utf8(&comm[..len]).unwrap_or("?");
@@ -115,4 +120,48 @@ fn read_mappings(
     for m in found {
         maps.add(m);
     }
+}
+
+/// At the end of the run: the kernel modules loaded in the VM, from its module list (at the
+/// `modules` symbol moved by the KASLR slide that `lstar` gives), read through the last task's
+/// address space, as module mappings. Bounded by `guest_maps::WALK_READS` reads.
+pub fn read_modules(
+    vm: &Vm,
+    layout: &hvprof_linux_walk::ModuleLayout,
+    lstar: u64,
+) -> (alloc::vec::Vec<hvprof_samplelog::Mapping>, bool) {
+    use hvprof_hypervisor::profiler::guest_maps::WALK_READS;
+    let cr3 = vm.maps.lock().kernel_cr3;
+    let mut found = alloc::vec::Vec::new();
+    if cr3 == 0 || lstar == 0 {
+        return (found, false);
+    }
+    let read_phys = |gpa: u64| vm.read_guest_u64(gpa);
+    let read_bytes = |gpa: u64, buf: &mut [u8]| vm.read_guest(gpa, buf);
+    let space = guest_walk::AddressSpace::new(&read_phys, &read_bytes, cr3);
+    let mut budget = hvprof_linux_walk::Budget::new(WALK_READS);
+    let tsc = crate::tsc::rdtsc();
+    let walk = hvprof_linux_walk::walk_modules(
+        &space,
+        layout,
+        layout.head(lstar),
+        &mut budget,
+        &mut |m| {
+            let name = core::str::from_utf8(m.name()).unwrap_or("?");
+            if m.size > 0 {
+                found.push(hvprof_samplelog::Mapping {
+                    pcpu: crate::percpu::index() as u16,
+                    tsc,
+                    vm: vm.index,
+                    kind: hvprof_samplelog::MappingKind::Module,
+                    start: m.base,
+                    end: m.base.saturating_add(u64::from(m.size)),
+                    path: hvprof_samplelog::FixedStr::truncated(name),
+                    ..hvprof_samplelog::Mapping::default()
+                });
+            }
+            found.len() < 4096
+        },
+    );
+    (found, walk.stop.is_none())
 }

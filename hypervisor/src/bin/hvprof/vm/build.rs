@@ -279,6 +279,7 @@ fn build(
         linux,
         task_offsets: config.task_offsets,
         mm_layout: config.mm_layout,
+        module_layout: config.module_layout,
         maps: Mutex::new(Default::default()),
         name: String::from(config.name),
         mem_hpa,

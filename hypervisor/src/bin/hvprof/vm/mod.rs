@@ -89,6 +89,8 @@ pub struct Vm {
     pub task_offsets: Option<TaskOffsets>,
     /// Where its processes' memory maps are (`mm-layout=`), to name the files they run.
     pub mm_layout: Option<hvprof_linux_walk::MmLayout>,
+    /// Where its kernel's module list is (`module-layout=`).
+    pub module_layout: Option<hvprof_linux_walk::ModuleLayout>,
     /// Its processes' executable file mappings, read once per process, sent at the end.
     pub maps: Mutex<hvprof_hypervisor::profiler::guest_maps::ProcessMaps>,
     /// Its legacy devices (the UART, the PICs, the PIT, the CMOS clock) and the once-only logs.

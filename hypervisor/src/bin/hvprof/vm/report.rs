@@ -111,6 +111,22 @@ pub fn exit_stats(vm: &Vm) {
         task_offsets: vm.task_offsets,
         exits,
     });
+    if let Some(layout) = &vm.module_layout {
+        let (modules, whole) = profiler::tasks::read_modules(vm, layout, lstar);
+        for m in &modules {
+            profiler::export::send_mapping(m);
+        }
+        println!(
+            "vm {}: {} kernel modules read from guest memory{}",
+            vm.name,
+            modules.len(),
+            if whole {
+                ""
+            } else {
+                " (the list could not be read whole)"
+            }
+        );
+    }
     if vm.mm_layout.is_some() {
         let maps = vm.maps.lock();
         for m in &maps.mappings {
