@@ -115,8 +115,20 @@ pub struct Namer<'a> {
     modules: HashMap<u16, Vec<(u64, u64, String)>>,
 }
 
-/// Executable file mappings by (VM, tgid).
-type ProcessMappings = HashMap<(u16, u32), Vec<Mapped>>;
+/// Executable file mappings by (VM, process label) — the label (`comm[tgid]`) of the task
+/// frame of the same process and address space, so that a process before and after an exec
+/// (a new name and a new address space) has each its own files — and by (VM, tgid) for those
+/// no task frame names.
+#[derive(Default)]
+struct ProcessMappings {
+    by_label: HashMap<(u16, String), Vec<Mapped>>,
+    by_tgid: HashMap<(u16, u32), Vec<Mapped>>,
+}
+
+/// CR3 without its PCID bits and KPTI's user/kernel bit: the address space.
+const fn address_space(cr3: u64) -> u64 {
+    cr3 & !0x1fff
+}
 
 /// A process's executable file mapping, with the symbols found for its file.
 struct Mapped {
@@ -239,13 +251,14 @@ impl<'a> Namer<'a> {
 
     /// A Linux user address through its process's mappings: (function, file), when a mapping
     /// frame of that process covers it. Without symbols for the file: `[unknown] file+offset`.
-    fn mapped_function(&self, vm: u16, tgid: u32, rip: u64) -> Option<(String, String)> {
-        let m = self
-            .mappings
-            .get(&(vm, tgid))?
-            .iter()
-            .rev()
-            .find(|m| (m.start..m.end).contains(&rip))?;
+    fn mapped_function(&self, vm: u16, label: &str, rip: u64) -> Option<(String, String)> {
+        fn inside(list: &[Mapped], rip: u64) -> Option<&Mapped> {
+            list.iter().rev().find(|m| (m.start..m.end).contains(&rip))
+        }
+        let m = match self.mappings.by_label.get(&(vm, process_label_of(label))) {
+            Some(list) => inside(list, rip)?,
+            None => inside(self.mappings.by_tgid.get(&(vm, task_tgid(label)?))?, rip)?,
+        };
         let named = m.symbols.and_then(|r| {
             self.mapped_symbols(r)
                 .lookup_mapped(rip, m.start, m.pgoff)
@@ -333,9 +346,7 @@ impl<'a> Namer<'a> {
             );
         }
         if user {
-            if let Some(tgid) = process.and_then(task_tgid)
-                && let Some(named) = self.mapped_function(vm, tgid, rip)
-            {
+            if let Some(named) = process.and_then(|p| self.mapped_function(vm, p, rip)) {
                 return named;
             }
             let comm = process.map(|p| p.split_once('[').map_or(p, |(c, _)| c));
@@ -368,6 +379,17 @@ impl<'a> Namer<'a> {
     }
 }
 
+/// A task label's process part: `comm[tgid]` for a thread's `comm[tgid/pid]`.
+fn process_label_of(label: &str) -> String {
+    match label.rsplit_once('[') {
+        Some((comm, rest)) => match rest.split_once('/') {
+            Some((tgid, _)) => format!("{comm}[{tgid}]"),
+            None => label.to_owned(),
+        },
+        None => label.to_owned(),
+    }
+}
+
 /// The tgid in a task label (`comm[tgid]` or `comm[tgid/pid]`, `TaskTimeline::label`).
 fn task_tgid(label: &str) -> Option<u32> {
     let inside = label.rsplit_once('[')?.1.strip_suffix(']')?;
@@ -383,6 +405,13 @@ fn mappings(
     warnings: &mut Vec<String>,
 ) -> (ProcessMappings, Vec<Symbols>) {
     let mut out = ProcessMappings::default();
+    // The task label of each (VM, tgid, address space) the task frames show.
+    let mut labels: HashMap<(u16, u32, u64), String> = HashMap::default();
+    for t in &decoded.tasks {
+        labels
+            .entry((t.vm, t.tgid, address_space(t.cr3)))
+            .or_insert_with(|| process_label_of(&crate::linux::process_label(t)));
+    }
     let mut root: Vec<Symbols> = Vec::new();
     let mut root_paths: HashMap<String, Option<usize>> = HashMap::default();
     let mut mismatched: HashSet<String> = HashSet::default();
@@ -425,13 +454,21 @@ fn mappings(
                 .position(|s| s.module == file)
                 .map(SymbolsRef::Image)
         });
-        out.entry((m.vm, m.tgid)).or_default().push(Mapped {
+        let mapped = Mapped {
             start: m.start,
             end: m.end,
             pgoff: m.pgoff,
             file,
             symbols,
-        });
+        };
+        match labels.get(&(m.vm, m.tgid, address_space(m.cr3))) {
+            Some(label) => out
+                .by_label
+                .entry((m.vm, label.clone()))
+                .or_default()
+                .push(mapped),
+            None => out.by_tgid.entry((m.vm, m.tgid)).or_default().push(mapped),
+        }
     }
     for p in mismatched {
         warnings.push(format!(
@@ -450,6 +487,12 @@ mod mapping_tests {
     fn mapping(tgid: u32, start: u64, end: u64, pgoff: u64, path: &str) -> Mapping {
         Mapping {
             kind: MappingKind::Process,
+            cr3: match tgid {
+                57 => 0x5000,
+                59 if path == "/bin/sh" => 0x7000,
+                59 => 0x9001,
+                _ => 0,
+            },
             tgid,
             start,
             end,
@@ -472,12 +515,30 @@ mod mapping_tests {
             ..Images::default()
         };
         let decoded = Decoded {
-            tasks: vec![Task {
-                tgid: 57,
-                pid: 57,
-                comm: FixedStr::truncated("mix"),
-                ..Task::default()
-            }],
+            tasks: vec![
+                Task {
+                    tgid: 57,
+                    pid: 57,
+                    cr3: 0x5000,
+                    comm: FixedStr::truncated("mix"),
+                    ..Task::default()
+                },
+                // Process 59 runs `sh`, then execs `mix` (a new name, a new address space).
+                Task {
+                    tgid: 59,
+                    pid: 59,
+                    cr3: 0x7000,
+                    comm: FixedStr::truncated("sh"),
+                    ..Task::default()
+                },
+                Task {
+                    tgid: 59,
+                    pid: 59,
+                    cr3: 0x9000 | 0x1003, // KPTI user half, PCID 3
+                    comm: FixedStr::truncated("mix"),
+                    ..Task::default()
+                },
+            ],
             mappings: vec![
                 mapping(57, 0x20_0000, 0x20_4000, 0, "/bin/mix"),
                 mapping(
@@ -488,6 +549,8 @@ mod mapping_tests {
                     "/lib/libc.so.6",
                 ),
                 mapping(58, 0x20_0000, 0x20_4000, 0, "/bin/other"),
+                mapping(59, 0x20_0000, 0x20_4000, 0, "/bin/sh"),
+                mapping(59, 0x20_0000, 0x20_4000, 0, "/bin/mix"),
                 Mapping {
                     kind: MappingKind::Module,
                     start: 0xffff_ffff_c000_0000,
@@ -526,6 +589,15 @@ mod mapping_tests {
         assert_eq!(
             n.guest_function(0, true, 0x1234, Some("mix[57]")).1,
             "[unknown]"
+        );
+        // Before its exec process 59 is `sh` (no symbols: file and offset), after it `mix`.
+        assert_eq!(
+            n.guest_function(0, true, 0x20_0484, Some("sh[59]")),
+            ("[unknown] sh+0x484".to_owned(), "sh".to_owned())
+        );
+        assert_eq!(
+            n.guest_function(0, true, 0x20_0484, Some("mix[59]")),
+            ("work_a".to_owned(), "mix".to_owned())
         );
         // Kernel code in a loaded module: the module's name and offset.
         assert_eq!(
