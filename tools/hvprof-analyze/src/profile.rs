@@ -336,6 +336,9 @@ impl CostSum {
 /// in two steps, so that the per-sample table stays small (it is the one random access per
 /// sample): its context (all but the address; consecutive samples mostly share it), then
 /// (address, context).
+/// Samples per chunk of a [`Part`]'s lists (1 MB).
+const CHUNK: usize = 1 << 16;
+
 #[derive(Default)]
 struct Part {
     contexts: HashMap<Key, u32>,
@@ -343,15 +346,20 @@ struct Part {
     /// (address, context) → (key index, samples).
     ids: HashMap<(u64, u32), (u32, u64)>,
     keys: Vec<Key>,
-    lists: HashMap<u16, Vec<Slot>>,
+    /// Per pCPU, its samples in stream order, in chunks of [`CHUNK`] (a list never regrows: a
+    /// 10 M-sample capture would copy and zero its lists again at each doubling).
+    lists: HashMap<u16, Vec<Vec<Slot>>>,
     events: Vec<(u16, Event)>,
     cost: CostSum,
 }
 
 impl Part {
     fn add(&mut self, pcpu: u16, records: &[Record]) {
-        let list = self.lists.entry(pcpu).or_default();
-        list.reserve(records.len());
+        let chunks = self.lists.entry(pcpu).or_default();
+        let mut list = match chunks.pop() {
+            Some(l) => l,
+            None => Vec::with_capacity(CHUNK),
+        };
         let mut last: Option<(Key, u32)> = None;
         for r in records {
             let s = match r {
@@ -385,11 +393,15 @@ impl Part {
                 ((keys.len() - 1) as u32, 0)
             });
             entry.1 += 1;
+            if list.len() == list.capacity() {
+                chunks.push(std::mem::replace(&mut list, Vec::with_capacity(CHUNK)));
+            }
             list.push(Slot {
                 tsc: s.tsc,
                 stack: entry.0,
             });
         }
+        chunks.push(list);
     }
 
     /// Each key with its samples, by key index.
@@ -428,16 +440,16 @@ impl Classified {
         (decoded, Self::merge(parts))
     }
 
-    /// The parts' keys made one table, their lists joined per pCPU in stream order, then put
-    /// in TSC order.
-    fn merge(parts: Vec<Part>) -> Classified {
+    /// The parts' keys made one table, their lists joined per pCPU in stream order (each
+    /// allocated once, at its size), then put in TSC order.
+    fn merge(mut parts: Vec<Part>) -> Classified {
         let mut ids: HashMap<Key, u32> = HashMap::default();
         let mut stacks: Vec<Stack> = Vec::new();
-        let mut lists: std::collections::BTreeMap<u16, Vec<Slot>> = Default::default();
         let mut events = Vec::new();
         let mut cost = CostSum::default();
-        let mut len = 0usize;
-        for part in parts {
+        let mut remaps: Vec<Vec<u32>> = Vec::with_capacity(parts.len());
+        let mut sizes: std::collections::BTreeMap<u16, usize> = Default::default();
+        for part in &mut parts {
             let remap: Vec<u32> = part
                 .counted_keys()
                 .into_iter()
@@ -461,26 +473,27 @@ impl Classified {
                     id
                 })
                 .collect();
-            for (pcpu, list) in part.lists {
-                len += list.len();
-                let mut list = list;
-                for s in &mut list {
-                    s.stack = remap[s.stack as usize];
-                }
-                let to = lists.entry(pcpu).or_default();
-                if to.is_empty() {
-                    *to = list;
-                } else {
-                    to.extend_from_slice(&list);
-                }
+            remaps.push(remap);
+            for (&pcpu, chunks) in &part.lists {
+                *sizes.entry(pcpu).or_default() += chunks.iter().map(Vec::len).sum::<usize>();
             }
-            events.extend(part.events);
+            events.append(&mut part.events);
             cost.merge(part.cost);
         }
-        let pcpus = lists
+        let len = sizes.values().sum();
+        let pcpus = sizes
             .into_iter()
-            .filter(|(_, l)| !l.is_empty())
-            .map(|(c, mut l)| {
+            .filter(|&(_, n)| n > 0)
+            .map(|(c, n)| {
+                let mut l = Vec::with_capacity(n);
+                for (part, remap) in parts.iter_mut().zip(&remaps) {
+                    for chunk in part.lists.remove(&c).unwrap_or_default() {
+                        l.extend(chunk.iter().map(|s| Slot {
+                            tsc: s.tsc,
+                            stack: remap[s.stack as usize],
+                        }));
+                    }
+                }
                 if !l.is_sorted_by_key(|s| s.tsc) {
                     l.sort_by_key(|s| s.tsc);
                 }

@@ -756,18 +756,10 @@ fn add_blanks(
         }
         return HashMap::default();
     }
-    let stacks = classified.samples.stacks();
-    let timeline: HashMap<u16, Vec<(u64, Owner)>> = classified
-        .samples
-        .pcpus()
-        .map(|(c, list)| {
-            let owners = list
-                .iter()
-                .map(|s| (s.tsc, owner(&stacks[s.stack as usize])))
-                .collect();
-            (c, owners)
-        })
-        .collect();
+    let timeline = Timeline {
+        owners: classified.samples.stacks().iter().map(owner).collect(),
+        lists: classified.samples.pcpus().collect(),
+    };
     let exact = crate::timeline::blanks(&timeline, &classified.events);
     for (&(vm, vcpu), b) in &exact {
         let add = |g: &mut GuestCounts| {
@@ -790,6 +782,30 @@ fn add_blanks(
         add(g.per_vcpu.entry((vm, vcpu)).or_default());
     }
     exact
+}
+
+/// The profile's own per-pCPU lists, read as the common time axis (no copy of them): each
+/// sample's owner from its stack.
+struct Timeline<'a> {
+    /// By stack index.
+    owners: Vec<Owner>,
+    lists: HashMap<u16, &'a [crate::profile::Slot]>,
+}
+
+impl crate::timeline::Lists for Timeline<'_> {
+    type Item = crate::profile::Slot;
+    fn pcpus(&self) -> Vec<u16> {
+        self.lists.keys().copied().collect()
+    }
+    fn list(&self, pcpu: u16) -> Option<&[crate::profile::Slot]> {
+        self.lists.get(&pcpu).copied()
+    }
+    fn tsc(&self, item: &crate::profile::Slot) -> u64 {
+        item.tsc
+    }
+    fn owner(&self, item: &crate::profile::Slot) -> Owner {
+        self.owners[item.stack as usize]
+    }
 }
 
 /// Who a stack's samples belong to on the common time axis.
