@@ -481,25 +481,35 @@ impl Classified {
             cost.merge(part.cost);
         }
         let len = sizes.values().sum();
-        let pcpus = sizes
+        // Each pCPU's chunks from every part, in stream order.
+        /// A pCPU, its samples, and its chunks in each part.
+        type Work = (u16, usize, Vec<Vec<Vec<Slot>>>);
+        let work: Vec<Work> = sizes
             .into_iter()
             .filter(|&(_, n)| n > 0)
             .map(|(c, n)| {
-                let mut l = Vec::with_capacity(n);
-                for (part, remap) in parts.iter_mut().zip(&remaps) {
-                    for chunk in part.lists.remove(&c).unwrap_or_default() {
-                        l.extend(chunk.iter().map(|s| Slot {
-                            tsc: s.tsc,
-                            stack: remap[s.stack as usize],
-                        }));
-                    }
-                }
-                if !l.is_sorted_by_key(|s| s.tsc) {
-                    l.sort_by_key(|s| s.tsc);
-                }
-                (c, l)
+                let chunks = parts
+                    .iter_mut()
+                    .map(|part| part.lists.remove(&c).unwrap_or_default())
+                    .collect();
+                (c, n, chunks)
             })
             .collect();
+        let pcpus = crate::par_map(work, |(c, n, per_part)| {
+            let mut l = Vec::with_capacity(n);
+            for (chunks, remap) in per_part.into_iter().zip(&remaps) {
+                for chunk in chunks {
+                    l.extend(chunk.iter().map(|s| Slot {
+                        tsc: s.tsc,
+                        stack: remap[s.stack as usize],
+                    }));
+                }
+            }
+            if !l.is_sorted_by_key(|s| s.tsc) {
+                l.sort_by_key(|s| s.tsc);
+            }
+            (c, l)
+        });
         Classified {
             samples: Samples { stacks, pcpus, len },
             events,

@@ -137,7 +137,7 @@ fn tracks(events: &[(u16, Event)]) -> Vec<((u16, u16), Track)> {
 /// made of. The report reads the profile's own lists ([`crate::profile::Slot`], the owner from
 /// the stack); the chart and the tests give (TSC, owner) pairs.
 pub trait Lists {
-    type Item;
+    type Item: Sync;
     /// The pCPUs that have a list, in any order.
     fn pcpus(&self) -> Vec<u16>;
     /// A pCPU's samples in TSC order.
@@ -325,7 +325,10 @@ impl PcpuIndex {
 /// Classifies every vCPU's blank slots. `samples`: per pCPU, (TSC, owner) in TSC order;
 /// `events`: every scheduling event with its pCPU. Counts per run (see [`runs`]), never per
 /// slot: time O((E + S) log(E + S)), with at most [`STEAL_ON_MAX`] siblings per run.
-pub fn blanks<L: Lists>(samples: &L, events: &[(u16, Event)]) -> HashMap<(u16, u16), Blanks> {
+pub fn blanks<L: Lists + Sync>(
+    samples: &L,
+    events: &[(u16, Event)],
+) -> HashMap<(u16, u16), Blanks> {
     let mut out: HashMap<(u16, u16), Blanks> = HashMap::default();
     for (key, track) in tracks(events) {
         let b = out.entry(key).or_default();
@@ -341,11 +344,12 @@ pub fn blanks<L: Lists>(samples: &L, events: &[(u16, Event)]) -> HashMap<(u16, u
             *ticks = ticks.saturating_add(span);
         }
     }
-    let index: HashMap<u16, PcpuIndex> = samples
-        .pcpus()
-        .into_iter()
-        .filter_map(|p| Some((p, PcpuIndex::new(samples, samples.list(p)?))))
-        .collect();
+    let index: HashMap<u16, PcpuIndex> = crate::par_map(samples.pcpus(), |p| {
+        samples.list(p).map(|l| (p, PcpuIndex::new(samples, l)))
+    })
+    .into_iter()
+    .flatten()
+    .collect();
     for run in runs(samples, events) {
         let ix = &index[&run.pcpu];
         let b = out.entry(run.vcpu).or_default();
