@@ -331,14 +331,14 @@ impl CostSum {
     }
 }
 
+/// Samples per chunk of a [`Part`]'s lists (1 MB).
+const CHUNK: usize = 1 << 16;
+
 /// What one decoding thread classified: its distinct keys with their counts, each pCPU's
 /// samples (TSC, key index) in stream order, the scheduling events, the cost. A key is found
 /// in two steps, so that the per-sample table stays small (it is the one random access per
 /// sample): its context (all but the address; consecutive samples mostly share it), then
 /// (address, context).
-/// Samples per chunk of a [`Part`]'s lists (1 MB).
-const CHUNK: usize = 1 << 16;
-
 #[derive(Default)]
 struct Part {
     contexts: HashMap<Key, u32>,
@@ -404,6 +404,23 @@ impl Part {
         chunks.push(list);
     }
 
+    /// Adds `n` samples of `key`; returns its index.
+    fn count(&mut self, key: Key, n: u64) -> u32 {
+        let context = Key { addr: 0, ..key };
+        let keys = &mut self.context_keys;
+        let ctx = *self.contexts.entry(context).or_insert_with(|| {
+            keys.push(context);
+            (keys.len() - 1) as u32
+        });
+        let keys = &mut self.keys;
+        let entry = self.ids.entry((key.addr, ctx)).or_insert_with(|| {
+            keys.push(key);
+            ((keys.len() - 1) as u32, 0)
+        });
+        entry.1 += n;
+        entry.0
+    }
+
     /// Each key with its samples, by key index.
     fn counted_keys(&self) -> Vec<(Key, u64)> {
         let mut out: Vec<(Key, u64)> = self.keys.iter().map(|&k| (k, 0)).collect();
@@ -442,54 +459,57 @@ impl Classified {
 
     /// The parts' keys made one table, their lists joined per pCPU in stream order (each
     /// allocated once, at its size), then put in TSC order.
-    fn merge(mut parts: Vec<Part>) -> Classified {
-        let mut ids: HashMap<Key, u32> = HashMap::default();
-        let mut stacks: Vec<Stack> = Vec::new();
-        let mut events = Vec::new();
-        let mut cost = CostSum::default();
+    fn merge(parts: Vec<Part>) -> Classified {
+        // The first part's table becomes the capture's (its keys keep their index): the other
+        // parts' keys are looked up in it, and the new ones added after its own, in order.
+        let mut parts = parts.into_iter();
+        let mut base = parts.next().unwrap_or_default();
+        let mut parts: Vec<Part> = parts.collect();
+        let mut events = std::mem::take(&mut base.events);
+        let mut cost = base.cost;
+        // Per part after the first: its key indices in the capture's table.
         let mut remaps: Vec<Vec<u32>> = Vec::with_capacity(parts.len());
-        let mut sizes: std::collections::BTreeMap<u16, usize> = Default::default();
         for part in &mut parts {
             let remap: Vec<u32> = part
                 .counted_keys()
                 .into_iter()
-                .map(|(k, n)| {
-                    let id = *ids.entry(k).or_insert_with(|| {
-                        stacks.push(Stack {
-                            what: k.what,
-                            pcpu: k.pcpu,
-                            vm: k.vm,
-                            vcpu: k.vcpu,
-                            exit: k.exit,
-                            addr: k.addr,
-                            cr3: k.cr3,
-                            process: None,
-                            frame: 0,
-                            count: 0,
-                        });
-                        (stacks.len() - 1) as u32
-                    });
-                    stacks[id as usize].count += n;
-                    id
-                })
+                .map(|(k, n)| base.count(k, n))
                 .collect();
             remaps.push(remap);
-            for (&pcpu, chunks) in &part.lists {
-                *sizes.entry(pcpu).or_default() += chunks.iter().map(Vec::len).sum::<usize>();
-            }
             events.append(&mut part.events);
             cost.merge(part.cost);
         }
+        let stacks: Vec<Stack> = base
+            .counted_keys()
+            .into_iter()
+            .map(|(k, count)| Stack {
+                what: k.what,
+                pcpu: k.pcpu,
+                vm: k.vm,
+                vcpu: k.vcpu,
+                exit: k.exit,
+                addr: k.addr,
+                cr3: k.cr3,
+                process: None,
+                frame: 0,
+                count,
+            })
+            .collect();
+        let mut sizes: std::collections::BTreeMap<u16, usize> = Default::default();
+        for part in std::iter::once(&base).chain(&parts) {
+            for (&pcpu, chunks) in &part.lists {
+                *sizes.entry(pcpu).or_default() += chunks.iter().map(Vec::len).sum::<usize>();
+            }
+        }
         let len = sizes.values().sum();
-        // Each pCPU's chunks from every part, in stream order.
-        /// A pCPU, its samples, and its chunks in each part.
+        /// A pCPU, its samples, and its chunks in each part (in stream order).
         type Work = (u16, usize, Vec<Vec<Vec<Slot>>>);
         let work: Vec<Work> = sizes
             .into_iter()
             .filter(|&(_, n)| n > 0)
             .map(|(c, n)| {
-                let chunks = parts
-                    .iter_mut()
+                let chunks = std::iter::once(&mut base)
+                    .chain(parts.iter_mut())
                     .map(|part| part.lists.remove(&c).unwrap_or_default())
                     .collect();
                 (c, n, chunks)
@@ -497,7 +517,11 @@ impl Classified {
             .collect();
         let pcpus = crate::par_map(work, |(c, n, per_part)| {
             let mut l = Vec::with_capacity(n);
-            for (chunks, remap) in per_part.into_iter().zip(&remaps) {
+            let mut per_part = per_part.into_iter();
+            for chunk in per_part.next().unwrap_or_default() {
+                l.extend_from_slice(&chunk);
+            }
+            for (chunks, remap) in per_part.zip(&remaps) {
                 for chunk in chunks {
                     l.extend(chunk.iter().map(|s| Slot {
                         tsc: s.tsc,
