@@ -199,7 +199,7 @@ impl Timeline {
                     for (i, s) in per_pcpu[&c].iter().enumerate() {
                         by_state.entry(State::of(s)).or_default().push(i);
                     }
-                    let owners = PcpuIndex::new(list);
+                    let owners = PcpuIndex::new(&lists, list);
                     (
                         c,
                         Ix {

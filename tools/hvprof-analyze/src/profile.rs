@@ -331,6 +331,9 @@ impl CostSum {
     }
 }
 
+/// Samples per chunk of a [`Part`]'s lists (1 MB).
+const CHUNK: usize = 1 << 16;
+
 /// What one decoding thread classified: its distinct keys with their counts, each pCPU's
 /// samples (TSC, key index) in stream order, the scheduling events, the cost. A key is found
 /// in two steps, so that the per-sample table stays small (it is the one random access per
@@ -343,15 +346,20 @@ struct Part {
     /// (address, context) → (key index, samples).
     ids: HashMap<(u64, u32), (u32, u64)>,
     keys: Vec<Key>,
-    lists: HashMap<u16, Vec<Slot>>,
+    /// Per pCPU, its samples in stream order, in chunks of [`CHUNK`] (a list never regrows: a
+    /// 10 M-sample capture would copy and zero its lists again at each doubling).
+    lists: HashMap<u16, Vec<Vec<Slot>>>,
     events: Vec<(u16, Event)>,
     cost: CostSum,
 }
 
 impl Part {
     fn add(&mut self, pcpu: u16, records: &[Record]) {
-        let list = self.lists.entry(pcpu).or_default();
-        list.reserve(records.len());
+        let chunks = self.lists.entry(pcpu).or_default();
+        let mut list = match chunks.pop() {
+            Some(l) => l,
+            None => Vec::with_capacity(CHUNK),
+        };
         let mut last: Option<(Key, u32)> = None;
         for r in records {
             let s = match r {
@@ -385,11 +393,32 @@ impl Part {
                 ((keys.len() - 1) as u32, 0)
             });
             entry.1 += 1;
+            if list.len() == list.capacity() {
+                chunks.push(std::mem::replace(&mut list, Vec::with_capacity(CHUNK)));
+            }
             list.push(Slot {
                 tsc: s.tsc,
                 stack: entry.0,
             });
         }
+        chunks.push(list);
+    }
+
+    /// Adds `n` samples of `key`; returns its index.
+    fn count(&mut self, key: Key, n: u64) -> u32 {
+        let context = Key { addr: 0, ..key };
+        let keys = &mut self.context_keys;
+        let ctx = *self.contexts.entry(context).or_insert_with(|| {
+            keys.push(context);
+            (keys.len() - 1) as u32
+        });
+        let keys = &mut self.keys;
+        let entry = self.ids.entry((key.addr, ctx)).or_insert_with(|| {
+            keys.push(key);
+            ((keys.len() - 1) as u32, 0)
+        });
+        entry.1 += n;
+        entry.0
     }
 
     /// Each key with its samples, by key index.
@@ -428,65 +457,83 @@ impl Classified {
         (decoded, Self::merge(parts))
     }
 
-    /// The parts' keys made one table, their lists joined per pCPU in stream order, then put
-    /// in TSC order.
+    /// The parts' keys made one table, their lists joined per pCPU in stream order (each
+    /// allocated once, at its size), then put in TSC order.
     fn merge(parts: Vec<Part>) -> Classified {
-        let mut ids: HashMap<Key, u32> = HashMap::default();
-        let mut stacks: Vec<Stack> = Vec::new();
-        let mut lists: std::collections::BTreeMap<u16, Vec<Slot>> = Default::default();
-        let mut events = Vec::new();
-        let mut cost = CostSum::default();
-        let mut len = 0usize;
-        for part in parts {
+        // The first part's table becomes the capture's (its keys keep their index): the other
+        // parts' keys are looked up in it, and the new ones added after its own, in order.
+        let mut parts = parts.into_iter();
+        let mut base = parts.next().unwrap_or_default();
+        let mut parts: Vec<Part> = parts.collect();
+        let mut events = std::mem::take(&mut base.events);
+        let mut cost = base.cost;
+        // Per part after the first: its key indices in the capture's table.
+        let mut remaps: Vec<Vec<u32>> = Vec::with_capacity(parts.len());
+        for part in &mut parts {
             let remap: Vec<u32> = part
                 .counted_keys()
                 .into_iter()
-                .map(|(k, n)| {
-                    let id = *ids.entry(k).or_insert_with(|| {
-                        stacks.push(Stack {
-                            what: k.what,
-                            pcpu: k.pcpu,
-                            vm: k.vm,
-                            vcpu: k.vcpu,
-                            exit: k.exit,
-                            addr: k.addr,
-                            cr3: k.cr3,
-                            process: None,
-                            frame: 0,
-                            count: 0,
-                        });
-                        (stacks.len() - 1) as u32
-                    });
-                    stacks[id as usize].count += n;
-                    id
-                })
+                .map(|(k, n)| base.count(k, n))
                 .collect();
-            for (pcpu, list) in part.lists {
-                len += list.len();
-                let mut list = list;
-                for s in &mut list {
-                    s.stack = remap[s.stack as usize];
-                }
-                let to = lists.entry(pcpu).or_default();
-                if to.is_empty() {
-                    *to = list;
-                } else {
-                    to.extend_from_slice(&list);
-                }
-            }
-            events.extend(part.events);
+            remaps.push(remap);
+            events.append(&mut part.events);
             cost.merge(part.cost);
         }
-        let pcpus = lists
+        let stacks: Vec<Stack> = base
+            .counted_keys()
             .into_iter()
-            .filter(|(_, l)| !l.is_empty())
-            .map(|(c, mut l)| {
-                if !l.is_sorted_by_key(|s| s.tsc) {
-                    l.sort_by_key(|s| s.tsc);
-                }
-                (c, l)
+            .map(|(k, count)| Stack {
+                what: k.what,
+                pcpu: k.pcpu,
+                vm: k.vm,
+                vcpu: k.vcpu,
+                exit: k.exit,
+                addr: k.addr,
+                cr3: k.cr3,
+                process: None,
+                frame: 0,
+                count,
             })
             .collect();
+        let mut sizes: std::collections::BTreeMap<u16, usize> = Default::default();
+        for part in std::iter::once(&base).chain(&parts) {
+            for (&pcpu, chunks) in &part.lists {
+                *sizes.entry(pcpu).or_default() += chunks.iter().map(Vec::len).sum::<usize>();
+            }
+        }
+        let len = sizes.values().sum();
+        /// A pCPU, its samples, and its chunks in each part (in stream order).
+        type Work = (u16, usize, Vec<Vec<Vec<Slot>>>);
+        let work: Vec<Work> = sizes
+            .into_iter()
+            .filter(|&(_, n)| n > 0)
+            .map(|(c, n)| {
+                let chunks = std::iter::once(&mut base)
+                    .chain(parts.iter_mut())
+                    .map(|part| part.lists.remove(&c).unwrap_or_default())
+                    .collect();
+                (c, n, chunks)
+            })
+            .collect();
+        let pcpus = crate::par_map(work, |(c, n, per_part)| {
+            let mut l = Vec::with_capacity(n);
+            let mut per_part = per_part.into_iter();
+            for chunk in per_part.next().unwrap_or_default() {
+                l.extend_from_slice(&chunk);
+            }
+            for (chunks, remap) in per_part.zip(&remaps) {
+                for chunk in chunks {
+                    l.extend(chunk.iter().map(|s| Slot {
+                        tsc: s.tsc,
+                        stack: remap[s.stack as usize],
+                    }));
+                }
+            }
+            if !l.is_sorted_by_key(|s| s.tsc) {
+                l.sort_by_key(|s| s.tsc);
+            }
+            (c, l)
+        });
         Classified {
             samples: Samples { stacks, pcpus, len },
             events,

@@ -756,18 +756,10 @@ fn add_blanks(
         }
         return HashMap::default();
     }
-    let stacks = classified.samples.stacks();
-    let timeline: HashMap<u16, Vec<(u64, Owner)>> = classified
-        .samples
-        .pcpus()
-        .map(|(c, list)| {
-            let owners = list
-                .iter()
-                .map(|s| (s.tsc, owner(&stacks[s.stack as usize])))
-                .collect();
-            (c, owners)
-        })
-        .collect();
+    let timeline = Timeline {
+        owners: classified.samples.stacks().iter().map(owner).collect(),
+        lists: classified.samples.pcpus().collect(),
+    };
     let exact = crate::timeline::blanks(&timeline, &classified.events);
     for (&(vm, vcpu), b) in &exact {
         let add = |g: &mut GuestCounts| {
@@ -790,6 +782,30 @@ fn add_blanks(
         add(g.per_vcpu.entry((vm, vcpu)).or_default());
     }
     exact
+}
+
+/// The profile's own per-pCPU lists, read as the common time axis (no copy of them): each
+/// sample's owner from its stack.
+struct Timeline<'a> {
+    /// By stack index.
+    owners: Vec<Owner>,
+    lists: HashMap<u16, &'a [crate::profile::Slot]>,
+}
+
+impl crate::timeline::Lists for Timeline<'_> {
+    type Item = crate::profile::Slot;
+    fn pcpus(&self) -> Vec<u16> {
+        self.lists.keys().copied().collect()
+    }
+    fn list(&self, pcpu: u16) -> Option<&[crate::profile::Slot]> {
+        self.lists.get(&pcpu).copied()
+    }
+    fn tsc(&self, item: &crate::profile::Slot) -> u64 {
+        item.tsc
+    }
+    fn owner(&self, item: &crate::profile::Slot) -> Owner {
+        self.owners[item.stack as usize]
+    }
 }
 
 /// Who a stack's samples belong to on the common time axis.
@@ -865,40 +881,72 @@ fn guest_level(
     mut g: Guests,
     exact: &HashMap<(u16, u16), crate::timeline::Blanks>,
 ) -> Vec<VmReport> {
-    let mut vms: Vec<VmReport> = namer
+    // Each VM's counts, and its vCPUs' (sorted), then every table made on every core.
+    let per_vm: Vec<GuestCounts> = namer
+        .vms
+        .iter()
+        .map(|v| g.per_vm.remove(&v.id).unwrap_or_default())
+        .collect();
+    let vcpus_of: Vec<Vec<(u16, &GuestCounts)>> = namer
         .vms
         .iter()
         .map(|v| {
-            let counts = g.per_vm.remove(&v.id).unwrap_or_default();
-            let symbols = namer.guest_symbols(v.id);
-            let mut vcpus: Vec<VcpuReport> = g
+            let mut vcpus: Vec<(u16, &GuestCounts)> = g
                 .per_vcpu
                 .iter()
                 .filter(|((vm, _), _)| *vm == v.id)
-                .map(|(&(_, vcpu), c)| {
-                    let mut table = c.table(symbols, &v.image);
-                    table.exact = exact_of(&table, exact.get(&(v.id, vcpu)).into_iter());
-                    VcpuReport { vcpu, table }
-                })
+                .map(|(&(_, vcpu), c)| (vcpu, c))
                 .collect();
-            vcpus.sort_by_key(|v| v.vcpu);
-            let mut table = counts.table(symbols, &v.image);
-            table.exact = exact_of(
-                &table,
-                exact
-                    .iter()
-                    .filter(|((vm, _), _)| *vm == v.id)
-                    .map(|(_, b)| b),
-            );
-            VmReport {
-                id: v.id,
-                name: v.name.clone(),
-                image: v.image.clone(),
-                table,
-                vcpus,
-            }
+            vcpus.sort_by_key(|&(vcpu, _)| vcpu);
+            vcpus
         })
         .collect();
+    let jobs: Vec<(&GuestCounts, Option<&Symbols>, &str)> = namer
+        .vms
+        .iter()
+        .enumerate()
+        .flat_map(|(i, v)| {
+            let symbols = namer.guest_symbols(v.id);
+            std::iter::once((&per_vm[i], symbols, v.image.as_str())).chain(
+                vcpus_of[i]
+                    .iter()
+                    .map(move |&(_, c)| (c, symbols, v.image.as_str())),
+            )
+        })
+        .collect();
+    let mut tables =
+        crate::par_map(jobs, |(c, symbols, image)| c.table(symbols, image)).into_iter();
+    let mut vms: Vec<VmReport> = Vec::with_capacity(namer.vms.len());
+    for (i, v) in namer.vms.iter().enumerate() {
+        let (Some(mut table), vcpu_tables) = (
+            tables.next(),
+            tables.by_ref().take(vcpus_of[i].len()).collect::<Vec<_>>(),
+        ) else {
+            break;
+        };
+        let vcpus = vcpus_of[i]
+            .iter()
+            .zip(vcpu_tables)
+            .map(|(&(vcpu, _), mut table)| {
+                table.exact = exact_of(&table, exact.get(&(v.id, vcpu)).into_iter());
+                VcpuReport { vcpu, table }
+            })
+            .collect();
+        table.exact = exact_of(
+            &table,
+            exact
+                .iter()
+                .filter(|((vm, _), _)| *vm == v.id)
+                .map(|(_, b)| b),
+        );
+        vms.push(VmReport {
+            id: v.id,
+            name: v.name.clone(),
+            image: v.image.clone(),
+            table,
+            vcpus,
+        });
+    }
     let mut unknown: Vec<u16> = g.per_vm.keys().copied().collect();
     unknown.sort_unstable();
     for id in unknown {

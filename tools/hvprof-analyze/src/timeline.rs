@@ -133,13 +133,42 @@ fn tracks(events: &[(u16, Event)]) -> Vec<((u16, u16), Track)> {
     tracks
 }
 
+/// Per pCPU, its samples in TSC order, each with its TSC and owner: what the virtual streams are
+/// made of. The report reads the profile's own lists ([`crate::profile::Slot`], the owner from
+/// the stack); the chart and the tests give (TSC, owner) pairs.
+pub trait Lists {
+    type Item: Sync;
+    /// The pCPUs that have a list, in any order.
+    fn pcpus(&self) -> Vec<u16>;
+    /// A pCPU's samples in TSC order.
+    fn list(&self, pcpu: u16) -> Option<&[Self::Item]>;
+    fn tsc(&self, item: &Self::Item) -> u64;
+    fn owner(&self, item: &Self::Item) -> Owner;
+}
+
+impl Lists for HashMap<u16, Vec<(u64, Owner)>> {
+    type Item = (u64, Owner);
+    fn pcpus(&self) -> Vec<u16> {
+        self.keys().copied().collect()
+    }
+    fn list(&self, pcpu: u16) -> Option<&[(u64, Owner)]> {
+        self.get(&pcpu).map(Vec::as_slice)
+    }
+    fn tsc(&self, item: &(u64, Owner)) -> u64 {
+        item.0
+    }
+    fn owner(&self, item: &(u64, Owner)) -> Owner {
+        item.1
+    }
+}
+
 /// Every vCPU's virtual stream as runs. `samples`: per pCPU, (TSC, owner) in TSC order;
 /// `events`: every scheduling event with its pCPU. After an event the vCPU is in the state it
 /// names, on that event's pCPU, from the samples at its TSC on until the vCPU's next event; it
 /// has no slots before its first event and none from its first `Stopped` on (a stopped vCPU
 /// stays stopped). Time O(E log E + E log S) for E events and S samples: each run is found by
 /// two binary searches, whatever the number of vCPUs.
-pub fn runs(samples: &HashMap<u16, Vec<(u64, Owner)>>, events: &[(u16, Event)]) -> Vec<Run> {
+pub fn runs<L: Lists>(samples: &L, events: &[(u16, Event)]) -> Vec<Run> {
     let mut out = Vec::new();
     for (key, track) in tracks(events) {
         for (k, &(t, pcpu, e)) in track.events.iter().enumerate() {
@@ -149,12 +178,12 @@ pub fn runs(samples: &HashMap<u16, Vec<(u64, Owner)>>, events: &[(u16, Event)]) 
                 (EventKind::VcpuOut, OutReason::Halted) => Class::OutHalted,
                 (EventKind::VcpuOut, _) => Class::Out,
             };
-            let Some(list) = samples.get(&pcpu) else {
+            let Some(list) = samples.list(pcpu) else {
                 continue;
             };
-            let start = list.partition_point(|s| s.0 < t);
+            let start = list.partition_point(|s| samples.tsc(s) < t);
             let end = match track.events.get(k + 1) {
-                Some(&(next, _, _)) => list.partition_point(|s| s.0 < next),
+                Some(&(next, _, _)) => list.partition_point(|s| samples.tsc(s) < next),
                 None => list.len(),
             };
             if start < end {
@@ -173,15 +202,18 @@ pub fn runs(samples: &HashMap<u16, Vec<(u64, Owner)>>, events: &[(u16, Event)]) 
 /// Classifies every slot of every vCPU's virtual stream (see [`runs`]). `visit` gets the vCPU,
 /// the pCPU, the index of the sample in that pCPU's list, and the slot. Its calls are the
 /// output: one per slot; [`blanks`] and the chart count slots per run instead.
-pub fn classify(
-    samples: &HashMap<u16, Vec<(u64, Owner)>>,
+pub fn classify<L: Lists>(
+    samples: &L,
     events: &[(u16, Event)],
     mut visit: impl FnMut((u16, u16), u16, usize, Slot),
 ) {
     for run in runs(samples, events) {
-        let list = &samples[&run.pcpu];
+        let Some(list) = samples.list(run.pcpu) else {
+            continue;
+        };
         for i in run.samples.clone() {
-            visit(run.vcpu, run.pcpu, i, slot(run.vcpu, run.class, list[i].1));
+            let owner = samples.owner(&list[i]);
+            visit(run.vcpu, run.pcpu, i, slot(run.vcpu, run.class, owner));
         }
     }
 }
@@ -219,7 +251,7 @@ pub struct PcpuIndex {
 
 impl PcpuIndex {
     /// Indexes one pCPU's samples (in TSC order).
-    pub fn new(list: &[(u64, Owner)]) -> Self {
+    pub fn new<L: Lists>(lists: &L, list: &[L::Item]) -> Self {
         let mut ix = PcpuIndex {
             by_vcpu: HashMap::default(),
             guest: HashMap::default(),
@@ -227,9 +259,9 @@ impl PcpuIndex {
             hv_no_vm: Positions::default(),
             vcpus: HashMap::default(),
         };
-        for (i, &(_, owner)) in list.iter().enumerate() {
+        for (i, item) in list.iter().enumerate() {
             let i = i as u32;
-            let (vm, vcpu, guest) = match owner {
+            let (vm, vcpu, guest) = match lists.owner(item) {
                 Owner::Guest { vm, vcpu } => (vm, vcpu, true),
                 Owner::Hypervisor { vm, vcpu } => (vm, vcpu, false),
                 Owner::Idle => continue,
@@ -293,8 +325,8 @@ impl PcpuIndex {
 /// Classifies every vCPU's blank slots. `samples`: per pCPU, (TSC, owner) in TSC order;
 /// `events`: every scheduling event with its pCPU. Counts per run (see [`runs`]), never per
 /// slot: time O((E + S) log(E + S)), with at most [`STEAL_ON_MAX`] siblings per run.
-pub fn blanks(
-    samples: &HashMap<u16, Vec<(u64, Owner)>>,
+pub fn blanks<L: Lists + Sync>(
+    samples: &L,
     events: &[(u16, Event)],
 ) -> HashMap<(u16, u16), Blanks> {
     let mut out: HashMap<(u16, u16), Blanks> = HashMap::default();
@@ -312,10 +344,12 @@ pub fn blanks(
             *ticks = ticks.saturating_add(span);
         }
     }
-    let index: HashMap<u16, PcpuIndex> = samples
-        .iter()
-        .map(|(&p, list)| (p, PcpuIndex::new(list)))
-        .collect();
+    let index: HashMap<u16, PcpuIndex> = crate::par_map(samples.pcpus(), |p| {
+        samples.list(p).map(|l| (p, PcpuIndex::new(samples, l)))
+    })
+    .into_iter()
+    .flatten()
+    .collect();
     for run in runs(samples, events) {
         let ix = &index[&run.pcpu];
         let b = out.entry(run.vcpu).or_default();
