@@ -69,29 +69,37 @@ fn task_offsets() -> String {
 /// the image's vmlinux BTF (empty when the kernel is missing or its layout is not walkable: the
 /// scenario then runs without naming files).
 fn mm_layout() -> String {
-    static LAYOUT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    LAYOUT
-        .get_or_init(|| {
-            linux_guest::KernelImage::from_vmlinux(linux_dir().join("vmlinux"))
-                .ok()
-                .and_then(|k| k.mm_layout.ok())
-                .map_or_else(String::new, |l| format!("mm-layout={l}"))
-        })
-        .clone()
+    kernel_layouts().0
 }
 
 /// `module-layout=` for the hypervisor: where the kernel's module list is (from kallsyms and
 /// BTF), empty when unavailable.
 fn module_layout() -> String {
-    static LAYOUT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    LAYOUT
-        .get_or_init(|| {
-            linux_guest::KernelImage::from_vmlinux(linux_dir().join("vmlinux"))
-                .ok()
-                .and_then(|k| k.module_layout.ok())
-                .map_or_else(String::new, |l| format!("module-layout={l}"))
-        })
-        .clone()
+    kernel_layouts().1
+}
+
+/// The `mm-layout=` and `module-layout=` arguments from the image's vmlinux, computed once it
+/// exists (the scenario list is also made before `cargo xtask test` builds the image: a missing
+/// kernel is not remembered).
+fn kernel_layouts() -> (String, String) {
+    static LAYOUTS: std::sync::Mutex<Option<(String, String)>> = std::sync::Mutex::new(None);
+    let mut cached = LAYOUTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(l) = cached.as_ref() {
+        return l.clone();
+    }
+    let Ok(k) = linux_guest::KernelImage::from_vmlinux(linux_dir().join("vmlinux")) else {
+        return (String::new(), String::new());
+    };
+    let l = (
+        k.mm_layout
+            .map_or_else(|_| String::new(), |l| format!("mm-layout={l}")),
+        k.module_layout
+            .map_or_else(|_| String::new(), |l| format!("module-layout={l}")),
+    );
+    *cached = Some(l.clone());
+    l
 }
 
 /// One Linux VM running `run` with `arg` (module name `<vm>.bzImage`, initrd `<vm>.cpio`).
