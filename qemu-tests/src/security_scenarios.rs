@@ -180,6 +180,36 @@ pub fn all() -> Vec<Scenario> {
                 log.expect_containing("vm sleeper: stopped: ", "wall budget")?;
                 log.expect_none("[sleeper] hostile: sleep: woke up")
             }),
+        // A guest posing as Linux whose every sample shows a new process, each with a memory
+        // map whose maple tree is a node that is its own child: every walk is cut at the tree's
+        // height (31 nodes), at most 1,024 processes are walked, and the rest is counted.
+        Scenario::new("bochs-attack-maps", bochs())
+            .cmdline("export=end channel=lpt period=2000ticks")
+            .module(
+                "maps.elf",
+                HOSTILE,
+                "vm=maps hostile=tasks maps=1 rounds=3000 every=800 task-offsets=0x100:2416:2420:2976 mm-layout=72:0:8:16:32:120:128:24:24:36:40:2272:256:8:128:16:248:8:80:10:240:0",
+            )
+            .check(|log| {
+                all_of([
+                    hostile_ok(log, "maps", "tasks"),
+                    log.expect_none("PANIC"),
+                    log.expect("vm maps: 0 executable mappings of 1024 processes read from guest memory (")
+                        .and_then(|l| {
+                            // "(<cut> walks cut short, <dropped> processes and 0 mappings ...)"
+                            let nums: Vec<u64> = l
+                                .split(['(', ',', ' '])
+                                .filter_map(|w| w.parse().ok())
+                                .collect();
+                            match nums[..] {
+                                [_, _, cut, dropped, 0, ..] if cut >= 1000 && dropped > 0 => Ok(()),
+                                _ => Err(format!(
+                                    "expected about 1,024 walks cut short and processes not kept: {l}"
+                                )),
+                            }
+                        }),
+                ])
+            }),
         // Finding 4: a task change at about every sample on two pCPUs (a guest renaming itself in
         // a loop), 40,000 each: more than the hypervisor keeps in memory for `export=end` (its
         // task buffer is flushed when full; the heap used to run out and the capture was lost).
