@@ -440,22 +440,17 @@ static RECORDS_TAKEN: AtomicU64 = AtomicU64::new(0);
 /// After the run, once every pCPU has stopped sampling: sends the VM end frame of a stopped VM
 /// (its exit statistics, IA32_LSTAR and task offsets), on the boot CPU's log.
 pub fn send_vm_end(v: &VmEnd) {
-    let Some(ex) = EXPORTER.get() else {
-        return;
-    };
-    let Some(cell) = ex.cpus.first() else {
-        return;
-    };
-    let mut log = cell.lock();
-    ex.send_header(&mut log);
-    if let Ok(n) = encode_vm_end(v, log.frame) {
-        ex.send(&mut log, n);
-    }
+    send_at_end(|frame| encode_vm_end(v, frame));
 }
 
-/// After the run: sends a mapping frame (a guest process's executable file mapping), on the boot
-/// CPU's log.
+/// After the run: sends a mapping frame (a guest process's executable file mapping or a kernel
+/// module), on the boot CPU's log.
 pub fn send_mapping(m: &hvprof_samplelog::Mapping) {
+    send_at_end(|frame| hvprof_samplelog::encode_mapping(m, frame));
+}
+
+/// Sends one frame `encode` writes into the boot CPU's frame buffer, after the header.
+fn send_at_end(encode: impl FnOnce(&mut [u8]) -> Result<usize, hvprof_samplelog::EncodeError>) {
     let Some(ex) = EXPORTER.get() else {
         return;
     };
@@ -464,7 +459,7 @@ pub fn send_mapping(m: &hvprof_samplelog::Mapping) {
     };
     let mut log = cell.lock();
     ex.send_header(&mut log);
-    if let Ok(n) = hvprof_samplelog::encode_mapping(m, log.frame) {
+    if let Ok(n) = encode(log.frame) {
         ex.send(&mut log, n);
     }
 }
