@@ -270,18 +270,23 @@ impl RunFiles {
     /// sample log's frames are self-delimiting, so the two join into one valid stream; a line
     /// break keeps the last console line apart from the first frame.
     pub fn capture(&self) -> std::io::Result<Vec<u8>> {
-        let mut bytes = fs::read(&self.serial_log)?;
-        match fs::read(&self.lpt_log) {
-            Ok(lpt) if !lpt.is_empty() => {
-                bytes.extend_from_slice(b"\r\n");
-                bytes.extend_from_slice(&lpt);
-            }
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        Ok(bytes)
+        capture_of(&self.serial_log, &self.lpt_log)
     }
+}
+
+/// The capture of a run from its serial log and parallel-port log ([`RunFiles::capture`]).
+pub fn capture_of(serial_log: &Path, lpt_log: &Path) -> std::io::Result<Vec<u8>> {
+    let mut bytes = fs::read(serial_log)?;
+    match fs::read(lpt_log) {
+        Ok(lpt) if !lpt.is_empty() => {
+            bytes.extend_from_slice(b"\r\n");
+            bytes.extend_from_slice(&lpt);
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    Ok(bytes)
 }
 
 /// QEMU's arguments (pure: the firmware is passed in, the OVMF variables copy is named by

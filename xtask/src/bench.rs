@@ -421,12 +421,8 @@ fn run(scenario: &qemu_tests::Scenario, config: &RunnerConfig) -> Result<qemu_te
     }
     // The whole capture: console text and, with `channel=lpt`, the parallel port's frames.
     let dir = config.out_dir.join(&scenario.name);
-    let mut bytes = fs::read(dir.join("serial.log"))
-        .with_context(|| format!("cannot read {}", dir.display()))?;
-    if let Ok(lpt) = fs::read(dir.join("lpt.log")) {
-        bytes.extend_from_slice(b"\r\n");
-        bytes.extend_from_slice(&lpt);
-    }
+    let bytes = qemu_tests::emulator::capture_of(&dir.join("serial.log"), &dir.join("lpt.log"))
+        .with_context(|| format!("cannot read the capture in {}", dir.display()))?;
     Ok(qemu_tests::SerialLog::from_bytes(&bytes))
 }
 
