@@ -111,48 +111,5 @@ fn kernel_ptr(p: u64) -> bool {
     p >= KERNEL_HALF && p.is_multiple_of(8)
 }
 
-#[cfg(test)]
-pub(crate) mod model {
-    //! A model of guest memory for the tests: sparse 8-byte-aligned words and byte strings.
-    use std::cell::Cell;
-    use std::collections::BTreeMap;
-
-    #[derive(Default)]
-    pub struct Memory {
-        pub bytes: BTreeMap<u64, u8>,
-        pub reads: Cell<u64>,
-    }
-
-    impl Memory {
-        pub fn put_u64(&mut self, addr: u64, v: u64) {
-            self.put(addr, &v.to_le_bytes());
-        }
-        pub fn put_u32(&mut self, addr: u64, v: u32) {
-            self.put(addr, &v.to_le_bytes());
-        }
-        pub fn put(&mut self, addr: u64, b: &[u8]) {
-            for (i, &x) in b.iter().enumerate() {
-                self.bytes.insert(addr + i as u64, x);
-            }
-        }
-        /// Zero-filled memory over `[addr, addr + len)` (a structure's bytes exist).
-        pub fn zero(&mut self, addr: u64, len: u64) {
-            for a in addr..addr + len {
-                self.bytes.entry(a).or_insert(0);
-            }
-        }
-    }
-
-    impl super::GuestMemory for Memory {
-        fn read(&self, addr: u64, out: &mut [u8]) -> bool {
-            self.reads.set(self.reads.get() + 1);
-            for (i, o) in out.iter_mut().enumerate() {
-                match addr.checked_add(i as u64).and_then(|a| self.bytes.get(&a)) {
-                    Some(&b) => *o = b,
-                    None => return false,
-                }
-            }
-            true
-        }
-    }
-}
+#[cfg(any(test, feature = "model"))]
+pub mod model;

@@ -2,10 +2,10 @@
 //! `cargo xtask linux-image`; skipped with a message when absent), and the walkers run over a
 //! model of that kernel's memory laid out by those offsets.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use hvprof_linux_walk::{Budget, GuestMemory, walk_modules, walk_vmas};
+use hvprof_linux_walk::model::Memory;
+use hvprof_linux_walk::{Budget, walk_modules, walk_vmas};
 use linux_guest::KernelImage;
 
 fn vmlinux() -> Option<PathBuf> {
@@ -23,33 +23,6 @@ fn vmlinux() -> Option<PathBuf> {
             path.display()
         );
         None
-    }
-}
-
-#[derive(Default)]
-struct Memory(BTreeMap<u64, u8>);
-
-impl Memory {
-    fn put(&mut self, addr: u64, bytes: &[u8]) {
-        for (i, b) in bytes.iter().enumerate() {
-            self.0.insert(addr + i as u64, *b);
-        }
-    }
-    fn u64(&mut self, addr: u64, v: u64) {
-        self.put(addr, &v.to_le_bytes());
-    }
-    fn zero(&mut self, addr: u64, len: u64) {
-        for a in addr..addr + len {
-            self.0.entry(a).or_insert(0);
-        }
-    }
-}
-
-impl GuestMemory for Memory {
-    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
-        out.iter_mut()
-            .enumerate()
-            .all(|(i, o)| self.0.get(&(addr + i as u64)).map(|b| *o = *b).is_some())
     }
 }
 
@@ -84,7 +57,7 @@ fn layouts_of_the_real_kernel_are_derived_and_walk() {
     let leaf = 0xffff_8880_0200_0000u64;
     mem.zero(mm_addr, 4096);
     mem.zero(leaf, 256);
-    mem.u64(mm_addr + u64::from(mm.mm_root), leaf | (1 << 3) | 2);
+    mem.put_u64(mm_addr + u64::from(mm.mm_root), leaf | (1 << 3) | 2);
     let ranges = [
         (0x5555_0000_0000u64, 0x5555_0000_2000u64),
         (0x5555_0000_2000, 0x5555_0000_9000),
@@ -95,21 +68,21 @@ fn layouts_of_the_real_kernel_are_derived_and_walk() {
     for (i, &(s, e)) in ranges.iter().enumerate() {
         let vma = 0xffff_8880_0300_0000 + 0x1000 * i as u64;
         mem.zero(vma, 512);
-        mem.u64(vma + u64::from(mm.vm_start), s);
-        mem.u64(vma + u64::from(mm.vm_end), e);
-        mem.u64(vma + u64::from(mm.vm_mm), mm_addr);
-        mem.u64(vma + u64::from(mm.vm_flags), 0x4);
-        mem.u64(vma + u64::from(mm.vm_pgoff), i as u64);
+        mem.put_u64(vma + u64::from(mm.vm_start), s);
+        mem.put_u64(vma + u64::from(mm.vm_end), e);
+        mem.put_u64(vma + u64::from(mm.vm_mm), mm_addr);
+        mem.put_u64(vma + u64::from(mm.vm_flags), 0x4);
+        mem.put_u64(vma + u64::from(mm.vm_pgoff), i as u64);
         if s > prev {
-            mem.u64(leaf + u64::from(m.range64_pivot) + 8 * slot, s - 1);
+            mem.put_u64(leaf + u64::from(m.range64_pivot) + 8 * slot, s - 1);
             slot += 1;
         }
-        mem.u64(leaf + u64::from(m.range64_pivot) + 8 * slot, e - 1);
-        mem.u64(leaf + u64::from(m.range64_slot) + 8 * slot, vma);
+        mem.put_u64(leaf + u64::from(m.range64_pivot) + 8 * slot, e - 1);
+        mem.put_u64(leaf + u64::from(m.range64_slot) + 8 * slot, vma);
         slot += 1;
         prev = e;
     }
-    mem.u64(leaf + u64::from(m.range64_pivot) + 8 * slot, u64::MAX);
+    mem.put_u64(leaf + u64::from(m.range64_pivot) + 8 * slot, u64::MAX);
     mem.put(leaf + u64::from(m.range64_meta + m.meta_end), &[slot as u8]);
     let mut got = Vec::new();
     let w = walk_vmas(&mem, &mm, mm_addr, &mut Budget::new(1000), &mut |v| {
@@ -131,14 +104,14 @@ fn layouts_of_the_real_kernel_are_derived_and_walk() {
     let at = [0xffff_ffff_c000_0000u64, 0xffff_ffff_c001_0000];
     let node = |i: usize| at[i] + u64::from(modules.list);
     mem.zero(head, 16);
-    mem.u64(head, node(0));
-    mem.u64(head + 8, node(1));
+    mem.put_u64(head, node(0));
+    mem.put_u64(head + 8, node(1));
     for (i, name) in ["virtio_blk", "ext4"].iter().enumerate() {
         mem.zero(at[i], 0x1000);
-        mem.u64(node(i), if i == 0 { node(1) } else { head });
-        mem.u64(node(i) + 8, if i == 0 { head } else { node(0) });
+        mem.put_u64(node(i), if i == 0 { node(1) } else { head });
+        mem.put_u64(node(i) + 8, if i == 0 { head } else { node(0) });
         mem.put(at[i] + u64::from(modules.name), name.as_bytes());
-        mem.u64(
+        mem.put_u64(
             at[i] + u64::from(modules.base),
             0xffff_ffff_c100_0000 + 0x10_0000 * i as u64,
         );
