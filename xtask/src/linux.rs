@@ -8,7 +8,13 @@
 //! vmlinux               its decompressed ELF (stripped, with kallsyms and .BTF inside)
 //! config                the kernel's .config
 //! bin/                  w41, shor, hvexit: static non-PIE workloads built with the host gcc
-//! initramfs.cpio.gz     busybox, /init (guests/linux/init) and bin/
+//! bin/                  shor-dyn, hashload: dynamic PIE workloads against Debian's libraries
+//! root/                 the guest's file tree (the initramfs is made of it, less
+//!                       usr/lib/debug): busybox, /init (guests/linux/init), bin/, Debian's
+//!                       libc, libgomp, libquantum.so.8, dynamic busybox (usr/bin), the kernel
+//!                       modules hashload needs, libc's debug file (usr/lib/debug/.build-id);
+//!                       `hvprof-analyze --guest-root target/linux/root` names their functions
+//! initramfs.cpio.gz     root/ as the guest's initramfs
 //! initramfs.cpio        the same, uncompressed (faster to boot under Bochs)
 //! manifest.json         versions, sizes, the setup header, the task offsets
 //! truth.json            native `perf record -e cpu-clock` function shares (linux-truth)
@@ -28,10 +34,39 @@ use serde_json::json;
 const KERNEL_META: &str = "linux-image-cloud-amd64";
 const BUSYBOX: &str = "busybox-static";
 const LIBQUANTUM: &str = "libquantum-dev";
+/// The shared libraries of the dynamic workloads, libc's debug symbols, Debian's dynamic busybox.
+const LIBQUANTUM_SO: &str = "libquantum8";
+const LIBC: &str = "libc6";
+const LIBC_DEBUG: &str = "libc6-dbg";
+const LIBGOMP: &str = "libgomp1";
+const BUSYBOX_PIE: &str = "busybox";
+
+/// The kernel modules the `hashload` workload needs, in load order (each after those it uses),
+/// under `/lib/modules/<release>/`: the crypto API's user interface and the hash it runs.
+pub const MODULES: [&str; 3] = [
+    "kernel/crypto/af_alg.ko",
+    "kernel/crypto/algif_hash.ko",
+    "kernel/crypto/wp512.ko",
+];
+
+/// Debug files in the guest's tree: for the analyzer, not copied into the initramfs.
+const DEBUG_DIR: &str = "usr/lib/debug";
+
+/// The programs built into the guest's /bin.
+const GUEST_PROGRAMS: [&str; 5] = ["w41", "shor", "hvexit", "shor-dyn", "hashload"];
 
 /// The workloads and their default arguments in the guest (a few hundred million instructions
 /// at most: the guest runs under an instruction-counting emulator at about 100 M instructions/s).
-pub const WORKLOADS: [(&str, &str); 2] = [("w41", "400"), ("shor", "35,2,1")];
+pub const WORKLOADS: [(&str, &str); 4] = [
+    ("w41", "400"),
+    ("shor", "35,2,1"),
+    ("shor-dyn", "35,2,1"),
+    ("hashload", "1024"),
+];
+
+/// The workloads whose instruction counts are the truth (hashload's work is in the kernel,
+/// which callgrind does not see).
+const INSTRUCTION_TRUTH: [&str; 3] = ["w41", "shor", "shor-dyn"];
 
 /// The same work, repeated, for the native ground truth (about a second each).
 const TRUTH_ARGS: [(&str, &[&str]); 2] = [("w41", &["20000"]), ("shor", &["35", "2", "1", "40"])];
@@ -212,6 +247,79 @@ fn one_file(dir: &Path, prefix: &str) -> Result<PathBuf> {
     }
 }
 
+/// Builds a dynamically linked PIE workload with the host gcc (the guest's libc is the same
+/// Debian version as the host's).
+fn gcc_pie(out: &Path, sources: &[&Path], extra: &[&str]) -> Result<()> {
+    let mut cmd = Command::new("gcc");
+    cmd.args(["-fPIE", "-pie", "-O2", "-g", "-Wall", "-o"])
+        .arg(out)
+        .args(sources)
+        .args(extra);
+    output(
+        &mut cmd,
+        "The workloads need the host C compiler: apt-get install gcc libc6-dev.",
+    )?;
+    Ok(())
+}
+
+/// Copies a program into the guest's tree, executable.
+fn copy_executable(from: &Path, to: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::copy(from, to)
+        .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+/// Adds the tree under `dir` (at `prefix` in the archive) to the initramfs: folders before what
+/// they hold, in name order (the same tree gives the same archive), symbolic links as links;
+/// except the folders `leave_out` (paths in the archive).
+fn add_tree(fs: &mut Initramfs, dir: &Path, prefix: &str, leave_out: &[&str]) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .collect::<std::io::Result<_>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let name = e.file_name();
+        let name = name
+            .to_str()
+            .with_context(|| format!("{}: a name that is not UTF-8", e.path().display()))?;
+        let path = if prefix.is_empty() {
+            name.to_owned()
+        } else {
+            format!("{prefix}/{name}")
+        };
+        if leave_out.contains(&path.as_str()) {
+            continue;
+        }
+        let meta = std::fs::symlink_metadata(e.path())?;
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(e.path())?;
+            fs.symlink(&path, &target.to_string_lossy())?;
+        } else if meta.is_dir() {
+            fs.dir(&path)?;
+            add_tree(fs, &e.path(), &path, leave_out)?;
+        } else {
+            fs.file(&path, meta.permissions().mode(), std::fs::read(e.path())?)?;
+        }
+    }
+    Ok(())
+}
+
+/// An ELF file's GNU build id, in hex.
+fn build_id(path: &Path) -> Result<String> {
+    use object::Object;
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let elf = object::File::parse(&*bytes).with_context(|| format!("{}", path.display()))?;
+    let id = elf
+        .build_id()
+        .ok()
+        .flatten()
+        .with_context(|| format!("{} has no build id", path.display()))?;
+    Ok(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// Builds a static, non-PIE workload with the host gcc.
 fn gcc(out: &Path, sources: &[&Path], extra: &[&str]) -> Result<()> {
     let mut cmd = Command::new("gcc");
@@ -248,6 +356,13 @@ pub fn image(refresh: bool) -> Result<()> {
     let busybox_deb = deb(&debs, BUSYBOX, None, refresh)?;
     let quantum_deb = deb(&debs, LIBQUANTUM, None, refresh)?;
 
+    // The libraries and the dynamic programs' packages (the guest's /lib and /usr/lib).
+    let libc_deb = deb(&debs, LIBC, None, refresh)?;
+    let libc_debug_deb = deb(&debs, LIBC_DEBUG, Some(&deb_field(&libc_deb, "Version")?), refresh)?;
+    let gomp_deb = deb(&debs, LIBGOMP, None, refresh)?;
+    let quantum_so_deb = deb(&debs, LIBQUANTUM_SO, None, refresh)?;
+    let busybox_pie_deb = deb(&debs, BUSYBOX_PIE, None, refresh)?;
+
     let extract_dir = dir.join("extract");
     if extract_dir.exists() {
         std::fs::remove_dir_all(&extract_dir)?;
@@ -267,6 +382,56 @@ pub fn image(refresh: bool) -> Result<()> {
         ],
     )?;
 
+    // The guest's file tree: the initramfs is made of it, and it is what `--guest-root` gives
+    // the analyzer (the files the guest's processes map, at the same paths).
+    let root = dir.join("root");
+    if root.exists() {
+        std::fs::remove_dir_all(&root)?;
+    }
+    std::fs::create_dir_all(&root)?;
+    let modules: Vec<String> = MODULES
+        .iter()
+        .map(|m| format!("./lib/modules/*/{m}"))
+        .collect();
+    extract(
+        &kernel_deb,
+        &root,
+        &modules.iter().map(String::as_str).collect::<Vec<_>>(),
+    )?;
+    extract(
+        &libc_deb,
+        &root,
+        &[
+            "./lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+            "./lib/x86_64-linux-gnu/libc.so.6",
+            "./lib/x86_64-linux-gnu/libm.so.6",
+            "./lib/x86_64-linux-gnu/libresolv.so.2",
+            "./lib64/ld-linux-x86-64.so.2",
+        ],
+    )?;
+    extract(&gomp_deb, &root, &["./usr/lib/x86_64-linux-gnu/libgomp.so.1*"])?;
+    extract(
+        &quantum_so_deb,
+        &root,
+        &["./usr/lib/x86_64-linux-gnu/libquantum.so.8*"],
+    )?;
+    // libc's debug file, at the GNU build-id path under /usr/lib/debug (its symbols name libc's
+    // internal functions, which the stripped library's dynamic symbols do not).
+    let libc_id = build_id(&root.join("lib/x86_64-linux-gnu/libc.so.6"))?;
+    let debug_file = format!(
+        "./usr/lib/debug/.build-id/{}/{}.debug",
+        &libc_id[..2],
+        &libc_id[2..]
+    );
+    extract(&libc_debug_deb, &root, &[&debug_file]).with_context(|| {
+        format!("{LIBC_DEBUG} has no debug file for libc.so.6 (build id {libc_id})")
+    })?;
+    // Debian's dynamically linked busybox (a PIE), beside the static one /init runs on.
+    let pie = extract_dir.join("pie");
+    extract(&busybox_pie_deb, &pie, &["./bin/busybox"])?;
+    std::fs::create_dir_all(root.join("usr/bin"))?;
+    copy_executable(&pie.join("bin/busybox"), &root.join("usr/bin/busybox"))?;
+
     // The kernel, its decompressed ELF and what the profiler reads from it.
     let boot = extract_dir.join("boot");
     let bzimage = dir.join("bzImage");
@@ -283,7 +448,7 @@ pub fn image(refresh: bool) -> Result<()> {
     let kernel = KernelImage::from_vmlinux_bytes(&vmlinux_bytes).context("target/linux/vmlinux")?;
     drop(vmlinux_bytes);
 
-    // The workloads.
+    // The workloads: static non-PIE programs, and dynamic PIE ones against the guest's libraries.
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin)?;
     let src = guest_src();
@@ -298,27 +463,30 @@ pub fn image(refresh: bool) -> Result<()> {
         &[&include, "-fopenmp", "-lm"],
     )
     .context("building shor (libquantum.a is built with OpenMP: it links libgomp.a statically)")?;
+    let guest_libs = format!("-L{}", root.join("usr/lib/x86_64-linux-gnu").display());
+    gcc_pie(
+        &bin.join("shor-dyn"),
+        &[&src.join("shor.c")],
+        &[&include, &guest_libs, "-l:libquantum.so.8", "-fopenmp", "-lm"],
+    )
+    .context("building shor-dyn (against Debian's libquantum.so.8)")?;
+    gcc_pie(&bin.join("hashload"), &[&src.join("hashload.c")], &[])?;
+
+    // The rest of the tree: /init, busybox, the workloads.
+    for d in ["bin", "dev", "proc", "sys", "tmp"] {
+        std::fs::create_dir_all(root.join(d))?;
+    }
+    copy_executable(&src.join("init"), &root.join("init"))?;
+    copy_executable(&extract_dir.join("bin/busybox"), &root.join("bin/busybox"))?;
+    std::os::unix::fs::symlink("busybox", root.join("bin/sh"))?;
+    for name in GUEST_PROGRAMS {
+        copy_executable(&bin.join(name), &root.join("bin").join(name))?;
+    }
 
     // The initramfs.
     let mut fs = Initramfs::new();
-    for d in ["bin", "dev", "proc", "sys", "tmp"] {
-        fs.dir(d)?;
-    }
+    add_tree(&mut fs, &root, "", &[DEBUG_DIR])?;
     fs.char_dev("dev/console", 0o600, 5, 1)?;
-    fs.file("init", 0o755, std::fs::read(src.join("init"))?)?;
-    fs.file(
-        "bin/busybox",
-        0o755,
-        std::fs::read(extract_dir.join("bin/busybox"))?,
-    )?;
-    fs.symlink("bin/sh", "busybox")?;
-    for name in ["w41", "shor", "hvexit"] {
-        fs.file(
-            &format!("bin/{name}"),
-            0o755,
-            std::fs::read(bin.join(name))?,
-        )?;
-    }
     let initramfs = dir.join("initramfs.cpio.gz");
     replace_file(&initramfs, &fs.to_gzip()?)?;
     // Uncompressed too: under an instruction-counting emulator, gunzip of the initramfs costs
@@ -339,6 +507,8 @@ pub fn image(refresh: bool) -> Result<()> {
         "bin/w41",
         "bin/shor",
         "bin/hvexit",
+        "bin/shor-dyn",
+        "bin/hashload",
     ] {
         files.insert(name.into(), json!(size(&dir.join(name))?));
     }
@@ -351,6 +521,12 @@ pub fn image(refresh: bool) -> Result<()> {
         "build_id": kernel.build_id,
         "busybox": deb_field(&busybox_deb, "Version")?,
         "libquantum": deb_field(&quantum_deb, "Version")?,
+        "libquantum_so": deb_field(&quantum_so_deb, "Version")?,
+        "libc": deb_field(&libc_deb, "Version")?,
+        "libgomp": deb_field(&gomp_deb, "Version")?,
+        "busybox_pie": deb_field(&busybox_pie_deb, "Version")?,
+        "libc_build_id": libc_id,
+        "modules": MODULES,
         "compression": format!("{:?}", bz.compression),
         "setup_header": h,
         "entry_64_offset": linux_guest::bzimage::ENTRY_64_OFFSET,
@@ -408,14 +584,15 @@ pub fn truth_is_current() -> bool {
         return false;
     };
     // Where perf could not run, the truth says so (an "error") and is as complete as it can be.
-    doc.pointer("/workloads/error").is_some()
-        || doc.pointer("/workloads/w41/kernel_share").is_some()
+    (doc.pointer("/workloads/error").is_some()
+        || doc.pointer("/workloads/w41/kernel_share").is_some())
+        && doc.pointer("/instructions/shor-dyn").is_some()
 }
 
 pub fn truth() -> Result<()> {
     let dir = linux_dir();
     let bin = dir.join("bin");
-    if !bin.join("w41").exists() || !bin.join("shor").exists() {
+    if GUEST_PROGRAMS.iter().any(|p| !bin.join(p).exists()) {
         image(false)?;
     }
     // Native cpu-clock sampling where perf can run here; the instruction counts always (they are
@@ -553,12 +730,19 @@ fn perf_truth(dir: &Path) -> Result<(String, serde_json::Map<String, serde_json:
 fn instruction_truth(dir: &Path) -> Result<serde_json::Value> {
     let hint = "valgrind comes with Debian's valgrind package (apt-get install valgrind).";
     let mut results = serde_json::Map::new();
-    for (name, args) in WORKLOADS {
+    for (name, args) in WORKLOADS
+        .iter()
+        .filter(|(n, _)| INSTRUCTION_TRUTH.contains(n))
+    {
         let out = dir.join(format!("callgrind-{name}.out"));
         let exe = dir.join("bin").join(name);
         let args: Vec<&str> = args.split(',').collect();
+        // The dynamic programs run against the guest's libquantum.so.8 (the host has none;
+        // libc and libgomp are the host's, the same Debian versions as the guest's).
+        let libs = dir.join("root/usr/lib/x86_64-linux-gnu");
         let shown = format!(
-            "OMP_NUM_THREADS=1 valgrind --tool=callgrind --callgrind-out-file={} {} {}",
+            "OMP_NUM_THREADS=1 LD_LIBRARY_PATH={} valgrind --tool=callgrind --callgrind-out-file={} {} {}",
+            libs.display(),
             out.display(),
             exe.display(),
             args.join(" ")
@@ -570,7 +754,8 @@ fn instruction_truth(dir: &Path) -> Result<serde_json::Value> {
                 .arg(format!("--callgrind-out-file={}", out.display()))
                 .arg(&exe)
                 .args(&args)
-                .env("OMP_NUM_THREADS", "1"),
+                .env("OMP_NUM_THREADS", "1")
+                .env("LD_LIBRARY_PATH", &libs),
             hint,
         )?;
         let text = output(
