@@ -104,13 +104,19 @@ fn kernel_layouts() -> (String, String) {
 
 /// One Linux VM running `run` with `arg` (module name `<vm>.bzImage`, initrd `<vm>.cpio`).
 fn linux_vm(s: Scenario, vm: &str, run: &str, arg: &str) -> Scenario {
+    linux_vm_with(s, vm, run, arg, "")
+}
+
+/// `linux_vm` with more of /init's options on the kernel command line (`hvprof.modules=`,
+/// `hvprof.via=`).
+fn linux_vm_with(s: Scenario, vm: &str, run: &str, arg: &str, more: &str) -> Scenario {
     let dir = linux_dir();
     let initrd = format!("{vm}.cpio");
     s.module(
         &format!("{vm}.bzImage"),
         ModuleSource::File(dir.join("bzImage")),
         &format!(
-            "vm={vm} mem=256M budget=100000000000 initrd={initrd} {} {} {} {KERNEL_CMDLINE} hvprof.run={run} hvprof.arg={arg}",
+            "vm={vm} mem=256M budget=100000000000 initrd={initrd} {} {} {} {KERNEL_CMDLINE} hvprof.run={run} hvprof.arg={arg} {more}",
             task_offsets(),
             mm_layout(),
             module_layout()
@@ -137,6 +143,19 @@ fn linux_args() -> Vec<OsString> {
         extra.push(dir.join("bin").join(w).into());
     }
     extra
+}
+
+/// The analyzer's arguments for a capture of the dynamic workloads: the guest kernel and the
+/// guest's file tree (the programs, libraries and modules it ran, found by the paths and build
+/// ids the mapping frames give; no `--image`).
+fn root_args() -> Vec<OsString> {
+    let dir = linux_dir();
+    vec![
+        "--kernel".into(),
+        dir.join("vmlinux").into(),
+        "--guest-root".into(),
+        dir.join("root").into(),
+    ]
 }
 
 /// The rows of a VM's guest-level table.
@@ -405,6 +424,224 @@ fn check_shor(run: &ProfileRun) -> Result<(), String> {
     all_of(errors.into_iter().map(Err))
 }
 
+/// The dynamic PIE `shor-dyn` (Debian's stripped libquantum.so.8, libgomp and libc, ASLR on),
+/// started by Debian's dynamic busybox, which execs it: named with `--guest-root` only.
+/// - Its user-mode function shares, over every file it maps, match callgrind's instruction
+///   counts within 5 points for each function of 5% or more (as `bochs-linux-shor`); functions
+///   the stripped library has no symbol for are compared by address (callgrind's
+///   `0x00000000000043f0` is our `[unknown] libquantum.so.8.0.0+0x43f0`, the function's start).
+/// - libc.so.6's functions are named (from its debug file, by build id).
+/// - The exec: the process is `busybox` in one address space, then `shor-dyn` in another, with
+///   the same tgid; each has its own files, and no sample of one is named from the other's.
+/// - The libraries were mapped after the exec: the hypervisor read the map again.
+fn check_shared_lib(run: &ProfileRun) -> Result<(), String> {
+    let report = run.report_with(None, &root_args())?;
+    check_named(&report, "linux", "shor-dyn")?;
+    let rows = rows(&report, "linux")?;
+    let mine: Vec<&Value> = rows
+        .iter()
+        .filter(|r| str_of(r, "process").starts_with("shor-dyn["))
+        .filter(|r| str_of(r, "module") != "[guest.kallsyms]")
+        .collect();
+    let total: f64 = mine
+        .iter()
+        .filter_map(|r| r.get("samples").and_then(Value::as_f64))
+        .sum();
+    if total < 2000.0 {
+        return Err(format!("only {total} user samples of shor-dyn"));
+    }
+    let shares: Shares = mine
+        .iter()
+        .map(|r| {
+            (
+                str_of(r, "function").to_owned(),
+                100.0 * r.get("samples").and_then(Value::as_f64).unwrap_or(0.0) / total,
+            )
+        })
+        .collect();
+    let truth = truth("shor-dyn")?;
+    let mut errors = Vec::new();
+    for (f, want) in truth.iter().filter(|(_, s)| *s >= 5.0) {
+        // callgrind names a function without a symbol by its address in the file.
+        let got = match f.strip_prefix("0x") {
+            Some(hex) => {
+                let addr = u64::from_str_radix(hex, 16).unwrap_or(0);
+                let suffix = format!("+{addr:#x}");
+                shares
+                    .iter()
+                    .filter(|(n, _)| n.starts_with("[unknown] libquantum") && n.ends_with(&suffix))
+                    .map(|(_, s)| *s)
+                    .sum()
+            }
+            None => share(&shares, f),
+        };
+        if let Err(e) = within(&format!("shor-dyn {f}"), got, *want, 5.0) {
+            errors.push(e);
+        }
+    }
+    let modules: std::collections::BTreeSet<&str> =
+        mine.iter().map(|r| str_of(r, "module")).collect();
+    for m in ["shor-dyn", "libquantum.so.8.0.0", "libc.so.6"] {
+        if !modules.contains(m) {
+            errors.push(format!("no shor-dyn sample in {m} (modules: {modules:?})"));
+        }
+    }
+    let libc_named = mine
+        .iter()
+        .filter(|r| str_of(r, "module") == "libc.so.6")
+        .filter(|r| !str_of(r, "function").starts_with("[unknown]"))
+        .count();
+    if libc_named == 0 {
+        errors.push("no libc.so.6 function is named".into());
+    }
+    // The exec: busybox's samples are named from busybox only.
+    for r in rows
+        .iter()
+        .filter(|r| str_of(r, "process").starts_with("busybox["))
+    {
+        let m = str_of(r, "module");
+        if m == "shor-dyn" || m.starts_with("libquantum") {
+            errors.push(format!("a busybox sample is named from {m}: {r}"));
+        }
+    }
+    let d = hvprof_samplelog::decode(&run.capture);
+    let tgid_of = |comm: &str| {
+        d.tasks
+            .iter()
+            .find(|t| t.comm.as_str() == comm)
+            .map(|t| (t.tgid, t.cr3 & !0xfff))
+    };
+    match (tgid_of("busybox"), tgid_of("shor-dyn")) {
+        (Some((b, bs)), Some((s, ss))) if b == s && bs != ss => {
+            let has = |space: u64, path: &str| {
+                d.mappings
+                    .iter()
+                    .any(|m| m.tgid == s && m.cr3 & !0xfff == space && m.path.as_str() == path)
+            };
+            if !has(bs, "/usr/bin/busybox") || !has(ss, "/bin/shor-dyn") {
+                errors.push(format!(
+                    "the exec's two address spaces do not each map their program: {:?}",
+                    d.mappings
+                        .iter()
+                        .filter(|m| m.tgid == s)
+                        .map(|m| (m.cr3, m.path.as_str()))
+                        .collect::<Vec<_>>()
+                ));
+            }
+        }
+        other => errors.push(format!(
+            "expected busybox to exec shor-dyn (same tgid, new address space): {other:?}"
+        )),
+    }
+    let text = d.text_joined();
+    if !text.contains("hvprof-guest: aslr 2") {
+        errors.push("the guest did not report ASLR on (randomize_va_space 2)".into());
+    }
+    match text
+        .lines()
+        .find(|l| l.contains("vm linux:") && l.contains("executable mappings of"))
+    {
+        Some(l) if !l.contains("(0 maps read again") => {}
+        other => errors.push(format!(
+            "the maps were not read again after the dynamic loader mapped the libraries: {other:?}"
+        )),
+    }
+    all_of(errors.into_iter().map(Err))
+}
+
+/// `hashload` hashes through AF_ALG with wp512 from a module loaded with insmod: the kernel's
+/// samples in the module are named function by function (`--guest-root` holds the .ko), under
+/// `[wp512]`; the functions named are the module's own (the guest's /proc/kallsyms, printed on
+/// the console, is the truth), the hashing function first, and the module's range read from
+/// guest memory starts at its .text (as /sys/module says).
+fn check_module(run: &ProfileRun) -> Result<(), String> {
+    let report = run.report_with(None, &root_args())?;
+    check_named(&report, "linux", "hashload")?;
+    let rows = rows(&report, "linux")?;
+    let d = hvprof_samplelog::decode(&run.capture);
+    let text = d.text_joined();
+    let truth: Vec<&str> = text
+        .lines()
+        .filter_map(|l| {
+            l.split_once("hvprof-guest: ksym ")?
+                .1
+                .split_whitespace()
+                .nth(2)
+        })
+        .collect();
+    if truth.is_empty() {
+        return Err("the guest printed no kallsyms lines for its modules".into());
+    }
+    let mut errors = Vec::new();
+    let module: Vec<&Value> = rows
+        .iter()
+        .filter(|r| str_of(r, "module") == "[wp512]")
+        .collect();
+    let samples = |list: &[&Value]| -> f64 {
+        list.iter()
+            .filter_map(|r| r.get("samples").and_then(Value::as_f64))
+            .sum()
+    };
+    let in_module = samples(&module);
+    let process: Vec<&Value> = rows
+        .iter()
+        .filter(|r| str_of(r, "process").starts_with("hashload["))
+        .collect();
+    let all = samples(&process);
+    if in_module < 1000.0 || in_module < 0.3 * all {
+        errors.push(format!(
+            "{in_module} samples in [wp512] of hashload's {all}: expected most of its work"
+        ));
+    }
+    let unnamed: f64 = samples(
+        &module
+            .iter()
+            .copied()
+            .filter(|r| str_of(r, "function").starts_with("[unknown]"))
+            .collect::<Vec<_>>(),
+    );
+    if unnamed > 0.01 * in_module {
+        errors.push(format!(
+            "{unnamed} of {in_module} [wp512] samples not named"
+        ));
+    }
+    for r in &module {
+        let f = str_of(r, "function");
+        if !f.starts_with("[unknown]") && !truth.contains(&f) {
+            errors.push(format!(
+                "[wp512] function {f} is not in the guest's kallsyms"
+            ));
+        }
+    }
+    if module.first().map(|r| str_of(r, "function")) != Some("wp512_process_buffer") {
+        errors.push(format!(
+            "the top [wp512] function is {:?}, expected wp512_process_buffer",
+            module.first().map(|r| str_of(r, "function"))
+        ));
+    }
+    let text_at = text
+        .lines()
+        .find_map(|l| {
+            l.split_once("hvprof-guest: module wp512 .text ")?
+                .1
+                .split_whitespace()
+                .next()
+        })
+        .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok());
+    let frame = d
+        .mappings
+        .iter()
+        .find(|m| m.kind == hvprof_samplelog::MappingKind::Module && m.path.as_str() == "wp512");
+    match (text_at, frame) {
+        (Some(t), Some(m)) if m.start == t => {}
+        (t, m) => errors.push(format!(
+            "module wp512: .text at {t:x?} in the guest, mapping frame {:x?}",
+            m.map(|m| (m.start, m.end))
+        )),
+    }
+    all_of(errors.into_iter().map(Err))
+}
+
 /// Two Linux guests on one pCPU: each shows steal, and the host-level rows split between them.
 fn check_two(run: &ProfileRun) -> Result<(), String> {
     let report = linux_report(run)?;
@@ -479,6 +716,28 @@ pub fn all() -> Vec<Scenario> {
         linux_vm(boot("bochs-linux-shor"), "linux", "shor", "35,2,1")
             .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
             .profile(check_shor),
+        linux_vm_with(
+            boot("bochs-linux-shared-lib"),
+            "linux",
+            "shor-dyn",
+            "35,2,1",
+            "hvprof.via=busybox",
+        )
+        .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
+        .profile(check_shared_lib),
+        linux_vm_with(
+            boot("bochs-linux-module"),
+            "linux",
+            "hashload",
+            "1024",
+            "hvprof.modules=af_alg,algif_hash,wp512",
+        )
+        .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
+        .check(|log| {
+            log.expect("vm linux: 3 kernel modules read from guest memory")
+                .map(|_| ())
+        })
+        .profile(check_module),
         // Two kernels boot: 2 ms samples, and room for all of them in memory.
         linux_vm(
             linux_vm(boot("bochs-linux-two-guests"), "linux1", "w41", "200"),

@@ -358,7 +358,12 @@ pub fn image(refresh: bool) -> Result<()> {
 
     // The libraries and the dynamic programs' packages (the guest's /lib and /usr/lib).
     let libc_deb = deb(&debs, LIBC, None, refresh)?;
-    let libc_debug_deb = deb(&debs, LIBC_DEBUG, Some(&deb_field(&libc_deb, "Version")?), refresh)?;
+    let libc_debug_deb = deb(
+        &debs,
+        LIBC_DEBUG,
+        Some(&deb_field(&libc_deb, "Version")?),
+        refresh,
+    )?;
     let gomp_deb = deb(&debs, LIBGOMP, None, refresh)?;
     let quantum_so_deb = deb(&debs, LIBQUANTUM_SO, None, refresh)?;
     let busybox_pie_deb = deb(&debs, BUSYBOX_PIE, None, refresh)?;
@@ -409,7 +414,11 @@ pub fn image(refresh: bool) -> Result<()> {
             "./lib64/ld-linux-x86-64.so.2",
         ],
     )?;
-    extract(&gomp_deb, &root, &["./usr/lib/x86_64-linux-gnu/libgomp.so.1*"])?;
+    extract(
+        &gomp_deb,
+        &root,
+        &["./usr/lib/x86_64-linux-gnu/libgomp.so.1*"],
+    )?;
     extract(
         &quantum_so_deb,
         &root,
@@ -467,7 +476,13 @@ pub fn image(refresh: bool) -> Result<()> {
     gcc_pie(
         &bin.join("shor-dyn"),
         &[&src.join("shor.c")],
-        &[&include, &guest_libs, "-l:libquantum.so.8", "-fopenmp", "-lm"],
+        &[
+            &include,
+            &guest_libs,
+            "-l:libquantum.so.8",
+            "-fopenmp",
+            "-lm",
+        ],
     )
     .context("building shor-dyn (against Debian's libquantum.so.8)")?;
     gcc_pie(&bin.join("hashload"), &[&src.join("hashload.c")], &[])?;

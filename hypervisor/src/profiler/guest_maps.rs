@@ -1,7 +1,13 @@
-//! The executable file mappings of a VM's Linux processes, read once per process (the first time
-//! a task of it is seen, and again after an exec gives it a new address space) and kept until
-//! the end of the run, when they are sent as mapping frames. Bounded: at most `MAX_PROCESSES`
-//! processes and `MAX_MAPPINGS` mappings per VM; what does not fit is counted.
+//! The executable file mappings of a VM's Linux processes, kept until the end of the run, when
+//! they are sent as mapping frames. A process's map is read the first time one of its tasks is
+//! seen in an address space (a new process, or an exec), and read again when a user-mode sample
+//! falls outside every executable range known for it (a shared library mapped after the
+//! process started: the dynamic loader maps them after the exec, `dlopen` at any time).
+//!
+//! Bounded: at most `MAX_PROCESSES` processes and `MAX_MAPPINGS` mappings per VM,
+//! `MAX_RANGES` known ranges and `MAX_REREADS` re-reads per process; what does not fit is
+//! counted; a process whose walk was cut short is not read again. An address that a re-read finds in no file mapping (the vDSO, JIT code) is
+//! remembered as such, so it never causes another read.
 
 use alloc::vec::Vec;
 
@@ -13,51 +19,141 @@ pub const MAX_PROCESSES: usize = 1024;
 pub const MAX_MAPPINGS: usize = 4096;
 /// The most guest reads one process's walk may take.
 pub const WALK_READS: u32 = 20_000;
+/// The most executable ranges (file mappings and pages known to be in none) kept per process.
+pub const MAX_RANGES: usize = 64;
+/// The most times a process's map is read again after its first read.
+pub const MAX_REREADS: u8 = 8;
+
+/// One process (a thread group in one address space) and what is known of its map.
+struct Process {
+    tgid: u32,
+    space: u64,
+    /// Executable address ranges known: its file mappings, and pages found in none.
+    ranges: Vec<(u64, u64)>,
+    rereads: u8,
+    /// A walk of its map ended early: reading it again would end early again (a malformed or
+    /// hostile map, or one beyond the budget), so it is not read again.
+    cut: bool,
+}
 
 /// A VM's processes seen and their mappings.
 #[derive(Default)]
 pub struct ProcessMaps {
-    /// (tgid, address space) of every process read.
-    seen: Vec<(u32, u64)>,
-    /// Their executable file mappings, in the order read.
+    processes: Vec<Process>,
+    /// Their executable file mappings, in the order read (each once).
     pub mappings: Vec<Mapping>,
     /// Processes not read (the table was full) and mappings not kept.
     pub processes_dropped: u64,
     pub mappings_dropped: u64,
     /// Walks that ended early (budget, unreadable or malformed memory).
     pub walks_cut: u64,
+    /// Maps read again because a sample fell outside them, and re-reads refused (the process
+    /// had used its `MAX_REREADS`).
+    pub rereads: u64,
+    pub rereads_refused: u64,
     /// The CR3 of the last task read (any process maps the kernel half: the module list is
     /// read through it at the end).
     pub kernel_cr3: u64,
 }
 
+/// A process in the table (`ProcessMaps::enter`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessIndex(usize);
+
 impl ProcessMaps {
-    /// Whether the process (`tgid` in address space `space`) is new: then it is remembered and
-    /// its mappings should be read. A full table reads no more processes (counted).
-    pub fn first_seen(&mut self, tgid: u32, space: u64) -> bool {
-        if self.seen.contains(&(tgid, space)) {
-            return false;
+    /// The process `tgid` in address space `space`, and whether it is new (then its map should
+    /// be read). `None` when the table is full (counted): such a process is never read.
+    pub fn enter(&mut self, tgid: u32, space: u64) -> Option<(ProcessIndex, bool)> {
+        if let Some(i) = self
+            .processes
+            .iter()
+            .position(|p| p.tgid == tgid && p.space == space)
+        {
+            return Some((ProcessIndex(i), false));
         }
-        if self.seen.len() >= MAX_PROCESSES {
+        if self.processes.len() >= MAX_PROCESSES {
             self.processes_dropped += 1;
+            return None;
+        }
+        self.processes.push(Process {
+            tgid,
+            space,
+            ranges: Vec::new(),
+            rereads: 0,
+            cut: false,
+        });
+        Some((ProcessIndex(self.processes.len() - 1), true))
+    }
+
+    /// Whether `rip` lies in a range known for the process.
+    pub fn covers(&self, p: ProcessIndex, rip: u64) -> bool {
+        self.processes
+            .get(p.0)
+            .is_some_and(|p| p.ranges.iter().any(|&(s, e)| (s..e).contains(&rip)))
+    }
+
+    /// Whether the process's map may be read again (its allowance is then used; refusals are
+    /// counted).
+    pub fn may_reread(&mut self, p: ProcessIndex) -> bool {
+        let Some(p) = self.processes.get_mut(p.0) else {
+            return false;
+        };
+        if p.rereads >= MAX_REREADS || p.cut {
+            self.rereads_refused += 1;
             return false;
         }
-        self.seen.push((tgid, space));
+        p.rereads += 1;
+        self.rereads += 1;
         true
     }
 
-    /// Keeps a mapping (counted as dropped when the table is full).
-    pub fn add(&mut self, m: Mapping) {
-        if self.mappings.len() < MAX_MAPPINGS {
-            self.mappings.push(m);
-        } else {
-            self.mappings_dropped += 1;
+    /// A walk of process `p`'s map ended early (counted; the process is not read again).
+    pub fn walk_cut(&mut self, p: ProcessIndex) {
+        self.walks_cut += 1;
+        if let Some(p) = self.processes.get_mut(p.0) {
+            p.cut = true;
+        }
+    }
+
+    /// Keeps a mapping of process `p` (once: a mapping read again is not kept twice; counted as
+    /// dropped when the table is full) and remembers its range.
+    pub fn add(&mut self, p: ProcessIndex, m: Mapping) {
+        let space = m.cr3 & !0xfff;
+        let known = self.mappings.iter().any(|k| {
+            k.tgid == m.tgid
+                && k.cr3 & !0xfff == space
+                && (k.start, k.end, k.pgoff) == (m.start, m.end, m.pgoff)
+                && k.path == m.path
+        });
+        if !known {
+            if self.mappings.len() < MAX_MAPPINGS {
+                self.mappings.push(m);
+            } else {
+                self.mappings_dropped += 1;
+            }
+        }
+        self.remember(p, m.start, m.end);
+    }
+
+    /// Remembers the page of `rip` as in no file mapping of process `p`, so that samples there
+    /// cause no more reads.
+    pub fn note_unmapped(&mut self, p: ProcessIndex, rip: u64) {
+        let page = rip & !0xfff;
+        self.remember(p, page, page.saturating_add(0x1000));
+    }
+
+    fn remember(&mut self, p: ProcessIndex, start: u64, end: u64) {
+        if let Some(p) = self.processes.get_mut(p.0)
+            && !p.ranges.contains(&(start, end))
+            && p.ranges.len() < MAX_RANGES
+        {
+            p.ranges.push((start, end));
         }
     }
 
     /// Processes read.
     pub fn processes(&self) -> usize {
-        self.seen.len()
+        self.processes.len()
     }
 }
 
@@ -65,22 +161,81 @@ impl ProcessMaps {
 mod tests {
     use super::*;
 
+    fn mapping(tgid: u32, cr3: u64, start: u64, end: u64) -> Mapping {
+        Mapping {
+            tgid,
+            cr3,
+            start,
+            end,
+            ..Mapping::default()
+        }
+    }
+
     #[test]
     fn each_process_is_read_once_per_address_space() {
         let mut t = ProcessMaps::default();
-        assert!(t.first_seen(57, 0x1000));
-        assert!(!t.first_seen(57, 0x1000));
+        let (a, new) = t.enter(57, 0x1000).unwrap();
+        assert!(new);
+        assert_eq!(t.enter(57, 0x1000), Some((a, false)));
         // exec: same tgid, new address space.
-        assert!(t.first_seen(57, 0x2000));
+        assert!(t.enter(57, 0x2000).unwrap().1);
+        // mm reused by another process: same space, another tgid.
+        assert!(t.enter(58, 0x1000).unwrap().1);
         for i in 0..MAX_PROCESSES as u32 {
-            t.first_seen(1000 + i, 0x3000);
+            t.enter(1000 + i, 0x3000);
         }
         assert_eq!(t.processes(), MAX_PROCESSES);
-        assert!(!t.first_seen(99_999, 0x4000));
-        assert_eq!(t.processes_dropped, 3);
-        for _ in 0..MAX_MAPPINGS + 2 {
-            t.add(Mapping::default());
+        assert_eq!(t.enter(99_999, 0x4000), None);
+        assert_eq!(t.processes_dropped, 4);
+        for i in 0..MAX_MAPPINGS as u64 + 2 {
+            t.add(a, mapping(57, 0x1000, i * 0x1000, i * 0x1000 + 0x1000));
         }
         assert_eq!((t.mappings.len(), t.mappings_dropped), (MAX_MAPPINGS, 2));
+    }
+
+    #[test]
+    fn a_sample_outside_the_known_ranges_asks_for_a_bounded_reread() {
+        let mut t = ProcessMaps::default();
+        let (p, _) = t.enter(57, 0x1000).unwrap();
+        // After the exec: the program and the dynamic loader.
+        t.add(p, mapping(57, 0x1000, 0x5555_0000, 0x5556_0000));
+        t.add(p, mapping(57, 0x1000, 0x7f00_0000, 0x7f01_0000));
+        assert!(t.covers(p, 0x5555_1234));
+        // A sample in libc, mapped later: not covered, so read again.
+        assert!(!t.covers(p, 0x7f10_0040));
+        assert!(t.may_reread(p));
+        // The re-read finds the old mappings again (kept once) and libc.
+        t.add(p, mapping(57, 0x1000, 0x5555_0000, 0x5556_0000));
+        t.add(p, mapping(57, 0x1000, 0x7f00_0000, 0x7f01_0000));
+        t.add(p, mapping(57, 0x1000, 0x7f10_0000, 0x7f20_0000));
+        assert_eq!(t.mappings.len(), 3);
+        assert!(t.covers(p, 0x7f10_0040));
+        // The vDSO is in no file mapping: after one re-read, its page is known.
+        assert!(t.may_reread(p));
+        t.note_unmapped(p, 0x7fff_f123);
+        assert!(t.covers(p, 0x7fff_f000) && !t.covers(p, 0x7fff_e000));
+        // The allowance ends re-reads.
+        for _ in 2..MAX_REREADS {
+            assert!(t.may_reread(p));
+        }
+        assert!(!t.may_reread(p));
+        assert_eq!((t.rereads, t.rereads_refused), (u64::from(MAX_REREADS), 1));
+        // Another process's ranges are its own.
+        let (q, _) = t.enter(58, 0x2000).unwrap();
+        assert!(!t.covers(q, 0x5555_1234));
+        // A map whose walk was cut short is not read again.
+        t.walk_cut(q);
+        assert!(!t.may_reread(q));
+        assert_eq!((t.walks_cut, t.rereads_refused), (1, 2));
+    }
+
+    #[test]
+    fn ranges_per_process_are_bounded() {
+        let mut t = ProcessMaps::default();
+        let (p, _) = t.enter(1, 0x1000).unwrap();
+        for i in 0..(MAX_RANGES as u64 * 2) {
+            t.note_unmapped(p, i << 12);
+        }
+        assert!(t.covers(p, 0) && !t.covers(p, (MAX_RANGES as u64) << 12));
     }
 }

@@ -4,6 +4,7 @@
 use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::{GuestOps, must};
 use crate::vm::Vm;
+use hvprof_hypervisor::profiler::guest_maps::ProcessIndex;
 use hvprof_hypervisor::profiler::guest_walk;
 use hvprof_samplelog::TaskOffsets;
 use hvprof_vmx::instructions::CurrentVmcs;
@@ -38,6 +39,7 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
         .last_task
         .is_some_and(|(i, s, _)| i == ids && s == space)
     {
+        check_user_rip(vm, vcpu, vmcs, cr3, ids, tsc);
         return;
     }
     let Some(comm) =
@@ -47,19 +49,26 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
     };
     let changed = vcpu.last_task.is_none_or(|(i, _, c)| i != ids || c != comm);
     vcpu.last_task = Some((ids, space, comm));
-    if !changed {
-        return;
-    }
     let (task, pid, tgid) = ids;
+    // A new process, or one in a new address space (an exec, even of a program of the same
+    // name): its map is read now.
+    vcpu.maps_process = None;
     if vm.mm_layout.is_some() || vm.module_layout.is_some() {
-        let new = {
+        let entered = {
             let mut maps = vm.maps.lock();
             maps.kernel_cr3 = cr3;
-            maps.first_seen(tgid, space)
+            maps.enter(tgid, space)
         };
-        if new && let Some(layout) = &vm.mm_layout {
-            read_mappings(vm, vcpu, layout, cr3, task, tgid, tsc);
+        if let Some((process, new)) = entered {
+            vcpu.maps_process = Some(process);
+            if new && let Some(layout) = &vm.mm_layout {
+                read_mappings(vm, vcpu, layout, cr3, task, tgid, process, tsc);
+            }
         }
+    }
+    check_user_rip(vm, vcpu, vmcs, cr3, ids, tsc);
+    if !changed {
+        return;
     }
     let len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
     let name = core::str::from_utf8(&comm[..len]).unwrap_or("?");
@@ -76,9 +85,43 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
     });
 }
 
-/// Reads the executable file mappings of the process whose task is at `task` (first seen now)
-/// through its own address space, and keeps them in the VM's table for the end of the run.
+/// A user-mode sample outside every executable range known for its process (a library the
+/// dynamic loader or `dlopen` mapped after the process was first read): its map is read again,
+/// within the process's allowance (`guest_maps::MAX_REREADS`); an address still in no file
+/// mapping is remembered, so it costs no further read.
+fn check_user_rip(
+    vm: &Vm,
+    vcpu: &Vcpu,
+    vmcs: &CurrentVmcs,
+    cr3: u64,
+    (task, _, tgid): guest_walk::TaskIds,
+    tsc: u64,
+) {
+    use hvprof_vmx::vmcs::GuestNatural;
+    let (Some(layout), Some(process)) = (&vm.mm_layout, vcpu.maps_process) else {
+        return;
+    };
+    if vmcs.guest_cpl() != 3 {
+        return;
+    }
+    let rip = must(vmcs.read_natural(GuestNatural::Rip), "VMREAD guest RIP");
+    {
+        let mut maps = vm.maps.lock();
+        if maps.covers(process, rip) || !maps.may_reread(process) {
+            return;
+        }
+    }
+    read_mappings(vm, vcpu, layout, cr3, task, tgid, process, tsc);
+    let mut maps = vm.maps.lock();
+    if !maps.covers(process, rip) {
+        maps.note_unmapped(process, rip);
+    }
+}
+
+/// Reads the executable file mappings of the process whose task is at `task` through its own
+/// address space, and keeps them in the VM's table for the end of the run (each mapping once).
 /// Bounded by `guest_maps::WALK_READS` guest reads; a walk cut short keeps what it found.
+#[allow(clippy::too_many_arguments)]
 fn read_mappings(
     vm: &Vm,
     vcpu: &Vcpu,
@@ -86,6 +129,7 @@ fn read_mappings(
     cr3: u64,
     task: u64,
     tgid: u32,
+    process: ProcessIndex,
     tsc: u64,
 ) {
     use hvprof_hypervisor::profiler::guest_maps::WALK_READS;
@@ -115,10 +159,10 @@ fn read_mappings(
     });
     let mut maps = vm.maps.lock();
     if walk.stop.is_some() {
-        maps.walks_cut += 1;
+        maps.walk_cut(process);
     }
     for m in found {
-        maps.add(m);
+        maps.add(process, m);
     }
 }
 

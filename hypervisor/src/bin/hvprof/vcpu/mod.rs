@@ -78,6 +78,9 @@ pub struct Vcpu {
         u64,
         [u8; 16],
     )>,
+    /// The process of that task in its VM's table of process maps (`None` before the first
+    /// task, for a VM without `mm-layout=`, or when the table is full).
+    pub maps_process: Option<hvprof_hypervisor::profiler::guest_maps::ProcessIndex>,
     /// Its guest's kernel-page translations, for reading the task at samples.
     pub tlb: hvprof_hypervisor::profiler::guest_walk::Tlb,
 }
@@ -266,6 +269,7 @@ impl Vcpu {
             proc1: controls.proc1,
             interrupts_injected: 0,
             last_task: None,
+            maps_process: None,
             tlb: hvprof_hypervisor::profiler::guest_walk::Tlb::new(),
         };
         Ok((vcpu, v))

@@ -133,10 +133,12 @@ pub fn exit_stats(vm: &Vm) {
             profiler::export::send_mapping(m);
         }
         println!(
-            "vm {}: {} executable mappings of {} processes read from guest memory ({} walks cut short, {} processes and {} mappings not kept: tables full)",
+            "vm {}: {} executable mappings of {} processes read from guest memory ({} maps read again for a sample outside them, {} re-reads refused; {} walks cut short, {} processes and {} mappings not kept: tables full)",
             vm.name,
             maps.mappings.len(),
             maps.processes(),
+            maps.rereads,
+            maps.rereads_refused,
             maps.walks_cut,
             maps.processes_dropped,
             maps.mappings_dropped
