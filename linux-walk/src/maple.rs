@@ -6,7 +6,9 @@
 //! its low two bits `10` and is above 4096 (`xa_is_node`); the node is at the entry with its low
 //! 8 bits cleared (`MAPLE_NODE_MASK`, nodes are 256-byte aligned) and its type is bits 3..7
 //! (`MAPLE_NODE_TYPE_SHIFT`, `MAPLE_NODE_TYPE_MASK`): 1 `maple_leaf_64`, 2 `maple_range_64`,
-//! 3 `maple_arange_64` (0, dense, is not used for VMAs). Leaf and range nodes have the layout of
+//! 3 `maple_arange_64` (0, dense, is not used for VMAs). Only the root carries the internal
+//! tag (`MAPLE_ROOT_NODE`, 0x02): child slots hold `node | type << 3 | MAPLE_ENODE_NULL (0x04)`
+//! (`mt_mk_node`). Leaf and range nodes have the layout of
 //! `struct maple_range_64` (parent, pivots, slots, the metadata in the last slot when the node is
 //! not full); allocation-range nodes that of `struct maple_arange_64` (parent, pivots, slots,
 //! gaps, metadata). Slot `i` of a node covering `[min, max]` covers up to `pivot[i]`, the last
@@ -210,6 +212,14 @@ const fn is_node(entry: u64) -> bool {
     entry & 3 == 2 && entry > 4096
 }
 
+/// A child slot of an internal node holds an encoded node (`mt_mk_node`: the node's address,
+/// its type in bits 3..6 and `MAPLE_ENODE_NULL`, 0x04): unlike the root (`mte_mk_root` adds
+/// `MAPLE_ROOT_NODE`, 0x02, which makes it `xa_is_node`), it carries no internal-entry tag.
+/// Bit 0 is never set in an encoded node.
+const fn is_child_node(entry: u64) -> bool {
+    entry & 1 == 0 && entry > 4096
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum NodeType {
     Leaf,
@@ -405,7 +415,7 @@ fn walk_inner(
         } else {
             node.max
         };
-        if !is_node(entry) {
+        if !is_child_node(entry) {
             return Err(Stop::Malformed);
         }
         if depth + 1 > MAX_HEIGHT {
@@ -595,7 +605,7 @@ mod tests {
             if chunk.len() < 16 {
                 mem.bytes.insert(node + 248, (chunk.len() - 1) as u8);
             }
-            level.push((max, node | (1 << 3) | 2));
+            level.push((max, node | (1 << 3) | 4)); // mt_mk_node(node, maple_leaf_64)
         }
         while level.len() > 1 {
             let mut up = Vec::new();
@@ -609,12 +619,13 @@ mod tests {
                     mem.put_u64(node + 80 + 8 * i as u64, child);
                 }
                 mem.bytes.insert(node + 240, (chunk.len() - 1) as u8);
-                up.push((max, node | (3 << 3) | 2));
+                up.push((max, node | (3 << 3) | 4)); // mt_mk_node(node, maple_arange_64)
             }
             level = up;
         }
         mem.zero(MM, 0x100);
-        mem.put_u64(MM + u64::from(LAYOUT.mm_root), level[0].1);
+        // mte_mk_root: the root alone is tagged MAPLE_ROOT_NODE.
+        mem.put_u64(MM + u64::from(LAYOUT.mm_root), level[0].1 | 2);
         addrs
     }
 

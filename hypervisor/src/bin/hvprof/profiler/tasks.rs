@@ -1,6 +1,7 @@
 //! Task tracking: after a sample of a Linux guest, the task its vCPU runs, read from guest memory
 //! (`hvprof_hypervisor::profiler::guest_walk`), and a task-change record when it is another one.
 
+use crate::println;
 use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::{GuestOps, must};
 use crate::vm::Vm;
@@ -158,8 +159,21 @@ fn read_mappings(
         true
     });
     let mut maps = vm.maps.lock();
-    if walk.stop.is_some() {
+    if let Some(stop) = walk.stop {
         maps.walk_cut(process);
+        // The first few, so that a layout that does not fit the kernel shows why.
+        if maps.walks_cut <= 3 {
+            println!(
+                "vm {}: the memory map of process {tgid} could not be read whole: {stop:?} after {} mappings{}",
+                vm.name,
+                walk.mappings,
+                if maps.walks_cut == 3 {
+                    " (not reported again)"
+                } else {
+                    ""
+                }
+            );
+        }
     }
     for m in found {
         maps.add(process, m);
