@@ -94,9 +94,15 @@ impl Symbols {
     pub fn parse(data: &[u8], path: &Path) -> Result<Symbols> {
         let file = object::File::parse(data)
             .with_context(|| format!("{} is not an object file", path.display()))?;
+        // `.symtab` first, then the dynamic symbol table: a stripped file (Debian's libc.so.6,
+        // libgomp.so.1) keeps only the latter, and its exported functions are still named. Both
+        // tables list most exported functions: one entry per address is kept, the larger, else
+        // the `.symtab` one (the sort is stable).
         let mut functions: Vec<(u64, u64, String)> = file
             .symbols()
-            .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0)
+            .chain(file.dynamic_symbols())
+            // Not `is_definition`, which leaves out GNU indirect functions (libc's `memcpy`).
+            .filter(|s| s.kind() == SymbolKind::Text && !s.is_undefined() && s.address() != 0)
             .filter_map(|s| {
                 let name = s.name().ok()?;
                 if name.is_empty() {
@@ -251,6 +257,100 @@ mod tests {
             "unsized: up to the next symbol"
         );
         assert_eq!(s.build_id.as_deref(), Some(&[0xde, 0xad, 0xbe, 0xef][..]));
+    }
+
+    /// A fresh scratch directory for one test (removed by the caller).
+    pub(crate) fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("hvprof-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Runs a host tool (gcc, strip, objcopy); `None`, with the reason printed, when it is
+    /// missing, so that the test is skipped rather than failed on a machine without it.
+    pub(crate) fn run(tool: &str, args: &[&std::ffi::OsStr]) -> Option<()> {
+        match std::process::Command::new(tool).args(args).output() {
+            Ok(o) if o.status.success() => Some(()),
+            Ok(o) => panic!("{tool} failed: {}", String::from_utf8_lossy(&o.stderr)),
+            Err(e) => {
+                eprintln!("skipped: cannot run {tool} ({e})");
+                None
+            }
+        }
+    }
+
+    /// The address of `name` in an ELF file's symbol tables, and the file offset it lies at.
+    pub(crate) fn address_of(data: &[u8], name: &str) -> (u64, u64) {
+        let file = object::File::parse(data).unwrap();
+        let sym = file
+            .symbols()
+            .chain(file.dynamic_symbols())
+            .find(|s| s.name() == Ok(name))
+            .unwrap_or_else(|| panic!("no symbol {name}"));
+        let addr = sym.address();
+        let seg = file
+            .segments()
+            .find(|s| (s.address()..s.address() + s.size()).contains(&addr))
+            .unwrap();
+        (addr, addr - seg.address() + seg.file_range().0)
+    }
+
+    /// C source of a small library: an exported function calling a file-local one.
+    pub(crate) const LIB_C: &str = "__attribute__((noinline)) static int helper(int x) { return x * 7 + 3; }\n\
+        int hvprof_exported(int x) { return helper(x) + helper(x + 1); }\n\
+        int hvprof_other(int x) { return x - 1; }\n";
+
+    #[test]
+    fn a_stripped_library_still_names_its_exported_functions() {
+        let dir = scratch("stripped");
+        std::fs::write(dir.join("lib.c"), LIB_C).unwrap();
+        let so = dir.join("libt.so");
+        let built = run(
+            "gcc",
+            &[
+                "-shared".as_ref(),
+                "-fPIC".as_ref(),
+                "-O1".as_ref(),
+                "-o".as_ref(),
+                so.as_os_str(),
+                dir.join("lib.c").as_os_str(),
+            ],
+        );
+        if built.is_none() {
+            return;
+        }
+        let full = std::fs::read(&so).unwrap();
+        let (_, exported_off) = address_of(&full, "hvprof_exported");
+        let (_, helper_off) = address_of(&full, "helper");
+        if run("strip", &["--strip-all".as_ref(), so.as_os_str()]).is_none() {
+            return;
+        }
+        let data = std::fs::read(&so).unwrap();
+        let stripped = object::File::parse(&*data).unwrap();
+        assert!(
+            stripped.section_by_name(".symtab").is_none(),
+            "strip left a .symtab: the test would not test the dynamic table"
+        );
+        let s = Symbols::parse(&data, &so).unwrap();
+        assert!(s.relocatable);
+        // The library's text mapped at 0x7f12_3450_0000 + its file offset's page (pgoff), the
+        // way the guest's VMA says it.
+        let base = 0x7f12_3450_0000u64;
+        let at = |off: u64| {
+            let pgoff = off / 4096;
+            (base + off, base + pgoff * 4096, pgoff)
+        };
+        let (rip, start, pgoff) = at(exported_off);
+        assert_eq!(s.lookup_mapped(rip, start, pgoff), Some("hvprof_exported"));
+        assert_eq!(
+            s.lookup_mapped(rip + 1, start, pgoff),
+            Some("hvprof_exported")
+        );
+        // The file-local helper is in no table now: not named, and never as its neighbour.
+        let (rip, start, pgoff) = at(helper_off);
+        assert_eq!(s.lookup_mapped(rip, start, pgoff), None);
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
