@@ -434,7 +434,7 @@ fn mappings(
             let dir = images.guest_root.as_ref()?;
             let i = *root_paths.entry(path.to_owned()).or_insert_with(|| {
                 let file = dir.join(path.trim_start_matches('/'));
-                let s = Symbols::load(&file).ok()?;
+                let s = Symbols::load(&file).ok()?.with_debug_file(dir);
                 root.push(s);
                 Some(root.len() - 1)
             });

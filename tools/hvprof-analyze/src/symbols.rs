@@ -23,12 +23,18 @@ impl Images {
     /// Reads the symbol files: the hypervisor's ELF, guest images, the Linux guests' kernel
     /// (vmlinux or bzImage). A hypervisor or guest file that cannot be used is a warning (printed
     /// on stderr; its addresses stay hex); a kernel that cannot be read is an error.
+    /// With `guest_root`, a guest image's functions may come from its separate debug file
+    /// there ([`Symbols::with_debug_file`]).
     pub fn load(
         hypervisor: Option<&Path>,
         guests: &[std::path::PathBuf],
         kernel: Option<&Path>,
+        guest_root: Option<&Path>,
     ) -> Result<Images> {
-        let mut imgs = Images::default();
+        let mut imgs = Images {
+            guest_root: guest_root.map(Path::to_path_buf),
+            ..Images::default()
+        };
         if let Some(k) = kernel {
             let image = if linux_guest::BzImage::parse(
                 &std::fs::read(k).with_context(|| format!("cannot read {}", k.display()))?,
@@ -55,7 +61,11 @@ impl Images {
             }
         }
         for i in guests {
-            match Symbols::load(i) {
+            let loaded = Symbols::load(i).map(|s| match guest_root {
+                Some(root) => s.with_debug_file(root),
+                None => s,
+            });
+            match loaded {
                 Ok(s) if s.is_empty() => eprintln!(
                     "hvprof-analyze: warning: {} has no function symbols (stripped?)",
                     i.display()
@@ -141,6 +151,33 @@ impl Symbols {
         })
     }
 
+    /// The same file with the function symbols of its separate debug file, when `root` has one
+    /// for its build id (`<root>/usr/lib/debug/.build-id/ab/cdef....debug`, the GNU layout
+    /// Debian's -dbg and -dbgsym packages install) with more functions than the file itself. A
+    /// debug file has the stripped file's addresses but not its contents (its sections are
+    /// empty, its segments' file ranges are not the file's): only its symbols are taken, the
+    /// segments stay the real file's. One with another build id, or that cannot be read, is
+    /// ignored.
+    pub fn with_debug_file(mut self, root: &Path) -> Symbols {
+        let Some(path) = self
+            .build_id
+            .as_deref()
+            .and_then(|id| debug_file_path(root, id))
+        else {
+            return self;
+        };
+        let Ok(data) = std::fs::read(&path) else {
+            return self;
+        };
+        if let Ok(debug) = Symbols::parse(&data, &path)
+            && debug.build_id == self.build_id
+            && debug.functions.len() > self.functions.len()
+        {
+            self.functions = debug.functions;
+        }
+        self
+    }
+
     /// The function at run-time address `addr` in a mapping of this file that starts at `start`
     /// with file page offset `pgoff` (as the guest's VMA says): a fixed-address program's
     /// addresses are its own; a relocatable file's are moved to the segment holding that file
@@ -175,6 +212,20 @@ impl Symbols {
     pub fn is_empty(&self) -> bool {
         self.functions.is_empty()
     }
+}
+
+/// Where the GNU layout puts the separate debug file of build id `id` under `root`: the first
+/// byte is a directory, the rest the file name.
+pub fn debug_file_path(root: &Path, id: &[u8]) -> Option<std::path::PathBuf> {
+    let (first, rest) = id.split_first()?;
+    if rest.is_empty() {
+        return None;
+    }
+    Some(
+        root.join("usr/lib/debug/.build-id")
+            .join(format!("{first:02x}"))
+            .join(format!("{}.debug", hex(rest))),
+    )
 }
 
 /// Demangles a Rust (or C++-less) symbol, dropping the hash suffix.
@@ -351,6 +402,130 @@ mod tests {
         let (rip, start, pgoff) = at(helper_off);
         assert_eq!(s.lookup_mapped(rip, start, pgoff), None);
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A PIE program with a build id, built by gcc from C source `src` as `dir/name`.
+    fn build_program(dir: &Path, name: &str, src: &str) -> Option<std::path::PathBuf> {
+        let c = dir.join(format!("{name}.c"));
+        std::fs::write(&c, src).unwrap();
+        let out = dir.join(name);
+        let args: [&std::ffi::OsStr; 7] = [
+            "-O0".as_ref(),
+            "-fPIE".as_ref(),
+            "-pie".as_ref(),
+            "-Wl,--build-id".as_ref(),
+            "-o".as_ref(),
+            out.as_os_str(),
+            c.as_os_str(),
+        ];
+        run("gcc", &args)?;
+        Some(out)
+    }
+
+    const PROGRAM_C: &str = "__attribute__((noinline)) static int hidden_work(int x) { return x * 7 + 3; }\n\
+        int main(int argc, char **argv) { (void)argv; return hidden_work(argc); }\n";
+
+    #[test]
+    fn a_stripped_program_takes_its_functions_from_its_debug_file() {
+        let dir = scratch("debugfile");
+        let Some(prog) = build_program(&dir, "prog", PROGRAM_C) else {
+            return;
+        };
+        // A second program, another build id: its debug file must not name the first.
+        let Some(other) = build_program(&dir, "other", "int main(void) { return 1; }\n") else {
+            return;
+        };
+        let full = std::fs::read(&prog).unwrap();
+        let (_, work_off) = address_of(&full, "hidden_work");
+        let id = Symbols::parse(&full, &prog).unwrap().build_id.unwrap();
+        let root = dir.join("root");
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        let debug = debug_file_path(&root, &id).unwrap();
+        std::fs::create_dir_all(debug.parent().unwrap()).unwrap();
+        let keep_debug = |from: &Path| {
+            run(
+                "objcopy",
+                &[
+                    "--only-keep-debug".as_ref(),
+                    from.as_os_str(),
+                    debug.as_os_str(),
+                ],
+            )
+        };
+        if keep_debug(&prog).is_none() {
+            return;
+        }
+        let stripped = root.join("bin/prog");
+        std::fs::copy(&prog, &stripped).unwrap();
+        if run("strip", &["--strip-all".as_ref(), stripped.as_os_str()]).is_none() {
+            return;
+        }
+        // Mapped the way the guest's VMA says: text page `pgoff` at `start`.
+        let pgoff = work_off / 4096;
+        let start = 0x5555_5555_0000 + pgoff * 4096;
+        let rip = start + work_off % 4096;
+        let alone = Symbols::load(&stripped).unwrap();
+        assert_eq!(alone.lookup_mapped(rip, start, pgoff), None, "stripped");
+
+        // Through `--image` with `--guest-root`: named from the debug file.
+        let images =
+            Images::load(None, std::slice::from_ref(&stripped), None, Some(&root)).unwrap();
+        assert_eq!(images.guests.len(), 1);
+        let named = &images.guests[0];
+        assert_eq!(named.module, "prog");
+        assert!(named.relocatable);
+        assert_eq!(named.lookup_mapped(rip, start, pgoff), Some("hidden_work"));
+        assert_eq!(
+            named.lookup_mapped(rip + 2, start, pgoff),
+            Some("hidden_work")
+        );
+        // The same through the file found under the root (the mapping frames' way).
+        let again = Symbols::load(&stripped).unwrap().with_debug_file(&root);
+        assert_eq!(again.lookup_mapped(rip, start, pgoff), Some("hidden_work"));
+
+        // Another build's debug file at that path: ignored.
+        if keep_debug(&other).is_none() {
+            return;
+        }
+        let wrong = Symbols::load(&stripped).unwrap().with_debug_file(&root);
+        assert_eq!(wrong.lookup_mapped(rip, start, pgoff), None);
+        // Not an ELF file, an empty one, a directory: ignored, no panic.
+        std::fs::write(&debug, b"not an elf").unwrap();
+        assert!(
+            Symbols::load(&stripped)
+                .unwrap()
+                .with_debug_file(&root)
+                .is_empty()
+        );
+        std::fs::write(&debug, b"").unwrap();
+        assert!(
+            Symbols::load(&stripped)
+                .unwrap()
+                .with_debug_file(&root)
+                .is_empty()
+        );
+        std::fs::remove_file(&debug).unwrap();
+        std::fs::create_dir(&debug).unwrap();
+        assert!(
+            Symbols::load(&stripped)
+                .unwrap()
+                .with_debug_file(&root)
+                .is_empty()
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn debug_files_are_found_by_build_id() {
+        let root = Path::new("/r");
+        assert_eq!(
+            debug_file_path(root, &[0xab, 0xcd, 0x01]),
+            Some(std::path::PathBuf::from(
+                "/r/usr/lib/debug/.build-id/ab/cd01.debug"
+            ))
+        );
+        assert_eq!(debug_file_path(root, &[0xab]), None);
+        assert_eq!(debug_file_path(root, &[]), None);
     }
 
     #[test]
