@@ -59,7 +59,8 @@ struct Input {
     /// shared libraries their processes map (from the mapping frames) are read from here by
     /// path, and used when their build id matches; their separate debug files by build id
     /// (usr/lib/debug/.build-id/, Debian's -dbgsym packages) name the functions of stripped
-    /// files, `--image` ones too.
+    /// files, `--image` ones too; the kernel modules the guests loaded are named from their
+    /// .ko files in lib/modules/<release>/ (the `--kernel` image's release first).
     #[arg(long, value_name = "DIR")]
     guest_root: Option<PathBuf>,
 }

@@ -111,8 +111,19 @@ pub struct Namer<'a> {
     mappings: ProcessMappings,
     /// Files found under `--guest-root` for them.
     root_symbols: Vec<Symbols>,
-    /// Linux kernel modules (module mapping frames) by VM: (start, end, name).
-    modules: HashMap<u16, Vec<(u64, u64, String)>>,
+    /// Linux kernel modules (module mapping frames) by VM.
+    modules: HashMap<u16, Vec<LoadedModule>>,
+    /// The functions of the modules' `.ko` files found under `--guest-root`.
+    module_symbols: Vec<Symbols>,
+}
+
+/// A loaded Linux kernel module: its core's place and its name, as a module mapping frame
+/// gives them, and its `.ko`'s functions (index into `Namer::module_symbols`) when found.
+struct LoadedModule {
+    start: u64,
+    end: u64,
+    name: String,
+    symbols: Option<usize>,
 }
 
 /// Executable file mappings by (VM, process label) — the label (`comm[tgid]`) of the task
@@ -217,18 +228,7 @@ impl<'a> Namer<'a> {
             }
         }
         let (mappings, root_symbols) = mappings(decoded, images, warnings);
-        let mut modules: HashMap<u16, Vec<(u64, u64, String)>> = HashMap::default();
-        for m in decoded
-            .mappings
-            .iter()
-            .filter(|m| m.kind == hvprof_samplelog::MappingKind::Module)
-        {
-            modules.entry(m.vm).or_default().push((
-                m.start,
-                m.end,
-                printable(m.path.as_str()).into_owned(),
-            ));
-        }
+        let (modules, module_symbols) = kernel_modules(decoded, images, warnings);
         Namer {
             images,
             vms,
@@ -239,6 +239,7 @@ impl<'a> Namer<'a> {
             mappings,
             root_symbols,
             modules,
+            module_symbols,
         }
     }
 
@@ -354,17 +355,24 @@ impl<'a> Namer<'a> {
                 Some(s) => (function_name(Some(s), rip), s.module.clone()),
                 None => (format!("[unknown] {rip:#x}"), "[unknown]".into()),
             }
-        } else if let Some((start, _, name)) = self
+        } else if let Some(m) = self
             .modules
             .get(&vm)
-            .and_then(|ms| ms.iter().find(|(s, e, _)| (*s..*e).contains(&rip)))
+            .and_then(|ms| ms.iter().rev().find(|m| (m.start..m.end).contains(&rip)))
         {
-            // A loaded module (its symbols are in its .ko, not in kallsyms): its name and the
-            // offset in its core, never the nearest kernel symbol.
-            (
-                format!("[unknown] {name}+{:#x}", rip - start),
-                format!("[{name}]"),
-            )
+            // A loaded module (its symbols are in its .ko, not in kallsyms): the function its
+            // .ko places there, else its name and the offset in its core, never the nearest
+            // kernel symbol.
+            let offset = rip - m.start;
+            let function = m
+                .symbols
+                .and_then(|i| self.module_symbols.get(i))
+                .and_then(|s| s.lookup(offset))
+                .map_or_else(
+                    || format!("[unknown] {}+{offset:#x}", m.name),
+                    str::to_owned,
+                );
+            (function, format!("[{}]", m.name))
         } else {
             (
                 crate::linux::kernel_function(self.kernels.get(&vm), rip),
@@ -477,6 +485,219 @@ fn mappings(
         ));
     }
     (out, root)
+}
+
+/// The capture's loaded kernel modules by VM, each with the functions of its `.ko` under
+/// `--guest-root` (`lib/modules/<release>/**/<name>.ko`, the `--kernel` image's release first)
+/// when found and plausibly the one loaded: a `.ko` whose text is larger than the core the
+/// guest reported, or whose build id differs from the frame's, is another build and is not
+/// used. Without `--guest-root` no file is looked for.
+fn kernel_modules(
+    decoded: &Decoded,
+    images: &Images,
+    warnings: &mut Vec<String>,
+) -> (HashMap<u16, Vec<LoadedModule>>, Vec<Symbols>) {
+    let frames: Vec<&hvprof_samplelog::Mapping> = decoded
+        .mappings
+        .iter()
+        .filter(|m| m.kind == hvprof_samplelog::MappingKind::Module)
+        .collect();
+    let mut symbols: Vec<Symbols> = Vec::new();
+    // Module key → (index into `symbols`, its text size), or `None` when not usable.
+    let mut by_key: HashMap<String, Option<(usize, u64)>> = HashMap::default();
+    if let Some(root) = images.guest_root.as_deref()
+        && !frames.is_empty()
+    {
+        let mut names: Vec<String> = frames
+            .iter()
+            .map(|m| crate::modules::module_key(m.path.as_str()))
+            .collect();
+        names.sort();
+        names.dedup();
+        let release = images.kernel.as_ref().and_then(|k| k.release());
+        let files = crate::modules::find_module_files(root, release, &names);
+        let mut missing = Vec::new();
+        for name in names {
+            let loaded = match files.get(&name) {
+                None => {
+                    missing.push(printable(&name).into_owned());
+                    None
+                }
+                Some(path) => match std::fs::read(path)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|data| crate::modules::parse_module(&data, path))
+                {
+                    Ok(m) => {
+                        symbols.push(m.symbols);
+                        Some((symbols.len() - 1, m.text_size))
+                    }
+                    Err(e) => {
+                        warnings.push(format!(
+                            "kernel module {}: {}: its functions are shown as offsets",
+                            printable(&name),
+                            printable(&format!("{e:#}"))
+                        ));
+                        None
+                    }
+                },
+            };
+            by_key.insert(name, loaded);
+        }
+        if !missing.is_empty() {
+            warnings.push(format!(
+                "kernel modules not found under {}/lib/modules/{}: {} (their functions are shown as offsets)",
+                printable(&root.display().to_string()),
+                printable(release.unwrap_or("*")),
+                missing.join(", ")
+            ));
+        }
+    }
+    let mut mismatched: Vec<String> = Vec::new();
+    let mut out: HashMap<u16, Vec<LoadedModule>> = HashMap::default();
+    for m in frames {
+        let name = printable(m.path.as_str()).into_owned();
+        let found = by_key
+            .get(&crate::modules::module_key(m.path.as_str()))
+            .copied()
+            .flatten();
+        let usable = found.filter(|&(i, text_size)| {
+            let id = (!m.build_id.is_none()).then(|| m.build_id.as_bytes());
+            let same_build = match (id, symbols[i].build_id.as_deref()) {
+                (Some(want), Some(got)) => want == got,
+                _ => true,
+            };
+            let fits = text_size <= m.end.saturating_sub(m.start);
+            let usable = same_build && fits;
+            if !usable && !mismatched.contains(&name) {
+                mismatched.push(name.clone());
+            }
+            usable
+        });
+        let list = out.entry(m.vm).or_default();
+        if !list
+            .iter()
+            .any(|l| l.start == m.start && l.end == m.end && l.name == name)
+        {
+            list.push(LoadedModule {
+                start: m.start,
+                end: m.end,
+                name,
+                symbols: usable.map(|(i, _)| i),
+            });
+        }
+    }
+    if !mismatched.is_empty() {
+        warnings.push(format!(
+            "kernel modules whose .ko under --guest-root is not the one loaded (another build id, or more code than the guest's module): {} (their functions are shown as offsets)",
+            mismatched.join(", ")
+        ));
+    }
+    (out, symbols)
+}
+
+#[cfg(test)]
+mod module_tests {
+    use super::*;
+    use hvprof_samplelog::{FixedStr, Mapping, MappingKind};
+
+    const BASE: u64 = 0xffff_ffff_c000_0000;
+
+    fn module(start: u64, name: &str) -> Mapping {
+        Mapping {
+            kind: MappingKind::Module,
+            start,
+            end: start + 0x8000,
+            path: FixedStr::truncated(name),
+            ..Mapping::default()
+        }
+    }
+
+    #[test]
+    fn kernel_modules_are_named_from_their_ko_files_under_the_guest_root() {
+        let root = crate::symbols::tests::scratch("koroot");
+        let dir = root.join("lib/modules/6.1.0-48-cloud-amd64/kernel");
+        std::fs::create_dir_all(dir.join("crypto")).unwrap();
+        std::fs::create_dir_all(dir.join("arch")).unwrap();
+        let ko = crate::modules::tests::synthetic_ko();
+        std::fs::write(dir.join("crypto/wp512.ko"), &ko).unwrap();
+        // The file's name has a dash, the kernel's module name an underscore.
+        std::fs::write(dir.join("arch/crc32c-intel.ko"), &ko).unwrap();
+        std::fs::write(dir.join("crypto/broken.ko"), b"\x7fELF garbage").unwrap();
+        let decoded = Decoded {
+            mappings: vec![
+                module(BASE, "wp512"),
+                module(BASE + 0x10_0000, "crc32c_intel"),
+                module(BASE + 0x20_0000, "not_there"),
+                module(BASE + 0x30_0000, "broken"),
+                // A core smaller than the .ko's text: another build.
+                Mapping {
+                    end: BASE + 0x40_0100,
+                    ..module(BASE + 0x40_0000, "wp512")
+                },
+            ],
+            // A task frame makes VM 0 a Linux guest.
+            tasks: vec![hvprof_samplelog::Task::default()],
+            ..Decoded::default()
+        };
+        let kernel = |images: &Images, rip: u64| {
+            let mut warnings = Vec::new();
+            let n = Namer::new(&decoded, images, &mut warnings);
+            assert!(n.is_linux(0));
+            (n.guest_function(0, false, rip, None), warnings)
+        };
+        let images = Images {
+            guest_root: Some(root.clone()),
+            ..Images::default()
+        };
+        let name = |rip: u64| kernel(&images, rip).0;
+        let named = |f: &str, m: &str| (f.to_owned(), m.to_owned());
+        assert_eq!(name(BASE + 0x20), named("mod_work", "[wp512]"));
+        assert_eq!(name(BASE + 0x130), named("mod_exit", "[wp512]"));
+        // In the module but in no function: its name and offset, not the nearest function.
+        assert_eq!(name(BASE + 0x60), named("[unknown] wp512+0x60", "[wp512]"));
+        assert_eq!(
+            name(BASE + 0x2000),
+            named("[unknown] wp512+0x2000", "[wp512]")
+        );
+        assert_eq!(name(BASE + 0x10_0020), named("mod_work", "[crc32c_intel]"));
+        assert_eq!(
+            name(BASE + 0x20_0020),
+            named("[unknown] not_there+0x20", "[not_there]")
+        );
+        assert_eq!(
+            name(BASE + 0x30_0020),
+            named("[unknown] broken+0x20", "[broken]")
+        );
+        assert_eq!(
+            name(BASE + 0x40_0020),
+            named("[unknown] wp512+0x20", "[wp512]")
+        );
+        let (_, warnings) = kernel(&images, BASE);
+        let missing: Vec<_> = warnings
+            .iter()
+            .filter(|w| w.contains("not_there"))
+            .collect();
+        assert_eq!(missing.len(), 1, "{warnings:?}");
+        assert!(!missing[0].contains('\n'));
+        assert!(
+            warnings.iter().any(|w| w.contains("broken")),
+            "{warnings:?}"
+        );
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("not the one loaded") && w.contains("wp512")),
+            "{warnings:?}"
+        );
+        // Without --guest-root: as before, and no warning about modules.
+        let (plain, warnings) = kernel(&Images::default(), BASE + 0x20);
+        assert_eq!(plain, named("[unknown] wp512+0x20", "[wp512]"));
+        assert!(
+            warnings.iter().all(|w| !w.contains("module")),
+            "{warnings:?}"
+        );
+        let _ = std::fs::remove_dir_all(root);
+    }
 }
 
 #[cfg(test)]
@@ -604,6 +825,10 @@ mod mapping_tests {
             n.guest_function(0, false, 0xffff_ffff_c000_0123, Some("mix[57]")),
             ("[unknown] wp512+0x123".to_owned(), "[wp512]".to_owned())
         );
+        // The root has no lib/modules: said once.
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].starts_with("kernel modules not found under"));
+        assert!(warnings[0].contains("wp512"));
         assert_eq!(task_tgid("w41[57/60]"), Some(57));
         assert_eq!(task_tgid("a[b]c[7]"), Some(7));
         assert_eq!(task_tgid("nolabel"), None);

@@ -151,6 +151,42 @@ impl Symbols {
         })
     }
 
+    /// A kernel module's functions (`crate::modules::parse_module`): (offset in the module's
+    /// core, size, whether the symbol had no size, name). At one offset a sized function is
+    /// kept over an unsized label, else the first in the file's order.
+    pub(crate) fn from_module_functions(
+        path: &Path,
+        build_id: Option<&[u8]>,
+        functions: Vec<(u64, u64, bool, &str)>,
+    ) -> Symbols {
+        let mut functions: Vec<(u64, u64, bool, String)> = functions
+            .into_iter()
+            .map(|(at, size, no_size, name)| (at, size, no_size, demangle(name)))
+            .collect();
+        functions.sort_by(|a, b| a.0.cmp(&b.0).then(a.2.cmp(&b.2)).then(b.1.cmp(&a.1)));
+        functions.dedup_by_key(|f| f.0);
+        Symbols {
+            module: path.file_name().map_or_else(
+                || path.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            ),
+            build_id: build_id.map(<[u8]>::to_vec),
+            functions: functions
+                .into_iter()
+                .map(|(at, size, _, name)| (at, size, name))
+                .collect(),
+            relocatable: false,
+            segments: Vec::new(),
+        }
+    }
+
+    /// Every function: (start, size, name), by start.
+    pub fn functions(&self) -> impl Iterator<Item = (u64, u64, &str)> {
+        self.functions
+            .iter()
+            .map(|(start, size, name)| (*start, *size, name.as_str()))
+    }
+
     /// The same file with the function symbols of its separate debug file, when `root` has one
     /// for its build id (`<root>/usr/lib/debug/.build-id/ab/cdef....debug`, the GNU layout
     /// Debian's -dbg and -dbgsym packages install) with more functions than the file itself. A
@@ -250,7 +286,7 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use object::write::{Object as WObject, StandardSection, Symbol, SymbolSection};
     use object::{Architecture, BinaryFormat, Endianness, SymbolFlags, SymbolScope};
