@@ -552,6 +552,43 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_hosts_stripped_libc_names_its_exported_functions() {
+        // Debian's libc.so.6 has no .symtab: its functions come from the dynamic table.
+        let path = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        let Ok(data) = std::fs::read(path) else {
+            eprintln!("skipped: no {}", path.display());
+            return;
+        };
+        let file = object::File::parse(&*data).unwrap();
+        if file.section_by_name(".symtab").is_some() {
+            eprintln!("skipped: {} is not stripped", path.display());
+            return;
+        }
+        let s = Symbols::parse(&data, path).unwrap();
+        let sym = file
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok("getpid") && s.kind() == SymbolKind::Text)
+            .unwrap();
+        // One of the names at that address (libc exports `getpid` and `__getpid` there).
+        let aliases = |addr: u64| -> Vec<&str> {
+            file.dynamic_symbols()
+                .filter(|s| s.address() == addr)
+                .filter_map(|s| s.name().ok())
+                .collect()
+        };
+        let named = s.lookup(sym.address()).unwrap();
+        assert!(named.ends_with("getpid"), "{named}");
+        assert!(aliases(sym.address()).contains(&named));
+        // An indirect function (its resolver, run at load time) is named too.
+        let ifunc = file
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok("memcpy"))
+            .unwrap();
+        let named = s.lookup(ifunc.address()).unwrap();
+        assert!(aliases(ifunc.address()).contains(&named), "{named}");
+    }
+
+    #[test]
     fn debug_files_are_found_by_build_id() {
         let root = Path::new("/r");
         assert_eq!(
