@@ -9,6 +9,7 @@ pub mod firefox;
 pub mod flame;
 pub mod html;
 pub mod linux;
+pub mod modules;
 pub mod naming;
 pub mod pprof;
 pub mod profile;

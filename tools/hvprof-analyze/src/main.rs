@@ -57,7 +57,10 @@ struct Input {
     processes: bool,
     /// The Linux guests' root file system (or the extracted Debian packages): the programs and
     /// shared libraries their processes map (from the mapping frames) are read from here by
-    /// path, and used when their build id matches.
+    /// path, and used when their build id matches; their separate debug files by build id
+    /// (usr/lib/debug/.build-id/, Debian's -dbgsym packages) name the functions of stripped
+    /// files, `--image` ones too; the kernel modules the guests loaded are named from their
+    /// .ko files in lib/modules/<release>/ (the `--kernel` image's release first).
     #[arg(long, value_name = "DIR")]
     guest_root: Option<PathBuf>,
 }
@@ -186,13 +189,12 @@ fn main() -> ExitCode {
 
 /// Reads the symbol files `input` names (`symbols::Images::load`).
 fn load_images(input: &Input) -> Result<Images> {
-    let mut images = Images::load(
+    Images::load(
         input.hypervisor.as_deref(),
         &input.images,
         input.kernel.as_deref(),
-    )?;
-    images.guest_root = input.guest_root.clone();
-    Ok(images)
+        input.guest_root.as_deref(),
+    )
 }
 
 /// The options every command decodes with.

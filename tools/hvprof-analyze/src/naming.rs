@@ -107,31 +107,42 @@ pub struct Namer<'a> {
     /// Linux VMs: their end frame has an `IA32_LSTAR`, or the log has task frames for them.
     linux: HashSet<u16>,
     tasks: TaskTimeline,
-    /// Linux processes' executable file mappings (mapping frames), by (VM, tgid).
+    /// Linux processes' executable file mappings (mapping frames).
     mappings: ProcessMappings,
     /// Files found under `--guest-root` for them.
     root_symbols: Vec<Symbols>,
-    /// Linux kernel modules (module mapping frames) by VM: (start, end, name).
-    modules: HashMap<u16, Vec<(u64, u64, String)>>,
+    /// Linux kernel modules (module mapping frames) by VM.
+    modules: HashMap<u16, Vec<LoadedModule>>,
+    /// The functions of the modules' `.ko` files found under `--guest-root`.
+    module_symbols: Vec<Symbols>,
 }
 
-/// Executable file mappings by (VM, process label) — the label (`comm[tgid]`) of the task
-/// frame of the same process and address space, so that a process before and after an exec
-/// (a new name and a new address space) has each its own files — and by (VM, tgid) for those
-/// no task frame names.
-#[derive(Default)]
-struct ProcessMappings {
-    by_label: HashMap<(u16, String), Vec<Mapped>>,
-    by_tgid: HashMap<(u16, u32), Vec<Mapped>>,
+/// A loaded Linux kernel module: its core's place and its name, as a module mapping frame
+/// gives them, and its `.ko`'s functions (index into `Namer::module_symbols`) when found.
+struct LoadedModule {
+    start: u64,
+    end: u64,
+    name: String,
+    symbols: Option<usize>,
 }
 
-/// CR3 without its PCID bits and KPTI's user/kernel bit: the address space.
-const fn address_space(cr3: u64) -> u64 {
+/// Executable file mappings by process instance: (VM, tgid, address space). Not by the task's
+/// label: a process before and after an exec has one tgid and two address spaces, a PID reused
+/// by a later process (even of the same `comm`) another address space, a page-table root
+/// reused by a later process another tgid, and a `comm` changed by `prctl` is the same
+/// process; each has its own files. A sample is looked up with its task's tgid and its own CR3.
+type ProcessMappings = HashMap<(u16, u32, u64), Vec<Mapped>>;
+
+/// CR3 without its PCID bits and KPTI's user/kernel bit: the address space (as the hypervisor
+/// reads a process's maps through it).
+pub const fn address_space(cr3: u64) -> u64 {
     cr3 & !0x1fff
 }
 
 /// A process's executable file mapping, with the symbols found for its file.
 struct Mapped {
+    /// When the hypervisor read it.
+    tsc: u64,
     start: u64,
     end: u64,
     pgoff: u64,
@@ -217,18 +228,7 @@ impl<'a> Namer<'a> {
             }
         }
         let (mappings, root_symbols) = mappings(decoded, images, warnings);
-        let mut modules: HashMap<u16, Vec<(u64, u64, String)>> = HashMap::default();
-        for m in decoded
-            .mappings
-            .iter()
-            .filter(|m| m.kind == hvprof_samplelog::MappingKind::Module)
-        {
-            modules.entry(m.vm).or_default().push((
-                m.start,
-                m.end,
-                printable(m.path.as_str()).into_owned(),
-            ));
-        }
+        let (modules, module_symbols) = kernel_modules(decoded, images, warnings);
         Namer {
             images,
             vms,
@@ -239,6 +239,7 @@ impl<'a> Namer<'a> {
             mappings,
             root_symbols,
             modules,
+            module_symbols,
         }
     }
 
@@ -250,15 +251,25 @@ impl<'a> Namer<'a> {
     }
 
     /// A Linux user address through its process's mappings: (function, file), when a mapping
-    /// frame of that process covers it. Without symbols for the file: `[unknown] file+offset`.
-    fn mapped_function(&self, vm: u16, label: &str, rip: u64) -> Option<(String, String)> {
-        fn inside(list: &[Mapped], rip: u64) -> Option<&Mapped> {
-            list.iter().rev().find(|m| (m.start..m.end).contains(&rip))
-        }
-        let m = match self.mappings.by_label.get(&(vm, process_label_of(label))) {
-            Some(list) => inside(list, rip)?,
-            None => inside(self.mappings.by_tgid.get(&(vm, task_tgid(label)?))?, rip)?,
-        };
+    /// frame of that process (the task's tgid, the sample's address space) covers it. Of
+    /// several, the last read: the hypervisor reads a process's maps again when a sample falls
+    /// outside those it knows (after a `dlopen`, an `munmap` and `mmap`). Without symbols for
+    /// the file: `[unknown] file+offset`.
+    fn mapped_function(
+        &self,
+        vm: u16,
+        label: &str,
+        cr3: u64,
+        rip: u64,
+    ) -> Option<(String, String)> {
+        let list = self
+            .mappings
+            .get(&(vm, task_tgid(label)?, address_space(cr3)))?;
+        // `max_by_key` keeps the last of equals: at one TSC, the later frame.
+        let m = list
+            .iter()
+            .filter(|m| (m.start..m.end).contains(&rip))
+            .max_by_key(|m| m.tsc)?;
         let named = m.symbols.and_then(|r| {
             self.mapped_symbols(r)
                 .lookup_mapped(rip, m.start, m.pgoff)
@@ -330,13 +341,16 @@ impl<'a> Namer<'a> {
     }
 
     /// A guest sample's function and module. Linux guests: kernel mode under
-    /// `[guest.kallsyms]` (named with `--kernel`), user mode from the image named like the
-    /// process (`--image w41` for `w41[57]`). Other guests: their image's symbols.
+    /// `[guest.kallsyms]` (named with `--kernel`) or the loaded module's; user mode through the
+    /// mapping frames of the process (the tgid in `process`, the task's label, and the address
+    /// space of the sample's `cr3`), else from the image named like the process (`--image w41`
+    /// for `w41[57]`). Other guests: their image's symbols.
     pub fn guest_function(
         &self,
         vm: u16,
         user: bool,
         rip: u64,
+        cr3: u64,
         process: Option<&str>,
     ) -> (String, String) {
         if !self.is_linux(vm) {
@@ -346,7 +360,7 @@ impl<'a> Namer<'a> {
             );
         }
         if user {
-            if let Some(named) = process.and_then(|p| self.mapped_function(vm, p, rip)) {
+            if let Some(named) = process.and_then(|p| self.mapped_function(vm, p, cr3, rip)) {
                 return named;
             }
             let comm = process.map(|p| p.split_once('[').map_or(p, |(c, _)| c));
@@ -354,17 +368,24 @@ impl<'a> Namer<'a> {
                 Some(s) => (function_name(Some(s), rip), s.module.clone()),
                 None => (format!("[unknown] {rip:#x}"), "[unknown]".into()),
             }
-        } else if let Some((start, _, name)) = self
+        } else if let Some(m) = self
             .modules
             .get(&vm)
-            .and_then(|ms| ms.iter().find(|(s, e, _)| (*s..*e).contains(&rip)))
+            .and_then(|ms| ms.iter().rev().find(|m| (m.start..m.end).contains(&rip)))
         {
-            // A loaded module (its symbols are in its .ko, not in kallsyms): its name and the
-            // offset in its core, never the nearest kernel symbol.
-            (
-                format!("[unknown] {name}+{:#x}", rip - start),
-                format!("[{name}]"),
-            )
+            // A loaded module (its symbols are in its .ko, not in kallsyms): the function its
+            // .ko places there, else its name and the offset in its core, never the nearest
+            // kernel symbol.
+            let offset = rip - m.start;
+            let function = m
+                .symbols
+                .and_then(|i| self.module_symbols.get(i))
+                .and_then(|s| s.lookup(offset))
+                .map_or_else(
+                    || format!("[unknown] {}+{offset:#x}", m.name),
+                    str::to_owned,
+                );
+            (function, format!("[{}]", m.name))
         } else {
             (
                 crate::linux::kernel_function(self.kernels.get(&vm), rip),
@@ -379,39 +400,22 @@ impl<'a> Namer<'a> {
     }
 }
 
-/// A task label's process part: `comm[tgid]` for a thread's `comm[tgid/pid]`.
-fn process_label_of(label: &str) -> String {
-    match label.rsplit_once('[') {
-        Some((comm, rest)) => match rest.split_once('/') {
-            Some((tgid, _)) => format!("{comm}[{tgid}]"),
-            None => label.to_owned(),
-        },
-        None => label.to_owned(),
-    }
-}
-
 /// The tgid in a task label (`comm[tgid]` or `comm[tgid/pid]`, `TaskTimeline::label`).
 fn task_tgid(label: &str) -> Option<u32> {
     let inside = label.rsplit_once('[')?.1.strip_suffix(']')?;
     inside.split('/').next()?.parse().ok()
 }
 
-/// The capture's process mappings by (VM, tgid), each with the symbols of its file: a `--image`
-/// with the same build id, else the file at the same path under `--guest-root` (when its build
-/// id matches, or the frame has none), else a `--image` of the same file name.
+/// The capture's process mappings by (VM, tgid, address space), each with the symbols of its
+/// file: a `--image` with the same build id, else the file at the same path under
+/// `--guest-root` (when its build id matches, or the frame has none), else a `--image` of the
+/// same file name.
 fn mappings(
     decoded: &Decoded,
     images: &Images,
     warnings: &mut Vec<String>,
 ) -> (ProcessMappings, Vec<Symbols>) {
     let mut out = ProcessMappings::default();
-    // The task label of each (VM, tgid, address space) the task frames show.
-    let mut labels: HashMap<(u16, u32, u64), String> = HashMap::default();
-    for t in &decoded.tasks {
-        labels
-            .entry((t.vm, t.tgid, address_space(t.cr3)))
-            .or_insert_with(|| process_label_of(&crate::linux::process_label(t)));
-    }
     let mut root: Vec<Symbols> = Vec::new();
     let mut root_paths: HashMap<String, Option<usize>> = HashMap::default();
     let mut mismatched: HashSet<String> = HashSet::default();
@@ -434,7 +438,7 @@ fn mappings(
             let dir = images.guest_root.as_ref()?;
             let i = *root_paths.entry(path.to_owned()).or_insert_with(|| {
                 let file = dir.join(path.trim_start_matches('/'));
-                let s = Symbols::load(&file).ok()?;
+                let s = Symbols::load(&file).ok()?.with_debug_file(dir);
                 root.push(s);
                 Some(root.len() - 1)
             });
@@ -455,20 +459,16 @@ fn mappings(
                 .map(SymbolsRef::Image)
         });
         let mapped = Mapped {
+            tsc: m.tsc,
             start: m.start,
             end: m.end,
             pgoff: m.pgoff,
             file,
             symbols,
         };
-        match labels.get(&(m.vm, m.tgid, address_space(m.cr3))) {
-            Some(label) => out
-                .by_label
-                .entry((m.vm, label.clone()))
-                .or_default()
-                .push(mapped),
-            None => out.by_tgid.entry((m.vm, m.tgid)).or_default().push(mapped),
-        }
+        out.entry((m.vm, m.tgid, address_space(m.cr3)))
+            .or_default()
+            .push(mapped);
     }
     for p in mismatched {
         warnings.push(format!(
@@ -477,6 +477,219 @@ fn mappings(
         ));
     }
     (out, root)
+}
+
+/// The capture's loaded kernel modules by VM, each with the functions of its `.ko` under
+/// `--guest-root` (`lib/modules/<release>/**/<name>.ko`, the `--kernel` image's release first)
+/// when found and plausibly the one loaded: a `.ko` whose text is larger than the core the
+/// guest reported, or whose build id differs from the frame's, is another build and is not
+/// used. Without `--guest-root` no file is looked for.
+fn kernel_modules(
+    decoded: &Decoded,
+    images: &Images,
+    warnings: &mut Vec<String>,
+) -> (HashMap<u16, Vec<LoadedModule>>, Vec<Symbols>) {
+    let frames: Vec<&hvprof_samplelog::Mapping> = decoded
+        .mappings
+        .iter()
+        .filter(|m| m.kind == hvprof_samplelog::MappingKind::Module)
+        .collect();
+    let mut symbols: Vec<Symbols> = Vec::new();
+    // Module key → (index into `symbols`, its text size), or `None` when not usable.
+    let mut by_key: HashMap<String, Option<(usize, u64)>> = HashMap::default();
+    if let Some(root) = images.guest_root.as_deref()
+        && !frames.is_empty()
+    {
+        let mut names: Vec<String> = frames
+            .iter()
+            .map(|m| crate::modules::module_key(m.path.as_str()))
+            .collect();
+        names.sort();
+        names.dedup();
+        let release = images.kernel.as_ref().and_then(|k| k.release());
+        let files = crate::modules::find_module_files(root, release, &names);
+        let mut missing = Vec::new();
+        for name in names {
+            let loaded = match files.get(&name) {
+                None => {
+                    missing.push(printable(&name).into_owned());
+                    None
+                }
+                Some(path) => match std::fs::read(path)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|data| crate::modules::parse_module(&data, path))
+                {
+                    Ok(m) => {
+                        symbols.push(m.symbols);
+                        Some((symbols.len() - 1, m.text_size))
+                    }
+                    Err(e) => {
+                        warnings.push(format!(
+                            "kernel module {}: {}: its functions are shown as offsets",
+                            printable(&name),
+                            printable(&format!("{e:#}"))
+                        ));
+                        None
+                    }
+                },
+            };
+            by_key.insert(name, loaded);
+        }
+        if !missing.is_empty() {
+            warnings.push(format!(
+                "kernel modules not found under {}/lib/modules/{}: {} (their functions are shown as offsets)",
+                printable(&root.display().to_string()),
+                printable(release.unwrap_or("*")),
+                missing.join(", ")
+            ));
+        }
+    }
+    let mut mismatched: Vec<String> = Vec::new();
+    let mut out: HashMap<u16, Vec<LoadedModule>> = HashMap::default();
+    for m in frames {
+        let name = printable(m.path.as_str()).into_owned();
+        let found = by_key
+            .get(&crate::modules::module_key(m.path.as_str()))
+            .copied()
+            .flatten();
+        let usable = found.filter(|&(i, text_size)| {
+            let id = (!m.build_id.is_none()).then(|| m.build_id.as_bytes());
+            let same_build = match (id, symbols[i].build_id.as_deref()) {
+                (Some(want), Some(got)) => want == got,
+                _ => true,
+            };
+            let fits = text_size <= m.end.saturating_sub(m.start);
+            let usable = same_build && fits;
+            if !usable && !mismatched.contains(&name) {
+                mismatched.push(name.clone());
+            }
+            usable
+        });
+        let list = out.entry(m.vm).or_default();
+        if !list
+            .iter()
+            .any(|l| l.start == m.start && l.end == m.end && l.name == name)
+        {
+            list.push(LoadedModule {
+                start: m.start,
+                end: m.end,
+                name,
+                symbols: usable.map(|(i, _)| i),
+            });
+        }
+    }
+    if !mismatched.is_empty() {
+        warnings.push(format!(
+            "kernel modules whose .ko under --guest-root is not the one loaded (another build id, or more code than the guest's module): {} (their functions are shown as offsets)",
+            mismatched.join(", ")
+        ));
+    }
+    (out, symbols)
+}
+
+#[cfg(test)]
+mod module_tests {
+    use super::*;
+    use hvprof_samplelog::{FixedStr, Mapping, MappingKind};
+
+    const BASE: u64 = 0xffff_ffff_c000_0000;
+
+    fn module(start: u64, name: &str) -> Mapping {
+        Mapping {
+            kind: MappingKind::Module,
+            start,
+            end: start + 0x8000,
+            path: FixedStr::truncated(name),
+            ..Mapping::default()
+        }
+    }
+
+    #[test]
+    fn kernel_modules_are_named_from_their_ko_files_under_the_guest_root() {
+        let root = crate::symbols::tests::scratch("koroot");
+        let dir = root.join("lib/modules/6.1.0-48-cloud-amd64/kernel");
+        std::fs::create_dir_all(dir.join("crypto")).unwrap();
+        std::fs::create_dir_all(dir.join("arch")).unwrap();
+        let ko = crate::modules::tests::synthetic_ko();
+        std::fs::write(dir.join("crypto/wp512.ko"), &ko).unwrap();
+        // The file's name has a dash, the kernel's module name an underscore.
+        std::fs::write(dir.join("arch/crc32c-intel.ko"), &ko).unwrap();
+        std::fs::write(dir.join("crypto/broken.ko"), b"\x7fELF garbage").unwrap();
+        let decoded = Decoded {
+            mappings: vec![
+                module(BASE, "wp512"),
+                module(BASE + 0x10_0000, "crc32c_intel"),
+                module(BASE + 0x20_0000, "not_there"),
+                module(BASE + 0x30_0000, "broken"),
+                // A core smaller than the .ko's text: another build.
+                Mapping {
+                    end: BASE + 0x40_0100,
+                    ..module(BASE + 0x40_0000, "wp512")
+                },
+            ],
+            // A task frame makes VM 0 a Linux guest.
+            tasks: vec![hvprof_samplelog::Task::default()],
+            ..Decoded::default()
+        };
+        let kernel = |images: &Images, rip: u64| {
+            let mut warnings = Vec::new();
+            let n = Namer::new(&decoded, images, &mut warnings);
+            assert!(n.is_linux(0));
+            (n.guest_function(0, false, rip, 0, None), warnings)
+        };
+        let images = Images {
+            guest_root: Some(root.clone()),
+            ..Images::default()
+        };
+        let name = |rip: u64| kernel(&images, rip).0;
+        let named = |f: &str, m: &str| (f.to_owned(), m.to_owned());
+        assert_eq!(name(BASE + 0x20), named("mod_work", "[wp512]"));
+        assert_eq!(name(BASE + 0x130), named("mod_exit", "[wp512]"));
+        // In the module but in no function: its name and offset, not the nearest function.
+        assert_eq!(name(BASE + 0x60), named("[unknown] wp512+0x60", "[wp512]"));
+        assert_eq!(
+            name(BASE + 0x2000),
+            named("[unknown] wp512+0x2000", "[wp512]")
+        );
+        assert_eq!(name(BASE + 0x10_0020), named("mod_work", "[crc32c_intel]"));
+        assert_eq!(
+            name(BASE + 0x20_0020),
+            named("[unknown] not_there+0x20", "[not_there]")
+        );
+        assert_eq!(
+            name(BASE + 0x30_0020),
+            named("[unknown] broken+0x20", "[broken]")
+        );
+        assert_eq!(
+            name(BASE + 0x40_0020),
+            named("[unknown] wp512+0x20", "[wp512]")
+        );
+        let (_, warnings) = kernel(&images, BASE);
+        let missing: Vec<_> = warnings
+            .iter()
+            .filter(|w| w.contains("not_there"))
+            .collect();
+        assert_eq!(missing.len(), 1, "{warnings:?}");
+        assert!(!missing[0].contains('\n'));
+        assert!(
+            warnings.iter().any(|w| w.contains("broken")),
+            "{warnings:?}"
+        );
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("not the one loaded") && w.contains("wp512")),
+            "{warnings:?}"
+        );
+        // Without --guest-root: as before, and no warning about modules.
+        let (plain, warnings) = kernel(&Images::default(), BASE + 0x20);
+        assert_eq!(plain, named("[unknown] wp512+0x20", "[wp512]"));
+        assert!(
+            warnings.iter().all(|w| !w.contains("module")),
+            "{warnings:?}"
+        );
+        let _ = std::fs::remove_dir_all(root);
+    }
 }
 
 #[cfg(test)]
@@ -501,6 +714,85 @@ mod mapping_tests {
             build_id: BuildId::NONE,
             ..Mapping::default()
         }
+    }
+
+    /// A mapping frame of `path` at 0x40_0000..0x40_4000 for process `tgid` in `cr3`, read at
+    /// `tsc`.
+    fn frame(tsc: u64, tgid: u32, cr3: u64, path: &str) -> Mapping {
+        Mapping {
+            tsc,
+            cr3,
+            ..mapping(tgid, 0x40_0000, 0x40_4000, 0, path)
+        }
+    }
+
+    #[test]
+    fn mappings_belong_to_a_process_instance() {
+        let decoded = Decoded {
+            mappings: vec![
+                // An exec: tgid 70 runs /bin/sh in 0x10000, then /bin/tar in a new space.
+                frame(10, 70, 0x1_0000, "/bin/sh"),
+                frame(20, 70, 0x1_2000 | 0x1000 | 5, "/bin/tar"),
+                // A reused PID: tgid 80 runs a `job` twice, each run its own space and file
+                // (two builds with other functions at one address).
+                Mapping {
+                    tsc: 30,
+                    cr3: 0x2_0000,
+                    ..mapping(80, 0x20_0000, 0x20_4000, 0, "/opt/v1/job")
+                },
+                Mapping {
+                    tsc: 40,
+                    cr3: 0x2_4000,
+                    ..mapping(80, 0x20_0000, 0x20_4000, 0, "/opt/v2/job")
+                },
+                // An mm reused: space 0x30000 was tgid 90's, then tgid 91's.
+                frame(50, 90, 0x3_0000, "/bin/first"),
+                frame(60, 91, 0x3_0000, "/bin/second"),
+                // Maps read again (a dlopen over an unmapped range): the last read wins, even
+                // listed first (frames of several pCPUs are not in TSC order).
+                frame(90, 95, 0x4_0000, "/lib/newer.so"),
+                frame(70, 95, 0x4_0000, "/lib/older.so"),
+            ],
+            tasks: vec![Task::default()],
+            ..Decoded::default()
+        };
+        let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+        let root = crate::symbols::tests::scratch("instances");
+        for (dir, elf) in [("opt/v1", "mix.elf"), ("opt/v2", "busy.elf")] {
+            std::fs::create_dir_all(root.join(dir)).unwrap();
+            std::fs::copy(data.join(elf), root.join(dir).join("job")).unwrap();
+        }
+        let images = Images {
+            guest_root: Some(root.clone()),
+            ..Images::default()
+        };
+        let mut warnings = Vec::new();
+        let n = Namer::new(&decoded, &images, &mut warnings);
+        let file = |label: &str, cr3: u64| n.guest_function(0, true, 0x40_0123, cr3, Some(label)).1;
+        assert_eq!(file("sh[70]", 0x1_0000), "sh");
+        assert_eq!(file("tar[70]", 0x1_2000), "tar");
+        // The KPTI user half and a PCID: the same space.
+        assert_eq!(file("tar[70]", 0x1_3000 | 7), "tar");
+        // Same label, same address: the functions of the sample's own space's file.
+        let job = |cr3: u64| n.guest_function(0, true, 0x20_0484, cr3, Some("job[80]"));
+        assert_eq!(job(0x2_0000), ("work_a".to_owned(), "job".to_owned()));
+        let (second, module) = job(0x2_4000);
+        assert_eq!(module, "job");
+        assert_ne!(
+            second, "work_a",
+            "the first run's file named the second's sample"
+        );
+        assert!(!second.starts_with("[unknown]"), "{second}");
+        // The same space, another tgid: each process its own file.
+        assert_eq!(file("first[90]", 0x3_0000), "first");
+        assert_eq!(file("second[91]", 0x3_0000), "second");
+        // A comm changed by prctl (or a thread): the same process, the same files.
+        assert_eq!(file("renamed[90]", 0x3_0000), "first");
+        assert_eq!(file("first[90/93]", 0x3_0000), "first");
+        // A space the process never had maps: not another instance's file.
+        assert_eq!(file("first[90]", 0x5_0000), "[unknown]");
+        assert_eq!(file("newer[95]", 0x4_0000), "newer.so");
+        let _ = std::fs::remove_dir_all(root);
     }
 
     #[test]
@@ -564,17 +856,18 @@ mod mapping_tests {
         let mut warnings = Vec::new();
         let n = Namer::new(&decoded, &images, &mut warnings);
         assert_eq!(
-            n.guest_function(0, true, 0x20_0484, Some("mix[57]")),
+            n.guest_function(0, true, 0x20_0484, 0x5000, Some("mix[57]")),
             ("work_a".to_owned(), "mix".to_owned())
         );
         // A thread's label names its process's mappings too.
         assert_eq!(
-            n.guest_function(0, true, 0x20_0490, Some("mix[57/60]")).0,
+            n.guest_function(0, true, 0x20_0490, 0x5000, Some("mix[57/60]"))
+                .0,
             "work_b"
         );
         // A file with no symbols: its name and the file offset, never a nearby symbol.
         assert_eq!(
-            n.guest_function(0, true, 0x7f00_0000_1234, Some("mix[57]")),
+            n.guest_function(0, true, 0x7f00_0000_1234, 0x5000, Some("mix[57]")),
             (
                 "[unknown] libc.so.6+0x29234".to_owned(),
                 "libc.so.6".to_owned()
@@ -582,28 +875,32 @@ mod mapping_tests {
         );
         // Another process's mapping of another file at the same address is its own.
         assert_eq!(
-            n.guest_function(0, true, 0x20_0484, Some("other[58]")).1,
+            n.guest_function(0, true, 0x20_0484, 0, Some("other[58]")).1,
             "other"
         );
         // Outside every mapping: as before (no image named like the process: unknown).
         assert_eq!(
-            n.guest_function(0, true, 0x1234, Some("mix[57]")).1,
+            n.guest_function(0, true, 0x1234, 0x5000, Some("mix[57]")).1,
             "[unknown]"
         );
         // Before its exec process 59 is `sh` (no symbols: file and offset), after it `mix`.
         assert_eq!(
-            n.guest_function(0, true, 0x20_0484, Some("sh[59]")),
+            n.guest_function(0, true, 0x20_0484, 0x7000, Some("sh[59]")),
             ("[unknown] sh+0x484".to_owned(), "sh".to_owned())
         );
         assert_eq!(
-            n.guest_function(0, true, 0x20_0484, Some("mix[59]")),
+            n.guest_function(0, true, 0x20_0484, 0x9000 | 0x1003, Some("mix[59]")),
             ("work_a".to_owned(), "mix".to_owned())
         );
         // Kernel code in a loaded module: the module's name and offset.
         assert_eq!(
-            n.guest_function(0, false, 0xffff_ffff_c000_0123, Some("mix[57]")),
+            n.guest_function(0, false, 0xffff_ffff_c000_0123, 0x5000, Some("mix[57]")),
             ("[unknown] wp512+0x123".to_owned(), "[wp512]".to_owned())
         );
+        // The root has no lib/modules: said once.
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].starts_with("kernel modules not found under"));
+        assert!(warnings[0].contains("wp512"));
         assert_eq!(task_tgid("w41[57/60]"), Some(57));
         assert_eq!(task_tgid("a[b]c[7]"), Some(7));
         assert_eq!(task_tgid("nolabel"), None);

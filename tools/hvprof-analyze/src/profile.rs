@@ -602,16 +602,26 @@ impl Classified {
                 }
             }
         }
-        // Named once per distinct (what, VM, exit, address, process), then merged by name.
-        type FrameKey = (What, u16, u16, u64, Option<ProcessKey>);
+        // Named once per distinct (what, VM, exit, address, process, address space), then
+        // merged by name. A user sample's address space is part of it: two processes with one
+        // label (a PID reused by the same program) map their own files at one address.
+        type FrameKey = (What, u16, u16, u64, Option<ProcessKey>, u64);
         let mut named: HashMap<FrameKey, u32> = HashMap::default();
         let mut frames: Vec<Frame> = Vec::new();
         let mut index: HashMap<Frame, u32> = HashMap::default();
         for s in samples.stacks.iter_mut() {
             let key: FrameKey = match s.what {
-                What::GuestKernel | What::GuestUser => (s.what, s.vm, 0, s.addr, s.process),
-                What::Hypervisor => (s.what, s.vm, s.exit, s.addr, None),
-                What::Idle => (s.what, 0, 0, 0, None),
+                What::GuestUser => (
+                    s.what,
+                    s.vm,
+                    0,
+                    s.addr,
+                    s.process,
+                    crate::naming::address_space(s.cr3),
+                ),
+                What::GuestKernel => (s.what, s.vm, 0, s.addr, s.process, 0),
+                What::Hypervisor => (s.what, s.vm, s.exit, s.addr, None, 0),
+                What::Idle => (s.what, 0, 0, 0, None, 0),
             };
             s.frame = *named.entry(key).or_insert_with(|| {
                 let f = make_frame(namer, s);
@@ -756,7 +766,7 @@ fn make_frame(namer: &Namer, s: &Stack) -> Frame {
         What::GuestKernel | What::GuestUser => {
             let task = s.process.and_then(|p| namer.task_label(p));
             let (function, module) =
-                namer.guest_function(s.vm, s.what == What::GuestUser, s.addr, task);
+                namer.guest_function(s.vm, s.what == What::GuestUser, s.addr, s.cr3, task);
             Frame {
                 what: s.what,
                 vm: namer.vm_name(s.vm),
@@ -832,6 +842,89 @@ mod tests {
                 assert!(f.process.starts_with(&p.vm_name(s.vm)), "{}", f.process);
             }
         }
+    }
+
+    #[test]
+    fn one_label_in_two_address_spaces_names_two_files() {
+        use hvprof_samplelog::{FixedStr, Mapping, MappingKind, Task};
+        // PID 80 reused by another run of `job`: one label, two address spaces, each mapping
+        // its own file at 0x200000.
+        let task = |tsc, cr3| Task {
+            tsc,
+            tgid: 80,
+            pid: 80,
+            cr3,
+            comm: FixedStr::truncated("job"),
+            ..Task::default()
+        };
+        let mapping = |cr3, path: &str| Mapping {
+            kind: MappingKind::Process,
+            cr3,
+            tgid: 80,
+            start: 0x20_0000,
+            end: 0x20_4000,
+            path: FixedStr::truncated(path),
+            ..Mapping::default()
+        };
+        let decoded = hvprof_samplelog::Decoded {
+            tasks: vec![task(0, 0x2_0000), task(1000, 0x2_4000)],
+            mappings: vec![
+                mapping(0x2_0000, "/bin/job"),
+                mapping(0x2_4000, "/usr/local/bin/job.v2"),
+            ],
+            ..Default::default()
+        };
+        let images = Images::default();
+        let mut warnings = Vec::new();
+        let namer = Namer::new(&decoded, &images, &mut warnings);
+        let stack = |cr3| Stack {
+            what: What::GuestUser,
+            pcpu: 0,
+            vm: 0,
+            vcpu: 0,
+            exit: 0,
+            addr: 0x20_0484,
+            cr3,
+            process: None,
+            frame: 0,
+            count: 1,
+        };
+        let mut classified = Classified {
+            samples: Samples {
+                stacks: vec![stack(0x2_0000), stack(0x2_4000 | 0x1000)],
+                pcpus: vec![(
+                    0,
+                    vec![
+                        Slot { tsc: 10, stack: 0 },
+                        Slot {
+                            tsc: 2000,
+                            stack: 1,
+                        },
+                    ],
+                )],
+                len: 2,
+            },
+            events: Vec::new(),
+            cost: CostSum::default(),
+        };
+        let frames = classified.name(&namer);
+        let named: Vec<&Frame> = classified
+            .samples
+            .iter()
+            .map(|s| &frames[s.frame as usize])
+            .collect();
+        assert_eq!(named.len(), 2);
+        assert_eq!(named[0].process, "job[80]");
+        assert_eq!(named[1].process, "job[80]");
+        assert_eq!(named[0].process_key, named[1].process_key);
+        assert_eq!(
+            (named[0].module.as_str(), named[0].function.as_str()),
+            ("job", "[unknown] job+0x484")
+        );
+        assert_eq!(
+            (named[1].module.as_str(), named[1].function.as_str()),
+            ("job.v2", "[unknown] job.v2+0x484")
+        );
     }
 
     #[test]

@@ -23,12 +23,18 @@ impl Images {
     /// Reads the symbol files: the hypervisor's ELF, guest images, the Linux guests' kernel
     /// (vmlinux or bzImage). A hypervisor or guest file that cannot be used is a warning (printed
     /// on stderr; its addresses stay hex); a kernel that cannot be read is an error.
+    /// With `guest_root`, a guest image's functions may come from its separate debug file
+    /// there ([`Symbols::with_debug_file`]).
     pub fn load(
         hypervisor: Option<&Path>,
         guests: &[std::path::PathBuf],
         kernel: Option<&Path>,
+        guest_root: Option<&Path>,
     ) -> Result<Images> {
-        let mut imgs = Images::default();
+        let mut imgs = Images {
+            guest_root: guest_root.map(Path::to_path_buf),
+            ..Images::default()
+        };
         if let Some(k) = kernel {
             let image = if linux_guest::BzImage::parse(
                 &std::fs::read(k).with_context(|| format!("cannot read {}", k.display()))?,
@@ -55,7 +61,11 @@ impl Images {
             }
         }
         for i in guests {
-            match Symbols::load(i) {
+            let loaded = Symbols::load(i).map(|s| match guest_root {
+                Some(root) => s.with_debug_file(root),
+                None => s,
+            });
+            match loaded {
                 Ok(s) if s.is_empty() => eprintln!(
                     "hvprof-analyze: warning: {} has no function symbols (stripped?)",
                     i.display()
@@ -94,9 +104,15 @@ impl Symbols {
     pub fn parse(data: &[u8], path: &Path) -> Result<Symbols> {
         let file = object::File::parse(data)
             .with_context(|| format!("{} is not an object file", path.display()))?;
+        // `.symtab` first, then the dynamic symbol table: a stripped file (Debian's libc.so.6,
+        // libgomp.so.1) keeps only the latter, and its exported functions are still named. Both
+        // tables list most exported functions: one entry per address is kept, the larger, else
+        // the `.symtab` one (the sort is stable).
         let mut functions: Vec<(u64, u64, String)> = file
             .symbols()
-            .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0)
+            .chain(file.dynamic_symbols())
+            // Not `is_definition`, which leaves out GNU indirect functions (libc's `memcpy`).
+            .filter(|s| s.kind() == SymbolKind::Text && !s.is_undefined() && s.address() != 0)
             .filter_map(|s| {
                 let name = s.name().ok()?;
                 if name.is_empty() {
@@ -135,6 +151,69 @@ impl Symbols {
         })
     }
 
+    /// A kernel module's functions (`crate::modules::parse_module`): (offset in the module's
+    /// core, size, whether the symbol had no size, name). At one offset a sized function is
+    /// kept over an unsized label, else the first in the file's order.
+    pub(crate) fn from_module_functions(
+        path: &Path,
+        build_id: Option<&[u8]>,
+        functions: Vec<(u64, u64, bool, &str)>,
+    ) -> Symbols {
+        let mut functions: Vec<(u64, u64, bool, String)> = functions
+            .into_iter()
+            .map(|(at, size, no_size, name)| (at, size, no_size, demangle(name)))
+            .collect();
+        functions.sort_by(|a, b| a.0.cmp(&b.0).then(a.2.cmp(&b.2)).then(b.1.cmp(&a.1)));
+        functions.dedup_by_key(|f| f.0);
+        Symbols {
+            module: path.file_name().map_or_else(
+                || path.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            ),
+            build_id: build_id.map(<[u8]>::to_vec),
+            functions: functions
+                .into_iter()
+                .map(|(at, size, _, name)| (at, size, name))
+                .collect(),
+            relocatable: false,
+            segments: Vec::new(),
+        }
+    }
+
+    /// Every function: (start, size, name), by start.
+    pub fn functions(&self) -> impl Iterator<Item = (u64, u64, &str)> {
+        self.functions
+            .iter()
+            .map(|(start, size, name)| (*start, *size, name.as_str()))
+    }
+
+    /// The same file with the function symbols of its separate debug file, when `root` has one
+    /// for its build id (`<root>/usr/lib/debug/.build-id/ab/cdef....debug`, the GNU layout
+    /// Debian's -dbg and -dbgsym packages install) with more functions than the file itself. A
+    /// debug file has the stripped file's addresses but not its contents (its sections are
+    /// empty, its segments' file ranges are not the file's): only its symbols are taken, the
+    /// segments stay the real file's. One with another build id, or that cannot be read, is
+    /// ignored.
+    pub fn with_debug_file(mut self, root: &Path) -> Symbols {
+        let Some(path) = self
+            .build_id
+            .as_deref()
+            .and_then(|id| debug_file_path(root, id))
+        else {
+            return self;
+        };
+        let Ok(data) = std::fs::read(&path) else {
+            return self;
+        };
+        if let Ok(debug) = Symbols::parse(&data, &path)
+            && debug.build_id == self.build_id
+            && debug.functions.len() > self.functions.len()
+        {
+            self.functions = debug.functions;
+        }
+        self
+    }
+
     /// The function at run-time address `addr` in a mapping of this file that starts at `start`
     /// with file page offset `pgoff` (as the guest's VMA says): a fixed-address program's
     /// addresses are its own; a relocatable file's are moved to the segment holding that file
@@ -171,6 +250,20 @@ impl Symbols {
     }
 }
 
+/// Where the GNU layout puts the separate debug file of build id `id` under `root`: the first
+/// byte is a directory, the rest the file name.
+pub fn debug_file_path(root: &Path, id: &[u8]) -> Option<std::path::PathBuf> {
+    let (first, rest) = id.split_first()?;
+    if rest.is_empty() {
+        return None;
+    }
+    Some(
+        root.join("usr/lib/debug/.build-id")
+            .join(format!("{first:02x}"))
+            .join(format!("{}.debug", hex(rest))),
+    )
+}
+
 /// Demangles a Rust (or C++-less) symbol, dropping the hash suffix.
 pub fn demangle(name: &str) -> String {
     // A guest image's symbol names are the guest author's: no control characters in outputs.
@@ -193,7 +286,7 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use object::write::{Object as WObject, StandardSection, Symbol, SymbolSection};
     use object::{Architecture, BinaryFormat, Endianness, SymbolFlags, SymbolScope};
@@ -251,6 +344,261 @@ mod tests {
             "unsized: up to the next symbol"
         );
         assert_eq!(s.build_id.as_deref(), Some(&[0xde, 0xad, 0xbe, 0xef][..]));
+    }
+
+    /// A fresh scratch directory for one test (removed by the caller).
+    pub(crate) fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("hvprof-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Runs a host tool (gcc, strip, objcopy); `None`, with the reason printed, when it is
+    /// missing, so that the test is skipped rather than failed on a machine without it.
+    pub(crate) fn run(tool: &str, args: &[&std::ffi::OsStr]) -> Option<()> {
+        match std::process::Command::new(tool).args(args).output() {
+            Ok(o) if o.status.success() => Some(()),
+            Ok(o) => panic!("{tool} failed: {}", String::from_utf8_lossy(&o.stderr)),
+            Err(e) => {
+                eprintln!("skipped: cannot run {tool} ({e})");
+                None
+            }
+        }
+    }
+
+    /// The address of `name` in an ELF file's symbol tables, and the file offset it lies at.
+    pub(crate) fn address_of(data: &[u8], name: &str) -> (u64, u64) {
+        let file = object::File::parse(data).unwrap();
+        let sym = file
+            .symbols()
+            .chain(file.dynamic_symbols())
+            .find(|s| s.name() == Ok(name))
+            .unwrap_or_else(|| panic!("no symbol {name}"));
+        let addr = sym.address();
+        let seg = file
+            .segments()
+            .find(|s| (s.address()..s.address() + s.size()).contains(&addr))
+            .unwrap();
+        (addr, addr - seg.address() + seg.file_range().0)
+    }
+
+    /// C source of a small library: an exported function calling a file-local one.
+    pub(crate) const LIB_C: &str = "__attribute__((noinline)) static int helper(int x) { return x * 7 + 3; }\n\
+        int hvprof_exported(int x) { return helper(x) + helper(x + 1); }\n\
+        int hvprof_other(int x) { return x - 1; }\n";
+
+    #[test]
+    fn a_stripped_library_still_names_its_exported_functions() {
+        let dir = scratch("stripped");
+        std::fs::write(dir.join("lib.c"), LIB_C).unwrap();
+        let so = dir.join("libt.so");
+        let built = run(
+            "gcc",
+            &[
+                "-shared".as_ref(),
+                "-fPIC".as_ref(),
+                "-O1".as_ref(),
+                "-o".as_ref(),
+                so.as_os_str(),
+                dir.join("lib.c").as_os_str(),
+            ],
+        );
+        if built.is_none() {
+            return;
+        }
+        let full = std::fs::read(&so).unwrap();
+        let (_, exported_off) = address_of(&full, "hvprof_exported");
+        let (_, helper_off) = address_of(&full, "helper");
+        if run("strip", &["--strip-all".as_ref(), so.as_os_str()]).is_none() {
+            return;
+        }
+        let data = std::fs::read(&so).unwrap();
+        let stripped = object::File::parse(&*data).unwrap();
+        assert!(
+            stripped.section_by_name(".symtab").is_none(),
+            "strip left a .symtab: the test would not test the dynamic table"
+        );
+        let s = Symbols::parse(&data, &so).unwrap();
+        assert!(s.relocatable);
+        // The library's text mapped at 0x7f12_3450_0000 + its file offset's page (pgoff), the
+        // way the guest's VMA says it.
+        let base = 0x7f12_3450_0000u64;
+        let at = |off: u64| {
+            let pgoff = off / 4096;
+            (base + off, base + pgoff * 4096, pgoff)
+        };
+        let (rip, start, pgoff) = at(exported_off);
+        assert_eq!(s.lookup_mapped(rip, start, pgoff), Some("hvprof_exported"));
+        assert_eq!(
+            s.lookup_mapped(rip + 1, start, pgoff),
+            Some("hvprof_exported")
+        );
+        // The file-local helper is in no table now: not named, and never as its neighbour.
+        let (rip, start, pgoff) = at(helper_off);
+        assert_eq!(s.lookup_mapped(rip, start, pgoff), None);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A PIE program with a build id, built by gcc from C source `src` as `dir/name`.
+    fn build_program(dir: &Path, name: &str, src: &str) -> Option<std::path::PathBuf> {
+        let c = dir.join(format!("{name}.c"));
+        std::fs::write(&c, src).unwrap();
+        let out = dir.join(name);
+        let args: [&std::ffi::OsStr; 7] = [
+            "-O0".as_ref(),
+            "-fPIE".as_ref(),
+            "-pie".as_ref(),
+            "-Wl,--build-id".as_ref(),
+            "-o".as_ref(),
+            out.as_os_str(),
+            c.as_os_str(),
+        ];
+        run("gcc", &args)?;
+        Some(out)
+    }
+
+    const PROGRAM_C: &str = "__attribute__((noinline)) static int hidden_work(int x) { return x * 7 + 3; }\n\
+        int main(int argc, char **argv) { (void)argv; return hidden_work(argc); }\n";
+
+    #[test]
+    fn a_stripped_program_takes_its_functions_from_its_debug_file() {
+        let dir = scratch("debugfile");
+        let Some(prog) = build_program(&dir, "prog", PROGRAM_C) else {
+            return;
+        };
+        // A second program, another build id: its debug file must not name the first.
+        let Some(other) = build_program(&dir, "other", "int main(void) { return 1; }\n") else {
+            return;
+        };
+        let full = std::fs::read(&prog).unwrap();
+        let (_, work_off) = address_of(&full, "hidden_work");
+        let id = Symbols::parse(&full, &prog).unwrap().build_id.unwrap();
+        let root = dir.join("root");
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        let debug = debug_file_path(&root, &id).unwrap();
+        std::fs::create_dir_all(debug.parent().unwrap()).unwrap();
+        let keep_debug = |from: &Path| {
+            run(
+                "objcopy",
+                &[
+                    "--only-keep-debug".as_ref(),
+                    from.as_os_str(),
+                    debug.as_os_str(),
+                ],
+            )
+        };
+        if keep_debug(&prog).is_none() {
+            return;
+        }
+        let stripped = root.join("bin/prog");
+        std::fs::copy(&prog, &stripped).unwrap();
+        if run("strip", &["--strip-all".as_ref(), stripped.as_os_str()]).is_none() {
+            return;
+        }
+        // Mapped the way the guest's VMA says: text page `pgoff` at `start`.
+        let pgoff = work_off / 4096;
+        let start = 0x5555_5555_0000 + pgoff * 4096;
+        let rip = start + work_off % 4096;
+        let alone = Symbols::load(&stripped).unwrap();
+        assert_eq!(alone.lookup_mapped(rip, start, pgoff), None, "stripped");
+
+        // Through `--image` with `--guest-root`: named from the debug file.
+        let images =
+            Images::load(None, std::slice::from_ref(&stripped), None, Some(&root)).unwrap();
+        assert_eq!(images.guests.len(), 1);
+        let named = &images.guests[0];
+        assert_eq!(named.module, "prog");
+        assert!(named.relocatable);
+        assert_eq!(named.lookup_mapped(rip, start, pgoff), Some("hidden_work"));
+        assert_eq!(
+            named.lookup_mapped(rip + 2, start, pgoff),
+            Some("hidden_work")
+        );
+        // The same through the file found under the root (the mapping frames' way).
+        let again = Symbols::load(&stripped).unwrap().with_debug_file(&root);
+        assert_eq!(again.lookup_mapped(rip, start, pgoff), Some("hidden_work"));
+
+        // Another build's debug file at that path: ignored.
+        if keep_debug(&other).is_none() {
+            return;
+        }
+        let wrong = Symbols::load(&stripped).unwrap().with_debug_file(&root);
+        assert_eq!(wrong.lookup_mapped(rip, start, pgoff), None);
+        // Not an ELF file, an empty one, a directory: ignored, no panic.
+        std::fs::write(&debug, b"not an elf").unwrap();
+        assert!(
+            Symbols::load(&stripped)
+                .unwrap()
+                .with_debug_file(&root)
+                .is_empty()
+        );
+        std::fs::write(&debug, b"").unwrap();
+        assert!(
+            Symbols::load(&stripped)
+                .unwrap()
+                .with_debug_file(&root)
+                .is_empty()
+        );
+        std::fs::remove_file(&debug).unwrap();
+        std::fs::create_dir(&debug).unwrap();
+        assert!(
+            Symbols::load(&stripped)
+                .unwrap()
+                .with_debug_file(&root)
+                .is_empty()
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_hosts_stripped_libc_names_its_exported_functions() {
+        // Debian's libc.so.6 has no .symtab: its functions come from the dynamic table.
+        let path = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        let Ok(data) = std::fs::read(path) else {
+            eprintln!("skipped: no {}", path.display());
+            return;
+        };
+        let file = object::File::parse(&*data).unwrap();
+        if file.section_by_name(".symtab").is_some() {
+            eprintln!("skipped: {} is not stripped", path.display());
+            return;
+        }
+        let s = Symbols::parse(&data, path).unwrap();
+        let sym = file
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok("getpid") && s.kind() == SymbolKind::Text)
+            .unwrap();
+        // One of the names at that address (libc exports `getpid` and `__getpid` there).
+        let aliases = |addr: u64| -> Vec<&str> {
+            file.dynamic_symbols()
+                .filter(|s| s.address() == addr)
+                .filter_map(|s| s.name().ok())
+                .collect()
+        };
+        let named = s.lookup(sym.address()).unwrap();
+        assert!(named.ends_with("getpid"), "{named}");
+        assert!(aliases(sym.address()).contains(&named));
+        // An indirect function (its resolver, run at load time) is named too.
+        let ifunc = file
+            .dynamic_symbols()
+            .find(|s| s.name() == Ok("memcpy"))
+            .unwrap();
+        let named = s.lookup(ifunc.address()).unwrap();
+        assert!(aliases(ifunc.address()).contains(&named), "{named}");
+    }
+
+    #[test]
+    fn debug_files_are_found_by_build_id() {
+        let root = Path::new("/r");
+        assert_eq!(
+            debug_file_path(root, &[0xab, 0xcd, 0x01]),
+            Some(std::path::PathBuf::from(
+                "/r/usr/lib/debug/.build-id/ab/cd01.debug"
+            ))
+        );
+        assert_eq!(debug_file_path(root, &[0xab]), None);
+        assert_eq!(debug_file_path(root, &[]), None);
     }
 
     #[test]
