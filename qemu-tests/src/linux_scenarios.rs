@@ -505,14 +505,19 @@ fn check_shared_lib(run: &ProfileRun) -> Result<(), String> {
         }
     }
     let d = hvprof_samplelog::decode(&run.capture);
-    let tgid_of = |comm: &str| {
+    let shor = d
+        .tasks
+        .iter()
+        .find(|t| t.comm.as_str() == "shor-dyn")
+        .map(|t| (t.tgid, t.cr3 & !0xfff));
+    let busybox = shor.and_then(|(tgid, _)| {
         d.tasks
             .iter()
-            .find(|t| t.comm.as_str() == comm)
+            .find(|t| t.comm.as_str() == "busybox" && t.tgid == tgid)
             .map(|t| (t.tgid, t.cr3 & !0xfff))
-    };
-    match (tgid_of("busybox"), tgid_of("shor-dyn")) {
-        (Some((b, bs)), Some((s, ss))) if b == s && bs != ss => {
+    });
+    match (busybox, shor) {
+        (Some((_, bs)), Some((s, ss))) if bs != ss => {
             let has = |space: u64, path: &str| {
                 d.mappings
                     .iter()

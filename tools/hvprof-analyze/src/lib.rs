@@ -5,6 +5,7 @@
 
 pub mod chart;
 pub mod cost;
+pub mod eh_frame;
 pub mod firefox;
 pub mod flame;
 pub mod html;

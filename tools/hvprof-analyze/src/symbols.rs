@@ -123,6 +123,15 @@ impl Symbols {
             .collect();
         functions.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
         functions.dedup_by_key(|f| f.0);
+        let module = path.file_name().map_or_else(
+            || path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        add_unnamed_functions(
+            &mut functions,
+            &crate::eh_frame::function_ranges(&file),
+            &module,
+        );
         let build_id = file
             .build_id()
             .ok()
@@ -140,10 +149,7 @@ impl Symbols {
             .map(|s| (s.file_range().0, s.file_range().1, s.address()))
             .collect();
         Ok(Symbols {
-            module: path.file_name().map_or_else(
-                || path.display().to_string(),
-                |n| n.to_string_lossy().into_owned(),
-            ),
+            module,
             build_id,
             functions,
             relocatable,
@@ -262,6 +268,33 @@ pub fn debug_file_path(root: &Path, id: &[u8]) -> Option<std::path::PathBuf> {
             .join(format!("{first:02x}"))
             .join(format!("{}.debug", hex(rest))),
     )
+}
+
+/// Adds the functions the unwinding tables describe (`ranges`, from `.eh_frame`) that no symbol
+/// names, as `[unknown] <module>+0x<start>`: a stripped file's local functions (libquantum's
+/// OpenMP bodies) are then counted per function, under the address `addr2line` and callgrind
+/// give them, instead of per instruction. `functions` stays sorted by start.
+fn add_unnamed_functions(
+    functions: &mut Vec<(u64, u64, String)>,
+    ranges: &[(u64, u64)],
+    module: &str,
+) {
+    let named = |at: u64, functions: &[(u64, u64, String)]| {
+        let i = functions.partition_point(|f| f.0 <= at);
+        i.checked_sub(1)
+            .and_then(|i| functions.get(i))
+            .is_some_and(|(start, size, _)| *start == at || at < start.saturating_add(*size))
+    };
+    let extra: Vec<(u64, u64, String)> = ranges
+        .iter()
+        .filter(|&&(start, _)| !named(start, functions))
+        .map(|&(start, end)| (start, end - start, format!("[unknown] {module}+{start:#x}")))
+        .collect();
+    if !extra.is_empty() {
+        functions.extend(extra);
+        functions.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        functions.dedup_by_key(|f| f.0);
+    }
 }
 
 /// Demangles a Rust (or C++-less) symbol, dropping the hash suffix.
@@ -434,9 +467,15 @@ pub(crate) mod tests {
             s.lookup_mapped(rip + 1, start, pgoff),
             Some("hvprof_exported")
         );
-        // The file-local helper is in no table now: not named, and never as its neighbour.
+        // The file-local helper is in no symbol table now: never named as its neighbour, but
+        // counted as its own function, from the unwinding tables.
         let (rip, start, pgoff) = at(helper_off);
-        assert_eq!(s.lookup_mapped(rip, start, pgoff), None);
+        let got = s.lookup_mapped(rip, start, pgoff);
+        assert!(
+            got.is_some_and(|n| n.starts_with("[unknown] ") && n.contains(".so+0x")),
+            "{got:?}"
+        );
+        assert_eq!(s.lookup_mapped(rip + 1, start, pgoff), got);
         let _ = std::fs::remove_dir_all(dir);
     }
 
@@ -501,7 +540,11 @@ pub(crate) mod tests {
         let start = 0x5555_5555_0000 + pgoff * 4096;
         let rip = start + work_off % 4096;
         let alone = Symbols::load(&stripped).unwrap();
-        assert_eq!(alone.lookup_mapped(rip, start, pgoff), None, "stripped");
+        let got = alone.lookup_mapped(rip, start, pgoff);
+        assert!(
+            got.is_some_and(|n| n.starts_with("[unknown] prog+0x")),
+            "stripped: {got:?}"
+        );
 
         // Through `--image` with `--guest-root`: named from the debug file.
         let images =
@@ -524,29 +567,36 @@ pub(crate) mod tests {
             return;
         }
         let wrong = Symbols::load(&stripped).unwrap().with_debug_file(&root);
-        assert_eq!(wrong.lookup_mapped(rip, start, pgoff), None);
+        assert_eq!(
+            wrong.lookup_mapped(rip, start, pgoff),
+            got,
+            "another build's"
+        );
         // Not an ELF file, an empty one, a directory: ignored, no panic.
         std::fs::write(&debug, b"not an elf").unwrap();
-        assert!(
+        assert_eq!(
             Symbols::load(&stripped)
                 .unwrap()
                 .with_debug_file(&root)
-                .is_empty()
+                .lookup_mapped(rip, start, pgoff),
+            got
         );
         std::fs::write(&debug, b"").unwrap();
-        assert!(
+        assert_eq!(
             Symbols::load(&stripped)
                 .unwrap()
                 .with_debug_file(&root)
-                .is_empty()
+                .lookup_mapped(rip, start, pgoff),
+            got
         );
         std::fs::remove_file(&debug).unwrap();
         std::fs::create_dir(&debug).unwrap();
-        assert!(
+        assert_eq!(
             Symbols::load(&stripped)
                 .unwrap()
                 .with_debug_file(&root)
-                .is_empty()
+                .lookup_mapped(rip, start, pgoff),
+            got
         );
         let _ = std::fs::remove_dir_all(dir);
     }
