@@ -211,11 +211,21 @@ impl Symbols {
         let Ok(data) = std::fs::read(&path) else {
             return self;
         };
+        // Compared by named functions: the ones `.eh_frame` adds without a name do not count.
+        let named =
+            |f: &[(u64, u64, String)]| f.iter().filter(|(_, _, n)| !n.starts_with(UNNAMED)).count();
         if let Ok(debug) = Symbols::parse(&data, &path)
             && debug.build_id == self.build_id
-            && debug.functions.len() > self.functions.len()
+            && named(&debug.functions) > named(&self.functions)
         {
+            let unnamed: Vec<(u64, u64)> = self
+                .functions
+                .iter()
+                .filter(|(_, _, n)| n.starts_with(UNNAMED))
+                .map(|&(start, size, _)| (start, start.saturating_add(size)))
+                .collect();
             self.functions = debug.functions;
+            add_unnamed_functions(&mut self.functions, &unnamed, &self.module);
         }
         self
     }
@@ -270,6 +280,9 @@ pub fn debug_file_path(root: &Path, id: &[u8]) -> Option<std::path::PathBuf> {
     )
 }
 
+/// How a function without a symbol is named (then its file and its start).
+const UNNAMED: &str = "[unknown] ";
+
 /// Adds the functions the unwinding tables describe (`ranges`, from `.eh_frame`) that no symbol
 /// names, as `[unknown] <module>+0x<start>`: a stripped file's local functions (libquantum's
 /// OpenMP bodies) are then counted per function, under the address `addr2line` and callgrind
@@ -288,7 +301,7 @@ fn add_unnamed_functions(
     let extra: Vec<(u64, u64, String)> = ranges
         .iter()
         .filter(|&&(start, _)| !named(start, functions))
-        .map(|&(start, end)| (start, end - start, format!("[unknown] {module}+{start:#x}")))
+        .map(|&(start, end)| (start, end - start, format!("{UNNAMED}{module}+{start:#x}")))
         .collect();
     if !extra.is_empty() {
         functions.extend(extra);

@@ -33,12 +33,16 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
     else {
         return;
     };
-    // Same task, same ids, same address space: same name (exec() changes the name and the CR3
-    // together), so no need to read it again.
+    // Same task, same ids, same address space: same name, so no need to read it again. Except
+    // inside an exec: the kernel switches the address space (`exec_mmap`) before it renames the
+    // task (`__set_task_comm`), so a kernel-mode sample that sees a task's new address space may
+    // still see its old name; the name is then read again at every sample until a user-mode one
+    // (by then the exec is over). Kernel threads, never in user mode, pay that read each time.
     let space = cr3 & !0xfff;
+    let user = vmcs.guest_cpl() == 3;
     if vcpu
         .last_task
-        .is_some_and(|(i, s, _)| i == ids && s == space)
+        .is_some_and(|(i, s, _, settled)| i == ids && s == space && settled)
     {
         check_user_rip(vm, vcpu, vmcs, cr3, ids, tsc);
         return;
@@ -48,13 +52,23 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
     else {
         return;
     };
-    let changed = vcpu.last_task.is_none_or(|(i, _, c)| i != ids || c != comm);
-    vcpu.last_task = Some((ids, space, comm));
+    let changed = vcpu
+        .last_task
+        .is_none_or(|(i, _, c, _)| i != ids || c != comm);
+    // Settled once seen in user mode (then no exec is under way); a task seen in kernel mode
+    // only may be inside an exec, however it got here (even switched in mid-exec).
+    let settled = user
+        || vcpu
+            .last_task
+            .is_some_and(|(i, s, _, settled)| i == ids && s == space && settled);
+    let moved = vcpu.last_task.is_some_and(|(_, s, _, _)| s != space);
+    vcpu.last_task = Some((ids, space, comm, settled));
     let (task, pid, tgid) = ids;
     // A new process, or one in a new address space (an exec, even of a program of the same
-    // name): its map is read now.
-    vcpu.maps_process = None;
-    if vm.mm_layout.is_some() || vm.module_layout.is_some() {
+    // name): its map is read now (a re-read of the same task's name in the same space changes
+    // nothing here).
+    if (changed || moved) && (vm.mm_layout.is_some() || vm.module_layout.is_some()) {
+        vcpu.maps_process = None;
         let entered = {
             let mut maps = vm.maps.lock();
             maps.kernel_cr3 = cr3;
