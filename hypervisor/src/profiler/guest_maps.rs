@@ -31,6 +31,9 @@ struct Process {
     /// Executable address ranges known: its file mappings, and pages found in none.
     ranges: Vec<(u64, u64)>,
     rereads: u8,
+    /// Seen first in kernel mode (inside the exec, before the program is mapped): its map is
+    /// read at its first user-mode sample.
+    pending: bool,
     /// A walk of its map ended early: reading it again would end early again (a malformed or
     /// hostile map, or one beyond the budget), so it is not read again.
     cut: bool,
@@ -80,6 +83,7 @@ impl ProcessMaps {
             space,
             ranges: Vec::new(),
             rereads: 0,
+            pending: false,
             cut: false,
         });
         Some((ProcessIndex(self.processes.len() - 1), true))
@@ -107,6 +111,21 @@ impl ProcessMaps {
         true
     }
 
+    /// Defers the first read of process `p`'s map to its first user-mode sample.
+    pub fn set_pending(&mut self, p: ProcessIndex) {
+        if let Some(p) = self.processes.get_mut(p.0) {
+            p.pending = true;
+        }
+    }
+
+    /// Whether the first read of process `p`'s map is still to be done (then it is done now:
+    /// the flag is cleared).
+    pub fn take_pending(&mut self, p: ProcessIndex) -> bool {
+        self.processes
+            .get_mut(p.0)
+            .is_some_and(|p| core::mem::take(&mut p.pending))
+    }
+
     /// A walk of process `p`'s map ended early (counted; the process is not read again).
     pub fn walk_cut(&mut self, p: ProcessIndex) {
         self.walks_cut += 1;
@@ -119,13 +138,18 @@ impl ProcessMaps {
     /// dropped when the table is full) and remembers its range.
     pub fn add(&mut self, p: ProcessIndex, m: Mapping) {
         let space = m.cr3 & !0xfff;
-        let known = self.mappings.iter().any(|k| {
+        let known = self.mappings.iter_mut().find(|k| {
             k.tgid == m.tgid
                 && k.cr3 & !0xfff == space
                 && (k.start, k.end, k.pgoff) == (m.start, m.end, m.pgoff)
                 && k.path == m.path
         });
-        if !known {
+        if let Some(k) = known {
+            // Read again once its ELF header was resident: the build id is known now.
+            if k.build_id.is_none() {
+                k.build_id = m.build_id;
+            }
+        } else {
             if self.mappings.len() < MAX_MAPPINGS {
                 self.mappings.push(m);
             } else {
@@ -210,6 +234,15 @@ mod tests {
         t.add(p, mapping(57, 0x1000, 0x7f10_0000, 0x7f20_0000));
         assert_eq!(t.mappings.len(), 3);
         assert!(t.covers(p, 0x7f10_0040));
+        // A mapping read again with its build id (its header now resident) gets it.
+        let mut with_id = mapping(57, 0x1000, 0x5555_0000, 0x5556_0000);
+        with_id.build_id = hvprof_samplelog::BuildId::new(&[7; 20]).unwrap();
+        t.add(p, with_id);
+        assert_eq!(t.mappings.len(), 3);
+        assert_eq!(t.mappings[0].build_id.as_bytes(), &[7; 20]);
+        // A first read deferred to the first user-mode sample is done once.
+        t.set_pending(p);
+        assert!(t.take_pending(p) && !t.take_pending(p));
         // The vDSO is in no file mapping: after one re-read, its page is known.
         assert!(t.may_reread(p));
         t.note_unmapped(p, 0x7fff_f123);

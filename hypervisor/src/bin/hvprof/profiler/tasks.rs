@@ -77,7 +77,13 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
         if let Some((process, new)) = entered {
             vcpu.maps_process = Some(process);
             if new && let Some(layout) = &vm.mm_layout {
-                read_mappings(vm, vcpu, layout, cr3, task, tgid, process, tsc);
+                if user {
+                    read_mappings(vm, vcpu, layout, cr3, task, tgid, process, tsc);
+                } else {
+                    // Maybe inside the exec, before the program is mapped: read it at its first
+                    // user-mode sample.
+                    vm.maps.lock().set_pending(process);
+                }
             }
         }
     }
@@ -122,7 +128,8 @@ fn check_user_rip(
     let rip = must(vmcs.read_natural(GuestNatural::Rip), "VMREAD guest RIP");
     {
         let mut maps = vm.maps.lock();
-        if maps.covers(process, rip) || !maps.may_reread(process) {
+        let first = maps.take_pending(process);
+        if !first && (maps.covers(process, rip) || !maps.may_reread(process)) {
             return;
         }
     }
