@@ -23,6 +23,10 @@ pub const WALK_READS: u32 = 20_000;
 pub const MAX_RANGES: usize = 64;
 /// The most times a process's map is read again after its first read.
 pub const MAX_REREADS: u8 = 8;
+/// The most times a process's map is read again for a build id not yet resident, and the
+/// user-mode samples to wait before each (the program touches its headers early on).
+pub const MAX_ID_RETRIES: u8 = 2;
+pub const ID_RETRY_AFTER: u32 = 64;
 
 /// One process (a thread group in one address space) and what is known of its map.
 struct Process {
@@ -31,6 +35,11 @@ struct Process {
     /// Executable address ranges known: its file mappings, and pages found in none.
     ranges: Vec<(u64, u64)>,
     rereads: u8,
+    /// A mapping of it has no build id yet (its ELF header was not resident when read), the
+    /// reads made for that (at most `MAX_ID_RETRIES`), and user-mode samples since the last read.
+    missing_id: bool,
+    id_retries: u8,
+    since_read: u32,
     /// Seen first in kernel mode (inside the exec, before the program is mapped): its map is
     /// read at its first user-mode sample.
     pending: bool,
@@ -83,6 +92,9 @@ impl ProcessMaps {
             space,
             ranges: Vec::new(),
             rereads: 0,
+            missing_id: false,
+            id_retries: 0,
+            since_read: 0,
             pending: false,
             cut: false,
         });
@@ -109,6 +121,31 @@ impl ProcessMaps {
         p.rereads += 1;
         self.rereads += 1;
         true
+    }
+
+    /// A read of process `p`'s map is done: whether some mapping of it still lacks a build id.
+    pub fn read_done(&mut self, p: ProcessIndex, missing_id: bool) {
+        if let Some(p) = self.processes.get_mut(p.0) {
+            p.missing_id = missing_id;
+            p.since_read = 0;
+        }
+    }
+
+    /// At a user-mode sample of process `p` inside its known ranges: whether to read its map
+    /// again for a build id that was not resident (`ID_RETRY_AFTER` samples after the last
+    /// read, at most `MAX_ID_RETRIES` times).
+    pub fn wants_id_retry(&mut self, p: ProcessIndex) -> bool {
+        let Some(p) = self.processes.get_mut(p.0) else {
+            return false;
+        };
+        p.since_read = p.since_read.saturating_add(1);
+        if p.missing_id && !p.cut && p.id_retries < MAX_ID_RETRIES && p.since_read >= ID_RETRY_AFTER
+        {
+            p.id_retries += 1;
+            p.since_read = 0;
+            return true;
+        }
+        false
     }
 
     /// Defers the first read of process `p`'s map to its first user-mode sample.
@@ -240,6 +277,18 @@ mod tests {
         t.add(p, with_id);
         assert_eq!(t.mappings.len(), 3);
         assert_eq!(t.mappings[0].build_id.as_bytes(), &[7; 20]);
+        // A build id missing after a read: read again after ID_RETRY_AFTER samples, at most
+        // MAX_ID_RETRIES times; not when every build id was found.
+        let (r, _) = t.enter(77, 0x7000).unwrap();
+        t.read_done(r, true);
+        assert!(!(1..ID_RETRY_AFTER).any(|_| t.wants_id_retry(r)));
+        let total = (0..ID_RETRY_AFTER * 10)
+            .filter(|_| t.wants_id_retry(r))
+            .count();
+        assert_eq!(total, usize::from(MAX_ID_RETRIES));
+        let (r2, _) = t.enter(78, 0x7000).unwrap();
+        t.read_done(r2, false);
+        assert!(!(0..ID_RETRY_AFTER * 10).any(|_| t.wants_id_retry(r2)));
         // A first read deferred to the first user-mode sample is done once.
         t.set_pending(p);
         assert!(t.take_pending(p) && !t.take_pending(p));

@@ -129,7 +129,13 @@ fn check_user_rip(
     {
         let mut maps = vm.maps.lock();
         let first = maps.take_pending(process);
-        if !first && (maps.covers(process, rip) || !maps.may_reread(process)) {
+        let wanted = first
+            || if maps.covers(process, rip) {
+                maps.wants_id_retry(process)
+            } else {
+                maps.may_reread(process)
+            };
+        if !wanted {
             return;
         }
     }
@@ -196,9 +202,11 @@ fn read_mappings(
             );
         }
     }
+    let missing_id = found.iter().any(|m| m.build_id.is_none());
     for m in found {
         maps.add(process, m);
     }
+    maps.read_done(process, missing_id);
 }
 
 /// At the end of the run: the kernel modules loaded in the VM, from its module list (at the
