@@ -77,13 +77,9 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
         if let Some((process, new)) = entered {
             vcpu.maps_process = Some(process);
             if new && let Some(layout) = &vm.mm_layout {
-                if user {
-                    read_mappings(vm, vcpu, layout, cr3, task, tgid, process, tsc);
-                } else {
-                    // Maybe inside the exec, before the program is mapped: read it at its first
-                    // user-mode sample.
-                    vm.maps.lock().set_pending(process);
-                }
+                // (Inside an exec the program may not be mapped yet: the first user-mode sample
+                // outside what this read found reads it again.)
+                read_mappings(vm, vcpu, layout, cr3, task, tgid, process, tsc);
             }
         }
     }
