@@ -195,14 +195,22 @@ fn truth(workload: &str) -> Result<Shares, String> {
         .collect())
 }
 
-/// The workload process's user-mode function shares (percent of its user-mode samples) and its
-/// sample count.
-fn user_shares(rows: &[Value], comm: &str) -> (Shares, f64) {
-    let mine: Vec<&Value> = rows
-        .iter()
+/// The rows of the workload process `comm` whose module `module` accepts.
+fn process_rows<'a>(
+    rows: &'a [Value],
+    comm: &str,
+    module: &dyn Fn(&str) -> bool,
+) -> Vec<&'a Value> {
+    rows.iter()
         .filter(|r| str_of(r, "process").starts_with(&format!("{comm}[")))
-        .filter(|r| str_of(r, "module") == comm)
-        .collect();
+        .filter(|r| module(str_of(r, "module")))
+        .collect()
+}
+
+/// The workload process's user-mode function shares (percent of its user-mode samples: the rows
+/// whose module `user` accepts) and its sample count.
+fn user_shares(rows: &[Value], comm: &str, user: &dyn Fn(&str) -> bool) -> (Shares, f64) {
+    let mine = process_rows(rows, comm, user);
     let total: f64 = mine
         .iter()
         .filter_map(|r| r.get("samples").and_then(Value::as_f64))
@@ -351,9 +359,8 @@ fn check_native_costs(run: &ProfileRun, workload: &str) -> Result<(), String> {
     let report = linux_report(run)?;
     let rows = rows(&report, "linux")?;
     let mine = |module: &dyn Fn(&str) -> bool| -> f64 {
-        rows.iter()
-            .filter(|r| str_of(r, "process").starts_with(&format!("{workload}[")))
-            .filter(|r| module(str_of(r, "module")))
+        process_rows(&rows, workload, module)
+            .iter()
             .filter_map(|r| r.get("samples").and_then(Value::as_f64))
             .sum()
     };
@@ -387,7 +394,7 @@ fn native_kernel_share(workload: &str) -> Option<f64> {
 fn workload_shares(run: &ProfileRun, workload: &str) -> Result<(Shares, Shares), String> {
     let report = linux_report(run)?;
     check_named(&report, "linux", workload)?;
-    let (shares, samples) = user_shares(&rows(&report, "linux")?, workload);
+    let (shares, samples) = user_shares(&rows(&report, "linux")?, workload, &|m| m == workload);
     if samples < 2000.0 {
         return Err(format!("only {samples} user samples of {workload}"));
     }
@@ -438,27 +445,13 @@ fn check_shared_lib(run: &ProfileRun) -> Result<(), String> {
     let report = run.report_with(None, &root_args())?;
     check_named(&report, "linux", "shor-dyn")?;
     let rows = rows(&report, "linux")?;
-    let mine: Vec<&Value> = rows
-        .iter()
-        .filter(|r| str_of(r, "process").starts_with("shor-dyn["))
-        .filter(|r| str_of(r, "module") != "[guest.kallsyms]")
-        .collect();
-    let total: f64 = mine
-        .iter()
-        .filter_map(|r| r.get("samples").and_then(Value::as_f64))
-        .sum();
+    // User mode: every file the process maps, not the kernel.
+    let user = |m: &str| m != "[guest.kallsyms]";
+    let (shares, total) = user_shares(&rows, "shor-dyn", &user);
     if total < 2000.0 {
         return Err(format!("only {total} user samples of shor-dyn"));
     }
-    let shares: Shares = mine
-        .iter()
-        .map(|r| {
-            (
-                str_of(r, "function").to_owned(),
-                100.0 * r.get("samples").and_then(Value::as_f64).unwrap_or(0.0) / total,
-            )
-        })
-        .collect();
+    let mine = process_rows(&rows, "shor-dyn", &user);
     let truth = truth("shor-dyn")?;
     let mut errors = Vec::new();
     for (f, want) in truth.iter().filter(|(_, s)| *s >= 5.0) {
@@ -596,10 +589,7 @@ fn check_module(run: &ProfileRun) -> Result<(), String> {
             .sum()
     };
     let in_module = samples(&module);
-    let process: Vec<&Value> = rows
-        .iter()
-        .filter(|r| str_of(r, "process").starts_with("hashload["))
-        .collect();
+    let process = process_rows(&rows, "hashload", &|_| true);
     let all = samples(&process);
     if in_module < 1000.0 || in_module < 0.3 * all {
         errors.push(format!(

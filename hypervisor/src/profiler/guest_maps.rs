@@ -6,8 +6,10 @@
 //!
 //! Bounded: at most `MAX_PROCESSES` processes and `MAX_MAPPINGS` mappings per VM,
 //! `MAX_RANGES` known ranges and `MAX_REREADS` re-reads per process; what does not fit is
-//! counted; a process whose walk was cut short is not read again. An address that a re-read finds in no file mapping (the vDSO, JIT code) is
-//! remembered as such, so it never causes another read.
+//! counted; a process whose walk was cut short is not read again. An address that a re-read
+//! finds in no file mapping (the vDSO, JIT code) is remembered as such, so it never causes
+//! another read. A mapping read before its ELF header was resident has no build id: the process
+//! is read again `ID_RETRY_AFTER` user-mode samples later, at most `MAX_ID_RETRIES` times.
 
 use alloc::vec::Vec;
 
@@ -40,9 +42,6 @@ struct Process {
     missing_id: bool,
     id_retries: u8,
     since_read: u32,
-    /// Seen first in kernel mode (inside the exec, before the program is mapped): its map is
-    /// read at its first user-mode sample.
-    pending: bool,
     /// A walk of its map ended early: reading it again would end early again (a malformed or
     /// hostile map, or one beyond the budget), so it is not read again.
     cut: bool,
@@ -95,7 +94,6 @@ impl ProcessMaps {
             missing_id: false,
             id_retries: 0,
             since_read: 0,
-            pending: false,
             cut: false,
         });
         Some((ProcessIndex(self.processes.len() - 1), true))
@@ -146,21 +144,6 @@ impl ProcessMaps {
             return true;
         }
         false
-    }
-
-    /// Defers the first read of process `p`'s map to its first user-mode sample.
-    pub fn set_pending(&mut self, p: ProcessIndex) {
-        if let Some(p) = self.processes.get_mut(p.0) {
-            p.pending = true;
-        }
-    }
-
-    /// Whether the first read of process `p`'s map is still to be done (then it is done now:
-    /// the flag is cleared).
-    pub fn take_pending(&mut self, p: ProcessIndex) -> bool {
-        self.processes
-            .get_mut(p.0)
-            .is_some_and(|p| core::mem::take(&mut p.pending))
     }
 
     /// A walk of process `p`'s map ended early (counted; the process is not read again).
@@ -289,9 +272,6 @@ mod tests {
         let (r2, _) = t.enter(78, 0x7000).unwrap();
         t.read_done(r2, false);
         assert!(!(0..ID_RETRY_AFTER * 10).any(|_| t.wants_id_retry(r2)));
-        // A first read deferred to the first user-mode sample is done once.
-        t.set_pending(p);
-        assert!(t.take_pending(p) && !t.take_pending(p));
         // The vDSO is in no file mapping: after one re-read, its page is known.
         assert!(t.may_reread(p));
         t.note_unmapped(p, 0x7fff_f123);

@@ -21,7 +21,10 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
     let cr3 = read(GuestNatural::Cr3);
     // The kernel's per-CPU base: GS base in kernel mode, IA32_KERNEL_GS_BASE (the guest's
     // value, live on this CPU while the vCPU is loaded) in user mode.
-    let base = if vmcs.guest_cpl() == 0 {
+    // The guest's privilege level, read once (a VMREAD): the per-CPU base and the user-mode
+    // checks below depend on it.
+    let cpl = vmcs.guest_cpl();
+    let base = if cpl == 0 {
         read(GuestNatural::GsBase)
     } else {
         crate::arch::msr::read_safe(0xc000_0102).unwrap_or(0)
@@ -39,12 +42,12 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
     // still see its old name; the name is then read again at every sample until a user-mode one
     // (by then the exec is over). Kernel threads, never in user mode, pay that read each time.
     let space = cr3 & !0xfff;
-    let user = vmcs.guest_cpl() == 3;
+    let user = cpl == 3;
     if vcpu
         .last_task
         .is_some_and(|(i, s, _, settled)| i == ids && s == space && settled)
     {
-        check_user_rip(vm, vcpu, vmcs, cr3, ids, tsc);
+        check_user_rip(vm, vcpu, vmcs, user, cr3, ids, tsc);
         return;
     }
     let Some(comm) =
@@ -83,7 +86,7 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
             }
         }
     }
-    check_user_rip(vm, vcpu, vmcs, cr3, ids, tsc);
+    check_user_rip(vm, vcpu, vmcs, user, cr3, ids, tsc);
     if !changed {
         return;
     }
@@ -110,6 +113,7 @@ fn check_user_rip(
     vm: &Vm,
     vcpu: &Vcpu,
     vmcs: &CurrentVmcs,
+    user: bool,
     cr3: u64,
     (task, _, tgid): guest_walk::TaskIds,
     tsc: u64,
@@ -118,19 +122,17 @@ fn check_user_rip(
     let (Some(layout), Some(process)) = (&vm.mm_layout, vcpu.maps_process) else {
         return;
     };
-    if vmcs.guest_cpl() != 3 {
+    if !user {
         return;
     }
     let rip = must(vmcs.read_natural(GuestNatural::Rip), "VMREAD guest RIP");
     {
         let mut maps = vm.maps.lock();
-        let first = maps.take_pending(process);
-        let wanted = first
-            || if maps.covers(process, rip) {
-                maps.wants_id_retry(process)
-            } else {
-                maps.may_reread(process)
-            };
+        let wanted = if maps.covers(process, rip) {
+            maps.wants_id_retry(process)
+        } else {
+            maps.may_reread(process)
+        };
         if !wanted {
             return;
         }
