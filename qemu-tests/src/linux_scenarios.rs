@@ -552,7 +552,8 @@ fn check_shared_lib(run: &ProfileRun) -> Result<(), String> {
     all_of(errors.into_iter().map(Err))
 }
 
-/// `hashload` hashes through AF_ALG with wp512 from a module loaded with insmod: the kernel's
+/// `hashload` hashes through AF_ALG with wp512 from a module loaded with insmod (and unloaded
+/// before the end of the run): the kernel's
 /// samples in the module are named function by function (`--guest-root` holds the .ko), under
 /// `[wp512]`; the functions named are the module's own (the guest's /proc/kallsyms, printed on
 /// the console, is the truth), the hashing function first, and the module's range read from
@@ -733,12 +734,21 @@ pub fn all() -> Vec<Scenario> {
             "linux",
             "hashload",
             "1024",
-            "hvprof.modules=af_alg,algif_hash,wp512",
+            "hvprof.modules=af_alg,algif_hash,wp512 hvprof.rmmod=1",
         )
         .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
+        // The modules are unloaded before the run ends: only the list read during the run (at
+        // the first sample in wp512) names them.
+        .check(|log| log.expect("hvprof-guest: unloaded af_alg").map(|_| ()))
         .check(|log| {
-            log.expect("vm linux: 3 kernel modules read from guest memory")
-                .map(|_| ())
+            let l = log.expect("vm linux: 3 kernel modules read from guest memory (")?;
+            match l
+                .split_once('(')
+                .and_then(|(_, r)| r.split_whitespace().next()?.parse::<u32>().ok())
+            {
+                Some(n) if n >= 1 => Ok(()),
+                _ => Err(format!("the module list was not read during the run: {l}")),
+            }
         })
         .profile(check_module),
         // Two kernels boot: 2 ms samples, and room for all of them in memory.

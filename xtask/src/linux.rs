@@ -550,6 +550,10 @@ pub fn image(refresh: bool) -> Result<()> {
         "kallsyms_layout": kernel.symbols.layout(),
         "task_offsets": kernel.offsets,
         "task_offsets_compact": kernel.offsets.to_compact(),
+        // The hypervisor's `mm-layout=` and `module-layout=` for this kernel (docs/GUEST-ABI.md),
+        // or why they could not be derived.
+        "mm_layout": kernel.mm_layout.as_ref().map(ToString::to_string).unwrap_or_else(|e| format!("unavailable: {e}")),
+        "module_layout": kernel.module_layout.as_ref().map(ToString::to_string).unwrap_or_else(|e| format!("unavailable: {e}")),
         "workloads": WORKLOADS.iter().map(|(n, a)| (n.to_string(), json!(a))).collect::<serde_json::Map<_, _>>(),
         "cmdline": format!("{BASE_CMDLINE} hvprof.run=w41 hvprof.arg=400"),
         "files": files,

@@ -30,6 +30,75 @@ pub const MAX_REREADS: u8 = 8;
 pub const MAX_ID_RETRIES: u8 = 2;
 pub const ID_RETRY_AFTER: u32 = 64;
 
+/// x86-64 Linux's module area (`MODULES_VADDR`..`MODULES_END`,
+/// `arch/x86/include/asm/pgtable_64_types.h`: above the kernel image's 1 GiB, below the fixmap).
+/// Modules are loaded there (KASLR moves them inside it), and so are BPF programs and ftrace
+/// trampolines, which are in no module.
+pub const MODULE_AREA: core::ops::Range<u64> = 0xffff_ffff_c000_0000..0xffff_ffff_ff00_0000;
+/// The most times a VM's module list is read during the run (at a kernel-mode sample in the
+/// module area outside every module known), besides the read at the end.
+pub const MAX_MODULE_READS: u32 = 16;
+
+/// The kernel modules a VM has loaded, each kept once from every read of its module list (a
+/// module unloaded before the end of the run is still named).
+#[derive(Default)]
+pub struct KernelModules {
+    /// Every module seen (module mappings), in the order seen.
+    pub list: Vec<Mapping>,
+    /// Lists read during the run, and reads refused (`MAX_MODULE_READS` used).
+    pub reads: u32,
+    pub reads_refused: u64,
+    /// Modules not kept (`MAX_MAPPINGS` reached).
+    pub dropped: u64,
+    /// Pages of the module area a read found in no module (BPF, trampolines), at most
+    /// `MAX_RANGES`: samples there cause no read.
+    not_modules: Vec<(u64, u64)>,
+}
+
+impl KernelModules {
+    /// Whether a kernel-mode sample at `rip` should read the module list now: it is in the
+    /// module area, in no module known and no page known to be in none, and reads are left
+    /// (refusals counted).
+    pub fn wants_read(&mut self, rip: u64) -> bool {
+        if !MODULE_AREA.contains(&rip)
+            || self.list.iter().any(|m| (m.start..m.end).contains(&rip))
+            || self.not_modules.iter().any(|&(s, e)| (s..e).contains(&rip))
+        {
+            return false;
+        }
+        if self.reads >= MAX_MODULE_READS {
+            self.reads_refused += 1;
+            return false;
+        }
+        self.reads += 1;
+        true
+    }
+
+    /// Keeps a module (once: the same name at the same range is the same module).
+    pub fn add(&mut self, m: Mapping) {
+        if self
+            .list
+            .iter()
+            .any(|k| (k.start, k.end) == (m.start, m.end) && k.path == m.path)
+        {
+            return;
+        }
+        if self.list.len() < MAX_MAPPINGS {
+            self.list.push(m);
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    /// Remembers the page of `rip` as in no module (after a read that did not find it).
+    pub fn note_not_module(&mut self, rip: u64) {
+        let page = rip & !0xfff;
+        if self.not_modules.len() < MAX_RANGES {
+            self.not_modules.push((page, page.saturating_add(0x1000)));
+        }
+    }
+}
+
 /// One process (a thread group in one address space) and what is known of its map.
 struct Process {
     tgid: u32,
@@ -63,8 +132,10 @@ pub struct ProcessMaps {
     pub rereads: u64,
     pub rereads_refused: u64,
     /// The CR3 of the last task read (any process maps the kernel half: the module list is
-    /// read through it at the end).
+    /// read through it).
     pub kernel_cr3: u64,
+    /// The kernel's modules.
+    pub modules: KernelModules,
 }
 
 /// A process in the table (`ProcessMaps::enter`).
@@ -289,6 +360,36 @@ mod tests {
         t.walk_cut(q);
         assert!(!t.may_reread(q));
         assert_eq!((t.walks_cut, t.rereads_refused), (1, 2));
+    }
+
+    #[test]
+    fn a_kernel_sample_in_an_unknown_module_asks_for_a_bounded_list_read() {
+        let mut k = KernelModules::default();
+        let module = |start: u64, name: &str| Mapping {
+            start,
+            end: start + 0x8000,
+            path: hvprof_samplelog::FixedStr::truncated(name),
+            ..Mapping::default()
+        };
+        // Kernel text and user addresses never ask.
+        assert!(!k.wants_read(0xffff_ffff_8100_0000));
+        assert!(!k.wants_read(0x40_1000));
+        // A module loaded since: read the list.
+        assert!(k.wants_read(0xffff_ffff_c020_f070));
+        k.add(module(0xffff_ffff_c020_f000, "wp512"));
+        k.add(module(0xffff_ffff_c020_f000, "wp512"));
+        assert_eq!(k.list.len(), 1);
+        assert!(!k.wants_read(0xffff_ffff_c020_f070));
+        // A BPF program: no module holds it; after one read its page is known.
+        assert!(k.wants_read(0xffff_ffff_c100_0010));
+        k.note_not_module(0xffff_ffff_c100_0010);
+        assert!(!k.wants_read(0xffff_ffff_c100_0ff0));
+        // Bounded.
+        for i in 2..MAX_MODULE_READS {
+            assert!(k.wants_read(0xffff_ffff_d000_0000 + u64::from(i) * 0x10_0000));
+        }
+        assert!(!k.wants_read(0xffff_ffff_e000_0000));
+        assert_eq!((k.reads, k.reads_refused), (MAX_MODULE_READS, 1));
     }
 
     #[test]

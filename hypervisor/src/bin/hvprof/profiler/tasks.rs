@@ -47,7 +47,7 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
         .last_task
         .is_some_and(|(i, s, _, settled)| i == ids && s == space && settled)
     {
-        check_user_rip(vm, vcpu, vmcs, user, cr3, ids, tsc);
+        check_rip(vm, vcpu, vmcs, user, cr3, ids, tsc);
         return;
     }
     let Some(comm) =
@@ -86,7 +86,7 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
             }
         }
     }
-    check_user_rip(vm, vcpu, vmcs, user, cr3, ids, tsc);
+    check_rip(vm, vcpu, vmcs, user, cr3, ids, tsc);
     if !changed {
         return;
     }
@@ -105,11 +105,15 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
     });
 }
 
-/// A user-mode sample outside every executable range known for its process (a library the
-/// dynamic loader or `dlopen` mapped after the process was first read): its map is read again,
-/// within the process's allowance (`guest_maps::MAX_REREADS`); an address still in no file
-/// mapping is remembered, so it costs no further read.
-fn check_user_rip(
+/// The sample's address, where it shows the guest has mapped code hvprof has not read yet:
+/// - a user-mode sample outside every executable range known for its process (a library the
+///   dynamic loader or `dlopen` mapped after the process was first read): its map is read again,
+///   within the process's allowance (`guest_maps::MAX_REREADS`); an address still in no file
+///   mapping is remembered, so it costs no further read;
+/// - a kernel-mode sample in the module area outside every module known (a module loaded since
+///   the last read): the module list is read (`guest_maps::MAX_MODULE_READS` per VM), so a
+///   module unloaded before the end of the run is still named.
+fn check_rip(
     vm: &Vm,
     vcpu: &Vcpu,
     vmcs: &CurrentVmcs,
@@ -118,14 +122,38 @@ fn check_user_rip(
     (task, _, tgid): guest_walk::TaskIds,
     tsc: u64,
 ) {
+    use hvprof_hypervisor::profiler::guest_maps::MODULE_AREA;
     use hvprof_vmx::vmcs::GuestNatural;
+    let rip = || must(vmcs.read_natural(GuestNatural::Rip), "VMREAD guest RIP");
+    if !user {
+        let Some(layout) = &vm.module_layout else {
+            return;
+        };
+        let rip = rip();
+        if !MODULE_AREA.contains(&rip) || !vm.maps.lock().modules.wants_read(rip) {
+            return;
+        }
+        // The guest's IA32_LSTAR is live on this CPU while its vCPU is loaded.
+        let lstar = crate::arch::msr::read_safe(0xc000_0082).unwrap_or(0);
+        let (found, _) = read_modules(vm, layout, lstar);
+        let mut maps = vm.maps.lock();
+        for m in found {
+            maps.modules.add(m);
+        }
+        if !maps
+            .modules
+            .list
+            .iter()
+            .any(|m| (m.start..m.end).contains(&rip))
+        {
+            maps.modules.note_not_module(rip);
+        }
+        return;
+    }
     let (Some(layout), Some(process)) = (&vm.mm_layout, vcpu.maps_process) else {
         return;
     };
-    if !user {
-        return;
-    }
-    let rip = must(vmcs.read_natural(GuestNatural::Rip), "VMREAD guest RIP");
+    let rip = rip();
     {
         let mut maps = vm.maps.lock();
         let wanted = if maps.covers(process, rip) {
@@ -207,9 +235,9 @@ fn read_mappings(
     maps.read_done(process, missing_id);
 }
 
-/// At the end of the run: the kernel modules loaded in the VM, from its module list (at the
-/// `modules` symbol moved by the KASLR slide that `lstar` gives), read through the last task's
-/// address space, as module mappings. Bounded by `guest_maps::WALK_READS` reads.
+/// The kernel modules loaded in the VM now, from its module list (at the `modules` symbol moved
+/// by the KASLR slide that `lstar` gives), read through the last task's address space, as module
+/// mappings, and whether the list was read whole. Bounded by `guest_maps::WALK_READS` reads.
 pub fn read_modules(
     vm: &Vm,
     layout: &hvprof_linux_walk::ModuleLayout,

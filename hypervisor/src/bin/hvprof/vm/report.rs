@@ -112,18 +112,28 @@ pub fn exit_stats(vm: &Vm) {
         exits,
     });
     if let Some(layout) = &vm.module_layout {
-        let (modules, whole) = profiler::tasks::read_modules(vm, layout, lstar);
-        for m in &modules {
+        // The list now, added to those read during the run (at samples in a module not known
+        // yet): every module the run saw, each once.
+        let (now, whole) = profiler::tasks::read_modules(vm, layout, lstar);
+        let mut maps = vm.maps.lock();
+        for m in now {
+            maps.modules.add(m);
+        }
+        let modules = &maps.modules;
+        for m in &modules.list {
             profiler::export::send_mapping(m);
         }
         println!(
-            "vm {}: {} kernel modules read from guest memory{}",
+            "vm {}: {} kernel modules read from guest memory ({} lists read during the run, {} reads refused, {} modules not kept){}",
             vm.name,
-            modules.len(),
+            modules.list.len(),
+            modules.reads,
+            modules.reads_refused,
+            modules.dropped,
             if whole {
                 ""
             } else {
-                " (the list could not be read whole)"
+                " (the list could not be read whole at the end)"
             }
         );
     }
