@@ -97,6 +97,25 @@ fn choose_emulator(arg: Option<EmulatorArg>, cpu_model: &str) -> Result<Emulator
     })
 }
 
+/// Bochs at the realistic clock the Linux scenarios use when a module is a Linux kernel: its
+/// timer tick and delays are set in time, and at Bochs' default 4 MHz a Debian kernel boots for
+/// about 40 minutes of guest time (measured: a `hashload` run had not started its workload after
+/// 800 s of wall time) with the tick taking a quarter of the machine.
+fn with_linux_clock(emulator: Emulator, images: &[PathBuf]) -> Emulator {
+    let linux = images
+        .iter()
+        .any(|p| std::fs::read(p).is_ok_and(|bytes| linux_guest::BzImage::parse(&bytes).is_ok()));
+    if linux && matches!(emulator, Emulator::Bochs { .. }) {
+        eprintln!(
+            "xtask: a Linux kernel among the modules: Bochs runs at a {} MHz clock, as the Linux scenarios do",
+            qemu_tests::emulator::BOCHS_IPS_REALISTIC / 1_000_000
+        );
+        emulator.with_ips(qemu_tests::emulator::BOCHS_IPS_REALISTIC)
+    } else {
+        emulator
+    }
+}
+
 /// Builds, makes the ISO, boots it and streams the serial log.
 fn boot(args: &RunArgs) -> Result<RunOutcome> {
     let plan = load_config(&args.iso)?;
@@ -109,7 +128,16 @@ fn boot(args: &RunArgs) -> Result<RunOutcome> {
         ),
         None => (args.emulator, args.cpus, args.cpu_model.as_str()),
     };
-    let emulator = choose_emulator(emulator, cpu_model)?;
+    let images: Vec<PathBuf> = match &plan {
+        Some(plan) => plan.modules.iter().map(|m| m.image.clone()).collect(),
+        None => args
+            .iso
+            .modules
+            .iter()
+            .map(|m| PathBuf::from(m.split_once('=').map_or(m.as_str(), |(file, _)| file)))
+            .collect(),
+    };
+    let emulator = with_linux_clock(choose_emulator(emulator, cpu_model)?, &images);
     let iso = make_iso(&args.iso, plan.as_ref())?;
     let dir = target_dir().join("run");
     let files = RunFiles::in_dir(&dir, &iso, &emulator);
@@ -246,5 +274,36 @@ mod tests {
         assert_eq!(m.cmdline, "xtask-module-spec-test.elf");
         assert!(parse_module("/no/such/file.elf=vm=x").is_err());
         let _ = std::fs::remove_file(&file);
+    }
+
+    #[test]
+    fn a_linux_kernel_module_runs_bochs_at_the_realistic_clock() {
+        use qemu_tests::emulator::{BOCHS_IPS, BOCHS_IPS_REALISTIC};
+        let ips = |e: &Emulator| match e {
+            Emulator::Bochs { ips, .. } => *ips,
+            _ => 0,
+        };
+        let file = std::env::temp_dir().join("xtask-clock-test.elf");
+        std::fs::write(&file, b"\x7fELF not a kernel").unwrap();
+        let bochs = || Emulator::bochs("corei7_haswell_4770");
+        assert_eq!(
+            ips(&with_linux_clock(bochs(), std::slice::from_ref(&file))),
+            BOCHS_IPS
+        );
+        assert_eq!(ips(&with_linux_clock(bochs(), &[])), BOCHS_IPS);
+        let _ = std::fs::remove_file(&file);
+        // The image's kernel, where `cargo xtask linux-image` has built it.
+        let kernel = crate::target_dir().join("linux/bzImage");
+        if !kernel.exists() {
+            eprintln!("skipped the kernel case: no {}", kernel.display());
+            return;
+        }
+        let with = with_linux_clock(bochs(), &[file, kernel.clone()]);
+        assert_eq!(ips(&with), BOCHS_IPS_REALISTIC);
+        // Other emulators keep their own clock.
+        assert!(matches!(
+            with_linux_clock(Emulator::QemuTcgBios, &[kernel]),
+            Emulator::QemuTcgBios
+        ));
     }
 }
