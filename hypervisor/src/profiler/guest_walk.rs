@@ -212,6 +212,23 @@ pub fn read_task_ids(
     Some((task, pid, tgid))
 }
 
+/// The word at `offset` in the task structure at `task` (its `mm` pointer, say).
+pub fn read_task_u64(
+    tlb: &mut Tlb,
+    read_phys: &impl Fn(u64) -> Option<u64>,
+    read_bytes: &impl Fn(u64, &mut [u8]) -> bool,
+    cr3: u64,
+    task: u64,
+    offset: u32,
+) -> Option<u64> {
+    let mut word = [0u8; 8];
+    let at = task.wrapping_add(u64::from(offset));
+    [cr3 & ADDR_MASK & !0x1000, cr3 & ADDR_MASK]
+        .into_iter()
+        .any(|root| read_virt(tlb, read_phys, read_bytes, root, at, &mut word))
+        .then(|| u64::from_le_bytes(word))
+}
+
 /// The name (`comm`) of the task at `task`.
 pub fn read_task_comm(
     tlb: &mut Tlb,
@@ -271,6 +288,45 @@ where
             addr,
             out,
         )
+    }
+}
+
+/// Whether the name read for a vCPU's task can be trusted until the task or its address space
+/// changes, or must be read again at the next sample. An exec switches the address space
+/// (`exec_mmap`, which then frees the old one: that can take many samples) before it renames the
+/// task (`__set_task_comm`), so a name read in kernel mode may be the old program's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NameState {
+    /// Read in user mode, or read twice alike: no exec under way.
+    Settled,
+    /// First seen in kernel mode (switched in, or a kernel thread): read once more.
+    Confirm,
+    /// Seen in kernel mode in a new address space with the same ids: an exec on this vCPU, read
+    /// again until a user-mode sample.
+    UntilUser,
+}
+
+/// The state of the name `comm` just read for task `ids` in address space `space` (user mode or
+/// not), after `last` (the vCPU's previous task, address space, name and state).
+/// `kernel_thread` tells (asked only for a new address space) whether the task has no `mm` of its
+/// own: a kernel thread runs on whichever address space was loaded before it and never execs.
+#[must_use]
+pub fn name_state(
+    last: Option<(TaskIds, u64, [u8; 16], NameState)>,
+    ids: TaskIds,
+    space: u64,
+    comm: &[u8; 16],
+    user: bool,
+    kernel_thread: impl FnOnce() -> bool,
+) -> NameState {
+    if user {
+        return NameState::Settled;
+    }
+    match last {
+        Some((i, s, _, NameState::UntilUser)) if i == ids && s == space => NameState::UntilUser,
+        Some((i, s, c, _)) if i == ids && s == space && c == *comm => NameState::Settled,
+        Some((i, s, _, _)) if i == ids && s != space && !kernel_thread() => NameState::UntilUser,
+        _ => NameState::Confirm,
     }
 }
 
@@ -428,5 +484,84 @@ mod tests {
             let _ = translate(&|g| m.u64(g), cr3, gva);
             let _ = read_task(&mut Tlb::new(), &|g| m.u64(g), &|g, b: &mut [u8]| m.bytes(g, b), cr3, gva, &OFF);
         }
+    }
+
+    #[test]
+    fn a_name_read_inside_an_exec_is_read_again_until_user_mode() {
+        let ids = (0xffff_8880_0100_0000, 88, 88);
+        let (old, new) = (*b"busybox\0\0\0\0\0\0\0\0\0", *b"shor-dyn\0\0\0\0\0\0\0\0");
+        // In user mode a name is settled.
+        assert_eq!(
+            name_state(None, ids, 0x1000, &old, true, || false),
+            NameState::Settled
+        );
+        let settled = Some((ids, 0x1000, old, NameState::Settled));
+        // The exec switched the address space, the name is still the old one: read again, even
+        // when it reads the same, until user mode.
+        let s = name_state(settled, ids, 0x2000, &old, false, || false);
+        assert_eq!(s, NameState::UntilUser);
+        let s = name_state(
+            Some((ids, 0x2000, old, s)),
+            ids,
+            0x2000,
+            &old,
+            false,
+            || false,
+        );
+        assert_eq!(s, NameState::UntilUser);
+        let s = name_state(
+            Some((ids, 0x2000, old, s)),
+            ids,
+            0x2000,
+            &new,
+            false,
+            || false,
+        );
+        assert_eq!(s, NameState::UntilUser);
+        assert_eq!(
+            name_state(Some((ids, 0x2000, new, s)), ids, 0x2000, &new, true, || {
+                false
+            }),
+            NameState::Settled
+        );
+        // A task switched in while in kernel mode (a kernel thread): confirmed by a second read.
+        let other = (0xffff_8880_0200_0000, 2, 2);
+        let s = name_state(settled, other, 0x1000, &old, false, || false);
+        assert_eq!(s, NameState::Confirm);
+        assert_eq!(
+            name_state(
+                Some((other, 0x1000, old, s)),
+                other,
+                0x1000,
+                &old,
+                false,
+                || false
+            ),
+            NameState::Settled
+        );
+        // A kernel thread on another borrowed address space: no exec, confirmed as any switch-in.
+        assert_eq!(
+            name_state(
+                Some((other, 0x1000, old, NameState::Settled)),
+                other,
+                0x2000,
+                &old,
+                false,
+                || true
+            ),
+            NameState::Confirm
+        );
+        // Renamed between the two reads: confirmed again.
+        assert_eq!(
+            name_state(
+                Some((other, 0x1000, old, s)),
+                other,
+                0x1000,
+                &new,
+                false,
+                || false
+            ),
+            NameState::Confirm
+        );
     }
 }

@@ -6,7 +6,7 @@ use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::{GuestOps, must};
 use crate::vm::Vm;
 use hvprof_hypervisor::profiler::guest_maps::ProcessIndex;
-use hvprof_hypervisor::profiler::guest_walk;
+use hvprof_hypervisor::profiler::guest_walk::{self, NameState};
 use hvprof_samplelog::TaskOffsets;
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::VmcsExt;
@@ -39,13 +39,13 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
     // Same task, same ids, same address space: same name, so no need to read it again. Except
     // inside an exec: the kernel switches the address space (`exec_mmap`) before it renames the
     // task (`__set_task_comm`), so a kernel-mode sample that sees a task's new address space may
-    // still see its old name; the name is then read again at every sample until a user-mode one
-    // (by then the exec is over). Kernel threads, never in user mode, pay that read each time.
+    // still see its old name; the name is then read again until `guest_walk::name_state` settles
+    // it (a user-mode sample, or two reads alike for a task switched in while in kernel mode).
     let space = cr3 & !0xfff;
     let user = cpl == 3;
     if vcpu
         .last_task
-        .is_some_and(|(i, s, _, settled)| i == ids && s == space && settled)
+        .is_some_and(|(i, s, _, state)| i == ids && s == space && state == NameState::Settled)
     {
         check_rip(vm, vcpu, vmcs, user, cr3, ids, tsc);
         return;
@@ -58,14 +58,21 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
     let changed = vcpu
         .last_task
         .is_none_or(|(i, _, c, _)| i != ids || c != comm);
-    // Settled once seen in user mode (then no exec is under way); a task seen in kernel mode
-    // only may be inside an exec, however it got here (even switched in mid-exec).
-    let settled = user
-        || vcpu
-            .last_task
-            .is_some_and(|(i, s, _, settled)| i == ids && s == space && settled);
+    let kernel_thread = || {
+        vm.mm_layout.as_ref().is_some_and(|l| {
+            guest_walk::read_task_u64(
+                &mut vcpu.tlb,
+                &read_phys,
+                &read_bytes,
+                cr3,
+                ids.0,
+                l.task_mm,
+            ) == Some(0)
+        })
+    };
+    let state = guest_walk::name_state(vcpu.last_task, ids, space, &comm, user, kernel_thread);
     let moved = vcpu.last_task.is_some_and(|(_, s, _, _)| s != space);
-    vcpu.last_task = Some((ids, space, comm, settled));
+    vcpu.last_task = Some((ids, space, comm, state));
     let (task, pid, tgid) = ids;
     // A new process, or one in a new address space (an exec, even of a program of the same
     // name): its map is read now (a re-read of the same task's name in the same space changes

@@ -72,13 +72,13 @@ pub struct Vcpu {
     /// Virtual interrupts injected (`interrupts::before_entry`).
     pub interrupts_injected: u64,
     /// The Linux task seen at its last sample: its address and ids, the address space (CR3
-    /// without its flag bits), its name, and whether that name is settled (`false` while an exec
-    /// may be under way: the name is read again at the next sample).
+    /// without its flag bits), its name, and whether that name is settled (`guest_walk::name_state`:
+    /// while an exec may be under way the name is read again at the next sample).
     pub last_task: Option<(
         hvprof_hypervisor::profiler::guest_walk::TaskIds,
         u64,
         [u8; 16],
-        bool,
+        hvprof_hypervisor::profiler::guest_walk::NameState,
     )>,
     /// The process of that task in its VM's table of process maps (`None` before the first
     /// task, for a VM without `mm-layout=`, or when the table is full).
