@@ -139,7 +139,9 @@ pub fn bench(host_only: bool) -> Result<ExitCode> {
          hypervisor and idle time, and the export of the log during the run; as a share of each \
          pCPU's time from the start of sampling to its end. A task read is the Linux guest's \
          running task read from guest memory, once per guest sample, when its identity may have \
-         changed. `hvprof-analyze report` prints the same figures (`whole_cost` in its JSON).\n\n\
+         changed, with the checks of the sample's address against the process's known \
+         mappings and the kernel's known modules (and the reads of maps and module lists they \
+         ask for). `hvprof-analyze report` prints the same figures (`whole_cost` in its JSON).\n\n\
          | run | pCPU | whole cost | sampling exits x mean ticks (share) | timer interrupts x mean ticks (share) | export | task reads x mean ticks |\n\
          |---|---:|---:|---:|---:|---:|---:|\n{table}\n\
          Whole machine: test guest {whole:.2}%{}. Goal: a whole sampling exit ≤ 300 ticks, for \

@@ -293,29 +293,27 @@ where
 
 /// Whether the name read for a vCPU's task can be trusted until the task or its address space
 /// changes, or must be read again at the next sample. An exec switches the address space
-/// (`exec_mmap`, which then frees the old one: that can take many samples) before it renames the
-/// task (`__set_task_comm`), so a name read in kernel mode may be the old program's.
+/// (`exec_mmap`, which then frees the old one: that can take many samples, and the task may be
+/// switched out and in meanwhile) before it renames the task (`__set_task_comm`), so a name read
+/// in kernel mode may be the old program's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NameState {
-    /// Read in user mode, or read twice alike: no exec under way.
+    /// Read in user mode (no exec under way), or the task is a kernel thread (it never execs).
     Settled,
-    /// First seen in kernel mode (switched in, or a kernel thread): read once more.
-    Confirm,
-    /// Seen in kernel mode in a new address space with the same ids: an exec on this vCPU, read
-    /// again until a user-mode sample.
+    /// Read in kernel mode for a task with an address space of its own: read again until a
+    /// user-mode sample.
     UntilUser,
 }
 
-/// The state of the name `comm` just read for task `ids` in address space `space` (user mode or
-/// not), after `last` (the vCPU's previous task, address space, name and state).
-/// `kernel_thread` tells (asked only for a new address space) whether the task has no `mm` of its
-/// own: a kernel thread runs on whichever address space was loaded before it and never execs.
+/// The state of the name just read for task `ids` in address space `space` (user mode or not),
+/// after `last` (the vCPU's previous task, address space, name and state). `kernel_thread`
+/// tells, when asked, whether the task has no `mm` of its own (a kernel thread runs on whichever
+/// address space was loaded before it).
 #[must_use]
 pub fn name_state(
     last: Option<(TaskIds, u64, [u8; 16], NameState)>,
     ids: TaskIds,
     space: u64,
-    comm: &[u8; 16],
     user: bool,
     kernel_thread: impl FnOnce() -> bool,
 ) -> NameState {
@@ -323,10 +321,10 @@ pub fn name_state(
         return NameState::Settled;
     }
     match last {
+        // Still the same task in kernel mode: no need to ask again.
         Some((i, s, _, NameState::UntilUser)) if i == ids && s == space => NameState::UntilUser,
-        Some((i, s, c, _)) if i == ids && s == space && c == *comm => NameState::Settled,
-        Some((i, s, _, _)) if i == ids && s != space && !kernel_thread() => NameState::UntilUser,
-        _ => NameState::Confirm,
+        _ if kernel_thread() => NameState::Settled,
+        _ => NameState::UntilUser,
     }
 }
 
@@ -489,79 +487,43 @@ mod tests {
     #[test]
     fn a_name_read_inside_an_exec_is_read_again_until_user_mode() {
         let ids = (0xffff_8880_0100_0000, 88, 88);
-        let (old, new) = (*b"busybox\0\0\0\0\0\0\0\0\0", *b"shor-dyn\0\0\0\0\0\0\0\0");
+        let old = *b"busybox\0\0\0\0\0\0\0\0\0";
+        let no_mm = || true;
+        let has_mm = || false;
         // In user mode a name is settled.
         assert_eq!(
-            name_state(None, ids, 0x1000, &old, true, || false),
+            name_state(None, ids, 0x1000, true, has_mm),
             NameState::Settled
         );
         let settled = Some((ids, 0x1000, old, NameState::Settled));
-        // The exec switched the address space, the name is still the old one: read again, even
-        // when it reads the same, until user mode.
-        let s = name_state(settled, ids, 0x2000, &old, false, || false);
+        // The exec switched the address space; the name may be the old one: read again until
+        // user mode, however many kernel-mode samples (and switches) come first.
+        let s = name_state(settled, ids, 0x2000, false, has_mm);
         assert_eq!(s, NameState::UntilUser);
-        let s = name_state(
-            Some((ids, 0x2000, old, s)),
-            ids,
-            0x2000,
-            &old,
-            false,
-            || false,
-        );
-        assert_eq!(s, NameState::UntilUser);
-        let s = name_state(
-            Some((ids, 0x2000, old, s)),
-            ids,
-            0x2000,
-            &new,
-            false,
-            || false,
-        );
-        assert_eq!(s, NameState::UntilUser);
+        let again = Some((ids, 0x2000, old, s));
         assert_eq!(
-            name_state(Some((ids, 0x2000, new, s)), ids, 0x2000, &new, true, || {
-                false
-            }),
-            NameState::Settled
+            name_state(again, ids, 0x2000, false, || panic!("not asked")),
+            NameState::UntilUser
         );
-        // A task switched in while in kernel mode (a kernel thread): confirmed by a second read.
         let other = (0xffff_8880_0200_0000, 2, 2);
-        let s = name_state(settled, other, 0x1000, &old, false, || false);
-        assert_eq!(s, NameState::Confirm);
+        let between = Some((other, 0x2000, old, NameState::Settled));
         assert_eq!(
-            name_state(
-                Some((other, 0x1000, old, s)),
-                other,
-                0x1000,
-                &old,
-                false,
-                || false
-            ),
+            name_state(between, ids, 0x2000, false, has_mm),
+            NameState::UntilUser
+        );
+        assert_eq!(
+            name_state(again, ids, 0x2000, true, has_mm),
             NameState::Settled
         );
-        // A kernel thread on another borrowed address space: no exec, confirmed as any switch-in.
+        // A kernel thread, on whichever address space it borrows: settled at once.
         assert_eq!(
-            name_state(
-                Some((other, 0x1000, old, NameState::Settled)),
-                other,
-                0x2000,
-                &old,
-                false,
-                || true
-            ),
-            NameState::Confirm
+            name_state(settled, other, 0x1000, false, no_mm),
+            NameState::Settled
         );
-        // Renamed between the two reads: confirmed again.
+        let kthread = Some((other, 0x1000, old, NameState::Settled));
         assert_eq!(
-            name_state(
-                Some((other, 0x1000, old, s)),
-                other,
-                0x1000,
-                &new,
-                false,
-                || false
-            ),
-            NameState::Confirm
+            name_state(kthread, other, 0x3000, false, no_mm),
+            NameState::Settled
         );
     }
 }

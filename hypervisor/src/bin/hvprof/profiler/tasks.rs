@@ -40,7 +40,7 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
     // inside an exec: the kernel switches the address space (`exec_mmap`) before it renames the
     // task (`__set_task_comm`), so a kernel-mode sample that sees a task's new address space may
     // still see its old name; the name is then read again until `guest_walk::name_state` settles
-    // it (a user-mode sample, or two reads alike for a task switched in while in kernel mode).
+    // it (a user-mode sample; a kernel thread, which never execs, at once).
     let space = cr3 & !0xfff;
     let user = cpl == 3;
     if vcpu
@@ -70,7 +70,7 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
             ) == Some(0)
         })
     };
-    let state = guest_walk::name_state(vcpu.last_task, ids, space, &comm, user, kernel_thread);
+    let state = guest_walk::name_state(vcpu.last_task, ids, space, user, kernel_thread);
     let moved = vcpu.last_task.is_some_and(|(_, s, _, _)| s != space);
     vcpu.last_task = Some((ids, space, comm, state));
     let (task, pid, tgid) = ids;
