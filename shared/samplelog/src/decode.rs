@@ -1135,6 +1135,56 @@ fn finish_pcpu(pcpu: u16, mut acc: PcpuAcc, totals: Option<PcpuTotals>, end: boo
     log
 }
 
+/// A block [`decode_parallel`] visited: its header and the stream offset of its frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockAt {
+    /// The block's header.
+    pub header: BlockHeader,
+    /// Stream offset of its frame (its first COBS code byte).
+    pub offset: u64,
+}
+
+/// Reads single block frames again, by the offset [`decode_parallel`] gave: a second pass over
+/// a capture that keeps nothing of the first but where each block is. Reuses its buffers.
+pub struct BlockReader {
+    scratch: Scratch,
+}
+
+impl Default for BlockReader {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BlockReader {
+    /// A reader with empty buffers.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            scratch: StreamDecoder::new().scratch,
+        }
+    }
+
+    /// The block whose frame starts at `offset` in `bytes`, decoded as the stream decoders
+    /// decoded it there; `None` when no valid block frame starts there.
+    pub fn block_at(&mut self, bytes: &[u8], offset: u64) -> Option<(BlockHeader, &[Record])> {
+        let start = usize::try_from(offset).ok()?;
+        let rest = bytes.get(start..)?;
+        let (end, at_eof) = match rest.iter().position(|&b| b == 0) {
+            Some(z) => (z, false),
+            None => (rest.len(), true),
+        };
+        if !is_candidate(rest, 0) {
+            return None;
+        }
+        let raw = &rest[..end.min(MAX_FRAME_BYTES)];
+        match self.scratch.frame(raw, at_eof) {
+            Ok((Parsed::Block(header), _)) => Some((header, &self.scratch.records)),
+            _ => None,
+        }
+    }
+}
+
 /// What a part of the capture held, besides its records (see [`decode_parallel`]).
 enum Meta {
     Header(Box<Header>, u64),
@@ -1154,12 +1204,13 @@ enum Meta {
 /// description ([`Decoded`] without records: header, losses, damage, text) and the
 /// accumulators, in capture order. The capture is split at `0x00` delimiters, so no frame is cut.
 /// `visit` sees each block once, as [`decode`] keeps it: the first copy in the stream of a block
-/// sent more than once (a capture with such duplicates is decoded twice). Never panics.
+/// sent more than once (a capture with such duplicates is decoded twice), with where it is
+/// ([`BlockAt`]: [`BlockReader`] reads it again from there). Never panics.
 pub fn decode_parallel<A: Send>(
     bytes: &[u8],
     parts: usize,
     init: impl Fn() -> A + Sync,
-    visit: impl Fn(&mut A, u16, &[Record]) + Sync,
+    visit: impl Fn(&mut A, BlockAt, &[Record]) + Sync,
 ) -> (Decoded, Vec<A>) {
     let parts = parts.clamp(1, 64);
     // Part boundaries: the first 0x00 at or after each nominal split point.
@@ -1208,7 +1259,7 @@ fn decode_parts<A: Send>(
     bytes: &[u8],
     bounds: &[usize],
     init: &(impl Fn() -> A + Sync),
-    visit: &(impl Fn(&mut A, u16, &[Record]) + Sync),
+    visit: &(impl Fn(&mut A, BlockAt, &[Record]) + Sync),
     skip: &HashSet<(usize, usize)>,
 ) -> Vec<(A, Vec<Meta>)> {
     std::thread::scope(|scope| {
@@ -1227,10 +1278,12 @@ fn decode_parts<A: Send>(
                             meta.push(Meta::Header(Box::new(header.clone()), offset));
                         }
                         Item::Block {
-                            header, records, ..
+                            header,
+                            records,
+                            offset,
                         } => {
                             if !skip.contains(&(part, block)) {
-                                visit(&mut acc, header.pcpu, records);
+                                visit(&mut acc, BlockAt { header, offset }, records);
                             }
                             block += 1;
                             let samples = records

@@ -325,6 +325,6 @@ pub use types::{
 
 #[cfg(feature = "std")]
 pub use decode::{
-    Collector, Damage, DamageKind, Decoded, Gap, Item, PcpuLog, StreamDecoder, TextSpan, decode,
-    decode_parallel,
+    BlockAt, BlockReader, Collector, Damage, DamageKind, Decoded, Gap, Item, PcpuLog,
+    StreamDecoder, TextSpan, decode, decode_parallel,
 };

@@ -2,7 +2,7 @@
 //! the same losses, whatever the number of parts, on clean and damaged captures.
 
 use hvprof_samplelog::synth::{self, CaptureOptions, SynthConfig};
-use hvprof_samplelog::{Record, decode, decode_parallel};
+use hvprof_samplelog::{BlockReader, Record, decode, decode_parallel};
 use proptest::prelude::*;
 
 fn capture(seed: u64) -> Vec<u8> {
@@ -21,8 +21,14 @@ fn compare(bytes: &[u8], parts: usize) -> Result<(), TestCaseError> {
         bytes,
         parts,
         Vec::new,
-        |acc: &mut Vec<(u16, Record)>, pcpu, records| {
-            acc.extend(records.iter().map(|r| (pcpu, *r)));
+        |acc: &mut Vec<(u16, Record)>, at, records| {
+            // Each block reads back the same from its offset.
+            let mut reader = BlockReader::new();
+            let again = reader
+                .block_at(bytes, at.offset)
+                .map(|(h, r)| (h, r.to_vec()));
+            assert_eq!(again, Some((at.header, records.to_vec())));
+            acc.extend(records.iter().map(|r| (at.header.pcpu, *r)));
         },
     );
     prop_assert_eq!(meta.blocks_lost(), whole.blocks_lost());

@@ -156,11 +156,9 @@ impl Timeline {
         let mut totals: HashMap<State, u64> = HashMap::default();
         // pCPU rows.
         let pcpus = p.pcpu_list();
-        let per_pcpu: HashMap<u16, Vec<Sampled>> = p
-            .samples
-            .pcpus()
-            .map(|(c, list)| (c, list.iter().map(|&s| p.samples.sampled(s)).collect()))
-            .collect();
+        let mut per_pcpu: HashMap<u16, Vec<Sampled>> =
+            pcpus.iter().map(|&c| (c, Vec::new())).collect();
+        p.for_each_sample(|s| per_pcpu.entry(s.pcpu).or_default().push(*s));
         for &c in &pcpus {
             let mut row = Row {
                 label: format!("pCPU {c}"),
@@ -264,11 +262,11 @@ impl Timeline {
         } else {
             // No scheduling events: a vCPU's row is its own samples and the hypervisor's on its
             // exits.
-            for s in &p.samples {
+            for s in per_pcpu.values().flatten() {
                 if s.vm == NO_VM || s.what == What::Idle {
                     continue;
                 }
-                let st = State::of(&s);
+                let st = State::of(s);
                 let row = vrows
                     .entry((s.vm, s.vcpu))
                     .or_insert_with(|| vec![HashMap::default(); bins]);
@@ -514,6 +512,7 @@ mod tests {
             LoadOptions {
                 threads: 2,
                 keep_guest: false,
+                tables: true,
             },
             &Progress::hidden(),
         )
@@ -524,11 +523,8 @@ mod tests {
         let (start, end) = p.span();
         let bin_ticks = ((end - start) / bins as u64 + 1).max(1);
         let bin = |tsc: u64| (((tsc - start) / bin_ticks) as usize).min(bins - 1);
-        let per_pcpu: HashMap<u16, Vec<Sampled>> = p
-            .samples
-            .pcpus()
-            .map(|(c, list)| (c, list.iter().map(|&s| p.samples.sampled(s)).collect()))
-            .collect();
+        let mut per_pcpu: HashMap<u16, Vec<Sampled>> = HashMap::default();
+        p.for_each_sample(|s| per_pcpu.entry(s.pcpu).or_default().push(*s));
         let lists: HashMap<u16, Vec<(u64, Owner)>> = per_pcpu
             .iter()
             .map(|(&c, idx)| {

@@ -111,7 +111,8 @@ pub fn build(p: &Profile, progress: &Progress) -> FxProfile {
     // Stacks per (thread, frame), and the previous sample time per thread (CPU deltas).
     let mut stacks: HashMap<(ThreadHandle, u32), Option<fxprof_processed_profile::StackHandle>> =
         HashMap::default();
-    for (i, s) in p.samples.iter().enumerate() {
+    let mut i = 0u64;
+    p.for_each_sample(|s| {
         let guest = matches!(s.what, What::GuestKernel | What::GuestUser);
         let t = if guest {
             thread(&mut fx, true, s.vm, s.vcpu)
@@ -159,10 +160,11 @@ pub fn build(p: &Profile, progress: &Progress) -> FxProfile {
             CpuDelta::from_nanos(period_ns)
         };
         fx.add_sample(t, ts(s.tsc), stack, cpu, 1);
-        if i % 65536 == 65535 {
+        i += 1;
+        if i.is_multiple_of(65536) {
             progress.inc(65536);
         }
-    }
+    });
 
     // Scheduling markers on the vCPU threads.
     let mut open: HashMap<(u16, u16), u64> = HashMap::default();

@@ -78,7 +78,7 @@ pub fn process_label(t: &Task) -> String {
 }
 
 /// Each vCPU's task changes in TSC order, to find the task of a sample.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct TaskTimeline {
     per_vcpu: HashMap<(u16, u16), Vec<(u64, usize)>>,
     labels: Vec<String>,

@@ -197,18 +197,20 @@ fn load_images(input: &Input) -> Result<Images> {
     )
 }
 
-/// The options every command decodes with.
-fn load_options(input: &Input) -> LoadOptions {
+/// The options every command decodes with; `tables` for those that show the report's tables
+/// (the exports do not, and then keep no per-sample data).
+fn load_options(input: &Input, tables: bool) -> LoadOptions {
     LoadOptions {
         threads: threads(),
         keep_guest: input.kernel.is_some() || input.processes,
+        tables,
     }
 }
 
 /// Decodes and names the capture, with a progress bar on a terminal.
-fn load_profile(input: &Input, progress: &Progress) -> Result<Profile> {
+fn load_profile(input: &Input, tables: bool, progress: &Progress) -> Result<Profile> {
     let images = load_images(input)?;
-    let p = Profile::load(&input.log, &images, load_options(input), progress)?;
+    let p = Profile::load(&input.log, &images, load_options(input, tables), progress)?;
     for w in &p.report.warnings {
         progress.warn(&format!("hvprof-analyze: warning: {w}"));
     }
@@ -270,7 +272,8 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
                 std::fs::read(log).with_context(|| format!("cannot read {}", log.display()))?;
             let imgs = load_images(&input)?;
             // A capture without samples still gets its report (what was lost, the warnings).
-            let r = Profile::from_bytes(&bytes, &imgs, load_options(&input), progress).report;
+            let r = Profile::from_vec(bytes, &imgs, load_options(&input, true), progress).report;
+            progress.phase("tables", None, "rows");
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
@@ -286,7 +289,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             if bins == 0 {
                 bail!("--bins must be at least 1");
             }
-            let p = load_profile(&input, progress)?;
+            let p = load_profile(&input, true, progress)?;
             let mut out = output(path.as_deref())?;
             chart::write(
                 &p,
@@ -300,7 +303,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             input,
             output: path,
         } => {
-            let p = load_profile(&input, progress)?;
+            let p = load_profile(&input, false, progress)?;
             let mut out = output(path.as_deref())?;
             flame::write(
                 &p,
@@ -311,7 +314,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             finish(out, path.as_deref())
         }
         Cmd::Stat { input, json } => {
-            let p = load_profile(&input, progress)?;
+            let p = load_profile(&input, true, progress)?;
             let s = stat::build(&p);
             if json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
@@ -324,7 +327,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             input,
             output: path,
         } => {
-            let p = load_profile(&input, progress)?;
+            let p = load_profile(&input, false, progress)?;
             let mut out = output(path.as_deref())?;
             script::write(&p, &mut out, progress)
                 .with_context(|| "cannot write the perf script text")?;
@@ -338,7 +341,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             if pprof_path.is_none() && firefox_path.is_none() {
                 bail!("export: say what to write: --pprof FILE and/or --firefox FILE");
             }
-            let p = load_profile(&input, progress)?;
+            let p = load_profile(&input, false, progress)?;
             if let Some(path) = &pprof_path {
                 let mut out = output(Some(path))?;
                 pprof::write(&p, &mut out, progress)?;
@@ -360,7 +363,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             if bins == 0 {
                 bail!("--bins must be at least 1");
             }
-            let p = load_profile(&input, progress)?;
+            let p = load_profile(&input, true, progress)?;
             let page = html::render(&p, &source_name(&input.log), bins, top)?;
             let mut out = output(path.as_deref())?;
             out.write_all(page.as_bytes())?;
@@ -411,16 +414,17 @@ fn bench_synthetic(samples: u64, exports: bool, write: Option<&Path>) -> Result<
             .with_context(|| format!("cannot write {}", path.display()))?;
         println!("written to {}", path.display());
     }
-    let options = |threads| LoadOptions {
+    let options = |threads, tables| LoadOptions {
         threads,
         keep_guest: false,
+        tables,
     };
     for threads in [1, threads()] {
         let t = Instant::now();
         let p = Profile::from_bytes(
             &cap.bytes,
             &Images::default(),
-            options(threads),
+            options(threads, true),
             &Progress::hidden(),
         );
         let took = t.elapsed();
@@ -435,7 +439,7 @@ fn bench_synthetic(samples: u64, exports: bool, write: Option<&Path>) -> Result<
         let p = Profile::from_bytes(
             &cap.bytes,
             &Images::default(),
-            options(threads()),
+            options(threads(), false),
             &Progress::hidden(),
         );
         println!(

@@ -98,6 +98,33 @@ pub enum ProcessKey {
     Cr3(u64),
 }
 
+/// Who ran in each guest sample: what [`Namer::process_key`] needs, owned (a second pass over
+/// the capture classifies its samples as the first did).
+#[derive(Clone, Default)]
+pub struct Processes {
+    linux: HashSet<u16>,
+    tasks: TaskTimeline,
+}
+
+impl Processes {
+    /// The process of a guest sample: for Linux VMs the task its vCPU ran at `tsc` where the
+    /// log names it, else its address space.
+    #[inline]
+    pub fn key(&self, vm: u16, vcpu: u16, tsc: u64, cr3: u64) -> ProcessKey {
+        if self.linux.contains(&vm)
+            && let Some(i) = self.tasks.task_index_at(vm, vcpu, tsc)
+        {
+            return ProcessKey::Task(i as u32);
+        }
+        ProcessKey::Cr3(cr3)
+    }
+
+    /// Whether any VM is a Linux guest (its samples' processes depend on the time).
+    pub fn any_linux(&self) -> bool {
+        !self.linux.is_empty()
+    }
+}
+
 /// Names samples the same way everywhere.
 pub struct Namer<'a> {
     images: &'a Images,
@@ -321,6 +348,14 @@ impl<'a> Namer<'a> {
         match self.tasks.task_index_at(vm, vcpu, tsc) {
             Some(i) => ProcessKey::Task(i as u32),
             None => ProcessKey::Cr3(cr3),
+        }
+    }
+
+    /// What finds the process of a guest sample, owned.
+    pub fn processes(&self) -> Processes {
+        Processes {
+            linux: self.linux.clone(),
+            tasks: self.tasks.clone(),
         }
     }
 

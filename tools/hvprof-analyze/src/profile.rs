@@ -9,13 +9,13 @@
 use anyhow::{Context, Result};
 use rustc_hash::FxHashMap as HashMap;
 
-use hvprof_samplelog::{Decoded, Event, NO_VM, Record, SampleKind};
+use hvprof_samplelog::{BlockAt, BlockReader, Decoded, Event, NO_VM, Record, SampleKind};
 
-use crate::naming::{Namer, ProcessKey, VmMeta, exit_name};
+use crate::naming::{Namer, ProcessKey, Processes, VmMeta, exit_name};
 use crate::progress::Progress;
 use crate::report::Report;
 use crate::symbols::Images;
-use crate::timeline::Owner;
+use crate::timeline::{Owner, Segment, Segments};
 
 /// What a pCPU was doing at a sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -36,6 +36,8 @@ pub struct Sampled {
     pub addr: u64,
     /// Index into `Profile::frames`.
     pub frame: u32,
+    /// Index into `Samples::stacks`.
+    pub stack: u32,
     pub pcpu: u16,
     /// `NO_VM` for the hypervisor's work for no VM, and idle.
     pub vm: u16,
@@ -127,21 +129,15 @@ pub struct Stack {
     pub count: u64,
 }
 
-/// One sample: its TSC and its stack (index into `Samples::stacks`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Slot {
-    pub tsc: u64,
-    pub stack: u32,
-}
-
-/// Every sample of a capture: the distinct stacks, and per pCPU each sample's TSC and stack in
-/// TSC order. Iterating gives every sample as a [`Sampled`], in TSC order (then pCPU).
+/// A capture's distinct samples ([`Stack`]s, each with its count), how many samples there are
+/// and the TSC of the first and last. Memory grows with the distinct stacks, not the samples;
+/// the samples themselves are read again, in TSC order, by [`Profile::replay`].
 #[derive(Debug, Default)]
 pub struct Samples {
     stacks: Vec<Stack>,
-    /// Per pCPU (ascending): its samples in TSC order.
-    pcpus: Vec<(u16, Vec<Slot>)>,
     len: usize,
+    /// (first, last) sample TSC; (0, 0) without samples.
+    span: (u64, u64),
 }
 
 impl Samples {
@@ -158,88 +154,26 @@ impl Samples {
         &self.stacks
     }
 
-    /// Each pCPU's samples in TSC order, by pCPU.
-    pub fn pcpus(&self) -> impl Iterator<Item = (u16, &[Slot])> {
-        self.pcpus.iter().map(|(c, l)| (*c, l.as_slice()))
+    /// First and last sample TSC (0, 0 without samples).
+    pub fn span(&self) -> (u64, u64) {
+        self.span
     }
 
-    /// A sample whole.
-    pub fn sampled(&self, slot: Slot) -> Sampled {
-        let s = &self.stacks[slot.stack as usize];
+    /// A sample whole, from its TSC and stack.
+    pub fn sampled(&self, tsc: u64, stack: u32) -> Sampled {
+        let s = &self.stacks[stack as usize];
         Sampled {
-            tsc: slot.tsc,
+            tsc,
             cr3: s.cr3,
             addr: s.addr,
             frame: s.frame,
+            stack,
             pcpu: s.pcpu,
             vm: s.vm,
             vcpu: s.vcpu,
             exit: s.exit,
             what: s.what,
         }
-    }
-
-    /// Every sample in TSC order, then pCPU (the pCPUs' lists merged).
-    pub fn iter(&self) -> InOrder<'_> {
-        let mut heads = std::collections::BinaryHeap::new();
-        for (i, (_, list)) in self.pcpus.iter().enumerate() {
-            if let Some(first) = list.first() {
-                heads.push(std::cmp::Reverse((first.tsc, i, 0usize)));
-            }
-        }
-        InOrder {
-            samples: self,
-            heads,
-        }
-    }
-
-    /// First and last sample TSC (0, 0 without samples).
-    pub fn span(&self) -> (u64, u64) {
-        let first = self
-            .pcpus
-            .iter()
-            .filter_map(|(_, l)| l.first())
-            .map(|s| s.tsc)
-            .min();
-        let last = self
-            .pcpus
-            .iter()
-            .filter_map(|(_, l)| l.last())
-            .map(|s| s.tsc)
-            .max();
-        (first.unwrap_or(0), last.unwrap_or(0))
-    }
-}
-
-/// [`Samples::iter`]: a k-way merge of the pCPUs' lists.
-pub struct InOrder<'a> {
-    samples: &'a Samples,
-    /// (TSC, pCPU index, position) of each pCPU's next sample.
-    heads: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize, usize)>>,
-}
-
-impl Iterator for InOrder<'_> {
-    type Item = Sampled;
-
-    fn next(&mut self) -> Option<Sampled> {
-        let std::cmp::Reverse((_, p, at)) = self.heads.pop()?;
-        let list = &self.samples.pcpus[p].1;
-        if let Some(next) = list.get(at + 1) {
-            self.heads.push(std::cmp::Reverse((next.tsc, p, at + 1)));
-        }
-        Some(self.samples.sampled(list[at]))
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        (0, Some(self.samples.len))
-    }
-}
-
-impl<'a> IntoIterator for &'a Samples {
-    type Item = Sampled;
-    type IntoIter = InOrder<'a>;
-    fn into_iter(self) -> InOrder<'a> {
-        self.iter()
     }
 }
 
@@ -250,7 +184,7 @@ pub struct Profile {
     pub period_ticks: u64,
     pub pcpus: u16,
     pub vms: Vec<VmMeta>,
-    /// Every sample, in TSC order (then pCPU).
+    /// The distinct samples, with their counts.
     pub samples: Samples,
     pub frames: Vec<Frame>,
     /// Every scheduling event with its pCPU, in TSC order.
@@ -259,21 +193,28 @@ pub struct Profile {
     pub text: String,
     /// The VM end frames: exit tables, LSTAR, task offsets.
     pub vm_ends: Vec<hvprof_samplelog::VmEnd>,
+    /// What reads the samples again in order: the capture and where its blocks are.
+    replay: Replay,
 }
 
-/// `keep_guest` names Linux guests' samples by process in the report (`--kernel`,
-/// `--processes`; the other views always do).
+/// How a capture is read. `keep_guest` names Linux guests' samples by process in the report
+/// (`--kernel`, `--processes`; the other views always do). `tables` builds the report's tables
+/// (host level, each VM's and vCPU's, with `[steal]` and `[idle]` on the common time axis);
+/// without it (the exports) the report has its totals, losses and warnings only.
 #[derive(Debug, Clone, Copy)]
 pub struct LoadOptions {
     pub threads: usize,
     pub keep_guest: bool,
+    pub tables: bool,
 }
 
-/// A sample classified, before naming: the fields of [`Stack`] the records give.
+/// A sample classified, before naming: the fields of [`Stack`] the records give, and its
+/// process (guest samples).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Key {
     addr: u64,
     cr3: u64,
+    process: Option<ProcessKey>,
     pcpu: u16,
     vm: u16,
     vcpu: u16,
@@ -281,18 +222,25 @@ struct Key {
     what: What,
 }
 
-/// The one classification of a sample: what it is and which address names it.
-fn classify(pcpu: u16, s: &hvprof_samplelog::Sample) -> Key {
+/// The one classification of a sample: what it is, which address names it, and (guest
+/// samples) who ran: with `processes`, a Linux guest's task at the sample's time.
+#[inline]
+fn classify(pcpu: u16, s: &hvprof_samplelog::Sample, processes: Option<&Processes>) -> Key {
     let (what, addr) = match s.kind {
         SampleKind::Guest if s.cpl() == 3 => (What::GuestUser, s.guest_rip),
         SampleKind::Guest => (What::GuestKernel, s.guest_rip),
         SampleKind::Hypervisor => (What::Hypervisor, s.host_rip),
         SampleKind::Idle => (What::Idle, s.host_rip),
     };
-    let guest = matches!(what, What::GuestKernel | What::GuestUser);
+    let guest = is_guest(what);
+    let process = guest.then(|| match processes {
+        Some(p) => p.key(s.vm, s.vcpu, s.tsc, s.guest_cr3),
+        None => ProcessKey::Cr3(s.guest_cr3),
+    });
     Key {
         addr,
         cr3: if guest { s.guest_cr3 } else { 0 },
+        process,
         pcpu,
         vm: s.vm,
         vcpu: s.vcpu,
@@ -302,6 +250,21 @@ fn classify(pcpu: u16, s: &hvprof_samplelog::Sample) -> Key {
             0
         },
         what,
+    }
+}
+
+/// Who a sample belongs to on the common time axis.
+fn owner_of(key: &Key) -> Owner {
+    match key.what {
+        What::GuestKernel | What::GuestUser => Owner::Guest {
+            vm: key.vm,
+            vcpu: key.vcpu,
+        },
+        What::Hypervisor => Owner::Hypervisor {
+            vm: key.vm,
+            vcpu: key.vcpu,
+        },
+        What::Idle => Owner::Idle,
     }
 }
 
@@ -331,36 +294,108 @@ impl CostSum {
     }
 }
 
-/// Samples per chunk of a [`Part`]'s lists (1 MB).
-const CHUNK: usize = 1 << 16;
-
-/// What one decoding thread classified: its distinct keys with their counts, each pCPU's
-/// samples (TSC, key index) in stream order, the scheduling events, the cost. A key is found
-/// in two steps, so that the per-sample table stays small (it is the one random access per
-/// sample): its context (all but the address; consecutive samples mostly share it), then
-/// (address, context).
-#[derive(Default)]
-struct Part {
+/// Finds a key's stack in two steps, so that the per-sample table stays small (it is the one
+/// random access per sample): its context (all but the address; consecutive samples mostly
+/// share it), then (address, context).
+#[derive(Debug, Default)]
+struct StackIndex {
     contexts: HashMap<Key, u32>,
+    /// (address, context) → (stack, its samples modulo 2^32): one random access per sample
+    /// (the rest of the count is in `Part::counts`).
+    ids: HashMap<(u64, u32), (u32, u32)>,
+}
+
+/// Where a block's samples are, for the second pass: its pCPU, its frame's offset, its
+/// samples' first and last TSC, whether they are in TSC order.
+#[derive(Debug, Clone, Copy)]
+struct BlockSpan {
+    pcpu: u16,
+    offset: u64,
+    first: u64,
+    last: u64,
+    samples: u32,
+    sorted: bool,
+}
+
+/// Where a segment's first sample is: in the block whose frame is at `offset`, after `skip`
+/// samples of it; or (a pCPU out of TSC order) at `skip` in its sorted list.
+#[derive(Debug, Clone, Copy)]
+struct Located {
+    offset: u64,
+    skip: u32,
+}
+
+/// The owners, and per pCPU its samples' owners as segments in stream order with where each
+/// starts: the first pass's time axis.
+type StreamSegments = (Vec<Owner>, Vec<(u16, Vec<Segment>, Vec<Located>)>);
+
+/// Per pCPU, its samples' owners as segments in stream order, with where each starts.
+#[derive(Default)]
+struct PartSegments {
+    owners: HashMap<Owner, u32>,
+    owner_list: Vec<Owner>,
+    lists: HashMap<u16, (Vec<Segment>, Vec<Located>)>,
+}
+
+/// What one decoding thread classified: its distinct keys with their counts, the blocks it
+/// read, its samples' owners as segments, the scheduling events, the cost.
+struct Part {
+    index: StackIndex,
     context_keys: Vec<Key>,
-    /// (address, context) → (key index, samples).
-    ids: HashMap<(u64, u32), (u32, u64)>,
     keys: Vec<Key>,
-    /// Per pCPU, its samples in stream order, in chunks of [`CHUNK`] (a list never regrows: a
-    /// 10 M-sample capture would copy and zero its lists again at each doubling).
-    lists: HashMap<u16, Vec<Vec<Slot>>>,
+    /// Per key, its samples beyond those counted in `index.ids` (multiples of 2^32).
+    counts: Vec<u64>,
+    segments: PartSegments,
+    blocks: Vec<BlockSpan>,
     events: Vec<(u16, Event)>,
     cost: CostSum,
+    len: usize,
+    first: u64,
+    last: u64,
+}
+
+impl Default for Part {
+    fn default() -> Part {
+        Part {
+            index: StackIndex::default(),
+            context_keys: Vec::new(),
+            keys: Vec::new(),
+            counts: Vec::new(),
+            segments: PartSegments::default(),
+            blocks: Vec::new(),
+            events: Vec::new(),
+            cost: CostSum::default(),
+            len: 0,
+            first: u64::MAX,
+            last: 0,
+        }
+    }
 }
 
 impl Part {
-    fn add(&mut self, pcpu: u16, records: &[Record]) {
-        let chunks = self.lists.entry(pcpu).or_default();
-        let mut list = match chunks.pop() {
-            Some(l) => l,
-            None => Vec::with_capacity(CHUNK),
+    fn context(&mut self, context: Key) -> u32 {
+        let keys = &mut self.context_keys;
+        *self.index.contexts.entry(context).or_insert_with(|| {
+            keys.push(context);
+            (keys.len() - 1) as u32
+        })
+    }
+
+    fn add(&mut self, at: BlockAt, records: &[Record], processes: Option<&Processes>) {
+        let pcpu = at.header.pcpu;
+        let seg = &mut self.segments;
+        let (segs, located) = seg.lists.entry(pcpu).or_default();
+        let mut last_ctx: Option<(Key, u32)> = None;
+        let mut last_owner: Option<(Owner, u32)> = None;
+        let mut span = BlockSpan {
+            pcpu,
+            offset: at.offset,
+            first: u64::MAX,
+            last: 0,
+            samples: 0,
+            sorted: true,
         };
-        let mut last: Option<(Key, u32)> = None;
+        let mut prev = 0u64;
         for r in records {
             let s = match r {
                 Record::Sample(s) => s,
@@ -370,62 +405,88 @@ impl Part {
                 }
             };
             let cost = u64::from(s.cost);
-            self.cost.sum += cost;
+            self.cost.sum = self.cost.sum.saturating_add(cost);
             self.cost.min = self.cost.min.min(cost);
             self.cost.max = self.cost.max.max(cost);
-            let key = classify(pcpu, s);
+            span.sorted &= span.samples == 0 || s.tsc >= prev;
+            prev = s.tsc;
+            span.samples += 1;
+            span.first = span.first.min(s.tsc);
+            span.last = span.last.max(s.tsc);
+            let key = classify(pcpu, s, processes);
             let context = Key { addr: 0, ..key };
-            let ctx = match last {
+            let ctx = match last_ctx {
                 Some((c, i)) if c == context => i,
                 _ => {
                     let keys = &mut self.context_keys;
-                    let i = *self.contexts.entry(context).or_insert_with(|| {
+                    let i = *self.index.contexts.entry(context).or_insert_with(|| {
                         keys.push(context);
                         (keys.len() - 1) as u32
                     });
-                    last = Some((context, i));
+                    last_ctx = Some((context, i));
                     i
                 }
             };
-            let keys = &mut self.keys;
-            let entry = self.ids.entry((key.addr, ctx)).or_insert_with(|| {
+            let (keys, counts) = (&mut self.keys, &mut self.counts);
+            let e = self.index.ids.entry((key.addr, ctx)).or_insert_with(|| {
                 keys.push(key);
+                counts.push(0);
                 ((keys.len() - 1) as u32, 0)
             });
-            entry.1 += 1;
-            if list.len() == list.capacity() {
-                chunks.push(std::mem::replace(&mut list, Vec::with_capacity(CHUNK)));
+            e.1 = e.1.wrapping_add(1);
+            if e.1 == 0 {
+                counts[e.0 as usize] += 1 << 32;
             }
-            list.push(Slot {
-                tsc: s.tsc,
-                stack: entry.0,
-            });
+            let owner = owner_of(&key);
+            let o = match last_owner {
+                Some((w, i)) if w == owner => i,
+                _ => {
+                    let owners = &mut seg.owner_list;
+                    let i = *seg.owners.entry(owner).or_insert_with(|| {
+                        owners.push(owner);
+                        (owners.len() - 1) as u32
+                    });
+                    last_owner = Some((owner, i));
+                    i
+                }
+            };
+            let before = segs.len();
+            Segments::push_sample(segs, s.tsc, o);
+            if segs.len() > before {
+                located.push(Located {
+                    offset: at.offset,
+                    skip: span.samples - 1,
+                });
+            }
         }
-        chunks.push(list);
+        if span.samples > 0 {
+            self.len += span.samples as usize;
+            self.first = self.first.min(span.first);
+            self.last = self.last.max(span.last);
+            self.blocks.push(span);
+        }
     }
 
     /// Adds `n` samples of `key`; returns its index.
     fn count(&mut self, key: Key, n: u64) -> u32 {
-        let context = Key { addr: 0, ..key };
-        let keys = &mut self.context_keys;
-        let ctx = *self.contexts.entry(context).or_insert_with(|| {
-            keys.push(context);
-            (keys.len() - 1) as u32
-        });
-        let keys = &mut self.keys;
-        let entry = self.ids.entry((key.addr, ctx)).or_insert_with(|| {
+        let ctx = self.context(Key { addr: 0, ..key });
+        let (keys, counts) = (&mut self.keys, &mut self.counts);
+        let e = self.index.ids.entry((key.addr, ctx)).or_insert_with(|| {
             keys.push(key);
+            counts.push(0);
             ((keys.len() - 1) as u32, 0)
         });
-        entry.1 += n;
-        entry.0
+        let total = u64::from(e.1) + n;
+        e.1 = total as u32;
+        counts[e.0 as usize] += total >> 32 << 32;
+        e.0
     }
 
-    /// Each key with its samples, by key index.
-    fn counted_keys(&self) -> Vec<(Key, u64)> {
-        let mut out: Vec<(Key, u64)> = self.keys.iter().map(|&k| (k, 0)).collect();
-        for &(id, n) in self.ids.values() {
-            out[id as usize].1 = n;
+    /// Each key's samples, by key index.
+    fn totals(&self) -> Vec<u64> {
+        let mut out = self.counts.clone();
+        for &(id, low) in self.index.ids.values() {
+            out[id as usize] += u64::from(low);
         }
         out
     }
@@ -439,49 +500,89 @@ pub struct Classified {
     /// Every scheduling event with its pCPU, in stream order.
     pub events: Vec<(u16, Event)>,
     pub cost: CostSum,
+    /// Every sample's owner, as segments per pCPU in stream order, and where each starts.
+    segments: StreamSegments,
+    index: StackIndex,
+    /// Per pCPU (ascending), its blocks that hold samples, in stream order.
+    blocks: Vec<(u16, Vec<BlockSpan>)>,
 }
 
 impl Classified {
-    /// Decodes `bytes` on `threads` threads, classifying every sample as it is decoded.
-    pub fn decode(bytes: &[u8], threads: usize, progress: &Progress) -> (Decoded, Classified) {
+    /// Decodes `bytes` on `threads` threads, classifying every sample as it is decoded. The
+    /// processes of Linux guests' samples depend on their time and on task frames anywhere in
+    /// the capture: with `processes` they are found as the samples are decoded; without, a
+    /// guest sample's process is its address space.
+    pub fn decode(
+        bytes: &[u8],
+        threads: usize,
+        processes: Option<&Processes>,
+        progress: &Progress,
+    ) -> (Decoded, Classified) {
         progress.phase("decoding", None, "records");
         let (decoded, parts) = hvprof_samplelog::decode_parallel(
             bytes,
             threads,
             Part::default,
-            |part: &mut Part, pcpu, records: &[Record]| {
-                part.add(pcpu, records);
+            |part: &mut Part, at, records: &[Record]| {
+                part.add(at, records, processes);
                 progress.inc(records.len() as u64);
             },
         );
+        progress.phase("merging", None, "stacks");
         (decoded, Self::merge(parts))
     }
 
-    /// The parts' keys made one table, their lists joined per pCPU in stream order (each
-    /// allocated once, at its size), then put in TSC order.
+    /// The parts' keys made one table, their segments joined per pCPU in stream order.
     fn merge(parts: Vec<Part>) -> Classified {
         // The first part's table becomes the capture's (its keys keep their index): the other
         // parts' keys are looked up in it, and the new ones added after its own, in order.
         let mut parts = parts.into_iter();
         let mut base = parts.next().unwrap_or_default();
-        let mut parts: Vec<Part> = parts.collect();
         let mut events = std::mem::take(&mut base.events);
         let mut cost = base.cost;
-        // Per part after the first: its key indices in the capture's table.
-        let mut remaps: Vec<Vec<u32>> = Vec::with_capacity(parts.len());
-        for part in &mut parts {
-            let remap: Vec<u32> = part
-                .counted_keys()
+        let mut blocks = std::mem::take(&mut base.blocks);
+        let (mut len, mut first, mut last) = (base.len, base.first, base.last);
+        let mut seg_lists: std::collections::BTreeMap<u16, (Vec<Segment>, Vec<Located>)> =
+            std::mem::take(&mut base.segments.lists)
                 .into_iter()
-                .map(|(k, n)| base.count(k, n))
                 .collect();
-            remaps.push(remap);
+        for mut part in parts {
+            for (k, n) in part.keys.iter().zip(part.totals()) {
+                base.count(*k, n);
+            }
+            // Its owners in the first part's table.
+            let bs = &mut base.segments;
+            let remap: Vec<u32> = part
+                .segments
+                .owner_list
+                .iter()
+                .map(|&o| {
+                    let owners = &mut bs.owner_list;
+                    *bs.owners.entry(o).or_insert_with(|| {
+                        owners.push(o);
+                        (owners.len() - 1) as u32
+                    })
+                })
+                .collect();
+            for (pcpu, (segs, located)) in part.segments.lists {
+                let (all, all_at) = seg_lists.entry(pcpu).or_default();
+                all.extend(segs.into_iter().map(|s| Segment {
+                    owner: remap[s.owner as usize],
+                    ..s
+                }));
+                all_at.extend(located);
+            }
             events.append(&mut part.events);
+            blocks.append(&mut part.blocks);
             cost.merge(part.cost);
+            len += part.len;
+            first = first.min(part.first);
+            last = last.max(part.last);
         }
         let stacks: Vec<Stack> = base
-            .counted_keys()
-            .into_iter()
+            .keys
+            .iter()
+            .zip(base.totals())
             .map(|(k, count)| Stack {
                 what: k.what,
                 pcpu: k.pcpu,
@@ -490,127 +591,43 @@ impl Classified {
                 exit: k.exit,
                 addr: k.addr,
                 cr3: k.cr3,
-                process: None,
+                process: k.process,
                 frame: 0,
                 count,
             })
             .collect();
-        let mut sizes: std::collections::BTreeMap<u16, usize> = Default::default();
-        for part in std::iter::once(&base).chain(&parts) {
-            for (&pcpu, chunks) in &part.lists {
-                *sizes.entry(pcpu).or_default() += chunks.iter().map(Vec::len).sum::<usize>();
-            }
+        let mut per_pcpu: std::collections::BTreeMap<u16, Vec<BlockSpan>> = Default::default();
+        for b in blocks {
+            per_pcpu.entry(b.pcpu).or_default().push(b);
         }
-        let len = sizes.values().sum();
-        /// A pCPU, its samples, and its chunks in each part (in stream order).
-        type Work = (u16, usize, Vec<Vec<Vec<Slot>>>);
-        let work: Vec<Work> = sizes
-            .into_iter()
-            .filter(|&(_, n)| n > 0)
-            .map(|(c, n)| {
-                let chunks = std::iter::once(&mut base)
-                    .chain(parts.iter_mut())
-                    .map(|part| part.lists.remove(&c).unwrap_or_default())
-                    .collect();
-                (c, n, chunks)
-            })
-            .collect();
-        let pcpus = crate::par_map(work, |(c, n, per_part)| {
-            let mut l = Vec::with_capacity(n);
-            let mut per_part = per_part.into_iter();
-            for chunk in per_part.next().unwrap_or_default() {
-                l.extend_from_slice(&chunk);
-            }
-            for (chunks, remap) in per_part.zip(&remaps) {
-                for chunk in chunks {
-                    l.extend(chunk.iter().map(|s| Slot {
-                        tsc: s.tsc,
-                        stack: remap[s.stack as usize],
-                    }));
-                }
-            }
-            if !l.is_sorted_by_key(|s| s.tsc) {
-                l.sort_by_key(|s| s.tsc);
-            }
-            (c, l)
-        });
         Classified {
-            samples: Samples { stacks, pcpus, len },
+            samples: Samples {
+                stacks,
+                len,
+                span: if len == 0 { (0, 0) } else { (first, last) },
+            },
             events,
             cost,
+            segments: (
+                base.segments.owner_list,
+                seg_lists
+                    .into_iter()
+                    .filter(|(_, (s, _))| !s.is_empty())
+                    .map(|(p, (s, l))| (p, s, l))
+                    .collect(),
+            ),
+            index: base.index,
+            blocks: per_pcpu.into_iter().collect(),
         }
     }
 
-    /// Names every stack: a guest sample's process (for Linux guests the task its vCPU ran at
-    /// the sample's time, which splits a stack by task), then its frame.
+    /// Names every stack (once per distinct (what, VM, exit, address, process, address space),
+    /// then merged by name). A user sample's address space is part of it: two processes with
+    /// one label (a PID reused by the same program) map their own files at one address.
     fn name(&mut self, namer: &Namer) -> Vec<Frame> {
-        let samples = &mut self.samples;
-        // Stacks whose process depends on the time: guest samples of Linux VMs.
-        let timed: Vec<bool> = samples
-            .stacks
-            .iter()
-            .map(|s| is_guest(s.what) && namer.is_linux(s.vm))
-            .collect();
-        for s in samples.stacks.iter_mut() {
-            if is_guest(s.what) {
-                s.process = Some(ProcessKey::Cr3(s.cr3));
-            }
-        }
-        if timed.iter().any(|&t| t) {
-            let mut split: HashMap<(u32, ProcessKey), u32> = HashMap::default();
-            for s in samples.stacks.iter_mut().zip(&timed).filter(|(_, t)| **t) {
-                s.0.count = 0;
-            }
-            let stacks = &mut samples.stacks;
-            for (_, list) in samples.pcpus.iter_mut() {
-                for slot in list.iter_mut() {
-                    let i = slot.stack as usize;
-                    if !timed[i] {
-                        continue;
-                    }
-                    let base = stacks[i];
-                    let pk = namer.process_key(base.vm, base.vcpu, slot.tsc, base.cr3);
-                    let id = *split.entry((slot.stack, pk)).or_insert_with(|| {
-                        stacks.push(Stack {
-                            process: Some(pk),
-                            count: 0,
-                            ..base
-                        });
-                        (stacks.len() - 1) as u32
-                    });
-                    stacks[id as usize].count += 1;
-                    slot.stack = id;
-                }
-            }
-            // The stacks split by task are no one's now: drop them.
-            let mut remap = vec![0u32; samples.stacks.len()];
-            let mut kept = 0u32;
-            for (i, r) in remap.iter_mut().enumerate() {
-                if i >= timed.len() || !timed[i] {
-                    *r = kept;
-                    kept += 1;
-                }
-            }
-            let mut i = 0;
-            samples.stacks.retain(|_| {
-                i += 1;
-                i > timed.len() || !timed[i - 1]
-            });
-            for (_, list) in samples.pcpus.iter_mut() {
-                for slot in list.iter_mut() {
-                    slot.stack = remap[slot.stack as usize];
-                }
-            }
-        }
-        // Named once per distinct (what, VM, exit, address, process, address space), then
-        // merged by name. A user sample's address space is part of it: two processes with one
-        // label (a PID reused by the same program) map their own files at one address.
         type FrameKey = (What, u16, u16, u64, Option<ProcessKey>, u64);
-        let mut named: HashMap<FrameKey, u32> = HashMap::default();
-        let mut frames: Vec<Frame> = Vec::new();
-        let mut index: HashMap<Frame, u32> = HashMap::default();
-        for s in samples.stacks.iter_mut() {
-            let key: FrameKey = match s.what {
+        let frame_key = |s: &Stack| -> FrameKey {
+            match s.what {
                 What::GuestUser => (
                     s.what,
                     s.vm,
@@ -622,14 +639,45 @@ impl Classified {
                 What::GuestKernel => (s.what, s.vm, 0, s.addr, s.process, 0),
                 What::Hypervisor => (s.what, s.vm, s.exit, s.addr, None, 0),
                 What::Idle => (s.what, 0, 0, 0, None, 0),
-            };
-            s.frame = *named.entry(key).or_insert_with(|| {
-                let f = make_frame(namer, s);
-                *index.entry(f.clone()).or_insert_with(|| {
-                    frames.push(f);
-                    (frames.len() - 1) as u32
-                })
+            }
+        };
+        // Each distinct key named once, on every core.
+        let mut first: HashMap<FrameKey, usize> = HashMap::default();
+        let mut distinct: Vec<usize> = Vec::new();
+        for (i, s) in self.samples.stacks.iter().enumerate() {
+            first.entry(frame_key(s)).or_insert_with(|| {
+                distinct.push(i);
+                distinct.len() - 1
             });
+        }
+        let stacks = &self.samples.stacks;
+        let chunks: Vec<&[usize]> = distinct.chunks(4096).collect();
+        let named: Vec<Frame> = crate::par_map(chunks, |c| {
+            c.iter()
+                .map(|&i| make_frame(namer, &stacks[i]))
+                .collect::<Vec<_>>()
+        })
+        .into_iter()
+        .flatten()
+        .collect();
+        // Merged by name, without copying: the first of each name is kept.
+        let mut index: HashMap<&Frame, u32> = HashMap::default();
+        let mut frame_of: Vec<u32> = Vec::with_capacity(named.len());
+        let mut keep: Vec<bool> = Vec::with_capacity(named.len());
+        for f in &named {
+            let next = index.len() as u32;
+            let id = *index.entry(f).or_insert(next);
+            keep.push(id == next);
+            frame_of.push(id);
+        }
+        drop(index);
+        let frames: Vec<Frame> = named
+            .into_iter()
+            .zip(keep)
+            .filter_map(|(f, k)| k.then_some(f))
+            .collect();
+        for s in self.samples.stacks.iter_mut() {
+            s.frame = frame_of[first[&frame_key(s)]];
         }
         frames
     }
@@ -637,6 +685,201 @@ impl Classified {
 
 fn is_guest(what: What) -> bool {
     matches!(what, What::GuestKernel | What::GuestUser)
+}
+
+/// Samples per run [`Profile::replay`] hands its work (≈ 32 K: each run's samples and what
+/// the work makes of them are in memory at once, a few runs per core; small enough that the
+/// allocator reuses their memory rather than asking the kernel for fresh pages each time).
+const RUN_SAMPLES: u64 = 1 << 15;
+
+/// What reads a capture's samples again, in TSC order: the capture, its blocks per pCPU, the
+/// stack of each key, and who ran in Linux guests.
+#[derive(Default)]
+struct Replay {
+    bytes: Vec<u8>,
+    blocks: Vec<(u16, Vec<BlockSpan>)>,
+    index: StackIndex,
+    processes: Option<Processes>,
+}
+
+/// What a [`Profile::replay`] worker reuses from run to run.
+#[derive(Default)]
+struct RunScratch {
+    reader: BlockReader,
+    lists: Vec<Vec<(u64, u32)>>,
+    out: Vec<Sampled>,
+}
+
+/// Where one pCPU's samples of a run are.
+enum Source<'a> {
+    /// Its blocks in stream order are in TSC order: read those the run covers.
+    Blocks(&'a [BlockSpan]),
+    /// They are not (a damaged or forged capture): its samples, read and sorted once.
+    Sorted(&'a [(u64, u32)]),
+}
+
+impl Replay {
+    /// A block's samples: (TSC, stack).
+    fn block(&self, reader: &mut BlockReader, b: &BlockSpan, out: &mut Vec<(u64, u32)>) {
+        let Some((header, records)) = reader.block_at(&self.bytes, b.offset) else {
+            debug_assert!(false, "block at {} not read again", b.offset);
+            return;
+        };
+        let processes = self.processes.as_ref();
+        let mut last: Option<(Key, Option<u32>)> = None;
+        for r in records {
+            let Record::Sample(s) = r else { continue };
+            let key = classify(header.pcpu, s, processes);
+            let context = Key { addr: 0, ..key };
+            let ctx = match last {
+                Some((c, i)) if c == context => i,
+                _ => {
+                    let i = self.index.contexts.get(&context).copied();
+                    last = Some((context, i));
+                    i
+                }
+            };
+            if let Some(&(id, _)) = ctx.and_then(|c| self.index.ids.get(&(key.addr, c))) {
+                out.push((s.tsc, id));
+            }
+        }
+    }
+
+    /// Each pCPU's samples in stream order, sorted by TSC, for pCPUs whose blocks are not.
+    fn sorted_lists(&self) -> Vec<(u16, Vec<(u64, u32)>)> {
+        let mut reader = BlockReader::new();
+        self.blocks
+            .iter()
+            .filter(|(_, bs)| !in_order(bs))
+            .map(|(c, bs)| {
+                let mut l = Vec::new();
+                for b in bs {
+                    self.block(&mut reader, b, &mut l);
+                }
+                l.sort_by_key(|&(t, _)| t);
+                (*c, l)
+            })
+            .collect()
+    }
+}
+
+/// The common time axis: every pCPU's samples' owners as segments in TSC order, where each
+/// segment starts, and the samples of pCPUs whose blocks are out of TSC order, sorted.
+struct TimeAxis {
+    segments: Segments,
+    located: Vec<Vec<Located>>,
+    sorted: HashMap<u16, Vec<(u64, u32)>>,
+}
+
+impl Replay {
+    /// The time axis from the segments the first pass made (in stream order): those of a pCPU
+    /// whose blocks are out of TSC order (a damaged or forged capture) are made again from
+    /// its samples, read and sorted.
+    fn time_axis(&self, (mut owners, lists): StreamSegments, stacks: &[Stack]) -> TimeAxis {
+        let sorted: HashMap<u16, Vec<(u64, u32)>> = self.sorted_lists().into_iter().collect();
+        let mut ids: HashMap<Owner, u32> = owners
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (*o, i as u32))
+            .collect();
+        let mut pcpus = Vec::with_capacity(lists.len());
+        let mut located = Vec::with_capacity(lists.len());
+        for (pcpu, segs, at) in lists {
+            match sorted.get(&pcpu) {
+                None => {
+                    pcpus.push((pcpu, segs));
+                    located.push(at);
+                }
+                Some(list) => {
+                    let (mut segs, mut at) = (Vec::new(), Vec::new());
+                    for (i, &(tsc, stack)) in list.iter().enumerate() {
+                        let s = &stacks[stack as usize];
+                        let owner = owner_of(&Key {
+                            addr: s.addr,
+                            cr3: s.cr3,
+                            process: s.process,
+                            pcpu: s.pcpu,
+                            vm: s.vm,
+                            vcpu: s.vcpu,
+                            exit: s.exit,
+                            what: s.what,
+                        });
+                        let o = *ids.entry(owner).or_insert_with(|| {
+                            owners.push(owner);
+                            (owners.len() - 1) as u32
+                        });
+                        let before = segs.len();
+                        Segments::push_sample(&mut segs, tsc, o);
+                        if segs.len() > before {
+                            at.push(Located {
+                                offset: 0,
+                                skip: i as u32,
+                            });
+                        }
+                    }
+                    pcpus.push((pcpu, segs));
+                    located.push(at);
+                }
+            }
+        }
+        TimeAxis {
+            segments: Segments { owners, pcpus },
+            located,
+            sorted,
+        }
+    }
+
+    /// The samples of segment `i` of `pcpu` with `lo <= tsc < hi` (no upper bound without
+    /// `hi`), read again from its blocks (or its sorted list).
+    fn partial(&self, axis: &TimeAxis, pcpu: u16, i: usize, lo: u64, hi: Option<u64>) -> u64 {
+        let Ok(p) = axis.segments.pcpus.binary_search_by_key(&pcpu, |(c, _)| *c) else {
+            return 0;
+        };
+        let seg = axis.segments.pcpus[p].1[i];
+        let at = axis.located[p][i];
+        let inside = |t: u64| t >= lo && hi.is_none_or(|h| t < h);
+        let want = seg.count as usize;
+        if let Some(list) = axis.sorted.get(&pcpu) {
+            let from = at.skip as usize;
+            return list[from..(from + want).min(list.len())]
+                .iter()
+                .filter(|(t, _)| inside(*t))
+                .count() as u64;
+        }
+        let Ok(b) = self.blocks.binary_search_by_key(&pcpu, |(c, _)| *c) else {
+            return 0;
+        };
+        let blocks = &self.blocks[b].1;
+        let Ok(first) = blocks.binary_search_by_key(&at.offset, |b| b.offset) else {
+            return 0;
+        };
+        let mut reader = BlockReader::new();
+        let (mut seen, mut n) = (0usize, 0u64);
+        let mut skip = at.skip as usize;
+        for b in &blocks[first..] {
+            let Some((_, records)) = reader.block_at(&self.bytes, b.offset) else {
+                break;
+            };
+            for r in records {
+                let Record::Sample(s) = r else { continue };
+                if skip > 0 {
+                    skip -= 1;
+                    continue;
+                }
+                if seen == want {
+                    return n;
+                }
+                seen += 1;
+                n += u64::from(inside(s.tsc));
+            }
+        }
+        n
+    }
+}
+
+/// Whether a pCPU's blocks, in stream order, hold its samples in TSC order.
+fn in_order(blocks: &[BlockSpan]) -> bool {
+    blocks.iter().all(|b| b.sorted) && blocks.windows(2).all(|w| w[0].last <= w[1].first)
 }
 
 impl Profile {
@@ -649,12 +892,13 @@ impl Profile {
     ) -> Result<Profile> {
         let bytes =
             std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let profile = Self::from_bytes(&bytes, images, options, progress);
+        let len = bytes.len();
+        let profile = Self::from_vec(bytes, images, options, progress);
         if profile.samples.is_empty() {
             anyhow::bail!(
                 "{}: no samples in this capture ({} bytes{}): is it an hvprof serial log?",
                 path.display(),
-                bytes.len(),
+                len,
                 if profile.report.lost.truncated {
                     ", no end frame"
                 } else {
@@ -665,33 +909,84 @@ impl Profile {
         Ok(profile)
     }
 
-    /// Decodes (on `options.threads` threads) and classifies a capture, names its stacks and
-    /// builds the report from them.
+    /// [`Profile::from_vec`] of a copy of `bytes`.
     pub fn from_bytes(
         bytes: &[u8],
         images: &Images,
         options: LoadOptions,
         progress: &Progress,
     ) -> Profile {
-        let (decoded, mut classified) = Classified::decode(bytes, options.threads, progress);
+        Self::from_vec(bytes.to_vec(), images, options, progress)
+    }
+
+    /// Decodes (on `options.threads` threads) and classifies a capture, names its stacks and
+    /// builds the report from them. A capture with Linux guests is decoded twice: their
+    /// samples' processes are known once every task frame is.
+    pub fn from_vec(
+        bytes: Vec<u8>,
+        images: &Images,
+        options: LoadOptions,
+        progress: &Progress,
+    ) -> Profile {
+        let (decoded, mut classified) = Classified::decode(&bytes, options.threads, None, progress);
         progress.phase("naming", None, "stacks");
         let mut warnings = Vec::new();
         let namer = Namer::new(&decoded, images, &mut warnings);
+        let processes = namer.processes();
+        let processes = if processes.any_linux() {
+            classified = Classified::decode(&bytes, options.threads, Some(&processes), progress).1;
+            progress.phase("naming", None, "stacks");
+            Some(processes)
+        } else {
+            None
+        };
         let frames = classified.name(&namer);
-        let report = crate::report::build(
-            &decoded,
-            &classified,
-            &frames,
-            &namer,
-            images,
-            options.keep_guest,
-            warnings,
-        );
+        progress.phase("report", None, "stacks");
         let Classified {
             samples,
             mut events,
-            ..
+            cost,
+            segments,
+            index,
+            blocks,
         } = classified;
+        let replay = Replay {
+            bytes,
+            blocks,
+            index,
+            processes,
+        };
+        let report = if options.tables {
+            let axis = replay.time_axis(segments, &samples.stacks);
+            let partial = |pcpu: u16, i: usize, lo: u64, hi: Option<u64>| {
+                replay.partial(&axis, pcpu, i, lo, hi)
+            };
+            crate::report::build(
+                &decoded,
+                &samples,
+                &events,
+                cost,
+                Some((&axis.segments, &partial)),
+                &frames,
+                &namer,
+                images,
+                options.keep_guest,
+                warnings,
+            )
+        } else {
+            crate::report::build(
+                &decoded,
+                &samples,
+                &events,
+                cost,
+                None,
+                &frames,
+                &namer,
+                images,
+                options.keep_guest,
+                warnings,
+            )
+        };
         events.sort_by_key(|(pcpu, e)| (e.tsc, *pcpu));
         let header = decoded.header.clone().unwrap_or_default();
         Profile {
@@ -705,7 +1000,156 @@ impl Profile {
             events,
             text: decoded.text_joined(),
             vm_ends: decoded.vm_ends.clone(),
+            replay,
         }
+    }
+
+    /// Reads every sample again, in TSC order (then pCPU): consecutive runs of them go to
+    /// `work` on every core, a few runs at a time, which fills an `R` (the one a previous run
+    /// filled and `consume` emptied: `work` clears it first), and `consume` gets each run's
+    /// `R` in order. Memory holds a few runs, never every sample (but for a pCPU whose blocks
+    /// are out of TSC order, a damaged capture's, whose samples are read and sorted first),
+    /// and is reused from run to run.
+    pub fn replay<R: Send + Default>(
+        &self,
+        work: impl Fn(&[Sampled], &mut R) + Sync,
+        mut consume: impl FnMut(&mut R) -> Result<()>,
+    ) -> Result<()> {
+        let r = &self.replay;
+        let sorted = r.sorted_lists();
+        let sources: Vec<(u16, Source<'_>)> = r
+            .blocks
+            .iter()
+            .map(|(c, bs)| match sorted.iter().find(|(s, _)| s == c) {
+                Some((_, l)) => (*c, Source::Sorted(l)),
+                None => (*c, Source::Blocks(bs)),
+            })
+            .collect();
+        // Cuts: TSCs that split the samples into runs of about RUN_SAMPLES.
+        let mut marks: Vec<(u64, u64)> = Vec::new();
+        for (_, s) in &sources {
+            match s {
+                Source::Blocks(bs) => {
+                    marks.extend(bs.iter().map(|b| (b.first, u64::from(b.samples))));
+                }
+                Source::Sorted(l) => {
+                    marks.extend(l.chunks(1024).map(|c| (c[0].0, c.len() as u64)));
+                }
+            }
+        }
+        marks.sort_unstable();
+        let mut cuts: Vec<u64> = vec![0];
+        let mut acc = 0u64;
+        for (tsc, n) in marks {
+            if acc >= RUN_SAMPLES && tsc > *cuts.last().unwrap_or(&0) {
+                cuts.push(tsc);
+                acc = 0;
+            }
+            acc += n;
+        }
+        let runs: Vec<(u64, Option<u64>)> = cuts
+            .iter()
+            .enumerate()
+            .map(|(i, &lo)| (lo, cuts.get(i + 1).copied()))
+            .collect();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+        let per_wave = threads * 2;
+        let mut scratch: Vec<RunScratch> = (0..threads).map(|_| RunScratch::default()).collect();
+        let mut outs: Vec<R> = (0..per_wave).map(|_| R::default()).collect();
+        let work = &work;
+        let sources = &sources;
+        for wave in runs.chunks(per_wave) {
+            std::thread::scope(|sc| {
+                let mut shares: Vec<Vec<(usize, &mut R)>> =
+                    (0..threads).map(|_| Vec::new()).collect();
+                for (i, out) in outs.iter_mut().take(wave.len()).enumerate() {
+                    shares[i % threads].push((i, out));
+                }
+                for (share, scratch) in shares.into_iter().zip(scratch.iter_mut()) {
+                    if share.is_empty() {
+                        continue;
+                    }
+                    sc.spawn(move || {
+                        for (i, out) in share {
+                            let (lo, hi) = wave[i];
+                            work(self.run_samples(scratch, sources, lo, hi), out);
+                        }
+                    });
+                }
+            });
+            for out in outs.iter_mut().take(wave.len()) {
+                consume(out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The samples with `lo <= tsc < hi` (no upper bound without `hi`), in TSC order, then
+    /// pCPU, in `scratch`.
+    fn run_samples<'s>(
+        &self,
+        scratch: &'s mut RunScratch,
+        sources: &[(u16, Source<'_>)],
+        lo: u64,
+        hi: Option<u64>,
+    ) -> &'s [Sampled] {
+        let below = |t: u64| hi.is_none_or(|h| t < h);
+        let RunScratch { reader, lists, out } = scratch;
+        lists.resize_with(sources.len(), Vec::new);
+        for ((_, source), l) in sources.iter().zip(lists.iter_mut()) {
+            l.clear();
+            match source {
+                Source::Blocks(bs) => {
+                    let from = bs.partition_point(|b| b.last < lo);
+                    let to = bs.partition_point(|b| below(b.first));
+                    for b in &bs[from..to.max(from)] {
+                        self.replay.block(reader, b, l);
+                    }
+                    l.retain(|&(t, _)| t >= lo && below(t));
+                }
+                Source::Sorted(all) => {
+                    let from = all.partition_point(|&(t, _)| t < lo);
+                    let to = all.partition_point(|&(t, _)| below(t));
+                    l.extend_from_slice(&all[from..to.max(from)]);
+                }
+            }
+        }
+        // Merged by (TSC, pCPU): each list is in TSC order, pCPUs ascending.
+        out.clear();
+        let mut heads: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize, usize)>> = lists
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.first().map(|&(t, _)| std::cmp::Reverse((t, i, 0))))
+            .collect();
+        while let Some(std::cmp::Reverse((_, i, at))) = heads.pop() {
+            let (tsc, stack) = lists[i][at];
+            out.push(self.samples.sampled(tsc, stack));
+            if let Some(&(t, _)) = lists[i].get(at + 1) {
+                heads.push(std::cmp::Reverse((t, i, at + 1)));
+            }
+        }
+        out
+    }
+
+    /// Every sample in TSC order (then pCPU), one by one on this thread.
+    pub fn for_each_sample(&self, mut f: impl FnMut(&Sampled)) {
+        let _ = self.replay(
+            |run, out: &mut Vec<Sampled>| {
+                out.clear();
+                out.extend_from_slice(run);
+            },
+            |run| {
+                run.iter().for_each(&mut f);
+                Ok(())
+            },
+        );
+    }
+
+    /// Every sample in TSC order (then pCPU), in memory (tests, small captures).
+    pub fn samples_in_order(&self) -> Vec<Sampled> {
+        let mut all = Vec::with_capacity(self.samples.len());
+        self.for_each_sample(|s| all.push(*s));
+        all
     }
 
     /// The VM's name (`vm<N>` when the header does not list it).
@@ -733,7 +1177,7 @@ impl Profile {
 
     /// The pCPUs that have samples, sorted.
     pub fn pcpu_list(&self) -> Vec<u16> {
-        self.samples.pcpus().map(|(c, _)| c).collect()
+        self.replay.blocks.iter().map(|(c, _)| *c).collect()
     }
 
     /// First and last sample TSC.
@@ -802,6 +1246,7 @@ fn make_frame(namer: &Namer, s: &Stack) -> Frame {
 mod tests {
     use super::*;
     use hvprof_samplelog::synth;
+    use proptest::prelude::*;
 
     #[test]
     fn every_sample_is_named_and_counted_once() {
@@ -817,12 +1262,13 @@ mod tests {
             LoadOptions {
                 threads: 2,
                 keep_guest: false,
+                tables: true,
             },
             &Progress::hidden(),
         );
         assert_eq!(p.samples.len() as u64, p.report.total_samples);
         assert_eq!(p.report.total_samples, cap.samples);
-        let all: Vec<Sampled> = p.samples.iter().collect();
+        let all: Vec<Sampled> = p.samples_in_order();
         assert_eq!(all.len(), p.samples.len());
         assert!(
             all.windows(2)
@@ -833,7 +1279,7 @@ mod tests {
         let set: std::collections::HashSet<_> = p.frames.iter().collect();
         assert_eq!(set.len(), p.frames.len());
         // Hypervisor frames name whom they worked for.
-        for s in p.samples.iter().filter(|s| s.what == What::Hypervisor) {
+        for s in all.iter().filter(|s| s.what == What::Hypervisor) {
             let f = &p.frames[s.frame as usize];
             assert_eq!(f.vm, "[hypervisor]");
             if s.vm == NO_VM {
@@ -877,7 +1323,9 @@ mod tests {
         let images = Images::default();
         let mut warnings = Vec::new();
         let namer = Namer::new(&decoded, &images, &mut warnings);
-        let stack = |cr3| Stack {
+        // Each stack's process as the decoding pass finds it: the task at its sample's time.
+        let processes = namer.processes();
+        let stack = |tsc, cr3| Stack {
             what: What::GuestUser,
             pcpu: 0,
             vm: 0,
@@ -885,31 +1333,26 @@ mod tests {
             exit: 0,
             addr: 0x20_0484,
             cr3,
-            process: None,
+            process: Some(processes.key(0, 0, tsc, cr3)),
             frame: 0,
             count: 1,
         };
         let mut classified = Classified {
             samples: Samples {
-                stacks: vec![stack(0x2_0000), stack(0x2_4000 | 0x1000)],
-                pcpus: vec![(
-                    0,
-                    vec![
-                        Slot { tsc: 10, stack: 0 },
-                        Slot {
-                            tsc: 2000,
-                            stack: 1,
-                        },
-                    ],
-                )],
+                stacks: vec![stack(10, 0x2_0000), stack(2000, 0x2_4000 | 0x1000)],
                 len: 2,
+                span: (10, 2000),
             },
             events: Vec::new(),
             cost: CostSum::default(),
+            segments: Default::default(),
+            index: StackIndex::default(),
+            blocks: Vec::new(),
         };
         let frames = classified.name(&namer);
         let named: Vec<&Frame> = classified
             .samples
+            .stacks()
             .iter()
             .map(|s| &frames[s.frame as usize])
             .collect();
@@ -925,6 +1368,114 @@ mod tests {
             (named[1].module.as_str(), named[1].function.as_str()),
             ("job.v2", "[unknown] job.v2+0x484")
         );
+    }
+
+    /// Random records on a few pCPUs: samples of a few owners in runs (as a pCPU's samples
+    /// come), scheduling events, TSCs rising (or not).
+    fn arb_pcpu_records() -> impl Strategy<Value = Vec<Record>> {
+        use hvprof_samplelog::{Event, EventKind, OutReason, Sample, guest_mode};
+        let vm = prop_oneof![Just(0u16), Just(1), Just(NO_VM)];
+        let sample = (0u8..3, vm.clone(), 0u16..3, 1usize..6, 0u64..3).prop_map(
+            |(kind, vm, vcpu, n, rip)| {
+                let s = Sample {
+                    kind: SampleKind::from_u8(kind).unwrap_or_default(),
+                    vm,
+                    vcpu,
+                    guest_mode: guest_mode(0, 2),
+                    guest_rip: 0x1000 + rip,
+                    host_rip: 0x2000 + rip,
+                    ..Sample::default()
+                };
+                vec![Record::Sample(s); n]
+            },
+        );
+        let event = (any::<bool>(), vm, 0u16..3, 0u8..4).prop_map(|(out, vm, vcpu, reason)| {
+            vec![Record::Event(Event {
+                kind: if out {
+                    EventKind::VcpuOut
+                } else {
+                    EventKind::VcpuIn
+                },
+                vm,
+                vcpu,
+                reason: OutReason::from_u8(reason).unwrap_or_default(),
+                tsc: 0,
+            })]
+        });
+        prop::collection::vec((0u64..30, prop_oneof![2 => sample, 1 => event]), 0..40).prop_map(
+            |groups| {
+                let mut t = 0u64;
+                let mut out = Vec::new();
+                for (dt, group) in groups {
+                    for mut r in group {
+                        t += dt / 4;
+                        match &mut r {
+                            Record::Sample(s) => s.tsc = t,
+                            Record::Event(e) => e.tsc = t,
+                        }
+                        out.push(r);
+                    }
+                }
+                out
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+        /// What the report counts per segment, reading samples again from the blocks where an
+        /// event falls inside a segment (and from sorted lists for a pCPU whose blocks came out
+        /// of TSC order), is what counting every sample gives; the samples read again are every
+        /// sample, in TSC order.
+        #[test]
+        fn segments_and_replay_agree_with_every_sample(
+            pcpus in prop::collection::vec(arb_pcpu_records(), 1..4),
+            block_records in 1usize..9,
+            swap in any::<bool>(),
+        ) {
+            let mut bytes = Vec::new();
+            for (pcpu, r) in pcpus.iter().enumerate() {
+                let stream = hvprof_samplelog::synth::encode_blocks(pcpu as u16, r, 10, block_records);
+                // Its frames (each `0x00 COBS 0x00`), the first two sent in the other order
+                // (their numbers tell the decoder; their TSCs go back).
+                let mut frames: Vec<&[u8]> = stream
+                    .split(|&b| b == 0)
+                    .filter(|f| !f.is_empty())
+                    .collect();
+                if swap && frames.len() > 1 {
+                    frames.swap(0, 1);
+                }
+                for f in frames {
+                    bytes.push(0);
+                    bytes.extend_from_slice(f);
+                    bytes.push(0);
+                }
+            }
+            let p = Profile::from_bytes(
+                &bytes,
+                &Images::default(),
+                LoadOptions { threads: 2, keep_guest: false, tables: true },
+                &Progress::hidden(),
+            );
+            let all = p.samples_in_order();
+            prop_assert_eq!(all.len(), p.samples.len());
+            prop_assert!(all.windows(2).all(|w| (w[0].tsc, w[0].pcpu) <= (w[1].tsc, w[1].pcpu)));
+            let mut lists: HashMap<u16, Vec<(u64, Owner)>> = HashMap::default();
+            for s in &all {
+                lists.entry(s.pcpu).or_default().push((s.tsc, s.owner()));
+            }
+            for l in lists.values_mut() {
+                l.sort_by_key(|s| s.0);
+            }
+            let want = crate::timeline::blanks(&lists, &p.events);
+            let classified = Classified::decode(&bytes, 2, None, &Progress::hidden()).1;
+            let axis = p.replay.time_axis(classified.segments, &p.samples.stacks);
+            let partial = |pcpu: u16, i: usize, lo: u64, hi: Option<u64>| {
+                p.replay.partial(&axis, pcpu, i, lo, hi)
+            };
+            let got = crate::timeline::segment_blanks(&axis.segments, &p.events, &partial);
+            prop_assert_eq!(got, want);
+        }
     }
 
     #[test]

@@ -16,6 +16,8 @@ pub struct Progress {
     start: Instant,
     tty: bool,
     shown: AtomicBool,
+    /// `HVPROF_TIMINGS` set: each phase's wall time is printed on stderr when it ends.
+    timings: Option<std::sync::Mutex<(String, Instant)>>,
 }
 
 impl Progress {
@@ -36,12 +38,15 @@ impl Progress {
             start: Instant::now(),
             tty,
             shown: AtomicBool::new(false),
+            timings: std::env::var_os("HVPROF_TIMINGS")
+                .map(|_| std::sync::Mutex::new((String::new(), Instant::now()))),
         }
     }
 
     /// Starts a phase: `what` with `len` steps of `unit` (a spinner with a count when the
     /// length is unknown).
     pub fn phase(&self, what: &str, len: Option<u64>, unit: &str) {
+        self.time_phase(what);
         let template = if len.is_some() {
             format!(
                 "{{msg:12}} [{{bar:40}}] {{human_pos}}/{{human_len}} {unit} ({{elapsed}}, {{eta}} left)"
@@ -82,8 +87,29 @@ impl Progress {
         self.bar.suspend(|| eprintln!("{line}"));
     }
 
+    /// With `HVPROF_TIMINGS` set: prints the wall time of the phase that ends, and starts `next`.
+    fn time_phase(&self, next: &str) {
+        if let Some(t) = &self.timings {
+            let mut t = t.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !t.0.is_empty() {
+                // Resident memory at the phase's end (Linux; 0 elsewhere).
+                let rss_mb = std::fs::read_to_string("/proc/self/statm")
+                    .ok()
+                    .and_then(|m| m.split_whitespace().nth(1)?.parse::<u64>().ok())
+                    .map_or(0, |pages| (pages * 4096) >> 20);
+                eprintln!(
+                    "timing: {:<12} {:>8.1} ms, {rss_mb} MB resident",
+                    t.0,
+                    t.1.elapsed().as_secs_f64() * 1e3
+                );
+            }
+            *t = (next.to_owned(), Instant::now());
+        }
+    }
+
     /// Removes the bar (if it was drawn).
     pub fn finish(&self) {
+        self.time_phase("");
         self.bar.finish_and_clear();
     }
 }

@@ -45,9 +45,12 @@ use hvprof_samplelog::Decoded;
 use serde::Serialize;
 
 use crate::naming::{Namer, function_name as name};
-use crate::profile::{Classified, Frame, Stack, What};
+use crate::profile::{CostSum, Frame, Samples, Stack, What};
+use crate::timeline::Segments;
+
+/// Counts the samples of a pCPU's segment in a TSC range: see [`crate::timeline::segment_blanks`].
+pub type Partial<'a> = dyn Fn(u16, usize, u64, Option<u64>) -> u64 + Sync + 'a;
 use crate::symbols::{Images, Symbols, hex};
-use crate::timeline::Owner;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Row {
@@ -259,7 +262,7 @@ pub struct Cost {
     pub percent_of_period: f64,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Host {
     pub hypervisor: f64,
     pub vm: f64,
@@ -593,9 +596,13 @@ fn exact_of<'a>(
 /// host level, each VM's and vCPU's guest level with the exact split from the scheduling
 /// events, then the losses and the warnings. `keep_guest` names Linux guests' samples by
 /// process; `warnings` holds what naming found missing.
+#[allow(clippy::too_many_arguments)]
 pub fn build(
     decoded: &Decoded,
-    classified: &Classified,
+    samples: &Samples,
+    events: &[(u16, hvprof_samplelog::Event)],
+    cost: CostSum,
+    tables: Option<(&Segments, &Partial<'_>)>,
     frames: &[Frame],
     namer: &Namer,
     images: &Images,
@@ -620,12 +627,15 @@ pub fn build(
                 .into(),
         );
     }
-    let samples = &classified.samples;
     let total = samples.len() as u64;
-    let mut guests = guest_counts(samples.stacks(), frames, namer, keep_guest);
-    let exact = add_blanks(classified, &mut guests);
-    let host = host_level(samples.stacks(), frames, namer, &guests.per_vm, total);
-    let vms = guest_level(namer, guests, &exact);
+    let (host, vms) = if let Some(axis) = tables {
+        let mut guests = guest_counts(samples.stacks(), frames, namer, keep_guest);
+        let exact = add_blanks(events, axis, &mut guests);
+        let host = host_level(samples.stacks(), frames, namer, &guests.per_vm, total);
+        (host, guest_level(namer, guests, &exact))
+    } else {
+        (Host::default(), Vec::new())
+    };
 
     let lost = Lost {
         blocks: decoded.blocks_lost(),
@@ -646,7 +656,6 @@ pub fn build(
     let integrity = Integrity::of(decoded);
     first_lines.extend(integrity.warnings());
     warnings.splice(0..0, first_lines);
-    let cost = classified.cost;
     let mean = if total == 0 {
         0.0
     } else {
@@ -654,7 +663,7 @@ pub fn build(
     };
     Report {
         total_samples: total,
-        events: classified.events.len() as u64,
+        events: events.len() as u64,
         period_ticks: header.period_ticks,
         tsc_hz: header.tsc_hz,
         pcpus: header.pcpus,
@@ -742,10 +751,11 @@ fn guest_counts(stacks: &[Stack], frames: &[Frame], namer: &Namer, keep_guest: b
 /// partial log) the hypervisor's samples on a vCPU's behalf are all that can be called its
 /// steal.
 fn add_blanks(
-    classified: &Classified,
+    events: &[(u16, hvprof_samplelog::Event)],
+    (segments, partial): (&Segments, &Partial<'_>),
     g: &mut Guests,
 ) -> HashMap<(u16, u16), crate::timeline::Blanks> {
-    if classified.events.is_empty() {
+    if events.is_empty() {
         for (&(vm, vcpu), &n) in &g.hypervisor {
             for counts in [
                 g.per_vm.entry(vm).or_default(),
@@ -756,11 +766,7 @@ fn add_blanks(
         }
         return HashMap::default();
     }
-    let timeline = Timeline {
-        owners: classified.samples.stacks().iter().map(owner).collect(),
-        lists: classified.samples.pcpus().collect(),
-    };
-    let exact = crate::timeline::blanks(&timeline, &classified.events);
+    let exact = crate::timeline::segment_blanks(segments, events, partial);
     for (&(vm, vcpu), b) in &exact {
         let add = |g: &mut GuestCounts| {
             g.idle += b.idle;
@@ -782,45 +788,6 @@ fn add_blanks(
         add(g.per_vcpu.entry((vm, vcpu)).or_default());
     }
     exact
-}
-
-/// The profile's own per-pCPU lists, read as the common time axis (no copy of them): each
-/// sample's owner from its stack.
-struct Timeline<'a> {
-    /// By stack index.
-    owners: Vec<Owner>,
-    lists: HashMap<u16, &'a [crate::profile::Slot]>,
-}
-
-impl crate::timeline::Lists for Timeline<'_> {
-    type Item = crate::profile::Slot;
-    fn pcpus(&self) -> Vec<u16> {
-        self.lists.keys().copied().collect()
-    }
-    fn list(&self, pcpu: u16) -> Option<&[crate::profile::Slot]> {
-        self.lists.get(&pcpu).copied()
-    }
-    fn tsc(&self, item: &crate::profile::Slot) -> u64 {
-        item.tsc
-    }
-    fn owner(&self, item: &crate::profile::Slot) -> Owner {
-        self.owners[item.stack as usize]
-    }
-}
-
-/// Who a stack's samples belong to on the common time axis.
-fn owner(s: &Stack) -> Owner {
-    match s.what {
-        What::GuestKernel | What::GuestUser => Owner::Guest {
-            vm: s.vm,
-            vcpu: s.vcpu,
-        },
-        What::Hypervisor => Owner::Hypervisor {
-            vm: s.vm,
-            vcpu: s.vcpu,
-        },
-        What::Idle => Owner::Idle,
-    }
 }
 
 /// The host level: each VM as one row, the hypervisor's functions, `[idle]`.
@@ -980,6 +947,7 @@ mod tests {
             crate::profile::LoadOptions {
                 threads,
                 keep_guest: false,
+                tables: true,
             },
             &crate::progress::Progress::hidden(),
         )

@@ -29,6 +29,8 @@
 
 use std::io::{self, Write};
 
+use rustc_hash::FxHashMap as HashMap;
+
 use crate::profile::{Frame, Profile, What};
 use crate::progress::Progress;
 
@@ -116,39 +118,100 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
             (leaf, outer)
         })
         .collect();
-    let mut comms: Vec<String> = Vec::new();
-    let vm_comm = |vm: u16| comm(&p.vm_name(vm));
-    let hz = if p.tsc_hz == 0 { 1e9 } else { p.tsc_hz as f64 };
+    // Per stack: its line's start (comm, pid/tid, pCPU), one of a few.
+    let mut starts: Vec<String> = Vec::new();
+    let mut start_of: HashMap<(What, u16, u16, u16), u32> = HashMap::default();
+    let stack_start: Vec<u32> = p
+        .samples
+        .stacks()
+        .iter()
+        .map(|s| {
+            let (vm, vcpu) = match s.what {
+                What::Idle => (0, 0),
+                What::Hypervisor => (0, 0),
+                What::GuestKernel | What::GuestUser => (s.vm, s.vcpu),
+            };
+            let what = if s.what == What::GuestKernel {
+                What::GuestUser
+            } else {
+                s.what
+            };
+            *start_of.entry((what, vm, vcpu, s.pcpu)).or_insert_with(|| {
+                let (pid, tid) = ids(s.what, s.vm, s.vcpu, s.pcpu);
+                let c = match s.what {
+                    What::Idle => "[idle]".to_owned(),
+                    What::Hypervisor => "[hypervisor]".to_owned(),
+                    What::GuestKernel | What::GuestUser => comm(&p.vm_name(s.vm)),
+                };
+                starts.push(format!("{c} {pid}/{tid} [{:03}] ", s.pcpu));
+                (starts.len() - 1) as u32
+            })
+        })
+        .collect();
+    let middle = format!(": {event}:\n\t");
+    let hz = u128::from(if p.tsc_hz == 0 {
+        1_000_000_000
+    } else {
+        p.tsc_hz
+    });
     progress.phase("perf script", Some(p.samples.len() as u64), "samples");
-    for (i, s) in p.samples.iter().enumerate() {
-        let (pid, tid) = ids(s.what, s.vm, s.vcpu, s.pcpu);
-        let c: &str = match s.what {
-            What::Idle => "[idle]",
-            What::Hypervisor => "[hypervisor]",
-            What::GuestKernel | What::GuestUser => {
-                let k = usize::from(s.vm);
-                if comms.len() <= k {
-                    comms.resize(k + 1, String::new());
-                }
-                if comms[k].is_empty() {
-                    comms[k] = vm_comm(s.vm);
-                }
-                &comms[k]
+    p.replay(
+        |run, (text, n): &mut (Vec<u8>, u64)| {
+            text.clear();
+            *n = run.len() as u64;
+            for s in run {
+                let stack = s.stack as usize;
+                text.extend_from_slice(starts[stack_start[stack] as usize].as_bytes());
+                seconds(text, s.tsc, hz);
+                text.extend_from_slice(middle.as_bytes());
+                hex16(text, s.addr);
+                let (leaf, outer) = &tails[s.frame as usize];
+                text.extend_from_slice(leaf.as_bytes());
+                text.extend_from_slice(outer.as_bytes());
+                text.push(b'\n');
             }
-        };
-        let (leaf, outer) = &tails[s.frame as usize];
-        write!(
-            out,
-            "{c} {pid}/{tid} [{:03}] {:.6}: {event}:\n\t{:>16x}{leaf}{outer}\n",
-            s.pcpu,
-            s.tsc as f64 / hz,
-            s.addr
-        )?;
-        if i % 65536 == 65535 {
-            progress.inc(65536);
+        },
+        |(text, n)| {
+            out.write_all(text)?;
+            progress.inc(*n);
+            Ok(())
+        },
+    )
+    .map_err(io::Error::other)
+}
+
+/// `tsc / hz` seconds with six decimals, rounded to the nearest microsecond.
+fn seconds(out: &mut Vec<u8>, tsc: u64, hz: u128) {
+    let us = (u128::from(tsc) * 1_000_000 + hz / 2) / hz;
+    let whole = us / 1_000_000;
+    let frac = (us % 1_000_000) as u32;
+    let mut buf = itoa::Buffer::new();
+    out.extend_from_slice(buf.format(whole).as_bytes());
+    out.push(b'.');
+    let mut digits = [b'0'; 6];
+    let mut f = frac;
+    for d in digits.iter_mut().rev() {
+        *d = b'0' + (f % 10) as u8;
+        f /= 10;
+    }
+    out.extend_from_slice(&digits);
+}
+
+/// `v` in lower-case hex, right-aligned in 16 columns (`{:>16x}`).
+fn hex16(out: &mut Vec<u8>, v: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [b' '; 16];
+    let mut x = v;
+    let mut i = 16;
+    loop {
+        i -= 1;
+        buf[i] = HEX[(x & 0xf) as usize];
+        x >>= 4;
+        if x == 0 {
+            break;
         }
     }
-    Ok(())
+    out.extend_from_slice(&buf);
 }
 
 #[cfg(test)]
@@ -172,6 +235,26 @@ mod tests {
             assert!(seen.insert(tid, (0xffff, pcpu)).is_none());
         }
         assert!(!seen.contains_key(&0), "tid 0 is idle's");
+    }
+
+    #[test]
+    fn times_and_addresses_print_as_perf_script_does() {
+        for (tsc, hz, want) in [
+            (0u64, 1_000_000_000u64, "0.000000"),
+            (1_234_567_890, 1_000_000_000, "1.234568"),
+            (999_999_500, 1_000_000_000, "1.000000"),
+            (u64::MAX, 1, "18446744073709551615.000000"),
+            (2_400_000, 2_400_000_000, "0.001000"),
+        ] {
+            let mut out = Vec::new();
+            seconds(&mut out, tsc, u128::from(hz));
+            assert_eq!(String::from_utf8(out).unwrap(), want, "{tsc} / {hz}");
+        }
+        for v in [0u64, 1, 0xabc, 0xffff_8000_0020_7bfb, u64::MAX] {
+            let mut out = Vec::new();
+            hex16(&mut out, v);
+            assert_eq!(String::from_utf8(out).unwrap(), format!("{v:>16x}"));
+        }
     }
 
     #[test]

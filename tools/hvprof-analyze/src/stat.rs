@@ -254,19 +254,20 @@ pub fn build(p: &Profile) -> Stat {
     let mut per_vcpu: HashMap<(u16, u16), HashMap<u16, u64>> = HashMap::default();
     let mut guest_vm: HashMap<u16, u64> = HashMap::default();
     let mut guest_vcpu: HashMap<(u16, u16), u64> = HashMap::default();
-    for s in &p.samples {
+    for s in p.samples.stacks() {
+        let n = s.count;
         match s.what {
             What::Hypervisor if s.vm != NO_VM => {
-                *per_vm.entry(s.vm).or_default().entry(s.exit).or_default() += 1;
+                *per_vm.entry(s.vm).or_default().entry(s.exit).or_default() += n;
                 *per_vcpu
                     .entry((s.vm, s.vcpu))
                     .or_default()
                     .entry(s.exit)
-                    .or_default() += 1;
+                    .or_default() += n;
             }
             What::GuestKernel | What::GuestUser => {
-                *guest_vm.entry(s.vm).or_default() += 1;
-                *guest_vcpu.entry((s.vm, s.vcpu)).or_default() += 1;
+                *guest_vm.entry(s.vm).or_default() += n;
+                *guest_vcpu.entry((s.vm, s.vcpu)).or_default() += n;
             }
             _ => {}
         }

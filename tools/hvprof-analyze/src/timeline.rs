@@ -322,13 +322,8 @@ impl PcpuIndex {
     }
 }
 
-/// Classifies every vCPU's blank slots. `samples`: per pCPU, (TSC, owner) in TSC order;
-/// `events`: every scheduling event with its pCPU. Counts per run (see [`runs`]), never per
-/// slot: time O((E + S) log(E + S)), with at most [`STEAL_ON_MAX`] siblings per run.
-pub fn blanks<L: Lists + Sync>(
-    samples: &L,
-    events: &[(u16, Event)],
-) -> HashMap<(u16, u16), Blanks> {
+/// Each vCPU's exact ticks in, out halted and out otherwise, from its events.
+fn exact_ticks(events: &[(u16, Event)]) -> HashMap<(u16, u16), Blanks> {
     let mut out: HashMap<(u16, u16), Blanks> = HashMap::default();
     for (key, track) in tracks(events) {
         let b = out.entry(key).or_default();
@@ -344,6 +339,17 @@ pub fn blanks<L: Lists + Sync>(
             *ticks = ticks.saturating_add(span);
         }
     }
+    out
+}
+
+/// Classifies every vCPU's blank slots. `samples`: per pCPU, (TSC, owner) in TSC order;
+/// `events`: every scheduling event with its pCPU. Counts per run (see [`runs`]), never per
+/// slot: time O((E + S) log(E + S)), with at most [`STEAL_ON_MAX`] siblings per run.
+pub fn blanks<L: Lists + Sync>(
+    samples: &L,
+    events: &[(u16, Event)],
+) -> HashMap<(u16, u16), Blanks> {
+    let mut out = exact_ticks(events);
     let index: HashMap<u16, PcpuIndex> = crate::par_map(samples.pcpus(), |p| {
         samples.list(p).map(|l| (p, PcpuIndex::new(samples, l)))
     })
@@ -369,6 +375,259 @@ pub fn blanks<L: Lists + Sync>(
                     named += n;
                 }
                 b.steal_on_others += steal_on - named;
+            }
+        }
+    }
+    out
+}
+
+/// A stretch of one pCPU's samples, consecutive in TSC order, with one owner (an index into
+/// [`Segments::owners`]): the common time axis kept at the size of its owner changes, not of
+/// its samples.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// TSC of its first and last sample.
+    pub first: u64,
+    pub last: u64,
+    pub owner: u32,
+    pub count: u32,
+}
+
+/// Per pCPU (ascending), its samples as [`Segment`]s in TSC order (each one's `last` at most
+/// the next one's `first`).
+#[derive(Clone, Debug, Default)]
+pub struct Segments {
+    pub owners: Vec<Owner>,
+    pub pcpus: Vec<(u16, Vec<Segment>)>,
+}
+
+impl Segments {
+    /// A pCPU's segments from its samples' (TSC, owner index) in TSC order.
+    pub fn push_sample(list: &mut Vec<Segment>, tsc: u64, owner: u32) {
+        match list.last_mut() {
+            Some(s) if s.owner == owner && s.count < u32::MAX => {
+                s.last = tsc;
+                s.count += 1;
+            }
+            _ => list.push(Segment {
+                first: tsc,
+                last: tsc,
+                owner,
+                count: 1,
+            }),
+        }
+    }
+}
+
+/// Cumulative samples of one kind of owner over a pCPU's segments: (segment index, samples in
+/// the segments before it and in it), for the segments of that kind only.
+#[derive(Default)]
+struct Cumulative(Vec<(u32, u64)>);
+
+impl Cumulative {
+    fn push(&mut self, seg: usize, n: u64) {
+        let before = self.0.last().map_or(0, |&(_, c)| c);
+        self.0.push((seg as u32, before + n));
+    }
+
+    /// Samples in the segments before index `x`.
+    fn before(&self, x: usize) -> u64 {
+        let k = self.0.partition_point(|&(i, _)| (i as usize) < x);
+        k.checked_sub(1).map_or(0, |k| self.0[k].1)
+    }
+
+    fn count(&self, r: &Range<usize>) -> u64 {
+        self.before(r.end) - self.before(r.start)
+    }
+}
+
+/// One pCPU's segments indexed by owner: [`PcpuIndex`] at the size of the segments.
+struct SegmentIndex {
+    all: Cumulative,
+    by_vcpu: HashMap<(u16, u16), Cumulative>,
+    guest: HashMap<(u16, u16), Cumulative>,
+    by_vm: HashMap<u16, Cumulative>,
+    hv_no_vm: Cumulative,
+    /// Each VM's vCPUs that own samples here, sorted.
+    vcpus: HashMap<u16, Vec<u16>>,
+}
+
+impl SegmentIndex {
+    fn new(owners: &[Owner], segs: &[Segment]) -> Self {
+        let mut ix = SegmentIndex {
+            all: Cumulative::default(),
+            by_vcpu: HashMap::default(),
+            guest: HashMap::default(),
+            by_vm: HashMap::default(),
+            hv_no_vm: Cumulative::default(),
+            vcpus: HashMap::default(),
+        };
+        for (i, s) in segs.iter().enumerate() {
+            let n = u64::from(s.count);
+            ix.all.push(i, n);
+            let (vm, vcpu, guest) = match owners[s.owner as usize] {
+                Owner::Guest { vm, vcpu } => (vm, vcpu, true),
+                Owner::Hypervisor { vm, vcpu } => (vm, vcpu, false),
+                Owner::Idle => continue,
+            };
+            if guest {
+                ix.guest.entry((vm, vcpu)).or_default().push(i, n);
+            } else if vm == hvprof_samplelog::NO_VM {
+                ix.hv_no_vm.push(i, n);
+            }
+            let p = ix.by_vcpu.entry((vm, vcpu)).or_default();
+            if p.0.is_empty() {
+                ix.vcpus.entry(vm).or_default().push(vcpu);
+            }
+            p.push(i, n);
+            ix.by_vm.entry(vm).or_default().push(i, n);
+        }
+        for v in ix.vcpus.values_mut() {
+            v.sort_unstable();
+        }
+        ix
+    }
+}
+
+/// The samples of a vCPU run on one pCPU: whole segments, and at most two segments of which
+/// only some samples fall in the run (their owner and how many).
+struct Window {
+    whole: Range<usize>,
+    parts: Vec<(Owner, u64)>,
+}
+
+impl Window {
+    fn count<K: std::hash::Hash + Eq>(
+        &self,
+        map: &HashMap<K, Cumulative>,
+        k: &K,
+        is: impl Fn(Owner) -> bool,
+    ) -> u64 {
+        map.get(k).map_or(0, |c| c.count(&self.whole)) + self.parts_where(is)
+    }
+
+    fn parts_where(&self, is: impl Fn(Owner) -> bool) -> u64 {
+        self.parts
+            .iter()
+            .filter(|(o, _)| is(*o))
+            .map(|(_, n)| n)
+            .sum()
+    }
+}
+
+/// [`blanks`] from [`Segments`]: the same figures, counted per segment. `partial(pcpu, i, lo,
+/// hi)` counts the samples of segment `i` of `pcpu` with `lo <= tsc` and `tsc < hi` (no upper
+/// bound without `hi`): the only place individual samples are read, for the segments a
+/// scheduling event falls inside (a vCPU leaving or entering a pCPU while another owner's
+/// samples run on there, which the pCPU's own events never do).
+pub fn segment_blanks(
+    segments: &Segments,
+    events: &[(u16, Event)],
+    partial: &(dyn Fn(u16, usize, u64, Option<u64>) -> u64 + Sync),
+) -> HashMap<(u16, u16), Blanks> {
+    let mut out = exact_ticks(events);
+    let owners = &segments.owners;
+    let index: HashMap<u16, SegmentIndex> = segments
+        .pcpus
+        .iter()
+        .map(|(p, segs)| (*p, SegmentIndex::new(owners, segs)))
+        .collect();
+    let lists: HashMap<u16, &[Segment]> = segments
+        .pcpus
+        .iter()
+        .map(|(p, l)| (*p, l.as_slice()))
+        .collect();
+    for (vcpu_key, track) in tracks(events) {
+        for (k, &(t, pcpu, e)) in track.events.iter().enumerate() {
+            let class = match (e.kind, e.reason) {
+                (EventKind::VcpuIn, _) => Class::In,
+                (EventKind::VcpuOut, OutReason::Stopped) => break,
+                (EventKind::VcpuOut, OutReason::Halted) => Class::OutHalted,
+                (EventKind::VcpuOut, _) => Class::Out,
+            };
+            let (Some(segs), Some(ix)) = (lists.get(&pcpu), index.get(&pcpu)) else {
+                continue;
+            };
+            let next = track.events.get(k + 1).map(|&(n, _, _)| n);
+            let below = |x: u64| next.is_none_or(|n| x < n);
+            let from = segs.partition_point(|s| s.last < t);
+            let to = segs.partition_point(|s| below(s.first)).max(from);
+            if from == to {
+                continue;
+            }
+            let mut w = Window {
+                whole: from..to,
+                parts: Vec::new(),
+            };
+            let cut_start = segs[from].first < t;
+            let cut_end = !below(segs[to - 1].last);
+            if cut_start || cut_end {
+                if to - from == 1 {
+                    w.whole = from..from;
+                    let n = partial(pcpu, from, t, next);
+                    w.parts.push((owners[segs[from].owner as usize], n));
+                } else {
+                    if cut_start {
+                        w.whole.start += 1;
+                        let n = partial(pcpu, from, t, None);
+                        w.parts.push((owners[segs[from].owner as usize], n));
+                    }
+                    if cut_end {
+                        w.whole.end -= 1;
+                        let n = partial(pcpu, to - 1, 0, next);
+                        w.parts.push((owners[segs[to - 1].owner as usize], n));
+                    }
+                }
+            }
+            let len = ix.all.count(&w.whole) + w.parts_where(|_| true);
+            if len == 0 {
+                continue;
+            }
+            let (vm, vcpu) = vcpu_key;
+            let own = w.count(&ix.guest, &vcpu_key, |o| o == Owner::Guest { vm, vcpu });
+            let is_vcpu = |o: Owner| matches!(o, Owner::Guest { vm: v, vcpu: c } | Owner::Hypervisor { vm: v, vcpu: c } if v == vm && c == vcpu);
+            let b = out.entry(vcpu_key).or_default();
+            match class {
+                Class::In => b.hypervisor += len - own,
+                Class::OutHalted => b.idle += len,
+                Class::Out => {
+                    let by_vcpu = w.count(&ix.by_vcpu, &vcpu_key, is_vcpu);
+                    let hv = if vm == hvprof_samplelog::NO_VM {
+                        by_vcpu - own
+                    } else {
+                        ix.hv_no_vm.count(&w.whole)
+                            + w.parts_where(|o| {
+                                matches!(
+                                    o,
+                                    Owner::Hypervisor {
+                                        vm: hvprof_samplelog::NO_VM,
+                                        ..
+                                    }
+                                )
+                            })
+                    };
+                    let by_vm = w.count(&ix.by_vm, &vm, |o| {
+                        matches!(o, Owner::Guest { vm: v, .. } | Owner::Hypervisor { vm: v, .. } if v == vm)
+                    });
+                    let steal_on = by_vm - by_vcpu;
+                    let mut named = 0;
+                    if steal_on > 0 {
+                        for &c in ix.vcpus.get(&vm).into_iter().flatten().take(STEAL_ON_MAX) {
+                            if c != vcpu {
+                                let n = w.count(&ix.by_vcpu, &(vm, c), |o| {
+                                    matches!(o, Owner::Guest { vm: v, vcpu: x } | Owner::Hypervisor { vm: v, vcpu: x } if v == vm && x == c)
+                                });
+                                if n > 0 {
+                                    *b.steal_on.entry(c).or_default() += n;
+                                    named += n;
+                                }
+                            }
+                        }
+                    }
+                    b.hypervisor_out += hv;
+                    b.steal_outside += len - hv - steal_on;
+                    b.steal_on_others += steal_on - named;
+                }
             }
         }
     }
@@ -474,7 +733,60 @@ mod tests {
         )
     }
 
+    /// [`segment_blanks`] of per-pCPU (TSC, owner) lists: their segments, and partial counts
+    /// read from the lists.
+    fn blanks_by_segments(
+        samples: &HashMap<u16, Vec<(u64, Owner)>>,
+        events: &[(u16, Event)],
+    ) -> HashMap<(u16, u16), Blanks> {
+        let mut segments = Segments::default();
+        let mut owner_ids: HashMap<Owner, u32> = HashMap::default();
+        let mut pcpus: Vec<u16> = samples.keys().copied().collect();
+        pcpus.sort_unstable();
+        for p in pcpus {
+            let mut list = Vec::new();
+            for &(t, o) in &samples[&p] {
+                let id = *owner_ids.entry(o).or_insert_with(|| {
+                    segments.owners.push(o);
+                    (segments.owners.len() - 1) as u32
+                });
+                Segments::push_sample(&mut list, t, id);
+            }
+            segments.pcpus.push((p, list));
+        }
+        let partial = |p: u16, i: usize, lo: u64, hi: Option<u64>| -> u64 {
+            let segs = &segments.pcpus.iter().find(|(c, _)| *c == p).unwrap().1;
+            let start: usize = segs[..i].iter().map(|s| s.count as usize).sum();
+            samples[&p][start..start + segs[i].count as usize]
+                .iter()
+                .filter(|(t, _)| *t >= lo && hi.is_none_or(|h| *t < h))
+                .count() as u64
+        };
+        segment_blanks(&segments, events, &partial)
+    }
+
     proptest! {
+        /// Counting per segment gives what counting per sample gives.
+        #[test]
+        fn segments_count_what_samples_count(
+            events in prop::collection::vec(arb_event(), 0..40),
+            lists in prop::collection::vec(prop::collection::vec((0u64..60, arb_owner()), 0..60), 1..4),
+            runs_of in 1usize..6,
+        ) {
+            let mut samples: HashMap<u16, Vec<(u64, Owner)>> = HashMap::default();
+            for (p, mut l) in lists.into_iter().enumerate() {
+                l.sort_by_key(|s| s.0);
+                // Owners in runs, as a pCPU's samples come (one vCPU for a while).
+                for i in 1..l.len() {
+                    if i % runs_of != 0 {
+                        l[i].1 = l[i - 1].1;
+                    }
+                }
+                samples.insert(p as u16, l);
+            }
+            prop_assert_eq!(blanks_by_segments(&samples, &events), blanks(&samples, &events));
+        }
+
         /// Counting per run gives what classifying slot by slot gives, on any events (out of
         /// order, at equal TSCs, on several pCPUs, `NO_VM` as a VM) and any owners.
         #[test]

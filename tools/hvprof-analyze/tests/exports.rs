@@ -86,6 +86,7 @@ impl Capture {
             LoadOptions {
                 threads: 2,
                 keep_guest: false,
+                tables: true,
             },
             &Progress::hidden(),
         )

@@ -103,6 +103,7 @@ fn report(bytes: &[u8]) -> report::Report {
         LoadOptions {
             threads: 2,
             keep_guest: true,
+            tables: true,
         },
         &Progress::hidden(),
     )
@@ -199,6 +200,7 @@ fn guest_chosen_names_are_escaped() {
         LoadOptions {
             threads: 1,
             keep_guest: true,
+            tables: true,
         },
         &Progress::hidden(),
     );

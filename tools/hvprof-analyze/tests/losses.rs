@@ -91,6 +91,7 @@ fn profile(bytes: &[u8]) -> Profile {
         LoadOptions {
             threads: 2,
             keep_guest: false,
+            tables: true,
         },
         &Progress::hidden(),
     )

@@ -60,6 +60,7 @@ fn views_scale_linearly() {
             LoadOptions {
                 threads: 1,
                 keep_guest: false,
+                tables: true,
             },
             &progress,
         );
