@@ -513,6 +513,7 @@ mod tests {
                 threads: 2,
                 keep_guest: false,
                 tables: true,
+                report_only: false,
             },
             &Progress::hidden(),
         )

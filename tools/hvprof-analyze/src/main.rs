@@ -204,6 +204,7 @@ fn load_options(input: &Input, tables: bool) -> LoadOptions {
         threads: threads(),
         keep_guest: input.kernel.is_some() || input.processes,
         tables,
+        report_only: false,
     }
 }
 
@@ -272,7 +273,11 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
                 std::fs::read(log).with_context(|| format!("cannot read {}", log.display()))?;
             let imgs = load_images(&input)?;
             // A capture without samples still gets its report (what was lost, the warnings).
-            let r = Profile::from_vec(bytes, &imgs, load_options(&input, true), progress).report;
+            let options = LoadOptions {
+                report_only: true,
+                ..load_options(&input, true)
+            };
+            let r = Profile::from_vec(bytes, &imgs, options, progress).report;
             progress.phase("tables", None, "rows");
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
@@ -418,6 +423,7 @@ fn bench_synthetic(samples: u64, exports: bool, write: Option<&Path>) -> Result<
         threads,
         keep_guest: false,
         tables,
+        report_only: tables,
     };
     for threads in [1, threads()] {
         let t = Instant::now();

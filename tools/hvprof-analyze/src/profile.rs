@@ -201,11 +201,15 @@ pub struct Profile {
 /// (`--kernel`, `--processes`; the other views always do). `tables` builds the report's tables
 /// (host level, each VM's and vCPU's, with `[steal]` and `[idle]` on the common time axis);
 /// without it (the exports) the report has its totals, losses and warnings only.
+/// `report_only` names only the stacks the report reads (the hypervisor's, and Linux guests'
+/// with `keep_guest`; the report names the others by address): the others' frame is a
+/// placeholder, so the profile is for the report alone.
 #[derive(Debug, Clone, Copy)]
 pub struct LoadOptions {
     pub threads: usize,
     pub keep_guest: bool,
     pub tables: bool,
+    pub report_only: bool,
 }
 
 /// A sample classified, before naming: the fields of [`Stack`] the records give, and its
@@ -624,7 +628,7 @@ impl Classified {
     /// Names every stack (once per distinct (what, VM, exit, address, process, address space),
     /// then merged by name). A user sample's address space is part of it: two processes with
     /// one label (a PID reused by the same program) map their own files at one address.
-    fn name(&mut self, namer: &Namer) -> Vec<Frame> {
+    fn name(&mut self, namer: &Namer, needed: impl Fn(&Stack) -> bool) -> Vec<Frame> {
         type FrameKey = (What, u16, u16, u64, Option<ProcessKey>, u64);
         let frame_key = |s: &Stack| -> FrameKey {
             match s.what {
@@ -645,6 +649,9 @@ impl Classified {
         let mut first: HashMap<FrameKey, usize> = HashMap::default();
         let mut distinct: Vec<usize> = Vec::new();
         for (i, s) in self.samples.stacks.iter().enumerate() {
+            if !needed(s) {
+                continue;
+            }
             first.entry(frame_key(s)).or_insert_with(|| {
                 distinct.push(i);
                 distinct.len() - 1
@@ -671,13 +678,28 @@ impl Classified {
             frame_of.push(id);
         }
         drop(index);
-        let frames: Vec<Frame> = named
+        let mut frames: Vec<Frame> = named
             .into_iter()
             .zip(keep)
             .filter_map(|(f, k)| k.then_some(f))
             .collect();
+        // The stacks not named share a placeholder frame.
+        let mut placeholder = None;
         for s in self.samples.stacks.iter_mut() {
-            s.frame = frame_of[first[&frame_key(s)]];
+            s.frame = match first.get(&frame_key(s)) {
+                Some(&i) => frame_of[i],
+                None => *placeholder.get_or_insert_with(|| {
+                    frames.push(Frame {
+                        what: s.what,
+                        vm: String::new(),
+                        process: String::new(),
+                        module: String::new(),
+                        function: "[not named]".into(),
+                        process_key: None,
+                    });
+                    (frames.len() - 1) as u32
+                }),
+            };
         }
         frames
     }
@@ -940,7 +962,12 @@ impl Profile {
         } else {
             None
         };
-        let frames = classified.name(&namer);
+        let needed = |s: &Stack| {
+            !options.report_only
+                || !is_guest(s.what)
+                || (options.keep_guest && namer.is_linux(s.vm))
+        };
+        let frames = classified.name(&namer, needed);
         progress.phase("report", None, "stacks");
         let Classified {
             samples,
@@ -1263,6 +1290,7 @@ mod tests {
                 threads: 2,
                 keep_guest: false,
                 tables: true,
+                report_only: false,
             },
             &Progress::hidden(),
         );
@@ -1349,7 +1377,7 @@ mod tests {
             index: StackIndex::default(),
             blocks: Vec::new(),
         };
-        let frames = classified.name(&namer);
+        let frames = classified.name(&namer, |_| true);
         let named: Vec<&Frame> = classified
             .samples
             .stacks()
@@ -1454,7 +1482,7 @@ mod tests {
             let p = Profile::from_bytes(
                 &bytes,
                 &Images::default(),
-                LoadOptions { threads: 2, keep_guest: false, tables: true },
+                LoadOptions { threads: 2, keep_guest: false, tables: true, report_only: false },
                 &Progress::hidden(),
             );
             let all = p.samples_in_order();

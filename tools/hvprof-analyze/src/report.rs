@@ -494,13 +494,27 @@ impl GuestCounts {
         let steal = self.steal_total();
         let total = self.os + self.user + steal + self.idle;
         let pct = |n: u64| percent(n, total);
-        // Name each distinct address once, then merge by function.
+        // Name each distinct address once, then merge by function; an address without a
+        // function is a row of its own (merged by address only: no string to hash).
         let mut by_fn: HashMap<RowKey, u64> = HashMap::default();
+        let mut unnamed: HashMap<u64, u64> = HashMap::default();
         for (&(rip, _), &n) in &self.by_rip {
-            *by_fn
-                .entry((name(symbols, rip), module.to_owned(), None))
-                .or_default() += n;
+            match symbols.and_then(|s| s.lookup(rip)) {
+                Some(f) => {
+                    *by_fn
+                        .entry((f.to_owned(), module.to_owned(), None))
+                        .or_default() += n;
+                }
+                None => *unnamed.entry(rip).or_default() += n,
+            }
         }
+        let unnamed = unnamed.into_iter().map(|(rip, n)| Row {
+            function: name(None, rip),
+            module: module.to_owned(),
+            process: None,
+            samples: n,
+            percent: 0.0,
+        });
         for (key, &n) in &self.named {
             *by_fn.entry(key.clone()).or_default() += n;
         }
@@ -518,7 +532,7 @@ impl GuestCounts {
             user: pct(self.user),
             idle: pct(self.idle),
             steal: pct(steal),
-            rows: rows(by_fn, total),
+            rows: rows(by_fn, unnamed, total),
             exact: None,
         }
     }
@@ -533,7 +547,7 @@ fn percent(n: u64, total: u64) -> f64 {
     }
 }
 
-fn rows(counts: HashMap<RowKey, u64>, total: u64) -> Vec<Row> {
+fn rows(counts: HashMap<RowKey, u64>, more: impl Iterator<Item = Row>, total: u64) -> Vec<Row> {
     let mut rows: Vec<Row> = counts
         .into_iter()
         .map(|((function, module, process), samples)| Row {
@@ -541,7 +555,12 @@ fn rows(counts: HashMap<RowKey, u64>, total: u64) -> Vec<Row> {
             module,
             process,
             samples,
-            percent: percent(samples, total),
+            percent: 0.0,
+        })
+        .chain(more)
+        .map(|r| Row {
+            percent: percent(r.samples, total),
+            ..r
         })
         .collect();
     rows.sort_by(|a, b| {
@@ -837,7 +856,7 @@ fn host_level(
         hypervisor: pct(hv_samples),
         vm: pct(vm_samples),
         idle: pct(idle),
-        rows: rows(host_counts, total),
+        rows: rows(host_counts, std::iter::empty(), total),
     }
 }
 
@@ -948,6 +967,7 @@ mod tests {
                 threads,
                 keep_guest: false,
                 tables: true,
+                report_only: false,
             },
             &crate::progress::Progress::hidden(),
         )

@@ -87,6 +87,7 @@ impl Capture {
                 threads: 2,
                 keep_guest: false,
                 tables: true,
+                report_only: false,
             },
             &Progress::hidden(),
         )

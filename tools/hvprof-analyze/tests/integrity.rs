@@ -104,6 +104,7 @@ fn report(bytes: &[u8]) -> report::Report {
             threads: 2,
             keep_guest: true,
             tables: true,
+            report_only: false,
         },
         &Progress::hidden(),
     )
@@ -201,6 +202,7 @@ fn guest_chosen_names_are_escaped() {
             threads: 1,
             keep_guest: true,
             tables: true,
+            report_only: false,
         },
         &Progress::hidden(),
     );

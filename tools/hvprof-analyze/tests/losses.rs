@@ -92,6 +92,7 @@ fn profile(bytes: &[u8]) -> Profile {
             threads: 2,
             keep_guest: false,
             tables: true,
+            report_only: false,
         },
         &Progress::hidden(),
     )

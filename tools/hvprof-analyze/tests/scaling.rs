@@ -61,6 +61,7 @@ fn views_scale_linearly() {
                 threads: 1,
                 keep_guest: false,
                 tables: true,
+                report_only: false,
             },
             &progress,
         );
