@@ -240,6 +240,8 @@ pub struct RunFiles {
     pub serial_log: PathBuf,
     /// Where LPT1 goes (the sample log with `channel=lpt`).
     pub lpt_log: PathBuf,
+    /// Where QEMU's virtio console goes (the sample log with `channel=virtio`).
+    pub virtio_log: PathBuf,
     /// The emulator's log: Bochs' `log:` file, or QEMU's stdout and stderr.
     pub emulator_log: PathBuf,
     /// Where the emulator's stdout and stderr go: for Bochs `emulator.out` (the term display's
@@ -260,31 +262,36 @@ impl RunFiles {
             iso: iso.to_path_buf(),
             serial_log: dir.join("serial.log"),
             lpt_log: dir.join("lpt.log"),
+            virtio_log: dir.join("virtio.log"),
             emulator_log,
             emulator_out,
         }
     }
 
     /// The whole capture the analyzer reads: the serial log (console text, and the sample log
-    /// with `channel=serial`) followed by what the parallel port carried (`channel=lpt`). The
-    /// sample log's frames are self-delimiting, so the two join into one valid stream; a line
-    /// break keeps the last console line apart from the first frame.
+    /// with `channel=serial`) followed by what the parallel port carried (`channel=lpt`) and
+    /// what the virtio console carried (`channel=virtio`). The sample log's frames are
+    /// self-delimiting, so they join into one valid stream; a line break keeps the last console
+    /// line apart from the first frame.
     pub fn capture(&self) -> std::io::Result<Vec<u8>> {
-        capture_of(&self.serial_log, &self.lpt_log)
+        capture_of(&self.dir)
     }
 }
 
-/// The capture of a run from its serial log and parallel-port log ([`RunFiles::capture`]).
-pub fn capture_of(serial_log: &Path, lpt_log: &Path) -> std::io::Result<Vec<u8>> {
-    let mut bytes = fs::read(serial_log)?;
-    match fs::read(lpt_log) {
-        Ok(lpt) if !lpt.is_empty() => {
-            bytes.extend_from_slice(b"\r\n");
-            bytes.extend_from_slice(&lpt);
+/// The capture of a run from the serial, parallel-port and virtio logs in its folder
+/// ([`RunFiles::capture`]).
+pub fn capture_of(dir: &Path) -> std::io::Result<Vec<u8>> {
+    let mut bytes = fs::read(dir.join("serial.log"))?;
+    for channel in ["lpt.log", "virtio.log"] {
+        match fs::read(dir.join(channel)) {
+            Ok(more) if !more.is_empty() => {
+                bytes.extend_from_slice(b"\r\n");
+                bytes.extend_from_slice(&more);
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
         }
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
     }
     Ok(bytes)
 }
@@ -307,6 +314,13 @@ pub fn qemu_args(
         format!("file:{}", files.serial_log.display()),
         "-parallel".into(),
         format!("file:{}", files.lpt_log.display()),
+        // A virtio console (modern transport only) for `channel=virtio`; unused otherwise.
+        "-device".into(),
+        "virtio-serial-pci,disable-legacy=on".into(),
+        "-chardev".into(),
+        format!("file,id=hvprof-log,path={}", files.virtio_log.display()),
+        "-device".into(),
+        "virtconsole,chardev=hvprof-log".into(),
         "-display".into(),
         "none".into(),
         "-no-reboot".into(),
@@ -479,7 +493,9 @@ mod tests {
         assert_eq!(
             joined,
             "-m 1024 -cdrom /t/s/hvprof.iso -serial file:/t/s/serial.log \
-             -parallel file:/t/s/lpt.log -display none \
+             -parallel file:/t/s/lpt.log -device virtio-serial-pci,disable-legacy=on \
+             -chardev file,id=hvprof-log,path=/t/s/virtio.log \
+             -device virtconsole,chardev=hvprof-log -display none \
              -no-reboot -monitor none -smp 2 -accel tcg"
         );
     }

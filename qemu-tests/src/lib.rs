@@ -6,10 +6,12 @@
 //! - [`process`]: starting an emulator and ending it at the end marker, a timeout or Ctrl-C.
 //! - [`log`]: [`SerialLog`], what checks read.
 //! - [`runner`]: [`Scenario`] and the parallel runner.
-//! - [`scenarios`]: the scenarios themselves, and the log text they expect.
+//! - [`scenarios`]: the scenarios themselves, and the log text they expect; [`channel_scenarios`]:
+//!   the export channels' self-test.
 //! - [`tools`]: the host programs needed, and the Debian packages that bring them.
 
 pub mod benches;
+pub mod channel_scenarios;
 pub mod emulator;
 pub mod iso;
 pub mod linux_scenarios;

@@ -600,6 +600,29 @@ pub fn all() -> Vec<Scenario> {
         // a record costs more than a period here, so a flush that sampled itself filled the buffer
         // faster than it emptied it and the guests never ran again; the flush now runs without
         // the sampling clock, the guests finish and their shares are exact.
+        // `channel=virtio` where there is no virtio console (Bochs): one warning line, and the
+        // sample log goes out on the serial line, whole.
+        Scenario::new("bochs-virtio-fallback", Emulator::bochs(HASWELL))
+            .cmdline("channel=virtio")
+            .module("a.elf", ModuleSource::Guest("mix"), "vm=a mix=60,40 rounds=20")
+            .check(|log| {
+                check_exit_code(log, "a", 0, "port 0xf4")?;
+                log.expect(
+                    "profiler: warning: channel=virtio: no virtio console on the PCI bus; the sample log goes to the serial console instead",
+                )
+                .map(drop)
+            })
+            .profile(|run: &ProfileRun| {
+                let report = run.report(None)?;
+                let shares = guest_shares(&report, "a", &["work_a", "work_b"])?;
+                all_of(
+                    ["work_a", "work_b"]
+                        .iter()
+                        .zip([60.0, 40.0])
+                        .zip(&shares)
+                        .map(|((f, want), got)| within(&format!("{f} share"), *got, want, TOLERANCE)),
+                )
+            }),
         Scenario::new("bochs-profile-slow-export", Emulator::bochs(HASWELL))
             .cpus(2)
             .cmdline("export=end buffer=700 period=250us channel=lpt slice=3ms")

@@ -354,6 +354,7 @@ pub fn all() -> Vec<Scenario> {
     .chain(crate::profile_scenarios::all())
     .chain(crate::security_scenarios::all())
     .chain(crate::linux_scenarios::all())
+    .chain(crate::channel_scenarios::all())
     .collect()
 }
 

@@ -292,6 +292,7 @@
 #![warn(missing_docs)]
 
 mod bits;
+pub mod channel_test;
 mod cobs;
 mod codec;
 mod encode;

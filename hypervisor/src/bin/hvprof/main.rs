@@ -14,10 +14,12 @@ extern crate alloc;
 mod acpi;
 // The CPU's own tables and devices (GDT/TSS, IDT and exception handlers, local APIC, MSRs).
 mod arch;
+mod channel_test;
 mod console;
 mod isolation;
 mod memory;
 mod parallel;
+mod pci;
 mod percpu;
 mod platform;
 mod power;
@@ -26,6 +28,7 @@ mod scheduler;
 mod smp;
 mod tsc;
 mod vcpu;
+mod virtio_console;
 mod vm;
 mod vmexit;
 mod vmx_root;
@@ -98,6 +101,10 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     let ap_page = trampoline_page(&boot, original);
     let (guests, initrds) = list_modules(&boot, original);
     let (cpus, apic_ids) = init_acpi(&boot);
+    if let SelfTest::Channel(records) = options.selftest {
+        let tsc = tsc::calibrate();
+        channel_test::run(records, options.channel, BuildId::bytes(), tsc.hz);
+    }
 
     let cpu = match platform::report() {
         Ok(report) => report,
@@ -494,6 +501,8 @@ fn selftest(options: &Options) {
             unsafe { core::ptr::read_volatile(0x8000_0000_0000_0000u64 as *const u64) };
         }
         SelfTest::Panic => panic!("selftest: deliberate panic"),
+        // Run before the platform checks (`channel_test::run`).
+        SelfTest::Channel(_) => {}
     }
 }
 

@@ -57,3 +57,74 @@ pub fn alloc_zeroed(bytes: u64, align: u64) -> Option<u64> {
 pub fn free_bytes() -> u64 {
     FRAMES.lock().as_ref().map_or(0, FreeRanges::total_bytes)
 }
+
+/// Page-table entry bits (Intel SDM Vol. 3A §4.5, Tables 4-15 to 4-18): present, writable,
+/// write-through and cache-disable (uncachable with the default PAT), page size (2 MiB in a
+/// page directory).
+const PTE_PRESENT: u64 = 1 << 0;
+const PTE_WRITABLE: u64 = 1 << 1;
+const PTE_PWT: u64 = 1 << 3;
+const PTE_PCD: u64 = 1 << 4;
+const PTE_PS: u64 = 1 << 7;
+const PTE_ADDRESS: u64 = 0x000f_ffff_ffff_f000;
+const TWO_MIB: u64 = 2 << 20;
+
+/// Identity-maps `len` bytes of device memory at `phys` (uncachable, 2 MiB pages) where the
+/// boot page tables do not map it yet: the first 4 GiB are mapped already (device memory there
+/// is uncachable by the firmware's MTRRs); above, the page directories (and page-directory
+/// pointer tables) needed are taken from the frame allocator. Only the boot CPU calls it,
+/// before the pages are used; the other CPUs share the tables and have never cached these
+/// translations (not-present entries are not cached, SDM Vol. 3A §4.10.2.3).
+pub fn map_device(phys: u64, len: u64) -> Result<(), &'static str> {
+    let end = phys.checked_add(len).ok_or("device range wraps")?;
+    if end <= MAPPED_LIMIT {
+        return Ok(());
+    }
+    if end > 1 << 46 {
+        return Err("device range above 64 TiB");
+    }
+    let pml4 = x86_64::registers::control::Cr3::read()
+        .0
+        .start_address()
+        .as_u64();
+    let mut page = phys.max(MAPPED_LIMIT) & !(TWO_MIB - 1);
+    while page < end {
+        // SAFETY: the paging structures are identity-mapped (they lie below 4 GiB: the boot
+        // tables in the image, the new ones from the frame allocator); each entry is read, and
+        // written only when not present (never changing a live translation), as SDM Vol. 3A §4.5
+        // lays out 4-level paging: PML4 index bits 47:39, PDPT 38:30, PD 29:21.
+        unsafe {
+            let pdpt = next_table(pml4 as *mut u64, (page >> 39) & 0x1ff)?;
+            let pd = next_table(pdpt, (page >> 30) & 0x1ff)?;
+            let entry = pd.add(((page >> 21) & 0x1ff) as usize);
+            if entry.read_volatile() & PTE_PRESENT == 0 {
+                entry
+                    .write_volatile(page | PTE_PRESENT | PTE_WRITABLE | PTE_PWT | PTE_PCD | PTE_PS);
+            }
+        }
+        page += TWO_MIB;
+    }
+    Ok(())
+}
+
+/// The table entry `index` of `table` points to, made (zeroed, from the frame allocator) when
+/// not present.
+///
+/// # Safety
+/// `table` is an identity-mapped paging structure of the current hierarchy.
+unsafe fn next_table(table: *mut u64, index: u64) -> Result<*mut u64, &'static str> {
+    // SAFETY: `index` < 512 and `table` is a 4 KiB paging structure (the caller's contract).
+    let entry = unsafe { table.add(index as usize) };
+    // SAFETY: as above.
+    let value = unsafe { entry.read_volatile() };
+    if value & PTE_PRESENT != 0 {
+        if value & PTE_PS != 0 {
+            return Err("a large page already maps part of the device range");
+        }
+        return Ok((value & PTE_ADDRESS) as *mut u64);
+    }
+    let new = alloc_zeroed(PAGE_SIZE, PAGE_SIZE).ok_or("no memory for a page table")?;
+    // SAFETY: as above; the new table is zeroed (no entry present) before it is linked.
+    unsafe { entry.write_volatile(new | PTE_PRESENT | PTE_WRITABLE) };
+    Ok(new as *mut u64)
+}

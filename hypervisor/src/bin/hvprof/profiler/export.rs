@@ -21,7 +21,7 @@
 use super::sampler::{self, CpuProfiler, Stamped};
 use crate::percpu::MAX_CPUS;
 use crate::tsc::rdtsc;
-use crate::{console, memory, parallel, println};
+use crate::{console, memory, parallel, println, virtio_console};
 use alloc::vec::Vec;
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -151,6 +151,27 @@ pub fn init(
             );
             Channel::Serial
         }
+        Channel::Virtio => match virtio_console::init() {
+            virtio_console::Found::Ready { function, queue } => {
+                println!(
+                    "profiler: channel=virtio: virtio console at PCI {:02x}:{:02x}.{}, transmitq of {queue}",
+                    function.bus, function.device, function.function
+                );
+                Channel::Virtio
+            }
+            virtio_console::Found::Absent => {
+                println!(
+                    "profiler: warning: channel=virtio: no virtio console on the PCI bus; the sample log goes to the serial console instead"
+                );
+                Channel::Serial
+            }
+            virtio_console::Found::Failed(e) => {
+                println!(
+                    "profiler: warning: channel=virtio: the virtio console could not be set up ({e}); the sample log goes to the serial console instead"
+                );
+                Channel::Serial
+            }
+        },
         c => c,
     };
     // `end` mode: `buffer=` records in all, or half of the memory still free, shared equally
@@ -243,6 +264,12 @@ impl Exporter {
             }
             Channel::Lpt => {
                 parallel::write(&log.frame[..len]);
+                log.bytes_sent += len as u64;
+            }
+            Channel::Virtio => {
+                // Out at once: a frame is whole, and the log should leave as it is made.
+                virtio_console::write(&log.frame[..len]);
+                virtio_console::flush();
                 log.bytes_sent += len as u64;
             }
         }
@@ -581,6 +608,15 @@ fn report(ex: &Exporter, totals: &[hvprof_samplelog::PcpuTotals]) {
         sent as f64 / records.max(1) as f64,
         ex.channel,
     );
+    if ex.channel == Channel::Virtio {
+        virtio_console::drain();
+        let (_, lost) = virtio_console::counts();
+        if lost > 0 || !virtio_console::healthy() {
+            println!(
+                "profiler: warning: {lost} bytes of the sample log were lost: the virtio console stopped taking buffers"
+            );
+        }
+    }
     if ex.channel == Channel::Lpt && parallel::lost() > 0 {
         println!(
             "profiler: warning: {} bytes of the sample log were lost: the parallel port stopped taking bytes",

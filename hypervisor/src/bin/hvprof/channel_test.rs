@@ -1,0 +1,108 @@
+//! `selftest=channel[:records]`: sends the channel self-test's synthetic record stream
+//! (`hvprof_samplelog::channel_test`, which the host makes again to check the capture bit-exact)
+//! through the chosen channel, then powers off. It runs before any VMX check, so it measures a
+//! channel where there is no VMX (QEMU TCG). pCPU 0's cost frame carries the TSC ticks spent in
+//! the channel (`export_ticks`) and the whole test's (`span_ticks`): the host divides the bytes
+//! it received by them.
+
+use crate::tsc::rdtsc;
+use crate::{console, parallel, power, println, virtio_console};
+use hvprof_boot::cmdline::Channel;
+use hvprof_samplelog::PcpuCost;
+use hvprof_samplelog::channel_test::{self, PCPUS, Sink};
+
+/// Sends `records` records of the stream on `channel` (the serial line when `virtio` finds no
+/// device) and powers off.
+pub fn run(records: u64, channel: Channel, build_id: &[u8], tsc_hz: u64) -> ! {
+    let channel = match channel {
+        Channel::Virtio => match virtio_console::init() {
+            virtio_console::Found::Ready { function, queue } => {
+                println!(
+                    "selftest: channel virtio: console at PCI {:02x}:{:02x}.{}, transmitq of {queue}",
+                    function.bus, function.device, function.function
+                );
+                Channel::Virtio
+            }
+            virtio_console::Found::Absent => {
+                println!("selftest: channel virtio: no virtio console found; using serial");
+                Channel::Serial
+            }
+            virtio_console::Found::Failed(e) => {
+                println!("selftest: channel virtio: the virtio console failed ({e}); using serial");
+                Channel::Serial
+            }
+        },
+        Channel::Lpt if !parallel::init() => {
+            println!("selftest: channel lpt: no parallel port answers at 0x378; using serial");
+            Channel::Serial
+        }
+        c => c,
+    };
+    println!("selftest: channel {channel}: sending {records} records");
+    let mut out = Sender {
+        channel,
+        start: rdtsc(),
+        span: 0,
+        ticks: 0,
+        bytes: 0,
+    };
+    channel_test::send(records, &channel_test::header(build_id, tsc_hz), &mut out);
+    if channel == Channel::Virtio {
+        virtio_console::drain();
+    }
+    let (_, lost) = virtio_console::counts();
+    println!(
+        "selftest: channel {channel}: {} bytes in {} TSC ticks in the channel ({} in all){}",
+        out.bytes,
+        out.ticks,
+        out.span,
+        if lost > 0 {
+            alloc::format!(", {lost} bytes lost")
+        } else {
+            alloc::string::String::new()
+        }
+    );
+    power::off();
+}
+
+/// Sends frames on one channel, counting its bytes and the TSC ticks spent in it.
+struct Sender {
+    channel: Channel,
+    start: u64,
+    span: u64,
+    ticks: u64,
+    bytes: u64,
+}
+
+impl Sink for Sender {
+    fn frame(&mut self, frame: &[u8]) {
+        let t = rdtsc();
+        match self.channel {
+            Channel::Serial => {
+                console::write_raw(frame);
+                console::write_raw(b"\r\n");
+            }
+            Channel::Lpt => parallel::write(frame),
+            Channel::Virtio => virtio_console::write(frame),
+        }
+        self.ticks += rdtsc().wrapping_sub(t);
+        self.bytes += frame.len() as u64;
+    }
+
+    /// The blocks are out (the virtio console's last buffer too): pCPU 0's cost says how long
+    /// they took.
+    fn costs(&mut self) -> [PcpuCost; PCPUS as usize] {
+        if self.channel == Channel::Virtio {
+            let t = rdtsc();
+            virtio_console::drain();
+            self.ticks += rdtsc().wrapping_sub(t);
+        }
+        self.span = rdtsc().wrapping_sub(self.start);
+        core::array::from_fn(|p| PcpuCost {
+            pcpu: p as u16,
+            span_ticks: if p == 0 { self.span } else { 0 },
+            export_ticks: if p == 0 { self.ticks } else { 0 },
+            ..PcpuCost::default()
+        })
+    }
+}
