@@ -16,9 +16,13 @@ use hvprof_samplelog::channel_test::{self, PCPUS, Sink};
 pub fn run(records: u64, channel: Channel, build_id: &[u8], tsc_hz: u64) -> ! {
     let channel = match channel {
         Channel::Virtio => match virtio_console::init() {
-            virtio_console::Found::Ready { function, queue } => {
+            virtio_console::Found::Ready {
+                function,
+                queue,
+                common,
+            } => {
                 println!(
-                    "selftest: channel virtio: console at PCI {:02x}:{:02x}.{}, transmitq of {queue}",
+                    "selftest: channel virtio: console at PCI {:02x}:{:02x}.{} (registers at {common:#x}), transmitq of {queue}",
                     function.bus, function.device, function.function
                 );
                 Channel::Virtio

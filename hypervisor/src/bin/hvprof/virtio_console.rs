@@ -110,8 +110,13 @@ unsafe fn reg_write<T: Copy>(addr: u64, value: T) {
 
 /// What `init` found.
 pub enum Found {
-    /// The console at this PCI function, its transmitq of this size.
-    Ready { function: pci::Function, queue: u16 },
+    /// The console at this PCI function, its transmitq of this size, its common configuration
+    /// at this physical address.
+    Ready {
+        function: pci::Function,
+        queue: u16,
+        common: u64,
+    },
     /// No virtio console on the PCI bus.
     Absent,
     /// One is there but could not be set up.
@@ -127,9 +132,13 @@ pub fn init() -> Found {
     };
     match setup(function) {
         Ok(console) => {
-            let queue = console.size;
+            let (queue, common) = (console.size, console.common);
             *CONSOLE.lock() = Some(console);
-            Found::Ready { function, queue }
+            Found::Ready {
+                function,
+                queue,
+                common,
+            }
         }
         Err(e) => Found::Failed(e),
     }

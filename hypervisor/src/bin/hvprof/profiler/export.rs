@@ -152,9 +152,13 @@ pub fn init(
             Channel::Serial
         }
         Channel::Virtio => match virtio_console::init() {
-            virtio_console::Found::Ready { function, queue } => {
+            virtio_console::Found::Ready {
+                function,
+                queue,
+                common,
+            } => {
                 println!(
-                    "profiler: channel=virtio: virtio console at PCI {:02x}:{:02x}.{}, transmitq of {queue}",
+                    "profiler: channel=virtio: virtio console at PCI {:02x}:{:02x}.{} (registers at {common:#x}), transmitq of {queue}",
                     function.bus, function.device, function.function
                 );
                 Channel::Virtio
