@@ -4,12 +4,13 @@ use std::fmt;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 use crate::emulator::{Emulator, RunFiles};
 use crate::iso::{IsoModule, IsoSpec, build_iso};
@@ -67,7 +68,18 @@ pub struct Scenario {
     pub check: Check,
     /// A verdict on the profile (`hvprof-analyze`'s report of the capture), after `check`.
     pub profile: Option<crate::profile::ProfileCheck>,
+    /// Programs that follow the run as it happens (`hvprof-analyze record`, `top`): made from
+    /// the analyzer and the run's files, started at the emulator's first output, each given
+    /// [`LIVE_GRACE`] after the run ends to finish on its own (then stopped, and the scenario
+    /// fails).
+    pub live: Option<LiveTools>,
 }
+
+/// See [`Scenario::live`].
+pub type LiveTools = Box<dyn Fn(&Path, &RunFiles) -> Vec<Command> + Send + Sync>;
+
+/// How long a live tool may run on after the emulator's run ends.
+pub const LIVE_GRACE: Duration = Duration::from_secs(60);
 
 impl fmt::Debug for Scenario {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -98,6 +110,7 @@ impl Scenario {
             budget,
             check: Box::new(|_| Ok(())),
             profile: None,
+            live: None,
         }
     }
 
@@ -108,6 +121,16 @@ impl Scenario {
         check: impl Fn(&crate::profile::ProfileRun) -> Result<(), String> + Send + Sync + 'static,
     ) -> Self {
         self.profile = Some(Box::new(check));
+        self
+    }
+
+    /// Adds programs that follow the run live (see [`Scenario::live`]).
+    #[must_use]
+    pub fn live(
+        mut self,
+        tools: impl Fn(&Path, &RunFiles) -> Vec<Command> + Send + Sync + 'static,
+    ) -> Self {
+        self.live = Some(Box::new(tools));
         self
     }
 
@@ -505,7 +528,9 @@ pub fn run_scenario(scenario: &Scenario, config: &RunnerConfig) -> (ScenarioResu
             &dir.join("iso"),
             &files.iso,
         )?;
-        process::launch(
+        let mut spawned: Vec<(String, std::io::Result<std::process::Child>)> = Vec::new();
+        let mut started = false;
+        let outcome = process::launch(
             &Launch {
                 emulator: &scenario.emulator,
                 cpus: scenario.cpus,
@@ -516,8 +541,53 @@ pub fn run_scenario(scenario: &Scenario, config: &RunnerConfig) -> (ScenarioResu
                     WALL_PER_CPU,
                 )),
             },
-            &mut |_| {},
-        )
+            &mut |_| {
+                if started {
+                    return;
+                }
+                started = true;
+                if let (Some(tools), Some(analyzer)) = (&scenario.live, &config.analyzer) {
+                    for mut cmd in tools(analyzer, &files) {
+                        let name = format!("{cmd:?}");
+                        cmd.stdin(Stdio::null()).stdout(Stdio::null());
+                        spawned.push((name, cmd.spawn()));
+                    }
+                }
+            },
+        );
+        if scenario.live.is_some() && config.analyzer.is_none() {
+            bail!("{} follows its run with hvprof-analyze, which was not built", scenario.name);
+        }
+        if scenario.live.is_some() && !started {
+            bail!("the emulator wrote nothing: the live tools never started");
+        }
+        // A run that did not end at its marker (an error, a timeout, Ctrl-C) leaves the tools
+        // nothing to finish.
+        let ended = matches!(&outcome, Ok(o) if matches!(o.end, RunEnd::Marker));
+        for (name, child) in spawned {
+            let mut child = child.with_context(|| format!("cannot start {name}"))?;
+            if !ended {
+                let _ = child.kill();
+                let _ = child.wait();
+                continue;
+            }
+            let deadline = Instant::now() + LIVE_GRACE;
+            loop {
+                if let Some(status) = child.try_wait()? {
+                    if !status.success() {
+                        bail!("{name} ended with {status}");
+                    }
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    bail!("{name} was still running {LIVE_GRACE:?} after the run ended");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        outcome
     })();
     let outcome = match outcome {
         Ok(outcome) => outcome,
