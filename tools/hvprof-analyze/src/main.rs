@@ -10,6 +10,7 @@
 //! hvprof-analyze export LOG [...] [--pprof FILE.pb.gz] [--firefox FILE.json]
 //! hvprof-analyze html LOG [...] [-o FILE.html]
 //! hvprof-analyze decode LOG [--text] [--records]
+//! hvprof-analyze record SOURCE -o CAPTURE [--until-end] [--idle-timeout SECS]
 //! ```
 //! (`[...]`: the symbol options of `report`.) `docs/ANALYZER.md` describes every command.
 
@@ -23,7 +24,7 @@ use clap::{Args, Parser, Subcommand};
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
 use hvprof_analyze::symbols::Images;
-use hvprof_analyze::{chart, firefox, flame, html, pprof, script, stat, text};
+use hvprof_analyze::{chart, firefox, flame, html, pprof, record, script, source, stat, text};
 
 #[derive(Parser)]
 #[command(
@@ -155,6 +156,33 @@ enum Cmd {
         /// Also write the capture to this file (for timing the commands on it).
         #[arg(long)]
         write: Option<PathBuf>,
+    },
+    /// Writes a live stream to a capture file, byte for byte as it arrives, with a status line
+    /// (on a terminal): bytes, frames, samples, events, losses, damage, rate. Stops when the
+    /// source ends (socket, pipe), with --until-end, after --idle-timeout, or on Ctrl-C; the
+    /// capture is then complete for every other command.
+    ///
+    /// SOURCE: a file being written (read from its start and followed as it grows, like
+    /// `tail -f`: QEMU `-serial file:PATH`); a serial device such as /dev/ttyS0 or /dev/ttyUSB0,
+    /// read raw as it is (set its line speed and raw mode first: `stty -F /dev/ttyUSB0 115200
+    /// raw -echo`); a named pipe; `-` for standard input; `unix:PATH` for a Unix socket (QEMU
+    /// `-chardev socket,id=s,path=PATH,server=on,wait=off -serial chardev:s`); `tcp:HOST:PORT`
+    /// (QEMU `-chardev socket,id=s,host=127.0.0.1,port=4555,server=on,wait=off -serial
+    /// chardev:s`). Sockets, pipes and standard input are read to their end.
+    Record {
+        /// Where the stream comes from (see above).
+        source: String,
+        /// The capture file to write (created, or truncated).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Stop once the end frame has arrived and the source has then been quiet for a second
+        /// (the hypervisor's closing console lines follow the end frame).
+        #[arg(long)]
+        until_end: bool,
+        /// Stop after this many seconds without a byte (default: 5 for a file, never for the
+        /// other sources; 0: never).
+        #[arg(long, value_name = "SECS")]
+        idle_timeout: Option<f64>,
     },
     /// What the capture holds: frames, records, losses, console text.
     Decode {
@@ -379,6 +407,12 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             exports,
             write,
         } => bench_synthetic(samples, exports, write.as_deref()),
+        Cmd::Record {
+            source,
+            output,
+            until_end,
+            idle_timeout,
+        } => run_record(&source, &output, until_end, idle_timeout),
         Cmd::Decode { log, text, records } => {
             let bytes =
                 std::fs::read(&log).with_context(|| format!("cannot read {}", log.display()))?;
@@ -386,6 +420,83 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             print!("{}", text::decode_summary(&d, text, records));
             Ok(())
         }
+    }
+}
+
+/// Sets a flag on Ctrl-C (and on a termination signal) instead of dying.
+fn interrupt_flag() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let set = flag.clone();
+    ctrlc::set_handler(move || set.store(true, std::sync::atomic::Ordering::Relaxed))
+        .context("cannot handle Ctrl-C")?;
+    Ok(flag)
+}
+
+/// `--idle-timeout`: given in seconds (0: never), else the source's default.
+fn idle(secs: Option<f64>, src: &source::Source) -> Result<Option<std::time::Duration>> {
+    match secs {
+        None => Ok(src.default_idle_timeout()),
+        Some(0.0) => Ok(None),
+        Some(s) => std::time::Duration::try_from_secs_f64(s)
+            .map(Some)
+            .map_err(|_| anyhow::anyhow!("--idle-timeout must be a number of seconds")),
+    }
+}
+
+/// `record`: the stream into the capture, with the status on stderr (a live line on a terminal,
+/// else the final summary only).
+fn run_record(
+    source: &str,
+    output: &Path,
+    until_end: bool,
+    idle_timeout: Option<f64>,
+) -> Result<()> {
+    use std::io::IsTerminal;
+    let src = source::Source::parse(source);
+    let options = record::RecordOptions {
+        until_end,
+        idle_timeout: idle(idle_timeout, &src)?,
+        ..record::RecordOptions::default()
+    };
+    if let source::Source::File(input) = &src
+        && let (Ok(a), Ok(b)) = (input.canonicalize(), output.canonicalize())
+        && a == b
+    {
+        bail!(
+            "record: {} is the source; write the capture elsewhere",
+            output.display()
+        );
+    }
+    let reader = source::Reader::open(&src)?;
+    let mut file = std::fs::File::create(output)
+        .with_context(|| format!("cannot create {}", output.display()))?;
+    let interrupted = interrupt_flag()?;
+    let tty = std::io::stderr().is_terminal();
+    let mut on_status = |s: &record::Status| {
+        if tty {
+            eprint!("\r\x1b[2Krecording {src}: {}", s.line());
+        }
+    };
+    let recorded = record::record(&reader, &mut file, &options, &interrupted, &mut on_status)
+        .with_context(|| format!("cannot write {}", output.display()))?;
+    if tty {
+        eprint!("\r\x1b[2K");
+    }
+    eprintln!(
+        "recorded {src} into {} ({}): {}",
+        output.display(),
+        recorded.stop,
+        recorded.status.line()
+    );
+    let d = &recorded.decoded;
+    if !d.end_seen() {
+        eprintln!(
+            "no end frame: what the hypervisor sent after the last block received is unknown"
+        );
+    }
+    match recorded.stop {
+        record::Stop::Failed(e) => bail!("reading {src} failed: {e}"),
+        _ => Ok(()),
     }
 }
 
