@@ -1,7 +1,7 @@
 //! `hvprof-analyze` as a library: the decoder's results turned into the unified profile (the
 //! report's tables), and every view of it: the timeline chart, the flame graph, the exit
 //! statistics, `perf script` text, pprof and Firefox Profiler files, the HTML page; and the live
-//! command over a stream as it arrives (`record`).
+//! commands over a stream as it arrives (`record`, `top`).
 //! The binary (`main.rs`) is the command line over it.
 
 pub mod chart;
@@ -25,6 +25,7 @@ pub mod stat;
 pub mod symbols;
 pub mod text;
 pub mod timeline;
+pub mod top;
 
 /// `f` over `items` on the machine's cores (at most 8 threads, each a contiguous share of the
 /// items), the results in the items' order: the per-pCPU work after decoding (joining the

@@ -11,6 +11,7 @@
 //! hvprof-analyze html LOG [...] [-o FILE.html]
 //! hvprof-analyze decode LOG [--text] [--records]
 //! hvprof-analyze record SOURCE -o CAPTURE [--until-end] [--idle-timeout SECS]
+//! hvprof-analyze top SOURCE [--window SECS] [--replay] [--speed X] [--batch] [symbol options]
 //! ```
 //! (`[...]`: the symbol options of `report`.) `docs/ANALYZER.md` describes every command.
 
@@ -24,7 +25,7 @@ use clap::{Args, Parser, Subcommand};
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
 use hvprof_analyze::symbols::Images;
-use hvprof_analyze::{chart, firefox, flame, html, pprof, record, script, source, stat, text};
+use hvprof_analyze::{chart, firefox, flame, html, pprof, record, script, source, stat, text, top};
 
 #[derive(Parser)]
 #[command(
@@ -62,6 +63,25 @@ struct Input {
     /// (usr/lib/debug/.build-id/, Debian's -dbgsym packages) name the functions of stripped
     /// files, `--image` ones too; the kernel modules the guests loaded are named from their
     /// .ko files in lib/modules/<release>/ (the `--kernel` image's release first).
+    #[arg(long, value_name = "DIR")]
+    guest_root: Option<PathBuf>,
+}
+
+/// What names a live stream's addresses (`top`): the options of [`Input`].
+#[derive(Args)]
+struct SymbolOptions {
+    /// The hypervisor's ELF, for its function names.
+    #[arg(long)]
+    hypervisor: Option<PathBuf>,
+    /// A guest image (ELF), matched to VMs by build id, else by file name. Repeatable.
+    #[arg(long = "image")]
+    images: Vec<PathBuf>,
+    /// The Linux guests' kernel: its functions are named once the VM's end frame (its
+    /// IA32_LSTAR) has arrived.
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// The Linux guests' root file system (see `report --help`); used for what the mapping
+    /// frames name, which arrive at the end of a run.
     #[arg(long, value_name = "DIR")]
     guest_root: Option<PathBuf>,
 }
@@ -181,6 +201,44 @@ enum Cmd {
         until_end: bool,
         /// Stop after this many seconds without a byte (default: 5 for a file, never for the
         /// other sources; 0: never).
+        #[arg(long, value_name = "SECS")]
+        idle_timeout: Option<f64>,
+    },
+    /// A live view refreshed every second like `perf top`, over the last N seconds of host time
+    /// (the log's TSC): the host level (each VM, the hypervisor's functions, idle), each VM's
+    /// hottest guest functions, each vCPU's idle and steal (exact, from the scheduling events
+    /// in the window: out halted = idle, out otherwise = steal), and the losses so far. Reads
+    /// the sources `record` reads, or replays a capture at its recorded speed (--replay). Quit
+    /// with q, Esc or Ctrl-C.
+    ///
+    /// Not yet live: Linux guests' processes (task frames) and user functions, which are
+    /// shown as addresses; `report` on a recorded capture names them.
+    Top {
+        /// Where the stream comes from (as for `record`), or the capture to --replay.
+        source: String,
+        #[command(flatten)]
+        symbols: SymbolOptions,
+        /// The window: the last SECS seconds of host time.
+        #[arg(long, default_value_t = 10, value_name = "SECS")]
+        window: u64,
+        /// Replay a capture file at its recorded speed (its records' TSCs).
+        #[arg(long)]
+        replay: bool,
+        /// Replay this many times faster than recorded.
+        #[arg(long, default_value_t = 1.0, requires = "replay")]
+        speed: f64,
+        /// Print each screen as text on standard output (every second, and the last when the
+        /// source ends) instead of keeping the terminal.
+        #[arg(long)]
+        batch: bool,
+        /// --batch: the screen's size.
+        #[arg(long, default_value_t = 120)]
+        width: u16,
+        /// --batch: the screen's size.
+        #[arg(long, default_value_t = 40)]
+        height: u16,
+        /// --batch: stop after this many seconds without a byte (default: 5 for a file, never
+        /// for the other sources; 0: never).
         #[arg(long, value_name = "SECS")]
         idle_timeout: Option<f64>,
     },
@@ -413,6 +471,54 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             until_end,
             idle_timeout,
         } => run_record(&source, &output, until_end, idle_timeout),
+        Cmd::Top {
+            source,
+            symbols,
+            window,
+            replay,
+            speed,
+            batch,
+            width,
+            height,
+            idle_timeout,
+        } => {
+            if window == 0 {
+                bail!("--window must be at least 1 second");
+            }
+            let src = source::Source::parse(&source);
+            let reader = if replay {
+                let source::Source::File(path) = &src else {
+                    bail!("--replay reads a capture file, not {src}");
+                };
+                source::Reader::replay(path, speed)?
+            } else {
+                source::Reader::open(&src)?
+            };
+            let images = Images::load(
+                symbols.hypervisor.as_deref(),
+                &symbols.images,
+                symbols.kernel.as_deref(),
+                symbols.guest_root.as_deref(),
+            )?;
+            let interrupted = interrupt_flag()?;
+            let options = top::TopOptions {
+                window,
+                title: if replay {
+                    format!("{src} (replay x{speed})")
+                } else {
+                    src.to_string()
+                },
+                batch: batch.then_some((width.max(40), height.max(12))),
+                idle_timeout: idle(idle_timeout, &src)?,
+            };
+            top::run(
+                &reader,
+                &images,
+                &options,
+                &interrupted,
+                &mut std::io::stdout().lock(),
+            )
+        }
         Cmd::Decode { log, text, records } => {
             let bytes =
                 std::fs::read(&log).with_context(|| format!("cannot read {}", log.display()))?;

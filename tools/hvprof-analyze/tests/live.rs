@@ -1,8 +1,8 @@
-//! `record` on live streams: a file being appended to, a TCP port, a Unix socket, a damaged
-//! stream; a replay.
+//! `record` and `top` on live streams: a file being appended to, a TCP port, a Unix socket,
+//! a damaged stream; `top`'s screen on a stream whose shares are known by construction.
 //!
-//! Every stream here is made in the test (hvprof-samplelog's synthetic captures) and served
-//! from a thread of the test; timeouts are hang guards only.
+//! Every stream here is made in the test (hvprof-samplelog's synthetic captures, or records
+//! built by hand) and served from a thread of the test; timeouts are hang guards only.
 
 use std::io::Write;
 use std::net::TcpListener;
@@ -11,13 +11,18 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use hvprof_analyze::live::Live;
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
 use hvprof_analyze::record::{self, RecordOptions, Recorded, Stop};
 use hvprof_analyze::source::{Reader, Source};
 use hvprof_analyze::symbols::Images;
-use hvprof_samplelog::Record;
+use hvprof_analyze::top;
 use hvprof_samplelog::synth::{self, Capture, CaptureOptions, FrameKind, Rng, SynthConfig};
+use hvprof_samplelog::{
+    Event, EventKind, FixedStr, Header, MAX_HEADER_FRAME_LEN, NO_VM, OutReason, Record, Sample,
+    SampleKind, StreamDecoder, VmInfo, encode_header,
+};
 
 /// Longest any test waits for a stream (a hang guard: the streams end long before).
 const HANG_GUARD: Duration = Duration::from_secs(120);
@@ -282,6 +287,191 @@ fn record_of_a_damaged_stream_counts_exactly_what_was_lost() {
     assert_eq!(r.decoded.damaged, d.damaged);
     // The rest is intact: the profile has every sample but the lost ones.
     assert_eq!(total_samples(&recorded), cap.samples - samples);
+}
+
+/// The clock of the handmade stream: 1 MHz, so one second is 1,000,000 ticks.
+const HZ: u64 = 1_000_000;
+const SECOND: u64 = HZ;
+
+/// A stream whose shares are known: 1000 samples every 10 ms from 5 s to 15 s of host time on
+/// pCPU 0 — VM `a` 600 (function 0x1000: 450, 0x2000: 150), VM `b` 200 (0x3000), the
+/// hypervisor 100 (0xffff800000001000), idle 100 — and on pCPU 1 the vCPUs' events: `a`'s
+/// vCPU 0 runs throughout; `b`'s vCPU 0 is out halted from 7 s to 10 s (30 % of the window),
+/// preempted from 12 s to 13 s (10 %). The last record is at 15 s - 1 tick, so the window
+/// (10 s) spans 5 s .. 15 s.
+fn known_stream() -> Vec<u8> {
+    let mut header = Header {
+        tsc_hz: HZ,
+        pcpus: 2,
+        period_ticks: 10_000,
+        ..Header::default()
+    };
+    for (id, name) in [(0u16, "a"), (1, "b")] {
+        header
+            .vms
+            .push(VmInfo {
+                id,
+                name: FixedStr::try_from_str(name).unwrap(),
+                vcpus: 1,
+                image: FixedStr::try_from_str(&format!("{name}.elf")).unwrap(),
+                image_build_id: hvprof_samplelog::BuildId::NONE,
+            })
+            .unwrap();
+    }
+    let mut out = vec![0u8; MAX_HEADER_FRAME_LEN];
+    let n = encode_header(&header, &mut out).unwrap();
+    out.truncate(n);
+    let guest = |vm: u16, rip: u64| Sample {
+        kind: SampleKind::Guest,
+        vm,
+        vcpu: 0,
+        guest_rip: rip,
+        guest_cr3: 0x10_0000,
+        ..Sample::default()
+    };
+    let samples: Vec<Record> = (0..1000u64)
+        .map(|i| {
+            let s = match i % 20 {
+                0..9 => guest(0, 0x1000),
+                9..12 => guest(0, 0x2000),
+                12..16 => guest(1, 0x3000),
+                16 | 17 => Sample {
+                    kind: SampleKind::Hypervisor,
+                    vm: 0,
+                    vcpu: 0,
+                    host_rip: 0xffff_8000_0000_1000,
+                    ..Sample::default()
+                },
+                _ => Sample {
+                    kind: SampleKind::Idle,
+                    vm: NO_VM,
+                    host_rip: 0xffff_8000_0000_2000,
+                    ..Sample::default()
+                },
+            };
+            Record::Sample(Sample {
+                tsc: 5 * SECOND + i * 10_000,
+                ..s
+            })
+        })
+        .collect();
+    let event = |tsc: u64, vm: u16, kind: EventKind, reason: OutReason| {
+        Record::Event(Event {
+            tsc,
+            kind,
+            vm,
+            vcpu: 0,
+            reason,
+        })
+    };
+    let events = vec![
+        event(5 * SECOND, 0, EventKind::VcpuIn, OutReason::Preempted),
+        event(5 * SECOND, 1, EventKind::VcpuIn, OutReason::Preempted),
+        event(7 * SECOND, 1, EventKind::VcpuOut, OutReason::Halted),
+        event(10 * SECOND, 1, EventKind::VcpuIn, OutReason::Preempted),
+        event(12 * SECOND, 1, EventKind::VcpuOut, OutReason::Preempted),
+        event(13 * SECOND, 1, EventKind::VcpuIn, OutReason::Preempted),
+        event(15 * SECOND - 1, 0, EventKind::VcpuIn, OutReason::Preempted),
+    ];
+    out.extend(synth::encode_blocks(0, &samples, 10_000, 64));
+    out.extend(synth::encode_blocks(1, &events, 10_000, 64));
+    out
+}
+
+fn lines(text: &str) -> Vec<&str> {
+    text.lines().collect()
+}
+
+/// The line holding every one of `parts`, in this order.
+fn line_with<'a>(lines: &[&'a str], parts: &[&str]) -> &'a str {
+    lines
+        .iter()
+        .find(|l| {
+            let mut rest = **l;
+            parts.iter().all(|p| match rest.find(p) {
+                Some(i) => {
+                    rest = &rest[i + p.len()..];
+                    true
+                }
+                None => false,
+            })
+        })
+        .copied()
+        .unwrap_or_else(|| panic!("no line with {parts:?} in\n{}", lines.join("\n")))
+}
+
+/// `top`'s screen, rendered into ratatui's test backend, shows the shares the stream was made
+/// with: the host level, each VM's functions, the vCPUs' idle and steal.
+#[test]
+fn top_shows_the_known_shares() {
+    let mut live = Live::new(10);
+    let mut dec = StreamDecoder::new();
+    let bytes = known_stream();
+    live.add_bytes(bytes.len() as u64);
+    dec.feed(&bytes, &mut |item| live.push(item));
+    let images = Images::default();
+    let namer = live.namer(&images, &mut Vec::new());
+    let s = live.snapshot(&namer, 20);
+    assert_eq!(s.samples, 1000);
+    assert!((s.span - 10.0).abs() < 1e-5, "span {}", s.span);
+
+    let mut term = ratatui::Terminal::new(ratatui::backend::TestBackend::new(120, 40)).unwrap();
+    term.draw(|f| top::draw(f, &s, "known")).unwrap();
+    let text = top::buffer_text(term.backend().buffer());
+    let l = lines(&text);
+    // The host level.
+    line_with(
+        &l,
+        &["host: VMs", "80.0%", "hypervisor", "10.0%", "idle", "10.0%"],
+    );
+    line_with(&l, &["1,000 samples in the window"]);
+    line_with(&l, &["60.0%", "600", "[a]", "(vm 0)"]);
+    line_with(&l, &["20.0%", "200", "[b]", "(vm 1)"]);
+    line_with(
+        &l,
+        &["10.0%", "100", "[unknown] 0xffff800000001000", "hvprof"],
+    );
+    line_with(&l, &["10.0%", "100", "[idle]", "(idle)"]);
+    // Each VM's functions: a VM's share of the window, a function's of its VM.
+    line_with(&l, &["60.0%", "600", "[a] (vm 0)"]);
+    line_with(&l, &["75.0%", "450", "[unknown] 0x1000", "a.elf"]);
+    line_with(&l, &["25.0%", "150", "[unknown] 0x2000", "a.elf"]);
+    line_with(&l, &["20.0%", "200", "[b] (vm 1)"]);
+    line_with(&l, &["100.0%", "200", "[unknown] 0x3000", "b.elf"]);
+    // The vCPUs: running, idle (out halted), steal (out runnable).
+    line_with(&l, &["a (vm 0)", "0", "100.0%", "0.0%", "0.0%"]);
+    line_with(&l, &["b (vm 1)", "0", "60.0%", "30.0%", "10.0%"]);
+    line_with(&l, &["lost 0 blocks, 0 samples"]);
+}
+
+/// `top --batch` on a TCP stream prints the screen when the stream ends.
+#[test]
+fn top_in_batch_mode_prints_the_last_screen() {
+    let source = serve_tcp(known_stream(), 19);
+    let reader = Reader::open(&source).unwrap();
+    let mut out = Vec::new();
+    top::run(
+        &reader,
+        &Images::default(),
+        &top::TopOptions {
+            window: 10,
+            title: source.to_string(),
+            batch: Some((120, 40)),
+            idle_timeout: Some(HANG_GUARD),
+        },
+        &AtomicBool::new(false),
+        &mut out,
+    )
+    .unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let last = text.rsplit("hvprof top:").next().unwrap();
+    assert!(
+        last.starts_with(&format!(" {source} (the source ended)")),
+        "{last}"
+    );
+    let l = lines(last);
+    line_with(&l, &["60.0%", "600", "[a]", "(vm 0)"]);
+    line_with(&l, &["b (vm 1)", "0", "60.0%", "30.0%", "10.0%"]);
 }
 
 /// A replay hands over the capture whole, byte for byte.
