@@ -1,6 +1,7 @@
 //! `hvprof-analyze` as a library: the decoder's results turned into the unified profile (the
 //! report's tables), and every view of it: the timeline chart, the flame graph, the exit
-//! statistics, `perf script` text, pprof and Firefox Profiler files, the HTML page.
+//! statistics, `perf script` text, pprof and Firefox Profiler files, the HTML page; and the live
+//! commands over a stream as it arrives (`record`, `top`).
 //! The binary (`main.rs`) is the command line over it.
 
 pub mod chart;
@@ -10,17 +11,21 @@ pub mod firefox;
 pub mod flame;
 pub mod html;
 pub mod linux;
+pub mod live;
 pub mod modules;
 pub mod naming;
 pub mod pprof;
 pub mod profile;
 pub mod progress;
+pub mod record;
 pub mod report;
 pub mod script;
+pub mod source;
 pub mod stat;
 pub mod symbols;
 pub mod text;
 pub mod timeline;
+pub mod top;
 
 /// `f` over `items` on the machine's cores (at most 8 threads, each a contiguous share of the
 /// items), the results in the items' order: the per-pCPU work after decoding (joining the

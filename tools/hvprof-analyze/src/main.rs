@@ -10,6 +10,8 @@
 //! hvprof-analyze export LOG [...] [--pprof FILE.pb.gz] [--firefox FILE.json]
 //! hvprof-analyze html LOG [...] [-o FILE.html]
 //! hvprof-analyze decode LOG [--text] [--records]
+//! hvprof-analyze record SOURCE -o CAPTURE [--until-end] [--idle-timeout SECS]
+//! hvprof-analyze top SOURCE [--window SECS] [--replay] [--speed X] [--batch] [symbol options]
 //! ```
 //! (`[...]`: the symbol options of `report`.) `docs/ANALYZER.md` describes every command.
 
@@ -23,7 +25,7 @@ use clap::{Args, Parser, Subcommand};
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
 use hvprof_analyze::symbols::Images;
-use hvprof_analyze::{chart, firefox, flame, html, pprof, script, stat, text};
+use hvprof_analyze::{chart, firefox, flame, html, pprof, record, script, source, stat, text, top};
 
 #[derive(Parser)]
 #[command(
@@ -61,6 +63,25 @@ struct Input {
     /// (usr/lib/debug/.build-id/, Debian's -dbgsym packages) name the functions of stripped
     /// files, `--image` ones too; the kernel modules the guests loaded are named from their
     /// .ko files in lib/modules/<release>/ (the `--kernel` image's release first).
+    #[arg(long, value_name = "DIR")]
+    guest_root: Option<PathBuf>,
+}
+
+/// What names a live stream's addresses (`top`): the options of [`Input`].
+#[derive(Args)]
+struct SymbolOptions {
+    /// The hypervisor's ELF, for its function names.
+    #[arg(long)]
+    hypervisor: Option<PathBuf>,
+    /// A guest image (ELF), matched to VMs by build id, else by file name. Repeatable.
+    #[arg(long = "image")]
+    images: Vec<PathBuf>,
+    /// The Linux guests' kernel: its functions are named once the VM's end frame (its
+    /// IA32_LSTAR) has arrived.
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// The Linux guests' root file system (see `report --help`); used for what the mapping
+    /// frames name, which arrive at the end of a run.
     #[arg(long, value_name = "DIR")]
     guest_root: Option<PathBuf>,
 }
@@ -155,6 +176,71 @@ enum Cmd {
         /// Also write the capture to this file (for timing the commands on it).
         #[arg(long)]
         write: Option<PathBuf>,
+    },
+    /// Writes a live stream to a capture file, byte for byte as it arrives, with a status line
+    /// (on a terminal): bytes, frames, samples, events, losses, damage, rate. Stops when the
+    /// source ends (socket, pipe), with --until-end, after --idle-timeout, or on Ctrl-C; the
+    /// capture is then complete for every other command.
+    ///
+    /// SOURCE: a file being written (read from its start and followed as it grows, like
+    /// `tail -f`: QEMU `-serial file:PATH`); a serial device such as /dev/ttyS0 or /dev/ttyUSB0,
+    /// read raw as it is (set its line speed and raw mode first: `stty -F /dev/ttyUSB0 115200
+    /// raw -echo`); a named pipe; `-` for standard input; `unix:PATH` for a Unix socket (QEMU
+    /// `-chardev socket,id=s,path=PATH,server=on,wait=off -serial chardev:s`); `tcp:HOST:PORT`
+    /// (QEMU `-chardev socket,id=s,host=127.0.0.1,port=4555,server=on,wait=off -serial
+    /// chardev:s`). Sockets, pipes and standard input are read to their end.
+    Record {
+        /// Where the stream comes from (see above).
+        source: String,
+        /// The capture file to write (created, or truncated).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Stop once the end frame has arrived and the source has then been quiet for a second
+        /// (the hypervisor's closing console lines follow the end frame).
+        #[arg(long)]
+        until_end: bool,
+        /// Stop after this many seconds without a byte (default: 5 for a file, never for the
+        /// other sources; 0: never).
+        #[arg(long, value_name = "SECS")]
+        idle_timeout: Option<f64>,
+    },
+    /// A live view refreshed every second like `perf top`, over the last N seconds of host time
+    /// (the log's TSC): the host level (each VM, the hypervisor's functions, idle), each VM's
+    /// hottest guest functions, each vCPU's idle and steal (exact, from the scheduling events
+    /// in the window: out halted = idle, out otherwise = steal), and the losses so far. Reads
+    /// the sources `record` reads, or replays a capture at its recorded speed (--replay). Quit
+    /// with q, Esc or Ctrl-C.
+    ///
+    /// Not yet live: Linux guests' processes (task frames) and user functions, which are
+    /// shown as addresses; `report` on a recorded capture names them.
+    Top {
+        /// Where the stream comes from (as for `record`), or the capture to --replay.
+        source: String,
+        #[command(flatten)]
+        symbols: SymbolOptions,
+        /// The window: the last SECS seconds of host time.
+        #[arg(long, default_value_t = 10, value_name = "SECS")]
+        window: u64,
+        /// Replay a capture file at its recorded speed (its records' TSCs).
+        #[arg(long)]
+        replay: bool,
+        /// Replay this many times faster than recorded.
+        #[arg(long, default_value_t = 1.0, requires = "replay")]
+        speed: f64,
+        /// Print each screen as text on standard output (every second, and the last when the
+        /// source ends) instead of keeping the terminal.
+        #[arg(long)]
+        batch: bool,
+        /// --batch: the screen's size.
+        #[arg(long, default_value_t = 120)]
+        width: u16,
+        /// --batch: the screen's size.
+        #[arg(long, default_value_t = 40)]
+        height: u16,
+        /// --batch: stop after this many seconds without a byte (default: 5 for a file, never
+        /// for the other sources; 0: never).
+        #[arg(long, value_name = "SECS")]
+        idle_timeout: Option<f64>,
     },
     /// What the capture holds: frames, records, losses, console text.
     Decode {
@@ -379,6 +465,60 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             exports,
             write,
         } => bench_synthetic(samples, exports, write.as_deref()),
+        Cmd::Record {
+            source,
+            output,
+            until_end,
+            idle_timeout,
+        } => run_record(&source, &output, until_end, idle_timeout),
+        Cmd::Top {
+            source,
+            symbols,
+            window,
+            replay,
+            speed,
+            batch,
+            width,
+            height,
+            idle_timeout,
+        } => {
+            if window == 0 {
+                bail!("--window must be at least 1 second");
+            }
+            let src = source::Source::parse(&source);
+            let reader = if replay {
+                let source::Source::File(path) = &src else {
+                    bail!("--replay reads a capture file, not {src}");
+                };
+                source::Reader::replay(path, speed)?
+            } else {
+                source::Reader::open(&src)?
+            };
+            let images = Images::load(
+                symbols.hypervisor.as_deref(),
+                &symbols.images,
+                symbols.kernel.as_deref(),
+                symbols.guest_root.as_deref(),
+            )?;
+            let interrupted = interrupt_flag()?;
+            let options = top::TopOptions {
+                window,
+                title: if replay {
+                    format!("{src} (replay x{speed})")
+                } else {
+                    src.to_string()
+                },
+                batch: batch.then_some((width.max(40), height.max(12))),
+                idle_timeout: idle(idle_timeout, &src)?,
+            };
+            top::run(
+                &reader,
+                &images,
+                &options,
+                &interrupted,
+                &mut std::io::stdout().lock(),
+            )
+        }
         Cmd::Decode { log, text, records } => {
             let bytes =
                 std::fs::read(&log).with_context(|| format!("cannot read {}", log.display()))?;
@@ -386,6 +526,83 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             print!("{}", text::decode_summary(&d, text, records));
             Ok(())
         }
+    }
+}
+
+/// Sets a flag on Ctrl-C (and on a termination signal) instead of dying.
+fn interrupt_flag() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let set = flag.clone();
+    ctrlc::set_handler(move || set.store(true, std::sync::atomic::Ordering::Relaxed))
+        .context("cannot handle Ctrl-C")?;
+    Ok(flag)
+}
+
+/// `--idle-timeout`: given in seconds (0: never), else the source's default.
+fn idle(secs: Option<f64>, src: &source::Source) -> Result<Option<std::time::Duration>> {
+    match secs {
+        None => Ok(src.default_idle_timeout()),
+        Some(0.0) => Ok(None),
+        Some(s) => std::time::Duration::try_from_secs_f64(s)
+            .map(Some)
+            .map_err(|_| anyhow::anyhow!("--idle-timeout must be a number of seconds")),
+    }
+}
+
+/// `record`: the stream into the capture, with the status on stderr (a live line on a terminal,
+/// else the final summary only).
+fn run_record(
+    source: &str,
+    output: &Path,
+    until_end: bool,
+    idle_timeout: Option<f64>,
+) -> Result<()> {
+    use std::io::IsTerminal;
+    let src = source::Source::parse(source);
+    let options = record::RecordOptions {
+        until_end,
+        idle_timeout: idle(idle_timeout, &src)?,
+        ..record::RecordOptions::default()
+    };
+    if let source::Source::File(input) = &src
+        && let (Ok(a), Ok(b)) = (input.canonicalize(), output.canonicalize())
+        && a == b
+    {
+        bail!(
+            "record: {} is the source; write the capture elsewhere",
+            output.display()
+        );
+    }
+    let reader = source::Reader::open(&src)?;
+    let mut file = std::fs::File::create(output)
+        .with_context(|| format!("cannot create {}", output.display()))?;
+    let interrupted = interrupt_flag()?;
+    let tty = std::io::stderr().is_terminal();
+    let mut on_status = |s: &record::Status| {
+        if tty {
+            eprint!("\r\x1b[2Krecording {src}: {}", s.line());
+        }
+    };
+    let recorded = record::record(&reader, &mut file, &options, &interrupted, &mut on_status)
+        .with_context(|| format!("cannot write {}", output.display()))?;
+    if tty {
+        eprint!("\r\x1b[2K");
+    }
+    eprintln!(
+        "recorded {src} into {} ({}): {}",
+        output.display(),
+        recorded.stop,
+        recorded.status.line()
+    );
+    let d = &recorded.decoded;
+    if !d.end_seen() {
+        eprintln!(
+            "no end frame: what the hypervisor sent after the last block received is unknown"
+        );
+    }
+    match recorded.stop {
+        record::Stop::Failed(e) => bail!("reading {src} failed: {e}"),
+        _ => Ok(()),
     }
 }
 
