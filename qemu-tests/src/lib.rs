@@ -15,6 +15,7 @@ pub mod channel_scenarios;
 pub mod emulator;
 pub mod iso;
 pub mod linux_scenarios;
+pub mod live_scenarios;
 pub mod log;
 pub mod process;
 pub mod profile;

@@ -69,14 +69,26 @@ pub struct Scenario {
     /// A verdict on the profile (`hvprof-analyze`'s report of the capture), after `check`.
     pub profile: Option<crate::profile::ProfileCheck>,
     /// Programs that follow the run as it happens (`hvprof-analyze record`, `top`): made from
-    /// the analyzer and the run's files, started at the emulator's first output, each given
+    /// the analyzer and the run's files (their standard output and error are theirs to set;
+    /// standard input is closed), started at the emulator's first output, each given
     /// [`LIVE_GRACE`] after the run ends to finish on its own (then stopped, and the scenario
     /// fails).
     pub live: Option<LiveTools>,
 }
 
 /// See [`Scenario::live`].
-pub type LiveTools = Box<dyn Fn(&Path, &RunFiles) -> Vec<Command> + Send + Sync>;
+pub type LiveTools = Box<dyn Fn(&LiveRun<'_>) -> Vec<Command> + Send + Sync>;
+
+/// What a live tool is made from.
+pub struct LiveRun<'a> {
+    /// The `hvprof-analyze` binary.
+    pub analyzer: &'a Path,
+    /// The run's files.
+    pub files: &'a RunFiles,
+    /// The hypervisor ELF and the test guests' folder (for symbols).
+    pub hypervisor: &'a Path,
+    pub guest_dir: &'a Path,
+}
 
 /// How long a live tool may run on after the emulator's run ends.
 pub const LIVE_GRACE: Duration = Duration::from_secs(60);
@@ -128,7 +140,7 @@ impl Scenario {
     #[must_use]
     pub fn live(
         mut self,
-        tools: impl Fn(&Path, &RunFiles) -> Vec<Command> + Send + Sync + 'static,
+        tools: impl Fn(&LiveRun<'_>) -> Vec<Command> + Send + Sync + 'static,
     ) -> Self {
         self.live = Some(Box::new(tools));
         self
@@ -547,16 +559,25 @@ pub fn run_scenario(scenario: &Scenario, config: &RunnerConfig) -> (ScenarioResu
                 }
                 started = true;
                 if let (Some(tools), Some(analyzer)) = (&scenario.live, &config.analyzer) {
-                    for mut cmd in tools(analyzer, &files) {
+                    let run = LiveRun {
+                        analyzer,
+                        files: &files,
+                        hypervisor: &config.hypervisor_elf,
+                        guest_dir: &config.guest_dir,
+                    };
+                    for mut cmd in tools(&run) {
                         let name = format!("{cmd:?}");
-                        cmd.stdin(Stdio::null()).stdout(Stdio::null());
+                        cmd.stdin(Stdio::null());
                         spawned.push((name, cmd.spawn()));
                     }
                 }
             },
         );
         if scenario.live.is_some() && config.analyzer.is_none() {
-            bail!("{} follows its run with hvprof-analyze, which was not built", scenario.name);
+            bail!(
+                "{} follows its run with hvprof-analyze, which was not built",
+                scenario.name
+            );
         }
         if scenario.live.is_some() && !started {
             bail!("the emulator wrote nothing: the live tools never started");

@@ -355,6 +355,7 @@ pub fn all() -> Vec<Scenario> {
     .chain(crate::security_scenarios::all())
     .chain(crate::linux_scenarios::all())
     .chain(crate::channel_scenarios::all())
+    .chain(crate::live_scenarios::all())
     .collect()
 }
 
