@@ -226,7 +226,9 @@ impl fmt::Display for ValueProblem {
             }
             Self::PeriodZero => "the period must be greater than zero",
             Self::PeriodTooLarge => "the period does not fit in 64 bits of nanoseconds or ticks",
-            Self::ExportChoice => "expected stream or end",
+            Self::ExportChoice => {
+                "expected stream or end (where the log goes is channel=serial, lpt or virtio)"
+            }
             Self::SelfTestChoice => {
                 "expected none, ud, pagefault, gp, panic, channel or channel:<records>"
             }

@@ -176,6 +176,10 @@ pub fn all() -> Vec<Scenario> {
                 record
                     .args(["record", &serial, "--until-end", "-o"])
                     .arg(files.dir.join(RECORDED));
+                // Its summary line, kept with the run's files.
+                if let Ok(f) = File::create(files.dir.join("record.txt")) {
+                    record.stderr(f);
+                }
                 let mut top = Command::new(run.analyzer);
                 top.args(["top", &serial, "--batch", "--window", "100000"])
                     .arg("--hypervisor")
