@@ -597,7 +597,8 @@ mod tests {
         );
         assert_eq!(
             err("export=later").to_string(),
-            "boot option export='later': expected stream or end"
+            "boot option export='later': expected stream or end (where the log goes is \
+             channel=serial, lpt or virtio)"
         );
         let _: &dyn core::error::Error = &err("x");
     }
