@@ -2,7 +2,8 @@
 //! timeline (chart, SVG, summary), the folded stacks and flame graph, the exit statistics,
 //! `perf script`, the HTML page, the Firefox profile and pprof. None may panic (overflow checks
 //! on: `cargo fuzz run -a`); run with `-timeout` so that a view slower than linear shows.
-//! The first input byte picks the options (threads, Linux naming, drawing, bins).
+//! The first input byte picks the options (threads, Linux naming, drawing, bins), the second
+//! whether the report's tables are made.
 #![no_main]
 
 use hvprof_analyze::chart::Timeline;
@@ -22,11 +23,17 @@ fuzz_target!(|data: &[u8]| {
         LoadOptions {
             threads: 1 + usize::from(opt & 1),
             keep_guest: opt & 2 != 0,
+            tables: data.get(1).is_none_or(|b| b & 1 == 0),
+            report_only: false,
         },
         &progress,
     );
     let r = &p.report;
     assert_eq!(p.samples.len() as u64, r.total_samples);
+    // The samples read again are every sample, in TSC order (then pCPU).
+    let all = p.samples_in_order();
+    assert_eq!(all.len(), p.samples.len());
+    assert!(all.windows(2).all(|w| (w[0].tsc, w[0].pcpu) <= (w[1].tsc, w[1].pcpu)));
     // Text outputs hold no control character but line breaks (and perf script's tabs).
     let printable = |s: &str, allowed: &[char]| {
         assert!(
