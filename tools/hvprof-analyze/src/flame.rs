@@ -1,6 +1,7 @@
 //! The flame graph (inferno): every sample as the stack VM;process;module;function, widths in
 //! samples. Guest code sits under its VM and process, the hypervisor's under `[hypervisor]` and
-//! whom it worked for, and `[idle]` alone.
+//! whom it worked for, and `[idle]` alone. Samples the log lost (the loss ranges of the report:
+//! blocks lost on the way, ring drops) are one frame `[lost]` as wide as they were.
 
 use std::io::Write;
 
@@ -10,7 +11,17 @@ use rustc_hash::FxHashMap as HashMap;
 
 use crate::profile::Profile;
 
-/// Folded stacks (`a;b;c count`), sorted, one per distinct frame.
+/// Samples the log lost, over every loss range.
+fn lost(p: &Profile) -> u64 {
+    p.report
+        .losses
+        .iter()
+        .map(crate::report::LossRange::samples_missing)
+        .fold(0u64, u64::saturating_add)
+}
+
+/// Folded stacks (`a;b;c count`), sorted, one per distinct frame, and `[lost]` for the samples
+/// the log lost.
 pub fn folded(p: &Profile) -> Vec<String> {
     let mut counts: HashMap<u32, u64> = HashMap::default();
     for s in p.samples.stacks() {
@@ -21,6 +32,10 @@ pub fn folded(p: &Profile) -> Vec<String> {
         *by_stack
             .entry(p.frames[frame as usize].folded())
             .or_default() += n;
+    }
+    let lost = lost(p);
+    if lost > 0 {
+        *by_stack.entry(crate::pprof::LOST.to_owned()).or_default() += lost;
     }
     let mut lines: Vec<String> = by_stack
         .into_iter()
@@ -36,9 +51,15 @@ pub fn write(p: &Profile, title: &str, interactive: bool, out: &mut dyn Write) -
     let lines = folded(p);
     let mut opts = Options::default();
     opts.title = title.to_owned();
+    let lost = lost(p);
     opts.subtitle = Some(format!(
-        "{} samples, {} pCPU(s), period {} ticks; VM;process;module;function",
+        "{} samples{}, {} pCPU(s), period {} ticks; VM;process;module;function",
         p.samples.len(),
+        if lost > 0 {
+            format!(" and {lost} lost ([lost])")
+        } else {
+            String::new()
+        },
         p.pcpus,
         p.period_ticks
     ));

@@ -1,13 +1,14 @@
 //! Lost records are reported up front and marked in every view: the text report opens with
 //! where (pCPU) and when (TSC and seconds) records are missing, the JSON report lists the ranges,
 //! the timeline draws them over their pCPU's row, the HTML page warns before its tables, the
-//! Firefox profile has a marker per range and pprof a `[lost]` sample.
+//! Firefox profile has a marker per range, pprof a `[lost]` sample and the flame graph a
+//! `[lost]` frame.
 
 use hvprof_analyze::chart::{LOST_COLOR, Timeline};
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
 use hvprof_analyze::symbols::Images;
-use hvprof_analyze::{firefox, html, pprof, text};
+use hvprof_analyze::{firefox, flame, html, pprof, text};
 use hvprof_samplelog::{
     BlockHeader, Header, MAX_HEADER_FRAME_LEN, PcpuTotals, Record, Sample, SampleKind,
     encode_block, encode_end, encode_header, max_block_frame_len, max_end_frame_len,
@@ -292,4 +293,15 @@ fn pprof_has_a_lost_sample_per_range() {
         comments.contains(&LOST_0) && comments.contains(&LOST_1),
         "{comments:?}"
     );
+}
+
+#[test]
+fn flame_graph_has_a_lost_frame() {
+    let p = profile(&capture(true));
+    let folded = flame::folded(&p);
+    // 2 samples lost on pCPU 0, 3 on pCPU 1.
+    assert!(folded.contains(&"[lost] 5".to_owned()), "{folded:?}");
+    let mut svg = Vec::new();
+    flame::write(&p, "t", false, &mut svg).unwrap();
+    assert!(String::from_utf8(svg).unwrap().contains("and 5 lost"));
 }
