@@ -1141,8 +1141,27 @@ impl Profile {
                 }
             }
         }
-        // Merged by (TSC, pCPU): each list is in TSC order, pCPUs ascending.
+        // Merged by (TSC, pCPU): each list is in TSC order, pCPUs ascending. A few pCPUs: the
+        // smallest head by a scan; many (a forged log): a heap.
         out.clear();
+        if lists.len() <= 16 {
+            let mut at = [0usize; 16];
+            loop {
+                let mut best: Option<(u64, usize)> = None;
+                for (i, l) in lists.iter().enumerate() {
+                    if let Some(&(t, _)) = l.get(at[i])
+                        && best.is_none_or(|(b, _)| t < b)
+                    {
+                        best = Some((t, i));
+                    }
+                }
+                let Some((_, i)) = best else { break };
+                let (tsc, stack) = lists[i][at[i]];
+                out.push(self.samples.sampled(tsc, stack));
+                at[i] += 1;
+            }
+            return out;
+        }
         let mut heads: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize, usize)>> = lists
             .iter()
             .enumerate()
