@@ -16,23 +16,15 @@ use hvprof_samplelog::channel_test::{self, PCPUS, Sink};
 pub fn run(records: u64, channel: Channel, build_id: &[u8], tsc_hz: u64) -> ! {
     let channel = match channel {
         Channel::Virtio => match virtio_console::init() {
-            virtio_console::Found::Ready {
-                function,
-                queue,
-                common,
-            } => {
-                println!(
-                    "selftest: channel virtio: console at PCI {:02x}:{:02x}.{} (registers at {common:#x}), transmitq of {queue}",
-                    function.bus, function.device, function.function
-                );
+            found @ virtio_console::Found::Ready { .. } => {
+                println!("selftest: channel virtio: {}", found.describe());
                 Channel::Virtio
             }
-            virtio_console::Found::Absent => {
-                println!("selftest: channel virtio: no virtio console found; using serial");
-                Channel::Serial
-            }
-            virtio_console::Found::Failed(e) => {
-                println!("selftest: channel virtio: the virtio console failed ({e}); using serial");
+            other => {
+                println!(
+                    "selftest: channel virtio: {}; using serial",
+                    other.describe()
+                );
                 Channel::Serial
             }
         },

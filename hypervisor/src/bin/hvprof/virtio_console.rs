@@ -123,6 +123,26 @@ pub enum Found {
     Failed(&'static str),
 }
 
+impl Found {
+    /// What was found, in words (after `channel=virtio: `).
+    pub fn describe(&self) -> alloc::string::String {
+        match self {
+            Found::Ready {
+                function,
+                queue,
+                common,
+            } => alloc::format!(
+                "virtio console at PCI {:02x}:{:02x}.{} (registers at {common:#x}), transmitq of {queue}",
+                function.bus,
+                function.device,
+                function.function
+            ),
+            Found::Absent => "no virtio console on the PCI bus".into(),
+            Found::Failed(e) => alloc::format!("the virtio console could not be set up ({e})"),
+        }
+    }
+}
+
 /// Finds the virtio console and sets up its transmitq.
 pub fn init() -> Found {
     let Some(function) =

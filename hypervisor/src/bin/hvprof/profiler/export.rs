@@ -152,26 +152,14 @@ pub fn init(
             Channel::Serial
         }
         Channel::Virtio => match virtio_console::init() {
-            virtio_console::Found::Ready {
-                function,
-                queue,
-                common,
-            } => {
-                println!(
-                    "profiler: channel=virtio: virtio console at PCI {:02x}:{:02x}.{} (registers at {common:#x}), transmitq of {queue}",
-                    function.bus, function.device, function.function
-                );
+            found @ virtio_console::Found::Ready { .. } => {
+                println!("profiler: channel=virtio: {}", found.describe());
                 Channel::Virtio
             }
-            virtio_console::Found::Absent => {
+            other => {
                 println!(
-                    "profiler: warning: channel=virtio: no virtio console on the PCI bus; the sample log goes to the serial console instead"
-                );
-                Channel::Serial
-            }
-            virtio_console::Found::Failed(e) => {
-                println!(
-                    "profiler: warning: channel=virtio: the virtio console could not be set up ({e}); the sample log goes to the serial console instead"
+                    "profiler: warning: channel=virtio: {}; the sample log goes to the serial console instead",
+                    other.describe()
                 );
                 Channel::Serial
             }
