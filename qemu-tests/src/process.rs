@@ -274,7 +274,15 @@ fn contains_line(haystack: &[u8], needle: &[u8]) -> bool {
 pub fn launch(launch: &Launch<'_>, on_output: &mut dyn FnMut(&[u8])) -> Result<RunOutcome> {
     install_interrupt_handler();
     let files = launch.files;
-    for path in [&files.serial_log, &files.emulator_log, &files.emulator_out] {
+    // Every output of an earlier run in the folder goes, the channels' logs too: an emulator
+    // without a virtio console or parallel port would leave the old one to join the capture.
+    for path in [
+        &files.serial_log,
+        &files.lpt_log,
+        &files.virtio_log,
+        &files.emulator_log,
+        &files.emulator_out,
+    ] {
         if path.exists() {
             fs::remove_file(path).with_context(|| format!("cannot remove {}", path.display()))?;
         }
