@@ -49,17 +49,16 @@ pub struct Sampled {
 
 impl Sampled {
     pub fn owner(&self) -> Owner {
-        match self.what {
-            What::GuestKernel | What::GuestUser => Owner::Guest {
-                vm: self.vm,
-                vcpu: self.vcpu,
-            },
-            What::Hypervisor => Owner::Hypervisor {
-                vm: self.vm,
-                vcpu: self.vcpu,
-            },
-            What::Idle => Owner::Idle,
-        }
+        owner(self.what, self.vm, self.vcpu)
+    }
+}
+
+/// Who a sample of `what` on `vm`'s `vcpu` belongs to on the common time axis.
+fn owner(what: What, vm: u16, vcpu: u16) -> Owner {
+    match what {
+        What::GuestKernel | What::GuestUser => Owner::Guest { vm, vcpu },
+        What::Hypervisor => Owner::Hypervisor { vm, vcpu },
+        What::Idle => Owner::Idle,
     }
 }
 
@@ -257,21 +256,6 @@ fn classify(pcpu: u16, s: &hvprof_samplelog::Sample, processes: Option<&Processe
     }
 }
 
-/// Who a sample belongs to on the common time axis.
-fn owner_of(key: &Key) -> Owner {
-    match key.what {
-        What::GuestKernel | What::GuestUser => Owner::Guest {
-            vm: key.vm,
-            vcpu: key.vcpu,
-        },
-        What::Hypervisor => Owner::Hypervisor {
-            vm: key.vm,
-            vcpu: key.vcpu,
-        },
-        What::Idle => Owner::Idle,
-    }
-}
-
 /// The sample path's cost over the samples: sum, min, max (TSC ticks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CostSum {
@@ -441,7 +425,7 @@ impl Part {
             if e.1 == 0 {
                 counts[e.0 as usize] += 1 << 32;
             }
-            let owner = owner_of(&key);
+            let owner = owner(key.what, key.vm, key.vcpu);
             let o = match last_owner {
                 Some((w, i)) if w == owner => i,
                 _ => {
@@ -816,16 +800,7 @@ impl Replay {
                     let (mut segs, mut at) = (Vec::new(), Vec::new());
                     for (i, &(tsc, stack)) in list.iter().enumerate() {
                         let s = &stacks[stack as usize];
-                        let owner = owner_of(&Key {
-                            addr: s.addr,
-                            cr3: s.cr3,
-                            process: s.process,
-                            pcpu: s.pcpu,
-                            vm: s.vm,
-                            vcpu: s.vcpu,
-                            exit: s.exit,
-                            what: s.what,
-                        });
+                        let owner = owner(s.what, s.vm, s.vcpu);
                         let o = *ids.entry(owner).or_insert_with(|| {
                             owners.push(owner);
                             (owners.len() - 1) as u32
