@@ -21,7 +21,7 @@ use hvprof_samplelog::{NO_EXIT, NO_VM};
 use crate::naming::exit_name;
 use crate::profile::{Profile, Sampled, What};
 use crate::report::LossRange;
-use crate::timeline::{Class, Owner, PcpuIndex, runs};
+use crate::timeline::{Class, Owner, PcpuIndex, Window, runs};
 
 /// [`State::Hypervisor`] of every exit reason that is not one (128 and above).
 pub const INVALID_EXIT: u16 = 0xfffe;
@@ -197,7 +197,7 @@ impl Timeline {
                     for (i, s) in per_pcpu[&c].iter().enumerate() {
                         by_state.entry(State::of(s)).or_default().push(i);
                     }
-                    let owners = PcpuIndex::new(&lists, list);
+                    let owners = PcpuIndex::of_list(&lists, list);
                     (
                         c,
                         Ix {
@@ -236,7 +236,8 @@ impl Timeline {
                     match run.class {
                         Class::OutHalted => add(State::Idle, n),
                         Class::Out => {
-                            let hv = ix.owners.hypervisor_out(run.vcpu, &part);
+                            let hv =
+                                Window::samples(&ix.owners, part.clone()).hypervisor_out(run.vcpu);
                             add(State::HypervisorNoVm, hv);
                             add(State::Steal, n - hv);
                         }

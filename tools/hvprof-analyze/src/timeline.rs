@@ -218,15 +218,52 @@ pub fn classify<L: Lists>(
     }
 }
 
-/// Positions of a set of samples in a pCPU's list, counted in any range by binary search.
-/// (32 bits: a pCPU's list of 4 G samples would come from a capture of more than 20 GB.)
-#[derive(Default)]
-struct Positions(Vec<u32>);
+/// A set of a pCPU's units (its samples, or its [`Segment`]s), each with its samples, counted
+/// in any range of unit indices by binary search.
+pub trait Counter: Default {
+    /// Adds unit `unit` (after every unit added so far), holding `n` samples.
+    fn push(&mut self, unit: usize, n: u64);
+    /// Samples of the units in `r`.
+    fn count(&self, r: &Range<usize>) -> u64;
+}
 
-impl Positions {
+/// Units of one sample each: their positions in the pCPU's list (32 bits: a pCPU's list of
+/// 4 G samples would come from a capture of more than 20 GB).
+#[derive(Default)]
+pub struct Positions(Vec<u32>);
+
+impl Counter for Positions {
+    fn push(&mut self, unit: usize, n: u64) {
+        debug_assert_eq!(n, 1);
+        self.0.push(unit as u32);
+    }
+
     fn count(&self, r: &Range<usize>) -> u64 {
         let below = |end: usize| self.0.partition_point(|&i| (i as usize) < end);
         (below(r.end) - below(r.start)) as u64
+    }
+}
+
+/// Units of several samples: (unit index, samples in the units before it and in it).
+#[derive(Default)]
+pub struct Cumulative(Vec<(u32, u64)>);
+
+impl Cumulative {
+    /// Samples in the units before index `x`.
+    fn before(&self, x: usize) -> u64 {
+        let k = self.0.partition_point(|&(i, _)| (i as usize) < x);
+        k.checked_sub(1).map_or(0, |k| self.0[k].1)
+    }
+}
+
+impl Counter for Cumulative {
+    fn push(&mut self, unit: usize, n: u64) {
+        let before = self.0.last().map_or(0, |&(_, c)| c);
+        self.0.push((unit as u32, before + n));
+    }
+
+    fn count(&self, r: &Range<usize>) -> u64 {
+        self.before(r.end) - self.before(r.start)
     }
 }
 
@@ -235,83 +272,160 @@ impl Positions {
 /// go to `Blanks::steal_on_others`, which keeps the work linear).
 pub const STEAL_ON_MAX: usize = 64;
 
-/// One pCPU's samples indexed by owner: what a run's slots are counted with.
-pub struct PcpuIndex {
-    /// Samples owned by a vCPU: its guest or the hypervisor on its behalf.
-    by_vcpu: HashMap<(u16, u16), Positions>,
-    /// Guest samples of a vCPU.
-    guest: HashMap<(u16, u16), Positions>,
-    /// Samples owned by a VM (guest or hypervisor on its behalf).
-    by_vm: HashMap<u16, Positions>,
+/// The owners a run's slots are told apart by.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// A vCPU's guest.
+    Guest((u16, u16)),
+    /// A vCPU: its guest, or the hypervisor on its behalf.
+    Vcpu((u16, u16)),
+    /// A VM: its guests, or the hypervisor on their behalf.
+    Vm(u16),
     /// The hypervisor working for no VM.
-    hv_no_vm: Positions,
-    /// Each VM's vCPUs that own samples here, sorted.
+    HvNoVm,
+}
+
+impl Kind {
+    fn holds(self, owner: Owner) -> bool {
+        match (self, owner) {
+            (Kind::Guest(k), Owner::Guest { vm, vcpu }) => k == (vm, vcpu),
+            (Kind::Vcpu(k), Owner::Guest { vm, vcpu } | Owner::Hypervisor { vm, vcpu }) => {
+                k == (vm, vcpu)
+            }
+            (Kind::Vm(k), Owner::Guest { vm, .. } | Owner::Hypervisor { vm, .. }) => k == vm,
+            (Kind::HvNoVm, Owner::Hypervisor { vm, .. }) => vm == hvprof_samplelog::NO_VM,
+            _ => false,
+        }
+    }
+}
+
+/// One pCPU's units (samples, or segments) indexed by owner: what a run's slots are counted with.
+pub struct PcpuIndex<C = Positions> {
+    /// Units owned by a vCPU: its guest or the hypervisor on its behalf.
+    by_vcpu: HashMap<(u16, u16), C>,
+    /// Guest units of a vCPU.
+    guest: HashMap<(u16, u16), C>,
+    /// Units owned by a VM (guest or hypervisor on its behalf).
+    by_vm: HashMap<u16, C>,
+    /// The hypervisor working for no VM.
+    hv_no_vm: C,
+    /// Each VM's vCPUs that own units here, sorted.
     vcpus: HashMap<u16, Vec<u16>>,
 }
 
-impl PcpuIndex {
-    /// Indexes one pCPU's samples (in TSC order).
-    pub fn new<L: Lists>(lists: &L, list: &[L::Item]) -> Self {
+impl<C: Counter> PcpuIndex<C> {
+    /// Indexes one pCPU's units (in TSC order): each one's owner and samples.
+    pub fn new(units: impl Iterator<Item = (Owner, u64)>) -> Self {
         let mut ix = PcpuIndex {
             by_vcpu: HashMap::default(),
             guest: HashMap::default(),
             by_vm: HashMap::default(),
-            hv_no_vm: Positions::default(),
+            hv_no_vm: C::default(),
             vcpus: HashMap::default(),
         };
-        for (i, item) in list.iter().enumerate() {
-            let i = i as u32;
-            let (vm, vcpu, guest) = match lists.owner(item) {
+        for (i, (owner, n)) in units.enumerate() {
+            let (vm, vcpu, guest) = match owner {
                 Owner::Guest { vm, vcpu } => (vm, vcpu, true),
                 Owner::Hypervisor { vm, vcpu } => (vm, vcpu, false),
                 Owner::Idle => continue,
             };
             if guest {
-                ix.guest.entry((vm, vcpu)).or_default().0.push(i);
+                ix.guest.entry((vm, vcpu)).or_default().push(i, n);
             } else if vm == hvprof_samplelog::NO_VM {
-                ix.hv_no_vm.0.push(i);
+                ix.hv_no_vm.push(i, n);
             }
-            let p = ix.by_vcpu.entry((vm, vcpu)).or_default();
-            if p.0.is_empty() {
+            let p = ix.by_vcpu.entry((vm, vcpu)).or_insert_with(|| {
                 ix.vcpus.entry(vm).or_default().push(vcpu);
-            }
-            p.0.push(i);
-            ix.by_vm.entry(vm).or_default().0.push(i);
+                C::default()
+            });
+            p.push(i, n);
+            ix.by_vm.entry(vm).or_default().push(i, n);
         }
         for v in ix.vcpus.values_mut() {
             v.sort_unstable();
         }
         ix
     }
+}
 
-    fn count<K: std::hash::Hash + Eq>(map: &HashMap<K, Positions>, k: &K, r: &Range<usize>) -> u64 {
-        map.get(k).map_or(0, |p| p.count(r))
+impl PcpuIndex<Positions> {
+    /// Indexes one pCPU's samples (in TSC order) from its list.
+    pub fn of_list<L: Lists>(lists: &L, list: &[L::Item]) -> Self {
+        PcpuIndex::new(list.iter().map(|item| (lists.owner(item), 1)))
+    }
+}
+
+/// The samples of a vCPU's run on one pCPU: the whole units in `whole`, and at most two units
+/// of which only some samples fall in the run (their owner and how many).
+pub struct Window<'a, C> {
+    ix: &'a PcpuIndex<C>,
+    whole: Range<usize>,
+    parts: Vec<(Owner, u64)>,
+    /// Its samples.
+    len: u64,
+}
+
+impl<'a> Window<'a, Positions> {
+    /// The samples `r` of a pCPU's list.
+    pub fn samples(ix: &'a PcpuIndex<Positions>, r: Range<usize>) -> Self {
+        Window {
+            ix,
+            len: r.len() as u64,
+            whole: r,
+            parts: Vec::new(),
+        }
+    }
+}
+
+impl<C: Counter> Window<'_, C> {
+    fn count(&self, kind: Kind) -> u64 {
+        let map = |c: Option<&C>| c.map_or(0, |c| c.count(&self.whole));
+        let whole = match kind {
+            Kind::Guest(v) => map(self.ix.guest.get(&v)),
+            Kind::Vcpu(v) => map(self.ix.by_vcpu.get(&v)),
+            Kind::Vm(vm) => map(self.ix.by_vm.get(&vm)),
+            Kind::HvNoVm => map(Some(&self.ix.hv_no_vm)),
+        };
+        let parts: u64 = self
+            .parts
+            .iter()
+            .filter(|(o, _)| kind.holds(*o))
+            .map(|(_, n)| n)
+            .sum();
+        whole + parts
     }
 
-    /// Guest samples of `vcpu` in `r`: its [`Slot::Own`] slots while in.
-    pub fn own(&self, vcpu: (u16, u16), r: &Range<usize>) -> u64 {
-        Self::count(&self.guest, &vcpu, r)
+    /// Guest samples of `vcpu`: its [`Slot::Own`] slots while in.
+    pub fn own(&self, vcpu: (u16, u16)) -> u64 {
+        self.count(Kind::Guest(vcpu))
     }
 
-    /// [`Slot::HypervisorOut`] slots of `vcpu` in `r` while it is out.
-    pub fn hypervisor_out(&self, (vm, vcpu): (u16, u16), r: &Range<usize>) -> u64 {
+    /// [`Slot::HypervisorOut`] slots of `vcpu` while it is out.
+    pub fn hypervisor_out(&self, (vm, vcpu): (u16, u16)) -> u64 {
         if vm == hvprof_samplelog::NO_VM {
             // Its own "VM": the hypervisor's samples for the other vCPUs are siblings'.
-            Self::count(&self.by_vcpu, &(vm, vcpu), r) - self.own((vm, vcpu), r)
+            self.count(Kind::Vcpu((vm, vcpu))) - self.own((vm, vcpu))
         } else {
-            self.hv_no_vm.count(r)
+            self.count(Kind::HvNoVm)
         }
     }
 
-    /// [`Slot::StealOn`] slots of `vcpu` in `r` while it is out: all of them, and per sibling
-    /// (the first [`STEAL_ON_MAX`] of its VM's vCPUs here; the rest are in the total only).
-    pub fn steal_on(&self, (vm, vcpu): (u16, u16), r: &Range<usize>) -> (u64, Vec<(u16, u64)>) {
-        let total = Self::count(&self.by_vm, &vm, r) - Self::count(&self.by_vcpu, &(vm, vcpu), r);
+    /// [`Slot::StealOn`] slots of `vcpu` while it is out: all of them, and per sibling (the
+    /// first [`STEAL_ON_MAX`] of its VM's vCPUs here; the rest are in the total only).
+    pub fn steal_on(&self, (vm, vcpu): (u16, u16)) -> (u64, Vec<(u16, u64)>) {
+        let total = self.count(Kind::Vm(vm)) - self.count(Kind::Vcpu((vm, vcpu)));
         let mut each = Vec::new();
         if total > 0 {
-            for &c in self.vcpus.get(&vm).into_iter().flatten().take(STEAL_ON_MAX) {
+            for &c in self
+                .ix
+                .vcpus
+                .get(&vm)
+                .into_iter()
+                .flatten()
+                .take(STEAL_ON_MAX)
+            {
                 if c != vcpu {
-                    let n = Self::count(&self.by_vcpu, &(vm, c), r);
+                    let n = self.count(Kind::Vcpu((vm, c)));
                     if n > 0 {
                         each.push((c, n));
                     }
@@ -319,6 +433,26 @@ impl PcpuIndex {
             }
         }
         (total, each)
+    }
+
+    /// Adds the slots of `vcpu`, in `class` over the window, to `b`.
+    fn add_slots(&self, vcpu: (u16, u16), class: Class, b: &mut Blanks) {
+        match class {
+            Class::In => b.hypervisor += self.len - self.own(vcpu),
+            Class::OutHalted => b.idle += self.len,
+            Class::Out => {
+                let hv = self.hypervisor_out(vcpu);
+                let (steal_on, each) = self.steal_on(vcpu);
+                b.hypervisor_out += hv;
+                b.steal_outside += self.len - hv - steal_on;
+                let mut named = 0;
+                for (c, n) in each {
+                    *b.steal_on.entry(c).or_default() += n;
+                    named += n;
+                }
+                b.steal_on_others += steal_on - named;
+            }
+        }
     }
 }
 
@@ -351,32 +485,14 @@ pub fn blanks<L: Lists + Sync>(
 ) -> HashMap<(u16, u16), Blanks> {
     let mut out = exact_ticks(events);
     let index: HashMap<u16, PcpuIndex> = crate::par_map(samples.pcpus(), |p| {
-        samples.list(p).map(|l| (p, PcpuIndex::new(samples, l)))
+        samples.list(p).map(|l| (p, PcpuIndex::of_list(samples, l)))
     })
     .into_iter()
     .flatten()
     .collect();
     for run in runs(samples, events) {
-        let ix = &index[&run.pcpu];
         let b = out.entry(run.vcpu).or_default();
-        let r = &run.samples;
-        let len = r.len() as u64;
-        match run.class {
-            Class::In => b.hypervisor += len - ix.own(run.vcpu, r),
-            Class::OutHalted => b.idle += len,
-            Class::Out => {
-                let hv = ix.hypervisor_out(run.vcpu, r);
-                let (steal_on, each) = ix.steal_on(run.vcpu, r);
-                b.hypervisor_out += hv;
-                b.steal_outside += len - hv - steal_on;
-                let mut named = 0;
-                for (c, n) in each {
-                    *b.steal_on.entry(c).or_default() += n;
-                    named += n;
-                }
-                b.steal_on_others += steal_on - named;
-            }
-        }
+        Window::samples(&index[&run.pcpu], run.samples).add_slots(run.vcpu, run.class, b);
     }
     out
 }
@@ -419,102 +535,6 @@ impl Segments {
     }
 }
 
-/// Cumulative samples of one kind of owner over a pCPU's segments: (segment index, samples in
-/// the segments before it and in it), for the segments of that kind only.
-#[derive(Default)]
-struct Cumulative(Vec<(u32, u64)>);
-
-impl Cumulative {
-    fn push(&mut self, seg: usize, n: u64) {
-        let before = self.0.last().map_or(0, |&(_, c)| c);
-        self.0.push((seg as u32, before + n));
-    }
-
-    /// Samples in the segments before index `x`.
-    fn before(&self, x: usize) -> u64 {
-        let k = self.0.partition_point(|&(i, _)| (i as usize) < x);
-        k.checked_sub(1).map_or(0, |k| self.0[k].1)
-    }
-
-    fn count(&self, r: &Range<usize>) -> u64 {
-        self.before(r.end) - self.before(r.start)
-    }
-}
-
-/// One pCPU's segments indexed by owner: [`PcpuIndex`] at the size of the segments.
-struct SegmentIndex {
-    all: Cumulative,
-    by_vcpu: HashMap<(u16, u16), Cumulative>,
-    guest: HashMap<(u16, u16), Cumulative>,
-    by_vm: HashMap<u16, Cumulative>,
-    hv_no_vm: Cumulative,
-    /// Each VM's vCPUs that own samples here, sorted.
-    vcpus: HashMap<u16, Vec<u16>>,
-}
-
-impl SegmentIndex {
-    fn new(owners: &[Owner], segs: &[Segment]) -> Self {
-        let mut ix = SegmentIndex {
-            all: Cumulative::default(),
-            by_vcpu: HashMap::default(),
-            guest: HashMap::default(),
-            by_vm: HashMap::default(),
-            hv_no_vm: Cumulative::default(),
-            vcpus: HashMap::default(),
-        };
-        for (i, s) in segs.iter().enumerate() {
-            let n = u64::from(s.count);
-            ix.all.push(i, n);
-            let (vm, vcpu, guest) = match owners[s.owner as usize] {
-                Owner::Guest { vm, vcpu } => (vm, vcpu, true),
-                Owner::Hypervisor { vm, vcpu } => (vm, vcpu, false),
-                Owner::Idle => continue,
-            };
-            if guest {
-                ix.guest.entry((vm, vcpu)).or_default().push(i, n);
-            } else if vm == hvprof_samplelog::NO_VM {
-                ix.hv_no_vm.push(i, n);
-            }
-            let p = ix.by_vcpu.entry((vm, vcpu)).or_default();
-            if p.0.is_empty() {
-                ix.vcpus.entry(vm).or_default().push(vcpu);
-            }
-            p.push(i, n);
-            ix.by_vm.entry(vm).or_default().push(i, n);
-        }
-        for v in ix.vcpus.values_mut() {
-            v.sort_unstable();
-        }
-        ix
-    }
-}
-
-/// The samples of a vCPU run on one pCPU: whole segments, and at most two segments of which
-/// only some samples fall in the run (their owner and how many).
-struct Window {
-    whole: Range<usize>,
-    parts: Vec<(Owner, u64)>,
-}
-
-impl Window {
-    fn count<K: std::hash::Hash + Eq>(
-        &self,
-        map: &HashMap<K, Cumulative>,
-        k: &K,
-        is: impl Fn(Owner) -> bool,
-    ) -> u64 {
-        map.get(k).map_or(0, |c| c.count(&self.whole)) + self.parts_where(is)
-    }
-
-    fn parts_where(&self, is: impl Fn(Owner) -> bool) -> u64 {
-        self.parts
-            .iter()
-            .filter(|(o, _)| is(*o))
-            .map(|(_, n)| n)
-            .sum()
-    }
-}
-
 /// [`blanks`] from [`Segments`]: the same figures, counted per segment. `partial(pcpu, i, lo,
 /// hi)` counts the samples of segment `i` of `pcpu` with `lo <= tsc` and `tsc < hi` (no upper
 /// bound without `hi`): the only place individual samples are read, for the segments a
@@ -527,17 +547,23 @@ pub fn segment_blanks(
 ) -> HashMap<(u16, u16), Blanks> {
     let mut out = exact_ticks(events);
     let owners = &segments.owners;
-    let index: HashMap<u16, SegmentIndex> = segments
+    // Per pCPU: its segments, their index by owner, and all their samples.
+    let index: HashMap<u16, (&[Segment], PcpuIndex<Cumulative>, Cumulative)> = segments
         .pcpus
         .iter()
-        .map(|(p, segs)| (*p, SegmentIndex::new(owners, segs)))
+        .map(|(p, segs)| {
+            let units = || {
+                segs.iter()
+                    .map(|s| (owners[s.owner as usize], u64::from(s.count)))
+            };
+            let mut all = Cumulative::default();
+            for (i, (_, n)) in units().enumerate() {
+                all.push(i, n);
+            }
+            (*p, (segs.as_slice(), PcpuIndex::new(units()), all))
+        })
         .collect();
-    let lists: HashMap<u16, &[Segment]> = segments
-        .pcpus
-        .iter()
-        .map(|(p, l)| (*p, l.as_slice()))
-        .collect();
-    for (vcpu_key, track) in tracks(events) {
+    for (vcpu, track) in tracks(events) {
         for (k, &(t, pcpu, e)) in track.events.iter().enumerate() {
             let class = match (e.kind, e.reason) {
                 (EventKind::VcpuIn, _) => Class::In,
@@ -545,7 +571,7 @@ pub fn segment_blanks(
                 (EventKind::VcpuOut, OutReason::Halted) => Class::OutHalted,
                 (EventKind::VcpuOut, _) => Class::Out,
             };
-            let (Some(segs), Some(ix)) = (lists.get(&pcpu), index.get(&pcpu)) else {
+            let Some((segs, ix, all)) = index.get(&pcpu) else {
                 continue;
             };
             let next = track.events.get(k + 1).map(|&(n, _, _)| n);
@@ -556,8 +582,10 @@ pub fn segment_blanks(
                 continue;
             }
             let mut w = Window {
+                ix,
                 whole: from..to,
                 parts: Vec::new(),
+                len: 0,
             };
             let cut_start = segs[from].first < t;
             let cut_end = !below(segs[to - 1].last);
@@ -579,56 +607,11 @@ pub fn segment_blanks(
                     }
                 }
             }
-            let len = ix.all.count(&w.whole) + w.parts_where(|_| true);
-            if len == 0 {
+            w.len = all.count(&w.whole) + w.parts.iter().map(|(_, n)| n).sum::<u64>();
+            if w.len == 0 {
                 continue;
             }
-            let (vm, vcpu) = vcpu_key;
-            let own = w.count(&ix.guest, &vcpu_key, |o| o == Owner::Guest { vm, vcpu });
-            let is_vcpu = |o: Owner| matches!(o, Owner::Guest { vm: v, vcpu: c } | Owner::Hypervisor { vm: v, vcpu: c } if v == vm && c == vcpu);
-            let b = out.entry(vcpu_key).or_default();
-            match class {
-                Class::In => b.hypervisor += len - own,
-                Class::OutHalted => b.idle += len,
-                Class::Out => {
-                    let by_vcpu = w.count(&ix.by_vcpu, &vcpu_key, is_vcpu);
-                    let hv = if vm == hvprof_samplelog::NO_VM {
-                        by_vcpu - own
-                    } else {
-                        ix.hv_no_vm.count(&w.whole)
-                            + w.parts_where(|o| {
-                                matches!(
-                                    o,
-                                    Owner::Hypervisor {
-                                        vm: hvprof_samplelog::NO_VM,
-                                        ..
-                                    }
-                                )
-                            })
-                    };
-                    let by_vm = w.count(&ix.by_vm, &vm, |o| {
-                        matches!(o, Owner::Guest { vm: v, .. } | Owner::Hypervisor { vm: v, .. } if v == vm)
-                    });
-                    let steal_on = by_vm - by_vcpu;
-                    let mut named = 0;
-                    if steal_on > 0 {
-                        for &c in ix.vcpus.get(&vm).into_iter().flatten().take(STEAL_ON_MAX) {
-                            if c != vcpu {
-                                let n = w.count(&ix.by_vcpu, &(vm, c), |o| {
-                                    matches!(o, Owner::Guest { vm: v, vcpu: x } | Owner::Hypervisor { vm: v, vcpu: x } if v == vm && x == c)
-                                });
-                                if n > 0 {
-                                    *b.steal_on.entry(c).or_default() += n;
-                                    named += n;
-                                }
-                            }
-                        }
-                    }
-                    b.hypervisor_out += hv;
-                    b.steal_outside += len - hv - steal_on;
-                    b.steal_on_others += steal_on - named;
-                }
-            }
+            w.add_slots(vcpu, class, out.entry(vcpu).or_default());
         }
     }
     out
