@@ -315,24 +315,79 @@ struct Located {
 
 /// The owners, and per pCPU its samples' owners as segments in stream order with where each
 /// starts: the first pass's time axis.
-type StreamSegments = (Vec<Owner>, Vec<(u16, Vec<Segment>, Vec<Located>)>);
+type StreamSegments = (OwnerIds, Vec<(u16, Vec<Segment>, Vec<Located>)>);
+
+/// Owners numbered in the order they are first seen.
+#[derive(Default)]
+struct OwnerIds {
+    ids: HashMap<Owner, u32>,
+    list: Vec<Owner>,
+}
+
+impl OwnerIds {
+    fn id(&mut self, owner: Owner) -> u32 {
+        let list = &mut self.list;
+        *self.ids.entry(owner).or_insert_with(|| {
+            list.push(owner);
+            (list.len() - 1) as u32
+        })
+    }
+}
 
 /// Per pCPU, its samples' owners as segments in stream order, with where each starts.
 #[derive(Default)]
 struct PartSegments {
-    owners: HashMap<Owner, u32>,
-    owner_list: Vec<Owner>,
+    owners: OwnerIds,
     lists: HashMap<u16, (Vec<Segment>, Vec<Located>)>,
+}
+
+/// The distinct keys a decoding thread found, with their samples.
+#[derive(Default)]
+struct KeyCounts {
+    index: StackIndex,
+    keys: Vec<Key>,
+    /// Per key, its samples beyond those counted in `index.ids` (multiples of 2^32).
+    high: Vec<u64>,
+}
+
+impl KeyCounts {
+    /// The index of a context (a key without its address).
+    fn context(&mut self, context: Key) -> u32 {
+        let next = self.index.contexts.len() as u32;
+        *self.index.contexts.entry(context).or_insert(next)
+    }
+
+    /// Adds `n` samples of `key`, whose context is `ctx`; returns the key's index.
+    fn add(&mut self, key: Key, ctx: u32, n: u64) -> u32 {
+        let (keys, high) = (&mut self.keys, &mut self.high);
+        let e = self.index.ids.entry((key.addr, ctx)).or_insert_with(|| {
+            keys.push(key);
+            high.push(0);
+            ((keys.len() - 1) as u32, 0)
+        });
+        let total = u64::from(e.1) + n;
+        e.1 = total as u32;
+        // Rarely: the rest goes to `high` (so that a sample touches one entry, not two).
+        if total >> 32 != 0 {
+            high[e.0 as usize] += total >> 32 << 32;
+        }
+        e.0
+    }
+
+    /// Each key's samples, by key index.
+    fn totals(&self) -> Vec<u64> {
+        let mut out = self.high.clone();
+        for &(id, low) in self.index.ids.values() {
+            out[id as usize] += u64::from(low);
+        }
+        out
+    }
 }
 
 /// What one decoding thread classified: its distinct keys with their counts, the blocks it
 /// read, its samples' owners as segments, the scheduling events, the cost.
 struct Part {
-    index: StackIndex,
-    context_keys: Vec<Key>,
-    keys: Vec<Key>,
-    /// Per key, its samples beyond those counted in `index.ids` (multiples of 2^32).
-    counts: Vec<u64>,
+    counts: KeyCounts,
     segments: PartSegments,
     blocks: Vec<BlockSpan>,
     events: Vec<(u16, Event)>,
@@ -345,10 +400,7 @@ struct Part {
 impl Default for Part {
     fn default() -> Part {
         Part {
-            index: StackIndex::default(),
-            context_keys: Vec::new(),
-            keys: Vec::new(),
-            counts: Vec::new(),
+            counts: KeyCounts::default(),
             segments: PartSegments::default(),
             blocks: Vec::new(),
             events: Vec::new(),
@@ -361,14 +413,6 @@ impl Default for Part {
 }
 
 impl Part {
-    fn context(&mut self, context: Key) -> u32 {
-        let keys = &mut self.context_keys;
-        *self.index.contexts.entry(context).or_insert_with(|| {
-            keys.push(context);
-            (keys.len() - 1) as u32
-        })
-    }
-
     fn add(&mut self, at: BlockAt, records: &[Record], processes: Option<&Processes>) {
         let pcpu = at.header.pcpu;
         let seg = &mut self.segments;
@@ -406,34 +450,17 @@ impl Part {
             let ctx = match last_ctx {
                 Some((c, i)) if c == context => i,
                 _ => {
-                    let keys = &mut self.context_keys;
-                    let i = *self.index.contexts.entry(context).or_insert_with(|| {
-                        keys.push(context);
-                        (keys.len() - 1) as u32
-                    });
+                    let i = self.counts.context(context);
                     last_ctx = Some((context, i));
                     i
                 }
             };
-            let (keys, counts) = (&mut self.keys, &mut self.counts);
-            let e = self.index.ids.entry((key.addr, ctx)).or_insert_with(|| {
-                keys.push(key);
-                counts.push(0);
-                ((keys.len() - 1) as u32, 0)
-            });
-            e.1 = e.1.wrapping_add(1);
-            if e.1 == 0 {
-                counts[e.0 as usize] += 1 << 32;
-            }
+            self.counts.add(key, ctx, 1);
             let owner = owner(key.what, key.vm, key.vcpu);
             let o = match last_owner {
                 Some((w, i)) if w == owner => i,
                 _ => {
-                    let owners = &mut seg.owner_list;
-                    let i = *seg.owners.entry(owner).or_insert_with(|| {
-                        owners.push(owner);
-                        (owners.len() - 1) as u32
-                    });
+                    let i = seg.owners.id(owner);
                     last_owner = Some((owner, i));
                     i
                 }
@@ -453,30 +480,6 @@ impl Part {
             self.last = self.last.max(span.last);
             self.blocks.push(span);
         }
-    }
-
-    /// Adds `n` samples of `key`; returns its index.
-    fn count(&mut self, key: Key, n: u64) -> u32 {
-        let ctx = self.context(Key { addr: 0, ..key });
-        let (keys, counts) = (&mut self.keys, &mut self.counts);
-        let e = self.index.ids.entry((key.addr, ctx)).or_insert_with(|| {
-            keys.push(key);
-            counts.push(0);
-            ((keys.len() - 1) as u32, 0)
-        });
-        let total = u64::from(e.1) + n;
-        e.1 = total as u32;
-        counts[e.0 as usize] += total >> 32 << 32;
-        e.0
-    }
-
-    /// Each key's samples, by key index.
-    fn totals(&self) -> Vec<u64> {
-        let mut out = self.counts.clone();
-        for &(id, low) in self.index.ids.values() {
-            out[id as usize] += u64::from(low);
-        }
-        out
     }
 }
 
@@ -535,22 +538,17 @@ impl Classified {
                 .into_iter()
                 .collect();
         for mut part in parts {
-            for (k, n) in part.keys.iter().zip(part.totals()) {
-                base.count(*k, n);
+            for (k, n) in part.counts.keys.iter().zip(part.counts.totals()) {
+                let ctx = base.counts.context(Key { addr: 0, ..*k });
+                base.counts.add(*k, ctx, n);
             }
             // Its owners in the first part's table.
-            let bs = &mut base.segments;
             let remap: Vec<u32> = part
                 .segments
-                .owner_list
+                .owners
+                .list
                 .iter()
-                .map(|&o| {
-                    let owners = &mut bs.owner_list;
-                    *bs.owners.entry(o).or_insert_with(|| {
-                        owners.push(o);
-                        (owners.len() - 1) as u32
-                    })
-                })
+                .map(|&o| base.segments.owners.id(o))
                 .collect();
             for (pcpu, (segs, located)) in part.segments.lists {
                 let (all, all_at) = seg_lists.entry(pcpu).or_default();
@@ -568,9 +566,10 @@ impl Classified {
             last = last.max(part.last);
         }
         let stacks: Vec<Stack> = base
+            .counts
             .keys
             .iter()
-            .zip(base.totals())
+            .zip(base.counts.totals())
             .map(|(k, count)| Stack {
                 what: k.what,
                 pcpu: k.pcpu,
@@ -597,14 +596,14 @@ impl Classified {
             events,
             cost,
             segments: (
-                base.segments.owner_list,
+                base.segments.owners,
                 seg_lists
                     .into_iter()
                     .filter(|(_, (s, _))| !s.is_empty())
                     .map(|(p, (s, l))| (p, s, l))
                     .collect(),
             ),
-            index: base.index,
+            index: base.counts.index,
             blocks: per_pcpu.into_iter().collect(),
         }
     }
@@ -783,11 +782,6 @@ impl Replay {
     /// its samples, read and sorted.
     fn time_axis(&self, (mut owners, lists): StreamSegments, stacks: &[Stack]) -> TimeAxis {
         let sorted: HashMap<u16, Vec<(u64, u32)>> = self.sorted_lists().into_iter().collect();
-        let mut ids: HashMap<Owner, u32> = owners
-            .iter()
-            .enumerate()
-            .map(|(i, o)| (*o, i as u32))
-            .collect();
         let mut pcpus = Vec::with_capacity(lists.len());
         let mut located = Vec::with_capacity(lists.len());
         for (pcpu, segs, at) in lists {
@@ -800,11 +794,7 @@ impl Replay {
                     let (mut segs, mut at) = (Vec::new(), Vec::new());
                     for (i, &(tsc, stack)) in list.iter().enumerate() {
                         let s = &stacks[stack as usize];
-                        let owner = owner(s.what, s.vm, s.vcpu);
-                        let o = *ids.entry(owner).or_insert_with(|| {
-                            owners.push(owner);
-                            (owners.len() - 1) as u32
-                        });
+                        let o = owners.id(owner(s.what, s.vm, s.vcpu));
                         let before = segs.len();
                         Segments::push_sample(&mut segs, tsc, o);
                         if segs.len() > before {
@@ -820,7 +810,10 @@ impl Replay {
             }
         }
         TimeAxis {
-            segments: Segments { owners, pcpus },
+            segments: Segments {
+                owners: owners.list,
+                pcpus,
+            },
             located,
             sorted,
         }
@@ -1498,6 +1491,36 @@ mod tests {
             let got = crate::timeline::segment_blanks(&axis.segments, &p.events, &partial);
             prop_assert_eq!(got, want);
         }
+    }
+
+    #[test]
+    fn key_counts_past_four_billion() {
+        let key = Key {
+            addr: 0x1000,
+            cr3: 0,
+            process: None,
+            pcpu: 0,
+            vm: 0,
+            vcpu: 0,
+            exit: 0,
+            what: What::Idle,
+        };
+        let mut c = KeyCounts::default();
+        let ctx = c.context(Key { addr: 0, ..key });
+        assert_eq!(c.add(key, ctx, u64::from(u32::MAX)), 0);
+        for _ in 0..3 {
+            c.add(key, ctx, 1);
+        }
+        c.add(
+            Key {
+                addr: 0x2000,
+                ..key
+            },
+            ctx,
+            5,
+        );
+        c.add(key, ctx, 1 << 33);
+        assert_eq!(c.totals(), vec![u64::from(u32::MAX) + 3 + (1 << 33), 5]);
     }
 
     #[test]
