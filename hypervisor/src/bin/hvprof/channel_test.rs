@@ -5,8 +5,9 @@
 //! the channel (`export_ticks`) and the whole test's (`span_ticks`): the host divides the bytes
 //! it received by them.
 
+use crate::profiler::export;
 use crate::tsc::rdtsc;
-use crate::{console, parallel, power, println, virtio_console};
+use crate::{power, println, virtio_console};
 use hvprof_boot::cmdline::Channel;
 use hvprof_samplelog::PcpuCost;
 use hvprof_samplelog::channel_test::{self, PCPUS, Sink};
@@ -14,26 +15,7 @@ use hvprof_samplelog::channel_test::{self, PCPUS, Sink};
 /// Sends `records` records of the stream on `channel` (the serial line when `virtio` finds no
 /// device) and powers off.
 pub fn run(records: u64, channel: Channel, build_id: &[u8], tsc_hz: u64) -> ! {
-    let channel = match channel {
-        Channel::Virtio => match virtio_console::init() {
-            found @ virtio_console::Found::Ready { .. } => {
-                println!("selftest: channel virtio: {}", found.describe());
-                Channel::Virtio
-            }
-            other => {
-                println!(
-                    "selftest: channel virtio: {}; using serial",
-                    other.describe()
-                );
-                Channel::Serial
-            }
-        },
-        Channel::Lpt if !parallel::init() => {
-            println!("selftest: channel lpt: no parallel port answers at 0x378; using serial");
-            Channel::Serial
-        }
-        c => c,
-    };
+    let channel = export::open_channel(channel, "selftest");
     println!("selftest: channel {channel}: sending {records} records");
     let mut out = Sender {
         channel,
@@ -73,14 +55,7 @@ struct Sender {
 impl Sink for Sender {
     fn frame(&mut self, frame: &[u8]) {
         let t = rdtsc();
-        match self.channel {
-            Channel::Serial => {
-                console::write_raw(frame);
-                console::write_raw(b"\r\n");
-            }
-            Channel::Lpt => parallel::write(frame),
-            Channel::Virtio => virtio_console::write(frame),
-        }
+        export::put_frame(self.channel, frame);
         self.ticks += rdtsc().wrapping_sub(t);
         self.bytes += frame.len() as u64;
     }

@@ -144,28 +144,7 @@ pub fn init(
             image_build_id: BuildId::new(vm.build_id).unwrap_or_default(),
         });
     }
-    let channel = match channel {
-        Channel::Lpt if !parallel::init() => {
-            println!(
-                "profiler: warning: channel=lpt: no parallel port answers at 0x378; the sample log goes to the serial console instead"
-            );
-            Channel::Serial
-        }
-        Channel::Virtio => match virtio_console::init() {
-            found @ virtio_console::Found::Ready { .. } => {
-                println!("profiler: channel=virtio: {}", found.describe());
-                Channel::Virtio
-            }
-            other => {
-                println!(
-                    "profiler: warning: channel=virtio: {}; the sample log goes to the serial console instead",
-                    other.describe()
-                );
-                Channel::Serial
-            }
-        },
-        c => c,
-    };
+    let channel = open_channel(channel, "profiler");
     // `end` mode: `buffer=` records in all, or half of the memory still free, shared equally
     // between the pCPUs; never less than a few blocks (a full buffer is flushed, not dropped).
     let size = core::mem::size_of::<Stamped>() as u64;
@@ -243,27 +222,57 @@ fn alloc_slice<T>(count: u64) -> &'static mut [T] {
     }
 }
 
+/// The channel the log can go on: `wanted`, or the serial console (with a warning line that
+/// starts with `who`) when its device does not answer.
+pub fn open_channel(wanted: Channel, who: &str) -> Channel {
+    let missing = match wanted {
+        Channel::Lpt if !parallel::init() => {
+            alloc::string::String::from("no parallel port answers at 0x378")
+        }
+        Channel::Virtio => match virtio_console::init() {
+            found @ virtio_console::Found::Ready { .. } => {
+                println!("{who}: channel=virtio: {}", found.describe());
+                return Channel::Virtio;
+            }
+            other => other.describe(),
+        },
+        c => return c,
+    };
+    println!(
+        "{who}: warning: channel={wanted}: {missing}; the sample log goes to the serial console instead"
+    );
+    Channel::Serial
+}
+
+/// Writes one frame on `channel` (on the console with a line break after it, so the console
+/// text after it starts a fresh line: the decoder returns the break as text, between frames);
+/// returns the bytes written. The virtio console keeps it until a buffer fills or
+/// `virtio_console::flush`.
+pub fn put_frame(channel: Channel, frame: &[u8]) -> u64 {
+    match channel {
+        Channel::Serial => {
+            console::write_raw(frame);
+            console::write_raw(b"\r\n");
+            frame.len() as u64 + 2
+        }
+        Channel::Lpt => {
+            parallel::write(frame);
+            frame.len() as u64
+        }
+        Channel::Virtio => {
+            virtio_console::write(frame);
+            frame.len() as u64
+        }
+    }
+}
+
 impl Exporter {
     /// Sends the first `len` bytes of `log.frame`.
     fn send(&self, log: &mut CpuLog, len: usize) {
-        match self.channel {
-            Channel::Serial => {
-                // A line break after the frame, so the console text after it starts a fresh line
-                // (the decoder returns the break as text, between frames).
-                console::write_raw(&log.frame[..len]);
-                console::write_raw(b"\r\n");
-                log.bytes_sent += len as u64 + 2;
-            }
-            Channel::Lpt => {
-                parallel::write(&log.frame[..len]);
-                log.bytes_sent += len as u64;
-            }
-            Channel::Virtio => {
-                // Out at once: a frame is whole, and the log should leave as it is made.
-                virtio_console::write(&log.frame[..len]);
-                virtio_console::flush();
-                log.bytes_sent += len as u64;
-            }
+        log.bytes_sent += put_frame(self.channel, &log.frame[..len]);
+        if self.channel == Channel::Virtio {
+            // Out at once: a frame is whole, and the log should leave as it is made.
+            virtio_console::flush();
         }
     }
 
