@@ -158,15 +158,15 @@ mod tests {
             tsc: 5,
             ..Sample::default()
         }); 3];
-        let mut frame = vec![0u8; max_block_frame_len(3)];
+        let mut frame = vec![0u8; max_block_frame_len(3, 0)];
         let mut capture = b"hvprof: ready\r\n".to_vec();
         for _ in 0..2 {
-            let n = enc.encode(&records, 0, &mut frame).unwrap();
+            let n = enc.encode(&records, &[], 0, &mut frame).unwrap();
             capture.extend_from_slice(&frame[..n]);
         }
         // A third block is lost in transit, the fourth reports 7 records dropped.
-        let _ = enc.encode(&records, 0, &mut frame).unwrap();
-        let n = enc.encode(&records, 7, &mut frame).unwrap();
+        let _ = enc.encode(&records, &[], 0, &mut frame).unwrap();
+        let n = enc.encode(&records, &[], 7, &mut frame).unwrap();
         capture.extend_from_slice(&frame[..n]);
         capture.extend_from_slice(b"\r\n[vm] done\x1b[2J\r\nhvprof: power off\r\n");
         let mut out = Vec::new();

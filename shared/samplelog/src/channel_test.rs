@@ -129,6 +129,7 @@ pub fn record(pcpu: u16, index: u64) -> Record {
             0xffff_8000_0020_0000 + ((h >> 36) % 0x4000)
         },
         cost: 200 + ((h >> 40) % 64) as u32,
+        ..Sample::default()
     })
 }
 
@@ -143,7 +144,7 @@ pub trait Sink {
 
 /// The largest frame of the stream.
 const FRAME: usize = {
-    let a = max_block_frame_len(BLOCK_RECORDS);
+    let a = max_block_frame_len(BLOCK_RECORDS, 0);
     let b = max_end_frame_len(PCPUS as usize);
     let m = if a > b { a } else { b };
     if m > MAX_HEADER_FRAME_LEN {
@@ -175,7 +176,7 @@ pub fn send(records: u64, header: &Header, sink: &mut impl Sink) {
             for (i, r) in block[..n].iter_mut().enumerate() {
                 *r = record(p, first + i as u64);
             }
-            if let Ok(len) = encoders[usize::from(p)].encode(&block[..n], 0, &mut buf) {
+            if let Ok(len) = encoders[usize::from(p)].encode(&block[..n], &[], 0, &mut buf) {
                 sink.frame(&buf[..len]);
             }
         }

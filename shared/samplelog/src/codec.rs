@@ -4,7 +4,7 @@
 #[cfg(feature = "std")]
 use crate::bits::{BitReader, Malformed, low_u8, unzigzag};
 use crate::bits::{BitWriter, RICE_ESCAPE, bit_len, zigzag};
-use crate::types::{Event, Record, Sample, SampleKind};
+use crate::types::{Chain, Event, MAX_CHAIN_DEPTH, Record, Sample, SampleKind};
 #[cfg(feature = "std")]
 use crate::types::{EventKind, OutReason};
 
@@ -25,6 +25,12 @@ pub(crate) const F_HOST_RIP: u8 = 7;
 /// Most bits one record can take (a sample with every field changed and every value escaped).
 pub(crate) const MAX_RECORD_BITS: usize = 512;
 
+/// Most bits the two call chains of one sample take: per chain a bit, `u2` end, two `lp3`s of
+/// at most 9 bits, and per frame at most `lp7` of 64 bits.
+pub(crate) const MAX_CHAIN_BITS_PER_RECORD: usize = 2 * (1 + 2 + 9 + 9);
+/// Most bits one chain frame takes.
+pub(crate) const MAX_FRAME_BITS: usize = 7 + 64;
+
 /// Bytes of the packed [`Params`].
 pub(crate) const PARAMS_LEN: usize = 4;
 
@@ -37,18 +43,25 @@ pub(crate) struct Params {
     k_cost: u32,
     k_evt: u32,
     k_slot: u32,
+    /// The samples carry call chains.
+    pub(crate) chains: bool,
 }
 
 impl Params {
     pub(crate) fn pack(self) -> [u8; PARAMS_LEN] {
-        (self.k_tsc | self.k_rip << 6 | self.k_cost << 12 | self.k_evt << 18 | self.k_slot << 24)
+        (self.k_tsc
+            | self.k_rip << 6
+            | self.k_cost << 12
+            | self.k_evt << 18
+            | self.k_slot << 24
+            | u32::from(self.chains) << 26)
             .to_le_bytes()
     }
 
     #[cfg(feature = "std")]
     pub(crate) fn unpack(b: [u8; PARAMS_LEN]) -> Result<Self, Malformed> {
         let v = u32::from_le_bytes(b);
-        if v >> 26 != 0 {
+        if v >> 27 != 0 {
             return Err(Malformed);
         }
         Ok(Self {
@@ -57,6 +70,7 @@ impl Params {
             k_cost: (v >> 12) & 63,
             k_evt: (v >> 18) & 63,
             k_slot: (v >> 24) & 3,
+            chains: (v >> 26) & 1 != 0,
         })
     }
 }
@@ -94,6 +108,147 @@ struct State {
     host_ref: u64,
     /// Last cost per sample kind.
     cost: [u32; 3],
+}
+
+/// A reference call chain of the delta state.
+#[derive(Clone, Copy)]
+struct ChainRef {
+    chain: Chain,
+    frames: [u64; MAX_CHAIN_DEPTH],
+}
+
+impl ChainRef {
+    const EMPTY: ChainRef = ChainRef {
+        chain: Chain::NOT_WALKED,
+        frames: [0; MAX_CHAIN_DEPTH],
+    };
+
+    fn frames(&self) -> &[u64] {
+        &self.frames[..self.chain.depth()]
+    }
+
+    fn set(&mut self, chain: Chain, frames: &[u64]) {
+        self.chain = chain;
+        self.frames[..frames.len()].copy_from_slice(frames);
+    }
+}
+
+/// Guest chain references kept per block (most recently used first).
+const GUEST_CHAIN_KEYS: usize = 4;
+
+/// The call-chain references, reset at every block start (only blocks with chains use them).
+struct ChainState {
+    /// Per sample kind.
+    host: [ChainRef; 3],
+    /// (kind, vm, vcpu) and its last guest chain, most recently used first.
+    guest: [((u8, u16, u16), ChainRef); GUEST_CHAIN_KEYS],
+    /// Entries of `guest` in use.
+    guest_len: usize,
+}
+
+impl ChainState {
+    fn new() -> Self {
+        ChainState {
+            host: [ChainRef::EMPTY; 3],
+            guest: [((0, 0, 0), ChainRef::EMPTY); GUEST_CHAIN_KEYS],
+            guest_len: 0,
+        }
+    }
+
+    /// The guest reference of `key`, moved to the front (a new key takes the front with the
+    /// empty reference, the least recently used one falls off).
+    fn guest_ref(&mut self, key: (u8, u16, u16)) -> &mut ChainRef {
+        let found = self.guest[..self.guest_len]
+            .iter()
+            .position(|(k, _)| *k == key);
+        match found {
+            Some(i) => self.guest[..=i].rotate_right(1),
+            None => {
+                self.guest_len = (self.guest_len + 1).min(GUEST_CHAIN_KEYS);
+                self.guest[..self.guest_len].rotate_right(1);
+                self.guest[0] = (key, ChainRef::EMPTY);
+            }
+        }
+        &mut self.guest[0].1
+    }
+}
+
+fn guest_key(s: &Sample) -> (u8, u16, u16) {
+    (s.kind as u8, s.vm, s.vcpu)
+}
+
+/// Writes one chain against its reference and makes it the reference.
+fn write_chain(w: &mut BitWriter<'_>, r: &mut ChainRef, chain: Chain, frames: &[u64], leaf: u64) {
+    if chain == r.chain && frames == r.frames() {
+        w.bit(true);
+        return;
+    }
+    w.bit(false);
+    w.put(chain.end() as u64, 2);
+    w.lp(frames.len() as u64, 3);
+    let old = r.frames();
+    let shared = frames
+        .iter()
+        .rev()
+        .zip(old.iter().rev())
+        .take_while(|(a, b)| a == b)
+        .count();
+    w.lp(shared as u64, 3);
+    let new = frames.len() - shared;
+    let mut prev = leaf;
+    for (i, &f) in frames[..new].iter().enumerate() {
+        let reference = chain_ref(old, frames.len(), i, prev);
+        w.lp(zigzag(f.wrapping_sub(reference) as i64), 7);
+        prev = f;
+    }
+    r.set(chain, frames);
+}
+
+/// `ref_i` of the specification: the old chain's frame at the same distance from the outermost
+/// frame as frame `i` of a chain of `depth` frames, else `prev`.
+#[inline]
+fn chain_ref(old: &[u64], depth: usize, i: usize, prev: u64) -> u64 {
+    let from_root = depth - i;
+    if from_root <= old.len() {
+        old[old.len() - from_root]
+    } else {
+        prev
+    }
+}
+
+/// Reads one chain coded against `r`, appends its frames to `out`, makes it the reference.
+#[cfg(feature = "std")]
+fn read_chain(
+    rd: &mut BitReader<'_>,
+    r: &mut ChainRef,
+    leaf: u64,
+    out: &mut Vec<u64>,
+) -> Result<Chain, Malformed> {
+    if rd.bit() {
+        out.extend_from_slice(r.frames());
+        return Ok(r.chain);
+    }
+    let end = crate::types::ChainEnd::from_u8(low_u8(rd.get(2)));
+    let depth = usize::try_from(rd.lp(3, 7)?).map_err(|_| Malformed)?;
+    let shared = usize::try_from(rd.lp(3, 7)?).map_err(|_| Malformed)?;
+    if depth > MAX_CHAIN_DEPTH || shared > depth || shared > r.chain.depth() {
+        return Err(Malformed);
+    }
+    let chain = Chain::new(depth, end);
+    let mut frames = [0u64; MAX_CHAIN_DEPTH];
+    let new = depth - shared;
+    let old = r.frames();
+    let mut prev = leaf;
+    for (i, slot) in frames[..new].iter_mut().enumerate() {
+        let reference = chain_ref(old, depth, i, prev);
+        let f = reference.wrapping_add(unzigzag(rd.lp(7, 64)?) as u64);
+        *slot = f;
+        prev = f;
+    }
+    frames[new..depth].copy_from_slice(&old[old.len() - shared..]);
+    out.extend_from_slice(&frames[..depth]);
+    r.set(chain, &frames[..depth]);
+    Ok(chain)
 }
 
 impl State {
@@ -318,12 +473,17 @@ pub(crate) fn choose_params(records: &[Record], period: u64) -> Params {
             .map(|(i, i32)| u64::from(slots[i]) * u64::from((i32 >> k) + 1 + k))
             .sum()
     };
+    let chains = records
+        .iter()
+        .filter_map(Record::as_sample)
+        .any(|s| s.host_chain != Chain::NOT_WALKED || s.guest_chain != Chain::NOT_WALKED);
     Params {
         k_tsc: tsc.best(),
         k_rip: rip.best(),
         k_cost: cost.best(),
         k_evt: evt.best(),
         k_slot: (0..4).min_by_key(|&k| (slot_bits(k), k)).unwrap_or(0),
+        chains,
     }
 }
 
@@ -346,15 +506,18 @@ fn write_history<T: Copy + PartialEq>(
 }
 
 /// Writes the records' bitstream into `out`; the number of bytes, `None` if `out` is too small.
+/// `frames`: the samples' chain frames (see [`crate::with_chains`]), used when `ks.chains`.
 pub(crate) fn write_records(
     records: &[Record],
+    frames: &[u64],
     period: u64,
     ks: Params,
     out: &mut [u8],
 ) -> Option<usize> {
     let mut w = BitWriter::new(out);
     let mut st = State::ZERO;
-    for r in records {
+    let mut cs = ks.chains.then(ChainState::new);
+    for (r, chains) in crate::types::with_chains(records, frames) {
         match r {
             Record::Sample(s) => {
                 let p = plan_sample(&st, s, period);
@@ -419,6 +582,18 @@ pub(crate) fn write_records(
                     }
                 }
                 w.rice(ks.k_cost, p.cost);
+                if let Some(cs) = &mut cs {
+                    let k = s.kind as usize;
+                    write_chain(
+                        &mut w,
+                        &mut cs.host[k],
+                        s.host_chain,
+                        chains.host,
+                        s.host_rip,
+                    );
+                    let g = cs.guest_ref(guest_key(s));
+                    write_chain(&mut w, g, s.guest_chain, chains.guest, s.guest_rip);
+                }
                 apply_sample(&mut st, s, p.slot, p.rip.is_none());
             }
             Record::Event(e) => {
@@ -440,8 +615,9 @@ pub(crate) fn write_records(
     w.finish()
 }
 
-/// Decodes `count` records from the bitstream at the start of `data`, appending them to `out`.
-/// Returns the number of bytes the bitstream occupies (`ceil(bits / 8)`).
+/// Decodes `count` records from the bitstream at the start of `data`, appending them to `out`
+/// and their chain frames to `frames`. Returns the number of bytes the bitstream occupies
+/// (`ceil(bits / 8)`).
 #[cfg(feature = "std")]
 pub(crate) fn read_records(
     data: &[u8],
@@ -449,9 +625,11 @@ pub(crate) fn read_records(
     period: u64,
     ks: Params,
     out: &mut Vec<Record>,
+    frames: &mut Vec<u64>,
 ) -> Result<usize, Malformed> {
     let mut r = BitReader::new(data);
     let mut st = State::ZERO;
+    let mut cs = ks.chains.then(ChainState::new);
     out.reserve(count);
     for _ in 0..count {
         let mask = if !r.bit() {
@@ -465,7 +643,13 @@ pub(crate) fn read_records(
         };
         match mask {
             Some(mask) => {
-                let s = read_sample(&mut r, &mut st, mask, period, ks)?;
+                let mut s = read_sample(&mut r, &mut st, mask, period, ks)?;
+                if let Some(cs) = &mut cs {
+                    let k = s.kind as usize;
+                    s.host_chain = read_chain(&mut r, &mut cs.host[k], s.host_rip, frames)?;
+                    let g = cs.guest_ref(guest_key(&s));
+                    s.guest_chain = read_chain(&mut r, g, s.guest_rip, frames)?;
+                }
                 out.push(Record::Sample(s));
             }
             None => {
@@ -548,6 +732,8 @@ fn read_sample(
         exit_reason: c.exit[0],
         host_rip: st.host_rip[k],
         cost: 0,
+        host_chain: Chain::NOT_WALKED,
+        guest_chain: Chain::NOT_WALKED,
     };
     if mask & !(1 << F_KIND) != 0 {
         if has(F_VM) {

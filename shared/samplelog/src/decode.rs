@@ -80,6 +80,8 @@ pub enum Item<'a> {
         header: BlockHeader,
         /// Its records.
         records: &'a [Record],
+        /// Its samples' call-chain frames (see [`crate::with_chains`]).
+        frames: &'a [u64],
     },
     /// An end frame.
     End {
@@ -151,6 +153,7 @@ enum Parsed {
 struct Scratch {
     payload: Vec<u8>,
     records: Vec<Record>,
+    frames: Vec<u64>,
     header: Box<Header>,
     totals: Vec<PcpuTotals>,
     vm_end: Box<VmEnd>,
@@ -183,6 +186,7 @@ impl StreamDecoder {
             scratch: Scratch {
                 payload: Vec::new(),
                 records: Vec::new(),
+                frames: Vec::new(),
                 header: Box::default(),
                 totals: Vec::new(),
                 vm_end: Box::default(),
@@ -357,6 +361,7 @@ impl Scratch {
                 offset,
                 header,
                 records: &self.records,
+                frames: &self.frames,
             },
             Parsed::End => Item::End {
                 offset,
@@ -437,7 +442,8 @@ impl Scratch {
     fn body(&mut self, frame_type: u8, body: &[u8]) -> Result<(Parsed, usize), Malformed> {
         match frame_type {
             FRAME_HEADER => parse_header(body, &mut self.header).map(|n| (Parsed::Header, n)),
-            FRAME_BLOCK => parse_block(body, &mut self.records).map(|(h, n)| (Parsed::Block(h), n)),
+            FRAME_BLOCK => parse_block(body, &mut self.records, &mut self.frames)
+                .map(|(h, n)| (Parsed::Block(h), n)),
             FRAME_END => parse_end(body, &mut self.totals).map(|n| (Parsed::End, n)),
             FRAME_TASK => parse_task(body).map(|(t, n)| (Parsed::Task(t), n)),
             FRAME_VM_END => parse_vm_end(body, &mut self.vm_end).map(|n| (Parsed::VmEnd, n)),
@@ -490,7 +496,11 @@ fn parse_header(body: &[u8], h: &mut Header) -> Result<usize, Malformed> {
     Ok(r.pos())
 }
 
-fn parse_block(body: &[u8], records: &mut Vec<Record>) -> Result<(BlockHeader, usize), Malformed> {
+fn parse_block(
+    body: &[u8],
+    records: &mut Vec<Record>,
+    frames: &mut Vec<u64>,
+) -> Result<(BlockHeader, usize), Malformed> {
     let mut r = ByteReader::new(body);
     let h = BlockHeader {
         pcpu: r.varint_u16()?,
@@ -508,7 +518,8 @@ fn parse_block(body: &[u8], records: &mut Vec<Record>) -> Result<(BlockHeader, u
     ks.copy_from_slice(r.bytes(codec::PARAMS_LEN)?);
     let ks = codec::Params::unpack(ks)?;
     records.clear();
-    let bits = codec::read_records(r.rest(), count, h.period_ticks, ks, records)?;
+    frames.clear();
+    let bits = codec::read_records(r.rest(), count, h.period_ticks, ks, records, frames)?;
     Ok((h, r.pos() + bits))
 }
 
@@ -697,6 +708,9 @@ pub struct PcpuLog {
     pub pcpu: u16,
     /// Records of all received blocks, in block order.
     pub records: Vec<Record>,
+    /// The call-chain frames of `records`' samples, in the same order (see
+    /// [`crate::with_chains`]).
+    pub frames: Vec<u64>,
     /// Distinct blocks received.
     pub blocks_received: u64,
     /// Blocks lost: sequence gaps, including before the first block received and — when the end
@@ -742,6 +756,12 @@ impl PcpuLog {
     /// The samples received.
     pub fn samples(&self) -> impl Iterator<Item = &crate::Sample> {
         self.records.iter().filter_map(Record::as_sample)
+    }
+
+    /// The samples received, with their call chains.
+    pub fn samples_with_chains(&self) -> impl Iterator<Item = (&crate::Sample, crate::Chains<'_>)> {
+        crate::with_chains(&self.records, &self.frames)
+            .filter_map(|(r, c)| Some((r.as_sample()?, c)))
     }
 
     /// Whether every block this pCPU sent was received (needs the end frame).
@@ -857,6 +877,9 @@ struct BlockMeta {
     h: BlockHeader,
     start: usize,
     len: usize,
+    /// Where its chain frames start in `PcpuAcc::frames`, and how many.
+    frames_start: usize,
+    frames_len: usize,
     samples: u64,
     /// TSCs of its first and last records.
     tsc: Option<(u64, u64)>,
@@ -866,6 +889,7 @@ struct BlockMeta {
 struct PcpuAcc {
     blocks: Vec<BlockMeta>,
     records: Vec<Record>,
+    frames: Vec<u64>,
     seqs: HashSet<u64>,
     sorted: bool,
     duplicates: u64,
@@ -932,6 +956,8 @@ impl Collector {
             h: header,
             start: acc.records.len(),
             len: usize::try_from(samples + events).unwrap_or(usize::MAX),
+            frames_start: 0,
+            frames_len: 0,
             samples,
             tsc,
         });
@@ -950,7 +976,10 @@ impl Collector {
                 }
             }
             Item::Block {
-                header, records, ..
+                header,
+                records,
+                frames,
+                ..
             } => {
                 self.d.frames += 1;
                 let acc = self.acc.entry(header.pcpu).or_insert_with(|| PcpuAcc {
@@ -972,11 +1001,14 @@ impl Collector {
                     h: header,
                     start: acc.records.len(),
                     len: records.len(),
+                    frames_start: acc.frames.len(),
+                    frames_len: frames.len(),
                     samples,
                     tsc: tsc_bounds(records),
                 });
                 if self.keep_records {
                     acc.records.extend_from_slice(records);
+                    acc.frames.extend_from_slice(frames);
                 }
             }
             Item::End { totals, .. } => {
@@ -1046,12 +1078,17 @@ fn finish_pcpu(pcpu: u16, mut acc: PcpuAcc, totals: Option<PcpuTotals>, end: boo
     } else if !acc.sorted {
         acc.blocks.sort_by_key(|b| b.h.seq);
         let mut records = Vec::with_capacity(acc.records.len());
+        let mut frames = Vec::with_capacity(acc.frames.len());
         for b in &mut acc.blocks {
             let start = records.len();
             records.extend_from_slice(&acc.records[b.start..b.start + b.len]);
             b.start = start;
+            let start = frames.len();
+            frames.extend_from_slice(&acc.frames[b.frames_start..b.frames_start + b.frames_len]);
+            b.frames_start = start;
         }
         acc.records = records;
+        acc.frames = frames;
     }
     let mut log = PcpuLog {
         pcpu,
@@ -1132,6 +1169,7 @@ fn finish_pcpu(pcpu: u16, mut acc: PcpuAcc, totals: Option<PcpuTotals>, end: boo
         });
     }
     log.records = acc.records;
+    log.frames = acc.frames;
     log
 }
 
@@ -1167,7 +1205,11 @@ impl BlockReader {
 
     /// The block whose frame starts at `offset` in `bytes`, decoded as the stream decoders
     /// decoded it there; `None` when no valid block frame starts there.
-    pub fn block_at(&mut self, bytes: &[u8], offset: u64) -> Option<(BlockHeader, &[Record])> {
+    pub fn block_at(
+        &mut self,
+        bytes: &[u8],
+        offset: u64,
+    ) -> Option<(BlockHeader, &[Record], &[u64])> {
         let start = usize::try_from(offset).ok()?;
         let rest = bytes.get(start..)?;
         let (end, at_eof) = match rest.iter().position(|&b| b == 0) {
@@ -1179,7 +1221,9 @@ impl BlockReader {
         }
         let raw = &rest[..end.min(MAX_FRAME_BYTES)];
         match self.scratch.frame(raw, at_eof) {
-            Ok((Parsed::Block(header), _)) => Some((header, &self.scratch.records)),
+            Ok((Parsed::Block(header), _)) => {
+                Some((header, &self.scratch.records, &self.scratch.frames))
+            }
             _ => None,
         }
     }
@@ -1210,7 +1254,7 @@ pub fn decode_parallel<A: Send>(
     bytes: &[u8],
     parts: usize,
     init: impl Fn() -> A + Sync,
-    visit: impl Fn(&mut A, BlockAt, &[Record]) + Sync,
+    visit: impl Fn(&mut A, BlockAt, &[Record], &[u64]) + Sync,
 ) -> (Decoded, Vec<A>) {
     let parts = parts.clamp(1, 64);
     // Part boundaries: the first 0x00 at or after each nominal split point.
@@ -1259,7 +1303,7 @@ fn decode_parts<A: Send>(
     bytes: &[u8],
     bounds: &[usize],
     init: &(impl Fn() -> A + Sync),
-    visit: &(impl Fn(&mut A, BlockAt, &[Record]) + Sync),
+    visit: &(impl Fn(&mut A, BlockAt, &[Record], &[u64]) + Sync),
     skip: &HashSet<(usize, usize)>,
 ) -> Vec<(A, Vec<Meta>)> {
     std::thread::scope(|scope| {
@@ -1280,10 +1324,11 @@ fn decode_parts<A: Send>(
                         Item::Block {
                             header,
                             records,
+                            frames,
                             offset,
                         } => {
                             if !skip.contains(&(part, block)) {
-                                visit(&mut acc, BlockAt { header, offset }, records);
+                                visit(&mut acc, BlockAt { header, offset }, records, frames);
                             }
                             block += 1;
                             let samples = records
@@ -1398,8 +1443,8 @@ mod tests {
             tsc,
             ..Sample::default()
         })];
-        let mut buf = vec![0u8; max_block_frame_len(1)];
-        let n = encode_block(&h, &rec, &mut buf).unwrap();
+        let mut buf = vec![0u8; max_block_frame_len(1, 0)];
+        let n = encode_block(&h, &rec, &[], &mut buf).unwrap();
         buf.truncate(n);
         buf
     }
@@ -1424,8 +1469,8 @@ mod tests {
                 })
             })
             .collect();
-        let mut buf = vec![0u8; max_block_frame_len(rec.len())];
-        let n = encode_block(&h, &rec, &mut buf).unwrap();
+        let mut buf = vec![0u8; max_block_frame_len(rec.len(), 0)];
+        let n = encode_block(&h, &rec, &[], &mut buf).unwrap();
         buf.truncate(n);
         buf
     }
@@ -1472,7 +1517,7 @@ mod tests {
         assert_eq!(d.pcpus[&0].samples_missing(), 2 + 5 + 2 + 2);
         // Decoding in parallel (no records kept) places them the same.
         for parts in [1, 3] {
-            let (p, _) = decode_parallel(&whole, parts, || (), |_, _, _| ());
+            let (p, _) = decode_parallel(&whole, parts, || (), |_, _, _, _| ());
             assert_eq!(p.gaps().copied().collect::<Vec<_>>(), want, "{parts} parts");
         }
         // Without the end frame the last gap is the unknown end.
@@ -1495,7 +1540,7 @@ mod tests {
         let whole = decode(&bytes);
         assert_eq!(whole.pcpus[&0].duplicate_blocks, 1);
         for parts in 1..6 {
-            let (d, accs) = decode_parallel(&bytes, parts, Vec::new, |acc, _, r| {
+            let (d, accs) = decode_parallel(&bytes, parts, Vec::new, |acc, _, r, _| {
                 acc.extend(r.iter().map(Record::tsc));
             });
             let visited: Vec<u64> = accs.into_iter().flatten().collect();

@@ -54,6 +54,8 @@ pub enum EncodeError {
     TooManyRecords,
     /// More than `MAX_END_PCPUS` entries for the end frame.
     TooManyPcpus,
+    /// The frame list's length is not the sum of the samples' chain depths.
+    ChainFrames,
 }
 
 impl fmt::Display for EncodeError {
@@ -62,6 +64,7 @@ impl fmt::Display for EncodeError {
             EncodeError::BufferTooSmall => "output buffer too small for the frame",
             EncodeError::TooManyRecords => "too many records for one block",
             EncodeError::TooManyPcpus => "too many pCPUs for the end frame",
+            EncodeError::ChainFrames => "the chain frames do not match the samples' chain depths",
         })
     }
 }
@@ -80,8 +83,13 @@ const MAX_BLOCK_OVERHEAD: usize = 4 + (3 + 10 + 10 + 10 + 10 + 10 + 2) + codec::
 
 /// Buffer size that always holds a block frame of `records` records.
 #[must_use]
-pub const fn max_block_frame_len(records: usize) -> usize {
-    frame_buffer_len(MAX_BLOCK_OVERHEAD + (records * codec::MAX_RECORD_BITS).div_ceil(8))
+pub const fn max_block_frame_len(records: usize, frames: usize) -> usize {
+    frame_buffer_len(
+        MAX_BLOCK_OVERHEAD
+            + (records * (codec::MAX_RECORD_BITS + codec::MAX_CHAIN_BITS_PER_RECORD)
+                + frames * codec::MAX_FRAME_BITS)
+                .div_ceil(8),
+    )
 }
 
 /// Buffer size that always holds a header frame.
@@ -123,7 +131,10 @@ const fn max(a: usize, b: usize) -> usize {
 #[cfg(feature = "std")]
 pub(crate) const MAX_FRAME_BYTES: usize = max(
     max(
-        max(max_block_frame_len(MAX_BLOCK_RECORDS), MAX_HEADER_FRAME_LEN),
+        max(
+            max_block_frame_len(MAX_BLOCK_RECORDS, 0),
+            MAX_HEADER_FRAME_LEN,
+        ),
         max_end_frame_len(MAX_END_PCPUS),
     ),
     MAX_VM_END_FRAME_LEN,
@@ -216,10 +227,14 @@ pub fn encode_header(h: &Header, out: &mut [u8]) -> Result<usize, EncodeError> {
 pub fn encode_block(
     h: &BlockHeader,
     records: &[Record],
+    frames: &[u64],
     out: &mut [u8],
 ) -> Result<usize, EncodeError> {
     if records.len() > MAX_BLOCK_RECORDS {
         return Err(EncodeError::TooManyRecords);
+    }
+    if crate::types::chain_frames(records) != frames.len() {
+        return Err(EncodeError::ChainFrames);
     }
     let ks = codec::choose_params(records, h.period_ticks);
     write_frame(out, FRAME_BLOCK, |body| {
@@ -235,7 +250,7 @@ pub fn encode_block(
             w.bytes(&ks.pack());
             finish(&w)?
         };
-        let bits = codec::write_records(records, h.period_ticks, ks, &mut body[head..])
+        let bits = codec::write_records(records, frames, h.period_ticks, ks, &mut body[head..])
             .ok_or(EncodeError::BufferTooSmall)?;
         Ok(head + bits)
     })
@@ -441,10 +456,11 @@ impl BlockEncoder {
     pub fn encode(
         &mut self,
         records: &[Record],
+        frames: &[u64],
         ring_drops: u64,
         out: &mut [u8],
     ) -> Result<usize, EncodeError> {
-        let n = encode_block(&self.next_header(ring_drops), records, out)?;
+        let n = encode_block(&self.next_header(ring_drops), records, frames, out)?;
         let samples = records
             .iter()
             .filter(|r| matches!(r, Record::Sample(_)))
@@ -504,12 +520,12 @@ mod tests {
             ..Default::default()
         })];
         let need = {
-            let mut big = vec![0u8; max_block_frame_len(1)];
-            encode_block(&BlockHeader::default(), &rec, &mut big).unwrap()
+            let mut big = vec![0u8; max_block_frame_len(1, 0)];
+            encode_block(&BlockHeader::default(), &rec, &[], &mut big).unwrap()
         };
         for n in 0..need {
             let mut buf = vec![0u8; n];
-            assert!(encode_block(&BlockHeader::default(), &rec, &mut buf).is_err());
+            assert!(encode_block(&BlockHeader::default(), &rec, &[], &mut buf).is_err());
         }
     }
 }

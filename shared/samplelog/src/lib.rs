@@ -96,7 +96,8 @@
 //! (`first_event`) between the blocks around them, so loss is counted exactly.
 //!
 //! `params`: bits 0..6 `k_tsc`, 6..12 `k_rip`, 12..18 `k_cost`, 18..24 `k_evt` (each 0..=63),
-//! 24..26 `k_slot` (0..=3), 26..32 zero. The encoder picks each as the value giving the block the
+//! 24..26 `k_slot` (0..=3), bit 26 `chains` (the samples carry call chains, below; version 3),
+//! 27..32 zero. The encoder picks each as the value giving the block the
 //! fewest bits (the smallest on ties), so its output is deterministic.
 //!
 //! **Bitstream.** Bits are packed LSB-first: stream bit `i` is bit `i % 8` of byte `i / 8`, and an
@@ -158,6 +159,7 @@
 //! rice_k_cost(zz(cost - cost[kind]))
 //! ```
 //!
+//! then, in a block whose `chains` bit is set, the sample's two call chains (below),
 //! and updates the state: `last_tsc = last_sample_tsc = tsc`, `state.kind = kind`,
 //! `host_rip[kind] = host_rip`, `host_ref = host_rip` if it is non-zero, `cost[kind] = cost`,
 //! `C.vm/vcpu/vpid` take the sample's; a new `cr3` (or `exit`) moves to the front of its list (if
@@ -167,6 +169,32 @@
 //! one; else all shift right by one, the last falls off, `C.rips[0] = guest_rip`). The encoder
 //! codes a RIP against the slot with the smallest `zz` difference (the lowest slot on ties) and a
 //! history value by its first index.
+//!
+//! **Call chains** (version 3). A chain is a list of up to 32 return addresses, innermost first,
+//! with a depth and an end (`Chain`: 0 complete, 1 cut at the depth limit, 2 a bad frame, 3 not
+//! walked). A sample carries its host chain (the hypervisor's callers of `host_rip`) then its
+//! guest chain (a guest sample: the callers of `guest_rip`; a hypervisor sample during a vCPU's
+//! exit: the guest RIP at the exit, then its callers). Each is coded against a reference chain:
+//! the host chain against the previous host chain of the same sample kind, the guest chain
+//! against the previous guest chain of the same (kind, vm, vcpu), found in a list of the four
+//! most recently used such keys (a key not in the list has the empty, not-walked reference and
+//! replaces the least recently used entry). All references are reset at the block start.
+//!
+//! ```text
+//! bit same        1: the chain equals its reference (end, depth and frames)
+//! (same = 0:)
+//! u2 end
+//! lp3(depth)      0..=32
+//! lp3(shared)     outermost frames equal to the reference's outermost, ≤ depth
+//! per new frame i in 0..depth-shared (innermost first):
+//!   lp7(zz(frame - ref_i))
+//! ```
+//!
+//! `ref_i` is the reference's frame at the same distance from the outermost frame when it has
+//! one, else the previous new frame, else (for `i = 0`) the sample's leaf: `host_rip` for the
+//! host chain, `guest_rip` for the guest chain. The encoder takes the longest shared suffix.
+//! Then the chain becomes the reference of its key. The block's frame list (what a decoder
+//! returns beside the records) holds every sample's host then guest frames, in record order.
 //!
 //! **Event.**
 //!
@@ -323,6 +351,7 @@ pub use types::{
     MappingKind, NO_EXIT, NO_VCPU, NO_VM, OutReason, PATH_LEN, PcpuTotals, Record, SOURCE_DEADLINE,
     SOURCE_PMU, Sample, SampleKind, Task, VM_NAME_LEN, VmInfo, VmList, guest_mode,
 };
+pub use types::{Chain, ChainEnd, Chains, MAX_CHAIN_DEPTH, chain_frames, with_chains};
 
 #[cfg(feature = "std")]
 pub use decode::{

@@ -280,6 +280,7 @@ impl VcpuSim {
             exit_reason: self.exit_reason,
             host_rip,
             cost,
+            ..Sample::default()
         }
     }
 }
@@ -407,6 +408,7 @@ impl PcpuSim {
                 exit_reason: NO_EXIT,
                 host_rip: self.idle_rip,
                 cost: cost - 700,
+                ..Sample::default()
             },
         };
         if self.rng.chance(self.drop_rate) {
@@ -685,7 +687,7 @@ pub fn capture(cfg: &SynthConfig, opts: &CaptureOptions) -> Capture {
         totals: Vec::new(),
         samples: 0,
     };
-    let mut buf = vec![0u8; max_block_frame_len(block_records).max(MAX_HEADER_FRAME_LEN)];
+    let mut buf = vec![0u8; max_block_frame_len(block_records, 0).max(MAX_HEADER_FRAME_LEN)];
     let mut text_rng = Rng::new(cfg.seed ^ 0xc0ffee);
     let mut push_frame =
         |out: &mut Capture, frame: &[u8], kind: FrameKind, records: Vec<Record>| {
@@ -730,7 +732,7 @@ pub fn capture(cfg: &SynthConfig, opts: &CaptureOptions) -> Capture {
             }
             let header = encoders[i].next_header(g.ring_drops(i));
             let n = encoders[i]
-                .encode(&records, g.ring_drops(i), &mut buf)
+                .encode(&records, &[], g.ring_drops(i), &mut buf)
                 .expect("buffer sized by max_block_frame_len");
             let samples = records
                 .iter()
@@ -769,11 +771,11 @@ pub fn capture(cfg: &SynthConfig, opts: &CaptureOptions) -> Capture {
 pub fn encode_blocks(pcpu: u16, records: &[Record], period: u64, block_records: usize) -> Vec<u8> {
     let block_records = block_records.clamp(1, crate::MAX_BLOCK_RECORDS);
     let mut enc = BlockEncoder::new(pcpu, period);
-    let mut buf = vec![0u8; max_block_frame_len(block_records)];
+    let mut buf = vec![0u8; max_block_frame_len(block_records, 0)];
     let mut out = Vec::new();
     for chunk in records.chunks(block_records) {
         let n = enc
-            .encode(chunk, 0, &mut buf)
+            .encode(chunk, &[], 0, &mut buf)
             .expect("buffer sized by max_block_frame_len");
         out.extend_from_slice(&buf[..n]);
     }

@@ -5,7 +5,7 @@ use core::fmt;
 use core::ops::Deref;
 
 /// Current format version, written in the header frame.
-pub const FORMAT_VERSION: u16 = 2;
+pub const FORMAT_VERSION: u16 = 3;
 /// `Sample::vm` / `Event::vm` when no VM is concerned (idle, hypervisor work for no VM).
 pub const NO_VM: u16 = 0xffff;
 /// `Sample::vcpu` when no vCPU is concerned.
@@ -92,6 +92,162 @@ pub struct Sample {
     pub host_rip: u64,
     /// TSC ticks the sample path itself took.
     pub cost: u32,
+    /// The hypervisor's call chain at a hypervisor or idle sample (the callers of `host_rip`).
+    /// Its frames travel beside the records (see [`Chains`]).
+    pub host_chain: Chain,
+    /// The guest's call chain: at a guest sample the callers of `guest_rip`; at a hypervisor
+    /// sample taken while it handled a vCPU's exit, the guest RIP at that exit then its callers
+    /// (the guest code path that cost the hypervisor this time).
+    pub guest_chain: Chain,
+}
+
+/// Most frames one call chain carries.
+pub const MAX_CHAIN_DEPTH: usize = 32;
+
+/// How a call chain ends (`Chain::end`).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ChainEnd {
+    /// The walk reached the outermost frame (a zero frame pointer or return address).
+    Complete = 0,
+    /// Cut at the walker's depth limit: outer callers are missing.
+    DepthLimit = 1,
+    /// A frame failed a check (a frame pointer that does not climb the stack, is misaligned,
+    /// unmapped, or outside the VM or the hypervisor's stack): the frames before it are kept.
+    BadFrame = 2,
+    /// No chain was taken for this sample (none asked for, or no unwinder for its mode).
+    #[default]
+    NotWalked = 3,
+}
+
+impl ChainEnd {
+    /// The end with this wire value (0..=3).
+    #[must_use]
+    pub const fn from_u8(v: u8) -> Self {
+        match v & 3 {
+            0 => Self::Complete,
+            1 => Self::DepthLimit,
+            2 => Self::BadFrame,
+            _ => Self::NotWalked,
+        }
+    }
+}
+
+/// The shape of one call chain of a sample: how many frames (0..=`MAX_CHAIN_DEPTH`) and how it
+/// ended. Packed in a byte: bits 5:0 depth, bits 7:6 the [`ChainEnd`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Chain(u8);
+
+impl Chain {
+    /// No chain taken.
+    pub const NOT_WALKED: Chain = Chain((ChainEnd::NotWalked as u8) << 6);
+
+    /// `depth` frames (clamped to `MAX_CHAIN_DEPTH`) ending as `end`.
+    #[must_use]
+    pub const fn new(depth: usize, end: ChainEnd) -> Self {
+        let d = if depth > MAX_CHAIN_DEPTH {
+            MAX_CHAIN_DEPTH
+        } else {
+            depth
+        };
+        // d <= 32 fits bits 5:0.
+        #[allow(clippy::cast_possible_truncation)]
+        let d = d as u8;
+        Chain(d | (end as u8) << 6)
+    }
+
+    /// Its frames.
+    #[must_use]
+    pub const fn depth(self) -> usize {
+        (self.0 & 0x3f) as usize
+    }
+
+    /// How it ended.
+    #[must_use]
+    pub const fn end(self) -> ChainEnd {
+        ChainEnd::from_u8(self.0 >> 6)
+    }
+
+    /// Whether the chain was cut (depth limit or a bad frame).
+    #[must_use]
+    pub const fn truncated(self) -> bool {
+        matches!(self.end(), ChainEnd::DepthLimit | ChainEnd::BadFrame)
+    }
+
+    /// The packed byte.
+    #[must_use]
+    pub const fn to_u8(self) -> u8 {
+        self.0
+    }
+
+    /// From a packed byte; `None` when the depth exceeds `MAX_CHAIN_DEPTH`.
+    #[must_use]
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        if (v & 0x3f) as usize > MAX_CHAIN_DEPTH {
+            None
+        } else {
+            Some(Chain(v))
+        }
+    }
+}
+
+impl Default for Chain {
+    fn default() -> Self {
+        Self::NOT_WALKED
+    }
+}
+
+impl fmt::Debug for Chain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Chain({}, {:?})", self.depth(), self.end())
+    }
+}
+
+/// The frames of one sample's two chains, borrowed from a block's frame list.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Chains<'a> {
+    /// The hypervisor's frames, innermost first (`Sample::host_chain`).
+    pub host: &'a [u64],
+    /// The guest's frames, innermost first (`Sample::guest_chain`).
+    pub guest: &'a [u64],
+}
+
+/// Frames the samples among `records` carry (each sample's host then guest chain).
+#[must_use]
+pub fn chain_frames(records: &[Record]) -> usize {
+    records
+        .iter()
+        .filter_map(Record::as_sample)
+        .map(|s| s.host_chain.depth() + s.guest_chain.depth())
+        .sum()
+}
+
+/// Walks `records` with the frames of each sample's chains. `frames` is the block's frame list:
+/// every sample's host chain then guest chain, in record order (as the decoder gives it and the
+/// encoder takes it). A list shorter than the records need gives empty chains from where it
+/// runs out.
+pub fn with_chains<'a>(
+    records: &'a [Record],
+    frames: &'a [u64],
+) -> impl Iterator<Item = (&'a Record, Chains<'a>)> + 'a {
+    let mut at = 0usize;
+    records.iter().map(move |r| {
+        let chains = match r {
+            Record::Sample(s) => {
+                let mut take = |n: usize| {
+                    let from = at.min(frames.len());
+                    let to = at.saturating_add(n).min(frames.len());
+                    at = at.saturating_add(n);
+                    &frames[from..to]
+                };
+                let host = take(s.host_chain.depth());
+                let guest = take(s.guest_chain.depth());
+                Chains { host, guest }
+            }
+            Record::Event(_) => Chains::default(),
+        };
+        (r, chains)
+    })
 }
 
 impl Sample {

@@ -21,13 +21,13 @@ fn compare(bytes: &[u8], parts: usize) -> Result<(), TestCaseError> {
         bytes,
         parts,
         Vec::new,
-        |acc: &mut Vec<(u16, Record)>, at, records| {
+        |acc: &mut Vec<(u16, Record)>, at, records, frames| {
             // Each block reads back the same from its offset.
             let mut reader = BlockReader::new();
             let again = reader
                 .block_at(bytes, at.offset)
-                .map(|(h, r)| (h, r.to_vec()));
-            assert_eq!(again, Some((at.header, records.to_vec())));
+                .map(|(h, r, f)| (h, r.to_vec(), f.to_vec()));
+            assert_eq!(again, Some((at.header, records.to_vec(), frames.to_vec())));
             acc.extend(records.iter().map(|r| (at.header.pcpu, *r)));
         },
     );

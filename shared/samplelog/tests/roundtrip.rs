@@ -7,6 +7,7 @@ use hvprof_samplelog::{
     Record, Sample, SampleKind, StreamDecoder, Task, VmInfo, decode, decode_parallel, encode_block,
     encode_end, encode_header, encode_task, max_block_frame_len, max_end_frame_len,
 };
+use hvprof_samplelog::{Chain, ChainEnd, MAX_CHAIN_DEPTH, chain_frames};
 use hvprof_samplelog::{
     EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, MAX_PCPU_COST_FRAME_LEN,
     MAX_VM_END_FRAME_LEN, PcpuCost, ReasonStats, TaskOffsets, VmEnd, encode_pcpu_cost,
@@ -68,8 +69,49 @@ fn sample() -> impl Strategy<Value = Sample> {
                 exit_reason,
                 host_rip,
                 cost,
+                ..Sample::default()
             },
         )
+}
+
+/// One call chain: not walked, or built from a few shared outer parts (so the coder's "same",
+/// shared-suffix and reference paths run) with new inner frames, or anything.
+fn chain() -> impl Strategy<Value = (Chain, Vec<u64>)> {
+    let ends = (0u8..4).prop_map(ChainEnd::from_u8);
+    prop_oneof![
+        2 => Just((Chain::NOT_WALKED, Vec::new())),
+        4 => (0usize..3, 0usize..12, prop::collection::vec(u64_field(), 0..4), ends.clone())
+            .prop_map(|(base, keep, inner, end)| {
+                let bases: [&[u64]; 3] = [
+                    &[0x40_1234, 0x40_2000, 0x40_3000, 0x40_0100],
+                    &[0xffff_ffff_8100_1000, 0xffff_ffff_8100_0200, 0x40_0100],
+                    &[7, 6, 5, 4, 3, 2, 1, 0x40_0100, 9, 10, 11, 12],
+                ];
+                let b = bases[base];
+                let mut frames = inner;
+                frames.extend_from_slice(&b[b.len() - keep.min(b.len())..]);
+                frames.truncate(MAX_CHAIN_DEPTH);
+                (Chain::new(frames.len(), end), frames)
+            }),
+        1 => (prop::collection::vec(any::<u64>(), 0..=MAX_CHAIN_DEPTH), ends)
+            .prop_map(|(frames, end)| (Chain::new(frames.len(), end), frames)),
+    ]
+}
+
+/// `records(max)` with call chains on the samples: the records and their frame list.
+fn chained_records(max: usize) -> impl Strategy<Value = (Vec<Record>, Vec<u64>)> {
+    (records(max), prop::collection::vec((chain(), chain()), max)).prop_map(|(mut recs, chains)| {
+        let mut frames = Vec::new();
+        for (r, ((hc, hf), (gc, gf))) in recs.iter_mut().zip(chains) {
+            if let Record::Sample(s) = r {
+                s.host_chain = hc;
+                s.guest_chain = gc;
+                frames.extend(hf);
+                frames.extend(gf);
+            }
+        }
+        (recs, frames)
+    })
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -116,20 +158,25 @@ fn records(max: usize) -> impl Strategy<Value = Vec<Record>> {
         })
 }
 
-fn encode_all(pcpu: u16, period: u64, recs: &[Record], sizes: &[usize]) -> Vec<u8> {
+fn encode_all(pcpu: u16, period: u64, recs: &[Record], frames: &[u64], sizes: &[usize]) -> Vec<u8> {
     let mut enc = BlockEncoder::new(pcpu, period);
     let mut out = Vec::new();
     let mut rest = recs;
+    let mut rest_frames = frames;
     let mut i = 0;
     while !rest.is_empty() {
         let n = sizes[i % sizes.len()].clamp(1, rest.len());
+        let f = chain_frames(&rest[..n]);
         i += 1;
-        let mut buf = vec![0u8; max_block_frame_len(n)];
-        let len = enc.encode(&rest[..n], i as u64, &mut buf).unwrap();
+        let mut buf = vec![0u8; max_block_frame_len(n, f)];
+        let len = enc
+            .encode(&rest[..n], &rest_frames[..f], i as u64, &mut buf)
+            .unwrap();
         // The size bound is honest: the frame fits in the bound for its own record count.
-        assert!(len <= max_block_frame_len(n));
+        assert!(len <= max_block_frame_len(n, f));
         out.extend_from_slice(&buf[..len]);
         rest = &rest[n..];
+        rest_frames = &rest_frames[f..];
     }
     let mut end = vec![0u8; max_end_frame_len(1)];
     let n = encode_end(&[enc.totals(i as u64)], &mut end).unwrap();
@@ -150,18 +197,19 @@ proptest! {
 
     #[test]
     fn records_round_trip(
-        recs in records(400),
+        (recs, frames) in chained_records(400),
         sizes in prop::collection::vec(1usize..130, 1..4),
         period in prop_oneof![Just(1_000_000u64), any::<u64>()],
         pcpu in any::<u16>(),
     ) {
-        let bytes = encode_all(pcpu, period, &recs, &sizes);
+        let bytes = encode_all(pcpu, period, &recs, &frames, &sizes);
         let d = decode(&bytes);
         prop_assert!(d.damaged.is_empty(), "{:?}", d.damaged);
         prop_assert!(d.text.is_empty());
         prop_assert!(d.is_complete());
         let log = &d.pcpus[&pcpu];
         prop_assert_eq!(&log.records, &recs);
+        prop_assert_eq!(&log.frames, &frames);
         prop_assert_eq!(log.blocks_lost, 0);
         let samples = recs.iter().filter(|r| r.as_sample().is_some()).count() as u64;
         prop_assert_eq!(log.totals.unwrap().samples, samples);
@@ -175,8 +223,8 @@ proptest! {
         recs in records(20),
     ) {
         let h = BlockHeader { pcpu, seq, first_sample, first_event, ring_drops, period_ticks };
-        let mut buf = vec![0u8; max_block_frame_len(recs.len())];
-        let n = encode_block(&h, &recs, &mut buf).unwrap();
+        let mut buf = vec![0u8; max_block_frame_len(recs.len(), 0)];
+        let n = encode_block(&h, &recs, &[], &mut buf).unwrap();
         let frame = &buf[..n];
         prop_assert_eq!(frame[0], 0);
         prop_assert_eq!(frame[n - 1], 0);
@@ -184,7 +232,7 @@ proptest! {
         let mut got = None;
         let mut dec = StreamDecoder::new();
         dec.feed(frame, &mut |item| {
-            if let Item::Block { header, records, offset } = item {
+            if let Item::Block { header, records, offset, .. } = item {
                 got = Some((header, records.to_vec(), offset));
             }
         });
@@ -258,7 +306,7 @@ proptest! {
         prop_assert_eq!(&d.tasks, &tasks);
         prop_assert!(d.damaged.is_empty());
         prop_assert_eq!(d.unknown_frames, 0);
-        let (p, _) = decode_parallel(&bytes, 3, || (), |_, _, _| {});
+        let (p, _) = decode_parallel(&bytes, 3, || (), |_, _, _, _| {});
         prop_assert_eq!(&p.tasks, &tasks);
     }
 
@@ -293,7 +341,7 @@ proptest! {
         prop_assert_eq!(&d.vm_ends, &vec![v.clone()]);
         prop_assert!(d.damaged.is_empty());
         prop_assert_eq!(d.unknown_frames, 0);
-        let (p, _) = decode_parallel(&bytes, 2, || (), |_, _, _| {});
+        let (p, _) = decode_parallel(&bytes, 2, || (), |_, _, _, _| {});
         prop_assert_eq!(&p.vm_ends, &vec![v]);
     }
 
@@ -329,7 +377,7 @@ proptest! {
         let d = decode(&bytes);
         prop_assert_eq!(&d.mappings, &maps);
         prop_assert!(d.damaged.is_empty());
-        let (p, _) = decode_parallel(&bytes, 2, || (), |_, _, _| {});
+        let (p, _) = decode_parallel(&bytes, 2, || (), |_, _, _, _| {});
         prop_assert_eq!(&p.mappings, &maps);
     }
 
@@ -511,12 +559,12 @@ fn worst_case_vm_end_fits_the_advertised_bound() {
 #[test]
 fn limits_are_enforced() {
     let recs = vec![Record::Sample(Sample::default()); MAX_BLOCK_RECORDS + 1];
-    let mut buf = vec![0u8; max_block_frame_len(MAX_BLOCK_RECORDS + 1)];
+    let mut buf = vec![0u8; max_block_frame_len(MAX_BLOCK_RECORDS + 1, 0)];
     assert_eq!(
-        encode_block(&BlockHeader::default(), &recs, &mut buf),
+        encode_block(&BlockHeader::default(), &recs, &[], &mut buf),
         Err(hvprof_samplelog::EncodeError::TooManyRecords)
     );
-    let n = encode_block(&BlockHeader::default(), &recs[1..], &mut buf).unwrap();
+    let n = encode_block(&BlockHeader::default(), &recs[1..], &[], &mut buf).unwrap();
     assert_eq!(decode(&buf[..n]).pcpus[&0].records.len(), MAX_BLOCK_RECORDS);
     let mut list = hvprof_samplelog::VmList::new();
     for _ in 0..MAX_VMS {
@@ -543,6 +591,7 @@ fn worst_case_records_fit_the_advertised_bound() {
         exit_reason: 0,
         host_rip: 0,
         cost: 0,
+        ..Default::default()
     };
     let hi = Sample {
         tsc: u64::MAX / 2,
@@ -556,6 +605,7 @@ fn worst_case_records_fit_the_advertised_bound() {
         exit_reason: u16::MAX,
         host_rip: 1 << 63,
         cost: u32::MAX,
+        ..Default::default()
     };
     let mid = Sample {
         kind: SampleKind::Hypervisor,
@@ -578,8 +628,8 @@ fn worst_case_records_fit_the_advertised_bound() {
         });
     }
     for n in [1, 2, 3, 4, 64, MAX_BLOCK_RECORDS] {
-        let mut buf = vec![0u8; max_block_frame_len(n)];
-        let len = encode_block(&BlockHeader::default(), &recs[..n], &mut buf).unwrap();
+        let mut buf = vec![0u8; max_block_frame_len(n, 0)];
+        let len = encode_block(&BlockHeader::default(), &recs[..n], &[], &mut buf).unwrap();
         assert!(len <= buf.len());
         assert_eq!(decode(&buf[..len]).pcpus[&0].records, recs[..n]);
     }

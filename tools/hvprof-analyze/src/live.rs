@@ -792,6 +792,7 @@ mod tests {
     fn feed(l: &mut Live, seq: u64, records: &[Record]) {
         l.push(Item::Block {
             offset: 0,
+            frames: &[],
             header: BlockHeader {
                 pcpu: 0,
                 seq,
@@ -881,6 +882,7 @@ mod tests {
                 offset: 0,
                 header: block(seq),
                 records: &rec,
+                frames: &[],
             });
         }
         let t = st.totals();

@@ -514,7 +514,7 @@ impl Classified {
             bytes,
             threads,
             Part::default,
-            |part: &mut Part, at, records: &[Record]| {
+            |part: &mut Part, at, records: &[Record], _frames: &[u64]| {
                 part.add(at, records, processes);
                 progress.inc(records.len() as u64);
             },
@@ -726,7 +726,7 @@ enum Source<'a> {
 impl Replay {
     /// A block's samples: (TSC, stack).
     fn block(&self, reader: &mut BlockReader, b: &BlockSpan, out: &mut Vec<(u64, u32)>) {
-        let Some((header, records)) = reader.block_at(&self.bytes, b.offset) else {
+        let Some((header, records, _)) = reader.block_at(&self.bytes, b.offset) else {
             debug_assert!(false, "block at {} not read again", b.offset);
             return;
         };
@@ -847,7 +847,7 @@ impl Replay {
         let (mut seen, mut n) = (0usize, 0u64);
         let mut skip = at.skip as usize;
         for b in &blocks[first..] {
-            let Some((_, records)) = reader.block_at(&self.bytes, b.offset) else {
+            let Some((_, records, _)) = reader.block_at(&self.bytes, b.offset) else {
                 break;
             };
             for r in records {

@@ -1003,6 +1003,7 @@ mod tests {
                 0
             },
             cost: 30,
+            ..Default::default()
         })
     }
 
@@ -1037,14 +1038,14 @@ mod tests {
         let mut buf = vec![
             0u8;
             MAX_HEADER_FRAME_LEN
-                .max(max_block_frame_len(64))
+                .max(max_block_frame_len(64, 0))
                 .max(max_end_frame_len(1))
         ];
         let n = encode_header(&header, &mut buf).unwrap();
         out.extend_from_slice(&buf[..n]);
         let mut enc = BlockEncoder::new(0, 4000);
         for chunk in records.chunks(64) {
-            let n = enc.encode(chunk, 0, &mut buf).unwrap();
+            let n = enc.encode(chunk, &[], 0, &mut buf).unwrap();
             out.extend_from_slice(&buf[..n]);
         }
         let totals: [PcpuTotals; 1] = [enc.totals(0)];

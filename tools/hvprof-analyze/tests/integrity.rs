@@ -82,7 +82,7 @@ fn capture(forged: bool) -> Vec<u8> {
         })
         .collect();
     let mut enc = BlockEncoder::new(0, 1000);
-    let n = enc.encode(&records, 0, &mut buf).unwrap();
+    let n = enc.encode(&records, &[], 0, &mut buf).unwrap();
     let block = buf[..n].to_vec();
     out.extend_from_slice(&block);
     if forged {

@@ -41,8 +41,8 @@ fn block(out: &mut Vec<u8>, pcpu: u16, seq: u64, tscs: [u64; 2], drops: u64) {
             ..Sample::default()
         })
     });
-    assert!(max_block_frame_len(2) < 1 << 16);
-    frame(out, |b| encode_block(&h, &rec, b).unwrap());
+    assert!(max_block_frame_len(2, 0) < 1 << 16);
+    frame(out, |b| encode_block(&h, &rec, &[], b).unwrap());
 }
 
 /// pCPU 0: blocks 0 (TSC 1000, 2000), 1 lost (3000, 4000), 2 (5000, 6000); pCPU 1: blocks 0

@@ -42,7 +42,7 @@ const _: () = assert!(BLOCK <= MAX_BLOCK_RECORDS);
 const FRAME_BUF: usize = max(
     MAX_HEADER_FRAME_LEN,
     max(
-        max_block_frame_len(BLOCK),
+        max_block_frame_len(BLOCK, 0),
         max(
             max(max_end_frame_len(MAX_CPUS), MAX_TASK_FRAME_LEN),
             max(
@@ -300,7 +300,7 @@ impl Exporter {
         }
         self.send_header(log);
         let CpuLog { encoder, frame, .. } = &mut *log;
-        if let Ok(n) = encoder.encode(records, drops, frame) {
+        if let Ok(n) = encoder.encode(records, &[], drops, frame) {
             self.send(log, n);
         }
     }

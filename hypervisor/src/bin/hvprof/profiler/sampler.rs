@@ -367,6 +367,7 @@ impl CpuProfiler {
                 exit_reason: exit,
                 host_rip: 0,
                 cost: 0,
+                ..Default::default()
             },
             t0,
         )
@@ -405,6 +406,7 @@ impl CpuProfiler {
                 exit_reason: exit,
                 host_rip: rip,
                 cost: 0,
+                ..Default::default()
             },
             t0,
         )
