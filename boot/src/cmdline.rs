@@ -155,7 +155,16 @@ pub struct Options {
     pub slice: Period,
     /// Where the sample log's frames go.
     pub channel: Channel,
+    /// Call chains: the deepest chain a sample carries (0 = none, the default). `stacks=on` is
+    /// `DEFAULT_STACK_DEPTH`.
+    pub stacks: u8,
 }
+
+/// `stacks=on`: frames per chain.
+pub const DEFAULT_STACK_DEPTH: u8 = 16;
+
+/// The deepest chain a sample may carry (the wire format's limit).
+pub const MAX_STACK_DEPTH: u8 = 32;
 
 /// The default time slice: 10 ms.
 pub const DEFAULT_SLICE: Period = Period::Nanos(10_000_000);
@@ -176,6 +185,7 @@ impl Default for Options {
             buffer: 0,
             slice: DEFAULT_SLICE,
             channel: Channel::Serial,
+            stacks: 0,
         }
     }
 }
@@ -191,7 +201,11 @@ impl fmt::Display for Options {
             0 => f.write_str("auto")?,
             n => write!(f, "{n}")?,
         }
-        write!(f, " slice={} channel={}", self.slice, self.channel)
+        write!(f, " slice={} channel={}", self.slice, self.channel)?;
+        match self.stacks {
+            0 => f.write_str(" stacks=off"),
+            n => write!(f, " stacks={n}"),
+        }
     }
 }
 
@@ -216,6 +230,8 @@ pub enum ValueProblem {
     BufferSyntax,
     /// `channel`: not `serial` or `lpt`.
     ChannelChoice,
+    /// `stacks`: not `off`, `on` or a depth 1..=32.
+    StacksChoice,
 }
 
 impl fmt::Display for ValueProblem {
@@ -240,6 +256,7 @@ impl fmt::Display for ValueProblem {
                 "expected auto or a positive number of records (e.g. buffer=100000)"
             }
             Self::ChannelChoice => "expected serial, lpt or virtio",
+            Self::StacksChoice => "expected off, on (16 frames) or a depth from 1 to 32",
         })
     }
 }
@@ -264,8 +281,8 @@ pub enum CmdlineError<'a> {
 }
 
 /// The known keys, in the order of the messages.
-pub const KNOWN_KEYS: [&str; 7] = [
-    "period", "export", "selftest", "serial", "buffer", "slice", "channel",
+pub const KNOWN_KEYS: [&str; 8] = [
+    "period", "export", "selftest", "serial", "buffer", "slice", "channel", "stacks",
 ];
 
 impl fmt::Display for CmdlineError<'_> {
@@ -278,7 +295,7 @@ impl fmt::Display for CmdlineError<'_> {
             ),
             Self::UnknownKey { key } => write!(
                 f,
-                "unknown boot option '{}' (known: period, export, selftest, serial, buffer, slice, channel)",
+                "unknown boot option '{}' (known: period, export, selftest, serial, buffer, slice, channel, stacks)",
                 key.escape_debug()
             ),
             Self::EmptyValue { key } => write!(f, "boot option {key}= has an empty value"),
@@ -354,6 +371,18 @@ pub fn parse(s: &str) -> Result<Options, CmdlineError<'_>> {
                     "lpt" => Channel::Lpt,
                     "virtio" => Channel::Virtio,
                     _ => return Err(bad(ValueProblem::ChannelChoice)),
+                }
+            }
+            "stacks" => {
+                options.stacks = match value {
+                    "off" => 0,
+                    "on" => DEFAULT_STACK_DEPTH,
+                    v => v
+                        .parse::<u8>()
+                        .ok()
+                        .filter(|n| (1..=MAX_STACK_DEPTH).contains(n))
+                        .filter(|_| v.bytes().all(|b| b.is_ascii_digit()))
+                        .ok_or(bad(ValueProblem::StacksChoice))?,
                 }
             }
             _ => {
@@ -445,7 +474,7 @@ mod tests {
         assert_eq!(o.serial, 0x3f8);
         assert_eq!(
             o.to_string(),
-            "period=1ms export=stream selftest=none serial=0x3f8 buffer=auto slice=10ms channel=serial"
+            "period=1ms export=stream selftest=none serial=0x3f8 buffer=auto slice=10ms channel=serial stacks=off"
         );
     }
 
@@ -462,8 +491,31 @@ mod tests {
                 buffer: 0,
                 slice: DEFAULT_SLICE,
                 channel: Channel::Serial,
+                stacks: 0,
             }
         );
+        assert_eq!(parse("stacks=on").unwrap().stacks, DEFAULT_STACK_DEPTH);
+        assert_eq!(parse("stacks=off").unwrap().stacks, 0);
+        assert_eq!(parse("stacks=32").unwrap().stacks, 32);
+        assert_eq!(parse("stacks=1").unwrap().stacks, 1);
+        for bad in [
+            "stacks=0",
+            "stacks=33",
+            "stacks=+4",
+            "stacks=yes",
+            "stacks=-1",
+        ] {
+            assert!(
+                matches!(
+                    parse(bad),
+                    Err(CmdlineError::BadValue {
+                        problem: ValueProblem::StacksChoice,
+                        ..
+                    })
+                ),
+                "{bad}"
+            );
+        }
         assert_eq!(parse("channel=lpt").unwrap().channel, Channel::Lpt);
         assert_eq!(parse("channel=virtio").unwrap().channel, Channel::Virtio);
         assert_eq!(
@@ -487,7 +539,7 @@ mod tests {
         );
         assert_eq!(
             o.to_string(),
-            "period=250us export=end selftest=pagefault serial=0x2f8 buffer=auto slice=10ms channel=serial"
+            "period=250us export=end selftest=pagefault serial=0x2f8 buffer=auto slice=10ms channel=serial stacks=off"
         );
         assert_eq!(
             parse("period=100000ticks").unwrap().period,
@@ -521,7 +573,7 @@ mod tests {
         assert_eq!(err("bogus=1"), CmdlineError::UnknownKey { key: "bogus" });
         assert_eq!(
             err("bogus=1").to_string(),
-            "unknown boot option 'bogus' (known: period, export, selftest, serial, buffer, slice, channel)"
+            "unknown boot option 'bogus' (known: period, export, selftest, serial, buffer, slice, channel, stacks)"
         );
         assert_eq!(err("=1"), CmdlineError::UnknownKey { key: "" });
         assert_eq!(
@@ -543,7 +595,7 @@ mod tests {
         );
         assert_eq!(
             err("bad\u{1b}=1").to_string(),
-            "unknown boot option 'bad\\u{1b}' (known: period, export, selftest, serial, buffer, slice, channel)"
+            "unknown boot option 'bad\\u{1b}' (known: period, export, selftest, serial, buffer, slice, channel, stacks)"
         );
     }
 
@@ -638,9 +690,10 @@ mod tests {
             prop_oneof![Just(0u32), 1..=u32::MAX],
             period(),
             prop_oneof![Just(Channel::Serial), Just(Channel::Lpt)],
+            0..=MAX_STACK_DEPTH,
         )
             .prop_map(
-                |(period, export, selftest, serial, buffer, slice, channel)| Options {
+                |(period, export, selftest, serial, buffer, slice, channel, stacks)| Options {
                     period,
                     export,
                     selftest,
@@ -648,6 +701,7 @@ mod tests {
                     buffer,
                     slice,
                     channel,
+                    stacks,
                 },
             )
     }
@@ -677,7 +731,7 @@ mod tests {
         }
 
         #[test]
-        fn subset_and_order_do_not_matter(o in options(), mask in 0u8..128, rotate in 0usize..7) {
+        fn subset_and_order_do_not_matter(o in options(), mask in 0u8..=255, rotate in 0usize..8) {
             let text = o.to_string();
             let mut tokens: Vec<&str> = text.split(' ').collect();
             tokens.rotate_left(rotate);
@@ -698,6 +752,7 @@ mod tests {
             prop_assert_eq!(parsed.buffer, if mask & 16 != 0 { o.buffer } else { d.buffer });
             prop_assert_eq!(parsed.slice, if mask & 32 != 0 { o.slice } else { d.slice });
             prop_assert_eq!(parsed.channel, if mask & 64 != 0 { o.channel } else { d.channel });
+            prop_assert_eq!(parsed.stacks, if mask & 128 != 0 { o.stacks } else { d.stacks });
         }
     }
 }

@@ -16,6 +16,22 @@ const PAGE_SIZE_BIT: u64 = 1 << 7;
 /// is not present or the address is not canonical. `read_phys(gpa)` returns the 8 bytes at a
 /// guest-physical address (`None` outside guest memory).
 pub fn translate(read_phys: &impl Fn(u64) -> Option<u64>, cr3: u64, gva: u64) -> Option<u64> {
+    translate_leaf(read_phys, cr3, gva).map(|t| t.gpa)
+}
+
+/// A translation and the paging-structure entry that made it (the PTE, or the PDE or PDPTE of a
+/// large page): while that entry keeps its value, and the levels above it theirs, the
+/// translation holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Leaf {
+    pub gpa: u64,
+    /// The guest-physical address of the entry, and its value.
+    pub entry_gpa: u64,
+    pub entry: u64,
+}
+
+/// `translate`, with the entry that mapped the page.
+pub fn translate_leaf(read_phys: &impl Fn(u64) -> Option<u64>, cr3: u64, gva: u64) -> Option<Leaf> {
     // Canonical 48-bit address: bits 63:47 all equal.
     let top = gva >> 47;
     if top != 0 && top != 0x1_ffff {
@@ -25,18 +41,23 @@ pub fn translate(read_phys: &impl Fn(u64) -> Option<u64>, cr3: u64, gva: u64) ->
     for level in (0..4).rev() {
         let shift = 12 + 9 * level;
         let index = (gva >> shift) & 0x1ff;
-        let entry = read_phys(table + 8 * index)?;
+        let entry_gpa = table + 8 * index;
+        let entry = read_phys(entry_gpa)?;
         if entry & PRESENT == 0 {
             return None;
         }
         // PDPTE (level 2) with PS: 1 GiB page; PDE (level 1) with PS: 2 MiB page.
-        if (level == 2 || level == 1) && entry & PAGE_SIZE_BIT != 0 {
-            let size = 1u64 << shift;
-            return Some((entry & ADDR_MASK & !(size - 1)) | (gva & (size - 1)));
+        let size = 1u64 << shift;
+        if level == 0 || ((level == 2 || level == 1) && entry & PAGE_SIZE_BIT != 0) {
+            return Some(Leaf {
+                gpa: (entry & ADDR_MASK & !(size - 1)) | (gva & (size - 1)),
+                entry_gpa,
+                entry,
+            });
         }
         table = entry & ADDR_MASK;
     }
-    Some(table | (gva & 0xfff))
+    None
 }
 
 /// Translations of kernel-half pages, kept per vCPU between samples. Every Linux process's page

@@ -58,6 +58,28 @@ impl<T: Copy, const N: usize> Ring<T, N> {
         true
     }
 
+    /// Producer side: `n` values in consecutive slots, the `i`-th `value(i)`, all or none (they
+    /// are written straight into the ring, in order). `false` when they do not all fit: nothing
+    /// is pushed and one drop is counted (they are one record and its parts). An accepted push
+    /// counts one record.
+    pub fn push_with(&self, n: usize, mut value: impl FnMut(usize) -> T) -> bool {
+        let head = self.head.load(Ordering::Relaxed);
+        let tail = self.tail.load(Ordering::Acquire);
+        if N - head.wrapping_sub(tail) < n {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        for i in 0..n {
+            // SAFETY: the free slots [head, tail + N) belong to the producer (checked above that
+            // all `n` fit in them); the consumer reads none of them until the release store of
+            // `head` below publishes them together.
+            unsafe { (*self.slots[head.wrapping_add(i) % N].get()).write(value(i)) };
+        }
+        self.head.store(head.wrapping_add(n), Ordering::Release);
+        self.pushed.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
     /// Consumer side.
     pub fn pop(&self) -> Option<T> {
         let tail = self.tail.load(Ordering::Relaxed);
@@ -82,6 +104,27 @@ impl<T: Copy, const N: usize> Ring<T, N> {
         // SAFETY: as in `pop`: the slot at `tail` lies in [tail, head), published by the
         // producer and not touched by it until `tail` moves past it (which only the consumer does).
         Some(unsafe { (*self.slots[tail % N].get()).assume_init() })
+    }
+
+    /// Consumer side: the `i`-th record waiting (0 is what `pop` would return), left in place.
+    pub fn get(&self, i: usize) -> Option<T> {
+        let tail = self.tail.load(Ordering::Relaxed);
+        let head = self.head.load(Ordering::Acquire);
+        if i >= head.wrapping_sub(tail) {
+            return None;
+        }
+        // SAFETY: as in `peek`: the slot lies in [tail, head), published by the producer
+        // (release store of `head`, acquired above) and not touched by it until `tail` moves
+        // past it.
+        Some(unsafe { (*self.slots[tail.wrapping_add(i) % N].get()).assume_init() })
+    }
+
+    /// Consumer side: frees the first `n` records waiting (at most all of them).
+    pub fn advance(&self, n: usize) {
+        let tail = self.tail.load(Ordering::Relaxed);
+        let head = self.head.load(Ordering::Acquire);
+        let n = n.min(head.wrapping_sub(tail));
+        self.tail.store(tail.wrapping_add(n), Ordering::Release);
     }
 
     pub fn len(&self) -> usize {
@@ -138,6 +181,33 @@ mod tests {
         );
         assert_eq!(r.pop(), None);
         assert_eq!(r.peek(), None);
+    }
+
+    #[test]
+    fn push_with_is_all_or_nothing() {
+        let r: Ring<u32, 8> = Ring::new();
+        let push = |v: &[u32]| r.push_with(v.len(), |i| v[i]);
+        assert!(push(&[1, 2, 3]));
+        assert!(push(&[4, 5, 6, 7, 8]));
+        assert!(!push(&[9]), "full");
+        assert_eq!(r.pop(), Some(1));
+        assert!(
+            !push(&[10, 11]),
+            "one slot free, two wanted: nothing pushed"
+        );
+        assert_eq!((r.len(), r.dropped(), r.pushed()), (7, 2, 2));
+        assert!(push(&[12]));
+        assert!(push(&[]));
+        assert_eq!(
+            (r.get(0), r.get(6), r.get(7), r.get(8)),
+            (Some(2), Some(8), Some(12), None)
+        );
+        r.advance(2);
+        assert_eq!(r.get(0), Some(4));
+        let all: Vec<u32> = core::iter::from_fn(|| r.pop()).collect();
+        assert_eq!(all, vec![4, 5, 6, 7, 8, 12]);
+        r.advance(3);
+        assert!(r.is_empty());
     }
 
     #[test]

@@ -58,6 +58,15 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     // The boot CPU is pCPU 0.
     percpu::init(0, arch::gdt::init_bsp());
     arch::idt::init();
+    {
+        unsafe extern "C" {
+            /// The top of the boot stack (`boot/src/entry.rs`), which stays the boot CPU's.
+            static boot_stack_top: u8;
+        }
+        // Only the symbol's address is taken.
+        let top = core::ptr::addr_of!(boot_stack_top) as u64;
+        profiler::this_cpu().set_stack(top - hvprof_boot::entry::BOOT_STACK_SIZE as u64, top);
+    }
     println!("hvprof {VERSION} build-id {}", BuildId);
 
     if magic != MULTIBOOT2_BOOTLOADER_MAGIC {
@@ -118,6 +127,7 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     let tsc = tsc::calibrate();
     console::set_tsc_hz(tsc.hz);
     let period = options.period.to_tsc_ticks(tsc.hz).max(1);
+    profiler::sampler::set_stack_depth(options.stacks);
     println!(
         "tsc: {} Hz ({}), invariant {}; sampling period {} = {period} ticks",
         tsc.hz,

@@ -128,3 +128,47 @@ unsafe fn next_table(table: *mut u64, index: u64) -> Result<*mut u64, &'static s
     unsafe { entry.write_volatile(new | PTE_PRESENT | PTE_WRITABLE) };
     Ok(new as *mut u64)
 }
+
+/// A VM's memory as the hypervisor reads it: guest-physical `[0, size)` at host-physical `hpa`,
+/// taken from the frame allocator for that VM alone and identity-mapped (the VM's EPT maps the
+/// same range, so a read through this is a read through the VM's own memory and nothing else).
+#[derive(Clone, Copy, Debug)]
+pub struct GuestRam {
+    pub hpa: u64,
+    pub size: u64,
+}
+
+impl GuestRam {
+    /// Copies `buf.len()` bytes at guest-physical `gpa`; `false` (and nothing copied) when they
+    /// are not all inside the VM's memory.
+    pub fn read(&self, gpa: u64, buf: &mut [u8]) -> bool {
+        let fits = gpa
+            .checked_add(buf.len() as u64)
+            .is_some_and(|end| end <= self.size);
+        if fits {
+            // SAFETY: [hpa, hpa + size) is this VM's memory, identity-mapped and never freed;
+            // the range was checked to lie inside it. Guest vCPUs may write it meanwhile: the
+            // copy is of bytes, any value is valid.
+            unsafe {
+                core::ptr::copy_nonoverlapping(
+                    (self.hpa + gpa) as *const u8,
+                    buf.as_mut_ptr(),
+                    buf.len(),
+                )
+            };
+        }
+        fits
+    }
+
+    /// The 8 bytes at guest-physical `gpa` (little-endian), or `None` outside the VM's memory.
+    #[inline]
+    pub fn read_u64(&self, gpa: u64) -> Option<u64> {
+        if gpa.checked_add(8).is_some_and(|end| end <= self.size) {
+            // SAFETY: as in `read`: the 8 bytes lie inside this VM's own memory, identity-mapped;
+            // any bit pattern is a valid u64, and the read is unaligned-safe.
+            Some(unsafe { core::ptr::read_unaligned((self.hpa + gpa) as *const u64) })
+        } else {
+            None
+        }
+    }
+}

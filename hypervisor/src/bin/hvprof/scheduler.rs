@@ -409,7 +409,8 @@ fn idle_until(t: u64) {
             break;
         }
         if now >= prof.next_tick() {
-            prof.sample_host_if_due(idle_until as *const () as u64, true);
+            let fp = profiler::sampler::frame_pointer();
+            prof.sample_host_if_due(idle_until as *const () as u64, fp, true);
         }
         // The LAPIC timer may have taken the sample instead: move the ring on either way.
         profiler::export::drain_if_full(prof);

@@ -57,6 +57,8 @@ pub fn start_aps(lapic: &Lapic, apic_ids: &[u32], page: u32, tsc_hz: u64) -> Smp
             println!("smp: error: no memory for the stack of CPU {index}; not started");
             break;
         };
+        // Where its hypervisor call chains may lie.
+        crate::profiler::sampler::cpu(index).set_stack(stack, stack + AP_STACK);
         let params = Params {
             cr3: x86_64::registers::control::Cr3::read_raw()
                 .0

@@ -140,13 +140,13 @@ extern "C" fn dispatch(frame: &mut TrapFrame) {
     if frame.vector == 2 {
         // NMI: the PMU's overflow (a sample), or something else, counted and reported at the end
         // of the run (an NMI may interrupt the console's holder: it never prints).
-        if !crate::profiler::pmu::on_nmi_host(frame.rip) {
+        if !crate::profiler::pmu::on_nmi_host(frame.rip, frame.rbp) {
             STRAY.note(2, frame.rip);
         }
         return;
     }
     if frame.vector == super::lapic::TIMER_VECTOR as u64 {
-        crate::profiler::on_timer(frame.rip);
+        crate::profiler::on_timer(frame.rip, frame.rbp);
         return;
     }
     if frame.vector == super::lapic::SPURIOUS_VECTOR as u64 {

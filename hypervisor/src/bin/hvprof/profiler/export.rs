@@ -18,7 +18,7 @@
 //! block never spans a change of that count, so a block's `ring_drops` counts the records lost
 //! before its first record (the decoder places each loss between two blocks).
 
-use super::sampler::{self, CpuProfiler, Stamped};
+use super::sampler::{self, CpuProfiler, SLOT_FRAMES, Slot};
 use crate::percpu::MAX_CPUS;
 use crate::tsc::rdtsc;
 use crate::{console, memory, parallel, println, virtio_console};
@@ -27,10 +27,10 @@ use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicU64, Ordering};
 use hvprof_boot::cmdline::{Channel, Export};
 use hvprof_samplelog::{
-    BlockEncoder, BuildId, FixedStr, Header, MAX_BLOCK_RECORDS, MAX_HEADER_FRAME_LEN,
-    MAX_PCPU_COST_FRAME_LEN, MAX_TASK_FRAME_LEN, MAX_VM_END_FRAME_LEN, PcpuCost, Record, Sample,
-    Task, VmEnd, VmInfo, encode_end, encode_header, encode_pcpu_cost, encode_task, encode_vm_end,
-    max_block_frame_len, max_end_frame_len,
+    BlockEncoder, BuildId, FixedStr, Header, MAX_BLOCK_RECORDS, MAX_CHAIN_DEPTH,
+    MAX_HEADER_FRAME_LEN, MAX_PCPU_COST_FRAME_LEN, MAX_TASK_FRAME_LEN, MAX_VM_END_FRAME_LEN,
+    PcpuCost, Record, Task, VmEnd, VmInfo, encode_end, encode_header, encode_pcpu_cost,
+    encode_task, encode_vm_end, max_block_frame_len, max_end_frame_len,
 };
 use spin::{Mutex, Once};
 
@@ -38,11 +38,14 @@ use spin::{Mutex, Once};
 pub const BLOCK: usize = 64;
 const _: () = assert!(BLOCK <= MAX_BLOCK_RECORDS);
 
+/// Most chain frames a block's records carry.
+const BLOCK_FRAMES: usize = BLOCK * 2 * MAX_CHAIN_DEPTH;
+
 /// Big enough for any frame the exporter writes.
 const FRAME_BUF: usize = max(
     MAX_HEADER_FRAME_LEN,
     max(
-        max_block_frame_len(BLOCK, 0),
+        max_block_frame_len(BLOCK, BLOCK_FRAMES),
         max(
             max(max_end_frame_len(MAX_CPUS), MAX_TASK_FRAME_LEN),
             max(
@@ -68,9 +71,13 @@ struct CpuLog {
     encoder: BlockEncoder,
     /// Where this pCPU's frames are encoded.
     frame: &'static mut [u8],
-    /// `end` mode: records waiting, a circular buffer (`head`, `len`): the slots in
-    /// `[head, head + len)` (modulo its length) are written, the others may not be.
-    stored: &'static mut [MaybeUninit<Stamped>],
+    /// The next block's records and their chain frames.
+    records: &'static mut [Record],
+    frames: &'static mut [u64],
+    /// `end` mode: ring slots waiting, a circular buffer (`head`, `len`): the slots in
+    /// `[head, head + len)` (modulo its length) are written, the others may not be. It holds
+    /// whole samples (a record and its frame slots), as the ring does.
+    stored: &'static mut [MaybeUninit<Slot>],
     head: usize,
     len: usize,
     /// `end` mode: task changes waiting.
@@ -147,7 +154,7 @@ pub fn init(
     let channel = open_channel(channel, "profiler");
     // `end` mode: `buffer=` records in all, or half of the memory still free, shared equally
     // between the pCPUs; never less than a few blocks (a full buffer is flushed, not dropped).
-    let size = core::mem::size_of::<Stamped>() as u64;
+    let size = core::mem::size_of::<Slot>() as u64;
     let n = u64::from(pcpus.max(1));
     let per_cpu = match (mode, buffer) {
         (Export::Stream, _) => 0,
@@ -165,7 +172,9 @@ pub fn init(
             Mutex::new(CpuLog {
                 encoder: BlockEncoder::new(cpu, period),
                 frame: alloc_slice::<u8>(FRAME_BUF as u64),
-                stored: alloc_slice::<MaybeUninit<Stamped>>(per_cpu),
+                records: alloc_slice::<Record>(BLOCK as u64),
+                frames: alloc_slice::<u64>(BLOCK_FRAMES as u64),
+                stored: alloc_slice::<MaybeUninit<Slot>>(per_cpu),
                 head: 0,
                 len: 0,
                 tasks: alloc_slice::<Task>(tasks as u64),
@@ -215,8 +224,10 @@ fn alloc_slice<T>(count: u64) -> &'static mut [T] {
     match memory::alloc_zeroed(bytes, 4096) {
         // SAFETY: fresh zeroed memory for `count` values, aligned to a page (more than any `T`
         // here needs), owned by the exporter for the life of the machine. It is used only for
-        // `u8`, `MaybeUninit<Stamped>` and `Task`, for which all-zero bytes are valid values
-        // (integers, any bytes, fixed strings of length 0).
+        // `u8`, `u64`, `MaybeUninit<Slot>`, `Record` and `Task`, for which all-zero bytes are
+        // valid values (integers, any bytes, fixed strings of length 0, and for `Record` the
+        // sample variant, tag 0, of all-zero fields: the `Chain` byte 0 is a complete chain of
+        // no frames, and the kinds are `#[repr(u8)]` enums whose 0 is a variant).
         Some(addr) => unsafe { core::slice::from_raw_parts_mut(addr as *mut T, count as usize) },
         None => &mut [],
     }
@@ -292,34 +303,59 @@ impl Exporter {
         }
     }
 
-    /// Encodes and sends one block of records, which share their drop count `drops` (the ring's
-    /// count when the first was pushed: `block_len`).
-    fn send_block(&self, log: &mut CpuLog, records: &[Record], drops: u64) {
-        if records.is_empty() {
+    /// Encodes and sends the block `fill_block` made (`n` records, `frames` chain frames, which
+    /// share their drop count `drops`).
+    fn send_block(&self, log: &mut CpuLog, (n, frames, drops): (usize, usize, u64)) {
+        if n == 0 {
             return;
         }
         self.send_header(log);
-        let CpuLog { encoder, frame, .. } = &mut *log;
-        if let Ok(n) = encoder.encode(records, &[], drops, frame) {
-            self.send(log, n);
+        let CpuLog {
+            encoder,
+            frame,
+            records,
+            frames: chain_frames,
+            ..
+        } = &mut *log;
+        if let Ok(len) = encoder.encode(&records[..n], &chain_frames[..frames], drops, frame) {
+            self.send(log, len);
         }
     }
 
-    /// `end` mode: sends the stored task changes, then stored blocks until at most `keep` records
+    /// `end` mode: sends the stored task changes, then stored blocks until at most `keep` slots
     /// are left, moving the ring's new records in behind as room appears.
     fn flush(&self, log: &mut CpuLog, p: &CpuProfiler, keep: usize) {
         self.send_tasks(log, p);
         let cap = log.stored.len();
-        let mut chunk = [Record::Sample(Sample::default()); BLOCK];
         while log.len > keep {
-            let n = block_len((0..log.len).map(|i| stored(log, i)));
-            let drops = stored(log, 0).drops;
-            for (i, slot) in chunk[..n].iter_mut().enumerate() {
-                *slot = stored(log, i).record;
+            let len = log.len;
+            let block = {
+                let CpuLog {
+                    stored,
+                    head,
+                    records,
+                    frames,
+                    ..
+                } = &mut *log;
+                let (stored, head) = (&**stored, *head);
+                fill_block(
+                    |i| {
+                        // SAFETY: `i < len`, and the slots in [head, head + len) were written by
+                        // `move_ring` before `len` grew over them (the buffer's invariant, kept by
+                        // `move_ring` and `flush`).
+                        (i < len).then(|| unsafe { stored[(head + i) % cap].assume_init() })
+                    },
+                    records,
+                    frames,
+                )
+            };
+            let (taken, made) = block;
+            if taken == 0 {
+                break;
             }
-            log.head = (log.head + n) % cap;
-            log.len -= n;
-            self.send_block(log, &chunk[..n], drops);
+            log.head = (log.head + taken) % cap;
+            log.len -= taken;
+            self.send_block(log, made);
             move_ring(log, p);
         }
     }
@@ -345,36 +381,84 @@ fn without_sampling<R>(f: impl FnOnce() -> R) -> R {
     x86_64::instructions::interrupts::without_interrupts(f)
 }
 
-/// How many of `records` (at most `BLOCK`) go into the next block: a block never spans a change of
-/// the drop count, so that its `ring_drops` says how many records were lost just before it.
-fn block_len(mut records: impl Iterator<Item = Stamped>) -> usize {
-    let Some(first) = records.next() else {
-        return 0;
-    };
-    1 + records
-        .take(BLOCK - 1)
-        .take_while(|r| r.drops == first.drops)
-        .count()
+/// Frame slots that follow a record in the ring: its chains' frames, `SLOT_FRAMES` a slot.
+fn frame_slots(slot: &Slot) -> usize {
+    match slot {
+        Slot::Record(s) => {
+            hvprof_samplelog::chain_frames(core::slice::from_ref(&s.record)).div_ceil(SLOT_FRAMES)
+        }
+        Slot::Frames(_) => 0,
+    }
 }
 
-/// `end` mode: the `i`-th record waiting in the stored buffer (`i < log.len`).
-fn stored(log: &CpuLog, i: usize) -> Stamped {
-    debug_assert!(i < log.len);
-    let slot = &log.stored[(log.head + i) % log.stored.len()];
-    // SAFETY: `i < log.len`, and the slots in [head, head + len) were written by `move_ring`
-    // before `len` grew over them (the buffer's invariant, kept by `move_ring` and `flush`).
-    unsafe { slot.assume_init() }
+/// Makes the next block from the slots waiting (`slot(i)`: the `i`-th, `None` past the last):
+/// up to `BLOCK` records into `records` and their chain frames into `frames`. A block never
+/// spans a change of the drop count, so that its `ring_drops` says how many records were lost
+/// just before it. Returns the slots it used and (records, frames, drop count).
+fn fill_block(
+    slot: impl Fn(usize) -> Option<Slot>,
+    records: &mut [Record],
+    frames: &mut [u64],
+) -> (usize, (usize, usize, u64)) {
+    let (mut i, mut n, mut f, mut drops) = (0, 0, 0, 0);
+    while n < BLOCK.min(records.len()) {
+        let Some(s) = slot(i) else { break };
+        let Slot::Record(stamped) = s else {
+            // Frames without their record (cannot happen: they are pushed and moved together):
+            // skipped rather than read as a record.
+            i += 1;
+            continue;
+        };
+        if n > 0 && stamped.drops != drops {
+            break;
+        }
+        let want = hvprof_samplelog::chain_frames(core::slice::from_ref(&stamped.record));
+        let k = want.div_ceil(SLOT_FRAMES);
+        if f + want > frames.len() {
+            break;
+        }
+        let mut got = 0;
+        for j in 1..=k {
+            let Some(Slot::Frames(chunk)) = slot(i + j) else {
+                break;
+            };
+            let m = (want - got).min(SLOT_FRAMES);
+            frames[f + got..f + got + m].copy_from_slice(&chunk[..m]);
+            got += m;
+        }
+        if got < want {
+            // Its frames are not all there (cannot happen either: a sample's slots are published
+            // together): end the block before it, or drop it if it is the first, so that the
+            // export never stalls on it.
+            if i == 0 {
+                return (1, (0, 0, 0));
+            }
+            break;
+        }
+        drops = stamped.drops;
+        records[n] = stamped.record;
+        n += 1;
+        f += want;
+        i += 1 + k;
+    }
+    (i, (n, f, drops))
 }
 
-/// `end` mode: moves ring records into the stored buffer while it has room.
+/// `end` mode: moves whole samples (a record and its frame slots) from the ring into the stored
+/// buffer while it has room for them.
 fn move_ring(log: &mut CpuLog, p: &CpuProfiler) {
     let cap = log.stored.len();
-    while log.len < cap {
-        let Some(r) = p.ring.pop() else {
+    while let Some(first) = p.ring.get(0) {
+        let k = 1 + frame_slots(&first);
+        if log.len + k > cap || p.ring.len() < k {
             break;
-        };
-        log.stored[(log.head + log.len) % cap] = MaybeUninit::new(r);
-        log.len += 1;
+        }
+        for j in 0..k {
+            let Some(s) = p.ring.get(j) else { break };
+            log.stored[(log.head + log.len) % cap] = MaybeUninit::new(s);
+            log.len += 1;
+        }
+        p.ring.advance(k);
     }
 }
 
@@ -433,24 +517,12 @@ fn drain(p: &CpuProfiler, all: bool) -> u64 {
             if !all && p.ring.len() < BLOCK {
                 break;
             }
-            let mut block = [Record::Sample(Sample::default()); BLOCK];
-            let mut n = 0;
-            let mut drops = 0;
-            while n < BLOCK {
-                match p.ring.peek() {
-                    Some(r) if n == 0 || r.drops == drops => {
-                        drops = r.drops;
-                        block[n] = r.record;
-                        n += 1;
-                        p.ring.pop();
-                    }
-                    _ => break,
-                }
-            }
-            if n == 0 {
+            let (taken, made) = fill_block(|i| p.ring.get(i), log.records, log.frames);
+            if taken == 0 {
                 break;
             }
-            ex.send_block(log, &block[..n], drops);
+            p.ring.advance(taken);
+            ex.send_block(log, made);
         },
     }
     let ticks = rdtsc() - t0;

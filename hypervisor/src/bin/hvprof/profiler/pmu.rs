@@ -57,11 +57,11 @@ fn ours() -> bool {
 
 /// From the NMI handler: `true` when the NMI was the counter's overflow (and the hypervisor was
 /// sampled at `rip`).
-pub fn on_nmi_host(rip: u64) -> bool {
+pub fn on_nmi_host(rip: u64, fp: u64) -> bool {
     if !ours() {
         return false;
     }
-    super::sampler::this_cpu().sample_host(rip, false, crate::tsc::rdtsc());
+    super::sampler::this_cpu().sample_host(rip, fp, false, crate::tsc::rdtsc());
     true
 }
 

@@ -4,10 +4,14 @@
 use crate::arch::lapic::Lapic;
 use crate::percpu::MAX_CPUS;
 use crate::tsc::rdtsc;
-use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use core::mem::MaybeUninit;
+use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use hvprof_hypervisor::profiler::guest_walk;
 use hvprof_hypervisor::profiler::ring::Ring;
+use hvprof_hypervisor::profiler::stack_walk::{self, Bounds, FrameMemory};
 use hvprof_samplelog::{
-    Event, EventKind, NO_EXIT, NO_VCPU, NO_VM, OutReason, PcpuCost, Record, Sample, SampleKind,
+    Chain, ChainEnd, Event, EventKind, MAX_CHAIN_DEPTH, NO_EXIT, NO_VCPU, NO_VM, OutReason,
+    PcpuCost, Record, Sample, SampleKind,
 };
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::{Guest32, Guest64, GuestNatural};
@@ -21,13 +25,54 @@ pub struct Stamped {
     pub drops: u64,
 }
 
+/// Frames one ring slot holds.
+pub const SLOT_FRAMES: usize = 7;
+
+/// A slot of the ring: a record, or up to `SLOT_FRAMES` frames of the call chains of the sample
+/// just before it (its host chain's frames then its guest chain's, as many slots as they need:
+/// the sample's chain depths say how many). A sample and its frames are pushed together or not
+/// at all.
+#[derive(Clone, Copy, Debug)]
+pub enum Slot {
+    Record(Stamped),
+    Frames([u64; SLOT_FRAMES]),
+}
+
+/// Slots a record with `frames` chain frames takes.
+pub const fn slots_for(frames: usize) -> usize {
+    1 + frames.div_ceil(SLOT_FRAMES)
+}
+
+/// Deepest call chain samples carry (`stacks=`; 0: none).
+static STACK_DEPTH: AtomicU8 = AtomicU8::new(0);
+
+/// Sets the depth of the call chains samples carry (0: none), before sampling starts.
+pub fn set_stack_depth(depth: u8) {
+    STACK_DEPTH.store(depth.min(MAX_CHAIN_DEPTH as u8), Ordering::Relaxed);
+}
+
+fn stack_depth() -> usize {
+    usize::from(STACK_DEPTH.load(Ordering::Relaxed))
+}
+
+/// This function's frame pointer (the hypervisor is built with frame pointers: `.cargo/config`).
+#[inline(always)]
+pub fn frame_pointer() -> u64 {
+    let fp: u64;
+    // SAFETY: reads a register; no memory is touched.
+    unsafe {
+        core::arch::asm!("mov {}, rbp", out(reg) fp, options(nomem, nostack, preserves_flags))
+    };
+    fp
+}
+
 pub const RING_RECORDS: usize = 4096;
 pub const TASK_RECORDS: usize = 256;
 
 /// This pCPU's profiler state. Shared between the run loop and the timer/NMI handlers of the
 /// same CPU, so every field is atomic.
 pub struct CpuProfiler {
-    pub ring: Ring<Stamped, RING_RECORDS>,
+    pub ring: Ring<Slot, RING_RECORDS>,
     /// Task changes of Linux guests read at samples (rare: only when the task differs).
     pub tasks: Ring<hvprof_samplelog::Task, TASK_RECORDS>,
     enabled: AtomicBool,
@@ -50,6 +95,80 @@ pub struct CpuProfiler {
     /// TSC when sampling started and stopped on this pCPU (the span the costs are shares of).
     started_at: AtomicU64,
     stopped_at: AtomicU64,
+    /// This pCPU's stack, `[lo, hi)`: where the hypervisor's frame records may lie.
+    stack_lo: AtomicU64,
+    stack_hi: AtomicU64,
+    /// The memory of the VM whose vCPU runs here (host-physical base and size; size 0: none),
+    /// and whether its kernel-mode code keeps frame pointers.
+    guest_hpa: AtomicU64,
+    guest_size: AtomicU64,
+    guest_kernel_fp: AtomicBool,
+    /// That vCPU's RBP at its last VM exit.
+    guest_rbp: AtomicU64,
+    /// Guest stack pages translated by earlier walks.
+    stack_pages: StackPages,
+}
+
+/// Entries of `StackPages`.
+const STACK_PAGES: usize = 2;
+
+/// The guest stack pages the last walks translated, so that the next walk on the same pages
+/// skips the guest page walk: each entry is checked before use by reading again the paging
+/// entry that mapped it (`guest_walk::Leaf`), so a page the guest has unmapped or moved since is
+/// translated anew. (A guest that rewrites the levels above that entry under the same CR3 can
+/// have one chain read from the page it mapped before: still its own memory.) A seqlock: `seq`
+/// is odd while an entry is written, and an NMI sample that lands then translates without it.
+struct StackPages {
+    seq: AtomicU64,
+    next: AtomicU64,
+    /// Per entry: CR3, guest-virtual page, entry address, entry value, guest-physical page.
+    entries: [[AtomicU64; 5]; STACK_PAGES],
+}
+
+impl StackPages {
+    const fn new() -> Self {
+        StackPages {
+            seq: AtomicU64::new(0),
+            next: AtomicU64::new(0),
+            entries: [const { [const { AtomicU64::new(u64::MAX) }; 5] }; STACK_PAGES],
+        }
+    }
+
+    /// The guest-physical page of `page` under `cr3`, if an entry has it and still holds.
+    fn find(&self, cr3: u64, page: u64, ram: crate::memory::GuestRam) -> Option<u64> {
+        let before = self.seq.load(Ordering::Acquire);
+        if before % 2 == 1 {
+            return None;
+        }
+        let hit = self.entries.iter().find_map(|e| {
+            let v = |i: usize| e[i].load(Ordering::Relaxed);
+            (v(0) == cr3 && v(1) == page).then(|| (v(2), v(3), v(4)))
+        });
+        core::sync::atomic::fence(Ordering::Acquire);
+        if self.seq.load(Ordering::Relaxed) != before {
+            return None;
+        }
+        let (entry_gpa, entry, gpa) = hit?;
+        (ram.read_u64(entry_gpa) == Some(entry)).then_some(gpa)
+    }
+
+    fn remember(&self, cr3: u64, page: u64, leaf: guest_walk::Leaf) {
+        let slot = (self.next.fetch_add(1, Ordering::Relaxed) as usize) % STACK_PAGES;
+        let seq = self.seq.fetch_add(1, Ordering::Acquire);
+        if seq % 2 == 1 {
+            // Another write is under way below us (we interrupted it): leave it alone.
+            self.seq.fetch_sub(1, Ordering::Release);
+            return;
+        }
+        let e = &self.entries[slot];
+        for (i, v) in [cr3, page, leaf.entry_gpa, leaf.entry, leaf.gpa & !0xfff]
+            .into_iter()
+            .enumerate()
+        {
+            e[i].store(v, Ordering::Relaxed);
+        }
+        self.seq.fetch_add(1, Ordering::Release);
+    }
 }
 
 /// A count of events and the TSC ticks they took.
@@ -140,6 +259,13 @@ impl CpuProfiler {
             costs: Costs::new(),
             started_at: AtomicU64::new(0),
             stopped_at: AtomicU64::new(0),
+            stack_lo: AtomicU64::new(0),
+            stack_hi: AtomicU64::new(0),
+            guest_hpa: AtomicU64::new(0),
+            guest_size: AtomicU64::new(0),
+            guest_kernel_fp: AtomicBool::new(false),
+            guest_rbp: AtomicU64::new(0),
+            stack_pages: StackPages::new(),
         }
     }
 }
@@ -276,16 +402,36 @@ impl CpuProfiler {
     /// in three contexts: the run loop and scheduler, the timer interrupt and the PMU's NMI. The
     /// interrupt is kept out while the others push; an NMI that lands inside a push finds the
     /// ring busy and its record is counted as a drop rather than corrupting the one in flight.
-    fn offer(&self, record: Record) {
+    fn offer(&self, record: Record, frames: &[u64]) {
         x86_64::instructions::interrupts::without_interrupts(|| {
             if self.pushing.swap(true, Ordering::Acquire) {
                 self.ring.count_drop();
                 return;
             }
-            self.ring.push(Stamped {
+            let stamped = Slot::Record(Stamped {
                 record,
                 drops: self.ring.dropped(),
             });
+            if frames.is_empty() {
+                self.ring.push(stamped);
+            } else {
+                self.ring.push_with(slots_for(frames.len()), |i| {
+                    if i == 0 {
+                        return stamped;
+                    }
+                    let chunk = &frames[(i - 1) * SLOT_FRAMES..];
+                    Slot::Frames(match chunk.first_chunk::<SLOT_FRAMES>() {
+                        Some(whole) => *whole,
+                        None => {
+                            let mut f = [0; SLOT_FRAMES];
+                            for (slot, v) in f.iter_mut().zip(chunk) {
+                                *slot = *v;
+                            }
+                            f
+                        }
+                    })
+                });
+            }
             self.pushing.store(false, Ordering::Release);
         });
     }
@@ -295,10 +441,10 @@ impl CpuProfiler {
     /// Inlined: the sample is then built in registers and its cost read before any of it is
     /// stored (the bench's sample path and sampling exit figures).
     #[inline(always)]
-    fn push(&self, mut s: Sample, t0: u64) -> u64 {
+    fn push(&self, mut s: Sample, frames: &[u64], t0: u64) -> u64 {
         let cost = rdtsc() - t0;
         s.cost = cost.min(u32::MAX as u64) as u32;
-        self.offer(Record::Sample(s));
+        self.offer(Record::Sample(s), frames);
         self.samples_taken.fetch_add(1, Ordering::Relaxed);
         self.cost_total.fetch_add(cost, Ordering::Relaxed);
         // Plain compare-and-store, not a CAS loop: only this pCPU writes them (an NMI sample that
@@ -354,6 +500,14 @@ impl CpuProfiler {
         } else {
             hvprof_samplelog::MODE_PROTECTED
         };
+        let mut buf = [MaybeUninit::uninit(); MAX_CHAIN_DEPTH];
+        let depth = stack_depth();
+        let (guest_chain, frames) = if depth == 0 {
+            (Chain::NOT_WALKED, &[][..])
+        } else {
+            let long = mode == hvprof_samplelog::MODE_LONG;
+            self.walk_guest(cr3, cpl, long, depth, &mut buf)
+        };
         self.push(
             Sample {
                 tsc: now,
@@ -367,8 +521,10 @@ impl CpuProfiler {
                 exit_reason: exit,
                 host_rip: 0,
                 cost: 0,
-                ..Default::default()
+                host_chain: Chain::NOT_WALKED,
+                guest_chain,
             },
+            frames,
             t0,
         )
     }
@@ -376,19 +532,37 @@ impl CpuProfiler {
     /// The deadline clock's hypervisor sample, from the LAPIC timer's interrupt frame, or at a
     /// VM entry that finds the deadline passed (`rip` = the run loop).
     /// Its cost in ticks if it was due.
-    pub fn sample_host_if_due(&self, rip: u64, idle: bool) -> Option<u64> {
-        self.sample_host_at(rip, idle, rdtsc())
+    /// `fp`: the frame pointer at `rip` (its callers are the sample's host chain), 0 if unknown.
+    pub fn sample_host_if_due(&self, rip: u64, fp: u64, idle: bool) -> Option<u64> {
+        self.sample_host_at(rip, fp, idle, rdtsc())
     }
 
     /// `sample_host_if_due` with the TSC already read (`now`).
-    pub fn sample_host_at(&self, rip: u64, idle: bool, now: u64) -> Option<u64> {
-        self.take_due(now).then(|| self.sample_host(rip, idle, now))
+    pub fn sample_host_at(&self, rip: u64, fp: u64, idle: bool, now: u64) -> Option<u64> {
+        self.take_due(now)
+            .then(|| self.sample_host(rip, fp, idle, now))
     }
 
-    /// The sample path for the hypervisor itself (`t0`: when the sample was triggered). Returns
-    /// its cost.
-    pub fn sample_host(&self, rip: u64, idle: bool, t0: u64) -> u64 {
+    /// The sample path for the hypervisor itself (`t0`: when the sample was triggered; `fp`: the
+    /// frame pointer at `rip`, 0 if unknown). Returns its cost.
+    pub fn sample_host(&self, rip: u64, fp: u64, idle: bool, t0: u64) -> u64 {
         let (vm, vcpu, vpid, exit) = self.current();
+        // The host chain's frames, then the guest chain's: the exit's RIP and its callers.
+        let mut buf = [MaybeUninit::uninit(); 2 * MAX_CHAIN_DEPTH];
+        let depth = stack_depth();
+        let (mut host_chain, mut guest_chain) = (Chain::NOT_WALKED, Chain::NOT_WALKED);
+        if depth > 0 {
+            host_chain = self.walk_host(fp, depth, &mut buf[..MAX_CHAIN_DEPTH]).0;
+            if vm != NO_VM {
+                let h = host_chain.depth();
+                guest_chain = self.walk_exit_cause(depth, &mut buf[h..h + MAX_CHAIN_DEPTH]);
+            }
+        }
+        let frames = &buf[..host_chain.depth() + guest_chain.depth()];
+        // SAFETY: the walks wrote the first `depth()` slots of the parts they were given, and
+        // the guest part starts where the host chain's frames end; `MaybeUninit<u64>` has the
+        // layout of `u64`.
+        let frames = unsafe { &*(frames as *const [MaybeUninit<u64>] as *const [u64]) };
         self.push(
             Sample {
                 tsc: t0,
@@ -406,10 +580,112 @@ impl CpuProfiler {
                 exit_reason: exit,
                 host_rip: rip,
                 cost: 0,
-                ..Default::default()
+                host_chain,
+                guest_chain,
             },
+            frames,
             t0,
         )
+    }
+
+    /// The hypervisor's callers from frame pointer `fp`, inside this pCPU's stack.
+    fn walk_host<'a>(
+        &self,
+        fp: u64,
+        depth: usize,
+        out: &'a mut [MaybeUninit<u64>],
+    ) -> (Chain, &'a [u64]) {
+        let bounds = Bounds {
+            lo: self.stack_lo.load(Ordering::Relaxed),
+            hi: self.stack_hi.load(Ordering::Relaxed),
+        };
+        if fp == 0 || bounds.hi == 0 {
+            return (Chain::NOT_WALKED, &[]);
+        }
+        stack_walk::walk(&mut HostStack(bounds), fp, bounds, depth, out)
+    }
+
+    /// The running vCPU's guest chain from its RBP at its last exit, through its own page tables
+    /// (`cr3`) and its own memory: 64-bit code only, and kernel-mode code only where the guest
+    /// keeps frame pointers there.
+    fn walk_guest<'a>(
+        &self,
+        cr3: u64,
+        cpl: u8,
+        long: bool,
+        depth: usize,
+        out: &'a mut [MaybeUninit<u64>],
+    ) -> (Chain, &'a [u64]) {
+        let ram = crate::memory::GuestRam {
+            hpa: self.guest_hpa.load(Ordering::Relaxed),
+            size: self.guest_size.load(Ordering::Relaxed),
+        };
+        if ram.size == 0 || !long || (cpl != 3 && !self.guest_kernel_fp.load(Ordering::Relaxed)) {
+            return (Chain::NOT_WALKED, &[]);
+        }
+        let fp = self.guest_rbp.load(Ordering::Relaxed);
+        let bounds = if cpl == 3 {
+            stack_walk::LOWER_HALF
+        } else {
+            stack_walk::half_of(fp)
+        };
+        let mut mem = GuestStack {
+            ram,
+            cr3,
+            pages: &self.stack_pages,
+        };
+        stack_walk::walk(&mut mem, fp, bounds, depth, out)
+    }
+
+    /// At a hypervisor sample during a vCPU's exit: the guest RIP of the exit, then the guest's
+    /// callers (what guest code path this hypervisor time serves), written to the start of `out`.
+    fn walk_exit_cause(&self, depth: usize, out: &mut [MaybeUninit<u64>]) -> Chain {
+        if self.guest_size.load(Ordering::Relaxed) == 0 {
+            return Chain::NOT_WALKED;
+        }
+        // SAFETY: `current()` names a vCPU only between `set_current` after its VMPTRLD and
+        // `set_current(NO_VM, ..)` before its VMCLEAR (`vm::run`), so its VMCS is the current
+        // one on this pCPU; VMREAD changes no state the interrupted code relies on (RFLAGS and
+        // the destination register are saved by the interrupt entry). Every encoding below
+        // exists in every VMCS.
+        let read = |field: u32| unsafe { hvprof_vmx::instructions::vmread_fast(field) };
+        let rip = read(GuestNatural::Rip as u32);
+        let cr3 = read(GuestNatural::Cr3 as u32);
+        let ss_ar = read(Guest32::SsAccessRights as u32) as u32;
+        let cs_ar = read(Guest32::CsAccessRights as u32) as u32;
+        let cpl = hvprof_vmx::guest::cpl_from_ss_access_rights(ss_ar);
+        let Some((first, rest)) = out.split_first_mut() else {
+            return Chain::NOT_WALKED;
+        };
+        first.write(rip);
+        let (callers, _) = self.walk_guest(cr3, cpl, cs_ar & CS_AR_L != 0, depth - 1, rest);
+        let end = match callers.end() {
+            // The exit's RIP is known even where its callers are not.
+            ChainEnd::NotWalked => ChainEnd::Complete,
+            e => e,
+        };
+        Chain::new(1 + callers.depth(), end)
+    }
+
+    /// The memory of the VM whose vCPU this pCPU runs now (`None`: none), and whether its
+    /// kernel-mode code keeps frame pointers (guest chains are walked there only if so).
+    pub fn set_guest_memory(&self, ram: Option<crate::memory::GuestRam>, kernel_fp: bool) {
+        let (hpa, size) = ram.map_or((0, 0), |r| (r.hpa, r.size));
+        self.guest_hpa.store(hpa, Ordering::Relaxed);
+        self.guest_size.store(size, Ordering::Relaxed);
+        self.guest_kernel_fp.store(kernel_fp, Ordering::Relaxed);
+    }
+
+    /// The running vCPU's RBP at its VM exit (where its guest chain starts).
+    #[inline(always)]
+    pub fn set_guest_rbp(&self, rbp: u64) {
+        self.guest_rbp.store(rbp, Ordering::Relaxed);
+    }
+
+    /// This pCPU's stack, `[lo, hi)` (where hypervisor chains are walked).
+    pub fn set_stack(&self, lo: u64, hi: u64) {
+        self.stack_lo.store(lo, Ordering::Relaxed);
+        self.stack_hi.store(hi, Ordering::Relaxed);
     }
 
     /// Arms the LAPIC timer for the next deadline (while the hypervisor runs).
@@ -462,13 +738,16 @@ impl CpuProfiler {
             return;
         }
         let (vm, vcpu, _, _) = self.current();
-        self.offer(Record::Event(Event {
-            tsc: rdtsc(),
-            kind,
-            vm,
-            vcpu,
-            reason,
-        }));
+        self.offer(
+            Record::Event(Event {
+                tsc: rdtsc(),
+                kind,
+                vm,
+                vcpu,
+                reason,
+            }),
+            &[],
+        );
     }
 }
 
@@ -487,12 +766,64 @@ impl CpuProfiler {
     }
 }
 
+/// This pCPU's stack, as a frame walk reads it: a page inside `[lo, hi)` (rounded out to whole
+/// pages) is readable.
+struct HostStack(Bounds);
+
+impl FrameMemory for HostStack {
+    type Page = u64;
+
+    fn page(&mut self, page: u64) -> Option<u64> {
+        (page >= self.0.lo & !0xfff && page < self.0.hi).then_some(page)
+    }
+
+    fn word(&self, page: u64, offset: u64) -> u64 {
+        // SAFETY: `page` lies in this pCPU's stack (`page` checked it), mapped for the machine's
+        // life, and `offset` < 4096 keeps the 8-aligned word inside it. The code the sample
+        // interrupted is stopped on this pCPU, and no other CPU writes this stack.
+        unsafe { core::ptr::read_volatile((page + offset) as *const u64) }
+    }
+}
+
+/// The running vCPU's memory, as a frame walk reads it: a guest-virtual page through the guest's
+/// own page tables (`cr3`) to a guest-physical page wholly inside its memory.
+struct GuestStack<'a> {
+    ram: crate::memory::GuestRam,
+    cr3: u64,
+    pages: &'a StackPages,
+}
+
+impl FrameMemory for GuestStack<'_> {
+    /// The host address of the page.
+    type Page = u64;
+
+    fn page(&mut self, page: u64) -> Option<u64> {
+        let ram = self.ram;
+        let gpa = match self.pages.find(self.cr3, page, ram) {
+            Some(gpa) => gpa,
+            None => {
+                let leaf = guest_walk::translate_leaf(&|gpa| ram.read_u64(gpa), self.cr3, page)?;
+                self.pages.remember(self.cr3, page, leaf);
+                leaf.gpa & !0xfff
+            }
+        };
+        (gpa.checked_add(0x1000)? <= ram.size).then_some(ram.hpa + gpa)
+    }
+
+    fn word(&self, page: u64, offset: u64) -> u64 {
+        // SAFETY: `page` is the host address of a guest page wholly inside the VM's memory
+        // (checked by `page`), identity-mapped and never freed; `offset` < 4096 keeps the
+        // 8-aligned word inside it. The guest may write it meanwhile: any value is valid.
+        unsafe { core::ptr::read_volatile((page + offset) as *const u64) }
+    }
+}
+
 /// The LAPIC timer interrupt (vector `TIMER_VECTOR`): a hypervisor (or idle) sample at the
 /// interrupted RIP, then the next deadline.
-pub fn on_timer(rip: u64) {
+pub fn on_timer(rip: u64, fp: u64) {
     let t0 = rdtsc();
     let p = this_cpu();
-    let sample = p.sample_host_if_due(rip, p.idle.load(Ordering::Relaxed));
+    let sample = p.sample_host_if_due(rip, fp, p.idle.load(Ordering::Relaxed));
     if let Some(l) = p.lapic.get() {
         l.eoi();
     }

@@ -160,33 +160,20 @@ impl Vm {
     /// Copies guest-physical `[gpa, gpa + buf.len())` into `buf`; false if it is not all guest
     /// memory.
     pub fn read_guest(&self, gpa: u64, buf: &mut [u8]) -> bool {
-        let fits = gpa
-            .checked_add(buf.len() as u64)
-            .is_some_and(|end| end <= self.mem_size);
-        if fits {
-            // SAFETY: [mem_hpa, mem_hpa + mem_size) was taken from the frame allocator for this
-            // VM alone and is identity-mapped; the range was checked to lie inside it. Guest
-            // vCPUs may write it meanwhile: the copy is of bytes, any value is valid.
-            unsafe {
-                core::ptr::copy_nonoverlapping(
-                    (self.mem_hpa + gpa) as *const u8,
-                    buf.as_mut_ptr(),
-                    buf.len(),
-                )
-            };
-        }
-        fits
+        self.ram().read(gpa, buf)
     }
 
     /// The 8 bytes at guest-physical `gpa` (little-endian), or `None` outside guest memory.
     #[inline]
     pub fn read_guest_u64(&self, gpa: u64) -> Option<u64> {
-        if gpa.checked_add(8).is_some_and(|end| end <= self.mem_size) {
-            // SAFETY: as in `read_guest`: the 8 bytes lie inside this VM's own memory,
-            // identity-mapped; any bit pattern is a valid u64, and the read is unaligned-safe.
-            Some(unsafe { core::ptr::read_unaligned((self.mem_hpa + gpa) as *const u64) })
-        } else {
-            None
+        self.ram().read_u64(gpa)
+    }
+
+    /// Its memory, as the hypervisor reads it.
+    pub fn ram(&self) -> crate::memory::GuestRam {
+        crate::memory::GuestRam {
+            hpa: self.mem_hpa,
+            size: self.mem_size,
         }
     }
 

@@ -126,6 +126,9 @@ fn run_loaded(
     // The last exit took the sampling clock's short path (no handler ran).
     let mut short_path = false;
     prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
+    // Test guests keep frame pointers in kernel mode; Linux's kernel does not (it unwinds with
+    // ORC), so only its user-mode chains are walked.
+    prof.set_guest_memory(Some(vm.ram()), !vm.linux);
     prof.event(EventKind::VcpuIn, OutReason::Preempted);
     // A Linux guest's devices need a look before an entry when an exit may have changed them
     // (any exit but the VMX-preemption timer's), when their next event has come, or while an
@@ -157,7 +160,8 @@ fn run_loaded(
         // sampling exit's short path none can have (the guest sample just moved the deadline a
         // period on).
         if !short_path {
-            let _ = prof.sample_host_at(run_slice as *const () as u64, false, now);
+            let here = x86_64::instructions::read_rip().as_u64();
+            let _ = prof.sample_host_at(here, profiler::sampler::frame_pointer(), false, now);
         }
         short_path = false;
         if vm.stopping.load(Ordering::Acquire) {
@@ -205,6 +209,7 @@ fn run_loaded(
         // tracks VMLAUNCH since the last VMCLEAR.
         let flags = unsafe { crate::vcpu::entry::vmx_run(&mut vcpu.regs, vcpu.launched as u64) };
         let t_exit = rdtsc();
+        prof.set_guest_rbp(vcpu.regs.rbp);
         if let Some((t, inside)) = ending {
             prof.sampling_exit_done(t, t_entry, inside);
         }
@@ -311,6 +316,7 @@ fn run_loaded(
         },
     );
     prof.set_current(NO_VM, NO_VCPU, 0, NO_EXIT);
+    prof.set_guest_memory(None, false);
     vm.run_ticks.fetch_add(rdtsc() - start, Ordering::Relaxed);
     vcpu.save_state();
     end

@@ -1,0 +1,189 @@
+//! `stacks`: a call tree known by construction, for the call-chain tests. In Bochs the TSC counts
+//! instructions, so every edge's share of the samples is exact by construction.
+//!
+//! Each round (`rounds=R`, default 1000) runs, from `round`:
+//! - `parent_a`, which calls `leaf` for 7 x U iterations, and `parent_b`, which calls `leaf` for
+//!   3 x U: `leaf`'s samples come 70 % from `parent_a` and 30 % from `parent_b`;
+//! - `recurse` nested `depth=D` times (default 4), the innermost calling `deep_leaf` for 2 x U:
+//!   every `deep_leaf` sample has exactly D `recurse` frames above it;
+//! - `nofp_caller`, which calls `nofp`, a function without a frame pointer (assembly), which
+//!   calls `nofp_leaf` for 1 x U: a frame-pointer walk from `nofp_leaf` finds `nofp`, then
+//!   skips `nofp_caller` (its return address is on the stack but in no frame record) and goes
+//!   on at `round`: the known blind spot of frame pointers;
+//! - `cpuid_loop`, which executes `cpuid=C` CPUIDs (default 20; each a VM exit): the hypervisor's
+//!   time for them is caused by `cpuid_loop`, called from `round`.
+//!
+//! `unit=U` (default 997) is the loop iterations per weight point; every iteration is two
+//! instructions (`dec`, `jnz`). `tree=A,B,R,N` (default `7,3,2,1`) changes the weights of
+//! `parent_a`, `parent_b`, `recurse` and `nofp_caller` (the benchmark's `tree=0,0,1,0 depth=20`
+//! puts nearly every sample 20 frames deep). Prints `stacks: done rounds=R` and exits with 0.
+#![no_std]
+#![no_main]
+
+use hvprof_guests::{arg_num, exit_code, println};
+
+hvprof_guests::guest_entry!(main);
+
+macro_rules! spin {
+    ($name:ident, $id:literal) => {
+        /// `iterations` rounds of a two-instruction loop.
+        #[inline(never)]
+        #[unsafe(no_mangle)]
+        pub extern "C" fn $name(iterations: u64) {
+            if iterations == 0 {
+                return;
+            }
+            // SAFETY: a register-only countdown loop; no memory, no flags the compiler relies on.
+            // The `mov` of a per-function constant keeps the bodies distinct, so the linker cannot
+            // fold them into one symbol.
+            unsafe {
+                core::arch::asm!(
+                    "mov {id:e}, {tag}",
+                    "2:",
+                    "dec {n}",
+                    "jnz 2b",
+                    n = inout(reg) iterations => _,
+                    id = out(reg) _,
+                    tag = const $id,
+                    options(nomem, nostack),
+                );
+            }
+        }
+    };
+}
+
+spin!(leaf, 0x1);
+spin!(deep_leaf, 0x2);
+spin!(nofp_leaf, 0x3);
+
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn parent_a(iterations: u64) {
+    leaf(core::hint::black_box(iterations));
+}
+
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn parent_b(iterations: u64) {
+    leaf(core::hint::black_box(iterations));
+}
+
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn recurse(depth: u64, iterations: u64) {
+    if depth <= 1 {
+        deep_leaf(core::hint::black_box(iterations));
+    } else {
+        recurse(core::hint::black_box(depth - 1), iterations);
+    }
+    // Not a tail call: the frame stays while its callee runs.
+    core::hint::black_box(depth);
+}
+
+// `nofp(iterations)`: calls `nofp_leaf(iterations)` without setting up a frame of its own (RBP is
+// left as its caller's), keeping the stack 16-byte aligned at the call (System V AMD64 ABI
+// §3.2.2).
+core::arch::global_asm!(
+    ".global nofp",
+    ".type nofp, @function",
+    "nofp:",
+    "sub rsp, 8",
+    "call {leaf}",
+    "add rsp, 8",
+    "ret",
+    ".size nofp, . - nofp",
+    leaf = sym nofp_leaf,
+);
+
+unsafe extern "C" {
+    fn nofp(iterations: u64);
+}
+
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn nofp_caller(iterations: u64) {
+    // SAFETY: `nofp` takes one integer argument in RDI and follows the C ABI (it only calls
+    // `nofp_leaf` with it).
+    unsafe { nofp(core::hint::black_box(iterations)) };
+    core::hint::black_box(iterations);
+}
+
+/// `n` CPUIDs (leaf 0), each a VM exit, executed in this function itself.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn cpuid_loop(n: u64) {
+    for _ in 0..n {
+        // SAFETY: CPUID only writes the four registers; RBX is reserved by LLVM, so it is saved
+        // in a scratch register and swapped back.
+        unsafe {
+            core::arch::asm!(
+                "mov {b}, rbx",
+                "cpuid",
+                "xchg {b}, rbx",
+                b = out(reg) _,
+                inout("eax") 0u32 => _,
+                inout("ecx") 0u32 => _,
+                out("edx") _,
+                options(nomem, nostack, preserves_flags),
+            );
+        }
+    }
+}
+
+/// One round: `w` are the iterations of `parent_a`, `parent_b`, `recurse` and `nofp_caller`.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub extern "C" fn round(w: &[u64; 4], depth: u64, cpuids: u64) {
+    parent_a(w[0]);
+    parent_b(w[1]);
+    recurse(depth, w[2]);
+    nofp_caller(w[3]);
+    cpuid_loop(cpuids);
+    core::hint::black_box(w);
+}
+
+fn main(args: &str) -> u8 {
+    let mut values = [0u64; 4];
+    for (v, (key, default)) in
+        values
+            .iter_mut()
+            .zip([("unit", 997), ("rounds", 1000), ("depth", 4), ("cpuid", 20)])
+    {
+        match arg_num(args, key, default) {
+            Ok(n) => *v = n,
+            Err(e) => {
+                println!("stacks: {e}");
+                return exit_code::BAD_ARGS;
+            }
+        }
+    }
+    let [unit, rounds, depth, cpuids] = values;
+    if depth == 0 || depth > 64 {
+        println!("stacks: bad argument depth={depth}: expected 1 to 64");
+        return exit_code::BAD_ARGS;
+    }
+    let mut weights = [7u64, 3, 2, 1];
+    if let Some(tree) = hvprof_guests::arg(args, "tree") {
+        let mut parts = tree.split(',');
+        for w in weights.iter_mut() {
+            match parts.next().and_then(hvprof_guests::args::parse_u64) {
+                Some(v) => *w = v * unit,
+                None => {
+                    println!("stacks: bad argument tree={tree}: expected four weights A,B,R,N");
+                    return exit_code::BAD_ARGS;
+                }
+            }
+        }
+    } else {
+        weights.iter_mut().for_each(|w| *w *= unit);
+    }
+    for _ in 0..rounds {
+        round(
+            core::hint::black_box(&weights),
+            core::hint::black_box(depth),
+            core::hint::black_box(cpuids),
+        );
+    }
+    println!("stacks: done rounds={rounds}");
+    0
+}
