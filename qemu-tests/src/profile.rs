@@ -27,7 +27,16 @@ pub const CAPTURE: &str = "capture.log";
 pub type ProfileCheck = Box<dyn Fn(&ProfileRun) -> Result<(), String> + Send + Sync>;
 
 /// The test guests whose symbols the analyzer is given.
-const GUESTS: [&str; 6] = ["hello", "probe", "busy", "attack", "mix", "hostile"];
+const GUESTS: [&str; 8] = [
+    "hello",
+    "probe",
+    "busy",
+    "attack",
+    "mix",
+    "hostile",
+    "stacks",
+    "stackattack",
+];
 
 impl ProfileRun {
     /// `hvprof-analyze report --json` on the capture (or on `bytes` instead, e.g. a damaged

@@ -356,6 +356,7 @@ pub fn all() -> Vec<Scenario> {
     .chain(crate::linux_scenarios::all())
     .chain(crate::channel_scenarios::all())
     .chain(crate::live_scenarios::all())
+    .chain(crate::stack_scenarios::all())
     .collect()
 }
 

@@ -56,16 +56,20 @@ spin!(leaf, 0x1);
 spin!(deep_leaf, 0x2);
 spin!(nofp_leaf, 0x3);
 
+// The two parents differ by a constant after the call, so that the linker cannot fold them
+// into one function (and the call is no tail call: the frame stays while `leaf` runs).
 #[inline(never)]
 #[unsafe(no_mangle)]
 pub extern "C" fn parent_a(iterations: u64) {
     leaf(core::hint::black_box(iterations));
+    core::hint::black_box(0xa);
 }
 
 #[inline(never)]
 #[unsafe(no_mangle)]
 pub extern "C" fn parent_b(iterations: u64) {
     leaf(core::hint::black_box(iterations));
+    core::hint::black_box(0xb);
 }
 
 #[inline(never)]

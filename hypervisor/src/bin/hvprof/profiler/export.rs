@@ -648,6 +648,35 @@ fn report_costs(costs: &[PcpuCost]) {
     );
 }
 
+/// The closing line on call chains (when `stacks=` asked for them): how deep they were and what
+/// walking them cost, at guest samples and at hypervisor samples.
+fn report_chains(pcpus: usize) {
+    let total = |part: fn(&sampler::Costs) -> (&sampler::Tally, &AtomicU64)| {
+        (0..pcpus).fold((0, 0, 0), |(n, t, f), cpu| {
+            let (walks, frames) = part(&sampler::cpu(cpu).costs);
+            let (count, ticks) = walks.get();
+            (n + count, t + ticks, f + frames.load(Ordering::Relaxed))
+        })
+    };
+    let guest = total(|c| (&c.guest_walks, &c.guest_frames));
+    let host = total(|c| (&c.host_walks, &c.host_frames));
+    if guest.0 + host.0 == 0 {
+        return;
+    }
+    let mean = |(n, ticks, frames): (u64, u64, u64)| {
+        alloc::format!(
+            "{n} samples, mean {:.1} frames, mean {} TSC ticks",
+            frames as f64 / n.max(1) as f64,
+            ticks / n.max(1)
+        )
+    };
+    println!(
+        "profiler: call chains walked (inside the sample path's cost): guest samples: {}; hypervisor samples (own and exit-cause chains): {}",
+        mean(guest),
+        mean(host),
+    );
+}
+
 /// The closing lines on the console: what was sent and lost, per pCPU when several.
 fn report(ex: &Exporter, totals: &[hvprof_samplelog::PcpuTotals]) {
     let pcpus = ex.cpus.len();
@@ -670,6 +699,7 @@ fn report(ex: &Exporter, totals: &[hvprof_samplelog::PcpuTotals]) {
         all.3,
         mean as f64 * 100.0 / period.max(1) as f64,
     );
+    report_chains(pcpus);
     let records = sum(|t| t.samples + t.events);
     println!(
         "profiler: sample log sent: {} records taken, {} records dropped (ring full), {} samples and {} events in {} blocks, {sent} bytes ({:.2} bytes per record) on the {} channel",

@@ -213,6 +213,13 @@ pub struct Costs {
     pub timer_interrupts: Tally,
     /// Reading a Linux guest's running task at its samples.
     pub task_reads: Tally,
+    /// Walking call chains (inside the sample path's cost) and the frames found: at guest
+    /// samples (the guest chain), and at hypervisor samples (the host chain, and the guest's
+    /// exit-cause chain during a vCPU's exit).
+    pub guest_walks: Tally,
+    pub guest_frames: AtomicU64,
+    pub host_walks: Tally,
+    pub host_frames: AtomicU64,
     /// Draining the rings, encoding and sending the log.
     pub export: Tally,
     /// Sample-path and task-read ticks spent inside the sampling exits and timer interrupts (so
@@ -226,6 +233,10 @@ impl Costs {
             sampling_exits: Tally::new(),
             timer_interrupts: Tally::new(),
             task_reads: Tally::new(),
+            guest_walks: Tally::new(),
+            guest_frames: AtomicU64::new(0),
+            host_walks: Tally::new(),
+            host_frames: AtomicU64::new(0),
             export: Tally::new(),
             inside: AtomicU64::new(0),
         }
@@ -505,8 +516,12 @@ impl CpuProfiler {
         let (guest_chain, frames) = if depth == 0 {
             (Chain::NOT_WALKED, &[][..])
         } else {
+            let t = rdtsc();
             let long = mode == hvprof_samplelog::MODE_LONG;
-            self.walk_guest(cr3, cpl, long, depth, &mut buf)
+            let walked = self.walk_guest(cr3, cpl, long, depth, &mut buf);
+            let c = &self.costs;
+            walked_since(t, walked.1.len(), &c.guest_walks, &c.guest_frames);
+            walked
         };
         self.push(
             Sample {
@@ -552,11 +567,15 @@ impl CpuProfiler {
         let depth = stack_depth();
         let (mut host_chain, mut guest_chain) = (Chain::NOT_WALKED, Chain::NOT_WALKED);
         if depth > 0 {
+            let t = rdtsc();
             host_chain = self.walk_host(fp, depth, &mut buf[..MAX_CHAIN_DEPTH]).0;
             if vm != NO_VM {
                 let h = host_chain.depth();
                 guest_chain = self.walk_exit_cause(depth, &mut buf[h..h + MAX_CHAIN_DEPTH]);
             }
+            let frames = host_chain.depth() + guest_chain.depth();
+            let c = &self.costs;
+            walked_since(t, frames, &c.host_walks, &c.host_frames);
         }
         let frames = &buf[..host_chain.depth() + guest_chain.depth()];
         // SAFETY: the walks wrote the first `depth()` slots of the parts they were given, and
@@ -766,6 +785,13 @@ impl CpuProfiler {
     }
 }
 
+/// Counts a sample's walks, begun at TSC `t`, that found `frames` frames.
+#[inline(always)]
+fn walked_since(t: u64, frames: usize, walks: &Tally, total: &AtomicU64) {
+    walks.add(rdtsc() - t);
+    total.fetch_add(frames as u64, Ordering::Relaxed);
+}
+
 /// This pCPU's stack, as a frame walk reads it: a page inside `[lo, hi)` (rounded out to whole
 /// pages) is readable.
 struct HostStack(Bounds);
@@ -773,10 +799,12 @@ struct HostStack(Bounds);
 impl FrameMemory for HostStack {
     type Page = u64;
 
+    #[inline(always)]
     fn page(&mut self, page: u64) -> Option<u64> {
         (page >= self.0.lo & !0xfff && page < self.0.hi).then_some(page)
     }
 
+    #[inline(always)]
     fn word(&self, page: u64, offset: u64) -> u64 {
         // SAFETY: `page` lies in this pCPU's stack (`page` checked it), mapped for the machine's
         // life, and `offset` < 4096 keeps the 8-aligned word inside it. The code the sample
@@ -797,6 +825,7 @@ impl FrameMemory for GuestStack<'_> {
     /// The host address of the page.
     type Page = u64;
 
+    #[inline(always)]
     fn page(&mut self, page: u64) -> Option<u64> {
         let ram = self.ram;
         let gpa = match self.pages.find(self.cr3, page, ram) {
@@ -810,6 +839,7 @@ impl FrameMemory for GuestStack<'_> {
         (gpa.checked_add(0x1000)? <= ram.size).then_some(ram.hpa + gpa)
     }
 
+    #[inline(always)]
     fn word(&self, page: u64, offset: u64) -> u64 {
         // SAFETY: `page` is the host address of a guest page wholly inside the VM's memory
         // (checked by `page`), identity-mapped and never freed; `offset` < 4096 keeps the

@@ -1,0 +1,396 @@
+//! End-to-end scenarios of call chains (`stacks=`): a guest whose call tree is known by
+//! construction (`guests/src/bin/stacks.rs`), and a guest that forges hostile frame chains
+//! (`guests/src/bin/stackattack.rs`). The captures are checked twice: decoded here and
+//! symbolized with the guest's own ELF symbol table (so the hypervisor's walks are judged without
+//! the analyzer), and through `hvprof-analyze report --json --call-graph` (what users see).
+
+use crate::emulator::Emulator;
+use crate::profile::{ProfileRun, within};
+use crate::profile_scenarios::TOLERANCE;
+use crate::runner::{ModuleSource, Scenario};
+use crate::scenarios::HASWELL;
+use crate::vm_scenarios::{all_of, check_exit_code};
+use hvprof_samplelog::{ChainEnd, Decoded, Sample, SampleKind};
+use object::{Object, ObjectSymbol, SymbolKind};
+use serde_json::Value;
+
+/// The recursion depth the known-tree scenario asks for.
+const DEPTH: usize = 4;
+/// The basic exit reason of CPUID (SDM Vol. 3D, Appendix C).
+const EXIT_CPUID: u16 = 10;
+
+/// A guest ELF's functions: (start, end, name), sorted.
+struct Symbols(Vec<(u64, u64, String)>);
+
+impl Symbols {
+    fn read(path: &std::path::Path) -> Result<Self, String> {
+        let bytes =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let file = object::File::parse(&*bytes)
+            .map_err(|e| format!("{} is not an ELF file: {e}", path.display()))?;
+        let mut v: Vec<(u64, u64, String)> = file
+            .symbols()
+            .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0)
+            .filter_map(|s| {
+                Some((
+                    s.address(),
+                    s.address() + s.size(),
+                    s.name().ok()?.to_owned(),
+                ))
+            })
+            .collect();
+        v.sort();
+        Ok(Symbols(v))
+    }
+
+    /// The function holding `addr`.
+    fn name(&self, addr: u64) -> &str {
+        let i = self.0.partition_point(|(start, _, _)| *start <= addr);
+        match i.checked_sub(1).map(|i| &self.0[i]) {
+            Some((_, end, name)) if addr < *end => name,
+            _ => "?",
+        }
+    }
+
+    /// The functions of a guest chain: frame 0 as given when `first_is_ip` (an exit's RIP), every
+    /// return address less one (the call instruction's last byte).
+    fn chain(&self, frames: &[u64], first_is_ip: bool) -> Vec<String> {
+        frames
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| {
+                let a = if i == 0 && first_is_ip { a } else { a - 1 };
+                self.name(a).to_owned()
+            })
+            .collect()
+    }
+}
+
+/// The index of the VM named `name` in the capture's header.
+fn vm_index(d: &Decoded, name: &str) -> Result<u16, String> {
+    d.header
+        .as_ref()
+        .and_then(|h| h.vms.iter().find(|v| v.name.as_str() == name))
+        .map(|v| v.id)
+        .ok_or_else(|| format!("no VM {name} in the capture's header"))
+}
+
+/// Every sample of VM `vm` with its guest chain's frames.
+fn vm_samples(d: &Decoded, vm: u16) -> impl Iterator<Item = (&Sample, &[u64])> {
+    d.pcpus
+        .values()
+        .flat_map(|log| log.samples_with_chains())
+        .filter(move |(s, _)| s.vm == vm)
+        .map(|(s, c)| (s, c.guest))
+}
+
+/// The known tree, from the decoded capture and the guest's symbols.
+fn check_tree_decoded(run: &ProfileRun) -> Result<(), String> {
+    let d = hvprof_samplelog::decode(&run.capture);
+    let vm = vm_index(&d, "tree")?;
+    let syms = Symbols::read(&run.guest_dir.join("stacks"))?;
+    let (mut from_a, mut from_b, mut deep, mut deep_right, mut nofp, mut nofp_right) =
+        (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut cpuid, mut cpuid_right) = (0u64, 0u64);
+    for (s, frames) in vm_samples(&d, vm) {
+        match s.kind {
+            SampleKind::Guest => {
+                let leaf = syms.name(s.guest_rip);
+                let callers = syms.chain(frames, false);
+                let caller = callers.first().map_or("", String::as_str);
+                match leaf {
+                    "leaf" if caller == "parent_a" => from_a += 1,
+                    "leaf" if caller == "parent_b" => from_b += 1,
+                    "deep_leaf" => {
+                        deep += 1;
+                        let recursion = callers.iter().take_while(|f| *f == "recurse").count();
+                        if recursion == DEPTH
+                            && callers.get(DEPTH).map(String::as_str) == Some("round")
+                        {
+                            deep_right += 1;
+                        }
+                    }
+                    "nofp_leaf" => {
+                        nofp += 1;
+                        // `nofp` keeps no frame record: its caller `nofp_caller` is skipped, the
+                        // walk goes on at `round`.
+                        if callers
+                            .iter()
+                            .take(2)
+                            .map(String::as_str)
+                            .eq(["nofp", "round"])
+                        {
+                            nofp_right += 1;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            SampleKind::Hypervisor if s.exit_reason == EXIT_CPUID && !frames.is_empty() => {
+                cpuid += 1;
+                let chain = syms.chain(frames, true);
+                if chain
+                    .iter()
+                    .take(2)
+                    .map(String::as_str)
+                    .eq(["cpuid_loop", "round"])
+                {
+                    cpuid_right += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut errors = Vec::new();
+    if from_a + from_b < 1000 {
+        errors.push(format!(
+            "only {} samples in leaf with a caller: too few to judge",
+            from_a + from_b
+        ));
+    } else {
+        let share = 100.0 * from_a as f64 / (from_a + from_b) as f64;
+        errors.extend(within("parent_a's share of leaf (decoded)", share, 70.0, TOLERANCE).err());
+    }
+    let most = |what: &str, right: u64, all: u64, min: u64| {
+        if all < min {
+            Some(format!("only {all} samples of {what}: too few to judge"))
+        } else if (right as f64) < 0.99 * all as f64 {
+            Some(format!(
+                "{what}: {right} of {all} samples have the expected chain"
+            ))
+        } else {
+            None
+        }
+    };
+    errors.extend(most(
+        "deep_leaf under exactly 4 recurse frames",
+        deep_right,
+        deep,
+        300,
+    ));
+    errors.extend(most(
+        "nofp_leaf under nofp then round",
+        nofp_right,
+        nofp,
+        150,
+    ));
+    // Hypervisor samples taken while it handled a CPUID exit of `cpuid_loop`: nearly all of them
+    // (a sample can land in an exit's handling just after the guest moved on, at the next exit).
+    if cpuid < 100 {
+        errors.push(format!(
+            "only {cpuid} hypervisor samples during CPUID exits"
+        ));
+    } else if (cpuid_right as f64) < 0.95 * cpuid as f64 {
+        errors.push(format!(
+            "exit cause: {cpuid_right} of {cpuid} samples of CPUID handling name cpuid_loop called from round"
+        ));
+    }
+    all_of(errors.into_iter().map(Err))
+}
+
+/// The call graph of the report's JSON: samples of the edge `caller -> callee` at `level`.
+fn edge(report: &Value, level: &str, caller: &str, callee: &str) -> f64 {
+    report
+        .pointer("/call_graph/edges")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            e.get("level").and_then(Value::as_str) == Some(level)
+                && e.get("caller").and_then(Value::as_str) == Some(caller)
+                && e.get("callee").and_then(Value::as_str) == Some(callee)
+        })
+        .filter_map(|e| e.get("samples").and_then(Value::as_f64))
+        .sum()
+}
+
+/// The known tree, as `hvprof-analyze report --json --call-graph` shows it.
+fn check_tree_report(run: &ProfileRun) -> Result<(), String> {
+    let report = run.report_with(None, &["--call-graph".into()])?;
+    let mut errors = Vec::new();
+    for level in ["tree", "host"] {
+        let a = edge(&report, level, "parent_a", "leaf");
+        let b = edge(&report, level, "parent_b", "leaf");
+        if a + b < 1000.0 {
+            errors.push(format!(
+                "{level} level: {a} + {b} samples on the edges into leaf: expected thousands"
+            ));
+            continue;
+        }
+        errors.extend(
+            within(
+                &format!("{level} level: parent_a -> leaf share of leaf's callers"),
+                100.0 * a / (a + b),
+                70.0,
+                TOLERANCE,
+            )
+            .err(),
+        );
+        let deep_calls = edge(&report, level, "recurse", "deep_leaf");
+        let recursion = edge(&report, level, "recurse", "recurse");
+        let entry = edge(&report, level, "round", "recurse");
+        if deep_calls < 300.0 || recursion != deep_calls || entry < deep_calls {
+            errors.push(format!(
+                "{level} level: recurse edges round->recurse {entry}, recurse->recurse {recursion}, recurse->deep_leaf {deep_calls}: expected the recursion on every deep_leaf sample"
+            ));
+        }
+        if edge(&report, level, "nofp_caller", "nofp") != 0.0
+            || edge(&report, level, "nofp", "nofp_leaf") < 150.0
+        {
+            errors.push(format!(
+                "{level} level: expected nofp -> nofp_leaf and no nofp_caller -> nofp (nofp keeps no frame record)"
+            ));
+        }
+    }
+    let causes: Vec<&Value> = report
+        .pointer("/call_graph/exit_causes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|c| {
+            c.get("vm").and_then(Value::as_str) == Some("tree")
+                && c.get("exit_reason").and_then(Value::as_str) == Some("CPUID")
+        })
+        .collect();
+    let total: f64 = causes
+        .iter()
+        .filter_map(|c| c.get("samples").and_then(Value::as_f64))
+        .sum();
+    let named: f64 = causes
+        .iter()
+        .filter(|c| {
+            c.get("guest_function").and_then(Value::as_str) == Some("cpuid_loop")
+                && c.get("guest_caller").and_then(Value::as_str) == Some("round")
+        })
+        .filter_map(|c| c.get("samples").and_then(Value::as_f64))
+        .sum();
+    if total < 100.0 || named < 0.95 * total {
+        errors.push(format!(
+            "exit causes: {named} of {total} samples of CPUID handling in VM tree name cpuid_loop called from round"
+        ));
+    }
+    all_of(errors.into_iter().map(Err))
+}
+
+/// The marker return addresses of `stackattack`: phase and record.
+fn marker(frame: u64) -> Option<(u64, u64)> {
+    (frame >> 16 == 0x4141).then_some(((frame >> 12) & 0xf, frame & 0xfff))
+}
+
+/// The hostile chains: each phase's chains have exactly the expected frames and end, whatever
+/// sample (guest, or hypervisor during the attacker's exits) walked them.
+fn check_attack(run: &ProfileRun) -> Result<(), String> {
+    let d = hvprof_samplelog::decode(&run.capture);
+    let vm = vm_index(&d, "attacker")?;
+    let mut seen = [0u64; 6];
+    let mut errors: Vec<String> = Vec::new();
+    let mut chains = 0u64;
+    for log in d.pcpus.values() {
+        for (s, c) in log.samples_with_chains() {
+            if s.vm != vm {
+                continue;
+            }
+            chains += 1;
+            // The forged records follow the leaf's frame (the spin function's return into the
+            // guest, or at an exit the exit's RIP).
+            let Some(start) = c.guest.iter().position(|&f| marker(f).is_some()) else {
+                continue;
+            };
+            let forged = &c.guest[start..];
+            let Some((phase, _)) = marker(forged[0]) else {
+                continue;
+            };
+            let want: Vec<u64> = match phase {
+                1 => vec![0x4141_1000],
+                2 => vec![0x4141_2000, 0x4141_2001],
+                3 => vec![0x4141_3000],
+                4 => vec![0x4141_4000],
+                5 => (0..16 - start as u64).map(|i| 0x4141_5000 + i).collect(),
+                _ => vec![],
+            };
+            let want_end = if phase == 5 {
+                ChainEnd::DepthLimit
+            } else {
+                ChainEnd::BadFrame
+            };
+            seen[phase as usize] += 1;
+            if (forged != want.as_slice() || s.guest_chain.end() != want_end) && errors.len() < 5 {
+                errors.push(format!(
+                    "phase {phase}: chain {forged:#x?} ending {:?}, expected {want:#x?} ending {want_end:?}",
+                    s.guest_chain.end()
+                ));
+            }
+        }
+    }
+    for (phase, n) in seen.iter().enumerate().skip(1) {
+        if *n < 30 {
+            errors.push(format!(
+                "phase {phase}: only {n} samples walked its chain (of {chains} samples of the attacker)"
+            ));
+        }
+    }
+    all_of(errors.into_iter().map(Err))
+}
+
+pub fn all() -> Vec<Scenario> {
+    vec![
+        Scenario::new("bochs-stacks-known-tree", Emulator::bochs(HASWELL))
+            .cmdline("export=end stacks=16")
+            .module(
+                "stacks.elf",
+                ModuleSource::Guest("stacks"),
+                &format!("vm=tree rounds=600 depth={DEPTH} cpuid=20"),
+            )
+            .check(|log| check_exit_code(log, "tree", 0, "port 0xf4"))
+            .check(|log| {
+                log.expect("profiler: call chains walked")?;
+                Ok(())
+            })
+            .profile(|run| all_of([check_tree_decoded(run), check_tree_report(run)])),
+        Scenario::new("bochs-attack-stack", Emulator::bochs(HASWELL))
+            .cmdline("export=end stacks=16")
+            .module(
+                "victim.elf",
+                ModuleSource::Guest("mix"),
+                "vm=victim mix=50,50 rounds=20",
+            )
+            .module(
+                "stackattack.elf",
+                ModuleSource::Guest("stackattack"),
+                "vm=attacker rounds=30 target=vm:victim",
+            )
+            .check(|log| check_exit_code(log, "victim", 0, "port 0xf4"))
+            .check(|log| check_exit_code(log, "attacker", 0, "port 0xf4"))
+            .check(|log| {
+                let line = log.expect("vm attacker: target VM victim's memory")?;
+                if line.ends_with("unchanged") {
+                    Ok(())
+                } else {
+                    Err(format!("the victim's page changed: {line:?}"))
+                }
+            })
+            .profile(check_attack),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_name_their_phase() {
+        assert_eq!(marker(0x4141_5003), Some((5, 3)));
+        assert_eq!(marker(0x4141_1000), Some((1, 0)));
+        assert_eq!(marker(0x20_0015), None);
+    }
+
+    #[test]
+    fn symbols_name_return_addresses_by_the_call() {
+        let s = Symbols(vec![(0x100, 0x110, "a".into()), (0x110, 0x120, "b".into())]);
+        // A return address just past `a`'s last call is `b`'s first byte: still `a`.
+        assert_eq!(s.chain(&[0x110, 0x118], false), vec!["a", "b"]);
+        assert_eq!(s.chain(&[0x110], true), vec!["b"]);
+        assert_eq!(s.name(0x120), "?");
+        assert_eq!(s.name(0x50), "?");
+    }
+}
