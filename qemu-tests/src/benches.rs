@@ -218,6 +218,112 @@ pub fn profile_figures(log: &SerialLog) -> Result<ProfileFigures, String> {
     })
 }
 
+/// Call chains' costs: the `stacks` guest profiled with `stacks=` (`off`, or a depth), its
+/// arguments `args`.
+pub fn chain_costs(name: &str, stacks: &str, args: &str) -> Scenario {
+    Scenario::new(name, Emulator::bochs(HASWELL))
+        .cmdline(&format!("export=end stacks={stacks}"))
+        .module(
+            "stacks.elf",
+            ModuleSource::Guest("stacks"),
+            &format!("vm=bench {args}"),
+        )
+        .check(|log| chain_figures(log).map(drop))
+}
+
+/// Figures of a finished `chain_costs` run.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ChainFigures {
+    /// The sample path's mean cost (ticks) and the samples.
+    pub sample_mean: u64,
+    pub samples: u64,
+    /// Guest samples' walks: how many, their mean frames and mean ticks (0 without chains).
+    pub guest_walks: u64,
+    pub guest_frames: f64,
+    pub guest_ticks: u64,
+    /// Hypervisor samples' walks (own chain and exit cause).
+    pub host_walks: u64,
+    pub host_frames: f64,
+    pub host_ticks: u64,
+    /// Bytes sent per sample (all frames of the log, headers and events included).
+    pub bytes_per_sample: f64,
+}
+
+pub fn chain_figures(log: &SerialLog) -> Result<ChainFigures, String> {
+    let cost = log.expect("profiler: sample path cost over ")?;
+    let nums: Vec<u64> = cost
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let [samples, mean, ..] = nums[..] else {
+        return Err(format!("cannot read {cost:?}"));
+    };
+    let mut f = ChainFigures {
+        sample_mean: mean,
+        samples,
+        ..ChainFigures::default()
+    };
+    // "guest samples: N samples, mean F frames, mean T TSC ticks; hypervisor samples (...): N
+    // samples, mean F frames, mean T TSC ticks"
+    if let Ok(line) = log.expect("profiler: call chains walked") {
+        let part = |key: &str| -> Option<(u64, f64, u64)> {
+            let rest = line.split_once(key)?.1;
+            let mut nums = rest
+                .split([' ', ',', ';'])
+                .filter_map(|w| w.parse::<f64>().ok());
+            let (n, frames, ticks) = (nums.next()?, nums.next()?, nums.next()?);
+            Some((n as u64, frames, ticks as u64))
+        };
+        let g = part("guest samples: ").ok_or_else(|| format!("cannot read {line:?}"))?;
+        let h = part("exit-cause chains): ").ok_or_else(|| format!("cannot read {line:?}"))?;
+        (f.guest_walks, f.guest_frames, f.guest_ticks) = g;
+        (f.host_walks, f.host_frames, f.host_ticks) = h;
+    }
+    let sent = log.expect("profiler: sample log sent: ")?;
+    let bytes: f64 = sent
+        .split_once(" blocks, ")
+        .and_then(|(_, r)| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("cannot read {sent:?}"))?;
+    f.bytes_per_sample = bytes / samples.max(1) as f64;
+    Ok(f)
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::*;
+
+    #[test]
+    fn chain_figures_are_read() {
+        let log = SerialLog::new(
+            "profiler: sample path cost over 1062 samples: mean 564, min 219, max 807 TSC ticks (14.10% of the 4000-tick period)\n\
+             profiler: call chains walked (inside the sample path's cost): guest samples: 909 samples, mean 14.9 frames, mean 495 TSC ticks; hypervisor samples (own and exit-cause chains): 153 samples, mean 16.8 frames, mean 622 TSC ticks\n\
+             profiler: sample log sent: 9979 records taken, 0 records dropped (ring full), 8359 samples and 1620 events in 156 blocks, 83795 bytes (8.40 bytes per record) on the serial channel\n",
+        );
+        let f = chain_figures(&log).unwrap();
+        assert_eq!((f.samples, f.sample_mean), (1062, 564));
+        assert_eq!(
+            (f.guest_walks, f.guest_frames, f.guest_ticks),
+            (909, 14.9, 495)
+        );
+        assert_eq!(
+            (f.host_walks, f.host_frames, f.host_ticks),
+            (153, 16.8, 622)
+        );
+        assert!((f.bytes_per_sample - 83795.0 / 1062.0).abs() < 1e-9);
+        let off = SerialLog::new(
+            "profiler: sample path cost over 10 samples: mean 47, min 47, max 65 TSC ticks (1.18% of the 4000-tick period)\n\
+             profiler: sample log sent: 12 records taken, 0 records dropped (ring full), 10 samples and 2 events in 1 blocks, 100 bytes (8.33 bytes per record) on the serial channel\n",
+        );
+        let f = chain_figures(&off).unwrap();
+        assert_eq!(
+            (f.guest_walks, f.sample_mean, f.bytes_per_sample),
+            (0, 47, 10.0)
+        );
+    }
+}
+
 #[cfg(test)]
 mod profile_tests {
     use super::*;

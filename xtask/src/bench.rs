@@ -155,6 +155,10 @@ pub fn bench(host_only: bool) -> Result<ExitCode> {
     println!("{section}");
     record(&doc, "channels", "Export channels", &section)?;
 
+    let section = call_chain_costs(&config)?;
+    println!("{section}");
+    record(&doc, "call-chains", "Call chains", &section)?;
+
     host_benches(&analyzer, &doc)?;
     println!("recorded in docs/BENCHMARKS.md");
     Ok(ExitCode::SUCCESS)
@@ -408,6 +412,64 @@ fn perf_report_rate(dir: &Path) -> std::result::Result<PerfRun, String> {
 
 /// The export channels' throughput: the channel self-test through the virtio console and
 /// through the UART, in QEMU TCG (SeaBIOS), in the same run.
+/// What call chains cost: the walk at depth 16 (from runs at `stacks=1` and `stacks=16` on a
+/// guest whose every sample is 20 calls deep, so the cost of exactly 16 frames is known from the
+/// fixed part and the cost per frame), the sample path with and without chains, and the log's
+/// bytes per sample for the known call tree of `bochs-stacks-known-tree`.
+fn call_chain_costs(config: &RunnerConfig) -> Result<String> {
+    let deep = "rounds=1000 tree=0,0,1,0 depth=20 cpuid=0";
+    let tree_args = "rounds=600 depth=4 cpuid=20";
+    let mut figures = Vec::new();
+    for (name, stacks, args) in [
+        ("bench-chains-off", "off", deep),
+        ("bench-chains-depth1", "1", deep),
+        ("bench-chains-depth16", "16", deep),
+        ("bench-chains-tree-off", "off", tree_args),
+        ("bench-chains-tree", "16", tree_args),
+    ] {
+        let log = run(&benches::chain_costs(name, stacks, args), config)?;
+        figures.push(benches::chain_figures(&log).map_err(anyhow::Error::msg)?);
+    }
+    let [off, one, sixteen, tree_off, tree] = figures[..] else {
+        anyhow::bail!("five runs expected");
+    };
+    let per_frame = (sixteen.guest_ticks as f64 - one.guest_ticks as f64)
+        / (sixteen.guest_frames - one.guest_frames).max(1.0);
+    let at16 = one.guest_ticks as f64 + per_frame * (16.0 - one.guest_frames);
+    let verdict = |ok: bool| if ok { "met" } else { "not met" };
+    Ok(format!(
+        "Measured by `cargo xtask bench` (Bochs `corei7_haswell_4770`, one tick = one \
+         instruction, `export=end`). The `stacks` guest with `{deep}` puts nearly every sample 20 \
+         calls deep; the hypervisor times its own walks (TSC before and after, inside the sample \
+         path's cost) and prints them. The cost of a 16-frame walk is the fixed part (the \
+         `stacks=1` run) plus 16 frames at the cost per frame (the slope between the two runs).\n\n\
+         | figure | value | goal |\n|---|---:|---:|\n\
+         | guest walk, `stacks=1`: mean frames / mean ticks | {:.1} / {} | |\n\
+         | guest walk, `stacks=16`: mean frames / mean ticks | {:.1} / {} | |\n\
+         | walk cost per frame (ticks) | {per_frame:.1} | |\n\
+         | **walk of 16 frames (ticks)** | **{at16:.0}** | ≤ 500 ({}) |\n\
+         | hypervisor samples' walks (own chain and exit cause), `stacks=16`: mean frames / ticks | {:.1} / {} | |\n\
+         | sample path, mean ticks: `stacks=off` / `stacks=1` / `stacks=16` | {} / {} / {} | |\n\
+         | bytes per sample, known tree (`{tree_args}`): `stacks=off` / `stacks=16` | {:.2} / {:.2} | ≤ 32 ({}) |\n\n\
+         Bytes per sample are the whole log (frames, CRC, header, events, end frame) over its \
+         samples. A chain is coded against the previous chain of its vCPU, sharing its outermost \
+         frames, so a sample whose callers did not change costs one bit more.\n",
+        one.guest_frames,
+        one.guest_ticks,
+        sixteen.guest_frames,
+        sixteen.guest_ticks,
+        verdict(at16 <= 500.0),
+        sixteen.host_frames,
+        sixteen.host_ticks,
+        off.sample_mean,
+        one.sample_mean,
+        sixteen.sample_mean,
+        tree_off.bytes_per_sample,
+        tree.bytes_per_sample,
+        verdict(tree.bytes_per_sample <= 32.0),
+    ))
+}
+
 fn channel_throughput(config: &RunnerConfig) -> Result<String> {
     use qemu_tests::channel_scenarios::{self, check_channel_capture};
     let mut rows = String::new();
