@@ -7,6 +7,7 @@
  *
  * Usage: w41 [ROUNDS]   (default 400; one round is about 250,000 instructions)
  * Build: gcc -static -no-pie -O2 -g -o w41 w41.c
+ *   (w41-fp: add -fno-omit-frame-pointer -DLEAF_FRAME)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,13 +23,25 @@ static inline __attribute__((always_inline)) unsigned long step(unsigned long x,
     return x;
 }
 
+/* Built with -DLEAF_FRAME (w41-fp, with -fno-omit-frame-pointer): gcc 12 gives a leaf function
+ * that needs no stack no frame record, even with -mno-omit-leaf-frame-pointer, so a frame-pointer
+ * walk from work_a would skip its caller. A volatile local makes it keep one (two instructions
+ * per call, outside the loop). */
+#ifdef LEAF_FRAME
+#define KEEP_FRAME() do { volatile char frame = 0; (void)frame; } while (0)
+#else
+#define KEEP_FRAME() do { } while (0)
+#endif
+
 __attribute__((noinline)) unsigned long work_a(unsigned long x)
 {
+    KEEP_FRAME();
     return step(x, 4 * CHUNK);
 }
 
 __attribute__((noinline)) unsigned long work_b(unsigned long x)
 {
+    KEEP_FRAME();
     return step(x, CHUNK);
 }
 

@@ -679,6 +679,40 @@ fn check_two(run: &ProfileRun) -> Result<(), String> {
     all_of(errors.into_iter().map(Err))
 }
 
+/// `bochs-linux-stacks`: in w41-fp's call graph, `main` calls `work_a` on 80 % of the samples it
+/// calls into `work_a` or `work_b` (± 3 points), as w41's 4:1 work says.
+fn check_linux_stacks(run: &ProfileRun) -> Result<(), String> {
+    let mut args = root_args();
+    args.push("--call-graph".into());
+    let report = run.report_with(None, &args)?;
+    let edge = |caller: &str, callee: &str| -> f64 {
+        report
+            .pointer("/call_graph/edges")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|e| {
+                e.get("level").and_then(Value::as_str) == Some("linux")
+                    && e.get("caller").and_then(Value::as_str) == Some(caller)
+                    && e.get("callee").and_then(Value::as_str) == Some(callee)
+            })
+            .filter_map(|e| e.get("samples").and_then(Value::as_f64))
+            .sum()
+    };
+    let (a, b) = (edge("main", "work_a"), edge("main", "work_b"));
+    if a + b < 3000.0 {
+        return Err(format!(
+            "main -> work_a {a} and main -> work_b {b} samples: expected thousands (w41-fp's user samples with their callers)"
+        ));
+    }
+    within(
+        "main -> work_a share of main's calls into work_a and work_b",
+        100.0 * a / (a + b),
+        80.0,
+        3.0,
+    )
+}
+
 /// The machine every Linux scenario runs on: Bochs at a realistic 1 GHz clock, so that the
 /// guest's timer tick and delays cost what they cost on hardware; the sample log goes to the
 /// parallel port (the UART would take 87,000 instructions per byte at this clock).
@@ -702,6 +736,18 @@ pub fn all() -> Vec<Scenario> {
             .budget(Duration::from_secs(240))
     };
     vec![
+        // Call chains in a Linux guest: w41 built with frame pointers. Its user-mode samples
+        // carry their callers (the kernel's are not walked: it keeps no frame pointers).
+        linux_vm(
+            linux_machine("bochs-linux-stacks")
+                .cmdline(&format!("export=end channel=lpt {LINUX_PERIOD} stacks=16"))
+                .budget(Duration::from_secs(240)),
+            "linux",
+            "w41-fp",
+            "400",
+        )
+        .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
+        .profile(check_linux_stacks),
         linux_vm(boot("bochs-linux-w41"), "linux", "w41", "400")
             .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
             // The image loads no module: the list, found at `modules` moved by the KASLR slide,

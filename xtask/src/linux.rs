@@ -7,7 +7,8 @@
 //! bzImage               the kernel as Debian ships it (linux-image-*-cloud-amd64)
 //! vmlinux               its decompressed ELF (stripped, with kallsyms and .BTF inside)
 //! config                the kernel's .config
-//! bin/                  w41, shor, hvexit: static non-PIE workloads built with the host gcc
+//! bin/                  w41, w41-fp (frame pointers), shor, hvexit: static non-PIE workloads
+//!                       built with the host gcc
 //! bin/                  shor-dyn, hashload: dynamic PIE workloads against Debian's libraries
 //! root/                 the guest's file tree (the initramfs is made of it, less
 //!                       usr/lib/debug): busybox, /init (guests/linux/init), bin/, Debian's
@@ -53,7 +54,7 @@ pub const MODULES: [&str; 3] = [
 const DEBUG_DIR: &str = "usr/lib/debug";
 
 /// The programs built into the guest's /bin.
-const GUEST_PROGRAMS: [&str; 5] = ["w41", "shor", "hvexit", "shor-dyn", "hashload"];
+const GUEST_PROGRAMS: [&str; 6] = ["w41", "w41-fp", "shor", "hvexit", "shor-dyn", "hashload"];
 
 /// The workloads and their default arguments in the guest (a few hundred million instructions
 /// at most: the guest runs under an instruction-counting emulator at about 100 M instructions/s).
@@ -462,6 +463,14 @@ pub fn image(refresh: bool) -> Result<()> {
     std::fs::create_dir_all(&bin)?;
     let src = guest_src();
     gcc(&bin.join("w41"), &[&src.join("w41.c")], &[])?;
+    // The same with frame pointers, for the call-chain scenario (`stacks=`: perf's
+    // `--call-graph fp` needs them too), in its leaf functions as well (`LEAF_FRAME`: without a
+    // record of its own a leaf hides its caller).
+    gcc(
+        &bin.join("w41-fp"),
+        &[&src.join("w41.c")],
+        &["-fno-omit-frame-pointer", "-DLEAF_FRAME"],
+    )?;
     gcc(&bin.join("hvexit"), &[&src.join("hvexit.c")], &[])?;
     let q = extract_dir.join("usr");
     let include = format!("-I{}", q.join("include").display());
@@ -520,6 +529,7 @@ pub fn image(refresh: bool) -> Result<()> {
         "initramfs.cpio",
         "config",
         "bin/w41",
+        "bin/w41-fp",
         "bin/shor",
         "bin/hvexit",
         "bin/shor-dyn",
