@@ -106,17 +106,16 @@ impl<T: Copy, const N: usize> Ring<T, N> {
         Some(unsafe { (*self.slots[tail % N].get()).assume_init() })
     }
 
-    /// Consumer side: the `i`-th record waiting (0 is what `pop` would return), left in place.
-    pub fn get(&self, i: usize) -> Option<T> {
+    /// Consumer side: the records waiting now, to read in place (then `advance` past those
+    /// taken). Records pushed meanwhile are not in it.
+    pub fn waiting(&self) -> Waiting<'_, T, N> {
         let tail = self.tail.load(Ordering::Relaxed);
         let head = self.head.load(Ordering::Acquire);
-        if i >= head.wrapping_sub(tail) {
-            return None;
+        Waiting {
+            ring: self,
+            tail,
+            len: head.wrapping_sub(tail),
         }
-        // SAFETY: as in `peek`: the slot lies in [tail, head), published by the producer
-        // (release store of `head`, acquired above) and not touched by it until `tail` moves
-        // past it.
-        Some(unsafe { (*self.slots[tail.wrapping_add(i) % N].get()).assume_init() })
     }
 
     /// Consumer side: frees the first `n` records waiting (at most all of them).
@@ -154,6 +153,59 @@ impl<T: Copy, const N: usize> Ring<T, N> {
     /// Records accepted.
     pub fn pushed(&self) -> u64 {
         self.pushed.load(Ordering::Relaxed)
+    }
+}
+
+/// The records a ring's consumer found waiting (`Ring::waiting`): read without atomics, until
+/// the consumer advances.
+pub struct Waiting<'a, T: Copy, const N: usize> {
+    ring: &'a Ring<T, N>,
+    tail: usize,
+    len: usize,
+}
+
+impl<T: Copy, const N: usize> Waiting<'_, T, N> {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies the records waiting from the `first`-th on into `out` (as many as fit, in order);
+    /// returns how many. One bulk copy per contiguous run of slots, not a record at a time.
+    pub fn copy_into(&self, first: usize, out: &mut [MaybeUninit<T>]) -> usize {
+        let n = self.len.saturating_sub(first).min(out.len());
+        let mut done = 0;
+        while done < n {
+            let at = self.tail.wrapping_add(first + done) % N;
+            let run = (n - done).min(N - at);
+            // SAFETY: slots [at, at + run) lie in the ring's array and in [tail, head) as
+            // `waiting` read them (see `get`): initialized, published, and left alone by the
+            // producer; `out[done..done + run]` is inside `out`. `UnsafeCell<MaybeUninit<T>>` has
+            // the layout of `MaybeUninit<T>`, and the two do not overlap (`out` is the caller's).
+            unsafe {
+                core::ptr::copy_nonoverlapping(
+                    self.ring.slots[at..].as_ptr().cast::<MaybeUninit<T>>(),
+                    out[done..].as_mut_ptr(),
+                    run,
+                );
+            }
+            done += run;
+        }
+        n
+    }
+
+    /// The `i`-th record waiting (0 is what `pop` would return).
+    pub fn get(&self, i: usize) -> Option<T> {
+        if i >= self.len {
+            return None;
+        }
+        // SAFETY: the slot lies in [tail, head) as they were when `waiting` read them (`head`
+        // with acquire): published by the producer, who does not touch it until `tail` moves
+        // past it, which only the consumer (the holder of this view) does.
+        Some(unsafe { (*self.ring.slots[self.tail.wrapping_add(i) % N].get()).assume_init() })
     }
 }
 
@@ -198,12 +250,21 @@ mod tests {
         assert_eq!((r.len(), r.dropped(), r.pushed()), (7, 2, 2));
         assert!(push(&[12]));
         assert!(push(&[]));
+        let w = r.waiting();
         assert_eq!(
-            (r.get(0), r.get(6), r.get(7), r.get(8)),
-            (Some(2), Some(8), Some(12), None)
+            (w.len(), w.get(0), w.get(6), w.get(7), w.get(8)),
+            (8, Some(2), Some(8), Some(12), None)
         );
+        // A bulk copy across the ring's wrap, from an offset, limited by the output.
+        let mut out = [MaybeUninit::uninit(); 5];
+        assert_eq!(w.copy_into(2, &mut out), 5);
+        // SAFETY: `copy_into` wrote all five.
+        let got: Vec<u32> = out.iter().map(|v| unsafe { v.assume_init() }).collect();
+        assert_eq!(got, vec![4, 5, 6, 7, 8]);
+        assert_eq!(w.copy_into(7, &mut out), 1);
+        assert_eq!(w.copy_into(9, &mut out), 0);
         r.advance(2);
-        assert_eq!(r.get(0), Some(4));
+        assert_eq!(r.waiting().get(0), Some(4));
         let all: Vec<u32> = core::iter::from_fn(|| r.pop()).collect();
         assert_eq!(all, vec![4, 5, 6, 7, 8, 12]);
         r.advance(3);

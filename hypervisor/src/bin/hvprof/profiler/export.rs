@@ -18,7 +18,7 @@
 //! block never spans a change of that count, so a block's `ring_drops` counts the records lost
 //! before its first record (the decoder places each loss between two blocks).
 
-use super::sampler::{self, CpuProfiler, SLOT_FRAMES, Slot};
+use super::sampler::{self, CpuProfiler, Slot};
 use crate::percpu::MAX_CPUS;
 use crate::tsc::rdtsc;
 use crate::{console, memory, parallel, println, virtio_console};
@@ -26,6 +26,7 @@ use alloc::vec::Vec;
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicU64, Ordering};
 use hvprof_boot::cmdline::{Channel, Export};
+use hvprof_hypervisor::profiler::slots::{Block, fill_block, frame_slots};
 use hvprof_samplelog::{
     BlockEncoder, BuildId, FixedStr, Header, MAX_BLOCK_RECORDS, MAX_CHAIN_DEPTH,
     MAX_HEADER_FRAME_LEN, MAX_PCPU_COST_FRAME_LEN, MAX_TASK_FRAME_LEN, MAX_VM_END_FRAME_LEN,
@@ -303,9 +304,9 @@ impl Exporter {
         }
     }
 
-    /// Encodes and sends the block `fill_block` made (`n` records, `frames` chain frames, which
-    /// share their drop count `drops`).
-    fn send_block(&self, log: &mut CpuLog, (n, frames, drops): (usize, usize, u64)) {
+    /// Encodes and sends the block `fill_block` made in `log.records` and `log.frames`.
+    fn send_block(&self, log: &mut CpuLog, block: Block) {
+        let (n, frames, drops) = (block.records, block.frames, block.drops);
         if n == 0 {
             return;
         }
@@ -345,7 +346,7 @@ impl Exporter {
                         // `move_ring` and `flush`).
                         (i < len).then(|| unsafe { stored[(head + i) % cap].assume_init() })
                     },
-                    records,
+                    &mut records[..BLOCK],
                     frames,
                 )
             };
@@ -381,85 +382,34 @@ fn without_sampling<R>(f: impl FnOnce() -> R) -> R {
     x86_64::instructions::interrupts::without_interrupts(f)
 }
 
-/// Frame slots that follow a record in the ring: its chains' frames, `SLOT_FRAMES` a slot.
-fn frame_slots(slot: &Slot) -> usize {
-    match slot {
-        Slot::Record(s) => {
-            hvprof_samplelog::chain_frames(core::slice::from_ref(&s.record)).div_ceil(SLOT_FRAMES)
-        }
-        Slot::Frames(_) => 0,
-    }
-}
-
-/// Makes the next block from the slots waiting (`slot(i)`: the `i`-th, `None` past the last):
-/// up to `BLOCK` records into `records` and their chain frames into `frames`. A block never
-/// spans a change of the drop count, so that its `ring_drops` says how many records were lost
-/// just before it. Returns the slots it used and (records, frames, drop count).
-fn fill_block(
-    slot: impl Fn(usize) -> Option<Slot>,
-    records: &mut [Record],
-    frames: &mut [u64],
-) -> (usize, (usize, usize, u64)) {
-    let (mut i, mut n, mut f, mut drops) = (0, 0, 0, 0);
-    while n < BLOCK.min(records.len()) {
-        let Some(s) = slot(i) else { break };
-        let Slot::Record(stamped) = s else {
-            // Frames without their record (cannot happen: they are pushed and moved together):
-            // skipped rather than read as a record.
-            i += 1;
-            continue;
-        };
-        if n > 0 && stamped.drops != drops {
-            break;
-        }
-        let want = hvprof_samplelog::chain_frames(core::slice::from_ref(&stamped.record));
-        let k = want.div_ceil(SLOT_FRAMES);
-        if f + want > frames.len() {
-            break;
-        }
-        let mut got = 0;
-        for j in 1..=k {
-            let Some(Slot::Frames(chunk)) = slot(i + j) else {
-                break;
-            };
-            let m = (want - got).min(SLOT_FRAMES);
-            frames[f + got..f + got + m].copy_from_slice(&chunk[..m]);
-            got += m;
-        }
-        if got < want {
-            // Its frames are not all there (cannot happen either: a sample's slots are published
-            // together): end the block before it, or drop it if it is the first, so that the
-            // export never stalls on it.
-            if i == 0 {
-                return (1, (0, 0, 0));
-            }
-            break;
-        }
-        drops = stamped.drops;
-        records[n] = stamped.record;
-        n += 1;
-        f += want;
-        i += 1 + k;
-    }
-    (i, (n, f, drops))
-}
-
 /// `end` mode: moves whole samples (a record and its frame slots) from the ring into the stored
-/// buffer while it has room for them.
+/// buffer while it has room for them: everything waiting in one bulk copy when it fits (the
+/// ring holds whole samples), else sample by sample.
 fn move_ring(log: &mut CpuLog, p: &CpuProfiler) {
     let cap = log.stored.len();
-    while let Some(first) = p.ring.get(0) {
-        let k = 1 + frame_slots(&first);
-        if log.len + k > cap || p.ring.len() < k {
-            break;
+    let waiting = p.ring.waiting();
+    let room = cap - log.len;
+    let take = if waiting.len() <= room {
+        waiting.len()
+    } else {
+        // The whole samples that fit.
+        let mut i = 0;
+        while let Some(first) = waiting.get(i) {
+            let k = 1 + frame_slots(&first);
+            if i + k > room || i + k > waiting.len() {
+                break;
+            }
+            i += k;
         }
-        for j in 0..k {
-            let Some(s) = p.ring.get(j) else { break };
-            log.stored[(log.head + log.len) % cap] = MaybeUninit::new(s);
-            log.len += 1;
-        }
-        p.ring.advance(k);
-    }
+        i
+    };
+    // Into the stored circle: up to its end, then from its start.
+    let at = (log.head + log.len) % cap;
+    let first = take.min(cap - at);
+    waiting.copy_into(0, &mut log.stored[at..at + first]);
+    waiting.copy_into(first, &mut log.stored[..take - first]);
+    log.len += take;
+    p.ring.advance(take);
 }
 
 /// Whether `drain_if_full` has work: a block's worth of records, or a task change.
@@ -517,7 +467,9 @@ fn drain(p: &CpuProfiler, all: bool) -> u64 {
             if !all && p.ring.len() < BLOCK {
                 break;
             }
-            let (taken, made) = fill_block(|i| p.ring.get(i), log.records, log.frames);
+            let waiting = p.ring.waiting();
+            let (taken, made) =
+                fill_block(|i| waiting.get(i), &mut log.records[..BLOCK], log.frames);
             if taken == 0 {
                 break;
             }

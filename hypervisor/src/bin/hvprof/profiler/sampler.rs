@@ -8,6 +8,7 @@ use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use hvprof_hypervisor::profiler::guest_walk;
 use hvprof_hypervisor::profiler::ring::Ring;
+use hvprof_hypervisor::profiler::slots;
 use hvprof_hypervisor::profiler::stack_walk::{self, Bounds, FrameMemory};
 use hvprof_samplelog::{
     Chain, ChainEnd, Event, EventKind, MAX_CHAIN_DEPTH, NO_EXIT, NO_VCPU, NO_VM, OutReason,
@@ -16,32 +17,7 @@ use hvprof_samplelog::{
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::{Guest32, Guest64, GuestNatural};
 
-/// A record as the ring holds it: the wire format's own record (`hvprof_samplelog::Record`, what
-/// the encoder takes), and the ring's drop count when it was pushed (records lost before it on
-/// this pCPU: a block never spans a change of it, so the decoder places each loss).
-#[derive(Clone, Copy, Debug)]
-pub struct Stamped {
-    pub record: Record,
-    pub drops: u64,
-}
-
-/// Frames one ring slot holds.
-pub const SLOT_FRAMES: usize = 7;
-
-/// A slot of the ring: a record, or up to `SLOT_FRAMES` frames of the call chains of the sample
-/// just before it (its host chain's frames then its guest chain's, as many slots as they need:
-/// the sample's chain depths say how many). A sample and its frames are pushed together or not
-/// at all.
-#[derive(Clone, Copy, Debug)]
-pub enum Slot {
-    Record(Stamped),
-    Frames([u64; SLOT_FRAMES]),
-}
-
-/// Slots a record with `frames` chain frames takes.
-pub const fn slots_for(frames: usize) -> usize {
-    1 + frames.div_ceil(SLOT_FRAMES)
-}
+pub use hvprof_hypervisor::profiler::slots::{Slot, Stamped};
 
 /// Deepest call chain samples carry (`stacks=`; 0: none).
 static STACK_DEPTH: AtomicU8 = AtomicU8::new(0);
@@ -413,36 +389,39 @@ impl CpuProfiler {
     /// in three contexts: the run loop and scheduler, the timer interrupt and the PMU's NMI. The
     /// interrupt is kept out while the others push; an NMI that lands inside a push finds the
     /// ring busy and its record is counted as a drop rather than corrupting the one in flight.
+    /// A sample's chain frames follow it (`offer_with_frames`, kept out of the common path).
+    #[inline(always)]
     fn offer(&self, record: Record, frames: &[u64]) {
+        if !frames.is_empty() {
+            return self.offer_with_frames(record, frames);
+        }
+        // Built straight into the ring's slot (`push_with`), not copied through temporaries.
+        self.exclusive(|drops| {
+            self.ring
+                .push_with(1, |_| Slot::Record(Stamped { record, drops }))
+        });
+    }
+
+    #[inline(never)]
+    fn offer_with_frames(&self, record: Record, frames: &[u64]) {
+        self.exclusive(|drops| {
+            let stamped = Stamped { record, drops };
+            self.ring.push_with(slots::slots_for(frames.len()), |i| {
+                slots::slot(stamped, frames, i)
+            })
+        });
+    }
+
+    /// Runs `push` (given the ring's drop count) as the ring's only producer on this pCPU: with
+    /// the timer's interrupt kept out, and an NMI that lands inside counted as a drop.
+    #[inline(always)]
+    fn exclusive(&self, push: impl FnOnce(u64) -> bool) {
         x86_64::instructions::interrupts::without_interrupts(|| {
             if self.pushing.swap(true, Ordering::Acquire) {
                 self.ring.count_drop();
                 return;
             }
-            let stamped = Slot::Record(Stamped {
-                record,
-                drops: self.ring.dropped(),
-            });
-            if frames.is_empty() {
-                self.ring.push(stamped);
-            } else {
-                self.ring.push_with(slots_for(frames.len()), |i| {
-                    if i == 0 {
-                        return stamped;
-                    }
-                    let chunk = &frames[(i - 1) * SLOT_FRAMES..];
-                    Slot::Frames(match chunk.first_chunk::<SLOT_FRAMES>() {
-                        Some(whole) => *whole,
-                        None => {
-                            let mut f = [0; SLOT_FRAMES];
-                            for (slot, v) in f.iter_mut().zip(chunk) {
-                                *slot = *v;
-                            }
-                            f
-                        }
-                    })
-                });
-            }
+            push(self.ring.dropped());
             self.pushing.store(false, Ordering::Release);
         });
     }
@@ -511,37 +490,35 @@ impl CpuProfiler {
         } else {
             hvprof_samplelog::MODE_PROTECTED
         };
-        let mut buf = [MaybeUninit::uninit(); MAX_CHAIN_DEPTH];
-        let depth = stack_depth();
-        let (guest_chain, frames) = if depth == 0 {
-            (Chain::NOT_WALKED, &[][..])
-        } else {
-            let t = rdtsc();
-            let long = mode == hvprof_samplelog::MODE_LONG;
-            let walked = self.walk_guest(cr3, cpl, long, depth, &mut buf);
-            let c = &self.costs;
-            walked_since(t, walked.1.len(), &c.guest_walks, &c.guest_frames);
-            walked
+        let mut s = Sample {
+            tsc: now,
+            kind: SampleKind::Guest,
+            vm,
+            vcpu,
+            vpid,
+            guest_rip: rip,
+            guest_cr3: cr3,
+            guest_mode: hvprof_samplelog::guest_mode(cpl, mode),
+            exit_reason: exit,
+            host_rip: 0,
+            cost: 0,
+            host_chain: Chain::NOT_WALKED,
+            guest_chain: Chain::NOT_WALKED,
         };
-        self.push(
-            Sample {
-                tsc: now,
-                kind: SampleKind::Guest,
-                vm,
-                vcpu,
-                vpid,
-                guest_rip: rip,
-                guest_cr3: cr3,
-                guest_mode: hvprof_samplelog::guest_mode(cpl, mode),
-                exit_reason: exit,
-                host_rip: 0,
-                cost: 0,
-                host_chain: Chain::NOT_WALKED,
-                guest_chain,
-            },
-            frames,
-            t0,
-        )
+        let mut buf = [MaybeUninit::uninit(); MAX_CHAIN_DEPTH];
+        let frames = match stack_depth() {
+            0 => &[][..],
+            depth => {
+                let t = rdtsc();
+                let long = mode == hvprof_samplelog::MODE_LONG;
+                let (chain, frames) = self.walk_guest(cr3, cpl, long, depth, &mut buf);
+                let c = &self.costs;
+                walked_since(t, frames.len(), &c.guest_walks, &c.guest_frames);
+                s.guest_chain = chain;
+                frames
+            }
+        };
+        self.push(s, frames, t0)
     }
 
     /// The deadline clock's hypervisor sample, from the LAPIC timer's interrupt frame, or at a
@@ -562,49 +539,45 @@ impl CpuProfiler {
     /// frame pointer at `rip`, 0 if unknown). Returns its cost.
     pub fn sample_host(&self, rip: u64, fp: u64, idle: bool, t0: u64) -> u64 {
         let (vm, vcpu, vpid, exit) = self.current();
+        let mut s = Sample {
+            tsc: t0,
+            kind: if idle {
+                SampleKind::Idle
+            } else {
+                SampleKind::Hypervisor
+            },
+            vm,
+            vcpu,
+            vpid,
+            guest_rip: 0,
+            guest_cr3: 0,
+            guest_mode: 0,
+            exit_reason: exit,
+            host_rip: rip,
+            cost: 0,
+            host_chain: Chain::NOT_WALKED,
+            guest_chain: Chain::NOT_WALKED,
+        };
         // The host chain's frames, then the guest chain's: the exit's RIP and its callers.
         let mut buf = [MaybeUninit::uninit(); 2 * MAX_CHAIN_DEPTH];
         let depth = stack_depth();
-        let (mut host_chain, mut guest_chain) = (Chain::NOT_WALKED, Chain::NOT_WALKED);
         if depth > 0 {
             let t = rdtsc();
-            host_chain = self.walk_host(fp, depth, &mut buf[..MAX_CHAIN_DEPTH]).0;
-            if vm != NO_VM {
-                let h = host_chain.depth();
-                guest_chain = self.walk_exit_cause(depth, &mut buf[h..h + MAX_CHAIN_DEPTH]);
+            s.host_chain = self.walk_host(fp, depth, &mut buf[..MAX_CHAIN_DEPTH]).0;
+            if s.vm != NO_VM {
+                let h = s.host_chain.depth();
+                s.guest_chain = self.walk_exit_cause(depth, &mut buf[h..h + MAX_CHAIN_DEPTH]);
             }
-            let frames = host_chain.depth() + guest_chain.depth();
             let c = &self.costs;
-            walked_since(t, frames, &c.host_walks, &c.host_frames);
+            let n = s.host_chain.depth() + s.guest_chain.depth();
+            walked_since(t, n, &c.host_walks, &c.host_frames);
         }
-        let frames = &buf[..host_chain.depth() + guest_chain.depth()];
+        let n = s.host_chain.depth() + s.guest_chain.depth();
         // SAFETY: the walks wrote the first `depth()` slots of the parts they were given, and
         // the guest part starts where the host chain's frames end; `MaybeUninit<u64>` has the
         // layout of `u64`.
-        let frames = unsafe { &*(frames as *const [MaybeUninit<u64>] as *const [u64]) };
-        self.push(
-            Sample {
-                tsc: t0,
-                kind: if idle {
-                    SampleKind::Idle
-                } else {
-                    SampleKind::Hypervisor
-                },
-                vm,
-                vcpu,
-                vpid,
-                guest_rip: 0,
-                guest_cr3: 0,
-                guest_mode: 0,
-                exit_reason: exit,
-                host_rip: rip,
-                cost: 0,
-                host_chain,
-                guest_chain,
-            },
-            frames,
-            t0,
-        )
+        let frames = unsafe { &*(&buf[..n] as *const [MaybeUninit<u64>] as *const [u64]) };
+        self.push(s, frames, t0)
     }
 
     /// The hypervisor's callers from frame pointer `fp`, inside this pCPU's stack.
