@@ -176,6 +176,9 @@ enum Cmd {
         /// Also write the capture to this file (for timing the commands on it).
         #[arg(long)]
         write: Option<PathBuf>,
+        /// Samples carry call chains (the generator's fixed caller tree): times the chain path.
+        #[arg(long)]
+        chains: bool,
     },
     /// Writes a live stream to a capture file, byte for byte as it arrives, with a status line
     /// (on a terminal): bytes, frames, samples, events, losses, damage, rate. Stops when the
@@ -464,7 +467,8 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             samples,
             exports,
             write,
-        } => bench_synthetic(samples, exports, write.as_deref()),
+            chains,
+        } => bench_synthetic(samples, exports, write.as_deref(), chains),
         Cmd::Record {
             source,
             output,
@@ -607,14 +611,16 @@ fn run_record(
 }
 
 /// Generates a realistic synthetic capture (hvprof-samplelog's generator: 4 pCPUs, several VMs,
-/// hot functions, jitter), then times decoding and the report's aggregation.
-fn bench_synthetic(samples: u64, exports: bool, write: Option<&Path>) -> Result<()> {
+/// hot functions, jitter; with `chains`, call chains), then times decoding and the report's
+/// aggregation.
+fn bench_synthetic(samples: u64, exports: bool, write: Option<&Path>, chains: bool) -> Result<()> {
     use hvprof_samplelog::synth::{self, CaptureOptions, SynthConfig};
     use std::time::Instant;
     let pcpus = 4u16;
     let cfg = SynthConfig {
         pcpus,
         samples_per_pcpu: samples.div_ceil(u64::from(pcpus)),
+        chains,
         ..SynthConfig::default()
     };
     let cap = synth::capture(
