@@ -188,7 +188,7 @@ impl Space {
             let c = &self.funcs[caller];
             let site = 1 + (f as u64 * 37 + 16) % c.len.max(2).saturating_sub(1);
             out.push(c.start + site);
-            if (tsc >> 7) % 64 == 0 {
+            if (tsc >> 7).is_multiple_of(64) {
                 return Chain::new(out.len(), ChainEnd::BadFrame);
             }
             f = caller;
