@@ -378,3 +378,24 @@ pub fn whole_stack<'a>(p: &'a Profile, s: &Stack) -> Option<Vec<Part<'a>>> {
     out.push(Part::Leaf(f));
     Some(out)
 }
+
+/// A part's name as the flame graph and the call graph give it.
+pub fn part_name<'a>(p: &'a Profile, part: &Part<'a>) -> Cow<'a, str> {
+    match part {
+        Part::Root(n) => n.clone(),
+        Part::Process(n) => Cow::Borrowed(n),
+        Part::Truncated(end) => Cow::Borrowed(truncated_name(*end).unwrap_or("[truncated]")),
+        Part::Site(i) => Cow::Borrowed(&p.calls.frame(*i).function),
+        Part::Exit(r) => Cow::Owned(exit_frame_name(*r)),
+        Part::Leaf(f) => Cow::Borrowed(&f.function),
+    }
+}
+
+/// What distinguishes stacks' whole stacks (their layout, [`whole_stack`]): frame, named
+/// chains, exit cause, VM.
+pub type WholeKey = (u32, u32, bool, u16);
+
+/// A stack's [`WholeKey`].
+pub fn whole_key(s: &Stack) -> WholeKey {
+    (s.frame, s.calls, s.exit_cause, s.vm)
+}
