@@ -1602,6 +1602,97 @@ mod tests {
     }
 
     #[test]
+    fn chains_are_kept_with_their_samples_counted_once_and_read_again() {
+        use std::collections::HashMap as Map;
+        let cfg = synth::SynthConfig {
+            pcpus: 2,
+            samples_per_pcpu: 3000,
+            chains: true,
+            ..synth::SynthConfig::default()
+        };
+        let cap = synth::capture(&cfg, &synth::CaptureOptions::default());
+        let load = |threads| {
+            Profile::from_bytes(
+                &cap.bytes,
+                &Images::default(),
+                LoadOptions {
+                    threads,
+                    keep_guest: false,
+                    tables: true,
+                    report_only: false,
+                },
+                &Progress::hidden(),
+            )
+        };
+        let (one, three) = (load(1), load(3));
+        assert!(one.samples.has_chains());
+        assert_eq!(one.samples.len() as u64, cap.samples);
+        // Read again, every sample is found (its chain too).
+        assert_eq!(three.samples_in_order().len(), three.samples.len());
+        // Decoded in parts, the same stacks.
+        assert_eq!(crate::flame::folded(&one), crate::flame::folded(&three));
+        assert_eq!(
+            crate::callgraph::build(&one),
+            crate::callgraph::build(&three)
+        );
+        // Each stack's chains are its samples': counted per (kind, VM, address, chains) from
+        // the decoder's records and frames.
+        type ChainKey = (bool, u16, u64, Vec<u64>, ChainEnd, Vec<u64>, ChainEnd);
+        let mut want: Map<ChainKey, u64> = Map::new();
+        let d = hvprof_samplelog::decode(&cap.bytes);
+        for log in d.pcpus.values() {
+            for (s, c) in log.samples_with_chains() {
+                let hv = s.kind != SampleKind::Guest;
+                let addr = if hv { s.host_rip } else { s.guest_rip };
+                let key = (
+                    hv,
+                    s.vm,
+                    addr,
+                    c.host.to_vec(),
+                    s.host_chain.end(),
+                    c.guest.to_vec(),
+                    s.guest_chain.end(),
+                );
+                *want.entry(key).or_default() += 1;
+            }
+        }
+        let mut got: Map<ChainKey, u64> = Map::new();
+        for st in three.samples.stacks() {
+            let hv = !is_guest(st.what);
+            let key = match three.samples.chain(st.chain) {
+                Some(c) => (
+                    hv,
+                    st.vm,
+                    st.addr,
+                    c.host.to_vec(),
+                    c.host_end,
+                    c.guest.to_vec(),
+                    c.guest_end,
+                ),
+                None => (
+                    hv,
+                    st.vm,
+                    st.addr,
+                    Vec::new(),
+                    ChainEnd::NotWalked,
+                    Vec::new(),
+                    ChainEnd::NotWalked,
+                ),
+            };
+            *got.entry(key).or_default() += st.count;
+        }
+        assert_eq!(got, want);
+        // Exit causes keep their vCPU's guest context.
+        assert!(
+            three
+                .samples
+                .stacks()
+                .iter()
+                .any(|s| s.exit_cause && s.process.is_some() && s.calls != 0)
+        );
+    }
+
+    #[test]
     fn one_label_in_two_address_spaces_names_two_files() {
         use hvprof_samplelog::{FixedStr, Mapping, MappingKind, Task};
         // PID 80 reused by another run of `job`: one label, two address spaces, each mapping
