@@ -14,7 +14,14 @@
 //!   kernel ~15 % of the time; processes switch every ~50 samples;
 //! - the last exit reason changes on ~25 % of samples; 3 % of samples land in the hypervisor;
 //! - the sample path costs ~1.5 k ticks ± 64, with 1 % outliers up to +8 k;
-//! - `ring_drop_rate` of the samples are lost to a full ring (counted, not recorded).
+//! - `ring_drop_rate` of the samples are lost to a full ring (counted, not recorded);
+//! - with `chains` (off by default: the default trace is the same byte for byte), samples carry
+//!   call chains from a fixed caller tree per address space: function `i > 0` is called from
+//!   function `(i - 1) / 2`, or (for `i >= 3`, on every other 32-tick TSC slot) from the one
+//!   before it, at a fixed call site, up to function 0; guest samples carry their guest chain,
+//!   hypervisor samples their host chain and the vCPU's exit cause (its RIP, then its callers),
+//!   idle samples one host frame; one sample in 64 (by TSC) ends at a bad frame after its first
+//!   frame. The chains draw nothing from the generator's random numbers.
 
 #![allow(
     clippy::cast_possible_truncation,
@@ -26,9 +33,9 @@ use std::ops::Range;
 
 use crate::encode::{BlockEncoder, encode_end, encode_header, max_block_frame_len};
 use crate::types::{
-    BlockHeader, BuildId, Event, EventKind, FixedStr, Header, MODE_LONG, MODE_PROTECTED, NO_EXIT,
-    NO_VCPU, NO_VM, OutReason, PcpuTotals, Record, SOURCE_DEADLINE, Sample, SampleKind, VmInfo,
-    guest_mode,
+    BlockHeader, BuildId, Chain, ChainEnd, Event, EventKind, FixedStr, Header, MODE_LONG,
+    MODE_PROTECTED, NO_EXIT, NO_VCPU, NO_VM, OutReason, PcpuTotals, Record, SOURCE_DEADLINE,
+    Sample, SampleKind, VmInfo, guest_mode,
 };
 use crate::{MAX_END_PCPUS, MAX_HEADER_FRAME_LEN, max_end_frame_len};
 
@@ -83,6 +90,8 @@ pub struct SynthConfig {
     pub sample_hz: u64,
     /// Fraction of samples lost to a full ring.
     pub ring_drop_rate: f64,
+    /// Give samples call chains (see the module documentation).
+    pub chains: bool,
 }
 
 impl Default for SynthConfig {
@@ -94,6 +103,7 @@ impl Default for SynthConfig {
             tsc_hz: 2_400_000_000,
             sample_hz: 1000,
             ring_drop_rate: 0.0005,
+            chains: false,
         }
     }
 }
@@ -164,6 +174,35 @@ struct Space {
 }
 
 impl Space {
+    /// The call chain of function `f` (innermost first: the return addresses in its callers,
+    /// up to function 0) into `out`; `tsc` picks between the two callers of those that have
+    /// two. One sample in 64 (by `tsc`) ends at a bad frame after its first frame.
+    fn chain(&self, f: usize, tsc: u64, out: &mut Vec<u64>) -> Chain {
+        let mut f = f.min(self.funcs.len().saturating_sub(1));
+        while f > 0 && out.len() < crate::MAX_CHAIN_DEPTH {
+            let mut caller = (f - 1) / 2;
+            if f >= 3 && (tsc >> 5) & 1 == 1 {
+                caller = f - 1;
+            }
+            // A fixed call site in the caller: its return address, inside the caller.
+            let c = &self.funcs[caller];
+            let site = 1 + (f as u64 * 37 + 16) % c.len.max(2).saturating_sub(1);
+            out.push(c.start + site);
+            if (tsc >> 7).is_multiple_of(64) {
+                return Chain::new(out.len(), ChainEnd::BadFrame);
+            }
+            f = caller;
+        }
+        Chain::new(out.len(), ChainEnd::Complete)
+    }
+
+    /// The function holding `rip` (the last starting at or before it).
+    fn function_at(&self, rip: u64) -> usize {
+        self.funcs
+            .partition_point(|f| f.start <= rip)
+            .saturating_sub(1)
+    }
+
     fn random(rng: &mut Rng, cr3: u64, text: u64, span: u64, n: usize) -> Self {
         let mut starts: Vec<u64> = (0..n).map(|_| text + (rng.below(span) & !0xf)).collect();
         starts.sort_unstable();
@@ -253,6 +292,26 @@ impl VcpuSim {
         }
     }
 
+    /// The guest chain of a sample at `tsc` into `out`: the callers of the current function;
+    /// with `exit`, first the RIP (the exit cause of a hypervisor sample).
+    fn guest_chain(&self, tsc: u64, exit: bool, out: &mut Vec<u64>) -> Chain {
+        let space = self.current_space();
+        let start = out.len();
+        if exit {
+            out.push(self.rip);
+        }
+        let mut chain = Vec::new();
+        let c = space.chain(space.function_at(self.rip), tsc, &mut chain);
+        let room = crate::MAX_CHAIN_DEPTH - (out.len() - start);
+        out.extend(chain.iter().take(room));
+        let end = if chain.len() > room {
+            ChainEnd::DepthLimit
+        } else {
+            c.end()
+        };
+        Chain::new(out.len() - start, end)
+    }
+
     fn sample(&self, tsc: u64, kind: SampleKind, host_rip: u64, cost: u32) -> Sample {
         let cpl = if self.in_kernel || self.procs.is_empty() {
             0
@@ -308,6 +367,9 @@ struct PcpuSim {
     ring_drops: u64,
     drop_rate: f64,
     pending: VecDeque<Record>,
+    /// With chains: each pending sample's frames (host then guest), in order.
+    pending_frames: VecDeque<Vec<u64>>,
+    chains: bool,
 }
 
 impl PcpuSim {
@@ -385,15 +447,26 @@ impl PcpuSim {
             0
         };
         let cost = self.cost_base + self.rng.below(64) as u32 + spike;
+        let mut frames = Vec::new();
         let sample = match self.current {
             Some(c) => {
                 if in_hv {
                     let f = zipf_pick(&mut self.rng, &self.hv.zipf);
                     let host_rip = self.hv.funcs[f].rip(&mut self.rng);
-                    self.vcpus[c].sample(tsc, SampleKind::Hypervisor, host_rip, cost - 500)
+                    let mut s =
+                        self.vcpus[c].sample(tsc, SampleKind::Hypervisor, host_rip, cost - 500);
+                    if self.chains {
+                        s.host_chain = self.hv.chain(f, tsc, &mut frames);
+                        s.guest_chain = self.vcpus[c].guest_chain(tsc, true, &mut frames);
+                    }
+                    s
                 } else {
                     self.vcpus[c].step(&mut self.rng);
-                    self.vcpus[c].sample(tsc, SampleKind::Guest, 0, cost)
+                    let mut s = self.vcpus[c].sample(tsc, SampleKind::Guest, 0, cost);
+                    if self.chains {
+                        s.guest_chain = self.vcpus[c].guest_chain(tsc, false, &mut frames);
+                    }
+                    s
                 }
             }
             None => Sample {
@@ -408,6 +481,12 @@ impl PcpuSim {
                 exit_reason: NO_EXIT,
                 host_rip: self.idle_rip,
                 cost: cost - 700,
+                host_chain: if self.chains {
+                    frames.push(self.hv.funcs[0].start + 0x21);
+                    Chain::new(1, ChainEnd::Complete)
+                } else {
+                    Chain::NOT_WALKED
+                },
                 ..Sample::default()
             },
         };
@@ -415,6 +494,9 @@ impl PcpuSim {
             self.ring_drops += 1;
         } else {
             self.pending.push_back(Record::Sample(sample));
+            if self.chains {
+                self.pending_frames.push_back(frames);
+            }
         }
         true
     }
@@ -462,6 +544,8 @@ impl Generator {
                 ring_drops: 0,
                 drop_rate: cfg.ring_drop_rate,
                 pending: VecDeque::new(),
+                pending_frames: VecDeque::new(),
+                chains: cfg.chains,
             })
             .collect();
         let mut global = 0usize;
@@ -533,9 +617,23 @@ impl Generator {
 
     /// Next record of pCPU `pcpu`, `None` when it is done.
     pub fn next_record(&mut self, pcpu: usize) -> Option<Record> {
+        let mut frames = Vec::new();
+        self.next_record_with_frames(pcpu, &mut frames)
+    }
+
+    /// Next record of pCPU `pcpu` (`None` when it is done); a sample's chain frames (host then
+    /// guest, with `SynthConfig::chains`) are added to `frames`.
+    pub fn next_record_with_frames(
+        &mut self,
+        pcpu: usize,
+        frames: &mut Vec<u64>,
+    ) -> Option<Record> {
         let p = self.pcpus.get_mut(pcpu)?;
         loop {
             if let Some(r) = p.pending.pop_front() {
+                if p.chains && matches!(r, Record::Sample(_)) {
+                    frames.extend(p.pending_frames.pop_front().unwrap_or_default());
+                }
                 return Some(r);
             }
             if !p.step() {
@@ -560,6 +658,8 @@ pub struct PcpuTrace {
     pub records: Vec<Record>,
     /// Its final ring-drop count.
     pub ring_drops: u64,
+    /// Its samples' chain frames (with `SynthConfig::chains`; see [`crate::with_chains`]).
+    pub frames: Vec<u64>,
 }
 
 /// A whole synthetic trace.
@@ -577,14 +677,15 @@ pub fn generate(cfg: &SynthConfig) -> SynthTrace {
     let mut g = Generator::new(cfg);
     let pcpus = (0..g.pcpus())
         .map(|i| {
-            let mut records = Vec::new();
-            while let Some(r) = g.next_record(i) {
+            let (mut records, mut frames) = (Vec::new(), Vec::new());
+            while let Some(r) = g.next_record_with_frames(i, &mut frames) {
                 records.push(r);
             }
             PcpuTrace {
                 pcpu: g.pcpus[i].pcpu,
                 records,
                 ring_drops: g.ring_drops(i),
+                frames,
             }
         })
         .collect();
@@ -687,7 +788,13 @@ pub fn capture(cfg: &SynthConfig, opts: &CaptureOptions) -> Capture {
         totals: Vec::new(),
         samples: 0,
     };
-    let mut buf = vec![0u8; max_block_frame_len(block_records, 0).max(MAX_HEADER_FRAME_LEN)];
+    let chain_frames = if cfg.chains {
+        block_records * 2 * crate::MAX_CHAIN_DEPTH
+    } else {
+        0
+    };
+    let mut buf =
+        vec![0u8; max_block_frame_len(block_records, chain_frames).max(MAX_HEADER_FRAME_LEN)];
     let mut text_rng = Rng::new(cfg.seed ^ 0xc0ffee);
     let mut push_frame =
         |out: &mut Capture, frame: &[u8], kind: FrameKind, records: Vec<Record>| {
@@ -712,14 +819,16 @@ pub fn capture(cfg: &SynthConfig, opts: &CaptureOptions) -> Capture {
         .collect();
     let mut done = vec![false; g.pcpus()];
     let mut records = Vec::with_capacity(block_records);
+    let mut frames = Vec::new();
     while done.iter().any(|d| !d) {
         for i in 0..g.pcpus() {
             if done[i] {
                 continue;
             }
             records.clear();
+            frames.clear();
             while records.len() < block_records {
-                match g.next_record(i) {
+                match g.next_record_with_frames(i, &mut frames) {
                     Some(r) => records.push(r),
                     None => {
                         done[i] = true;
@@ -732,7 +841,7 @@ pub fn capture(cfg: &SynthConfig, opts: &CaptureOptions) -> Capture {
             }
             let header = encoders[i].next_header(g.ring_drops(i));
             let n = encoders[i]
-                .encode(&records, &[], g.ring_drops(i), &mut buf)
+                .encode(&records, &frames, g.ring_drops(i), &mut buf)
                 .expect("buffer sized by max_block_frame_len");
             let samples = records
                 .iter()
@@ -824,6 +933,73 @@ mod tests {
                 assert!(w[1] > w[0]);
                 assert!(w[1] - w[0] < 3 * cfg.period_ticks());
             }
+        }
+    }
+
+    #[test]
+    fn chains_are_optional_and_decode_as_generated() {
+        let cfg = SynthConfig {
+            pcpus: 2,
+            samples_per_pcpu: 4000,
+            ..SynthConfig::default()
+        };
+        // Off by default: no chain, no frame.
+        let plain = generate(&cfg);
+        assert!(plain.pcpus.iter().all(|p| p.frames.is_empty()));
+        assert!(plain.pcpus.iter().all(|p| {
+            p.records
+                .iter()
+                .filter_map(Record::as_sample)
+                .all(|s| s.host_chain == Chain::NOT_WALKED && s.guest_chain == Chain::NOT_WALKED)
+        }));
+        let cfg = SynthConfig {
+            chains: true,
+            ..cfg
+        };
+        let trace = generate(&cfg);
+        // The same samples, with chains.
+        for (a, b) in plain.pcpus.iter().zip(&trace.pcpus) {
+            let strip = |r: &Record| match r {
+                Record::Sample(s) => Record::Sample(Sample {
+                    host_chain: Chain::NOT_WALKED,
+                    guest_chain: Chain::NOT_WALKED,
+                    ..*s
+                }),
+                e => *e,
+            };
+            assert_eq!(a.records, b.records.iter().map(strip).collect::<Vec<_>>());
+        }
+        let samples: Vec<(&Sample, crate::Chains)> = trace
+            .pcpus
+            .iter()
+            .flat_map(|p| {
+                crate::with_chains(&p.records, &p.frames)
+                    .filter_map(|(r, c)| Some((r.as_sample()?, c)))
+            })
+            .collect();
+        let exit_causes = samples
+            .iter()
+            .filter(|(s, c)| {
+                s.kind == SampleKind::Hypervisor && c.guest.first() == Some(&s.guest_rip)
+            })
+            .count();
+        assert!(exit_causes > 0);
+        assert!(
+            samples
+                .iter()
+                .any(|(s, _)| s.guest_chain.end() == ChainEnd::BadFrame)
+        );
+        assert!(samples.iter().any(|(_, c)| c.guest.len() >= 3));
+        assert!(samples.iter().all(|(s, c)| {
+            c.host.len() == s.host_chain.depth() && c.guest.len() == s.guest_chain.depth()
+        }));
+        // The capture decodes to the same records and frames.
+        let cap = capture(&cfg, &CaptureOptions::default());
+        let d = crate::decode(&cap.bytes);
+        for p in &trace.pcpus {
+            let log = &d.pcpus[&p.pcpu];
+            assert_eq!(log.records, p.records);
+            assert_eq!(log.frames, p.frames);
         }
     }
 }

@@ -5,6 +5,12 @@
 //! samples (stack: whom it worked for and on which exit, function) and the idle loop's, and a
 //! "records lost" marker over each range where the pCPU's records are missing.
 //! pids and tids are those of the `perf script` output.
+//!
+//! A sample with call chains has its whole stack (`calls::whole_stack`) as its frames: guest
+//! samples their process, their callers and their function; the hypervisor's whom it worked
+//! for, its callers and its function; on a vCPU's exit with its guest chain, the VM, the guest's
+//! frames, `[exit: REASON]`, the hypervisor's frames, its function (on its pCPU's thread). The
+//! callers' frames have the category of their code (guest kernel or user, hypervisor).
 
 use std::io::Write;
 
@@ -19,6 +25,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use hvprof_samplelog::{EventKind, OutReason};
 
+use crate::calls::{Part, part_name, whole_stack};
 use crate::profile::{Profile, What};
 use crate::progress::Progress;
 use crate::script::ids;
@@ -108,9 +115,26 @@ pub fn build(p: &Profile, progress: &Progress) -> FxProfile {
     };
 
     progress.phase("firefox", Some(p.samples.len() as u64), "samples");
-    // Stacks per (thread, frame), and the previous sample time per thread (CPU deltas).
-    let mut stacks: HashMap<(ThreadHandle, u32), Option<fxprof_processed_profile::StackHandle>> =
+    // Stacks per (thread, frame, named chains, exit cause).
+    type StackKey = (ThreadHandle, u32, u32, bool);
+    let mut stacks: HashMap<StackKey, Option<fxprof_processed_profile::StackHandle>> =
         HashMap::default();
+    let category = |what: What| -> CategoryPairHandle {
+        match what {
+            What::GuestUser => user.into(),
+            What::GuestKernel => kernel.into(),
+            What::Hypervisor => hyper.into(),
+            What::Idle => idle.into(),
+        }
+    };
+    // A guest function's label: with its module.
+    let guest_label = |function: &str, module: &str| {
+        if module.is_empty() {
+            function.to_owned()
+        } else {
+            format!("{function} ({module})")
+        }
+    };
     let mut i = 0u64;
     p.for_each_sample(|s| {
         let guest = matches!(s.what, What::GuestKernel | What::GuestUser);
@@ -119,23 +143,47 @@ pub fn build(p: &Profile, progress: &Progress) -> FxProfile {
         } else {
             thread(&mut fx, false, s.pcpu, 0)
         };
-        let stack = *stacks.entry((t, s.frame)).or_insert_with(|| {
+        let st = &p.samples.stacks()[s.stack as usize];
+        let key = (t, s.frame, st.calls, st.exit_cause);
+        let stack = *stacks.entry(key).or_insert_with(|| {
             let f = &p.frames[s.frame as usize];
-            let cat: CategoryPairHandle = match s.what {
-                What::GuestUser => user.into(),
-                What::GuestKernel => kernel.into(),
-                What::Hypervisor => hyper.into(),
-                What::Idle => idle.into(),
-            };
+            let cat = category(s.what);
+            if let Some(parts) = whole_stack(p, st) {
+                let frames: Vec<FrameInfo> = parts
+                    .iter()
+                    .filter_map(|part| {
+                        let (name, cat) = match part {
+                            // The thread is the VM's or the hypervisor's already.
+                            Part::Root(_) if !st.exit_cause && s.what != What::Idle => {
+                                return None;
+                            }
+                            Part::Site(i) => {
+                                let c = p.calls.frame(*i);
+                                let name = if c.what == What::Hypervisor {
+                                    c.function.clone()
+                                } else {
+                                    guest_label(&c.function, &c.module)
+                                };
+                                (name, category(c.what))
+                            }
+                            Part::Leaf(f) if guest => (guest_label(&f.function, &f.module), cat),
+                            other => (part_name(p, other).into_owned(), cat),
+                        };
+                        (!name.is_empty()).then_some((name, cat))
+                    })
+                    .map(|(n, cat)| FrameInfo {
+                        frame: Frame::Label(fx.intern_string(&n)),
+                        category_pair: cat,
+                        flags: FrameFlags::empty(),
+                    })
+                    .collect();
+                return fx.intern_stack_frames(t, frames.into_iter());
+            }
             let mut names: Vec<String> = Vec::new();
             match s.what {
                 What::GuestKernel | What::GuestUser => {
                     names.push(f.process.clone());
-                    names.push(if f.module.is_empty() {
-                        f.function.clone()
-                    } else {
-                        format!("{} ({})", f.function, f.module)
-                    });
+                    names.push(guest_label(&f.function, &f.module));
                 }
                 What::Hypervisor => {
                     names.push(f.process.clone());

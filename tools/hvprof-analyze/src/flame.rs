@@ -2,6 +2,13 @@
 //! samples. Guest code sits under its VM and process, the hypervisor's under `[hypervisor]` and
 //! whom it worked for, and `[idle]` alone. Samples the log lost (the loss ranges of the report:
 //! blocks lost on the way, ring drops) are one frame `[lost]` as wide as they were.
+//!
+//! A sample with call chains is its whole stack instead (`calls::whole_stack`):
+//! `VM;process;[guest frames];function` for guest code, `[hypervisor];whom;[hypervisor
+//! frames];function` for the hypervisor's, `VM;[guest frames];[exit: REASON];[hypervisor
+//! frames];function` for the hypervisor's work on a vCPU's exit whose guest chain was walked
+//! (its exit cause), `[idle];[hypervisor frames];[idle]`; a cut chain starts at its
+//! `[truncated: ...]` frame.
 
 use std::io::Write;
 
@@ -9,6 +16,7 @@ use anyhow::{Context, Result};
 use inferno::flamegraph::{self, Options};
 use rustc_hash::FxHashMap as HashMap;
 
+use crate::calls::{WholeKey, part_name, whole_key, whole_stack};
 use crate::profile::Profile;
 
 /// Samples the log lost, over every loss range.
@@ -24,14 +32,28 @@ fn lost(p: &Profile) -> u64 {
 /// the log lost.
 pub fn folded(p: &Profile) -> Vec<String> {
     let mut counts: HashMap<u32, u64> = HashMap::default();
-    for s in p.samples.stacks() {
-        *counts.entry(s.frame).or_default() += s.count;
+    let mut chained: HashMap<WholeKey, (usize, u64)> = HashMap::default();
+    for (i, s) in p.samples.stacks().iter().enumerate() {
+        if s.calls == 0 {
+            *counts.entry(s.frame).or_default() += s.count;
+        } else {
+            chained.entry(whole_key(s)).or_insert((i, 0)).1 += s.count;
+        }
     }
     let mut by_stack: HashMap<String, u64> = HashMap::default();
     for (frame, n) in counts {
         *by_stack
             .entry(p.frames[frame as usize].folded())
             .or_default() += n;
+    }
+    for (i, n) in chained.into_values() {
+        let s = &p.samples.stacks()[i];
+        let names: Vec<String> = whole_stack(p, s)
+            .unwrap_or_default()
+            .iter()
+            .map(|part| part_name(p, part).replace(';', ","))
+            .collect();
+        *by_stack.entry(names.join(";")).or_default() += n;
     }
     let lost = lost(p);
     if lost > 0 {
@@ -53,7 +75,7 @@ pub fn write(p: &Profile, title: &str, interactive: bool, out: &mut dyn Write) -
     opts.title = title.to_owned();
     let lost = lost(p);
     opts.subtitle = Some(format!(
-        "{} samples{}, {} pCPU(s), period {} ticks; VM;process;module;function",
+        "{} samples{}, {} pCPU(s), period {} ticks; VM;process;{}function",
         p.samples.len(),
         if lost > 0 {
             format!(" and {lost} lost ([lost])")
@@ -61,7 +83,12 @@ pub fn write(p: &Profile, title: &str, interactive: bool, out: &mut dyn Write) -
             String::new()
         },
         p.pcpus,
-        p.period_ticks
+        p.period_ticks,
+        if p.samples.has_chains() {
+            "callers;"
+        } else {
+            "module;"
+        }
     ));
     opts.count_name = "samples".into();
     opts.deterministic = true;

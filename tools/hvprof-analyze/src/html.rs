@@ -1,11 +1,13 @@
 //! One self-contained HTML page: the capture's figures, the timeline and the flame graph (inline
-//! SVG), the report's tables (host level, every VM and vCPU) and the exit statistics. No script,
-//! no external resource: it opens from a file, offline.
+//! SVG), the report's tables (host level, every VM and vCPU), the call graph (a capture with call
+//! chains) and the exit statistics. No script, no external resource: it opens from a file,
+//! offline.
 
 use std::fmt::Write;
 
 use anyhow::Result;
 
+use crate::callgraph::CallGraph;
 use crate::chart::Timeline;
 use crate::profile::Profile;
 use crate::report::{Level, Row, Section, cells};
@@ -90,6 +92,72 @@ fn section(out: &mut String, s: &Section, top: usize) {
     if s.level == Level::Host {
         out.push_str("<h2 id=guests>Guest level</h2>\n");
     }
+}
+
+/// The call graph: per level its functions by children, with self; the exit causes; the cut
+/// chains (`crate::callgraph`).
+fn call_graph_section(out: &mut String, g: &CallGraph, top: usize) {
+    out.push_str("<h2 id=calls>Call graph</h2>\n<p class=note>Children: the samples whose stack holds the function; Self: those whose leaf it is (as perf report --children). Host level: every sample as the pCPUs saw it (a guest sample is its VM); VM level: its guest samples with their guest callers.</p>\n");
+    let pct = |n: u64, total: u64| {
+        if total == 0 {
+            0.0
+        } else {
+            100.0 * n as f64 / total as f64
+        }
+    };
+    for l in &g.levels {
+        let title = if l.level == "host" {
+            "Host level".to_owned()
+        } else {
+            format!("VM {}", l.level)
+        };
+        let _ = writeln!(out, "<h3>{}</h3><p>{} samples</p>", esc(&title), l.samples);
+        out.push_str("<table><thead><tr><th>Children</th><th>Self</th><th>Function</th><th>Callers</th></tr></thead><tbody>\n");
+        let fs: Vec<_> = g.functions.iter().filter(|f| f.level == l.level).collect();
+        for f in fs.iter().take(top) {
+            let callers: Vec<String> = g
+                .edges
+                .iter()
+                .filter(|e| e.level == l.level && e.callee == f.function)
+                .take(3)
+                .map(|e| format!("{} ({:.2}%)", e.caller, pct(e.samples, l.samples)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "<tr><td class=n>{:.2}%</td><td class=n>{:.2}%</td><td>{}</td><td>{}</td></tr>",
+                pct(f.total, l.samples),
+                pct(f.self_samples, l.samples),
+                esc(&f.function),
+                esc(&callers.join(", "))
+            );
+        }
+        out.push_str("</tbody></table>\n");
+        if fs.len() > top {
+            let _ = writeln!(out, "<p class=note>… {} more functions</p>", fs.len() - top);
+        }
+    }
+    if !g.exit_causes.is_empty() {
+        let host = g.levels.first().map_or(0, |l| l.samples);
+        out.push_str("<h3>Exit causes</h3><p class=note>The guest code at the exits whose handling the hypervisor's samples caught: the function at the exit's RIP and its caller.</p>\n<table><thead><tr><th>VM</th><th>Samples</th><th>%Host</th><th>Exit</th><th>Guest function</th><th>Caller</th></tr></thead><tbody>\n");
+        for c in g.exit_causes.iter().take(top) {
+            let _ = writeln!(
+                out,
+                "<tr><td>{}</td><td class=n>{}</td><td class=n>{:.2}%</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&c.vm),
+                c.samples,
+                pct(c.samples, host),
+                esc(&c.exit_reason),
+                esc(&c.guest_function),
+                esc(c.guest_caller.as_deref().unwrap_or("–"))
+            );
+        }
+        out.push_str("</tbody></table>\n");
+    }
+    let _ = writeln!(
+        out,
+        "<p class=note>Cut chains: {} samples at the walker's depth limit, {} at a bad frame (their outermost frame is [truncated: ...]).</p>",
+        g.truncated.depth_limit, g.truncated.bad_frame
+    );
 }
 
 fn sampled_table(out: &mut String, title: &str, t: &SampledTable) {
@@ -205,7 +273,12 @@ pub fn render(p: &Profile, source: &str, bins: usize, top: usize) -> Result<Stri
     for w in &r.warnings {
         let _ = writeln!(out, "<p class=warn>warning: {}</p>", esc(w));
     }
-    out.push_str("<nav><a href=#timeline>Timeline</a><a href=#flame>Flame graph</a><a href=#host>Host level</a><a href=#guests>Guest level</a><a href=#stat>Exit statistics</a></nav>\n");
+    let calls = p.samples.has_chains().then(|| crate::callgraph::build(p));
+    out.push_str("<nav><a href=#timeline>Timeline</a><a href=#flame>Flame graph</a><a href=#host>Host level</a><a href=#guests>Guest level</a>");
+    if calls.is_some() {
+        out.push_str("<a href=#calls>Call graph</a>");
+    }
+    out.push_str("<a href=#stat>Exit statistics</a></nav>\n");
     let (start, end) = p.span();
     let _ = writeln!(
         out,
@@ -245,11 +318,19 @@ pub fn render(p: &Profile, source: &str, bins: usize, top: usize) -> Result<Stri
     );
     let _ = writeln!(
         out,
-        "<h2 id=flame>Flame graph</h2><p class=note>VM; process; module; function. Hover a frame for its samples.</p><figure>{}</figure>",
+        "<h2 id=flame>Flame graph</h2><p class=note>{}. Hover a frame for its samples.</p><figure>{}</figure>",
+        if calls.is_some() {
+            "VM; process; callers; function (samples without call chains: VM; process; module; function)"
+        } else {
+            "VM; process; module; function"
+        },
         flame
     );
     for s in r.sections(None) {
         section(&mut out, &s, top);
+    }
+    if let Some(g) = &calls {
+        call_graph_section(&mut out, g, top);
     }
     stat_section(&mut out, &stat);
     out.push_str("<p class=note>Made by hvprof-analyze.</p>\n</body></html>\n");

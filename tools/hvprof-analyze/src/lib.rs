@@ -4,6 +4,8 @@
 //! commands over a stream as it arrives (`record`, `top`).
 //! The binary (`main.rs`) is the command line over it.
 
+pub mod callgraph;
+pub mod calls;
 pub mod chart;
 pub mod cost;
 pub mod eh_frame;

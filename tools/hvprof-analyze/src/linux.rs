@@ -28,9 +28,14 @@ pub struct GuestKernel {
 impl GuestKernel {
     /// The function at a runtime kernel address.
     pub fn function(&self, rip: u64) -> Option<&str> {
+        self.function_offset(rip).map(|(name, _)| name)
+    }
+
+    /// The function at a runtime kernel address, and the address's offset from its start.
+    pub fn function_offset(&self, rip: u64) -> Option<(&str, u64)> {
         self.image
             .lookup(rip, self.slide)
-            .map(|h| h.symbol.name.as_str())
+            .map(|h| (h.symbol.name.as_str(), h.offset))
     }
 }
 
@@ -55,12 +60,25 @@ const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
 
 /// The kernel-mode function name of `rip` in a VM with `kernel` (if known).
 pub fn kernel_function(kernel: Option<&GuestKernel>, rip: u64) -> String {
+    kernel_symbol(kernel, rip).0
+}
+
+/// [`kernel_function`] with the address's offset from the function's start (`None` when it is
+/// not named).
+pub fn kernel_symbol(kernel: Option<&GuestKernel>, rip: u64) -> (String, Option<u64>) {
     if rip < KERNEL_HALF {
-        return EARLY_BOOT.to_owned();
+        return (EARLY_BOOT.to_owned(), None);
     }
-    kernel
-        .and_then(|k| k.function(rip))
-        .map_or_else(|| format!("[unknown] {rip:#x}"), str::to_owned)
+    kernel.and_then(|k| k.function_offset(rip)).map_or_else(
+        || (format!("[unknown] {rip:#x}"), None),
+        |(name, off)| (name.to_owned(), Some(off)),
+    )
+}
+
+/// Whether `addr` is in the kernel's half of a 64-bit address space (a Linux guest's kernel
+/// code; user code is in the lower half).
+pub const fn is_kernel_address(addr: u64) -> bool {
+    addr >= KERNEL_HALF
 }
 
 /// A process as the report names it: `comm[tgid]`, the pid when it differs (a thread).

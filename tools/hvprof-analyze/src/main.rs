@@ -2,7 +2,7 @@
 //! in it) and prints the unified profile of the machine, or draws it, or exports it.
 //!
 //! ```text
-//! hvprof-analyze report LOG [--hypervisor ELF] [--image ELF]... [--kernel VMLINUX] [--json] [--top N] [--vm NAME]
+//! hvprof-analyze report LOG [--hypervisor ELF] [--image ELF]... [--kernel VMLINUX] [--json] [--top N] [--vm NAME] [--call-graph]
 //! hvprof-analyze timeline LOG [...] [-o FILE.svg] [--bins N]
 //! hvprof-analyze flamegraph LOG [...] [-o FILE.svg]
 //! hvprof-analyze stat LOG [...] [--json]
@@ -25,7 +25,9 @@ use clap::{Args, Parser, Subcommand};
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
 use hvprof_analyze::symbols::Images;
-use hvprof_analyze::{chart, firefox, flame, html, pprof, record, script, source, stat, text, top};
+use hvprof_analyze::{
+    callgraph, chart, firefox, flame, html, pprof, record, script, source, stat, text, top,
+};
 
 #[derive(Parser)]
 #[command(
@@ -101,6 +103,12 @@ enum Cmd {
         /// Only this VM's guest-level table.
         #[arg(long)]
         vm: Option<String>,
+        /// The call graph from the samples' call chains, like `perf report --children -g
+        /// caller`: per function its Children% (samples whose stack holds it) and Self%, at the
+        /// host level and per VM, the callers and callees of the top functions, the guest code
+        /// at the exits the hypervisor's samples caught (exit causes). JSON: "call_graph".
+        #[arg(long)]
+        call_graph: bool,
     },
     /// Stacked bars over host time per pCPU and per vCPU (SVG): guest user, guest kernel,
     /// hypervisor by exit reason, idle, steal.
@@ -176,6 +184,9 @@ enum Cmd {
         /// Also write the capture to this file (for timing the commands on it).
         #[arg(long)]
         write: Option<PathBuf>,
+        /// Samples carry call chains (the generator's fixed caller tree): times the chain path.
+        #[arg(long)]
+        chains: bool,
     },
     /// Writes a live stream to a capture file, byte for byte as it arrives, with a status line
     /// (on a terminal): bytes, frames, samples, events, losses, damage, rate. Stops when the
@@ -353,22 +364,30 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             json,
             top,
             vm,
+            call_graph,
         } => {
             let log = &input.log;
             let bytes =
                 std::fs::read(log).with_context(|| format!("cannot read {}", log.display()))?;
             let imgs = load_images(&input)?;
             // A capture without samples still gets its report (what was lost, the warnings).
+            // The call graph needs every stack and chain named.
             let options = LoadOptions {
-                report_only: true,
+                report_only: !call_graph,
                 ..load_options(&input, true)
             };
-            let r = Profile::from_vec(bytes, &imgs, options, progress).report;
+            let p = Profile::from_vec(bytes, &imgs, options, progress);
             progress.phase("tables", None, "rows");
+            let graph = call_graph.then(|| callgraph::build(&p));
+            let mut r = p.report;
+            r.call_graph = graph;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 print!("{}", text::render(&r, top, vm.as_deref()));
+                if let Some(g) = &r.call_graph {
+                    print!("\n{}", callgraph::render(g, top, vm.as_deref()));
+                }
             }
             Ok(())
         }
@@ -464,7 +483,8 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             samples,
             exports,
             write,
-        } => bench_synthetic(samples, exports, write.as_deref()),
+            chains,
+        } => bench_synthetic(samples, exports, write.as_deref(), chains),
         Cmd::Record {
             source,
             output,
@@ -607,14 +627,16 @@ fn run_record(
 }
 
 /// Generates a realistic synthetic capture (hvprof-samplelog's generator: 4 pCPUs, several VMs,
-/// hot functions, jitter), then times decoding and the report's aggregation.
-fn bench_synthetic(samples: u64, exports: bool, write: Option<&Path>) -> Result<()> {
+/// hot functions, jitter; with `chains`, call chains), then times decoding and the report's
+/// aggregation.
+fn bench_synthetic(samples: u64, exports: bool, write: Option<&Path>, chains: bool) -> Result<()> {
     use hvprof_samplelog::synth::{self, CaptureOptions, SynthConfig};
     use std::time::Instant;
     let pcpus = 4u16;
     let cfg = SynthConfig {
         pcpus,
         samples_per_pcpu: samples.div_ceil(u64::from(pcpus)),
+        chains,
         ..SynthConfig::default()
     };
     let cap = synth::capture(

@@ -282,13 +282,7 @@ impl<'a> Namer<'a> {
     /// several, the last read: the hypervisor reads a process's maps again when a sample falls
     /// outside those it knows (after a `dlopen`, an `munmap` and `mmap`). Without symbols for
     /// the file: `[unknown] file+offset`.
-    fn mapped_function(
-        &self,
-        vm: u16,
-        label: &str,
-        cr3: u64,
-        rip: u64,
-    ) -> Option<(String, String)> {
+    fn mapped_function(&self, vm: u16, label: &str, cr3: u64, rip: u64) -> Option<Symbol> {
         let list = self
             .mappings
             .get(&(vm, task_tgid(label)?, address_space(cr3)))?;
@@ -299,17 +293,25 @@ impl<'a> Namer<'a> {
             .max_by_key(|m| m.tsc)?;
         let named = m.symbols.and_then(|r| {
             self.mapped_symbols(r)
-                .lookup_mapped(rip, m.start, m.pgoff)
-                .map(str::to_owned)
+                .lookup_mapped_offset(rip, m.start, m.pgoff)
+                .map(|(name, off)| (name.to_owned(), off))
         });
-        let function = named.unwrap_or_else(|| {
-            format!(
-                "[unknown] {}+{:#x}",
-                m.file,
-                rip - m.start + m.pgoff.saturating_mul(4096)
-            )
-        });
-        Some((function, m.file.clone()))
+        let (function, offset) = match named {
+            Some((name, off)) => (name, Some(off)),
+            None => (
+                format!(
+                    "[unknown] {}+{:#x}",
+                    m.file,
+                    rip - m.start + m.pgoff.saturating_mul(4096)
+                ),
+                None,
+            ),
+        };
+        Some(Symbol {
+            function,
+            module: m.file.clone(),
+            offset,
+        })
     }
 
     /// The VM's name (`vm<N>` for a VM the header does not list).
@@ -388,11 +390,22 @@ impl<'a> Namer<'a> {
         cr3: u64,
         process: Option<&str>,
     ) -> (String, String) {
+        let s = self.guest_symbol(vm, user, rip, cr3, process);
+        (s.function, s.module)
+    }
+
+    /// [`Namer::guest_function`] with the address's offset in its function, where the symbol
+    /// source gives the function's start.
+    pub fn guest_symbol(
+        &self,
+        vm: u16,
+        user: bool,
+        rip: u64,
+        cr3: u64,
+        process: Option<&str>,
+    ) -> Symbol {
         if !self.is_linux(vm) {
-            return (
-                function_name(self.guest_symbols(vm), rip),
-                self.vm_image(vm).to_owned(),
-            );
+            return Symbol::from_lookup(self.guest_symbols(vm), rip, self.vm_image(vm));
         }
         if user {
             if let Some(named) = process.and_then(|p| self.mapped_function(vm, p, cr3, rip)) {
@@ -400,8 +413,12 @@ impl<'a> Namer<'a> {
             }
             let comm = process.map(|p| p.split_once('[').map_or(p, |(c, _)| c));
             match comm.and_then(|c| self.images.guests.iter().find(|s| s.module == c)) {
-                Some(s) => (function_name(Some(s), rip), s.module.clone()),
-                None => (format!("[unknown] {rip:#x}"), "[unknown]".into()),
+                Some(s) => Symbol::from_lookup(Some(s), rip, &s.module),
+                None => Symbol {
+                    function: format!("[unknown] {rip:#x}"),
+                    module: "[unknown]".into(),
+                    offset: None,
+                },
             }
         } else if let Some(m) = self
             .modules
@@ -412,26 +429,61 @@ impl<'a> Namer<'a> {
             // .ko places there, else its name and the offset in its core, never the nearest
             // kernel symbol.
             let offset = rip - m.start;
-            let function = m
+            let found = m
                 .symbols
                 .and_then(|i| self.module_symbols.get(i))
-                .and_then(|s| s.lookup(offset))
-                .map_or_else(
-                    || format!("[unknown] {}+{offset:#x}", m.name),
-                    str::to_owned,
-                );
-            (function, format!("[{}]", m.name))
+                .and_then(|s| s.lookup_offset(offset));
+            let (function, offset) = match found {
+                Some((name, off)) => (name.to_owned(), Some(off)),
+                None => (format!("[unknown] {}+{offset:#x}", m.name), None),
+            };
+            Symbol {
+                function,
+                module: format!("[{}]", m.name),
+                offset,
+            }
         } else {
-            (
-                crate::linux::kernel_function(self.kernels.get(&vm), rip),
-                KERNEL_MODULE.into(),
-            )
+            let (function, offset) = crate::linux::kernel_symbol(self.kernels.get(&vm), rip);
+            Symbol {
+                function,
+                module: KERNEL_MODULE.into(),
+                offset,
+            }
         }
     }
 
     /// A hypervisor address's function.
     pub fn hypervisor_function(&self, rip: u64) -> String {
         function_name(self.images.hypervisor.as_ref(), rip)
+    }
+
+    /// A hypervisor address's function, with the address's offset in it when named.
+    pub fn hypervisor_symbol(&self, rip: u64) -> Symbol {
+        Symbol::from_lookup(self.images.hypervisor.as_ref(), rip, "hvprof")
+    }
+}
+
+/// An address named: its function, the module it is in, and its offset from the function's
+/// start when the symbol source gives the start (`None` for an address without a function).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Symbol {
+    pub function: String,
+    pub module: String,
+    pub offset: Option<u64>,
+}
+
+impl Symbol {
+    /// `addr` in `symbols`, or `[unknown]` with the address (as [`function_name`]).
+    fn from_lookup(symbols: Option<&Symbols>, addr: u64, module: &str) -> Symbol {
+        let (function, offset) = match symbols.and_then(|s| s.lookup_offset(addr)) {
+            Some((name, off)) => (name.to_owned(), Some(off)),
+            None => (function_name(None, addr), None),
+        };
+        Symbol {
+            function,
+            module: module.to_owned(),
+            offset,
+        }
     }
 }
 

@@ -8,6 +8,12 @@
 //! `process`, `vcpu`, `cr3` and `pcpu`. One pprof sample per distinct (stack, labels), with its
 //! counts. Lost records are samples with the one frame `[lost]` (values: the samples missing),
 //! labelled `pcpu`, `lost_from_tsc` and `lost_to_tsc`, and a comment line per loss range.
+//!
+//! A sample with call chains has one location per frame of its whole stack, leaf first
+//! (`calls::whole_stack`): its function, its callers (each a function of its module), a cut
+//! chain's `[truncated: ...]`, then the outer frames; a hypervisor sample on a vCPU's exit has
+//! the hypervisor's frames, `[exit: REASON]`, the guest's frames from the exit's RIP out, then
+//! its VM.
 
 use std::io::Write;
 
@@ -17,6 +23,7 @@ use flate2::write::GzEncoder;
 use prost::Message;
 use rustc_hash::FxHashMap as HashMap;
 
+use crate::calls::{Part, WholeKey, part_name, whole_key, whole_stack};
 use crate::profile::{Profile, What};
 use crate::progress::Progress;
 
@@ -227,7 +234,7 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
         id
     };
     // Each frame's stack, leaf first.
-    let stacks: Vec<Vec<u64>> = p
+    let mut stacks: Vec<Vec<u64>> = p
         .frames
         .iter()
         .map(|f| {
@@ -249,12 +256,48 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
         strings.get("cr3"),
         strings.get("pcpu"),
     ];
-    // (frame, vm, vcpu, cr3, pcpu) → samples, from the distinct stacks.
+    // Stacks with chains: their locations, leaf first, per distinct whole stack (numbered
+    // after the frames).
+    let mut chained: HashMap<WholeKey, u32> = HashMap::default();
+    // Each stack's guest process (its frame's).
+    let mut process_of: Vec<&str> = p.frames.iter().map(|f| f.process.as_str()).collect();
+    for s in p
+        .samples
+        .stacks()
+        .iter()
+        .filter(|s| s.count > 0 && s.calls != 0)
+    {
+        let next = (stacks.len()) as u32;
+        chained.entry(whole_key(s)).or_insert_with(|| {
+            let parts = whole_stack(p, s).unwrap_or_default();
+            let st = parts
+                .iter()
+                .rev()
+                .map(|part| match part {
+                    Part::Leaf(f) => location(&f.function, &f.module, &mut strings),
+                    Part::Site(i) => {
+                        let f = p.calls.frame(*i);
+                        location(&f.function, &f.module, &mut strings)
+                    }
+                    other => location(&part_name(p, other), "", &mut strings),
+                })
+                .collect();
+            stacks.push(st);
+            process_of.push(&p.frames[s.frame as usize].process);
+            next
+        });
+    }
+    // (stack, vm, vcpu, cr3, pcpu) → samples, from the distinct stacks.
     let mut counts: HashMap<(u32, u16, u16, u64, u16), i64> = HashMap::default();
     for s in p.samples.stacks().iter().filter(|s| s.count > 0) {
         let guest = matches!(s.what, What::GuestKernel | What::GuestUser);
+        let stack = if s.calls == 0 {
+            s.frame
+        } else {
+            chained[&whole_key(s)]
+        };
         let key = (
-            s.frame,
+            stack,
             s.vm,
             s.vcpu,
             if guest { s.cr3 } else { u64::MAX },
@@ -272,8 +315,7 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
     };
     let mut samples: Vec<proto::Sample> = entries
         .into_iter()
-        .map(|((frame, vm, vcpu, cr3, pcpu), n)| {
-            let f = &p.frames[frame as usize];
+        .map(|((stack, vm, vcpu, cr3, pcpu), n)| {
             let mut label = Vec::new();
             if vm != hvprof_samplelog::NO_VM {
                 label.push(proto::Label {
@@ -286,14 +328,14 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
             if cr3 != u64::MAX {
                 label.push(proto::Label {
                     key: keys[1],
-                    str: strings.get(&f.process),
+                    str: strings.get(process_of[stack as usize]),
                     ..Default::default()
                 });
                 label.push(num(keys[3], cr3 as i64));
             }
             label.push(num(keys[4], i64::from(pcpu)));
             proto::Sample {
-                location_id: stacks[frame as usize].clone(),
+                location_id: stacks[stack as usize].clone(),
                 value: vec![n, n.saturating_mul(period_ns)],
                 label,
             }

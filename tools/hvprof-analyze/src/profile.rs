@@ -5,12 +5,27 @@
 //! function. Guest samples: `guestOS1; cr3:0x1000 (or comm[tgid]); mix1.elf; work_a`.
 //! Hypervisor samples: `[hypervisor]; <VM>: <exit reason> (or "no VM"); hvprof; <function>`.
 //! Idle samples: `[idle]` alone.
+//!
+//! Samples with call chains (format 3) keep them in their key: each distinct pair of chains
+//! (the hypervisor's frames, the guest's, and how each walk ended) is numbered once
+//! ([`Samples::chain`]), so memory grows with the distinct stacks, not the samples. Their frames
+//! are named once per distinct address and context ([`Calls`]): a return address as the call
+//! instruction before it (`addr - 1`, as perf does), in the symbols of the sample's leaf (the
+//! hypervisor's for host frames; the VM's image, Linux kernel or process for guest frames; for a
+//! hypervisor sample on a vCPU's exit, its guest frames in that vCPU's context, the first being
+//! the guest RIP at the exit, named as it is).
+
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use rustc_hash::FxHashMap as HashMap;
 
-use hvprof_samplelog::{BlockAt, BlockReader, Decoded, Event, NO_VM, Record, SampleKind};
+pub use hvprof_samplelog::ChainEnd;
+use hvprof_samplelog::{
+    BlockAt, BlockReader, Chain, Decoded, Event, NO_VM, Record, Sample, SampleKind,
+};
 
+pub use crate::calls::Calls;
 use crate::naming::{Namer, ProcessKey, Processes, VmMeta, exit_name};
 use crate::progress::Progress;
 use crate::report::Report;
@@ -118,12 +133,21 @@ pub struct Stack {
     pub exit: u16,
     /// The sampled address: guest RIP, or hypervisor RIP.
     pub addr: u64,
-    /// Guest samples: the guest CR3; 0 for the others.
+    /// Guest samples, and hypervisor samples with an exit-cause chain: the guest CR3; 0 for
+    /// the others.
     pub cr3: u64,
-    /// The guest process (guest samples): its task where the log names it, else its CR3.
+    /// The guest process (guest samples, and hypervisor samples with an exit-cause chain): its
+    /// task where the log names it, else its CR3.
     pub process: Option<ProcessKey>,
     /// Index into `Profile::frames`.
     pub frame: u32,
+    /// A hypervisor sample taken while the hypervisor handled a vCPU's exit, whose guest chain
+    /// was walked: the guest code path at that exit (the exit's RIP, then its callers).
+    pub exit_cause: bool,
+    /// Its call chains as the capture gives them: see [`Samples::chain`] (0: none).
+    pub chain: u32,
+    /// Its call chains named: index into `Profile::calls.stacks` (0: none, or not named).
+    pub calls: u32,
     /// Samples of this stack.
     pub count: u64,
 }
@@ -134,9 +158,113 @@ pub struct Stack {
 #[derive(Debug, Default)]
 pub struct Samples {
     stacks: Vec<Stack>,
+    /// The distinct call chains, packed (see [`pack_chains`]); `chains[i]` is chain `i + 1`.
+    chains: Vec<Arc<[u64]>>,
     len: usize,
     /// (first, last) sample TSC; (0, 0) without samples.
     span: (u64, u64),
+}
+
+/// A sample's call chains as the capture gives them: the hypervisor's frames and the guest's,
+/// innermost first (return addresses; at an exit-cause sample the guest's first frame is the
+/// guest RIP at the exit), and how each walk ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawChains<'a> {
+    pub host: &'a [u64],
+    pub host_end: ChainEnd,
+    pub guest: &'a [u64],
+    pub guest_end: ChainEnd,
+}
+
+/// A sample's chains packed as one list, the key of the chain table: a word with the ends and
+/// the host frames' number (`host_end | guest_end << 8 | host_len << 16`), the host frames,
+/// the guest frames. Clears `out` first.
+fn pack_chains(s: &Sample, host: &[u64], guest: &[u64], out: &mut Vec<u64>) {
+    out.clear();
+    out.push(
+        s.host_chain.end() as u64 | (s.guest_chain.end() as u64) << 8 | (host.len() as u64) << 16,
+    );
+    out.extend_from_slice(host);
+    out.extend_from_slice(guest);
+}
+
+/// A packed chain (see [`pack_chains`]) read back.
+fn unpack_chains(packed: &[u64]) -> RawChains<'_> {
+    let (head, frames) = packed.split_first().map_or((0, &[][..]), |(h, f)| (*h, f));
+    let host_len = ((head >> 16) as usize).min(frames.len());
+    RawChains {
+        host: &frames[..host_len],
+        host_end: ChainEnd::from_u8((head & 3) as u8),
+        guest: &frames[host_len..],
+        guest_end: ChainEnd::from_u8((head >> 8 & 3) as u8),
+    }
+}
+
+/// Walks a block's frame list beside its samples: each sample's chains, packed.
+struct ChainCursor<'a> {
+    frames: &'a [u64],
+    at: usize,
+}
+
+impl<'a> ChainCursor<'a> {
+    fn new(frames: &'a [u64]) -> Self {
+        ChainCursor { frames, at: 0 }
+    }
+
+    /// The next sample's chains packed in `out`; false (and nothing read) when it has none
+    /// (neither chain walked, no frame).
+    #[inline]
+    fn next(&mut self, s: &Sample, out: &mut Vec<u64>) -> bool {
+        if !has_chains(s) {
+            return false;
+        }
+        self.read(s, out);
+        true
+    }
+
+    /// Reads a sample's chains (see [`ChainCursor::next`]).
+    #[inline(never)]
+    fn read(&mut self, s: &Sample, out: &mut Vec<u64>) {
+        let mut take = |n: usize| {
+            let from = self.at.min(self.frames.len());
+            let to = self.at.saturating_add(n).min(self.frames.len());
+            self.at = self.at.saturating_add(n);
+            &self.frames[from..to]
+        };
+        let host = take(s.host_chain.depth());
+        let guest = take(s.guest_chain.depth());
+        pack_chains(s, host, guest, out);
+    }
+}
+
+/// Whether a sample has call chains (either walked).
+#[inline(always)]
+fn has_chains(s: &Sample) -> bool {
+    s.host_chain != Chain::NOT_WALKED || s.guest_chain != Chain::NOT_WALKED
+}
+
+/// The distinct chains, numbered from 1 in the order first seen (0: a sample without chains).
+#[derive(Debug, Default)]
+struct ChainIds {
+    ids: HashMap<Arc<[u64]>, u32>,
+    list: Vec<Arc<[u64]>>,
+}
+
+impl ChainIds {
+    fn id(&mut self, packed: &[u64]) -> u32 {
+        if let Some(&i) = self.ids.get(packed) {
+            return i;
+        }
+        let a: Arc<[u64]> = packed.into();
+        self.list.push(a.clone());
+        let id = self.list.len() as u32;
+        self.ids.insert(a, id);
+        id
+    }
+
+    fn get(&self, packed: &[u64]) -> Option<u32> {
+        self.ids.get(packed).copied()
+    }
 }
 
 impl Samples {
@@ -151,6 +279,17 @@ impl Samples {
     /// The distinct stacks, each with its count.
     pub fn stacks(&self) -> &[Stack] {
         &self.stacks
+    }
+
+    /// The call chains `Stack::chain` numbers (`None` for 0, a sample without chains).
+    pub fn chain(&self, id: u32) -> Option<RawChains<'_>> {
+        let i = (id as usize).checked_sub(1)?;
+        self.chains.get(i).map(|c| unpack_chains(c))
+    }
+
+    /// Whether any sample has call chains.
+    pub fn has_chains(&self) -> bool {
+        !self.chains.is_empty()
     }
 
     /// First and last sample TSC (0, 0 without samples).
@@ -186,6 +325,9 @@ pub struct Profile {
     /// The distinct samples, with their counts.
     pub samples: Samples,
     pub frames: Vec<Frame>,
+    /// The call chains' frames, named (empty for a capture without chains, and for the report
+    /// alone: `LoadOptions::report_only`).
+    pub calls: Calls,
     /// Every scheduling event with its pCPU, in TSC order.
     pub events: Vec<(u16, Event)>,
     /// The console text of the capture (shown, never read for data).
@@ -213,6 +355,9 @@ pub struct LoadOptions {
 
 /// A sample classified, before naming: the fields of [`Stack`] the records give, and its
 /// process (guest samples).
+/// A hypervisor sample whose key has a process is an exit cause (see [`exit_cause`]). Its
+/// chains' number is beside it (in `KeyCounts`, `StackIndex::ids`); its context is the key
+/// without its address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Key {
     addr: u64,
@@ -225,10 +370,24 @@ struct Key {
     what: What,
 }
 
+impl Key {
+    /// The key without its address.
+    #[inline]
+    fn context(&self) -> Key {
+        Key { addr: 0, ..*self }
+    }
+
+    /// Whether it is a hypervisor sample's on a vCPU's exit, with the exit's guest chain.
+    fn exit_cause(&self) -> bool {
+        self.what == What::Hypervisor && self.process.is_some()
+    }
+}
+
 /// The one classification of a sample: what it is, which address names it, and (guest
-/// samples) who ran: with `processes`, a Linux guest's task at the sample's time.
+/// samples) who ran: with `processes`, a Linux guest's task at the sample's time. A sample
+/// with chains has more: see [`exit_cause`].
 #[inline]
-fn classify(pcpu: u16, s: &hvprof_samplelog::Sample, processes: Option<&Processes>) -> Key {
+fn classify(pcpu: u16, s: &Sample, processes: Option<&Processes>) -> Key {
     let (what, addr) = match s.kind {
         SampleKind::Guest if s.cpl() == 3 => (What::GuestUser, s.guest_rip),
         SampleKind::Guest => (What::GuestKernel, s.guest_rip),
@@ -236,10 +395,7 @@ fn classify(pcpu: u16, s: &hvprof_samplelog::Sample, processes: Option<&Processe
         SampleKind::Idle => (What::Idle, s.host_rip),
     };
     let guest = is_guest(what);
-    let process = guest.then(|| match processes {
-        Some(p) => p.key(s.vm, s.vcpu, s.tsc, s.guest_cr3),
-        None => ProcessKey::Cr3(s.guest_cr3),
-    });
+    let process = guest.then(|| process(s, processes));
     Key {
         addr,
         cr3: if guest { s.guest_cr3 } else { 0 },
@@ -254,6 +410,24 @@ fn classify(pcpu: u16, s: &hvprof_samplelog::Sample, processes: Option<&Processe
         },
         what,
     }
+}
+
+/// Who ran in the guest at a sample.
+#[inline]
+fn process(s: &Sample, processes: Option<&Processes>) -> ProcessKey {
+    match processes {
+        Some(p) => p.key(s.vm, s.vcpu, s.tsc, s.guest_cr3),
+        None => ProcessKey::Cr3(s.guest_cr3),
+    }
+}
+
+/// A sample with chains of kind `what` is an exit cause when it is the hypervisor's on a
+/// vCPU's exit and that vCPU's guest chain was walked: its key gets the guest context that
+/// names that chain, the guest CR3 and process (returned).
+#[inline]
+fn exit_cause(what: What, s: &Sample, processes: Option<&Processes>) -> Option<(u64, ProcessKey)> {
+    (what == What::Hypervisor && s.vm != NO_VM && s.guest_chain != Chain::NOT_WALKED)
+        .then(|| (s.guest_cr3, process(s, processes)))
 }
 
 /// The sample path's cost over the samples: sum, min, max (TSC ticks).
@@ -283,14 +457,16 @@ impl CostSum {
 }
 
 /// Finds a key's stack in two steps, so that the per-sample table stays small (it is the one
-/// random access per sample): its context (all but the address; consecutive samples mostly
-/// share it), then (address, context).
+/// random access per sample): its context (all but the address, with its chains' number;
+/// consecutive samples mostly share it), then (address, context).
 #[derive(Debug, Default)]
 struct StackIndex {
-    contexts: HashMap<Key, u32>,
+    contexts: HashMap<(Key, u32), u32>,
     /// (address, context) → (stack, its samples modulo 2^32): one random access per sample
     /// (the rest of the count is in `Part::counts`).
     ids: HashMap<(u64, u32), (u32, u32)>,
+    /// The distinct call chains (samples with chains look theirs up first).
+    chains: ChainIds,
 }
 
 /// Where a block's samples are, for the second pass: its pCPU, its frame's offset, its
@@ -346,22 +522,27 @@ struct PartSegments {
 struct KeyCounts {
     index: StackIndex,
     keys: Vec<Key>,
+    /// Per key, its chains' number.
+    chains: Vec<u32>,
     /// Per key, its samples beyond those counted in `index.ids` (multiples of 2^32).
     high: Vec<u64>,
 }
 
 impl KeyCounts {
     /// The index of a context (a key without its address).
-    fn context(&mut self, context: Key) -> u32 {
+    fn context(&mut self, context: (Key, u32)) -> u32 {
         let next = self.index.contexts.len() as u32;
         *self.index.contexts.entry(context).or_insert(next)
     }
 
-    /// Adds `n` samples of `key`, whose context is `ctx`; returns the key's index.
-    fn add(&mut self, key: Key, ctx: u32, n: u64) -> u32 {
-        let (keys, high) = (&mut self.keys, &mut self.high);
-        let e = self.index.ids.entry((key.addr, ctx)).or_insert_with(|| {
+    /// Adds `n` samples of `key` with chains `chain`, whose context is `ctx`; returns the key's
+    /// index.
+    fn add(&mut self, key: Key, chain: u32, ctx: u32, n: u64) -> u32 {
+        let (keys, chains, high) = (&mut self.keys, &mut self.chains, &mut self.high);
+        let at = (key.addr, ctx);
+        let e = self.index.ids.entry(at).or_insert_with(|| {
             keys.push(key);
+            chains.push(chain);
             high.push(0);
             ((keys.len() - 1) as u32, 0)
         });
@@ -388,6 +569,7 @@ impl KeyCounts {
 /// read, its samples' owners as segments, the scheduling events, the cost.
 struct Part {
     counts: KeyCounts,
+    chain_scratch: ChainScratch,
     segments: PartSegments,
     blocks: Vec<BlockSpan>,
     events: Vec<(u16, Event)>,
@@ -401,6 +583,7 @@ impl Default for Part {
     fn default() -> Part {
         Part {
             counts: KeyCounts::default(),
+            chain_scratch: ChainScratch::default(),
             segments: PartSegments::default(),
             blocks: Vec::new(),
             events: Vec::new(),
@@ -412,12 +595,66 @@ impl Default for Part {
     }
 }
 
+/// The chains of the sample being classified, and of the one before it (with its number).
+#[derive(Default)]
+struct ChainScratch {
+    packed: Vec<u64>,
+    last: (Vec<u64>, u32),
+}
+
+impl ChainScratch {
+    /// A sample with chains (of kind `what`): their number in `ids`, read from `cursor`, and
+    /// the guest context of its key when it is an exit cause ([`exit_cause`]). Out of line, so
+    /// that the loop over a capture without chains stays as it was.
+    #[inline(never)]
+    fn walked(
+        &mut self,
+        ids: &mut ChainIds,
+        what: What,
+        s: &Sample,
+        cursor: &mut ChainCursor,
+        processes: Option<&Processes>,
+    ) -> Walked {
+        if !cursor.next(s, &mut self.packed) {
+            return Walked::default();
+        }
+        let chain = if self.last.1 != 0 && self.last.0 == self.packed {
+            self.last.1
+        } else {
+            let id = ids.id(&self.packed);
+            std::mem::swap(&mut self.last.0, &mut self.packed);
+            self.last.1 = id;
+            id
+        };
+        Walked {
+            chain,
+            exit_cause: exit_cause(what, s, processes),
+        }
+    }
+}
+
+/// What [`ChainScratch::walked`] found.
+#[derive(Default)]
+struct Walked {
+    chain: u32,
+    /// An exit cause's guest CR3 and process.
+    exit_cause: Option<(u64, ProcessKey)>,
+}
+
 impl Part {
-    fn add(&mut self, at: BlockAt, records: &[Record], processes: Option<&Processes>) {
+    /// Classifies and counts a block's samples.
+    fn add(
+        &mut self,
+        at: BlockAt,
+        records: &[Record],
+        frames: &[u64],
+        processes: Option<&Processes>,
+    ) {
         let pcpu = at.header.pcpu;
+        let mut cursor = ChainCursor::new(frames);
         let seg = &mut self.segments;
         let (segs, located) = seg.lists.entry(pcpu).or_default();
-        let mut last_ctx: Option<(Key, u32)> = None;
+        let mut last_ctx: Option<((Key, u32), u32)> = None;
         let mut last_owner: Option<(Owner, u32)> = None;
         let mut span = BlockSpan {
             pcpu,
@@ -445,8 +682,23 @@ impl Part {
             span.samples += 1;
             span.first = span.first.min(s.tsc);
             span.last = span.last.max(s.tsc);
-            let key = classify(pcpu, s, processes);
-            let context = Key { addr: 0, ..key };
+            let mut key = classify(pcpu, s, processes);
+            let mut chain = 0;
+            if has_chains(s) {
+                let w = self.chain_scratch.walked(
+                    &mut self.counts.index.chains,
+                    key.what,
+                    s,
+                    &mut cursor,
+                    processes,
+                );
+                chain = w.chain;
+                if let Some((cr3, process)) = w.exit_cause {
+                    key.cr3 = cr3;
+                    key.process = Some(process);
+                }
+            }
+            let context = (key.context(), chain);
             let ctx = match last_ctx {
                 Some((c, i)) if c == context => i,
                 _ => {
@@ -455,7 +707,7 @@ impl Part {
                     i
                 }
             };
-            self.counts.add(key, ctx, 1);
+            self.counts.add(key, chain, ctx, 1);
             let owner = owner(key.what, key.vm, key.vcpu);
             let o = match last_owner {
                 Some((w, i)) if w == owner => i,
@@ -514,8 +766,8 @@ impl Classified {
             bytes,
             threads,
             Part::default,
-            |part: &mut Part, at, records: &[Record], _frames: &[u64]| {
-                part.add(at, records, processes);
+            |part: &mut Part, at, records: &[Record], frames: &[u64]| {
+                part.add(at, records, frames, processes);
                 progress.inc(records.len() as u64);
             },
         );
@@ -538,9 +790,21 @@ impl Classified {
                 .into_iter()
                 .collect();
         for mut part in parts {
-            for (k, n) in part.counts.keys.iter().zip(part.counts.totals()) {
-                let ctx = base.counts.context(Key { addr: 0, ..*k });
-                base.counts.add(*k, ctx, n);
+            // Its chains in the first part's table.
+            let chains: Vec<u32> = std::iter::once(0)
+                .chain(
+                    part.counts
+                        .index
+                        .chains
+                        .list
+                        .iter()
+                        .map(|c| base.counts.index.chains.id(c)),
+                )
+                .collect();
+            let totals = part.counts.totals();
+            for ((k, c), n) in part.counts.keys.iter().zip(&part.counts.chains).zip(totals) {
+                let ctx = base.counts.context((k.context(), chains[*c as usize]));
+                base.counts.add(*k, chains[*c as usize], ctx, n);
             }
             // Its owners in the first part's table.
             let remap: Vec<u32> = part
@@ -569,8 +833,9 @@ impl Classified {
             .counts
             .keys
             .iter()
+            .zip(&base.counts.chains)
             .zip(base.counts.totals())
-            .map(|(k, count)| Stack {
+            .map(|((k, &chain), count)| Stack {
                 what: k.what,
                 pcpu: k.pcpu,
                 vm: k.vm,
@@ -580,6 +845,9 @@ impl Classified {
                 cr3: k.cr3,
                 process: k.process,
                 frame: 0,
+                exit_cause: k.exit_cause(),
+                chain,
+                calls: 0,
                 count,
             })
             .collect();
@@ -590,6 +858,7 @@ impl Classified {
         Classified {
             samples: Samples {
                 stacks,
+                chains: base.counts.index.chains.list.clone(),
                 len,
                 span: if len == 0 { (0, 0) } else { (first, last) },
             },
@@ -726,16 +995,32 @@ enum Source<'a> {
 impl Replay {
     /// A block's samples: (TSC, stack).
     fn block(&self, reader: &mut BlockReader, b: &BlockSpan, out: &mut Vec<(u64, u32)>) {
-        let Some((header, records, _)) = reader.block_at(&self.bytes, b.offset) else {
+        let Some((header, records, frames)) = reader.block_at(&self.bytes, b.offset) else {
             debug_assert!(false, "block at {} not read again", b.offset);
             return;
         };
         let processes = self.processes.as_ref();
-        let mut last: Option<(Key, Option<u32>)> = None;
+        let mut last: Option<((Key, u32), Option<u32>)> = None;
+        let mut cursor = ChainCursor::new(frames);
+        let mut packed = Vec::new();
         for r in records {
             let Record::Sample(s) = r else { continue };
-            let key = classify(header.pcpu, s, processes);
-            let context = Key { addr: 0, ..key };
+            let mut key = classify(header.pcpu, s, processes);
+            let chain = if cursor.next(s, &mut packed) {
+                match self.index.chains.get(&packed) {
+                    Some(c) => c,
+                    None => continue,
+                }
+            } else {
+                0
+            };
+            if chain != 0
+                && let Some((cr3, process)) = exit_cause(key.what, s, processes)
+            {
+                key.cr3 = cr3;
+                key.process = Some(process);
+            }
+            let context = (key.context(), chain);
             let ctx = match last {
                 Some((c, i)) if c == context => i,
                 _ => {
@@ -936,6 +1221,16 @@ impl Profile {
                 || (options.keep_guest && namer.is_linux(s.vm))
         };
         let frames = classified.name(&namer, needed);
+        // The report alone reads no chain.
+        let calls = if options.report_only {
+            Calls::default()
+        } else {
+            let (calls, ids) = crate::calls::name(&classified.samples, &namer, needed);
+            for (s, id) in classified.samples.stacks.iter_mut().zip(ids) {
+                s.calls = id;
+            }
+            calls
+        };
         progress.phase("report", None, "stacks");
         let Classified {
             samples,
@@ -992,6 +1287,7 @@ impl Profile {
             vms: namer.vms.clone(),
             samples,
             frames,
+            calls,
             events,
             text: decoded.text_joined(),
             vm_ends: decoded.vm_ends.clone(),
@@ -1306,6 +1602,97 @@ mod tests {
     }
 
     #[test]
+    fn chains_are_kept_with_their_samples_counted_once_and_read_again() {
+        use std::collections::HashMap as Map;
+        let cfg = synth::SynthConfig {
+            pcpus: 2,
+            samples_per_pcpu: 3000,
+            chains: true,
+            ..synth::SynthConfig::default()
+        };
+        let cap = synth::capture(&cfg, &synth::CaptureOptions::default());
+        let load = |threads| {
+            Profile::from_bytes(
+                &cap.bytes,
+                &Images::default(),
+                LoadOptions {
+                    threads,
+                    keep_guest: false,
+                    tables: true,
+                    report_only: false,
+                },
+                &Progress::hidden(),
+            )
+        };
+        let (one, three) = (load(1), load(3));
+        assert!(one.samples.has_chains());
+        assert_eq!(one.samples.len() as u64, cap.samples);
+        // Read again, every sample is found (its chain too).
+        assert_eq!(three.samples_in_order().len(), three.samples.len());
+        // Decoded in parts, the same stacks.
+        assert_eq!(crate::flame::folded(&one), crate::flame::folded(&three));
+        assert_eq!(
+            crate::callgraph::build(&one),
+            crate::callgraph::build(&three)
+        );
+        // Each stack's chains are its samples': counted per (kind, VM, address, chains) from
+        // the decoder's records and frames.
+        type ChainKey = (bool, u16, u64, Vec<u64>, ChainEnd, Vec<u64>, ChainEnd);
+        let mut want: Map<ChainKey, u64> = Map::new();
+        let d = hvprof_samplelog::decode(&cap.bytes);
+        for log in d.pcpus.values() {
+            for (s, c) in log.samples_with_chains() {
+                let hv = s.kind != SampleKind::Guest;
+                let addr = if hv { s.host_rip } else { s.guest_rip };
+                let key = (
+                    hv,
+                    s.vm,
+                    addr,
+                    c.host.to_vec(),
+                    s.host_chain.end(),
+                    c.guest.to_vec(),
+                    s.guest_chain.end(),
+                );
+                *want.entry(key).or_default() += 1;
+            }
+        }
+        let mut got: Map<ChainKey, u64> = Map::new();
+        for st in three.samples.stacks() {
+            let hv = !is_guest(st.what);
+            let key = match three.samples.chain(st.chain) {
+                Some(c) => (
+                    hv,
+                    st.vm,
+                    st.addr,
+                    c.host.to_vec(),
+                    c.host_end,
+                    c.guest.to_vec(),
+                    c.guest_end,
+                ),
+                None => (
+                    hv,
+                    st.vm,
+                    st.addr,
+                    Vec::new(),
+                    ChainEnd::NotWalked,
+                    Vec::new(),
+                    ChainEnd::NotWalked,
+                ),
+            };
+            *got.entry(key).or_default() += st.count;
+        }
+        assert_eq!(got, want);
+        // Exit causes keep their vCPU's guest context.
+        assert!(
+            three
+                .samples
+                .stacks()
+                .iter()
+                .any(|s| s.exit_cause && s.process.is_some() && s.calls != 0)
+        );
+    }
+
+    #[test]
     fn one_label_in_two_address_spaces_names_two_files() {
         use hvprof_samplelog::{FixedStr, Mapping, MappingKind, Task};
         // PID 80 reused by another run of `job`: one label, two address spaces, each mapping
@@ -1350,11 +1737,15 @@ mod tests {
             cr3,
             process: Some(processes.key(0, 0, tsc, cr3)),
             frame: 0,
+            exit_cause: false,
+            chain: 0,
+            calls: 0,
             count: 1,
         };
         let mut classified = Classified {
             samples: Samples {
                 stacks: vec![stack(10, 0x2_0000), stack(2000, 0x2_4000 | 0x1000)],
+                chains: Vec::new(),
                 len: 2,
                 span: (10, 2000),
             },
@@ -1506,20 +1897,21 @@ mod tests {
             what: What::Idle,
         };
         let mut c = KeyCounts::default();
-        let ctx = c.context(Key { addr: 0, ..key });
-        assert_eq!(c.add(key, ctx, u64::from(u32::MAX)), 0);
+        let ctx = c.context((key.context(), 0));
+        assert_eq!(c.add(key, 0, ctx, u64::from(u32::MAX)), 0);
         for _ in 0..3 {
-            c.add(key, ctx, 1);
+            c.add(key, 0, ctx, 1);
         }
         c.add(
             Key {
                 addr: 0x2000,
                 ..key
             },
+            0,
             ctx,
             5,
         );
-        c.add(key, ctx, 1 << 33);
+        c.add(key, 0, ctx, 1 << 33);
         assert_eq!(c.totals(), vec![u64::from(u32::MAX) + 3 + (1 << 33), 5]);
     }
 

@@ -34,7 +34,8 @@
 //!              "os": f64, "user": f64, "idle": f64, "steal": f64, // percentages of "samples"
 //!              "rows": [ row ], "vcpus": [ { "vcpu": u16, "samples", "os", "user", "idle",
 //!              "steal", "rows": [ row ] } ] } ] },
-//!   "warnings": [ string ] }   // losses first (one per range, up to 20), integrity, the others
+//!   "warnings": [ string ],    // losses first (one per range, up to 20), integrity, the others
+//!   "call_graph": { ... } }    // with --call-graph only: see crate::callgraph
 //! ```
 //! Rows are sorted by samples (descending), then function name. Percentages are of the table's
 //! total; they are not rounded.
@@ -336,6 +337,9 @@ pub struct Report {
     /// Warnings for the reader: first where records were lost, then signs of a forged log
     /// (`integrity`), then missing symbols, mismatched build ids, truncation.
     pub warnings: Vec<String>,
+    /// The call graph (`report --call-graph`; see `crate::callgraph`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_graph: Option<crate::callgraph::CallGraph>,
 }
 
 /// One table of the report as every renderer shows it (`text.rs`, `html.rs`): which level, its
@@ -710,6 +714,7 @@ pub fn build(
         host,
         vms,
         warnings,
+        call_graph: None,
     }
 }
 

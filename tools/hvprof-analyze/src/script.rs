@@ -26,12 +26,21 @@
 //!   `guest.process`) or, for the hypervisor, whom it worked for and on which exit. Guest kernel
 //!   code (CPL 0) is under a module that viewers mark as kernel: its name starts with `[` and holds
 //!   `kallsyms` (`[guest.kallsyms]` for Linux, `[guest.kallsyms:<image>]` for other guests).
+//!
+//! A sample with call chains has its callers between its function and the outer frames, one
+//! line each, as `perf script` prints a callchain: `→<address> <function>+0x<offset> (<module>)`
+//! (the offset where the symbols give the function's start), innermost first, then a cut
+//! chain's `[truncated: depth limit]` or `[truncated: bad frame]`. A hypervisor sample on a
+//! vCPU's exit with its guest chain (its exit cause) is an event of that vCPU's thread (comm:
+//! the VM): its function and the hypervisor's frames, `[exit: REASON]`, then the guest's frames
+//! from the exit's RIP out. Folded, every sample is the stack the flame graph draws.
 
 use std::io::{self, Write};
 
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::profile::{Frame, Profile, What};
+use crate::calls::{Part, whole_stack};
+use crate::profile::{Frame, Profile, Stack, What};
 use crate::progress::Progress;
 
 /// The module of the guest-process frames.
@@ -89,6 +98,86 @@ fn frame_name(s: &str) -> String {
     }
 }
 
+/// A chain frame's line: `\t<address> <function>+0x<offset> (<module>)`.
+fn site_line(p: &Profile, site: u32) -> String {
+    let cs = &p.calls.sites[site as usize];
+    let f = &p.calls.frames[cs.frame as usize];
+    let module = script_module(&Frame {
+        what: f.what,
+        vm: String::new(),
+        process: String::new(),
+        module: f.module.clone(),
+        function: f.function.clone(),
+        process_key: None,
+    });
+    let name = frame_name(&f.function);
+    match cs.offset {
+        Some(off) => format!("\t{:>16x} {name}+{off:#x} ({module})\n", cs.addr),
+        None => format!("\t{:>16x} {name} ({module})\n", cs.addr),
+    }
+}
+
+/// The lines after a chained stack's first (its function's), as indexes into `lines`: its
+/// frames innermost first, with the outer frame of whom it ran for (`outer`) where the flame
+/// graph has it.
+fn chain_lines(
+    p: &Profile,
+    s: &Stack,
+    outer: &str,
+    lines: &mut Vec<String>,
+    index: &mut HashMap<String, u32>,
+    out: &mut Vec<u32>,
+) {
+    let mut special = |text: String, lines: &mut Vec<String>| -> u32 {
+        *index.entry(text.clone()).or_insert_with(|| {
+            lines.push(text);
+            (lines.len() - 1) as u32
+        })
+    };
+    let parts = whole_stack(p, s).unwrap_or_default();
+    let mut host = true;
+    for part in parts.iter().rev() {
+        match part {
+            Part::Root(_) | Part::Leaf(_) => {}
+            Part::Process(_) => {
+                if !outer.is_empty() {
+                    out.push(special(outer.to_owned(), lines));
+                }
+            }
+            Part::Site(i) => {
+                host = p.calls.frame(*i).what == What::Hypervisor;
+                out.push(*i);
+            }
+            Part::Exit(r) => {
+                host = false;
+                out.push(special(
+                    format!(
+                        "\t{:>16x} {} ({HYPERVISOR_MODULE})\n",
+                        0,
+                        crate::calls::exit_frame_name(*r)
+                    ),
+                    lines,
+                ));
+            }
+            Part::Truncated(end) => {
+                let module = if host && s.what != What::GuestKernel && s.what != What::GuestUser {
+                    HYPERVISOR_MODULE
+                } else {
+                    "[unknown]"
+                };
+                out.push(special(
+                    format!(
+                        "\t{:>16x} {} ({module})\n",
+                        0,
+                        crate::calls::truncated_name(*end).unwrap_or("[truncated]")
+                    ),
+                    lines,
+                ));
+            }
+        }
+    }
+}
+
 /// Writes every sample of `p` as `perf script` text.
 pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Result<()> {
     let event = if p.report.source == "pmu" {
@@ -126,19 +215,25 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
         .stacks()
         .iter()
         .map(|s| {
-            let (vm, vcpu) = match s.what {
-                What::Idle => (0, 0),
-                What::Hypervisor => (0, 0),
-                What::GuestKernel | What::GuestUser => (s.vm, s.vcpu),
-            };
-            let what = if s.what == What::GuestKernel {
+            // An exit cause is its vCPU's.
+            let thread = if s.exit_cause && s.calls != 0 {
                 What::GuestUser
             } else {
                 s.what
             };
+            let (vm, vcpu) = match thread {
+                What::Idle => (0, 0),
+                What::Hypervisor => (0, 0),
+                What::GuestKernel | What::GuestUser => (s.vm, s.vcpu),
+            };
+            let what = if thread == What::GuestKernel {
+                What::GuestUser
+            } else {
+                thread
+            };
             *start_of.entry((what, vm, vcpu, s.pcpu)).or_insert_with(|| {
-                let (pid, tid) = ids(s.what, s.vm, s.vcpu, s.pcpu);
-                let c = match s.what {
+                let (pid, tid) = ids(thread, s.vm, s.vcpu, s.pcpu);
+                let c = match thread {
                     What::Idle => "[idle]".to_owned(),
                     What::Hypervisor => "[hypervisor]".to_owned(),
                     What::GuestKernel | What::GuestUser => comm(&p.vm_name(s.vm)),
@@ -146,6 +241,27 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
                 starts.push(format!("{c} {pid}/{tid} [{:03}] ", s.pcpu));
                 (starts.len() - 1) as u32
             })
+        })
+        .collect();
+    // Chained stacks: their lines after the first, as indexes into `lines` (the chains' frames
+    // first, then the outer and special frames), each stack's in `chained[from..to]`.
+    let mut lines: Vec<String> = (0..p.calls.sites.len() as u32)
+        .map(|i| site_line(p, i))
+        .collect();
+    let mut special: HashMap<String, u32> = HashMap::default();
+    let mut chained: Vec<u32> = Vec::new();
+    let chain_of: Vec<(u32, u32)> = p
+        .samples
+        .stacks()
+        .iter()
+        .map(|s| {
+            if s.calls == 0 {
+                return (0, 0);
+            }
+            let from = chained.len() as u32;
+            let outer = &tails[s.frame as usize].1;
+            chain_lines(p, s, outer, &mut lines, &mut special, &mut chained);
+            (from, chained.len() as u32)
         })
         .collect();
     let middle = format!(": {event}:\n\t");
@@ -167,7 +283,14 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
                 hex16(text, s.addr);
                 let (leaf, outer) = &tails[s.frame as usize];
                 text.extend_from_slice(leaf.as_bytes());
-                text.extend_from_slice(outer.as_bytes());
+                let (from, to) = chain_of[stack];
+                if from == to {
+                    text.extend_from_slice(outer.as_bytes());
+                } else {
+                    for &l in &chained[from as usize..to as usize] {
+                        text.extend_from_slice(lines[l as usize].as_bytes());
+                    }
+                }
                 text.push(b'\n');
             }
         },

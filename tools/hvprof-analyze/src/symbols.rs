@@ -235,8 +235,14 @@ impl Symbols {
     /// addresses are its own; a relocatable file's are moved to the segment holding that file
     /// offset.
     pub fn lookup_mapped(&self, addr: u64, start: u64, pgoff: u64) -> Option<&str> {
+        self.lookup_mapped_offset(addr, start, pgoff)
+            .map(|(name, _)| name)
+    }
+
+    /// [`Symbols::lookup_mapped`] with `addr`'s offset from the function's start.
+    pub fn lookup_mapped_offset(&self, addr: u64, start: u64, pgoff: u64) -> Option<(&str, u64)> {
         if !self.relocatable {
-            return self.lookup(addr);
+            return self.lookup_offset(addr);
         }
         let offset = addr
             .checked_sub(start)?
@@ -245,12 +251,18 @@ impl Symbols {
             .segments
             .iter()
             .find(|(o, n, _)| (*o..o.saturating_add(*n)).contains(&offset))?;
-        self.lookup(vaddr.checked_add(offset - file_off)?)
+        self.lookup_offset(vaddr.checked_add(offset - file_off)?)
     }
 
     /// The function holding `addr`: the last symbol starting at or before it, if `addr` lies
     /// within its size (or, for symbols without a size, before the next symbol).
     pub fn lookup(&self, addr: u64) -> Option<&str> {
+        self.lookup_offset(addr).map(|(name, _)| name)
+    }
+
+    /// [`Symbols::lookup`] with `addr`'s offset from the function's start (`perf script`'s
+    /// `function+0x12`).
+    pub fn lookup_offset(&self, addr: u64) -> Option<(&str, u64)> {
         let i = self.functions.partition_point(|f| f.0 <= addr);
         let (start, size, name) = self.functions.get(i.checked_sub(1)?)?;
         let inside = if *size > 0 {
@@ -258,7 +270,7 @@ impl Symbols {
         } else {
             self.functions.get(i).is_none_or(|next| addr < next.0)
         };
-        inside.then_some(name.as_str())
+        inside.then_some((name.as_str(), addr - start))
     }
 
     pub fn is_empty(&self) -> bool {

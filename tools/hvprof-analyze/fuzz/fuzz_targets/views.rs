@@ -1,5 +1,6 @@
 //! Every view of whatever a log decodes to: the report (text and JSON), the decode summary, the
-//! timeline (chart, SVG, summary), the folded stacks and flame graph, the exit statistics,
+//! timeline (chart, SVG, summary), the folded stacks and flame graph, the call graph (text and
+//! JSON), the exit statistics,
 //! `perf script`, the HTML page, the Firefox profile and pprof. None may panic (overflow checks
 //! on: `cargo fuzz run -a`); run with `-timeout` so that a view slower than linear shows.
 //! The first input byte picks the options (threads, Linux naming, drawing, bins), the second
@@ -10,7 +11,7 @@ use hvprof_analyze::chart::Timeline;
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
 use hvprof_analyze::symbols::Images;
-use hvprof_analyze::{firefox, flame, html, pprof, script, stat, text};
+use hvprof_analyze::{callgraph, firefox, flame, html, pprof, script, stat, text};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 
@@ -51,6 +52,9 @@ fuzz_target!(|data: &[u8]| {
     let t = Timeline::build(&p, bins);
     printable(&t.summary(), &['\n']);
     printable(&flame::folded(&p).join("\n"), &['\n']);
+    let g = callgraph::build(&p);
+    printable(&callgraph::render(&g, 10, None), &['\n']);
+    serde_json::to_string(&g).unwrap();
     let s = stat::build(&p);
     printable(&stat::render(&s), &['\n']);
     serde_json::to_string(&s).unwrap();

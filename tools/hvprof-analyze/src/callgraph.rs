@@ -1,0 +1,440 @@
+//! The call graph (`report --call-graph`): per function the samples whose stack holds it
+//! (children, `total`) and those whose leaf it is (`self`), and who calls whom, like
+//! `perf report --children -g caller`; at the host level and per VM (the guest level).
+//!
+//! - Host level: every sample, as the pCPUs saw it: a guest sample is its VM (`[guestOS1]`, as
+//!   the host table names it), a hypervisor sample its hypervisor frames then its function, an
+//!   idle sample its hypervisor frames then `[idle]`.
+//! - VM level: that VM's guest samples, their guest frames then their function.
+//! - Exit causes: the hypervisor samples taken on a vCPU's exit whose guest chain was walked, by
+//!   VM, exit reason, the guest function at the exit's RIP and its caller.
+//!
+//! A cut chain starts with a `[truncated: depth limit]` or `[truncated: bad frame]` frame, so
+//! that its samples are not taken for calls from the root. A sample without chains is its
+//! leaf alone. An edge counts a sample once however often its stack makes that call, a total
+//! once however often the function is on it (recursion).
+//!
+//! # JSON (`report --json --call-graph`, key `call_graph`)
+//! ```text
+//! { "levels": [ { "level": "host" | "<vm name>", "samples": u64 } ],
+//!   "edges": [ { "level", "caller", "callee", "samples": u64 } ],
+//!   "functions": [ { "level", "function", "self": u64, "total": u64 } ],
+//!   "exit_causes": [ { "vm", "exit_reason", "guest_function", "guest_caller": string | null,
+//!                      "samples": u64 } ],
+//!   "truncated": { "depth_limit": u64, "bad_frame": u64 } }
+//! ```
+//! Levels: the host first, then the VMs in the header's order. Functions are sorted by level,
+//! then total (descending), self (descending), name; edges by level, samples (descending),
+//! caller, callee; exit causes by VM, samples (descending), reason, function, caller.
+//! `guest_caller` is null when the chain ends at the exit's function (complete), the
+//! `[truncated: ...]` frame when it was cut there. `truncated` counts the samples with a chain
+//! cut at the walker's depth limit, and at a bad frame.
+
+use std::borrow::Cow;
+use std::fmt::Write;
+
+use rustc_hash::FxHashMap as HashMap;
+use serde::Serialize;
+
+use crate::calls::{CallStack, truncated_name};
+use crate::naming::{exit_name, printable};
+use crate::profile::{ChainEnd, Profile, What};
+
+/// One level of the call graph and its samples.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Level {
+    pub level: String,
+    pub samples: u64,
+}
+
+/// Samples in which `caller` calls `callee` directly (at `level`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Edge {
+    pub level: String,
+    pub caller: String,
+    pub callee: String,
+    pub samples: u64,
+}
+
+/// A function's samples at a level: whose leaf it is (`self`), whose stack holds it (`total`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Function {
+    pub level: String,
+    pub function: String,
+    #[serde(rename = "self")]
+    pub self_samples: u64,
+    pub total: u64,
+}
+
+/// Hypervisor samples on a VM's exits: the exit's reason, the guest function at its RIP and
+/// that function's caller.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ExitCause {
+    pub vm: String,
+    pub exit_reason: String,
+    pub guest_function: String,
+    pub guest_caller: Option<String>,
+    pub samples: u64,
+}
+
+/// Samples with a cut chain.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Truncated {
+    pub depth_limit: u64,
+    pub bad_frame: u64,
+}
+
+/// The call graph of a profile (see the module documentation).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CallGraph {
+    pub levels: Vec<Level>,
+    pub edges: Vec<Edge>,
+    pub functions: Vec<Function>,
+    pub exit_causes: Vec<ExitCause>,
+    pub truncated: Truncated,
+    /// Whether any sample has a call chain (the text says when none has).
+    #[serde(skip)]
+    pub chains: bool,
+}
+
+/// Counts of one level, by interned function.
+#[derive(Default)]
+struct LevelCounts<'a> {
+    samples: u64,
+    names: Vec<Cow<'a, str>>,
+    ids: HashMap<Cow<'a, str>, u32>,
+    self_: HashMap<u32, u64>,
+    total: HashMap<u32, u64>,
+    edges: HashMap<(u32, u32), u64>,
+}
+
+impl<'a> LevelCounts<'a> {
+    fn id(&mut self, name: Cow<'a, str>) -> u32 {
+        if let Some(&i) = self.ids.get(&name) {
+            return i;
+        }
+        let i = self.names.len() as u32;
+        self.names.push(name.clone());
+        self.ids.insert(name, i);
+        i
+    }
+
+    /// Adds `n` samples of the stack `path` (outermost first; its last is the leaf).
+    fn add(&mut self, path: &[u32], n: u64) {
+        self.samples += n;
+        let Some(&leaf) = path.last() else { return };
+        *self.self_.entry(leaf).or_default() += n;
+        for (i, f) in path.iter().enumerate() {
+            if !path[..i].contains(f) {
+                *self.total.entry(*f).or_default() += n;
+            }
+        }
+        for (i, w) in path.windows(2).enumerate() {
+            let pair = (w[0], w[1]);
+            if !path[..i + 1].windows(2).any(|v| (v[0], v[1]) == pair) {
+                *self.edges.entry(pair).or_default() += n;
+            }
+        }
+    }
+}
+
+/// An exit cause's VM, exit reason, guest function and caller.
+type CauseKey<'a> = (u16, u16, &'a str, Option<&'a str>);
+
+/// The names of a chain's frames, outermost first, after its `[truncated: ...]` frame.
+fn chain_names<'a>(p: &'a Profile, sites: &[u32], end: ChainEnd, out: &mut Vec<Cow<'a, str>>) {
+    if let Some(t) = truncated_name(end) {
+        out.push(Cow::Borrowed(t));
+    }
+    out.extend(
+        sites
+            .iter()
+            .rev()
+            .map(|&i| Cow::Borrowed(p.calls.frame(i).function.as_str())),
+    );
+}
+
+/// Builds the call graph of `p` (whose stacks and chains are named: not a report-only load).
+pub fn build(p: &Profile) -> CallGraph {
+    // Levels: the host, then each VM in the header's order, then VMs it does not list.
+    let mut vm_order: Vec<u16> = p.vms.iter().map(|v| v.id).collect();
+    let mut extra: Vec<u16> = p
+        .samples
+        .stacks()
+        .iter()
+        .filter(|s| matches!(s.what, What::GuestKernel | What::GuestUser))
+        .map(|s| s.vm)
+        .filter(|vm| !vm_order.contains(vm))
+        .collect();
+    extra.sort_unstable();
+    extra.dedup();
+    vm_order.extend(extra);
+    let mut host = LevelCounts::default();
+    let mut vms: HashMap<u16, LevelCounts> = HashMap::default();
+    let mut causes: HashMap<CauseKey, u64> = HashMap::default();
+    let mut truncated = Truncated::default();
+    // Each VM's host-level function (`[guestOS1]`).
+    let mut vm_ids: HashMap<u16, u32> = HashMap::default();
+    let empty = CallStack::default();
+    let mut names: Vec<Cow<str>> = Vec::new();
+    let mut path: Vec<u32> = Vec::new();
+    for s in p.samples.stacks().iter().filter(|s| s.count > 0) {
+        let n = s.count;
+        let c = if s.calls == 0 { &empty } else { p.calls.of(s) };
+        for end in [c.host_end, c.guest_end] {
+            match end {
+                ChainEnd::DepthLimit => truncated.depth_limit += n,
+                ChainEnd::BadFrame => truncated.bad_frame += n,
+                ChainEnd::Complete | ChainEnd::NotWalked => {}
+            }
+        }
+        let leaf = p.frames[s.frame as usize].function.as_str();
+        // The host level.
+        path.clear();
+        match s.what {
+            What::GuestKernel | What::GuestUser => {
+                let id = *vm_ids
+                    .entry(s.vm)
+                    .or_insert_with(|| host.id(Cow::Owned(format!("[{}]", p.vm_name(s.vm)))));
+                path.push(id);
+            }
+            What::Hypervisor | What::Idle => {
+                names.clear();
+                chain_names(p, &c.host, c.host_end, &mut names);
+                names.push(Cow::Borrowed(leaf));
+                path.extend(names.drain(..).map(|n| host.id(n)));
+            }
+        }
+        host.add(&path, n);
+        // The guest level.
+        if matches!(s.what, What::GuestKernel | What::GuestUser) {
+            chain_names(p, &c.guest, c.guest_end, &mut names);
+            names.push(Cow::Borrowed(leaf));
+            let level = vms.entry(s.vm).or_default();
+            path.clear();
+            path.extend(names.drain(..).map(|n| level.id(n)));
+            level.add(&path, n);
+        }
+        // Exit causes.
+        if s.exit_cause
+            && let Some(&first) = c.guest.first()
+        {
+            let function = p.calls.frame(first).function.as_str();
+            let caller = match c.guest.get(1) {
+                Some(&i) => Some(p.calls.frame(i).function.as_str()),
+                None => truncated_name(c.guest_end),
+            };
+            *causes.entry((s.vm, s.exit, function, caller)).or_default() += n;
+        }
+    }
+    let mut levels = vec![Level {
+        level: "host".into(),
+        samples: host.samples,
+    }];
+    let (mut functions, mut edges) = (Vec::new(), Vec::new());
+    let mut emit = |name: &str, counts: &LevelCounts| {
+        let mut fs: Vec<Function> = counts
+            .total
+            .iter()
+            .map(|(&f, &total)| Function {
+                level: name.to_owned(),
+                function: counts.names[f as usize].to_string(),
+                self_samples: counts.self_.get(&f).copied().unwrap_or(0),
+                total,
+            })
+            .collect();
+        fs.sort_by(|a, b| {
+            b.total
+                .cmp(&a.total)
+                .then(b.self_samples.cmp(&a.self_samples))
+                .then_with(|| a.function.cmp(&b.function))
+        });
+        functions.extend(fs);
+        let mut es: Vec<Edge> = counts
+            .edges
+            .iter()
+            .map(|(&(a, b), &samples)| Edge {
+                level: name.to_owned(),
+                caller: counts.names[a as usize].to_string(),
+                callee: counts.names[b as usize].to_string(),
+                samples,
+            })
+            .collect();
+        es.sort_by(|a, b| {
+            b.samples
+                .cmp(&a.samples)
+                .then_with(|| a.caller.cmp(&b.caller))
+                .then_with(|| a.callee.cmp(&b.callee))
+        });
+        edges.extend(es);
+    };
+    emit("host", &host);
+    for vm in &vm_order {
+        let Some(counts) = vms.get(vm) else { continue };
+        let name = p.vm_name(*vm);
+        emit(&name, counts);
+        levels.push(Level {
+            level: name,
+            samples: counts.samples,
+        });
+    }
+    let rank = |vm: u16| vm_order.iter().position(|&v| v == vm).unwrap_or(usize::MAX);
+    let mut causes: Vec<(CauseKey, u64)> = causes.into_iter().collect();
+    causes.sort_by(|(a, na), (b, nb)| {
+        rank(a.0)
+            .cmp(&rank(b.0))
+            .then(a.0.cmp(&b.0))
+            .then(nb.cmp(na))
+            .then_with(|| exit_name(a.1).cmp(&exit_name(b.1)))
+            .then_with(|| (a.2, a.3).cmp(&(b.2, b.3)))
+    });
+    let exit_causes = causes
+        .into_iter()
+        .map(|((vm, exit, function, caller), samples)| ExitCause {
+            vm: p.vm_name(vm),
+            exit_reason: exit_name(exit),
+            guest_function: function.to_owned(),
+            guest_caller: caller.map(str::to_owned),
+            samples,
+        })
+        .collect();
+    CallGraph {
+        levels,
+        edges,
+        functions,
+        exit_causes,
+        truncated,
+        chains: p.samples.has_chains(),
+    }
+}
+
+/// `n` as a percentage of `total`.
+fn pct(n: u64, total: u64) -> f64 {
+    if total == 0 {
+        0.0
+    } else {
+        100.0 * n as f64 / total as f64
+    }
+}
+
+/// Functions whose callers and callees the text lists, per level.
+const DETAILED: usize = 10;
+
+/// The call graph as text: per level (the host's unless `only_vm`, then each VM's or only
+/// `only_vm`'s) its `top` functions by children with their self share, then for the first of
+/// them their callers and callees, the exit causes, the cut chains.
+pub fn render(g: &CallGraph, top: usize, only_vm: Option<&str>) -> String {
+    let mut out = String::new();
+    if !g.chains {
+        out.push_str(
+            "Call graph: no sample of this capture has a call chain (each is its function alone)\n\n",
+        );
+    }
+    for l in &g.levels {
+        let is_host = l.level == "host";
+        if only_vm.is_some_and(|v| is_host || v != l.level) {
+            continue;
+        }
+        let title = if is_host {
+            "host level".to_owned()
+        } else {
+            format!("VM {}", printable(&l.level))
+        };
+        let _ = writeln!(
+            out,
+            "Call graph, {title}: {} samples (Children: samples whose stack holds the function; Self: whose leaf it is)",
+            l.samples
+        );
+        let fs: Vec<&Function> = g.functions.iter().filter(|f| f.level == l.level).collect();
+        let _ = writeln!(out, "  {:>9}  {:>8}  Function", "Children", "Self");
+        for f in fs.iter().take(top) {
+            let _ = writeln!(
+                out,
+                "  {:>8.2}%  {:>7.2}%  {}",
+                pct(f.total, l.samples),
+                pct(f.self_samples, l.samples),
+                printable(&f.function)
+            );
+        }
+        if fs.len() > top {
+            let _ = writeln!(out, "  ... {} more functions (--top)", fs.len() - top);
+        }
+        let edges: Vec<&Edge> = g.edges.iter().filter(|e| e.level == l.level).collect();
+        for f in fs.iter().take(top.min(DETAILED)) {
+            let callers: Vec<&&Edge> = edges.iter().filter(|e| e.callee == f.function).collect();
+            let callees: Vec<&&Edge> = edges.iter().filter(|e| e.caller == f.function).collect();
+            if callers.is_empty() && callees.is_empty() {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "\n  {} (children {:.2}%, self {:.2}%)",
+                printable(&f.function),
+                pct(f.total, l.samples),
+                pct(f.self_samples, l.samples)
+            );
+            let shown = top.min(DETAILED);
+            for (what, list) in [("callers", &callers), ("callees", &callees)] {
+                for (i, e) in list.iter().take(shown).enumerate() {
+                    let name = if what == "callers" {
+                        &e.caller
+                    } else {
+                        &e.callee
+                    };
+                    let _ = writeln!(
+                        out,
+                        "    {:<8} {:>7.2}%  {}",
+                        if i == 0 { what } else { "" },
+                        pct(e.samples, l.samples),
+                        printable(name)
+                    );
+                }
+                if list.len() > shown {
+                    let _ = writeln!(out, "    {:<8} ... {} more", "", list.len() - shown);
+                }
+            }
+        }
+        out.push('\n');
+    }
+    let host_samples = g.levels.first().map_or(0, |l| l.samples);
+    let mut vms: Vec<&str> = Vec::new();
+    for c in &g.exit_causes {
+        if !vms.contains(&c.vm.as_str()) && only_vm.is_none_or(|v| v == c.vm) {
+            vms.push(&c.vm);
+        }
+    }
+    for vm in vms {
+        let _ = writeln!(
+            out,
+            "Exit causes, VM {}: the guest code at the exits whose handling the hypervisor's samples caught",
+            printable(vm)
+        );
+        let _ = writeln!(
+            out,
+            "  {:>8}  {:>7}  {:<22}  {:<30}  Caller",
+            "Samples", "%Host", "Exit", "Guest function"
+        );
+        for c in g.exit_causes.iter().filter(|c| c.vm == vm).take(top) {
+            let _ = writeln!(
+                out,
+                "  {:>8}  {:>6.2}%  {:<22}  {:<30}  {}",
+                c.samples,
+                pct(c.samples, host_samples),
+                printable(&c.exit_reason),
+                printable(&c.guest_function),
+                c.guest_caller
+                    .as_deref()
+                    .map_or(Cow::Borrowed("-"), printable)
+            );
+        }
+        out.push('\n');
+    }
+    if g.chains {
+        let _ = writeln!(
+            out,
+            "Cut chains: {} samples at the walker's depth limit, {} at a bad frame (their outermost frame is [truncated: ...])",
+            g.truncated.depth_limit, g.truncated.bad_frame
+        );
+    }
+    out
+}
