@@ -16,7 +16,9 @@ pub struct Cpuid {
     pub edx: u32,
 }
 
-/// Executes exactly one CPUID (a VM exit under VMX) for `leaf`/`subleaf`.
+/// Executes exactly one CPUID (a VM exit under VMX) for `leaf`/`subleaf`, in the caller's own
+/// code (always inlined: the `stacks` guest's exit causes name the function that executes it).
+#[inline(always)]
 pub fn cpuid(leaf: u32, subleaf: u32) -> Cpuid {
     let (eax, ebx, ecx, edx): (u32, u64, u32, u32);
     // SAFETY: CPUID only writes the four registers; RBX is reserved by LLVM, so it is saved in a

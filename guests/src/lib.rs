@@ -29,6 +29,37 @@ mod rt;
 pub mod serial;
 
 pub use args::{arg, arg_num};
+
+/// Defines `pub extern "C" fn $name(iterations: u64)`: `iterations` rounds of a two-instruction
+/// loop (`dec`, `jnz`), so that in Bochs, where the TSC counts instructions, its share of the
+/// samples is known by construction. Not inlined, with its own symbol; the `mov` of `$tag` (a
+/// constant distinct per function) keeps the bodies distinct, so the linker cannot fold them.
+#[macro_export]
+macro_rules! countdown {
+    ($name:ident, $tag:literal) => {
+        /// `iterations` rounds of a two-instruction loop.
+        #[inline(never)]
+        #[unsafe(no_mangle)]
+        pub extern "C" fn $name(iterations: u64) {
+            if iterations == 0 {
+                return;
+            }
+            // SAFETY: a register-only countdown loop; no memory, no flags the compiler relies on.
+            unsafe {
+                core::arch::asm!(
+                    "mov {id:e}, {tag}",
+                    "2:",
+                    "dec {n}",
+                    "jnz 2b",
+                    n = inout(reg) iterations => _,
+                    id = out(reg) _,
+                    tag = const $tag,
+                    options(nomem, nostack),
+                );
+            }
+        }
+    };
+}
 #[cfg(target_os = "none")]
 pub use rt::exit;
 

@@ -189,17 +189,23 @@ pub struct ProfileFigures {
     pub timer_exit_mean: u64,
 }
 
-pub fn profile_figures(log: &SerialLog) -> Result<ProfileFigures, String> {
+/// The console's sample-path line: "over N samples: mean A, min B, max C TSC ticks (x.yz% of
+/// the P-tick period)", as [N, A, B, C, P].
+fn sample_path_line(log: &SerialLog) -> Result<[u64; 5], String> {
     let cost = log.expect("profiler: sample path cost over ")?;
     let nums: Vec<u64> = cost
         .split(|c: char| !c.is_ascii_digit())
         .filter(|w| !w.is_empty())
         .filter_map(|w| w.parse().ok())
         .collect();
-    // "over N samples: mean A, min B, max C TSC ticks (x.yz% of the P-tick period)"
-    let [samples, mean, min, max, _, _, period] = nums[..] else {
-        return Err(format!("cannot read {cost:?}"));
-    };
+    match nums[..] {
+        [samples, mean, min, max, _, _, period] => Ok([samples, mean, min, max, period]),
+        _ => Err(format!("cannot read {cost:?}")),
+    }
+}
+
+pub fn profile_figures(log: &SerialLog) -> Result<ProfileFigures, String> {
+    let [samples, mean, min, max, period] = sample_path_line(log)?;
     let sent = log.expect("profiler: sample log sent: ")?;
     let bytes_per_record = sent
         .rsplit_once('(')
@@ -250,15 +256,7 @@ pub struct ChainFigures {
 }
 
 pub fn chain_figures(log: &SerialLog) -> Result<ChainFigures, String> {
-    let cost = log.expect("profiler: sample path cost over ")?;
-    let nums: Vec<u64> = cost
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|w| !w.is_empty())
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    let [samples, mean, ..] = nums[..] else {
-        return Err(format!("cannot read {cost:?}"));
-    };
+    let [samples, mean, ..] = sample_path_line(log)?;
     let mut f = ChainFigures {
         sample_mean: mean,
         samples,

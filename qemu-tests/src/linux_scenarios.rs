@@ -685,20 +685,7 @@ fn check_linux_stacks(run: &ProfileRun) -> Result<(), String> {
     let mut args = root_args();
     args.push("--call-graph".into());
     let report = run.report_with(None, &args)?;
-    let edge = |caller: &str, callee: &str| -> f64 {
-        report
-            .pointer("/call_graph/edges")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter(|e| {
-                e.get("level").and_then(Value::as_str) == Some("linux")
-                    && e.get("caller").and_then(Value::as_str) == Some(caller)
-                    && e.get("callee").and_then(Value::as_str) == Some(callee)
-            })
-            .filter_map(|e| e.get("samples").and_then(Value::as_f64))
-            .sum()
-    };
+    let edge = |caller, callee| crate::stack_scenarios::edge(&report, "linux", caller, callee);
     let (a, b) = (edge("main", "work_a"), edge("main", "work_b"));
     if a + b < 3000.0 {
         return Err(format!(

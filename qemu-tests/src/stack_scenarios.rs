@@ -189,7 +189,7 @@ fn check_tree_decoded(run: &ProfileRun) -> Result<(), String> {
 }
 
 /// The call graph of the report's JSON: samples of the edge `caller -> callee` at `level`.
-fn edge(report: &Value, level: &str, caller: &str, callee: &str) -> f64 {
+pub(crate) fn edge(report: &Value, level: &str, caller: &str, callee: &str) -> f64 {
     report
         .pointer("/call_graph/edges")
         .and_then(Value::as_array)
@@ -226,10 +226,12 @@ fn check_tree_report(run: &ProfileRun) -> Result<(), String> {
             )
             .err(),
         );
+        // Every deep_leaf sample runs under the whole recursion (the samples in `recurse` itself
+        // add to the edges above it).
         let deep_calls = edge(&report, level, "recurse", "deep_leaf");
         let recursion = edge(&report, level, "recurse", "recurse");
         let entry = edge(&report, level, "round", "recurse");
-        if deep_calls < 300.0 || recursion != deep_calls || entry < deep_calls {
+        if deep_calls < 300.0 || recursion < deep_calls || entry < recursion {
             errors.push(format!(
                 "{level} level: recurse edges round->recurse {entry}, recurse->recurse {recursion}, recurse->deep_leaf {deep_calls}: expected the recursion on every deep_leaf sample"
             ));

@@ -18,38 +18,10 @@ use hvprof_guests::{arg, arg_num, exit_code, println};
 
 hvprof_guests::guest_entry!(main);
 
-macro_rules! work {
-    ($name:ident, $id:literal) => {
-        /// `iterations` rounds of a two-instruction loop.
-        #[inline(never)]
-        #[unsafe(no_mangle)]
-        pub extern "C" fn $name(iterations: u64) {
-            if iterations == 0 {
-                return;
-            }
-            // SAFETY: a register-only countdown loop; no memory, no flags the compiler relies on.
-            // The `mov` of a per-function constant keeps the four bodies distinct, so the linker
-            // cannot fold them into one symbol.
-            unsafe {
-                core::arch::asm!(
-                    "mov {id:e}, {tag}",
-                    "2:",
-                    "dec {n}",
-                    "jnz 2b",
-                    n = inout(reg) iterations => _,
-                    id = out(reg) _,
-                    tag = const $id,
-                    options(nomem, nostack),
-                );
-            }
-        }
-    };
-}
-
-work!(work_a, 0xa);
-work!(work_b, 0xb);
-work!(work_c, 0xc);
-work!(work_d, 0xd);
+hvprof_guests::countdown!(work_a, 0xa);
+hvprof_guests::countdown!(work_b, 0xb);
+hvprof_guests::countdown!(work_c, 0xc);
+hvprof_guests::countdown!(work_d, 0xd);
 
 const WORK: [extern "C" fn(u64); 4] = [work_a, work_b, work_c, work_d];
 

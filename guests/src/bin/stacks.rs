@@ -24,37 +24,9 @@ use hvprof_guests::{arg_num, exit_code, println};
 
 hvprof_guests::guest_entry!(main);
 
-macro_rules! spin {
-    ($name:ident, $id:literal) => {
-        /// `iterations` rounds of a two-instruction loop.
-        #[inline(never)]
-        #[unsafe(no_mangle)]
-        pub extern "C" fn $name(iterations: u64) {
-            if iterations == 0 {
-                return;
-            }
-            // SAFETY: a register-only countdown loop; no memory, no flags the compiler relies on.
-            // The `mov` of a per-function constant keeps the bodies distinct, so the linker cannot
-            // fold them into one symbol.
-            unsafe {
-                core::arch::asm!(
-                    "mov {id:e}, {tag}",
-                    "2:",
-                    "dec {n}",
-                    "jnz 2b",
-                    n = inout(reg) iterations => _,
-                    id = out(reg) _,
-                    tag = const $id,
-                    options(nomem, nostack),
-                );
-            }
-        }
-    };
-}
-
-spin!(leaf, 0x1);
-spin!(deep_leaf, 0x2);
-spin!(nofp_leaf, 0x3);
+hvprof_guests::countdown!(leaf, 0x1);
+hvprof_guests::countdown!(deep_leaf, 0x2);
+hvprof_guests::countdown!(nofp_leaf, 0x3);
 
 // The two parents differ by a constant after the call, so that the linker cannot fold them
 // into one function (and the call is no tail call: the frame stays while `leaf` runs).
@@ -117,20 +89,7 @@ pub extern "C" fn nofp_caller(iterations: u64) {
 #[unsafe(no_mangle)]
 pub extern "C" fn cpuid_loop(n: u64) {
     for _ in 0..n {
-        // SAFETY: CPUID only writes the four registers; RBX is reserved by LLVM, so it is saved
-        // in a scratch register and swapped back.
-        unsafe {
-            core::arch::asm!(
-                "mov {b}, rbx",
-                "cpuid",
-                "xchg {b}, rbx",
-                b = out(reg) _,
-                inout("eax") 0u32 => _,
-                inout("ecx") 0u32 => _,
-                out("edx") _,
-                options(nomem, nostack, preserves_flags),
-            );
-        }
+        hvprof_guests::cpu::cpuid(0, 0);
     }
 }
 
