@@ -216,15 +216,11 @@ pub fn name(
     if !samples.has_chains() {
         return (calls, vec![0; stacks.len()]);
     }
-    // Every distinct site, named once, on every core.
+    // Every distinct site, named once, on every core. (Each stack's site keys are made again
+    // below rather than kept: memory stays with the distinct sites.)
     let mut site_ids: HashMap<SiteKey, u32> = HashMap::default();
     let mut distinct: Vec<SiteKey> = Vec::new();
-    let mut keys: Vec<Option<(Vec<SiteKey>, Vec<SiteKey>)>> = Vec::with_capacity(stacks.len());
-    for s in stacks {
-        if s.chain == 0 || !needed(s) {
-            keys.push(None);
-            continue;
-        }
+    for s in stacks.iter().filter(|s| s.chain != 0 && needed(s)) {
         let (host, guest) = site_keys(namer, s, samples);
         for k in host.iter().chain(&guest) {
             site_ids.entry(*k).or_insert_with(|| {
@@ -232,7 +228,6 @@ pub fn name(
                 (distinct.len() - 1) as u32
             });
         }
-        keys.push(Some((host, guest)));
     }
     let chunks: Vec<&[SiteKey]> = distinct.chunks(4096).collect();
     let named: Vec<(CallFrame, Option<u64>)> = crate::par_map(chunks, |c| {
@@ -259,12 +254,14 @@ pub fn name(
     stack_ids.insert(CallStack::default(), 0);
     let out = stacks
         .iter()
-        .zip(keys)
-        .map(|(s, k)| {
-            let Some((host, guest)) = k else { return 0 };
+        .map(|s| {
+            if s.chain == 0 || !needed(s) {
+                return 0;
+            }
             let Some(c) = samples.chain(s.chain) else {
                 return 0;
             };
+            let (host, guest) = site_keys(namer, s, samples);
             let ids = |ks: &[SiteKey]| ks.iter().map(|k| site_ids[k]).collect::<Vec<u32>>();
             let guest_ctx = matches!(s.what, What::GuestKernel | What::GuestUser) || s.exit_cause;
             let cs = CallStack {
