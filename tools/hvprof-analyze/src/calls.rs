@@ -25,7 +25,9 @@ use crate::profile::{ChainEnd, Frame, Profile, Samples, Stack, What};
 pub struct CallFrame {
     /// `Hypervisor` for the hypervisor's frames, `GuestKernel` or `GuestUser` for a guest's.
     pub what: What,
+    /// Its name (`[unknown] 0x...` without symbols for it).
     pub function: String,
+    /// The file it is in (`hvprof` for the hypervisor).
     pub module: String,
 }
 
@@ -34,8 +36,11 @@ pub struct CallFrame {
 /// the symbols give the start (`perf script`'s `function+0x12`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CallSite {
+    /// The address as the chain holds it (a return address, or an exit's RIP).
     pub addr: u64,
+    /// Its function: index into [`Calls::frames`].
     pub frame: u32,
+    /// `addr`'s offset from the function's start, when the symbols give the start.
     pub offset: Option<u64>,
 }
 
@@ -44,9 +49,13 @@ pub struct CallSite {
 /// sample has no host chain.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CallStack {
+    /// The hypervisor's frames.
     pub host: Vec<u32>,
+    /// How the hypervisor's walk ended (`NotWalked` without a host chain).
     pub host_end: ChainEnd,
+    /// The guest's frames.
     pub guest: Vec<u32>,
+    /// How the guest's walk ended (`NotWalked` without a guest chain).
     pub guest_end: ChainEnd,
 }
 

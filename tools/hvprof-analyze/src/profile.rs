@@ -170,9 +170,13 @@ pub struct Samples {
 /// guest RIP at the exit), and how each walk ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawChains<'a> {
+    /// The hypervisor's frames.
     pub host: &'a [u64],
+    /// How the hypervisor's walk ended.
     pub host_end: ChainEnd,
+    /// The guest's frames.
     pub guest: &'a [u64],
+    /// How the guest's walk ended.
     pub guest_end: ChainEnd,
 }
 
