@@ -43,26 +43,36 @@ use crate::profile::{ChainEnd, Profile, What};
 /// One level of the call graph and its samples.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Level {
+    /// `host`, or the VM's name.
     pub level: String,
+    /// Its samples: every sample (host), or the VM's guest samples.
     pub samples: u64,
 }
 
 /// Samples in which `caller` calls `callee` directly (at `level`).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Edge {
+    /// `host`, or the VM's name.
     pub level: String,
+    /// The calling function.
     pub caller: String,
+    /// The function it calls.
     pub callee: String,
+    /// Samples whose stack has this call (once each).
     pub samples: u64,
 }
 
 /// A function's samples at a level: whose leaf it is (`self`), whose stack holds it (`total`).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Function {
+    /// `host`, or the VM's name.
     pub level: String,
+    /// Its name.
     pub function: String,
+    /// Samples whose leaf it is (JSON `self`).
     #[serde(rename = "self")]
     pub self_samples: u64,
+    /// Samples whose stack holds it (once each).
     pub total: u64,
 }
 
@@ -70,27 +80,39 @@ pub struct Function {
 /// that function's caller.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ExitCause {
+    /// The VM's name.
     pub vm: String,
+    /// The exit's reason, as the report names it (`CPUID`).
     pub exit_reason: String,
+    /// The guest function at the exit's RIP.
     pub guest_function: String,
+    /// Its caller (`None`: the chain ends there; a cut chain's `[truncated: ...]`).
     pub guest_caller: Option<String>,
+    /// The hypervisor's samples on such exits.
     pub samples: u64,
 }
 
 /// Samples with a cut chain.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Truncated {
+    /// Samples with a chain cut at the walker's depth limit.
     pub depth_limit: u64,
+    /// Samples with a chain cut at a bad frame.
     pub bad_frame: u64,
 }
 
 /// The call graph of a profile (see the module documentation).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct CallGraph {
+    /// The host level, then each VM's.
     pub levels: Vec<Level>,
+    /// Who calls whom, per level.
     pub edges: Vec<Edge>,
+    /// Each function's self and total samples, per level.
     pub functions: Vec<Function>,
+    /// The guest code at the exits the hypervisor's samples caught.
     pub exit_causes: Vec<ExitCause>,
+    /// Samples with cut chains.
     pub truncated: Truncated,
     /// Whether any sample has a call chain (the text says when none has).
     #[serde(skip)]

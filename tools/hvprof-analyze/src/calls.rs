@@ -25,7 +25,9 @@ use crate::profile::{ChainEnd, Frame, Profile, Samples, Stack, What};
 pub struct CallFrame {
     /// `Hypervisor` for the hypervisor's frames, `GuestKernel` or `GuestUser` for a guest's.
     pub what: What,
+    /// Its name (`[unknown] 0x...` without symbols for it).
     pub function: String,
+    /// The file it is in (`hvprof` for the hypervisor).
     pub module: String,
 }
 
@@ -34,8 +36,11 @@ pub struct CallFrame {
 /// the symbols give the start (`perf script`'s `function+0x12`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CallSite {
+    /// The address as the chain holds it (a return address, or an exit's RIP).
     pub addr: u64,
+    /// Its function: index into [`Calls::frames`].
     pub frame: u32,
+    /// `addr`'s offset from the function's start, when the symbols give the start.
     pub offset: Option<u64>,
 }
 
@@ -44,9 +49,13 @@ pub struct CallSite {
 /// sample has no host chain.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CallStack {
+    /// The hypervisor's frames.
     pub host: Vec<u32>,
+    /// How the hypervisor's walk ended (`NotWalked` without a host chain).
     pub host_end: ChainEnd,
+    /// The guest's frames.
     pub guest: Vec<u32>,
+    /// How the guest's walk ended (`NotWalked` without a guest chain).
     pub guest_end: ChainEnd,
 }
 
@@ -216,15 +225,11 @@ pub fn name(
     if !samples.has_chains() {
         return (calls, vec![0; stacks.len()]);
     }
-    // Every distinct site, named once, on every core.
+    // Every distinct site, named once, on every core. (Each stack's site keys are made again
+    // below rather than kept: memory stays with the distinct sites.)
     let mut site_ids: HashMap<SiteKey, u32> = HashMap::default();
     let mut distinct: Vec<SiteKey> = Vec::new();
-    let mut keys: Vec<Option<(Vec<SiteKey>, Vec<SiteKey>)>> = Vec::with_capacity(stacks.len());
-    for s in stacks {
-        if s.chain == 0 || !needed(s) {
-            keys.push(None);
-            continue;
-        }
+    for s in stacks.iter().filter(|s| s.chain != 0 && needed(s)) {
         let (host, guest) = site_keys(namer, s, samples);
         for k in host.iter().chain(&guest) {
             site_ids.entry(*k).or_insert_with(|| {
@@ -232,7 +237,6 @@ pub fn name(
                 (distinct.len() - 1) as u32
             });
         }
-        keys.push(Some((host, guest)));
     }
     let chunks: Vec<&[SiteKey]> = distinct.chunks(4096).collect();
     let named: Vec<(CallFrame, Option<u64>)> = crate::par_map(chunks, |c| {
@@ -259,12 +263,14 @@ pub fn name(
     stack_ids.insert(CallStack::default(), 0);
     let out = stacks
         .iter()
-        .zip(keys)
-        .map(|(s, k)| {
-            let Some((host, guest)) = k else { return 0 };
+        .map(|s| {
+            if s.chain == 0 || !needed(s) {
+                return 0;
+            }
             let Some(c) = samples.chain(s.chain) else {
                 return 0;
             };
+            let (host, guest) = site_keys(namer, s, samples);
             let ids = |ks: &[SiteKey]| ks.iter().map(|k| site_ids[k]).collect::<Vec<u32>>();
             let guest_ctx = matches!(s.what, What::GuestKernel | What::GuestUser) || s.exit_cause;
             let cs = CallStack {

@@ -136,6 +136,7 @@ pub fn build(p: &Profile, progress: &Progress) -> FxProfile {
         }
     };
     let mut i = 0u64;
+    let chains = p.samples.has_chains();
     p.for_each_sample(|s| {
         let guest = matches!(s.what, What::GuestKernel | What::GuestUser);
         let t = if guest {
@@ -143,12 +144,16 @@ pub fn build(p: &Profile, progress: &Progress) -> FxProfile {
         } else {
             thread(&mut fx, false, s.pcpu, 0)
         };
-        let st = &p.samples.stacks()[s.stack as usize];
-        let key = (t, s.frame, st.calls, st.exit_cause);
+        // A capture without chains never looks at the stack again.
+        let st = chains.then(|| &p.samples.stacks()[s.stack as usize]);
+        let key = match st {
+            Some(st) => (t, s.frame, st.calls, st.exit_cause),
+            None => (t, s.frame, 0, false),
+        };
         let stack = *stacks.entry(key).or_insert_with(|| {
             let f = &p.frames[s.frame as usize];
             let cat = category(s.what);
-            if let Some(parts) = whole_stack(p, st) {
+            if let Some((st, parts)) = st.and_then(|st| Some((st, whole_stack(p, st)?))) {
                 let frames: Vec<FrameInfo> = parts
                     .iter()
                     .filter_map(|part| {

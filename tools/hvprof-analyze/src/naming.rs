@@ -467,8 +467,11 @@ impl<'a> Namer<'a> {
 /// start when the symbol source gives the start (`None` for an address without a function).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Symbol {
+    /// The function (`[unknown] ...` when no symbol holds the address).
     pub function: String,
+    /// The module column: the image, `[guest.kallsyms]`, a kernel module, a mapped file.
     pub module: String,
+    /// The address's offset from the function's start.
     pub offset: Option<u64>,
 }
 

@@ -45,7 +45,8 @@ pub enum What {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sampled {
     pub tsc: u64,
-    /// The guest CR3 (guest samples; 0 for the others).
+    /// The guest CR3 (guest samples, and hypervisor samples with an exit-cause chain; 0 for
+    /// the others).
     pub cr3: u64,
     /// The sampled address: guest RIP, or hypervisor RIP.
     pub addr: u64,
@@ -170,9 +171,13 @@ pub struct Samples {
 /// guest RIP at the exit), and how each walk ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RawChains<'a> {
+    /// The hypervisor's frames.
     pub host: &'a [u64],
+    /// How the hypervisor's walk ended.
     pub host_end: ChainEnd,
+    /// The guest's frames.
     pub guest: &'a [u64],
+    /// How the guest's walk ended.
     pub guest_end: ChainEnd,
 }
 

@@ -265,6 +265,7 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
         })
         .collect();
     let middle = format!(": {event}:\n\t");
+    let chains = p.samples.has_chains();
     let hz = u128::from(if p.tsc_hz == 0 {
         1_000_000_000
     } else {
@@ -283,7 +284,7 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
                 hex16(text, s.addr);
                 let (leaf, outer) = &tails[s.frame as usize];
                 text.extend_from_slice(leaf.as_bytes());
-                let (from, to) = chain_of[stack];
+                let (from, to) = if chains { chain_of[stack] } else { (0, 0) };
                 if from == to {
                     text.extend_from_slice(outer.as_bytes());
                 } else {
