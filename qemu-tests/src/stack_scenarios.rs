@@ -208,9 +208,18 @@ pub(crate) fn edge(report: &Value, level: &str, caller: &str, callee: &str) -> f
 fn check_tree_report(run: &ProfileRun) -> Result<(), String> {
     let report = run.report_with(None, &["--call-graph".into()])?;
     let mut errors = Vec::new();
-    for level in ["tree", "host"] {
-        let a = edge(&report, level, "parent_a", "leaf");
-        let b = edge(&report, level, "parent_b", "leaf");
+    // The VM level, then the host level, where the VM's functions are named with it.
+    for (level, suffix) in [("tree", ""), ("host", " [tree]")] {
+        let edge = |caller: &str, callee: &str| {
+            edge(
+                &report,
+                level,
+                &format!("{caller}{suffix}"),
+                &format!("{callee}{suffix}"),
+            )
+        };
+        let a = edge("parent_a", "leaf");
+        let b = edge("parent_b", "leaf");
         if a + b < 1000.0 {
             errors.push(format!(
                 "{level} level: {a} + {b} samples on the edges into leaf: expected thousands"
@@ -228,17 +237,15 @@ fn check_tree_report(run: &ProfileRun) -> Result<(), String> {
         );
         // Every deep_leaf sample runs under the whole recursion (the samples in `recurse` itself
         // add to the edges above it).
-        let deep_calls = edge(&report, level, "recurse", "deep_leaf");
-        let recursion = edge(&report, level, "recurse", "recurse");
-        let entry = edge(&report, level, "round", "recurse");
+        let deep_calls = edge("recurse", "deep_leaf");
+        let recursion = edge("recurse", "recurse");
+        let entry = edge("round", "recurse");
         if deep_calls < 300.0 || recursion < deep_calls || entry < recursion {
             errors.push(format!(
                 "{level} level: recurse edges round->recurse {entry}, recurse->recurse {recursion}, recurse->deep_leaf {deep_calls}: expected the recursion on every deep_leaf sample"
             ));
         }
-        if edge(&report, level, "nofp_caller", "nofp") != 0.0
-            || edge(&report, level, "nofp", "nofp_leaf") < 150.0
-        {
+        if edge("nofp_caller", "nofp") != 0.0 || edge("nofp", "nofp_leaf") < 150.0 {
             errors.push(format!(
                 "{level} level: expected nofp -> nofp_leaf and no nofp_caller -> nofp (nofp keeps no frame record)"
             ));

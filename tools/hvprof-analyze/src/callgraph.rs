@@ -2,9 +2,12 @@
 //! (children, `total`) and those whose leaf it is (`self`), and who calls whom, like
 //! `perf report --children -g caller`; at the host level and per VM (the guest level).
 //!
-//! - Host level: every sample, as the pCPUs saw it: a guest sample is its VM (`[guestOS1]`, as
-//!   the host table names it), a hypervisor sample its hypervisor frames then its function, an
-//!   idle sample its hypervisor frames then `[idle]`.
+//! - Host level: every sample, as the pCPUs saw it, on one tree: a guest sample is its VM
+//!   (`[guestOS1]`, as the host table names it) calling its guest frames then its function,
+//!   named with the VM (`work_a [guestOS1]`: two VMs' functions of one name stay apart), so the
+//!   VM's total is its row of the host table and its calls are the VM level's, as shares of the
+//!   whole machine; a hypervisor sample its hypervisor frames then its function, an idle sample
+//!   its hypervisor frames then `[idle]`.
 //! - VM level: that VM's guest samples, their guest frames then their function.
 //! - Exit causes: the hypervisor samples taken on a vCPU's exit whose guest chain was walked, by
 //!   VM, exit reason, the guest function at the exit's RIP and its caller.
@@ -219,6 +222,15 @@ pub fn build(p: &Profile) -> CallGraph {
                     .entry(s.vm)
                     .or_insert_with(|| host.id(Cow::Owned(format!("[{}]", p.vm_name(s.vm)))));
                 path.push(id);
+                names.clear();
+                chain_names(p, &c.guest, c.guest_end, &mut names);
+                names.push(Cow::Borrowed(leaf));
+                let vm = p.vm_name(s.vm);
+                path.extend(
+                    names
+                        .drain(..)
+                        .map(|n| host.id(Cow::Owned(format!("{n} [{vm}]")))),
+                );
             }
             What::Hypervisor | What::Idle => {
                 names.clear();

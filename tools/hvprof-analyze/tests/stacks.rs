@@ -360,19 +360,45 @@ fn json_call_graph_is_the_known_tree() {
             t("[truncated: bad frame]", 0, 5),
         ])
     );
+    // The host level: the hypervisor's calls, and the VM's guest calls under its row (its
+    // functions named with the VM), with the same counts as at the VM level.
+    let gv = |n: &str| format!("{n} [g]");
+    let mut host_edges = vec![
+        e("run", "handle_exit", 40),
+        e("handle_exit", "cpuid_handler", 52),
+        e("[truncated: depth limit]", "handle_exit", 12),
+        e("run", "[idle]", 15),
+        e("[g]", &gv("main"), 128),
+        e("[g]", &gv("[truncated: depth limit]"), 10),
+        e("[g]", &gv("[truncated: bad frame]"), 5),
+    ];
+    for (a, b, n) in [
+        ("main", "a", 70),
+        ("main", "b", 30),
+        ("a", "leaf", 80),
+        ("b", "leaf", 35),
+        ("main", "rec", 20),
+        ("rec", "rec", 20),
+        ("[truncated: depth limit]", "a", 10),
+        ("[truncated: bad frame]", "b", 5),
+    ] {
+        host_edges.push(e(&gv(a), &gv(b), n));
+    }
     assert_eq!(
         rows(&g["edges"], "host", &["caller", "callee", "samples"]),
-        sorted(vec![
-            e("run", "handle_exit", 40),
-            e("handle_exit", "cpuid_handler", 52),
-            e("[truncated: depth limit]", "handle_exit", 12),
-            e("run", "[idle]", 15),
-        ])
+        sorted(host_edges)
     );
     assert_eq!(
         rows(&g["functions"], "host", &["function", "self", "total"]),
         sorted(vec![
-            t("[g]", 143, 143),
+            t("[g]", 0, 143),
+            t(&gv("leaf"), 115, 115),
+            t(&gv("main"), 8, 128),
+            t(&gv("a"), 0, 80),
+            t(&gv("b"), 0, 35),
+            t(&gv("rec"), 20, 20),
+            t(&gv("[truncated: depth limit]"), 0, 10),
+            t(&gv("[truncated: bad frame]"), 0, 5),
             t("cpuid_handler", 52, 52),
             t("handle_exit", 0, 52),
             t("run", 0, 55),
@@ -393,7 +419,10 @@ fn json_call_graph_is_the_known_tree() {
         })
         .collect();
     assert_eq!(order[0], ("host", "[g]"));
-    assert_eq!(order[6], ("g", "main"));
+    assert_eq!(order.iter().find(|(l, _)| *l == "g"), Some(&("g", "main")));
+    assert!(
+        order.iter().position(|(l, _)| *l == "g") > order.iter().rposition(|(l, _)| *l == "host")
+    );
     assert_eq!(
         g["exit_causes"],
         json!([{"vm": "g", "exit_reason": "CPUID", "guest_function": "a",
@@ -548,7 +577,8 @@ fn pprof_totals_equal_the_call_graph() {
     }
     for fun in &g.functions {
         let got = if fun.level == "host" {
-            if fun.function == "[g]" {
+            // The VM's row and its functions (named with the VM) are the VM level's.
+            if fun.function.starts_with("[g]") || fun.function.ends_with(" [g]") {
                 continue;
             }
             host.get(fun.function.as_str())
@@ -635,9 +665,16 @@ fn a_capture_without_chains_is_drawn_as_before() {
     assert!(!text.contains("+0x"));
     let page = String::from_utf8(f.run("html", &[])).unwrap();
     assert!(!page.contains("id=calls"));
-    // The call graph: every sample its leaf alone.
+    // The call graph: every sample its leaf alone (under its VM's row at the host level).
     let r: Value = serde_json::from_slice(&f.run("report", &["--json", "--call-graph"])).unwrap();
-    assert_eq!(r["call_graph"]["edges"], json!([]));
+    assert_eq!(
+        r["call_graph"]["edges"],
+        json!([
+            {"level": "host", "caller": "[g]", "callee": "leaf [g]", "samples": 115},
+            {"level": "host", "caller": "[g]", "callee": "rec [g]", "samples": 20},
+            {"level": "host", "caller": "[g]", "callee": "main [g]", "samples": 8},
+        ])
+    );
     assert_eq!(
         r["call_graph"]["truncated"],
         json!({"depth_limit": 0, "bad_frame": 0})
