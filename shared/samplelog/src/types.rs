@@ -82,7 +82,8 @@ pub struct Sample {
     pub vpid: u16,
     /// Guest RIP (from the VMCS or the interrupted guest state).
     pub guest_rip: u64,
-    /// Guest CR3: the guest process.
+    /// Guest CR3: the guest process (at a hypervisor sample with an exit-cause guest chain, the
+    /// vCPU's at that exit; else 0 there).
     pub guest_cr3: u64,
     /// Bits 1:0 CPL; bits 3:2 `MODE_*`. See [`guest_mode`].
     pub guest_mode: u8,

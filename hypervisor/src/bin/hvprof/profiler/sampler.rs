@@ -566,7 +566,10 @@ impl CpuProfiler {
             s.host_chain = self.walk_host(fp, depth, &mut buf[..MAX_CHAIN_DEPTH]).0;
             if s.vm != NO_VM {
                 let h = s.host_chain.depth();
-                s.guest_chain = self.walk_exit_cause(depth, &mut buf[h..h + MAX_CHAIN_DEPTH]);
+                let (chain, cr3) = self.walk_exit_cause(depth, &mut buf[h..h + MAX_CHAIN_DEPTH]);
+                s.guest_chain = chain;
+                // The guest's address space names the chain's frames (a Linux process's).
+                s.guest_cr3 = cr3;
             }
             let c = &self.costs;
             let n = s.host_chain.depth() + s.guest_chain.depth();
@@ -630,10 +633,11 @@ impl CpuProfiler {
     }
 
     /// At a hypervisor sample during a vCPU's exit: the guest RIP of the exit, then the guest's
-    /// callers (what guest code path this hypervisor time serves), written to the start of `out`.
-    fn walk_exit_cause(&self, depth: usize, out: &mut [MaybeUninit<u64>]) -> Chain {
+    /// callers (what guest code path this hypervisor time serves), written to the start of `out`;
+    /// and the guest's CR3 (0 when none was read).
+    fn walk_exit_cause(&self, depth: usize, out: &mut [MaybeUninit<u64>]) -> (Chain, u64) {
         if self.guest_size.load(Ordering::Relaxed) == 0 {
-            return Chain::NOT_WALKED;
+            return (Chain::NOT_WALKED, 0);
         }
         // SAFETY: `current()` names a vCPU only between `set_current` after its VMPTRLD and
         // `set_current(NO_VM, ..)` before its VMCLEAR (`vm::run`), so its VMCS is the current
@@ -647,7 +651,7 @@ impl CpuProfiler {
         let cs_ar = read(Guest32::CsAccessRights as u32) as u32;
         let cpl = hvprof_vmx::guest::cpl_from_ss_access_rights(ss_ar);
         let Some((first, rest)) = out.split_first_mut() else {
-            return Chain::NOT_WALKED;
+            return (Chain::NOT_WALKED, 0);
         };
         first.write(rip);
         let (callers, _) = self.walk_guest(cr3, cpl, cs_ar & CS_AR_L != 0, depth - 1, rest);
@@ -656,7 +660,7 @@ impl CpuProfiler {
             ChainEnd::NotWalked => ChainEnd::Complete,
             e => e,
         };
-        Chain::new(1 + callers.depth(), end)
+        (Chain::new(1 + callers.depth(), end), cr3)
     }
 
     /// The memory of the VM whose vCPU this pCPU runs now (`None`: none), and whether its
