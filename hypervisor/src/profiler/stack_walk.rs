@@ -69,6 +69,7 @@ pub trait FrameMemory {
 /// `bounds` must be whole pages (4 KiB aligned; `hi` may be `u64::MAX` for the top of the
 /// address space): the bounds are checked once per page, and each frame on a page already
 /// read costs only the checks that it climbs and is aligned.
+#[inline(always)]
 pub fn walk<'a, M: FrameMemory>(
     mem: &mut M,
     fp: u64,
