@@ -421,7 +421,21 @@ pub fn wants_drain(p: &CpuProfiler) -> bool {
 /// ring holds on (`end`), or sends a block when one is full (`stream`); task changes go on at
 /// once. Returns the TSC ticks it took.
 pub fn drain_if_full(p: &CpuProfiler) -> u64 {
-    if wants_drain(p) { drain(p, false) } else { 0 }
+    if wants_drain(p) && !over_export_share(p) {
+        drain(p, false)
+    } else {
+        0
+    }
+}
+
+/// `stream` mode: whether the export has taken more than half of this pCPU's time since
+/// sampling began. Then it waits, and the guests run: on a channel slower than the samples come
+/// (a short period on the serial line), sending would otherwise take all the time, the more so
+/// as the sending is itself sampled. The ring fills meanwhile and counts its drops, which the log
+/// and the console report.
+fn over_export_share(p: &CpuProfiler) -> bool {
+    let stream = EXPORTER.get().is_some_and(|ex| ex.mode == Export::Stream);
+    stream && p.enabled() && p.costs.export.get().1.saturating_mul(2) > p.span()
 }
 
 fn drain(p: &CpuProfiler, all: bool) -> u64 {
@@ -463,19 +477,28 @@ fn drain(p: &CpuProfiler, all: bool) -> u64 {
             log.flushes += 1;
             log.flush_ticks += rdtsc() - t;
         },
-        Export::Stream => loop {
-            if !all && p.ring.len() < BLOCK {
-                break;
+        Export::Stream => {
+            // During the run, a drain sends what was waiting when it began, not what its own
+            // sending adds: where a block takes longer to send than its records took to sample
+            // (a short period on a slow channel), the samples of the sending would otherwise keep
+            // it going forever and the guests would never run again. What is left waits for the
+            // next drain; a ring that fills counts its drops.
+            let mut budget = if all { usize::MAX } else { p.ring.len() };
+            loop {
+                if !all && (p.ring.len() < BLOCK || budget == 0) {
+                    break;
+                }
+                let waiting = p.ring.waiting();
+                let (taken, made) =
+                    fill_block(|i| waiting.get(i), &mut log.records[..BLOCK], log.frames);
+                if taken == 0 {
+                    break;
+                }
+                p.ring.advance(taken);
+                budget = budget.saturating_sub(taken);
+                ex.send_block(log, made);
             }
-            let waiting = p.ring.waiting();
-            let (taken, made) =
-                fill_block(|i| waiting.get(i), &mut log.records[..BLOCK], log.frames);
-            if taken == 0 {
-                break;
-            }
-            p.ring.advance(taken);
-            ex.send_block(log, made);
-        },
+        }
     }
     let ticks = rdtsc() - t0;
     log.export_ticks += ticks;
