@@ -5,7 +5,9 @@
 //!
 //! Two modes (`export=` boot option):
 //! - `stream`: a block is encoded and sent whenever a ring holds one, during the run. The cost of
-//!   encoding and sending shows in the profile as hypervisor time, as it should.
+//!   encoding and sending shows in the profile as hypervisor time, as it should. The export never
+//!   takes more than about half of a pCPU's time (`over_export_share`): beyond, the ring fills
+//!   and counts its drops, and the guests still run.
 //! - `end`: records are moved from the ring into a large in-memory buffer during the run (a copy,
 //!   no encoding) and sent when the VMs have stopped. When the buffer fills, the older half is
 //!   encoded and sent at once (a synchronous flush: the run waits, the time is counted and
