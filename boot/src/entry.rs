@@ -140,6 +140,7 @@ _start:
     jmp 93b
 
     .code64
+    .type boot_long_mode, @function
 boot_long_mode:
     mov ax, 0x10
     mov ds, ax
@@ -158,6 +159,8 @@ boot_long_mode:
     cli
     hlt
     jmp 4b
+    // Sized, so that a call chain's outermost frame (the return into it) is named.
+    .size boot_long_mode, . - boot_long_mode
 
     .section .rodata.boot32, "a"
 boot_no_long_mode:
