@@ -19,6 +19,12 @@ pub fn translate(read_phys: &impl Fn(u64) -> Option<u64>, cr3: u64, gva: u64) ->
     translate_leaf(read_phys, cr3, gva).map(|t| t.gpa)
 }
 
+/// Whether `a` is a canonical 48-bit address (bits 63:47 all equal; SDM Vol. 1 §3.3.7.1).
+pub fn canonical(a: u64) -> bool {
+    let top = a >> 47;
+    top == 0 || top == 0x1_ffff
+}
+
 /// A translation and the paging-structure entry that made it (the PTE, or the PDE or PDPTE of a
 /// large page): while that entry keeps its value, and the levels above it theirs, the
 /// translation holds.
@@ -32,9 +38,7 @@ pub struct Leaf {
 
 /// `translate`, with the entry that mapped the page.
 pub fn translate_leaf(read_phys: &impl Fn(u64) -> Option<u64>, cr3: u64, gva: u64) -> Option<Leaf> {
-    // Canonical 48-bit address: bits 63:47 all equal.
-    let top = gva >> 47;
-    if top != 0 && top != 0x1_ffff {
+    if !canonical(gva) {
         return None;
     }
     let mut table = cr3 & ADDR_MASK;
@@ -354,6 +358,12 @@ mod tests {
     use super::*;
     use alloc::vec;
     use alloc::vec::Vec;
+
+    #[test]
+    fn canonical_addresses() {
+        assert!(canonical(0xffff_8000_0000_0000) && canonical(0x7fff_ffff_ffff));
+        assert!(!canonical(0x8000_0000_0000));
+    }
     use core::cell::RefCell;
 
     /// Guest-physical memory of 16 MiB with a page-table builder.

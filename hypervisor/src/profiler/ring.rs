@@ -94,18 +94,6 @@ impl<T: Copy, const N: usize> Ring<T, N> {
         Some(value)
     }
 
-    /// Consumer side: the record `pop` would return, left in place.
-    pub fn peek(&self) -> Option<T> {
-        let tail = self.tail.load(Ordering::Relaxed);
-        let head = self.head.load(Ordering::Acquire);
-        if tail == head {
-            return None;
-        }
-        // SAFETY: as in `pop`: the slot at `tail` lies in [tail, head), published by the
-        // producer and not touched by it until `tail` moves past it (which only the consumer does).
-        Some(unsafe { (*self.slots[tail % N].get()).assume_init() })
-    }
-
     /// Consumer side: the records waiting now, to read in place (then `advance` past those
     /// taken). Records pushed meanwhile are not in it.
     pub fn waiting(&self) -> Waiting<'_, T, N> {
@@ -223,16 +211,16 @@ mod tests {
         }
         assert!(!r.push(99), "full");
         assert_eq!((r.len(), r.dropped(), r.pushed()), (4, 1, 4));
-        assert_eq!(r.peek(), Some(0));
+        assert_eq!(r.waiting().get(0), Some(0));
         assert_eq!(r.pop(), Some(0));
-        assert_eq!(r.peek(), Some(1));
+        assert_eq!(r.waiting().get(0), Some(1));
         assert!(r.push(4));
         assert_eq!(
             (1..=4).map(|_| r.pop().unwrap()).collect::<Vec<_>>(),
             vec![1, 2, 3, 4]
         );
         assert_eq!(r.pop(), None);
-        assert_eq!(r.peek(), None);
+        assert_eq!(r.waiting().get(0), None);
     }
 
     #[test]

@@ -52,20 +52,11 @@ pub fn slot(stamped: Stamped, frames: &[u64], i: usize) -> Slot {
     })
 }
 
-/// The chain frames a record carries.
-#[inline(always)]
-fn frames_of(record: &Record) -> usize {
-    match record {
-        Record::Sample(s) => s.host_chain.depth() + s.guest_chain.depth(),
-        Record::Event(_) => 0,
-    }
-}
-
 /// Frame slots that follow a record slot: its chains' frames, `SLOT_FRAMES` a slot.
 #[inline(always)]
 pub fn frame_slots(slot: &Slot) -> usize {
     match slot {
-        Slot::Record(s) => frames_of(&s.record).div_ceil(SLOT_FRAMES),
+        Slot::Record(s) => s.record.chain_frames().div_ceil(SLOT_FRAMES),
         Slot::Frames(_) => 0,
     }
 }
@@ -100,7 +91,7 @@ pub fn fill_block(
         if n > 0 && stamped.drops != drops {
             break;
         }
-        let want = frames_of(&stamped.record);
+        let want = stamped.record.chain_frames();
         let k = want.div_ceil(SLOT_FRAMES);
         if f + want > frames.len() {
             break;

@@ -45,12 +45,6 @@ pub fn half_of(fp: u64) -> Bounds {
     }
 }
 
-/// Whether `a` is a canonical 48-bit address (bits 63:47 all equal; SDM Vol. 1 §3.3.7.1).
-pub fn canonical(a: u64) -> bool {
-    let top = a >> 47;
-    top == 0 || top == 0x1_ffff
-}
-
 /// Memory a walk reads, a 4 KiB page at a time: the walk asks for the page of each frame record
 /// once and reads its two words from it, so a chain that stays on one page costs one lookup.
 pub trait FrameMemory {
@@ -350,7 +344,5 @@ mod tests {
     fn halves() {
         assert_eq!(half_of(0x7fff_ffff_e000), LOWER_HALF);
         assert_eq!(half_of(0xffff_c900_0001_0000), UPPER_HALF);
-        assert!(canonical(0xffff_8000_0000_0000) && canonical(0x7fff_ffff_ffff));
-        assert!(!canonical(0x8000_0000_0000));
     }
 }

@@ -174,22 +174,6 @@ impl Chain {
     pub const fn truncated(self) -> bool {
         matches!(self.end(), ChainEnd::DepthLimit | ChainEnd::BadFrame)
     }
-
-    /// The packed byte.
-    #[must_use]
-    pub const fn to_u8(self) -> u8 {
-        self.0
-    }
-
-    /// From a packed byte; `None` when the depth exceeds `MAX_CHAIN_DEPTH`.
-    #[must_use]
-    pub const fn from_u8(v: u8) -> Option<Self> {
-        if (v & 0x3f) as usize > MAX_CHAIN_DEPTH {
-            None
-        } else {
-            Some(Chain(v))
-        }
-    }
 }
 
 impl Default for Chain {
@@ -216,11 +200,7 @@ pub struct Chains<'a> {
 /// Frames the samples among `records` carry (each sample's host then guest chain).
 #[must_use]
 pub fn chain_frames(records: &[Record]) -> usize {
-    records
-        .iter()
-        .filter_map(Record::as_sample)
-        .map(|s| s.host_chain.depth() + s.guest_chain.depth())
-        .sum()
+    records.iter().map(Record::chain_frames).sum()
 }
 
 /// Walks `records` with the frames of each sample's chains. `frames` is the block's frame list:
@@ -252,6 +232,12 @@ pub fn with_chains<'a>(
 }
 
 impl Sample {
+    /// Frames its two call chains carry (what follows it in a block's frame list).
+    #[must_use]
+    pub const fn chain_frames(&self) -> usize {
+        self.host_chain.depth() + self.guest_chain.depth()
+    }
+
     /// Guest CPL (bits 1:0 of `guest_mode`).
     #[must_use]
     pub const fn cpl(&self) -> u8 {
@@ -345,6 +331,15 @@ impl Record {
         match self {
             Record::Sample(s) => Some(s),
             Record::Event(_) => None,
+        }
+    }
+
+    /// Frames its call chains carry (none for an event).
+    #[must_use]
+    pub const fn chain_frames(&self) -> usize {
+        match self {
+            Record::Sample(s) => s.chain_frames(),
+            Record::Event(_) => 0,
         }
     }
 

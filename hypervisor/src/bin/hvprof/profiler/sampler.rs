@@ -572,10 +572,9 @@ impl CpuProfiler {
                 s.guest_cr3 = cr3;
             }
             let c = &self.costs;
-            let n = s.host_chain.depth() + s.guest_chain.depth();
-            walked_since(t, n, &c.host_walks, &c.host_frames);
+            walked_since(t, s.chain_frames(), &c.host_walks, &c.host_frames);
         }
-        let n = s.host_chain.depth() + s.guest_chain.depth();
+        let n = s.chain_frames();
         // SAFETY: the walks wrote the first `depth()` slots of the parts they were given, and
         // the guest part starts where the host chain's frames end; `MaybeUninit<u64>` has the
         // layout of `u64`.
