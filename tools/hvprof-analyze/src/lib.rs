@@ -23,6 +23,7 @@ pub mod record;
 pub mod report;
 pub mod script;
 pub mod source;
+mod stack_table;
 pub mod stat;
 pub mod symbols;
 pub mod text;

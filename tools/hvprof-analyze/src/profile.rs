@@ -29,6 +29,7 @@ pub use crate::calls::Calls;
 use crate::naming::{Namer, ProcessKey, Processes, VmMeta, exit_name};
 use crate::progress::Progress;
 use crate::report::Report;
+use crate::stack_table::{self, StackTable};
 use crate::symbols::Images;
 use crate::timeline::{Owner, Segment, Segments};
 
@@ -467,9 +468,9 @@ impl CostSum {
 #[derive(Debug, Default)]
 struct StackIndex {
     contexts: HashMap<(Key, u32), u32>,
-    /// (address, context) → (stack, its samples modulo 2^32): one random access per sample
-    /// (the rest of the count is in `Part::counts`).
-    ids: HashMap<(u64, u32), (u32, u32)>,
+    /// (address, context) → (stack, its samples): one random access per sample, which the
+    /// loops over a block's samples prefetch for the whole block before they look up any.
+    ids: StackTable,
     /// The distinct call chains (samples with chains look theirs up first).
     chains: ChainIds,
 }
@@ -522,15 +523,13 @@ struct PartSegments {
     lists: HashMap<u16, (Vec<Segment>, Vec<Located>)>,
 }
 
-/// The distinct keys a decoding thread found, with their samples.
+/// The distinct keys a decoding thread found, with their samples (in `index.ids`).
 #[derive(Default)]
 struct KeyCounts {
     index: StackIndex,
     keys: Vec<Key>,
     /// Per key, its chains' number.
     chains: Vec<u32>,
-    /// Per key, its samples beyond those counted in `index.ids` (multiples of 2^32).
-    high: Vec<u64>,
 }
 
 impl KeyCounts {
@@ -543,28 +542,26 @@ impl KeyCounts {
     /// Adds `n` samples of `key` with chains `chain`, whose context is `ctx`; returns the key's
     /// index.
     fn add(&mut self, key: Key, chain: u32, ctx: u32, n: u64) -> u32 {
-        let (keys, chains, high) = (&mut self.keys, &mut self.chains, &mut self.high);
-        let at = (key.addr, ctx);
-        let e = self.index.ids.entry(at).or_insert_with(|| {
-            keys.push(key);
-            chains.push(chain);
-            high.push(0);
-            ((keys.len() - 1) as u32, 0)
-        });
-        let total = u64::from(e.1) + n;
-        e.1 = total as u32;
-        // Rarely: the rest goes to `high` (so that a sample touches one entry, not two).
-        if total >> 32 != 0 {
-            high[e.0 as usize] += total >> 32 << 32;
+        self.add_hashed(key, chain, ctx, stack_table::hash(key.addr, ctx), n)
+    }
+
+    /// [`KeyCounts::add`] with the hash of (address, context) known.
+    #[inline]
+    fn add_hashed(&mut self, key: Key, chain: u32, ctx: u32, hash: u64, n: u64) -> u32 {
+        let next = self.keys.len() as u32;
+        let (id, new) = self.index.ids.add(hash, key.addr, ctx, n, next);
+        if new {
+            self.keys.push(key);
+            self.chains.push(chain);
         }
-        e.0
+        id
     }
 
     /// Each key's samples, by key index.
     fn totals(&self) -> Vec<u64> {
-        let mut out = self.high.clone();
-        for &(id, low) in self.index.ids.values() {
-            out[id as usize] += u64::from(low);
+        let mut out = vec![0; self.keys.len()];
+        for (_, _, id, n) in self.index.ids.iter() {
+            out[id as usize] = n;
         }
         out
     }
@@ -574,6 +571,8 @@ impl KeyCounts {
 /// read, its samples' owners as segments, the scheduling events, the cost.
 struct Part {
     counts: KeyCounts,
+    /// The block's samples classified, to be counted once their slots are prefetched.
+    pending: Vec<Pending>,
     chain_scratch: ChainScratch,
     segments: PartSegments,
     blocks: Vec<BlockSpan>,
@@ -588,6 +587,7 @@ impl Default for Part {
     fn default() -> Part {
         Part {
             counts: KeyCounts::default(),
+            pending: Vec::new(),
             chain_scratch: ChainScratch::default(),
             segments: PartSegments::default(),
             blocks: Vec::new(),
@@ -638,6 +638,15 @@ impl ChainScratch {
     }
 }
 
+/// A run of samples of one key classified, to be counted (see [`Part::add`]).
+struct Pending {
+    key: Key,
+    chain: u32,
+    ctx: u32,
+    hash: u64,
+    n: u64,
+}
+
 /// What [`ChainScratch::walked`] found.
 #[derive(Default)]
 struct Walked {
@@ -647,7 +656,8 @@ struct Walked {
 }
 
 impl Part {
-    /// Classifies and counts a block's samples.
+    /// Classifies and counts a block's samples: classified first, each one's slot in the
+    /// stack table prefetched, then counted (so that the table's cache misses overlap).
     fn add(
         &mut self,
         at: BlockAt,
@@ -712,7 +722,20 @@ impl Part {
                     i
                 }
             };
-            self.counts.add(key, chain, ctx, 1);
+            match self.pending.last_mut() {
+                Some(p) if p.key.addr == key.addr && p.ctx == ctx => p.n += 1,
+                _ => {
+                    let hash = stack_table::hash(key.addr, ctx);
+                    self.counts.index.ids.prefetch(hash);
+                    self.pending.push(Pending {
+                        key,
+                        chain,
+                        ctx,
+                        hash,
+                        n: 1,
+                    });
+                }
+            }
             let owner = owner(key.what, key.vm, key.vcpu);
             let o = match last_owner {
                 Some((w, i)) if w == owner => i,
@@ -730,6 +753,9 @@ impl Part {
                     skip: span.samples - 1,
                 });
             }
+        }
+        for p in self.pending.drain(..) {
+            self.counts.add_hashed(p.key, p.chain, p.ctx, p.hash, p.n);
         }
         if span.samples > 0 {
             self.len += span.samples as usize;
@@ -984,7 +1010,7 @@ struct Replay {
 /// What a [`Profile::replay`] worker reuses from run to run.
 #[derive(Default)]
 struct RunScratch {
-    reader: BlockReader,
+    block: BlockScratch,
     lists: Vec<Vec<(u64, u32)>>,
     out: Vec<Sampled>,
 }
@@ -997,9 +1023,24 @@ enum Source<'a> {
     Sorted(&'a [(u64, u32)]),
 }
 
+/// What [`Replay::block`] reuses from block to block.
+#[derive(Default)]
+struct BlockScratch {
+    reader: BlockReader,
+    /// The block's samples found so far: TSC, address, context, hash of the two.
+    pending: Vec<(u64, u64, u32, u64)>,
+    packed: Vec<u64>,
+}
+
 impl Replay {
-    /// A block's samples: (TSC, stack).
-    fn block(&self, reader: &mut BlockReader, b: &BlockSpan, out: &mut Vec<(u64, u32)>) {
+    /// A block's samples: (TSC, stack). Each sample's slot in the stack table is prefetched
+    /// before any is looked up (so that the table's cache misses overlap).
+    fn block(&self, scratch: &mut BlockScratch, b: &BlockSpan, out: &mut Vec<(u64, u32)>) {
+        let BlockScratch {
+            reader,
+            pending,
+            packed,
+        } = scratch;
         let Some((header, records, frames)) = reader.block_at(&self.bytes, b.offset) else {
             debug_assert!(false, "block at {} not read again", b.offset);
             return;
@@ -1007,12 +1048,12 @@ impl Replay {
         let processes = self.processes.as_ref();
         let mut last: Option<((Key, u32), Option<u32>)> = None;
         let mut cursor = ChainCursor::new(frames);
-        let mut packed = Vec::new();
+        pending.clear();
         for r in records {
             let Record::Sample(s) = r else { continue };
             let mut key = classify(header.pcpu, s, processes);
-            let chain = if cursor.next(s, &mut packed) {
-                match self.index.chains.get(&packed) {
+            let chain = if cursor.next(s, packed) {
+                match self.index.chains.get(packed) {
                     Some(c) => c,
                     None => continue,
                 }
@@ -1034,22 +1075,27 @@ impl Replay {
                     i
                 }
             };
-            if let Some(&(id, _)) = ctx.and_then(|c| self.index.ids.get(&(key.addr, c))) {
-                out.push((s.tsc, id));
+            if let Some(c) = ctx {
+                let hash = stack_table::hash(key.addr, c);
+                self.index.ids.prefetch(hash);
+                pending.push((s.tsc, key.addr, c, hash));
             }
         }
+        out.extend(pending.iter().filter_map(|&(tsc, addr, ctx, hash)| {
+            self.index.ids.get(hash, addr, ctx).map(|id| (tsc, id))
+        }));
     }
 
     /// Each pCPU's samples in stream order, sorted by TSC, for pCPUs whose blocks are not.
     fn sorted_lists(&self) -> Vec<(u16, Vec<(u64, u32)>)> {
-        let mut reader = BlockReader::new();
+        let mut scratch = BlockScratch::default();
         self.blocks
             .iter()
             .filter(|(_, bs)| !in_order(bs))
             .map(|(c, bs)| {
                 let mut l = Vec::new();
                 for b in bs {
-                    self.block(&mut reader, b, &mut l);
+                    self.block(&mut scratch, b, &mut l);
                 }
                 l.sort_by_key(|&(t, _)| t);
                 (*c, l)
@@ -1390,7 +1436,7 @@ impl Profile {
         hi: Option<u64>,
     ) -> &'s [Sampled] {
         let below = |t: u64| hi.is_none_or(|h| t < h);
-        let RunScratch { reader, lists, out } = scratch;
+        let RunScratch { block, lists, out } = scratch;
         lists.resize_with(sources.len(), Vec::new);
         for ((_, source), l) in sources.iter().zip(lists.iter_mut()) {
             l.clear();
@@ -1399,7 +1445,7 @@ impl Profile {
                     let from = bs.partition_point(|b| b.last < lo);
                     let to = bs.partition_point(|b| below(b.first));
                     for b in &bs[from..to.max(from)] {
-                        self.replay.block(reader, b, l);
+                        self.replay.block(block, b, l);
                     }
                     l.retain(|&(t, _)| t >= lo && below(t));
                 }

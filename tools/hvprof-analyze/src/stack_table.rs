@@ -1,0 +1,194 @@
+//! The table every sample is looked up in: (address, context) → (stack, samples).
+//!
+//! A capture holds hundreds of thousands of distinct stacks, so this table is larger than the
+//! caches and each lookup is a miss to memory. An open-addressing table whose slot holds the
+//! key, the stack and its count lets the caller hash a whole block's samples first and
+//! [`StackTable::prefetch`] their slots, then look them up: the misses overlap instead of
+//! following one another, and each sample touches one slot (no separate control bytes, no
+//! second array for the count).
+
+/// One slot: empty when `id` is [`EMPTY`].
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    addr: u64,
+    ctx: u32,
+    id: u32,
+    count: u64,
+}
+
+/// The `id` of an empty slot (no table numbers that many stacks: ids are `u32` indexes into
+/// lists that would not fit in memory first).
+const EMPTY: u32 = u32::MAX;
+
+const FREE: Slot = Slot {
+    addr: 0,
+    ctx: 0,
+    id: EMPTY,
+    count: 0,
+};
+
+/// (address, context) → (stack number, samples), linear probing, at most 5/8 full.
+#[derive(Debug)]
+pub struct StackTable {
+    slots: Vec<Slot>,
+    len: usize,
+    mask: usize,
+}
+
+impl Default for StackTable {
+    fn default() -> Self {
+        Self::with_slots(1024)
+    }
+}
+
+/// The hash of (address, context): a folded multiply (the high and low halves of the 128-bit
+/// product xored), so that every bit of both reaches the low bits the table indexes with.
+#[inline(always)]
+pub fn hash(addr: u64, ctx: u32) -> u64 {
+    let m = u128::from(addr ^ 0x243f_6a88_85a3_08d3)
+        * u128::from(u64::from(ctx) ^ 0x1319_8a2e_0370_7344);
+    (m as u64) ^ ((m >> 64) as u64)
+}
+
+impl StackTable {
+    fn with_slots(n: usize) -> Self {
+        debug_assert!(n.is_power_of_two());
+        StackTable {
+            slots: vec![FREE; n],
+            len: 0,
+            mask: n - 1,
+        }
+    }
+
+    /// Asks the CPU to bring the slot of `hash` into the cache (a hint: no effect on what
+    /// the table holds).
+    #[inline(always)]
+    pub fn prefetch(&self, hash: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            let at = self.slots.as_ptr().wrapping_add(hash as usize & self.mask);
+            // SAFETY: SSE is part of x86_64's baseline, so every x86_64 CPU has PREFETCHT0; a
+            // prefetch is a hint that reads nothing the program sees and never faults (the
+            // address is in the slots anyway). A slot is 24 bytes: it may end in the next line.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(at.cast::<i8>());
+                _mm_prefetch::<_MM_HINT_T0>(at.cast::<i8>().wrapping_add(23));
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = hash;
+    }
+
+    /// Adds `n` samples to (`addr`, `ctx`), whose hash is `hash`; when it is new it gets the
+    /// number `next`. Returns its number and whether it was new.
+    #[inline]
+    pub fn add(&mut self, hash: u64, addr: u64, ctx: u32, n: u64, next: u32) -> (u32, bool) {
+        debug_assert_ne!(next, EMPTY);
+        let mut i = hash as usize & self.mask;
+        loop {
+            let s = &mut self.slots[i];
+            if s.id == EMPTY {
+                break;
+            }
+            if s.addr == addr && s.ctx == ctx {
+                s.count += n;
+                return (s.id, false);
+            }
+            i = (i + 1) & self.mask;
+        }
+        if (self.len + 1) * 8 > self.slots.len() * 5 {
+            self.grow();
+            i = self.free_slot(hash);
+        }
+        self.slots[i] = Slot {
+            addr,
+            ctx,
+            id: next,
+            count: n,
+        };
+        self.len += 1;
+        (next, true)
+    }
+
+    /// The number of (`addr`, `ctx`), whose hash is `hash`.
+    #[inline]
+    pub fn get(&self, hash: u64, addr: u64, ctx: u32) -> Option<u32> {
+        let mut i = hash as usize & self.mask;
+        loop {
+            let s = &self.slots[i];
+            if s.id == EMPTY {
+                return None;
+            }
+            if s.addr == addr && s.ctx == ctx {
+                return Some(s.id);
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// Every entry: (address, context, number, samples), in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u32, u32, u64)> + '_ {
+        self.slots
+            .iter()
+            .filter(|s| s.id != EMPTY)
+            .map(|s| (s.addr, s.ctx, s.id, s.count))
+    }
+
+    /// The first empty slot from `hash`'s.
+    fn free_slot(&self, hash: u64) -> usize {
+        let mut i = hash as usize & self.mask;
+        while self.slots[i].id != EMPTY {
+            i = (i + 1) & self.mask;
+        }
+        i
+    }
+
+    /// Twice the slots, every entry moved to its place in them.
+    #[cold]
+    fn grow(&mut self) {
+        let mut bigger = Self::with_slots(self.slots.len() * 2);
+        for s in self.slots.iter().filter(|s| s.id != EMPTY) {
+            let i = bigger.free_slot(hash(s.addr, s.ctx));
+            bigger.slots[i] = *s;
+        }
+        bigger.len = self.len;
+        *self = bigger;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn counts_and_numbers_like_a_map() {
+        let mut t = StackTable::default();
+        let mut want: HashMap<(u64, u32), (u32, u64)> = HashMap::new();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for step in 0..200_000u64 {
+            // A few contexts, clustered addresses (as a capture's are), some repeated.
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let addr = 0xffff_ffff_8100_0000 + (x % 50_000) * 4;
+            let ctx = (x >> 40) as u32 % 7;
+            let n = step % 3 + 1;
+            let next = want.len() as u32;
+            let (id, new) = t.add(hash(addr, ctx), addr, ctx, n, next);
+            let e = want.entry((addr, ctx)).or_insert((next, 0));
+            assert_eq!(new, e.1 == 0);
+            assert_eq!(id, e.0);
+            e.1 += n;
+        }
+        assert_eq!((t.len, t.iter().count()), (want.len(), want.len()));
+        for (&(addr, ctx), &(id, _)) in &want {
+            assert_eq!(t.get(hash(addr, ctx), addr, ctx), Some(id));
+        }
+        assert_eq!(t.get(hash(1, 99), 1, 99), None);
+        let got: HashMap<(u64, u32), (u32, u64)> =
+            t.iter().map(|(a, c, id, n)| ((a, c), (id, n))).collect();
+        assert_eq!(got, want);
+    }
+}
