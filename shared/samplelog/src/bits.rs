@@ -314,7 +314,7 @@ impl<'a> BitReader<'a> {
     }
 
     /// Reads `bits` ≤ 32 bits.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn get(&mut self, bits: u32) -> u64 {
         debug_assert!(bits <= 32);
         if self.n < bits {
@@ -327,7 +327,7 @@ impl<'a> BitReader<'a> {
     }
 
     /// Reads `bits` ≤ 64 bits.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn get64(&mut self, bits: u32) -> u64 {
         if bits > 32 {
             let lo = self.get(32);
@@ -337,13 +337,13 @@ impl<'a> BitReader<'a> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub(crate) fn bit(&mut self) -> bool {
         self.get(1) != 0
     }
 
     /// Inverse of [`BitWriter::rice`].
-    #[inline]
+    #[inline(always)]
     pub(crate) fn rice(&mut self, k: u32) -> Result<u64, Malformed> {
         if self.n < 16 {
             self.refill();

@@ -137,7 +137,29 @@ pub fn build(p: &Profile, progress: &Progress) -> FxProfile {
     };
     let mut i = 0u64;
     let chains = p.samples.has_chains();
+    // Per stack of the profile, its (thread, Firefox stack) in `handles` once a sample of it is
+    // seen (NONE before): every sample of one stack has the same, so the key above is looked up
+    // once per stack, not per sample.
+    const NONE: u32 = u32::MAX;
+    let mut memo: Vec<u32> = vec![NONE; p.samples.stacks().len()];
+    let mut handles: Vec<(ThreadHandle, Option<fxprof_processed_profile::StackHandle>)> =
+        Vec::new();
     p.for_each_sample(|s| {
+        let cpu = if s.what == What::Idle {
+            CpuDelta::ZERO
+        } else {
+            CpuDelta::from_nanos(period_ns)
+        };
+        let known = memo[s.stack as usize];
+        if known != NONE {
+            let (t, stack) = handles[known as usize];
+            fx.add_sample(t, ts(s.tsc), stack, cpu, 1);
+            i += 1;
+            if i.is_multiple_of(65536) {
+                progress.inc(65536);
+            }
+            return;
+        }
         let guest = matches!(s.what, What::GuestKernel | What::GuestUser);
         let t = if guest {
             thread(&mut fx, true, s.vm, s.vcpu)
@@ -207,11 +229,8 @@ pub fn build(p: &Profile, progress: &Progress) -> FxProfile {
                 .collect();
             fx.intern_stack_frames(t, frames.into_iter())
         });
-        let cpu = if s.what == What::Idle {
-            CpuDelta::ZERO
-        } else {
-            CpuDelta::from_nanos(period_ns)
-        };
+        memo[s.stack as usize] = handles.len() as u32;
+        handles.push((t, stack));
         fx.add_sample(t, ts(s.tsc), stack, cpu, 1);
         i += 1;
         if i.is_multiple_of(65536) {

@@ -266,11 +266,11 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
         .collect();
     let middle = format!(": {event}:\n\t");
     let chains = p.samples.has_chains();
-    let hz = u128::from(if p.tsc_hz == 0 {
+    let hz = if p.tsc_hz == 0 {
         1_000_000_000
     } else {
         p.tsc_hz
-    });
+    };
     progress.phase("perf script", Some(p.samples.len() as u64), "samples");
     p.replay(
         |run, (text, n): &mut (Vec<u8>, u64)| {
@@ -304,13 +304,28 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
     .map_err(io::Error::other)
 }
 
-/// `tsc / hz` seconds with six decimals, rounded to the nearest microsecond.
-fn seconds(out: &mut Vec<u8>, tsc: u64, hz: u128) {
-    let us = (u128::from(tsc) * 1_000_000 + hz / 2) / hz;
-    let whole = us / 1_000_000;
-    let frac = (us % 1_000_000) as u32;
+/// `tsc / hz` seconds with six decimals, rounded to the nearest microsecond (`hz` is not 0).
+fn seconds(out: &mut Vec<u8>, tsc: u64, hz: u64) {
     let mut buf = itoa::Buffer::new();
-    out.extend_from_slice(buf.format(whole).as_bytes());
+    // In 64-bit divisions (a call per sample) when the microseconds fit: tsc = q hz + r, so
+    // (tsc 10^6 + hz / 2) / hz = q 10^6 + (r 10^6 + hz / 2) / hz, whose last term's dividend
+    // is below (10^6 + 1) hz.
+    let (q, r) = (tsc / hz, tsc % hz);
+    let fast = hz
+        .checked_mul(1_000_001)
+        .and_then(|_| q.checked_mul(1_000_000))
+        .and_then(|whole| whole.checked_add((r * 1_000_000 + hz / 2) / hz));
+    let frac = match fast {
+        Some(us) => {
+            out.extend_from_slice(buf.format(us / 1_000_000).as_bytes());
+            (us % 1_000_000) as u32
+        }
+        None => {
+            let us = (u128::from(tsc) * 1_000_000 + u128::from(hz / 2)) / u128::from(hz);
+            out.extend_from_slice(buf.format(us / 1_000_000).as_bytes());
+            (us % 1_000_000) as u32
+        }
+    };
     out.push(b'.');
     let mut digits = [b'0'; 6];
     let mut f = frac;
@@ -369,9 +384,15 @@ mod tests {
             (999_999_500, 1_000_000_000, "1.000000"),
             (u64::MAX, 1, "18446744073709551615.000000"),
             (2_400_000, 2_400_000_000, "0.001000"),
+            // Past 64-bit microseconds (the 128-bit path), and just below.
+            (u64::MAX, 1000, "18446744073709551.615000"),
+            (u64::MAX, 2_400_000_000, "7686143364.045647"),
+            (1_200_000_001, 2_400_000_000, "0.500000"),
+            (1_199_997_599, 2_400_000_000, "0.499999"),
+            (1_199_998_800, 2_400_000_000, "0.500000"),
         ] {
             let mut out = Vec::new();
-            seconds(&mut out, tsc, u128::from(hz));
+            seconds(&mut out, tsc, hz);
             assert_eq!(String::from_utf8(out).unwrap(), want, "{tsc} / {hz}");
         }
         for v in [0u64, 1, 0xabc, 0xffff_8000_0020_7bfb, u64::MAX] {

@@ -7,25 +7,28 @@
 //! following one another, and each sample touches one slot (no separate control bytes, no
 //! second array for the count).
 
-/// One slot: empty when `id` is [`EMPTY`].
-#[derive(Debug, Clone, Copy)]
-struct Slot {
-    addr: u64,
-    ctx: u32,
-    id: u32,
-    count: u64,
+/// One slot, three words: the address; the context in the low half and the number plus one in
+/// the high half (0: an empty slot); the count. All zeros is an empty slot, so that a new
+/// table is memory the allocator hands out zeroed, never written first.
+type Slot = [u64; 3];
+
+/// A full slot's second word.
+#[inline(always)]
+fn tag(ctx: u32, id: u32) -> u64 {
+    u64::from(ctx) | u64::from(id + 1) << 32
 }
 
-/// The `id` of an empty slot (no table numbers that many stacks: ids are `u32` indexes into
-/// lists that would not fit in memory first).
-const EMPTY: u32 = u32::MAX;
+/// Whether a slot is empty.
+#[inline(always)]
+fn empty(s: &Slot) -> bool {
+    s[1] >> 32 == 0
+}
 
-const FREE: Slot = Slot {
-    addr: 0,
-    ctx: 0,
-    id: EMPTY,
-    count: 0,
-};
+/// A full slot's number.
+#[inline(always)]
+fn id(s: &Slot) -> u32 {
+    ((s[1] >> 32) - 1) as u32
+}
 
 /// (address, context) → (stack number, samples), linear probing, at most 5/8 full.
 #[derive(Debug)]
@@ -54,7 +57,7 @@ impl StackTable {
     fn with_slots(n: usize) -> Self {
         debug_assert!(n.is_power_of_two());
         StackTable {
-            slots: vec![FREE; n],
+            slots: vec![[0; 3]; n],
             len: 0,
             mask: n - 1,
         }
@@ -81,19 +84,18 @@ impl StackTable {
     }
 
     /// Adds `n` samples to (`addr`, `ctx`), whose hash is `hash`; when it is new it gets the
-    /// number `next`. Returns its number and whether it was new.
+    /// number `next` (less than `u32::MAX`). Returns its number and whether it was new.
     #[inline]
     pub fn add(&mut self, hash: u64, addr: u64, ctx: u32, n: u64, next: u32) -> (u32, bool) {
-        debug_assert_ne!(next, EMPTY);
         let mut i = hash as usize & self.mask;
         loop {
             let s = &mut self.slots[i];
-            if s.id == EMPTY {
+            if empty(s) {
                 break;
             }
-            if s.addr == addr && s.ctx == ctx {
-                s.count += n;
-                return (s.id, false);
+            if s[0] == addr && s[1] as u32 == ctx {
+                s[2] += n;
+                return (id(s), false);
             }
             i = (i + 1) & self.mask;
         }
@@ -101,12 +103,7 @@ impl StackTable {
             self.grow();
             i = self.free_slot(hash);
         }
-        self.slots[i] = Slot {
-            addr,
-            ctx,
-            id: next,
-            count: n,
-        };
+        self.slots[i] = [addr, tag(ctx, next), n];
         self.len += 1;
         (next, true)
     }
@@ -117,11 +114,11 @@ impl StackTable {
         let mut i = hash as usize & self.mask;
         loop {
             let s = &self.slots[i];
-            if s.id == EMPTY {
+            if empty(s) {
                 return None;
             }
-            if s.addr == addr && s.ctx == ctx {
-                return Some(s.id);
+            if s[0] == addr && s[1] as u32 == ctx {
+                return Some(id(s));
             }
             i = (i + 1) & self.mask;
         }
@@ -131,14 +128,14 @@ impl StackTable {
     pub fn iter(&self) -> impl Iterator<Item = (u64, u32, u32, u64)> + '_ {
         self.slots
             .iter()
-            .filter(|s| s.id != EMPTY)
-            .map(|s| (s.addr, s.ctx, s.id, s.count))
+            .filter(|s| !empty(s))
+            .map(|s| (s[0], s[1] as u32, id(s), s[2]))
     }
 
     /// The first empty slot from `hash`'s.
     fn free_slot(&self, hash: u64) -> usize {
         let mut i = hash as usize & self.mask;
-        while self.slots[i].id != EMPTY {
+        while !empty(&self.slots[i]) {
             i = (i + 1) & self.mask;
         }
         i
@@ -148,8 +145,8 @@ impl StackTable {
     #[cold]
     fn grow(&mut self) {
         let mut bigger = Self::with_slots(self.slots.len() * 2);
-        for s in self.slots.iter().filter(|s| s.id != EMPTY) {
-            let i = bigger.free_slot(hash(s.addr, s.ctx));
+        for s in self.slots.iter().filter(|s| !empty(s)) {
+            let i = bigger.free_slot(hash(s[0], s[1] as u32));
             bigger.slots[i] = *s;
         }
         bigger.len = self.len;
