@@ -1012,6 +1012,8 @@ struct Replay {
 struct RunScratch {
     block: BlockScratch,
     lists: Vec<Vec<(u64, u32)>>,
+    /// The run's samples merged: (TSC, stack).
+    merged: Vec<(u64, u32)>,
     out: Vec<Sampled>,
 }
 
@@ -1436,7 +1438,12 @@ impl Profile {
         hi: Option<u64>,
     ) -> &'s [Sampled] {
         let below = |t: u64| hi.is_none_or(|h| t < h);
-        let RunScratch { block, lists, out } = scratch;
+        let RunScratch {
+            block,
+            lists,
+            merged,
+            out,
+        } = scratch;
         lists.resize_with(sources.len(), Vec::new);
         for ((_, source), l) in sources.iter().zip(lists.iter_mut()) {
             l.clear();
@@ -1458,7 +1465,7 @@ impl Profile {
         }
         // Merged by (TSC, pCPU): each list is in TSC order, pCPUs ascending. A few pCPUs: the
         // smallest head by a scan; many (a forged log): a heap.
-        out.clear();
+        merged.clear();
         if lists.len() <= 16 {
             let mut at = [0usize; 16];
             loop {
@@ -1471,23 +1478,34 @@ impl Profile {
                     }
                 }
                 let Some((_, i)) = best else { break };
-                let (tsc, stack) = lists[i][at[i]];
-                out.push(self.samples.sampled(tsc, stack));
+                merged.push(lists[i][at[i]]);
                 at[i] += 1;
             }
-            return out;
-        }
-        let mut heads: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize, usize)>> = lists
-            .iter()
-            .enumerate()
-            .filter_map(|(i, l)| l.first().map(|&(t, _)| std::cmp::Reverse((t, i, 0))))
-            .collect();
-        while let Some(std::cmp::Reverse((_, i, at))) = heads.pop() {
-            let (tsc, stack) = lists[i][at];
-            out.push(self.samples.sampled(tsc, stack));
-            if let Some(&(t, _)) = lists[i].get(at + 1) {
-                heads.push(std::cmp::Reverse((t, i, at + 1)));
+        } else {
+            let mut heads: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize, usize)>> =
+                lists
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, l)| l.first().map(|&(t, _)| std::cmp::Reverse((t, i, 0))))
+                    .collect();
+            while let Some(std::cmp::Reverse((_, i, at))) = heads.pop() {
+                merged.push(lists[i][at]);
+                if let Some(&(t, _)) = lists[i].get(at + 1) {
+                    heads.push(std::cmp::Reverse((t, i, at + 1)));
+                }
             }
+        }
+        // Each sample whole, from its stack: a random access into the stacks, prefetched a few
+        // samples ahead so that the misses overlap.
+        const AHEAD: usize = 16;
+        out.clear();
+        out.reserve(merged.len());
+        let stacks = &self.samples.stacks;
+        for (i, &(tsc, stack)) in merged.iter().enumerate() {
+            if let Some(&(_, next)) = merged.get(i + AHEAD) {
+                crate::stack_table::prefetch(&stacks[next as usize]);
+            }
+            out.push(self.samples.sampled(tsc, stack));
         }
         out
     }

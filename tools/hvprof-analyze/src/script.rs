@@ -42,6 +42,7 @@ use rustc_hash::FxHashMap as HashMap;
 use crate::calls::{Part, whole_stack};
 use crate::profile::{Frame, Profile, Stack, What};
 use crate::progress::Progress;
+use crate::stack_table::prefetch;
 
 /// The module of the guest-process frames.
 pub const PROCESS_MODULE: &str = "guest.process";
@@ -264,6 +265,21 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
             (from, chained.len() as u32)
         })
         .collect();
+    // The frames' texts in one arena, frame f's leaf at `arena[a..m]` and outer lines at
+    // `arena[m..e]` for `spans[f] = (a, m, e)`: the loop below reads them at random, and
+    // prefetches them a few samples ahead.
+    let mut arena: Vec<u8> = Vec::new();
+    let spans: Vec<(usize, usize, usize)> = tails
+        .iter()
+        .map(|(leaf, outer)| {
+            let a = arena.len();
+            arena.extend_from_slice(leaf.as_bytes());
+            let m = arena.len();
+            arena.extend_from_slice(outer.as_bytes());
+            (a, m, arena.len())
+        })
+        .collect();
+    drop(tails);
     let middle = format!(": {event}:\n\t");
     let chains = p.samples.has_chains();
     let hz = if p.tsc_hz == 0 {
@@ -276,17 +292,25 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
         |run, (text, n): &mut (Vec<u8>, u64)| {
             text.clear();
             *n = run.len() as u64;
-            for s in run {
+            for (i, s) in run.iter().enumerate() {
+                if let Some(n) = run.get(i + 16) {
+                    prefetch(&spans[n.frame as usize]);
+                    prefetch(&stack_start[n.stack as usize]);
+                }
+                if let Some(n) = run.get(i + 8) {
+                    let (a, _, e) = spans[n.frame as usize];
+                    prefetch(&arena[a..e]);
+                }
                 let stack = s.stack as usize;
                 text.extend_from_slice(starts[stack_start[stack] as usize].as_bytes());
                 seconds(text, s.tsc, hz);
                 text.extend_from_slice(middle.as_bytes());
                 hex16(text, s.addr);
-                let (leaf, outer) = &tails[s.frame as usize];
-                text.extend_from_slice(leaf.as_bytes());
+                let (a, m, e) = spans[s.frame as usize];
+                text.extend_from_slice(&arena[a..m]);
                 let (from, to) = if chains { chain_of[stack] } else { (0, 0) };
                 if from == to {
-                    text.extend_from_slice(outer.as_bytes());
+                    text.extend_from_slice(&arena[m..e]);
                 } else {
                     for &l in &chained[from as usize..to as usize] {
                         text.extend_from_slice(lines[l as usize].as_bytes());

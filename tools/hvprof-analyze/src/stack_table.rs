@@ -30,6 +30,26 @@ fn id(s: &Slot) -> u32 {
     ((s[1] >> 32) - 1) as u32
 }
 
+/// Asks the CPU to bring `value` into the cache, for a random access a little later (a hint:
+/// no effect on what the program computes).
+#[inline(always)]
+pub fn prefetch<T: ?Sized>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let at = core::ptr::from_ref(value).cast::<i8>();
+        // SAFETY: SSE is part of x86_64's baseline, so every x86_64 CPU has PREFETCHT0; a
+        // prefetch reads nothing the program sees and never faults. `value` may end in the
+        // next cache line: its last byte's line is asked for too.
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(at);
+            _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(size_of_val(value).saturating_sub(1)));
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}
+
 /// (address, context) → (stack number, samples), linear probing, at most 5/8 full.
 #[derive(Debug)]
 pub struct StackTable {
@@ -67,20 +87,7 @@ impl StackTable {
     /// the table holds).
     #[inline(always)]
     pub fn prefetch(&self, hash: u64) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use core::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            let at = self.slots.as_ptr().wrapping_add(hash as usize & self.mask);
-            // SAFETY: SSE is part of x86_64's baseline, so every x86_64 CPU has PREFETCHT0; a
-            // prefetch is a hint that reads nothing the program sees and never faults (the
-            // address is in the slots anyway). A slot is 24 bytes: it may end in the next line.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(at.cast::<i8>());
-                _mm_prefetch::<_MM_HINT_T0>(at.cast::<i8>().wrapping_add(23));
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = hash;
+        prefetch(&self.slots[hash as usize & self.mask]);
     }
 
     /// Adds `n` samples to (`addr`, `ctx`), whose hash is `hash`; when it is new it gets the
