@@ -189,10 +189,11 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
     let mut mapping_ids: HashMap<String, u64> = HashMap::default();
     let mut functions: Vec<proto::Function> = Vec::new();
     let mut locations: Vec<proto::Location> = Vec::new();
-    // (name, module) → location id (one function per location).
-    let mut loc_ids: HashMap<(String, String), u64> = HashMap::default();
+    // module → name → location id (one function per location): looked up by `&str`, with no
+    // key made for a location already there.
+    let mut loc_ids: HashMap<String, HashMap<String, u64>> = HashMap::default();
     let mut location = |name: &str, module: &str, strings: &mut Strings| -> u64 {
-        if let Some(&id) = loc_ids.get(&(name.to_owned(), module.to_owned())) {
+        if let Some(&id) = loc_ids.get(module).and_then(|m| m.get(name)) {
             return id;
         }
         let mapping_id = if module.is_empty() {
@@ -230,7 +231,10 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
             }],
             is_folded: false,
         });
-        loc_ids.insert((name.to_owned(), module.to_owned()), id);
+        loc_ids
+            .entry(module.to_owned())
+            .or_default()
+            .insert(name.to_owned(), id);
         id
     };
     // Each frame's stack, leaf first.
