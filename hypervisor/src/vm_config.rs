@@ -68,6 +68,9 @@ pub struct VmConfig<'a> {
     /// `module-layout=` (`linux-guest`'s derivation from kallsyms and BTF): where a Linux
     /// guest's module list is, to name the kernel modules its samples fall in.
     pub module_layout: Option<hvprof_linux_walk::ModuleLayout>,
+    /// `orc-layout=` (`linux-guest`'s derivation from the kernel image's sections): where a
+    /// Linux guest's ORC unwind tables are, to walk its kernel call chains (`stacks=`).
+    pub orc_layout: Option<hvprof_linux_walk::OrcLayout>,
     /// Every argument after the image name, passed to the guest as is.
     pub args: &'a str,
 }
@@ -109,6 +112,7 @@ pub enum ConfigError<'a> {
     BadTaskOffsets(&'a str),
     BadMmLayout(&'a str),
     BadModuleLayout(&'a str),
+    BadOrcLayout(&'a str),
     PinCount { pins: usize, vcpus: u16 },
     Repeated(&'a str),
 }
@@ -168,6 +172,10 @@ impl fmt::Display for ConfigError<'_> {
                 f,
                 "module-layout={v:?}: expected modules:entry_SYSCALL_64:list:name:name_len:base:size (manifest.json's module_layout)"
             ),
+            ConfigError::BadOrcLayout(v) => write!(
+                f,
+                "orc-layout={v:?}: expected entry_SYSCALL_64:_stext:_etext:_sinittext:_einittext:orc_unwind_ip:orc_unwind:count:orc_lookup:blocks (manifest.json's orc_layout)"
+            ),
             ConfigError::BadMmLayout(v) => write!(
                 f,
                 "mm-layout={v:?}: expected the 22 numbers linux-guest derives from the kernel's BTF (manifest.json's mm_layout)"
@@ -201,6 +209,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
     let mut task_offsets = None;
     let mut mm_layout = None;
     let mut module_layout = None;
+    let mut orc_layout = None;
     let positive = |v: &str| v.parse::<u64>().ok().filter(|&n| n > 0);
     for word in words {
         let Some((key, value)) = word.split_once('=') else {
@@ -254,6 +263,14 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                         .ok_or(ConfigError::BadModuleLayout(value))?,
                 ),
             )?,
+            "orc-layout" => set(
+                &mut orc_layout,
+                key,
+                Some(
+                    hvprof_linux_walk::OrcLayout::parse(value)
+                        .ok_or(ConfigError::BadOrcLayout(value))?,
+                ),
+            )?,
             "initrd" => set(
                 &mut initrd,
                 key,
@@ -297,6 +314,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
         task_offsets: task_offsets.flatten(),
         mm_layout: mm_layout.flatten(),
         module_layout: module_layout.flatten(),
+        orc_layout: orc_layout.flatten(),
         budget: budget.unwrap_or(BUDGET_DEFAULT),
         wall_budget: wall_budget.unwrap_or_else(|| {
             budget
@@ -329,7 +347,7 @@ fn parse_name(n: &str) -> Result<&str, ConfigError<'_>> {
 }
 
 /// The keys the hypervisor takes from a module's command line (the rest goes to the guest).
-pub const KEYS: [&str; 12] = [
+pub const KEYS: [&str; 13] = [
     "vm",
     "mem",
     "budget",
@@ -342,6 +360,7 @@ pub const KEYS: [&str; 12] = [
     "task-offsets",
     "mm-layout",
     "module-layout",
+    "orc-layout",
 ];
 
 /// The module's arguments without the hypervisor's keys: a Linux guest's kernel command line.
@@ -511,6 +530,26 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("multiple of 2 MiB")
+        );
+    }
+
+    #[test]
+    fn orc_layout_is_parsed_and_checked() {
+        let l = "0xffffffff82000040:0xffffffff81000000:0xffffffff81e01ef2:0xffffffff8304c000:0xffffffff830af5ab:0xffffffff82c5d2e8:0xffffffff82dc42e0:368638:0xffffffff82fdead4:57376";
+        let args = format!("linux.bzImage orc-layout={l} quiet");
+        let c = parse(&args).unwrap();
+        assert_eq!(c.orc_layout.map(|o| o.to_string()), Some(l.to_owned()));
+        let args = format!("orc-layout={l} quiet");
+        assert_eq!(guest_args(&args).collect::<Vec<_>>(), ["quiet"]);
+        assert_eq!(
+            parse("x orc-layout=0x1:2"),
+            Err(ConfigError::BadOrcLayout("0x1:2"))
+        );
+        assert!(
+            parse("x orc-layout=0x1:2")
+                .unwrap_err()
+                .to_string()
+                .contains("manifest.json's orc_layout")
         );
     }
 

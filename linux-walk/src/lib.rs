@@ -21,10 +21,12 @@
 pub mod maple;
 pub mod maps;
 pub mod modules;
+pub mod orc;
 
 pub use maple::{MapleLayout, MmLayout, Vma, VmaWalk, walk_vmas};
 pub use maps::{ExecMapping, MapsWalk, exec_mappings};
 pub use modules::{Module, ModuleLayout, ModuleWalk, walk_modules};
+pub use orc::{KernelEnd, KernelRegs, OrcLayout, OrcTables, UserRegs, unwind_kernel};
 
 /// Reads guest-virtual memory of one address space.
 pub trait GuestMemory {

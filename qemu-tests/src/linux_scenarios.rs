@@ -78,11 +78,18 @@ fn module_layout() -> String {
     kernel_layouts().1
 }
 
-/// The `mm-layout=` and `module-layout=` arguments from the image's vmlinux, computed once it
+/// `orc-layout=` for the hypervisor: where the kernel's ORC unwind tables are (for kernel call
+/// chains, `stacks=`), empty when unavailable.
+fn orc_layout() -> String {
+    kernel_layouts().2
+}
+
+/// The `mm-layout=`, `module-layout=` and `orc-layout=` arguments from the image's vmlinux, computed once it
 /// exists (the scenario list is also made before `cargo xtask test` builds the image: a missing
 /// kernel is not remembered).
-fn kernel_layouts() -> (String, String) {
-    static LAYOUTS: std::sync::Mutex<Option<(String, String)>> = std::sync::Mutex::new(None);
+fn kernel_layouts() -> (String, String, String) {
+    type Layouts = (String, String, String);
+    static LAYOUTS: std::sync::Mutex<Option<Layouts>> = std::sync::Mutex::new(None);
     let mut cached = LAYOUTS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -90,13 +97,15 @@ fn kernel_layouts() -> (String, String) {
         return l.clone();
     }
     let Ok(k) = linux_guest::KernelImage::from_vmlinux(linux_dir().join("vmlinux")) else {
-        return (String::new(), String::new());
+        return (String::new(), String::new(), String::new());
     };
     let l = (
         k.mm_layout
             .map_or_else(|_| String::new(), |l| format!("mm-layout={l}")),
         k.module_layout
             .map_or_else(|_| String::new(), |l| format!("module-layout={l}")),
+        k.orc_layout
+            .map_or_else(|_| String::new(), |l| format!("orc-layout={l}")),
     );
     *cached = Some(l.clone());
     l
@@ -116,10 +125,11 @@ fn linux_vm_with(s: Scenario, vm: &str, run: &str, arg: &str, more: &str) -> Sce
         &format!("{vm}.bzImage"),
         ModuleSource::File(dir.join("bzImage")),
         &format!(
-            "vm={vm} mem=256M budget=100000000000 initrd={initrd} {} {} {} {KERNEL_CMDLINE} hvprof.run={run} hvprof.arg={arg} {more}",
+            "vm={vm} mem=256M budget=100000000000 initrd={initrd} {} {} {} {} {KERNEL_CMDLINE} hvprof.run={run} hvprof.arg={arg} {more}",
             task_offsets(),
             mm_layout(),
-            module_layout()
+            module_layout(),
+            orc_layout()
         ),
     )
     .module(
@@ -680,7 +690,10 @@ fn check_two(run: &ProfileRun) -> Result<(), String> {
 }
 
 /// `bochs-linux-stacks`: in w41-fp's call graph, `main` calls `work_a` on 80 % of the samples it
-/// calls into `work_a` or `work_b` (± 3 points), as w41's 4:1 work says.
+/// calls into `work_a` or `work_b` (± 3 points), as w41's 4:1 work says. Then zeroread's kernel
+/// chains, unwound by the kernel's ORC tables: the samples in `read_zero` (the /dev/zero read,
+/// where the kernel clears the user's buffer) go up through the system call's whole path and on
+/// into the user's callers, each edge in at least 95 % of them.
 fn check_linux_stacks(run: &ProfileRun) -> Result<(), String> {
     let mut args = root_args();
     args.push("--call-graph".into());
@@ -697,7 +710,37 @@ fn check_linux_stacks(run: &ProfileRun) -> Result<(), String> {
         100.0 * a / (a + b),
         80.0,
         3.0,
-    )
+    )?;
+    let base = edge("vfs_read", "read_zero");
+    if base < 2000.0 {
+        return Err(format!(
+            "vfs_read -> read_zero in {base} samples: expected thousands (zeroread's kernel samples with their callers)"
+        ));
+    }
+    // Innermost first; `__read` is glibc's wrapper, which keeps no frame record, so its caller
+    // `read_chunk` is skipped (the frame-pointer walk goes from it to `read_rounds`).
+    let path = [
+        ("ksys_read", "vfs_read"),
+        ("do_syscall_64", "ksys_read"),
+        ("entry_SYSCALL_64_after_hwframe", "do_syscall_64"),
+        ("__read", "entry_SYSCALL_64_after_hwframe"),
+        ("read_rounds", "__read"),
+        ("main", "read_rounds"),
+    ];
+    let short: Vec<String> = path
+        .iter()
+        .map(|&(caller, callee)| (caller, callee, edge(caller, callee)))
+        .filter(|&(.., n)| n < 0.95 * base)
+        .map(|(caller, callee, n)| format!("{caller} -> {callee} in {n} samples"))
+        .collect();
+    if short.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "zeroread's kernel chains: {} of the {base} samples of vfs_read -> read_zero (expected at least 95 %)",
+            short.join(", ")
+        ))
+    }
 }
 
 /// The machine every Linux scenario runs on: Bochs at a realistic 1 GHz clock, so that the
@@ -723,15 +766,17 @@ pub fn all() -> Vec<Scenario> {
             .budget(Duration::from_secs(240))
     };
     vec![
-        // Call chains in a Linux guest: w41 built with frame pointers. Its user-mode samples
-        // carry their callers (the kernel's are not walked: it keeps no frame pointers).
-        linux_vm(
+        // Call chains in a Linux guest: w41 built with frame pointers (its user-mode samples
+        // carry their callers), then zeroread's system calls (kernel chains by the kernel's ORC
+        // tables, `orc-layout=`, on into the user's frame pointers).
+        linux_vm_with(
             linux_machine("bochs-linux-stacks")
                 .cmdline(&format!("export=end channel=lpt {LINUX_PERIOD} stacks=16"))
                 .budget(Duration::from_secs(240)),
             "linux",
             "w41-fp",
             "400",
+            "hvprof.then=zeroread hvprof.thenarg=500",
         )
         .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
         .profile(check_linux_stacks),

@@ -7,8 +7,8 @@
 //! bzImage               the kernel as Debian ships it (linux-image-*-cloud-amd64)
 //! vmlinux               its decompressed ELF (stripped, with kallsyms and .BTF inside)
 //! config                the kernel's .config
-//! bin/                  w41, w41-fp (frame pointers), shor, hvexit: static non-PIE workloads
-//!                       built with the host gcc
+//! bin/                  w41, w41-fp and zeroread (frame pointers), shor, hvexit: static
+//!                       non-PIE workloads built with the host gcc
 //! bin/                  shor-dyn, hashload: dynamic PIE workloads against Debian's libraries
 //! root/                 the guest's file tree (the initramfs is made of it, less
 //!                       usr/lib/debug): busybox, /init (guests/linux/init), bin/, Debian's
@@ -54,7 +54,9 @@ pub const MODULES: [&str; 3] = [
 const DEBUG_DIR: &str = "usr/lib/debug";
 
 /// The programs built into the guest's /bin.
-const GUEST_PROGRAMS: [&str; 6] = ["w41", "w41-fp", "shor", "hvexit", "shor-dyn", "hashload"];
+const GUEST_PROGRAMS: [&str; 7] = [
+    "w41", "w41-fp", "zeroread", "shor", "hvexit", "shor-dyn", "hashload",
+];
 
 /// The workloads and their default arguments in the guest (a few hundred million instructions
 /// at most: the guest runs under an instruction-counting emulator at about 100 M instructions/s).
@@ -471,6 +473,12 @@ pub fn image(refresh: bool) -> Result<()> {
         &[&src.join("w41.c")],
         &["-fno-omit-frame-pointer", "-DLEAF_FRAME"],
     )?;
+    // System calls with a known kernel path, for kernel call chains (also frame pointers).
+    gcc(
+        &bin.join("zeroread"),
+        &[&src.join("zeroread.c")],
+        &["-fno-omit-frame-pointer"],
+    )?;
     gcc(&bin.join("hvexit"), &[&src.join("hvexit.c")], &[])?;
     let q = extract_dir.join("usr");
     let include = format!("-I{}", q.join("include").display());
@@ -530,6 +538,7 @@ pub fn image(refresh: bool) -> Result<()> {
         "config",
         "bin/w41",
         "bin/w41-fp",
+        "bin/zeroread",
         "bin/shor",
         "bin/hvexit",
         "bin/shor-dyn",
@@ -560,10 +569,11 @@ pub fn image(refresh: bool) -> Result<()> {
         "kallsyms_layout": kernel.symbols.layout(),
         "task_offsets": kernel.offsets,
         "task_offsets_compact": kernel.offsets.to_compact(),
-        // The hypervisor's `mm-layout=` and `module-layout=` for this kernel (docs/GUEST-ABI.md),
+        // The hypervisor's `mm-layout=`, `module-layout=` and `orc-layout=` for this kernel (docs/GUEST-ABI.md),
         // or why they could not be derived.
         "mm_layout": kernel.mm_layout.as_ref().map(ToString::to_string).unwrap_or_else(|e| format!("unavailable: {e}")),
         "module_layout": kernel.module_layout.as_ref().map(ToString::to_string).unwrap_or_else(|e| format!("unavailable: {e}")),
+        "orc_layout": kernel.orc_layout.as_ref().map(ToString::to_string).unwrap_or_else(|e| format!("unavailable: {e}")),
         "workloads": WORKLOADS.iter().map(|(n, a)| (n.to_string(), json!(a))).collect::<serde_json::Map<_, _>>(),
         "cmdline": format!("{BASE_CMDLINE} hvprof.run=w41 hvprof.arg=400"),
         "files": files,

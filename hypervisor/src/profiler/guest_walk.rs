@@ -34,6 +34,8 @@ pub struct Leaf {
     /// The guest-physical address of the entry, and its value.
     pub entry_gpa: u64,
     pub entry: u64,
+    /// The size of the page it maps (4 KiB, 2 MiB or 1 GiB).
+    pub size: u64,
 }
 
 /// `translate`, with the entry that mapped the page.
@@ -57,6 +59,7 @@ pub fn translate_leaf(read_phys: &impl Fn(u64) -> Option<u64>, cr3: u64, gva: u6
                 gpa: (entry & ADDR_MASK & !(size - 1)) | (gva & (size - 1)),
                 entry_gpa,
                 entry,
+                size,
             });
         }
         table = entry & ADDR_MASK;

@@ -2,7 +2,7 @@
 //! map in its maple tree, the mapped file's dentry chain, the module list — derived from the
 //! kernel's own BTF (and the `modules` symbol from kallsyms), as the task offsets are.
 
-use hvprof_linux_walk::{MapleLayout, MmLayout, ModuleLayout};
+use hvprof_linux_walk::{MapleLayout, MmLayout, ModuleLayout, OrcLayout};
 
 use crate::Error;
 use crate::btf::Btf;
@@ -105,4 +105,50 @@ pub fn module_layout(btf: &Btf<'_>, syms: &Kallsyms) -> Result<ModuleLayout, Err
         base: offset(btf, "module", "core_layout.base")?,
         size: offset(btf, "module", "core_layout.size")?,
     })
+}
+
+/// Where the ORC unwind tables are (`.orc_unwind_ip`, `.orc_unwind`, `.orc_lookup`, sections of
+/// every kernel built with `CONFIG_UNWINDER_ORC`) and the text their lookup covers (`_stext` to
+/// `_etext`). The entries' layout read is Linux 6.1's (6 bytes, a 2-bit type); 6.4 changed it.
+pub fn orc_layout(elf: &object::File<'_>, syms: &Kallsyms) -> Result<OrcLayout, Error> {
+    use object::{Object, ObjectSection};
+    let section = |name: &str| {
+        elf.section_by_name(name)
+            .map(|s| (s.address(), s.size()))
+            .ok_or_else(|| {
+                Error::Elf(format!(
+                    "no {name} section (the kernel is not built with CONFIG_UNWINDER_ORC?)"
+                ))
+            })
+    };
+    let symbol = |name: &str| {
+        syms.by_name(name)
+            .map(|s| s.address)
+            .ok_or_else(|| Error::Kallsyms(format!("no symbol {name}")))
+    };
+    let (ip_table, ip_size) = section(".orc_unwind_ip")?;
+    let (entries, entries_size) = section(".orc_unwind")?;
+    let (lookup, lookup_size) = section(".orc_lookup")?;
+    let count = ip_size / 4;
+    if ip_size % 4 != 0 || entries_size != count * 6 {
+        return Err(Error::Elf(format!(
+            "ORC tables of {ip_size} and {entries_size} bytes do not pair 4-byte IPs with 6-byte \
+             entries (a kernel after 6.3 has another entry layout)"
+        )));
+    }
+    let layout = OrcLayout {
+        entry_syscall_64: symbol("entry_SYSCALL_64")?,
+        stext: symbol("_stext")?,
+        etext: symbol("_etext")?,
+        sinittext: symbol("_sinittext")?,
+        einittext: symbol("_einittext")?,
+        ip_table,
+        entries,
+        count: u32::try_from(count).map_err(|_| Error::Elf("too many ORC entries".into()))?,
+        lookup,
+        lookup_blocks: u32::try_from(lookup_size / 4)
+            .map_err(|_| Error::Elf("too large .orc_lookup".into()))?,
+    };
+    OrcLayout::parse(&layout.to_string())
+        .ok_or_else(|| Error::Elf(format!("implausible ORC layout {layout}")))
 }

@@ -67,6 +67,9 @@ pub struct KernelImage {
     pub mm_layout: Result<hvprof_linux_walk::MmLayout, String>,
     /// See `mm_layout`.
     pub module_layout: Result<hvprof_linux_walk::ModuleLayout, String>,
+    /// Where the kernel's ORC unwind tables are, for the hypervisor's kernel call chains (an
+    /// error on kernels built without `CONFIG_UNWINDER_ORC`).
+    pub orc_layout: Result<hvprof_linux_walk::OrcLayout, String>,
 }
 
 impl KernelImage {
@@ -112,6 +115,7 @@ impl KernelImage {
         let offsets = TaskOffsets::derive(&btf, &symbols)?;
         let mm_layout = layouts::mm_layout(&btf).map_err(|e| e.to_string());
         let module_layout = layouts::module_layout(&btf, &symbols).map_err(|e| e.to_string());
+        let orc_layout = layouts::orc_layout(&elf, &symbols).map_err(|e| e.to_string());
         let banner = elf
             .section_by_name(".rodata")
             .and_then(|s| s.data().ok())
@@ -128,6 +132,7 @@ impl KernelImage {
             build_id,
             mm_layout,
             module_layout,
+            orc_layout,
         })
     }
 

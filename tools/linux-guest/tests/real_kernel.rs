@@ -109,3 +109,116 @@ fn bzimage_decompresses_to_the_vmlinux() {
     assert!(h.init_size as u64 > image.vmlinux_size().unwrap() as u64 / 2);
     assert_eq!(image.vmlinux().unwrap(), std::fs::read(vmlinux).unwrap());
 }
+
+/// The kernel's memory as far as its loaded sections go (file bytes), with `.orc_lookup` filled
+/// in as the kernel's `unwind_init` fills it at boot.
+struct Image {
+    sections: Vec<(u64, Vec<u8>)>,
+}
+
+impl hvprof_linux_walk::GuestMemory for Image {
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+        self.sections.iter().any(|(at, data)| {
+            let Some(off) = addr.checked_sub(*at) else {
+                return false;
+            };
+            let off = off as usize;
+            let Some(bytes) = data.get(off..off + out.len()) else {
+                return false;
+            };
+            out.copy_from_slice(bytes);
+            true
+        })
+    }
+}
+
+#[test]
+fn orc_tables_of_the_real_kernel_unwind_as_linux_reads_them() {
+    use hvprof_linux_walk::orc::{OrcEntry, find, kind, reg};
+    use hvprof_linux_walk::{Budget, GuestMemory};
+    use object::{Object, ObjectSection};
+    let Some(path) = input("vmlinux") else { return };
+    let data = std::fs::read(&path).unwrap();
+    let k = KernelImage::from_vmlinux_bytes(&data).unwrap();
+    let l = k.orc_layout.clone().unwrap();
+    let t = l.at(l.entry_syscall_64).unwrap();
+    assert!(l.count > 100_000, "{l}");
+    let elf = object::File::parse(&*data).unwrap();
+    let mut sections: Vec<(u64, Vec<u8>)> = [".orc_unwind_ip", ".orc_unwind"]
+        .iter()
+        .map(|n| {
+            let s = elf.section_by_name(n).unwrap();
+            (s.address(), s.data().unwrap().to_vec())
+        })
+        .collect();
+    let image = Image {
+        sections: sections.clone(),
+    };
+    let ip_at = |i: u32| {
+        let slot = t.ip_table + 4 * u64::from(i);
+        let mut b = [0u8; 4];
+        assert!(image.read(slot, &mut b));
+        slot.wrapping_add_signed(i64::from(i32::from_le_bytes(b)))
+    };
+    let entry_at = |i: u32| {
+        let mut b = [0u8; 6];
+        assert!(image.read(t.entries + 6 * u64::from(i), &mut b));
+        OrcEntry::from_bytes(b)
+    };
+    // Sorted at build time (scripts/sorttable), as `orc_find` needs.
+    let ips: Vec<u64> = (0..l.count).map(ip_at).collect();
+    assert!(ips.windows(2).all(|w| w[0] <= w[1]));
+    // Every entry decodes to a register and type Linux 6.1 knows.
+    let entries: Vec<OrcEntry> = (0..l.count).map(entry_at).collect();
+    assert!(entries.iter().all(|e| e.sp_reg <= reg::SP_INDIRECT
+        && [reg::UNDEFINED, reg::PREV_SP, reg::BP].contains(&e.bp_reg)
+        && e.kind <= kind::REGS_PARTIAL));
+    assert!(entries.iter().any(|e| e.sp_reg == reg::UNDEFINED && e.end));
+    // A C function's first instruction: the return address on top of the stack.
+    let rightmost = |ip: u64| ips.partition_point(|&a| a <= ip).checked_sub(1).unwrap();
+    let schedule = k.symbols.by_name("schedule").unwrap().address;
+    let e = entries[rightmost(schedule)];
+    assert_eq!((e.sp_reg, e.sp_offset, e.kind), (reg::SP, 8, kind::CALL));
+    // The system-call entry saves the user's registers: somewhere in it, pt_regs on top.
+    let entry = l.entry_syscall_64;
+    let (lo, hi) = (rightmost(entry), rightmost(entry + 0x100));
+    assert!(
+        entries[lo..=hi]
+            .iter()
+            .any(|e| (e.sp_reg, e.sp_offset, e.kind) == (reg::SP, 0, kind::REGS)),
+        "{:?}",
+        &entries[lo..=hi]
+    );
+    // The lookup table, as `unwind_init` fills it; then `find` through it agrees with a search
+    // of the whole table for an address inside every function.
+    let lookup: Vec<u8> = (0..l.lookup_blocks)
+        .flat_map(|b| {
+            let ip = if b == l.lookup_blocks - 1 {
+                l.etext
+            } else {
+                l.stext + 256 * u64::from(b)
+            };
+            (rightmost(ip) as u32).to_le_bytes()
+        })
+        .collect();
+    sections.push((t.lookup, lookup));
+    let image = Image { sections };
+    let (mut checked, mut inits) = (0, 0);
+    for s in k.symbols.kernel_symbols() {
+        let ip = s.address + 1;
+        let init = (l.sinittext..l.einittext).contains(&ip);
+        if !init && !(l.stext..l.etext).contains(&ip) {
+            continue;
+        }
+        inits += usize::from(init);
+        let mut budget = Budget::new(64);
+        let got = find(&image, &t, ip, &mut budget).unwrap();
+        assert_eq!(got, Some(entries[rightmost(ip)]), "{}", s.name);
+        assert!(64 - budget.left() <= 24, "{} reads", 64 - budget.left());
+        checked += 1;
+    }
+    assert!(
+        checked > 30_000 && inits > 1000,
+        "{checked} functions, {inits} in .init.text"
+    );
+}

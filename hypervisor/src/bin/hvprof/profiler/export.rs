@@ -647,8 +647,11 @@ fn report_chains(pcpus: usize) {
             ticks / n.max(1)
         )
     };
+    let stretched: u64 = (0..pcpus)
+        .map(|cpu| sampler::cpu(cpu).costs.stretched.load(Ordering::Relaxed))
+        .sum();
     println!(
-        "profiler: call chains walked (inside the sample path's cost): guest samples: {}; hypervisor samples (own and exit-cause chains): {}",
+        "profiler: call chains walked (inside the sample path's cost): guest samples: {}; hypervisor samples (own and exit-cause chains): {}; {stretched} samples took over half a period (the next deadline moved to half a period after them)",
         mean(guest),
         mean(host),
     );

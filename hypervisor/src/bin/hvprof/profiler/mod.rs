@@ -18,7 +18,7 @@ pub mod pmu;
 pub mod sampler;
 pub mod tasks;
 
-pub use sampler::{on_timer, this_cpu};
+pub use sampler::{KernelStacks, on_timer, this_cpu};
 
 use crate::arch::lapic::Lapic;
 

@@ -5,7 +5,7 @@ use crate::arch::lapic::Lapic;
 use crate::percpu::MAX_CPUS;
 use crate::tsc::rdtsc;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering, compiler_fence};
 use hvprof_hypervisor::profiler::guest_walk;
 use hvprof_hypervisor::profiler::ring::Ring;
 use hvprof_hypervisor::profiler::slots;
@@ -75,10 +75,14 @@ pub struct CpuProfiler {
     stack_lo: AtomicU64,
     stack_hi: AtomicU64,
     /// The memory of the VM whose vCPU runs here (host-physical base and size; size 0: none),
-    /// and whether its kernel-mode code keeps frame pointers.
+    /// and how its kernel-mode chains are walked (`KernelStacks`, as a `u8`: `kernel_mode`),
+    /// with its kernel's ORC tables where they are walked by those.
     guest_hpa: AtomicU64,
     guest_size: AtomicU64,
-    guest_kernel_fp: AtomicBool,
+    kernel_mode: AtomicU8,
+    kernel_orc: AtomicOrcTables,
+    /// ORC entries found by earlier kernel walks.
+    orc_entries: OrcEntries,
     /// That vCPU's RBP at its last VM exit.
     guest_rbp: AtomicU64,
     /// Guest stack pages translated by earlier walks.
@@ -86,19 +90,26 @@ pub struct CpuProfiler {
 }
 
 /// Entries of `StackPages`.
-const STACK_PAGES: usize = 2;
+const STACK_PAGES: usize = 4;
 
-/// The guest stack pages the last walks translated, so that the next walk on the same pages
-/// skips the guest page walk: each entry is checked before use by reading again the paging
-/// entry that mapped it (`guest_walk::Leaf`), so a page the guest has unmapped or moved since is
-/// translated anew. (A guest that rewrites the levels above that entry under the same CR3 can
+/// What `StackPages` keys a kernel-half translation by, in place of a CR3.
+const ANY_CR3: u64 = u64::MAX - 1;
+
+/// The guest pages the last walks translated, so that the next walk on the same pages skips
+/// the guest page walk: each entry is checked before use by reading again the paging entry
+/// that mapped it (`guest_walk::Leaf`), so a page the guest has unmapped or moved since is
+/// translated anew. An entry covers its whole page, as the guest mapped it: a Linux kernel's
+/// image (its ORC tables) lies in a few 2 MiB pages. Kernel-half entries hold for every CR3
+/// (every process maps the kernel half alike, as `guest_walk::Tlb` assumes). (A guest that
+/// rewrites the levels above an entry, or maps its kernel half differently per process, can
 /// have one chain read from the page it mapped before: still its own memory.) A seqlock: `seq`
 /// is odd while an entry is written, and an NMI sample that lands then translates without it.
 struct StackPages {
     seq: AtomicU64,
     next: AtomicU64,
-    /// Per entry: CR3, guest-virtual page, entry address, entry value, guest-physical page.
-    entries: [[AtomicU64; 5]; STACK_PAGES],
+    /// Per entry: CR3 (or `ANY_CR3`), guest-virtual base and offset mask of the page, entry
+    /// address, entry value, guest-physical base.
+    entries: [[AtomicU64; 6]; STACK_PAGES],
 }
 
 impl StackPages {
@@ -106,19 +117,30 @@ impl StackPages {
         StackPages {
             seq: AtomicU64::new(0),
             next: AtomicU64::new(0),
-            entries: [const { [const { AtomicU64::new(u64::MAX) }; 5] }; STACK_PAGES],
+            entries: [const { [const { AtomicU64::new(u64::MAX) }; 6] }; STACK_PAGES],
         }
     }
 
-    /// The guest-physical page of `page` under `cr3`, if an entry has it and still holds.
+    fn tag(cr3: u64, va: u64) -> u64 {
+        if va >= stack_walk::UPPER_HALF.lo {
+            ANY_CR3
+        } else {
+            cr3
+        }
+    }
+
+    /// The guest-physical address of the 4 KiB page at `page` under `cr3`, if an entry has it
+    /// and still holds.
     fn find(&self, cr3: u64, page: u64, ram: crate::memory::GuestRam) -> Option<u64> {
         let before = self.seq.load(Ordering::Acquire);
         if before % 2 == 1 {
             return None;
         }
+        let tag = Self::tag(cr3, page);
         let hit = self.entries.iter().find_map(|e| {
             let v = |i: usize| e[i].load(Ordering::Relaxed);
-            (v(0) == cr3 && v(1) == page).then(|| (v(2), v(3), v(4)))
+            let mask = v(2);
+            (v(0) == tag && page & !mask == v(1)).then(|| (v(3), v(4), v(5) + (page & mask)))
         });
         core::sync::atomic::fence(Ordering::Acquire);
         if self.seq.load(Ordering::Relaxed) != before {
@@ -128,7 +150,7 @@ impl StackPages {
         (ram.read_u64(entry_gpa) == Some(entry)).then_some(gpa)
     }
 
-    fn remember(&self, cr3: u64, page: u64, leaf: guest_walk::Leaf) {
+    fn remember(&self, cr3: u64, va: u64, leaf: guest_walk::Leaf) {
         let slot = (self.next.fetch_add(1, Ordering::Relaxed) as usize) % STACK_PAGES;
         let seq = self.seq.fetch_add(1, Ordering::Acquire);
         if seq % 2 == 1 {
@@ -136,11 +158,17 @@ impl StackPages {
             self.seq.fetch_sub(1, Ordering::Release);
             return;
         }
+        let mask = leaf.size - 1;
         let e = &self.entries[slot];
-        for (i, v) in [cr3, page, leaf.entry_gpa, leaf.entry, leaf.gpa & !0xfff]
-            .into_iter()
-            .enumerate()
-        {
+        let values = [
+            Self::tag(cr3, va),
+            va & !mask,
+            mask,
+            leaf.entry_gpa,
+            leaf.entry,
+            leaf.gpa & !mask,
+        ];
+        for (i, v) in values.into_iter().enumerate() {
             e[i].store(v, Ordering::Relaxed);
         }
         self.seq.fetch_add(1, Ordering::Release);
@@ -196,6 +224,9 @@ pub struct Costs {
     pub guest_frames: AtomicU64,
     pub host_walks: Tally,
     pub host_frames: AtomicU64,
+    /// Samples whose path took more than half a period, after which the next deadline was
+    /// moved to half a period after it ended (see `push`).
+    pub stretched: AtomicU64,
     /// Draining the rings, encoding and sending the log.
     pub export: Tally,
     /// Sample-path and task-read ticks spent inside the sampling exits and timer interrupts (so
@@ -213,6 +244,7 @@ impl Costs {
             guest_frames: AtomicU64::new(0),
             host_walks: Tally::new(),
             host_frames: AtomicU64::new(0),
+            stretched: AtomicU64::new(0),
             export: Tally::new(),
             inside: AtomicU64::new(0),
         }
@@ -250,7 +282,9 @@ impl CpuProfiler {
             stack_hi: AtomicU64::new(0),
             guest_hpa: AtomicU64::new(0),
             guest_size: AtomicU64::new(0),
-            guest_kernel_fp: AtomicBool::new(false),
+            kernel_mode: AtomicU8::new(0),
+            kernel_orc: AtomicOrcTables::new(),
+            orc_entries: OrcEntries::new(),
             guest_rbp: AtomicU64::new(0),
             stack_pages: StackPages::new(),
         }
@@ -434,6 +468,18 @@ impl CpuProfiler {
     fn push(&self, mut s: Sample, frames: &[u64], t0: u64) -> u64 {
         let cost = rdtsc() - t0;
         s.cost = cost.min(u32::MAX as u64) as u32;
+        // A sample path longer than half a period (a deep chain through memory the walk has not
+        // seen yet) must not leave the sampled code no time: the deadline it moved past its
+        // start may have come already, and the next entry would exit at once, sample, and so on.
+        // The next deadline is then half a period after this path's end at the earliest.
+        let period = self.period.load(Ordering::Relaxed);
+        if cost > period / 2 {
+            let floor = t0 + cost + period / 2;
+            if self.next_tick.load(Ordering::Relaxed) < floor {
+                self.next_tick.store(floor, Ordering::Relaxed);
+                self.costs.stretched.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         self.offer(Record::Sample(s), frames);
         self.samples_taken.fetch_add(1, Ordering::Relaxed);
         self.cost_total.fetch_add(cost, Ordering::Relaxed);
@@ -511,7 +557,10 @@ impl CpuProfiler {
             depth => {
                 let t = rdtsc();
                 let long = mode == hvprof_samplelog::MODE_LONG;
-                let (chain, frames) = self.walk_guest(cr3, cpl, long, depth, &mut buf);
+                // SAFETY: as for `read` above (the run loop, this vCPU's VMCS current).
+                let rsp =
+                    || unsafe { hvprof_vmx::instructions::vmread_fast(GuestNatural::Rsp as u32) };
+                let (chain, frames) = self.walk_guest(cr3, cpl, long, rip, rsp, depth, &mut buf);
                 let c = &self.costs;
                 walked_since(t, frames.len(), &c.guest_walks, &c.guest_frames);
                 s.guest_chain = chain;
@@ -599,14 +648,18 @@ impl CpuProfiler {
         stack_walk::walk(&mut HostStack(bounds), fp, bounds, depth, out)
     }
 
-    /// The running vCPU's guest chain from its RBP at its last exit, through its own page tables
-    /// (`cr3`) and its own memory: 64-bit code only, and kernel-mode code only where the guest
-    /// keeps frame pointers there.
+    /// The running vCPU's guest chain, through its own page tables (`cr3`) and its own memory:
+    /// 64-bit code only. In user mode, and in kernel mode where the guest keeps frame pointers
+    /// there, from its RBP at its last exit; in a Linux kernel, by the kernel's ORC tables from
+    /// `rip` and the RSP that `rsp` reads, through any `pt_regs` into the user's frame pointers.
+    #[allow(clippy::too_many_arguments)]
     fn walk_guest<'a>(
         &self,
         cr3: u64,
         cpl: u8,
         long: bool,
+        rip: u64,
+        rsp: impl FnOnce() -> u64,
         depth: usize,
         out: &'a mut [MaybeUninit<u64>],
     ) -> (Chain, &'a [u64]) {
@@ -614,21 +667,37 @@ impl CpuProfiler {
             hpa: self.guest_hpa.load(Ordering::Relaxed),
             size: self.guest_size.load(Ordering::Relaxed),
         };
-        if ram.size == 0 || !long || (cpl != 3 && !self.guest_kernel_fp.load(Ordering::Relaxed)) {
+        if ram.size == 0 || !long {
             return (Chain::NOT_WALKED, &[]);
         }
         let fp = self.guest_rbp.load(Ordering::Relaxed);
-        let bounds = if cpl == 3 {
-            stack_walk::LOWER_HALF
-        } else {
-            stack_walk::half_of(fp)
-        };
-        let mut mem = GuestStack {
-            ram,
-            cr3,
-            pages: &self.stack_pages,
-        };
-        stack_walk::walk(&mut mem, fp, bounds, depth, out)
+        let mut mem = GuestStack::new(ram, cr3, &self.stack_pages);
+        if cpl == 3 {
+            return stack_walk::walk(&mut mem, fp, stack_walk::LOWER_HALF, depth, out);
+        }
+        match KernelStacks::from_u8(self.kernel_mode.load(Ordering::Relaxed)) {
+            KernelStacks::None => (Chain::NOT_WALKED, &[]),
+            KernelStacks::FramePointers => {
+                stack_walk::walk(&mut mem, fp, stack_walk::half_of(fp), depth, out)
+            }
+            KernelStacks::Orc => {
+                let Some(tables) = self.kernel_orc.tables() else {
+                    return (Chain::NOT_WALKED, &[]);
+                };
+                let start = hvprof_linux_walk::KernelRegs {
+                    ip: rip,
+                    sp: rsp(),
+                    bp: fp,
+                    extra: None,
+                };
+                let (vm, ..) = self.current();
+                let cache = VmOrcEntries {
+                    entries: &self.orc_entries,
+                    vm,
+                };
+                walk_kernel(&mut mem, &tables, &cache, start, depth, out)
+            }
+        }
     }
 
     /// At a hypervisor sample during a vCPU's exit: the guest RIP of the exit, then the guest's
@@ -653,7 +722,9 @@ impl CpuProfiler {
             return (Chain::NOT_WALKED, 0);
         };
         first.write(rip);
-        let (callers, _) = self.walk_guest(cr3, cpl, cs_ar & CS_AR_L != 0, depth - 1, rest);
+        let rsp = || read(GuestNatural::Rsp as u32);
+        let long = cs_ar & CS_AR_L != 0;
+        let (callers, _) = self.walk_guest(cr3, cpl, long, rip, rsp, depth - 1, rest);
         let end = match callers.end() {
             // The exit's RIP is known even where its callers are not.
             ChainEnd::NotWalked => ChainEnd::Complete,
@@ -662,13 +733,31 @@ impl CpuProfiler {
         (Chain::new(1 + callers.depth(), end), cr3)
     }
 
-    /// The memory of the VM whose vCPU this pCPU runs now (`None`: none), and whether its
-    /// kernel-mode code keeps frame pointers (guest chains are walked there only if so).
-    pub fn set_guest_memory(&self, ram: Option<crate::memory::GuestRam>, kernel_fp: bool) {
+    /// The memory of the VM whose vCPU this pCPU runs now (`None`: none), and how its
+    /// kernel-mode chains are walked (`orc`: where its kernel's ORC tables are, for
+    /// `KernelStacks::Orc`).
+    pub fn set_guest_memory(
+        &self,
+        ram: Option<crate::memory::GuestRam>,
+        kernel: KernelStacks,
+        orc: Option<hvprof_linux_walk::OrcLayout>,
+    ) {
         let (hpa, size) = ram.map_or((0, 0), |r| (r.hpa, r.size));
+        // No walk reads the fields while the size is 0: a sample that interrupts this sees
+        // either the old VM or the new one whole.
+        self.guest_size.store(0, Ordering::Relaxed);
+        let kernel = match (kernel, orc) {
+            (KernelStacks::Orc, Some(l)) => {
+                self.kernel_orc.store(&l);
+                KernelStacks::Orc
+            }
+            (KernelStacks::Orc, None) => KernelStacks::None,
+            (k, _) => k,
+        };
+        self.kernel_mode.store(kernel as u8, Ordering::Relaxed);
         self.guest_hpa.store(hpa, Ordering::Relaxed);
+        compiler_fence(Ordering::Release);
         self.guest_size.store(size, Ordering::Relaxed);
-        self.guest_kernel_fp.store(kernel_fp, Ordering::Relaxed);
     }
 
     /// The running vCPU's RBP at its VM exit (where its guest chain starts).
@@ -795,14 +884,44 @@ struct GuestStack<'a> {
     ram: crate::memory::GuestRam,
     cr3: u64,
     pages: &'a StackPages,
+    /// The pages this walk has translated (guest-virtual page, host page; `u64::MAX`: none),
+    /// most recent first: one walk reads the same few pages (a stack page, the ORC tables')
+    /// over and over, and the vCPU whose memory it reads is stopped meanwhile.
+    memo: core::cell::Cell<[(u64, u64); WALK_PAGES]>,
 }
 
-impl FrameMemory for GuestStack<'_> {
-    /// The host address of the page.
-    type Page = u64;
+/// Pages a walk remembers (`GuestStack::memo`).
+const WALK_PAGES: usize = 4;
 
+impl<'a> GuestStack<'a> {
+    fn new(ram: crate::memory::GuestRam, cr3: u64, pages: &'a StackPages) -> Self {
+        GuestStack {
+            ram,
+            cr3,
+            pages,
+            memo: core::cell::Cell::new([(u64::MAX, 0); WALK_PAGES]),
+        }
+    }
+}
+
+impl GuestStack<'_> {
+    /// The host address of the guest-virtual page `page`, if it maps to a page wholly inside
+    /// the VM's memory.
     #[inline(always)]
-    fn page(&mut self, page: u64) -> Option<u64> {
+    fn host_page(&self, page: u64) -> Option<u64> {
+        let mut memo = self.memo.get();
+        if let Some(&(_, host)) = memo.iter().find(|(p, _)| *p == page) {
+            return Some(host);
+        }
+        let host = self.translate(page)?;
+        memo.copy_within(0..WALK_PAGES - 1, 1);
+        memo[0] = (page, host);
+        self.memo.set(memo);
+        Some(host)
+    }
+
+    /// `host_page` without the walk's memo.
+    fn translate(&self, page: u64) -> Option<u64> {
         let ram = self.ram;
         let gpa = match self.pages.find(self.cr3, page, ram) {
             Some(gpa) => gpa,
@@ -814,6 +933,16 @@ impl FrameMemory for GuestStack<'_> {
         };
         (gpa.checked_add(0x1000)? <= ram.size).then_some(ram.hpa + gpa)
     }
+}
+
+impl FrameMemory for GuestStack<'_> {
+    /// The host address of the page.
+    type Page = u64;
+
+    #[inline(always)]
+    fn page(&mut self, page: u64) -> Option<u64> {
+        self.host_page(page)
+    }
 
     #[inline(always)]
     fn word(&self, page: u64, offset: u64) -> u64 {
@@ -822,6 +951,281 @@ impl FrameMemory for GuestStack<'_> {
         // 8-aligned word inside it. The guest may write it meanwhile: any value is valid.
         unsafe { core::ptr::read_volatile((page + offset) as *const u64) }
     }
+}
+
+/// The kernel walk's reads: any bytes, page by page, through the same translation.
+impl hvprof_linux_walk::GuestMemory for GuestStack<'_> {
+    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
+        // The unwinder's reads (4, 6 and 8 bytes) inside one page: one translation, one load.
+        if out.len() <= 8 && (addr & 0xfff) + out.len() as u64 <= 0x1000 {
+            let Some(page) = self.host_page(addr & !0xfff) else {
+                return false;
+            };
+            let at = page + (addr & 0xfff);
+            // SAFETY: as below; `[u8; N]` has alignment 1, so any address is aligned for it.
+            unsafe {
+                match out.len() {
+                    8 => out.copy_from_slice(&core::ptr::read_volatile(at as *const [u8; 8])),
+                    6 => out.copy_from_slice(&core::ptr::read_volatile(at as *const [u8; 6])),
+                    4 => out.copy_from_slice(&core::ptr::read_volatile(at as *const [u8; 4])),
+                    _ => {
+                        for (i, b) in out.iter_mut().enumerate() {
+                            *b = core::ptr::read_volatile((at + i as u64) as *const u8);
+                        }
+                    }
+                }
+            }
+            return true;
+        }
+        let mut done = 0;
+        while done < out.len() {
+            let at = addr.wrapping_add(done as u64);
+            let Some(page) = self.host_page(at & !0xfff) else {
+                return false;
+            };
+            let n = (0x1000 - (at & 0xfff) as usize).min(out.len() - done);
+            for (i, b) in out[done..done + n].iter_mut().enumerate() {
+                // SAFETY: `page` is the host address of a guest page wholly inside the VM's
+                // memory (checked by `host_page`), identity-mapped and never freed, and
+                // `(at & 0xfff) + i` < 4096 stays inside it. The guest may write it meanwhile:
+                // any value is valid.
+                *b = unsafe {
+                    core::ptr::read_volatile((page + (at & 0xfff) + i as u64) as *const u8)
+                };
+            }
+            done += n;
+        }
+        true
+    }
+}
+
+/// How a guest's kernel-mode call chains are walked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum KernelStacks {
+    /// Not at all (a Linux kernel without ORC tables given, or before it set IA32_LSTAR).
+    None = 0,
+    /// By frame pointers (the test guests keep them).
+    FramePointers = 1,
+    /// By the Linux kernel's ORC tables (`orc-layout=`).
+    Orc = 2,
+}
+
+impl KernelStacks {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => KernelStacks::FramePointers,
+            2 => KernelStacks::Orc,
+            _ => KernelStacks::None,
+        }
+    }
+}
+
+/// A kernel's ORC tables at link time (`OrcLayout`), each field atomic (see `set_guest_memory`
+/// for how they change), and the KASLR slide once known.
+struct AtomicOrcTables {
+    /// `entry_SYSCALL_64`, `_stext`, `_etext`, `_sinittext`, `_einittext`, `.orc_unwind_ip`,
+    /// `.orc_unwind`, `.orc_lookup`.
+    addrs: [AtomicU64; 8],
+    /// Slots, lookup blocks.
+    counts: [AtomicU32; 2],
+    /// The slide, or `NO_SLIDE` until a walk has read it from the guest's IA32_LSTAR.
+    slide: AtomicU64,
+}
+
+/// `AtomicOrcTables::slide` before it is known.
+const NO_SLIDE: u64 = u64::MAX;
+
+impl AtomicOrcTables {
+    const fn new() -> Self {
+        AtomicOrcTables {
+            addrs: [const { AtomicU64::new(0) }; 8],
+            counts: [const { AtomicU32::new(0) }; 2],
+            slide: AtomicU64::new(NO_SLIDE),
+        }
+    }
+
+    fn store(&self, l: &hvprof_linux_walk::OrcLayout) {
+        let values = [
+            l.entry_syscall_64,
+            l.stext,
+            l.etext,
+            l.sinittext,
+            l.einittext,
+            l.ip_table,
+            l.entries,
+            l.lookup,
+        ];
+        for (a, v) in self.addrs.iter().zip(values) {
+            a.store(v, Ordering::Relaxed);
+        }
+        self.counts[0].store(l.count, Ordering::Relaxed);
+        self.counts[1].store(l.lookup_blocks, Ordering::Relaxed);
+        self.slide.store(NO_SLIDE, Ordering::Relaxed);
+    }
+
+    /// The running kernel's tables: the slide from its IA32_LSTAR (live on this CPU while its
+    /// vCPU is loaded; read at the first walk after `store`, as the kernel sets it early in its
+    /// boot, and kept); `None` while the kernel has not set it.
+    fn tables(&self) -> Option<hvprof_linux_walk::OrcTables> {
+        let a = |i: usize| self.addrs[i].load(Ordering::Relaxed);
+        let layout = hvprof_linux_walk::OrcLayout {
+            entry_syscall_64: a(0),
+            stext: a(1),
+            etext: a(2),
+            sinittext: a(3),
+            einittext: a(4),
+            ip_table: a(5),
+            entries: a(6),
+            lookup: a(7),
+            count: self.counts[0].load(Ordering::Relaxed),
+            lookup_blocks: self.counts[1].load(Ordering::Relaxed),
+        };
+        let slide = self.slide.load(Ordering::Relaxed);
+        if slide != NO_SLIDE {
+            return layout.at(layout.entry_syscall_64.wrapping_add(slide));
+        }
+        let lstar = crate::arch::msr::read_safe(0xc000_0082).unwrap_or(0);
+        let tables = layout.at(lstar)?;
+        self.slide.store(
+            lstar.wrapping_sub(layout.entry_syscall_64),
+            Ordering::Relaxed,
+        );
+        Some(tables)
+    }
+}
+
+/// Entries of `OrcEntries` (a power of two).
+const ORC_ENTRIES: usize = 256;
+
+/// ORC entries found by earlier walks on this pCPU, by the IP they were found for and the VM
+/// (direct-mapped): the callers a profile sees repeat, so most frames of a kernel walk skip the
+/// search of the tables. A seqlock, as `StackPages`. A VM that rewrites its own tables can be
+/// walked by the entries it had: its own chains only, read from its own memory all the same.
+struct OrcEntries {
+    seq: AtomicU64,
+    /// Per entry: key (the IP's low 48 bits, the VM index above), the entry's 6 bytes.
+    entries: [[AtomicU64; 2]; ORC_ENTRIES],
+}
+
+impl OrcEntries {
+    const fn new() -> Self {
+        OrcEntries {
+            seq: AtomicU64::new(0),
+            entries: [const { [const { AtomicU64::new(u64::MAX) }; 2] }; ORC_ENTRIES],
+        }
+    }
+
+    fn key(vm: u16, ip: u64) -> (u64, usize) {
+        let key = (ip & 0xffff_ffff_ffff) | (u64::from(vm) << 48);
+        // Return addresses spread over the low bits; fold in a few higher ones.
+        (key, ((ip ^ (ip >> 7)) as usize) % ORC_ENTRIES)
+    }
+}
+
+/// `OrcEntries` for one VM's walk.
+struct VmOrcEntries<'a> {
+    entries: &'a OrcEntries,
+    vm: u16,
+}
+
+impl hvprof_linux_walk::orc::OrcCache for VmOrcEntries<'_> {
+    fn get(&self, ip: u64) -> Option<hvprof_linux_walk::orc::OrcEntry> {
+        let (key, i) = OrcEntries::key(self.vm, ip);
+        let c = self.entries;
+        let before = c.seq.load(Ordering::Acquire);
+        if before % 2 == 1 {
+            return None;
+        }
+        let e = &c.entries[i];
+        let (k, v) = (e[0].load(Ordering::Relaxed), e[1].load(Ordering::Relaxed));
+        core::sync::atomic::fence(Ordering::Acquire);
+        if c.seq.load(Ordering::Relaxed) != before || k != key {
+            return None;
+        }
+        let b = v.to_le_bytes();
+        Some(hvprof_linux_walk::orc::OrcEntry::from_bytes([
+            b[0], b[1], b[2], b[3], b[4], b[5],
+        ]))
+    }
+
+    fn put(&self, ip: u64, entry: hvprof_linux_walk::orc::OrcEntry) {
+        let (key, i) = OrcEntries::key(self.vm, ip);
+        let c = self.entries;
+        let seq = c.seq.fetch_add(1, Ordering::Acquire);
+        if seq % 2 == 1 {
+            // Another write is under way below us (we interrupted it): leave it alone.
+            c.seq.fetch_sub(1, Ordering::Release);
+            return;
+        }
+        let [a, b, cc, d, e, f] = entry.to_bytes();
+        let v = u64::from_le_bytes([a, b, cc, d, e, f, 0, 0]);
+        c.entries[i][0].store(key, Ordering::Relaxed);
+        c.entries[i][1].store(v, Ordering::Relaxed);
+        c.seq.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Reads at most this many guest words and table slots per kernel walk.
+const KERNEL_WALK_READS: u32 = 640;
+
+/// A Linux guest's kernel chain by ORC (`start`: the interrupted kernel code), then, where it
+/// ends in user mode's `pt_regs`, the user's RIP and its frame-pointer chain, into `out`.
+fn walk_kernel<'a>(
+    mem: &mut GuestStack<'_>,
+    tables: &hvprof_linux_walk::OrcTables,
+    cache: &VmOrcEntries<'_>,
+    start: hvprof_linux_walk::KernelRegs,
+    depth: usize,
+    out: &'a mut [MaybeUninit<u64>],
+) -> (Chain, &'a [u64]) {
+    let max = depth.min(MAX_CHAIN_DEPTH).min(out.len());
+    let mut n = 0;
+    let mut budget = hvprof_linux_walk::Budget::new(KERNEL_WALK_READS);
+    let end = {
+        let mut sink = |ip: u64| {
+            if n == max {
+                return false;
+            }
+            out[n].write(ip);
+            n += 1;
+            n < max
+        };
+        hvprof_linux_walk::unwind_kernel(&*mem, tables, cache, start, &mut budget, &mut sink)
+    };
+    let end = match end {
+        hvprof_linux_walk::KernelEnd::Complete => ChainEnd::Complete,
+        hvprof_linux_walk::KernelEnd::Full => ChainEnd::DepthLimit,
+        hvprof_linux_walk::KernelEnd::Bad(_) => ChainEnd::BadFrame,
+        hvprof_linux_walk::KernelEnd::User(user) => {
+            if n == max {
+                ChainEnd::DepthLimit
+            } else {
+                out[n].write(user.ip);
+                n += 1;
+                match user.bp {
+                    Some(bp) if n < max => {
+                        let (chain, _) = stack_walk::walk(
+                            mem,
+                            bp,
+                            stack_walk::LOWER_HALF,
+                            max - n,
+                            &mut out[n..max],
+                        );
+                        n += chain.depth();
+                        chain.end()
+                    }
+                    Some(_) => ChainEnd::DepthLimit,
+                    None => ChainEnd::BadFrame,
+                }
+            }
+        }
+    };
+    // SAFETY: the first `n` slots of `out` were written above (by the sink, the user RIP and
+    // the user walk, which writes the start of the part it is given); `MaybeUninit<u64>` has the
+    // layout of `u64`.
+    let frames = unsafe { &*(&out[..n] as *const [MaybeUninit<u64>] as *const [u64]) };
+    (Chain::new(n, end), frames)
 }
 
 /// The LAPIC timer interrupt (vector `TIMER_VECTOR`): a hypervisor (or idle) sample at the

@@ -280,6 +280,7 @@ fn build(
         task_offsets: config.task_offsets,
         mm_layout: config.mm_layout,
         module_layout: config.module_layout,
+        orc_layout: config.orc_layout,
         maps: Mutex::new(Default::default()),
         name: String::from(config.name),
         mem_hpa,

@@ -91,6 +91,8 @@ pub struct Vm {
     pub mm_layout: Option<hvprof_linux_walk::MmLayout>,
     /// Where its kernel's module list is (`module-layout=`).
     pub module_layout: Option<hvprof_linux_walk::ModuleLayout>,
+    /// Where its kernel's ORC tables are (`orc-layout=`), to walk its kernel call chains.
+    pub orc_layout: Option<hvprof_linux_walk::OrcLayout>,
     /// Its processes' executable file mappings, read once per process, sent at the end.
     pub maps: Mutex<hvprof_hypervisor::profiler::guest_maps::ProcessMaps>,
     /// Its legacy devices (the UART, the PICs, the PIT, the CMOS clock) and the once-only logs.

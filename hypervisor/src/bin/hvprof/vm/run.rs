@@ -126,9 +126,15 @@ fn run_loaded(
     // The last exit took the sampling clock's short path (no handler ran).
     let mut short_path = false;
     prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
-    // Test guests keep frame pointers in kernel mode; Linux's kernel does not (it unwinds with
-    // ORC), so only its user-mode chains are walked.
-    prof.set_guest_memory(Some(vm.ram()), !vm.linux);
+    // Test guests keep frame pointers in kernel mode; Linux's kernel does not: its chains are
+    // walked by its ORC tables, where the host gave them (`orc-layout=`), once the kernel has
+    // set IA32_LSTAR (which gives the KASLR slide).
+    let kernel_stacks = if vm.linux {
+        profiler::KernelStacks::Orc
+    } else {
+        profiler::KernelStacks::FramePointers
+    };
+    prof.set_guest_memory(Some(vm.ram()), kernel_stacks, vm.orc_layout);
     prof.event(EventKind::VcpuIn, OutReason::Preempted);
     // A Linux guest's devices need a look before an entry when an exit may have changed them
     // (any exit but the VMX-preemption timer's), when their next event has come, or while an
@@ -316,7 +322,7 @@ fn run_loaded(
         },
     );
     prof.set_current(NO_VM, NO_VCPU, 0, NO_EXIT);
-    prof.set_guest_memory(None, false);
+    prof.set_guest_memory(None, profiler::KernelStacks::None, None);
     vm.run_ticks.fetch_add(rdtsc() - start, Ordering::Relaxed);
     vcpu.save_state();
     end
