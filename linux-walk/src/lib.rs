@@ -54,6 +54,7 @@ impl Budget {
         self.reads
     }
 
+    #[inline(always)]
     fn take(&mut self) -> Result<(), Stop> {
         self.reads = self.reads.checked_sub(1).ok_or(Stop::Budget)?;
         Ok(())

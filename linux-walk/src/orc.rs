@@ -21,7 +21,39 @@
 //! may switch only [`MAX_STACK_SWITCHES`] times. What was found before the first bad step is
 //! kept and the walk says how it ended.
 
-use crate::{Budget, GuestMemory, KERNEL_HALF, Stop, read, read_u32, read_u64};
+use crate::{Budget, GuestMemory, KERNEL_HALF, Stop};
+
+// The unwinder's reads, generic over the memory (not `dyn`, as the other walkers' are): a kernel
+// walk runs at every sample, and the hypervisor's reader then inlines into it.
+
+#[inline(always)]
+fn read<M: GuestMemory + ?Sized>(
+    mem: &M,
+    budget: &mut Budget,
+    addr: u64,
+    out: &mut [u8],
+) -> Result<(), Stop> {
+    budget.take()?;
+    if mem.read(addr, out) {
+        Ok(())
+    } else {
+        Err(Stop::Unreadable { addr })
+    }
+}
+
+#[inline(always)]
+fn read_u64<M: GuestMemory + ?Sized>(mem: &M, budget: &mut Budget, addr: u64) -> Result<u64, Stop> {
+    let mut b = [0u8; 8];
+    read(mem, budget, addr, &mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+#[inline(always)]
+fn read_u32<M: GuestMemory + ?Sized>(mem: &M, budget: &mut Budget, addr: u64) -> Result<u32, Stop> {
+    let mut b = [0u8; 4];
+    read(mem, budget, addr, &mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
 
 /// Where a kernel's ORC tables are, at link time (the slide is added at run time), and the
 /// `.text` range its lookup table covers. Derived on the host from the kernel image by
@@ -259,8 +291,8 @@ impl OrcCache for () {
 /// The entry that covers `ip` (`orc_find` for the kernel's own text; IPs in modules or outside
 /// the kernel have none): through `.orc_lookup`, then a binary search of the slots it gives for
 /// the rightmost one at or below `ip`; for `.init.text`, a search of the whole table.
-pub fn find(
-    mem: &dyn GuestMemory,
+pub fn find<M: GuestMemory + ?Sized>(
+    mem: &M,
     t: &OrcTables,
     ip: u64,
     budget: &mut Budget,
@@ -289,8 +321,8 @@ pub fn find(
 }
 
 /// The entry of the rightmost slot in `[start, stop)` whose IP is at or below `ip`.
-fn search(
-    mem: &dyn GuestMemory,
+fn search<M: GuestMemory + ?Sized>(
+    mem: &M,
     t: &OrcTables,
     ip: u64,
     start: u32,
@@ -396,10 +428,10 @@ enum Regs {
 /// Unwinds the kernel stack from `start`, giving each caller's return address (innermost first;
 /// the IP of an interrupted frame, where a `pt_regs` frame is crossed) to `sink`, which returns
 /// `false` when it takes no more. `start.ip` itself is not given (it is the sample's RIP).
-pub fn unwind_kernel(
-    mem: &dyn GuestMemory,
+pub fn unwind_kernel<M: GuestMemory + ?Sized, C: OrcCache + ?Sized>(
+    mem: &M,
     t: &OrcTables,
-    cache: &dyn OrcCache,
+    cache: &C,
     start: KernelRegs,
     budget: &mut Budget,
     sink: &mut dyn FnMut(u64) -> bool,
@@ -470,8 +502,8 @@ struct Next {
 
 /// One step of `unwind_next_frame`: the caller's IP, SP and BP from `orc`; `None` at the end of
 /// a kernel thread's stack.
-fn step(
-    mem: &dyn GuestMemory,
+fn step<M: GuestMemory + ?Sized>(
+    mem: &M,
     budget: &mut Budget,
     orc: OrcEntry,
     sp: u64,
@@ -545,8 +577,8 @@ fn step(
 
 /// A register of the interrupted code (for an entry whose CFA is in RDX, RDI, R10 or R13): the
 /// caller's, or from a full `pt_regs`; unknown after a call frame or an IRET frame.
-fn other(
-    mem: &dyn GuestMemory,
+fn other<M: GuestMemory + ?Sized>(
+    mem: &M,
     budget: &mut Budget,
     regs: Regs,
     given: fn(&ExtraRegs) -> u64,

@@ -884,10 +884,11 @@ struct GuestStack<'a> {
     ram: crate::memory::GuestRam,
     cr3: u64,
     pages: &'a StackPages,
-    /// The pages this walk has translated (guest-virtual page, host page; `u64::MAX`: none),
-    /// most recent first: one walk reads the same few pages (a stack page, the ORC tables')
+    /// The pages this walk translated (guest-virtual page, host page; `u64::MAX`: none), and
+    /// the next one to replace: a walk reads the same few pages (its stack's, the ORC tables')
     /// over and over, and the vCPU whose memory it reads is stopped meanwhile.
-    memo: core::cell::Cell<[(u64, u64); WALK_PAGES]>,
+    memo: [core::cell::Cell<(u64, u64)>; WALK_PAGES],
+    next: core::cell::Cell<usize>,
 }
 
 /// Pages a walk remembers (`GuestStack::memo`).
@@ -899,7 +900,8 @@ impl<'a> GuestStack<'a> {
             ram,
             cr3,
             pages,
-            memo: core::cell::Cell::new([(u64::MAX, 0); WALK_PAGES]),
+            memo: [const { core::cell::Cell::new((u64::MAX, 0)) }; WALK_PAGES],
+            next: core::cell::Cell::new(0),
         }
     }
 }
@@ -909,18 +911,21 @@ impl GuestStack<'_> {
     /// the VM's memory.
     #[inline(always)]
     fn host_page(&self, page: u64) -> Option<u64> {
-        let mut memo = self.memo.get();
-        if let Some(&(_, host)) = memo.iter().find(|(p, _)| *p == page) {
-            return Some(host);
+        for m in &self.memo {
+            let (p, host) = m.get();
+            if p == page {
+                return Some(host);
+            }
         }
         let host = self.translate(page)?;
-        memo.copy_within(0..WALK_PAGES - 1, 1);
-        memo[0] = (page, host);
-        self.memo.set(memo);
+        let i = self.next.get();
+        self.memo[i].set((page, host));
+        self.next.set((i + 1) % WALK_PAGES);
         Some(host)
     }
 
-    /// `host_page` without the walk's memo.
+    /// `host_page` without the walk's own memory of pages.
+    #[inline(never)]
     fn translate(&self, page: u64) -> Option<u64> {
         let ram = self.ram;
         let gpa = match self.pages.find(self.cr3, page, ram) {
