@@ -33,6 +33,21 @@ pub trait GuestMemory {
     /// Fills `out` from guest-virtual address `addr`; `false` if any byte is not readable
     /// (unmapped, not present, outside the VM). Must never read outside the VM.
     fn read(&self, addr: u64, out: &mut [u8]) -> bool;
+
+    /// The little-endian `u64` at `addr`, `None` where unreadable. A reader that can load a
+    /// word faster than it copies bytes overrides it (the kernel unwinder reads words).
+    #[inline]
+    fn read_word(&self, addr: u64) -> Option<u64> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b).then(|| u64::from_le_bytes(b))
+    }
+
+    /// The little-endian `u32` at `addr`, `None` where unreadable (see `read_word`).
+    #[inline]
+    fn read_half(&self, addr: u64) -> Option<u32> {
+        let mut b = [0u8; 4];
+        self.read(addr, &mut b).then(|| u32::from_le_bytes(b))
+    }
 }
 
 /// A bound on the work of one walk, in guest reads.

@@ -43,16 +43,14 @@ fn read<M: GuestMemory + ?Sized>(
 
 #[inline(always)]
 fn read_u64<M: GuestMemory + ?Sized>(mem: &M, budget: &mut Budget, addr: u64) -> Result<u64, Stop> {
-    let mut b = [0u8; 8];
-    read(mem, budget, addr, &mut b)?;
-    Ok(u64::from_le_bytes(b))
+    budget.take()?;
+    mem.read_word(addr).ok_or(Stop::Unreadable { addr })
 }
 
 #[inline(always)]
 fn read_u32<M: GuestMemory + ?Sized>(mem: &M, budget: &mut Budget, addr: u64) -> Result<u32, Stop> {
-    let mut b = [0u8; 4];
-    read(mem, budget, addr, &mut b)?;
-    Ok(u32::from_le_bytes(b))
+    budget.take()?;
+    mem.read_half(addr).ok_or(Stop::Unreadable { addr })
 }
 
 /// Where a kernel's ORC tables are, at link time (the slide is added at run time), and the

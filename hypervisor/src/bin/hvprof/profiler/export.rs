@@ -647,13 +647,22 @@ fn report_chains(pcpus: usize) {
             ticks / n.max(1)
         )
     };
-    let stretched: u64 = (0..pcpus)
-        .map(|cpu| sampler::cpu(cpu).costs.stretched.load(Ordering::Relaxed))
-        .sum();
+    let sum = |f: fn(&sampler::Costs) -> &AtomicU64| -> u64 {
+        (0..pcpus)
+            .map(|cpu| f(&sampler::cpu(cpu).costs).load(Ordering::Relaxed))
+            .sum()
+    };
+    let stretched = sum(|c| &c.stretched);
     println!(
         "profiler: call chains walked (inside the sample path's cost): guest samples: {}; hypervisor samples (own and exit-cause chains): {}; {stretched} samples took over half a period (the next deadline moved to half a period after them)",
         mean(guest),
         mean(host),
+    );
+    let (orc_hits, orc_searches) = (sum(|c| &c.orc_hits), sum(|c| &c.orc_searches));
+    println!(
+        "profiler: call-chain reads: guest pages {} remembered, {} walked in the guest's page tables; ORC entries {orc_hits} remembered, {orc_searches} searched in the tables",
+        sum(|c| &c.page_hits),
+        sum(|c| &c.page_walks),
     );
 }
 

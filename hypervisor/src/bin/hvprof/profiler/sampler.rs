@@ -224,6 +224,12 @@ pub struct Costs {
     pub guest_frames: AtomicU64,
     pub host_walks: Tally,
     pub host_frames: AtomicU64,
+    /// Guest pages the walks translated: found remembered (`StackPages`), or by a walk of the
+    /// guest's page tables; and ORC entries found in `OrcEntries` or by a search of the tables.
+    pub page_hits: AtomicU64,
+    pub page_walks: AtomicU64,
+    pub orc_hits: AtomicU64,
+    pub orc_searches: AtomicU64,
     /// Samples whose path took more than half a period, after which the next deadline was
     /// moved to half a period after it ended (see `push`).
     pub stretched: AtomicU64,
@@ -245,6 +251,10 @@ impl Costs {
             host_walks: Tally::new(),
             host_frames: AtomicU64::new(0),
             stretched: AtomicU64::new(0),
+            page_hits: AtomicU64::new(0),
+            page_walks: AtomicU64::new(0),
+            orc_hits: AtomicU64::new(0),
+            orc_searches: AtomicU64::new(0),
             export: Tally::new(),
             inside: AtomicU64::new(0),
         }
@@ -671,7 +681,7 @@ impl CpuProfiler {
             return (Chain::NOT_WALKED, &[]);
         }
         let fp = self.guest_rbp.load(Ordering::Relaxed);
-        let mut mem = GuestStack::new(ram, cr3, &self.stack_pages);
+        let mut mem = GuestStack::new(ram, cr3, &self.stack_pages, &self.costs);
         if cpl == 3 {
             return stack_walk::walk(&mut mem, fp, stack_walk::LOWER_HALF, depth, out);
         }
@@ -694,6 +704,7 @@ impl CpuProfiler {
                 let cache = VmOrcEntries {
                     entries: &self.orc_entries,
                     vm,
+                    costs: &self.costs,
                 };
                 walk_kernel(&mut mem, &tables, &cache, start, depth, out)
             }
@@ -884,6 +895,8 @@ struct GuestStack<'a> {
     ram: crate::memory::GuestRam,
     cr3: u64,
     pages: &'a StackPages,
+    /// Where its page counts go.
+    costs: &'a Costs,
     /// The pages this walk translated (guest-virtual page, host page; `u64::MAX`: none), and
     /// the next one to replace: a walk reads the same few pages (its stack's, the ORC tables')
     /// over and over, and the vCPU whose memory it reads is stopped meanwhile.
@@ -895,11 +908,17 @@ struct GuestStack<'a> {
 const WALK_PAGES: usize = 4;
 
 impl<'a> GuestStack<'a> {
-    fn new(ram: crate::memory::GuestRam, cr3: u64, pages: &'a StackPages) -> Self {
+    fn new(
+        ram: crate::memory::GuestRam,
+        cr3: u64,
+        pages: &'a StackPages,
+        costs: &'a Costs,
+    ) -> Self {
         GuestStack {
             ram,
             cr3,
             pages,
+            costs,
             memo: [const { core::cell::Cell::new((u64::MAX, 0)) }; WALK_PAGES],
             next: core::cell::Cell::new(0),
         }
@@ -929,8 +948,12 @@ impl GuestStack<'_> {
     fn translate(&self, page: u64) -> Option<u64> {
         let ram = self.ram;
         let gpa = match self.pages.find(self.cr3, page, ram) {
-            Some(gpa) => gpa,
+            Some(gpa) => {
+                self.costs.page_hits.fetch_add(1, Ordering::Relaxed);
+                gpa
+            }
             None => {
+                self.costs.page_walks.fetch_add(1, Ordering::Relaxed);
                 let leaf = guest_walk::translate_leaf(&|gpa| ram.read_u64(gpa), self.cr3, page)?;
                 self.pages.remember(self.cr3, page, leaf);
                 leaf.gpa & !0xfff
@@ -960,6 +983,30 @@ impl FrameMemory for GuestStack<'_> {
 
 /// The kernel walk's reads: any bytes, page by page, through the same translation.
 impl hvprof_linux_walk::GuestMemory for GuestStack<'_> {
+    #[inline(always)]
+    fn read_word(&self, addr: u64) -> Option<u64> {
+        if !addr.is_multiple_of(8) {
+            let mut b = [0u8; 8];
+            return self.read(addr, &mut b).then(|| u64::from_le_bytes(b));
+        }
+        let page = self.host_page(addr & !0xfff)?;
+        // SAFETY: `page` is the host address of a guest page wholly inside the VM's memory
+        // (checked by `host_page`), identity-mapped and never freed; the 8-aligned word at
+        // `addr & 0xfff` lies inside it. The guest may write it meanwhile: any value is valid.
+        Some(unsafe { core::ptr::read_volatile((page + (addr & 0xfff)) as *const u64) })
+    }
+
+    #[inline(always)]
+    fn read_half(&self, addr: u64) -> Option<u32> {
+        if !addr.is_multiple_of(4) {
+            let mut b = [0u8; 4];
+            return self.read(addr, &mut b).then(|| u32::from_le_bytes(b));
+        }
+        let page = self.host_page(addr & !0xfff)?;
+        // SAFETY: as in `read_word`, for a 4-aligned word.
+        Some(unsafe { core::ptr::read_volatile((page + (addr & 0xfff)) as *const u32) })
+    }
+
     fn read(&self, addr: u64, out: &mut [u8]) -> bool {
         // The unwinder's reads (4, 6 and 8 bytes) inside one page: one translation, one load.
         if out.len() <= 8 && (addr & 0xfff) + out.len() as u64 <= 0x1000 {
@@ -1132,6 +1179,7 @@ impl OrcEntries {
 struct VmOrcEntries<'a> {
     entries: &'a OrcEntries,
     vm: u16,
+    costs: &'a Costs,
 }
 
 impl hvprof_linux_walk::orc::OrcCache for VmOrcEntries<'_> {
@@ -1148,6 +1196,7 @@ impl hvprof_linux_walk::orc::OrcCache for VmOrcEntries<'_> {
         if c.seq.load(Ordering::Relaxed) != before || k != key {
             return None;
         }
+        self.costs.orc_hits.fetch_add(1, Ordering::Relaxed);
         let b = v.to_le_bytes();
         Some(hvprof_linux_walk::orc::OrcEntry::from_bytes([
             b[0], b[1], b[2], b[3], b[4], b[5],
@@ -1155,6 +1204,7 @@ impl hvprof_linux_walk::orc::OrcCache for VmOrcEntries<'_> {
     }
 
     fn put(&self, ip: u64, entry: hvprof_linux_walk::orc::OrcEntry) {
+        self.costs.orc_searches.fetch_add(1, Ordering::Relaxed);
         let (key, i) = OrcEntries::key(self.vm, ip);
         let c = self.entries;
         let seq = c.seq.fetch_add(1, Ordering::Acquire);
