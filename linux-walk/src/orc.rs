@@ -110,18 +110,7 @@ impl OrcLayout {
             lookup: hex(it.next())?,
             lookup_blocks: dec(it.next())?,
         };
-        let kernel = [
-            l.entry_syscall_64,
-            l.stext,
-            l.etext,
-            l.sinittext,
-            l.einittext,
-            l.ip_table,
-            l.entries,
-            l.lookup,
-        ]
-        .iter()
-        .all(|&a| a >= KERNEL_HALF);
+        let kernel = l.addresses().iter().all(|&a| a >= KERNEL_HALF);
         (it.next().is_none()
             && kernel
             && l.stext < l.etext
@@ -131,6 +120,48 @@ impl OrcLayout {
             && l.ip_table.is_multiple_of(4)
             && l.lookup.is_multiple_of(4))
         .then_some(l)
+    }
+
+    /// Its addresses, in the order of the compact form (the counts left out).
+    #[must_use]
+    pub fn addresses(&self) -> [u64; 8] {
+        [
+            self.entry_syscall_64,
+            self.stext,
+            self.etext,
+            self.sinittext,
+            self.einittext,
+            self.ip_table,
+            self.entries,
+            self.lookup,
+        ]
+    }
+
+    /// The layout of `addresses` (in the order `addresses` gives them) and the two counts.
+    #[must_use]
+    pub fn from_addresses(a: [u64; 8], count: u32, lookup_blocks: u32) -> OrcLayout {
+        let [
+            entry_syscall_64,
+            stext,
+            etext,
+            sinittext,
+            einittext,
+            ip_table,
+            entries,
+            lookup,
+        ] = a;
+        OrcLayout {
+            entry_syscall_64,
+            stext,
+            etext,
+            sinittext,
+            einittext,
+            ip_table,
+            entries,
+            count,
+            lookup,
+            lookup_blocks,
+        }
     }
 
     /// The tables of a kernel whose IA32_LSTAR is `lstar`; `None` before the kernel has set it
@@ -885,6 +916,10 @@ mod tests {
         };
         let s = std::format!("{l}");
         assert_eq!(OrcLayout::parse(&s), Some(l));
+        assert_eq!(
+            OrcLayout::from_addresses(l.addresses(), l.count, l.lookup_blocks),
+            l
+        );
         assert_eq!(
             OrcLayout::parse(&s[..s.len() - 1]).map(|p| p.lookup_blocks),
             Some(5737)

@@ -1098,17 +1098,7 @@ impl AtomicOrcTables {
     }
 
     fn store(&self, l: &hvprof_linux_walk::OrcLayout) {
-        let values = [
-            l.entry_syscall_64,
-            l.stext,
-            l.etext,
-            l.sinittext,
-            l.einittext,
-            l.ip_table,
-            l.entries,
-            l.lookup,
-        ];
-        for (a, v) in self.addrs.iter().zip(values) {
+        for (a, v) in self.addrs.iter().zip(l.addresses()) {
             a.store(v, Ordering::Relaxed);
         }
         self.counts[0].store(l.count, Ordering::Relaxed);
@@ -1120,19 +1110,11 @@ impl AtomicOrcTables {
     /// vCPU is loaded; read at the first walk after `store`, as the kernel sets it early in its
     /// boot, and kept); `None` while the kernel has not set it.
     fn tables(&self) -> Option<hvprof_linux_walk::OrcTables> {
-        let a = |i: usize| self.addrs[i].load(Ordering::Relaxed);
-        let layout = hvprof_linux_walk::OrcLayout {
-            entry_syscall_64: a(0),
-            stext: a(1),
-            etext: a(2),
-            sinittext: a(3),
-            einittext: a(4),
-            ip_table: a(5),
-            entries: a(6),
-            lookup: a(7),
-            count: self.counts[0].load(Ordering::Relaxed),
-            lookup_blocks: self.counts[1].load(Ordering::Relaxed),
-        };
+        let layout = hvprof_linux_walk::OrcLayout::from_addresses(
+            core::array::from_fn(|i| self.addrs[i].load(Ordering::Relaxed)),
+            self.counts[0].load(Ordering::Relaxed),
+            self.counts[1].load(Ordering::Relaxed),
+        );
         let slide = self.slide.load(Ordering::Relaxed);
         if slide != NO_SLIDE {
             return layout.at(layout.entry_syscall_64.wrapping_add(slide));
