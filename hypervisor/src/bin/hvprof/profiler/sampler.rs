@@ -224,9 +224,8 @@ pub struct Costs {
     pub guest_frames: AtomicU64,
     pub host_walks: Tally,
     pub host_frames: AtomicU64,
-    /// Guest pages the walks translated: found remembered (`StackPages`), or by a walk of the
-    /// guest's page tables; and ORC entries found in `OrcEntries` or by a search of the tables.
-    pub page_hits: AtomicU64,
+    /// Guest pages the walks found by a walk of the guest's page tables (not remembered in
+    /// `StackPages`), and ORC entries found in `OrcEntries` or by a search of the tables.
     pub page_walks: AtomicU64,
     pub orc_hits: AtomicU64,
     pub orc_searches: AtomicU64,
@@ -251,7 +250,6 @@ impl Costs {
             host_walks: Tally::new(),
             host_frames: AtomicU64::new(0),
             stretched: AtomicU64::new(0),
-            page_hits: AtomicU64::new(0),
             page_walks: AtomicU64::new(0),
             orc_hits: AtomicU64::new(0),
             orc_searches: AtomicU64::new(0),
@@ -897,15 +895,7 @@ struct GuestStack<'a> {
     pages: &'a StackPages,
     /// Where its page counts go.
     costs: &'a Costs,
-    /// The pages this walk translated (guest-virtual page, host page; `u64::MAX`: none), and
-    /// the next one to replace: a walk reads the same few pages (its stack's, the ORC tables')
-    /// over and over, and the vCPU whose memory it reads is stopped meanwhile.
-    memo: [core::cell::Cell<(u64, u64)>; WALK_PAGES],
-    next: core::cell::Cell<usize>,
 }
-
-/// Pages a walk remembers (`GuestStack::memo`).
-const WALK_PAGES: usize = 4;
 
 impl<'a> GuestStack<'a> {
     fn new(
@@ -919,8 +909,6 @@ impl<'a> GuestStack<'a> {
             cr3,
             pages,
             costs,
-            memo: [const { core::cell::Cell::new((u64::MAX, 0)) }; WALK_PAGES],
-            next: core::cell::Cell::new(0),
         }
     }
 }
@@ -930,28 +918,9 @@ impl GuestStack<'_> {
     /// the VM's memory.
     #[inline(always)]
     fn host_page(&self, page: u64) -> Option<u64> {
-        for m in &self.memo {
-            let (p, host) = m.get();
-            if p == page {
-                return Some(host);
-            }
-        }
-        let host = self.translate(page)?;
-        let i = self.next.get();
-        self.memo[i].set((page, host));
-        self.next.set((i + 1) % WALK_PAGES);
-        Some(host)
-    }
-
-    /// `host_page` without the walk's own memory of pages.
-    #[inline(never)]
-    fn translate(&self, page: u64) -> Option<u64> {
         let ram = self.ram;
         let gpa = match self.pages.find(self.cr3, page, ram) {
-            Some(gpa) => {
-                self.costs.page_hits.fetch_add(1, Ordering::Relaxed);
-                gpa
-            }
+            Some(gpa) => gpa,
             None => {
                 self.costs.page_walks.fetch_add(1, Ordering::Relaxed);
                 let leaf = guest_walk::translate_leaf(&|gpa| ram.read_u64(gpa), self.cr3, page)?;
@@ -981,8 +950,47 @@ impl FrameMemory for GuestStack<'_> {
     }
 }
 
-/// The kernel walk's reads: any bytes, page by page, through the same translation.
-impl hvprof_linux_walk::GuestMemory for GuestStack<'_> {
+/// A guest's memory as a kernel walk reads it: any bytes, page by page, through the same
+/// translation as `GuestStack`'s, and the pages this walk translated remembered (guest-virtual
+/// page, host page; `u64::MAX`: none), with the next one to replace. An ORC walk reads the same
+/// few pages (its stack's, the tables') over and over, and the vCPU whose memory it reads is
+/// stopped meanwhile. (A frame-pointer walk asks for each page once: it needs none of this.)
+struct KernelMemory<'s, 'a> {
+    stack: &'s GuestStack<'a>,
+    memo: [core::cell::Cell<(u64, u64)>; WALK_PAGES],
+    next: core::cell::Cell<usize>,
+}
+
+/// Pages a kernel walk remembers (`KernelMemory::memo`).
+const WALK_PAGES: usize = 4;
+
+impl<'s, 'a> KernelMemory<'s, 'a> {
+    fn new(stack: &'s GuestStack<'a>) -> Self {
+        KernelMemory {
+            stack,
+            memo: [const { core::cell::Cell::new((u64::MAX, 0)) }; WALK_PAGES],
+            next: core::cell::Cell::new(0),
+        }
+    }
+
+    /// `GuestStack::host_page`, through this walk's memo.
+    #[inline(always)]
+    fn host_page(&self, page: u64) -> Option<u64> {
+        for m in &self.memo {
+            let (p, host) = m.get();
+            if p == page {
+                return Some(host);
+            }
+        }
+        let host = self.stack.host_page(page)?;
+        let i = self.next.get();
+        self.memo[i].set((page, host));
+        self.next.set((i + 1) % WALK_PAGES);
+        Some(host)
+    }
+}
+
+impl hvprof_linux_walk::GuestMemory for KernelMemory<'_, '_> {
     #[inline(always)]
     fn read_word(&self, addr: u64) -> Option<u64> {
         if !addr.is_multiple_of(8) {
@@ -1220,6 +1228,7 @@ fn walk_kernel<'a>(
     let mut n = 0;
     let mut budget = hvprof_linux_walk::Budget::new(KERNEL_WALK_READS);
     let end = {
+        let kernel = KernelMemory::new(mem);
         let mut sink = |ip: u64| {
             if n == max {
                 return false;
@@ -1228,7 +1237,7 @@ fn walk_kernel<'a>(
             n += 1;
             n < max
         };
-        hvprof_linux_walk::unwind_kernel(&*mem, tables, cache, start, &mut budget, &mut sink)
+        hvprof_linux_walk::unwind_kernel(&kernel, tables, cache, start, &mut budget, &mut sink)
     };
     let end = match end {
         hvprof_linux_walk::KernelEnd::Complete => ChainEnd::Complete,
