@@ -26,7 +26,7 @@ pub mod orc;
 pub use maple::{MapleLayout, MmLayout, Vma, VmaWalk, walk_vmas};
 pub use maps::{ExecMapping, MapsWalk, exec_mappings};
 pub use modules::{Module, ModuleLayout, ModuleWalk, walk_modules};
-pub use orc::{KernelEnd, KernelRegs, OrcLayout, OrcTables, UserRegs, unwind_kernel};
+pub use orc::{KernelEnd, KernelRegs, OrcLayout, UserRegs, unwind_kernel};
 
 /// Reads guest-virtual memory of one address space.
 pub trait GuestMemory {
@@ -93,21 +93,29 @@ pub enum Stop {
     Full,
 }
 
-/// Reads a little-endian `u64` at `addr`, counted against `budget`.
-fn read_u64(mem: &dyn GuestMemory, budget: &mut Budget, addr: u64) -> Result<u64, Stop> {
-    let mut b = [0u8; 8];
-    read(mem, budget, addr, &mut b)?;
-    Ok(u64::from_le_bytes(b))
+/// Reads a little-endian `u64` at `addr`, counted against `budget`. Generic (also over
+/// `dyn GuestMemory`): the kernel unwinder runs at every sample, and the hypervisor's reader then
+/// inlines into it.
+#[inline(always)]
+fn read_u64<M: GuestMemory + ?Sized>(mem: &M, budget: &mut Budget, addr: u64) -> Result<u64, Stop> {
+    budget.take()?;
+    mem.read_word(addr).ok_or(Stop::Unreadable { addr })
 }
 
 /// Reads a little-endian `u32` at `addr`, counted against `budget`.
-fn read_u32(mem: &dyn GuestMemory, budget: &mut Budget, addr: u64) -> Result<u32, Stop> {
-    let mut b = [0u8; 4];
-    read(mem, budget, addr, &mut b)?;
-    Ok(u32::from_le_bytes(b))
+#[inline(always)]
+fn read_u32<M: GuestMemory + ?Sized>(mem: &M, budget: &mut Budget, addr: u64) -> Result<u32, Stop> {
+    budget.take()?;
+    mem.read_half(addr).ok_or(Stop::Unreadable { addr })
 }
 
-fn read(mem: &dyn GuestMemory, budget: &mut Budget, addr: u64, out: &mut [u8]) -> Result<(), Stop> {
+#[inline(always)]
+fn read<M: GuestMemory + ?Sized>(
+    mem: &M,
+    budget: &mut Budget,
+    addr: u64,
+    out: &mut [u8],
+) -> Result<(), Stop> {
     budget.take()?;
     if mem.read(addr, out) {
         Ok(())

@@ -21,37 +21,7 @@
 //! may switch only [`MAX_STACK_SWITCHES`] times. What was found before the first bad step is
 //! kept and the walk says how it ended.
 
-use crate::{Budget, GuestMemory, KERNEL_HALF, Stop};
-
-// The unwinder's reads, generic over the memory (not `dyn`, as the other walkers' are): a kernel
-// walk runs at every sample, and the hypervisor's reader then inlines into it.
-
-#[inline(always)]
-fn read<M: GuestMemory + ?Sized>(
-    mem: &M,
-    budget: &mut Budget,
-    addr: u64,
-    out: &mut [u8],
-) -> Result<(), Stop> {
-    budget.take()?;
-    if mem.read(addr, out) {
-        Ok(())
-    } else {
-        Err(Stop::Unreadable { addr })
-    }
-}
-
-#[inline(always)]
-fn read_u64<M: GuestMemory + ?Sized>(mem: &M, budget: &mut Budget, addr: u64) -> Result<u64, Stop> {
-    budget.take()?;
-    mem.read_word(addr).ok_or(Stop::Unreadable { addr })
-}
-
-#[inline(always)]
-fn read_u32<M: GuestMemory + ?Sized>(mem: &M, budget: &mut Budget, addr: u64) -> Result<u32, Stop> {
-    budget.take()?;
-    mem.read_half(addr).ok_or(Stop::Unreadable { addr })
-}
+use crate::{Budget, GuestMemory, KERNEL_HALF, Stop, read, read_u32, read_u64};
 
 /// Where a kernel's ORC tables are, at link time (the slide is added at run time), and the
 /// `.text` range its lookup table covers. Derived on the host from the kernel image by
@@ -164,10 +134,11 @@ impl OrcLayout {
         }
     }
 
-    /// The tables of a kernel whose IA32_LSTAR is `lstar`; `None` before the kernel has set it
-    /// (0) or if it is no kernel address.
+    /// The layout as a kernel whose IA32_LSTAR is `lstar` has it: every address moved by the
+    /// KASLR slide (so `entry_syscall_64` is `lstar`); `None` before the kernel has set it (0)
+    /// or if it is no kernel address.
     #[must_use]
-    pub fn at(&self, lstar: u64) -> Option<OrcTables> {
+    pub fn at(&self, lstar: u64) -> Option<OrcLayout> {
         if lstar < KERNEL_HALF {
             return None;
         }
@@ -176,18 +147,11 @@ impl OrcLayout {
         if !slide.is_multiple_of(4096) {
             return None;
         }
-        let s = |a: u64| a.wrapping_add(slide);
-        Some(OrcTables {
-            stext: s(self.stext),
-            etext: s(self.etext),
-            sinittext: s(self.sinittext),
-            einittext: s(self.einittext),
-            ip_table: s(self.ip_table),
-            entries: s(self.entries),
-            count: self.count,
-            lookup: s(self.lookup),
-            lookup_blocks: self.lookup_blocks,
-        })
+        Some(OrcLayout::from_addresses(
+            self.addresses().map(|a| a.wrapping_add(slide)),
+            self.count,
+            self.lookup_blocks,
+        ))
     }
 }
 
@@ -208,20 +172,6 @@ impl core::fmt::Display for OrcLayout {
             self.lookup_blocks
         )
     }
-}
-
-/// A running kernel's ORC tables (run-time addresses: the slide applied).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OrcTables {
-    pub stext: u64,
-    pub etext: u64,
-    pub sinittext: u64,
-    pub einittext: u64,
-    pub ip_table: u64,
-    pub entries: u64,
-    pub count: u32,
-    pub lookup: u64,
-    pub lookup_blocks: u32,
 }
 
 /// The register an entry's CFA or saved RBP is found from (`ORC_REG_*`).
@@ -322,7 +272,7 @@ impl OrcCache for () {
 /// the rightmost one at or below `ip`; for `.init.text`, a search of the whole table.
 pub fn find<M: GuestMemory + ?Sized>(
     mem: &M,
-    t: &OrcTables,
+    t: &OrcLayout,
     ip: u64,
     budget: &mut Budget,
 ) -> Result<Option<OrcEntry>, Stop> {
@@ -352,7 +302,7 @@ pub fn find<M: GuestMemory + ?Sized>(
 /// The entry of the rightmost slot in `[start, stop)` whose IP is at or below `ip`.
 fn search<M: GuestMemory + ?Sized>(
     mem: &M,
-    t: &OrcTables,
+    t: &OrcLayout,
     ip: u64,
     start: u32,
     stop: u32,
@@ -380,24 +330,14 @@ fn search<M: GuestMemory + ?Sized>(
     Ok(Some(OrcEntry::from_bytes(b)))
 }
 
-/// Where a kernel unwind starts: the interrupted code's registers (the sample's). `regs`: the
-/// other registers an entry may take the CFA from (RDX, RDI, R10, R13), where the caller knows
-/// them.
+/// Where a kernel unwind starts: the interrupted code's registers (the sample's). The few
+/// entries whose CFA is in another register (RDX, RDI, R10, R13: entry code) are followed only
+/// after a full `pt_regs`, which holds them; at the start such an entry ends the walk.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelRegs {
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
-    pub extra: Option<ExtraRegs>,
-}
-
-/// See [`KernelRegs`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ExtraRegs {
-    pub dx: u64,
-    pub di: u64,
-    pub r10: u64,
-    pub r13: u64,
 }
 
 /// The user-mode state a kernel stack ends in (from its `pt_regs`).
@@ -446,8 +386,6 @@ mod pt_regs {
 enum Regs {
     /// None but IP, SP and BP (after a call frame).
     None,
-    /// The interrupted code's, given by the caller.
-    Given(ExtraRegs),
     /// A full `pt_regs` at this address.
     Full(u64),
     /// Only an IRET frame (its `pt_regs` would start at this address).
@@ -459,14 +397,14 @@ enum Regs {
 /// `false` when it takes no more. `start.ip` itself is not given (it is the sample's RIP).
 pub fn unwind_kernel<M: GuestMemory + ?Sized, C: OrcCache + ?Sized>(
     mem: &M,
-    t: &OrcTables,
+    t: &OrcLayout,
     cache: &C,
     start: KernelRegs,
     budget: &mut Budget,
     sink: &mut dyn FnMut(u64) -> bool,
 ) -> KernelEnd {
     let (mut ip, mut sp, mut bp) = (start.ip, start.sp, start.bp);
-    let mut regs = start.extra.map_or(Regs::None, Regs::Given);
+    let mut regs = Regs::None;
     // The IP is where the code was interrupted (the start, or after a `pt_regs`), not a
     // return address (which may lie past the end of a call to a function that never returns).
     let mut exact = true;
@@ -554,10 +492,10 @@ fn step<M: GuestMemory + ?Sized>(
         // Linux 5.12, `(%rsp) + offset`), or at (BP + offset).
         reg::SP_INDIRECT => (read_u64(mem, budget, sp)?.wrapping_add_signed(off), true),
         reg::BP_INDIRECT => (read_u64(mem, budget, bp.wrapping_add_signed(off))?, true),
-        reg::R10 => (other(mem, budget, regs, |r| r.r10, pt_regs::R10)?, true),
-        reg::R13 => (other(mem, budget, regs, |r| r.r13, pt_regs::R13)?, true),
-        reg::DI => (other(mem, budget, regs, |r| r.di, pt_regs::DI)?, true),
-        reg::DX => (other(mem, budget, regs, |r| r.dx, pt_regs::DX)?, true),
+        reg::R10 => (other(mem, budget, regs, pt_regs::R10)?, true),
+        reg::R13 => (other(mem, budget, regs, pt_regs::R13)?, true),
+        reg::DI => (other(mem, budget, regs, pt_regs::DI)?, true),
+        reg::DX => (other(mem, budget, regs, pt_regs::DX)?, true),
         _ => return Err(Stop::Malformed),
     };
     if cfa < KERNEL_HALF || !cfa.is_multiple_of(8) {
@@ -604,17 +542,15 @@ fn step<M: GuestMemory + ?Sized>(
     }))
 }
 
-/// A register of the interrupted code (for an entry whose CFA is in RDX, RDI, R10 or R13): the
-/// caller's, or from a full `pt_regs`; unknown after a call frame or an IRET frame.
+/// A register of the interrupted code (for an entry whose CFA is in RDX, RDI, R10 or R13), at
+/// offset `at` of a full `pt_regs`; unknown at the start, after a call frame or an IRET frame.
 fn other<M: GuestMemory + ?Sized>(
     mem: &M,
     budget: &mut Budget,
     regs: Regs,
-    given: fn(&ExtraRegs) -> u64,
     at: u64,
 ) -> Result<u64, Stop> {
     match regs {
-        Regs::Given(r) => Ok(given(&r)),
         Regs::Full(p) => read_u64(mem, budget, p + at),
         Regs::None | Regs::Partial(_) => Err(Stop::Malformed),
     }
@@ -634,7 +570,7 @@ mod tests {
 
     /// Writes ORC tables for `rows` (IP, entry; sorted by IP) over a text of `text_len` bytes
     /// at `TEXT`, with the lookup table `unwind_init` would fill in.
-    fn tables(mem: &mut Memory, rows: &[(u64, OrcEntry)], text_len: u64) -> OrcTables {
+    fn tables(mem: &mut Memory, rows: &[(u64, OrcEntry)], text_len: u64) -> OrcLayout {
         let ip_table = TABLES;
         let entries = TABLES + 0x10_0000;
         let lookup = TABLES + 0x20_0000;
@@ -653,7 +589,8 @@ mod tests {
             };
             mem.put_u32(lookup + 4 * b, rightmost(ip) as u32);
         }
-        OrcTables {
+        OrcLayout {
+            entry_syscall_64: TEXT,
             stext: TEXT,
             etext: TEXT + text_len,
             sinittext: INIT,
@@ -677,7 +614,7 @@ mod tests {
         }
     }
 
-    fn unwind(mem: &Memory, t: &OrcTables, start: KernelRegs) -> (std::vec::Vec<u64>, KernelEnd) {
+    fn unwind(mem: &Memory, t: &OrcLayout, start: KernelRegs) -> (std::vec::Vec<u64>, KernelEnd) {
         let mut frames = std::vec::Vec::new();
         let end = unwind_kernel(mem, t, &(), start, &mut Budget::new(1000), &mut |ip| {
             frames.push(ip);
@@ -736,7 +673,6 @@ mod tests {
                 ip: c + 5,
                 sp,
                 bp: a_bp,
-                extra: None,
             },
         );
         assert_eq!(frames, [b + 0x10, a + 0x20, entry + 3]);
@@ -775,7 +711,6 @@ mod tests {
             ip: f + 1,
             sp,
             bp: 0,
-            extra: None,
         };
         assert_eq!(
             unwind(&mem, &t, start),
@@ -807,7 +742,6 @@ mod tests {
             ip: f,
             sp: STACK,
             bp: 0,
-            extra: None,
         };
         assert_eq!(
             unwind(&mem, &t, start),
@@ -872,7 +806,6 @@ mod tests {
                 ip: handler + 1,
                 sp: irq,
                 bp: 0,
-                extra: None,
             },
         );
         assert_eq!(
@@ -984,7 +917,7 @@ mod tests {
             }
             let mut budget = Budget::new(200);
             let mut n = 0;
-            let _ = unwind_kernel(&mem, &t, &(), KernelRegs { ip: TEXT + 0x41, sp: STACK + 8 * start, bp: STACK, extra: None }, &mut budget, &mut |_| { n += 1; n < 32 });
+            let _ = unwind_kernel(&mem, &t, &(), KernelRegs { ip: TEXT + 0x41, sp: STACK + 8 * start, bp: STACK }, &mut budget, &mut |_| { n += 1; n < 32 });
             prop_assert!(mem.reads.get() <= 200);
         }
     }

@@ -696,7 +696,6 @@ impl CpuProfiler {
                     ip: rip,
                     sp: rsp(),
                     bp: fp,
-                    extra: None,
                 };
                 let (vm, ..) = self.current();
                 let cache = VmOrcEntries {
@@ -990,29 +989,38 @@ impl<'s, 'a> KernelMemory<'s, 'a> {
     }
 }
 
+impl KernelMemory<'_, '_> {
+    /// The `T` (`u32` or `u64`) at `addr`, which must be aligned to its size: one translation,
+    /// one load.
+    #[inline(always)]
+    fn load<T: Copy>(&self, addr: u64) -> Option<T> {
+        debug_assert!(size_of::<T>() <= 8 && addr.is_multiple_of(size_of::<T>() as u64));
+        let page = self.host_page(addr & !0xfff)?;
+        // SAFETY: `page` is the host address of a guest page wholly inside the VM's memory
+        // (checked by `host_page`), identity-mapped and never freed; `addr` is aligned to the
+        // size of `T` (at most 8, a divisor of 4096), so the value at `addr & 0xfff` lies inside
+        // it, aligned. The guest may write it meanwhile: any value of a `u32` or `u64` is valid.
+        Some(unsafe { core::ptr::read_volatile((page + (addr & 0xfff)) as *const T) })
+    }
+}
+
 impl hvprof_linux_walk::GuestMemory for KernelMemory<'_, '_> {
     #[inline(always)]
     fn read_word(&self, addr: u64) -> Option<u64> {
-        if !addr.is_multiple_of(8) {
-            let mut b = [0u8; 8];
-            return self.read(addr, &mut b).then(|| u64::from_le_bytes(b));
+        if addr.is_multiple_of(8) {
+            return self.load(addr);
         }
-        let page = self.host_page(addr & !0xfff)?;
-        // SAFETY: `page` is the host address of a guest page wholly inside the VM's memory
-        // (checked by `host_page`), identity-mapped and never freed; the 8-aligned word at
-        // `addr & 0xfff` lies inside it. The guest may write it meanwhile: any value is valid.
-        Some(unsafe { core::ptr::read_volatile((page + (addr & 0xfff)) as *const u64) })
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b).then(|| u64::from_le_bytes(b))
     }
 
     #[inline(always)]
     fn read_half(&self, addr: u64) -> Option<u32> {
-        if !addr.is_multiple_of(4) {
-            let mut b = [0u8; 4];
-            return self.read(addr, &mut b).then(|| u32::from_le_bytes(b));
+        if addr.is_multiple_of(4) {
+            return self.load(addr);
         }
-        let page = self.host_page(addr & !0xfff)?;
-        // SAFETY: as in `read_word`, for a 4-aligned word.
-        Some(unsafe { core::ptr::read_volatile((page + (addr & 0xfff)) as *const u32) })
+        let mut b = [0u8; 4];
+        self.read(addr, &mut b).then(|| u32::from_le_bytes(b))
     }
 
     fn read(&self, addr: u64, out: &mut [u8]) -> bool {
@@ -1117,7 +1125,7 @@ impl AtomicOrcTables {
     /// The running kernel's tables: the slide from its IA32_LSTAR (live on this CPU while its
     /// vCPU is loaded; read at the first walk after `store`, as the kernel sets it early in its
     /// boot, and kept); `None` while the kernel has not set it.
-    fn tables(&self) -> Option<hvprof_linux_walk::OrcTables> {
+    fn tables(&self) -> Option<hvprof_linux_walk::OrcLayout> {
         let layout = hvprof_linux_walk::OrcLayout::from_addresses(
             core::array::from_fn(|i| self.addrs[i].load(Ordering::Relaxed)),
             self.counts[0].load(Ordering::Relaxed),
@@ -1218,7 +1226,7 @@ const KERNEL_WALK_READS: u32 = 640;
 /// ends in user mode's `pt_regs`, the user's RIP and its frame-pointer chain, into `out`.
 fn walk_kernel<'a>(
     mem: &mut GuestStack<'_>,
-    tables: &hvprof_linux_walk::OrcTables,
+    tables: &hvprof_linux_walk::OrcLayout,
     cache: &VmOrcEntries<'_>,
     start: hvprof_linux_walk::KernelRegs,
     depth: usize,
