@@ -71,8 +71,22 @@ pub struct VmConfig<'a> {
     /// `orc-layout=` (`linux-guest`'s derivation from the kernel image's sections): where a
     /// Linux guest's ORC unwind tables are, to walk its kernel call chains (`stacks=`).
     pub orc_layout: Option<hvprof_linux_walk::OrcLayout>,
+    /// `unwind=<module>[,<module>...]`: boot modules holding unwind tables of the guest's
+    /// programs built without frame pointers (`hvprof-analyze unwind-table`), for their call
+    /// chains (`stacks=`); at most `UNWIND_MAX`, see `unwind_modules`.
+    pub unwind: Option<&'a str>,
     /// Every argument after the image name, passed to the guest as is.
     pub args: &'a str,
+}
+
+/// The most unwind tables one VM takes.
+pub const UNWIND_MAX: usize = 4;
+
+impl<'a> VmConfig<'a> {
+    /// The modules `unwind=` names (none without it).
+    pub fn unwind_modules(&self) -> impl Iterator<Item = &'a str> {
+        self.unwind.into_iter().flat_map(|v| v.split(','))
+    }
 }
 
 /// The pCPU of each vCPU, as `pin=` gives them.
@@ -113,6 +127,7 @@ pub enum ConfigError<'a> {
     BadMmLayout(&'a str),
     BadModuleLayout(&'a str),
     BadOrcLayout(&'a str),
+    BadUnwind(&'a str),
     PinCount { pins: usize, vcpus: u16 },
     Repeated(&'a str),
 }
@@ -176,6 +191,10 @@ impl fmt::Display for ConfigError<'_> {
                 f,
                 "orc-layout={v:?}: expected entry_SYSCALL_64:_stext:_etext:_sinittext:_einittext:orc_unwind_ip:orc_unwind:count:orc_lookup:blocks (manifest.json's orc_layout)"
             ),
+            ConfigError::BadUnwind(v) => write!(
+                f,
+                "unwind={v:?}: expected 1 to {UNWIND_MAX} boot module names separated by commas"
+            ),
             ConfigError::BadMmLayout(v) => write!(
                 f,
                 "mm-layout={v:?}: expected the 22 numbers linux-guest derives from the kernel's BTF (manifest.json's mm_layout)"
@@ -210,6 +229,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
     let mut mm_layout = None;
     let mut module_layout = None;
     let mut orc_layout = None;
+    let mut unwind = None;
     let positive = |v: &str| v.parse::<u64>().ok().filter(|&n| n > 0);
     for word in words {
         let Some((key, value)) = word.split_once('=') else {
@@ -271,6 +291,16 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                         .ok_or(ConfigError::BadOrcLayout(value))?,
                 ),
             )?,
+            "unwind" => set(
+                &mut unwind,
+                key,
+                Some(value)
+                    .filter(|v| {
+                        let n = v.split(',').count();
+                        n <= UNWIND_MAX && v.split(',').all(|m| !m.is_empty())
+                    })
+                    .ok_or(ConfigError::BadUnwind(value))?,
+            )?,
             "initrd" => set(
                 &mut initrd,
                 key,
@@ -315,6 +345,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
         mm_layout: mm_layout.flatten(),
         module_layout: module_layout.flatten(),
         orc_layout: orc_layout.flatten(),
+        unwind,
         budget: budget.unwrap_or(BUDGET_DEFAULT),
         wall_budget: wall_budget.unwrap_or_else(|| {
             budget
@@ -347,7 +378,7 @@ fn parse_name(n: &str) -> Result<&str, ConfigError<'_>> {
 }
 
 /// The keys the hypervisor takes from a module's command line (the rest goes to the guest).
-pub const KEYS: [&str; 13] = [
+pub const KEYS: [&str; 14] = [
     "vm",
     "mem",
     "budget",
@@ -361,6 +392,7 @@ pub const KEYS: [&str; 13] = [
     "mm-layout",
     "module-layout",
     "orc-layout",
+    "unwind",
 ];
 
 /// The module's arguments without the hypervisor's keys: a Linux guest's kernel command line.
@@ -489,6 +521,17 @@ mod tests {
             Err(ConfigError::BadTarget("kernel"))
         );
         assert_eq!(parse("x.elf initrd="), Err(ConfigError::BadInitrd));
+        let c = parse("x.elf unwind=a.unwind,b quiet").unwrap();
+        assert_eq!(c.unwind_modules().collect::<Vec<_>>(), ["a.unwind", "b"]);
+        assert_eq!(guest_args(c.args).collect::<Vec<_>>(), ["quiet"]);
+        assert_eq!(parse("x.elf").unwrap().unwind_modules().count(), 0);
+        for bad in ["", "a,,b", "a,", "a,b,c,d,e"] {
+            let line = format!("x.elf unwind={bad}");
+            assert_eq!(
+                parse(&line).map(|c| c.unwind),
+                Err(ConfigError::BadUnwind(bad))
+            );
+        }
         assert_eq!(
             parse("x.elf task-offsets=1:2"),
             Err(ConfigError::BadTaskOffsets("1:2"))

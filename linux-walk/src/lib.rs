@@ -18,11 +18,13 @@
 #![forbid(unsafe_code)]
 #![deny(clippy::cast_possible_truncation)]
 
+pub mod cfi;
 pub mod maple;
 pub mod maps;
 pub mod modules;
 pub mod orc;
 
+pub use cfi::{UnwindTable, UserEnd, UserStart, unwind_user};
 pub use maple::{MapleLayout, MmLayout, Vma, VmaWalk, walk_vmas};
 pub use maps::{ExecMapping, MapsWalk, exec_mappings};
 pub use modules::{Module, ModuleLayout, ModuleWalk, walk_modules};

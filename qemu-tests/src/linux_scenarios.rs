@@ -733,14 +733,155 @@ fn check_linux_stacks(run: &ProfileRun) -> Result<(), String> {
         .filter(|&(.., n)| n < 0.95 * base)
         .map(|(caller, callee, n)| format!("{caller} -> {callee} in {n} samples"))
         .collect();
-    if short.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
+    if !short.is_empty() {
+        return Err(format!(
             "zeroread's kernel chains: {} of the {base} samples of vfs_read -> read_zero (expected at least 95 %)",
             short.join(", ")
-        ))
+        ));
     }
+    check_shor_chains(&report)
+}
+
+/// shor's chains through libquantum and libgomp, built without frame pointers and unwound by
+/// the unwind table the host made from shor's `.eh_frame` (`unwind=`). libquantum's gates run
+/// their loops in OpenMP-outlined functions that `GOMP_parallel` calls: the samples in
+/// `quantum_toffoli._omp_fn.0` must run through `GOMP_parallel` and `quantum_toffoli` into a
+/// function whose machine code calls `quantum_toffoli` (the binary's own call sites, found by
+/// `objdump`; where a function ends in a tail call to it, that function's callers) and on to
+/// `main`, each step in at least 95 % of them; no sample may name any other caller of
+/// `quantum_toffoli` in more than 1 % of them.
+fn check_shor_chains(report: &Value) -> Result<(), String> {
+    let edge =
+        |caller: &str, callee: &str| crate::stack_scenarios::edge(report, "linux", caller, callee);
+    let leaf = "quantum_toffoli._omp_fn.0";
+    let base = edge("GOMP_parallel", leaf);
+    let own = rows(report, "linux")?
+        .iter()
+        .filter(|r| str_of(r, "function") == leaf && str_of(r, "process").starts_with("shor["))
+        .filter_map(|r| r.get("samples").and_then(Value::as_f64))
+        .sum::<f64>();
+    if own < 1000.0 {
+        return Err(format!(
+            "{leaf}: {own} samples in shor, expected thousands (shor 21,2,1 spends ~43 % there)"
+        ));
+    }
+    let mut errors = Vec::new();
+    if base < 0.95 * own {
+        errors.push(format!(
+            "GOMP_parallel -> {leaf} in {base} of its {own} samples (expected at least 95 %: the FP-less leaf's caller comes from the unwind table)"
+        ));
+    }
+    let toffoli = edge("quantum_toffoli", "GOMP_parallel");
+    if toffoli < 0.95 * base {
+        errors.push(format!(
+            "quantum_toffoli -> GOMP_parallel in {toffoli} samples, expected at least 95 % of {base}"
+        ));
+    }
+    let allowed = callers_in_binary(&linux_dir().join("bin/shor"), "quantum_toffoli")?;
+    let callers: Vec<(String, f64)> = report
+        .pointer("/call_graph/edges")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|e| {
+            e.get("level").and_then(Value::as_str) == Some("linux")
+                && e.get("callee").and_then(Value::as_str) == Some("quantum_toffoli")
+        })
+        .map(|e| {
+            (
+                e.get("caller")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+                e.get("samples").and_then(Value::as_f64).unwrap_or(0.0),
+            )
+        })
+        .collect();
+    let good: f64 = callers
+        .iter()
+        .filter(|(c, _)| allowed.contains(c))
+        .map(|(_, n)| n)
+        .sum();
+    if good < 0.95 * base {
+        errors.push(format!(
+            "quantum_toffoli's callers from its call sites ({allowed:?}) in {good} samples, expected at least 95 % of {base}; all its callers: {callers:?}"
+        ));
+    }
+    for (c, n) in &callers {
+        if !allowed.contains(c) && *n > 0.01 * base {
+            errors.push(format!(
+                "{c} -> quantum_toffoli in {n} samples: {c} has no call to it"
+            ));
+        }
+    }
+    let main = edge("main", "quantum_exp_mod_n");
+    if main < 0.95 * base {
+        errors.push(format!(
+            "main -> quantum_exp_mod_n in {main} samples, expected at least 95 % of {base} (chains through libquantum up to main)"
+        ));
+    }
+    all_of(errors.into_iter().map(Err))
+}
+
+/// The functions of `program` that call `target`, by `objdump -d`: those with a `call` to it,
+/// and the callers of those that jump to it (a tail call returns to their caller).
+fn callers_in_binary(
+    program: &std::path::Path,
+    target: &str,
+) -> Result<std::collections::BTreeSet<String>, String> {
+    let out = std::process::Command::new("objdump")
+        .args(["-d", "--no-show-raw-insn"])
+        .arg(program)
+        .output()
+        .map_err(|e| format!("objdump (binutils) on {}: {e}", program.display()))?;
+    if !out.status.success() {
+        return Err(format!("objdump on {} failed", program.display()));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    // (function, instruction, callee) for every direct call and jump.
+    let mut sites: Vec<(String, bool, String)> = Vec::new();
+    let mut function = String::new();
+    for line in text.lines() {
+        if let Some(name) = line
+            .strip_suffix(">:")
+            .and_then(|l| l.split_once(" <"))
+            .map(|(_, n)| n)
+        {
+            function = name.to_owned();
+            continue;
+        }
+        let mut words = line.split_whitespace().skip(1);
+        let (Some(op), Some(_), Some(dest)) = (words.next(), words.next(), words.next()) else {
+            continue;
+        };
+        let call = op == "call";
+        if !(call || op == "jmp") {
+            continue;
+        }
+        if let Some(callee) = dest.strip_prefix('<').and_then(|d| d.strip_suffix('>'))
+            && !callee.contains('+')
+        {
+            sites.push((function.clone(), call, callee.to_owned()));
+        }
+    }
+    let direct = |t: &str, call: bool| -> std::collections::BTreeSet<String> {
+        sites
+            .iter()
+            .filter(|(_, c, callee)| *c == call && callee == t)
+            .map(|(f, ..)| f.clone())
+            .collect()
+    };
+    let mut all = direct(target, true);
+    for tail in direct(target, false) {
+        all.extend(direct(&tail, true));
+    }
+    if all.is_empty() {
+        return Err(format!(
+            "objdump: no call to {target} in {}",
+            program.display()
+        ));
+    }
+    Ok(all)
 }
 
 /// The machine every Linux scenario runs on: Bochs at a realistic 1 GHz clock, so that the
@@ -768,15 +909,22 @@ pub fn all() -> Vec<Scenario> {
     vec![
         // Call chains in a Linux guest: w41 built with frame pointers (its user-mode samples
         // carry their callers), then zeroread's system calls (kernel chains by the kernel's ORC
-        // tables, `orc-layout=`, on into the user's frame pointers).
+        // tables, `orc-layout=`, on into the user's frame pointers), then shor, whose
+        // libquantum and libgomp keep no frame pointers (chains by the unwind table of shor's
+        // `.eh_frame`, `unwind=`).
         linux_vm_with(
             linux_machine("bochs-linux-stacks")
                 .cmdline(&format!("export=end channel=lpt {LINUX_PERIOD} stacks=16"))
-                .budget(Duration::from_secs(240)),
+                .budget(Duration::from_secs(300)),
             "linux",
             "w41-fp",
             "400",
-            "hvprof.then=zeroread hvprof.thenarg=500",
+            "hvprof.then=zeroread hvprof.thenarg=500 hvprof.then2=shor hvprof.then2arg=21,2,1 unwind=shor.unwind",
+        )
+        .module(
+            "shor.unwind",
+            ModuleSource::UnwindTable(linux_dir().join("bin/shor")),
+            "",
         )
         .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
         .profile(check_linux_stacks),

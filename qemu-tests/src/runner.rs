@@ -34,6 +34,9 @@ pub enum ModuleSource {
     File(PathBuf),
     /// A test guest from `guests/` (the binary's name: `hello`, `probe`, `busy`, `attack`).
     Guest(&'static str),
+    /// The unwind table of this program (`hvprof-analyze unwind-table`'s derivation), made when
+    /// the scenario is built, so it always matches the program the guest runs.
+    UnwindTable(PathBuf),
 }
 
 /// One boot module of a scenario.
@@ -466,6 +469,14 @@ fn materialize_modules(
                 ModuleSource::File(src) => fs::copy(src, &path)
                     .map(drop)
                     .with_context(|| format!("cannot copy {}", src.display()))?,
+                ModuleSource::UnwindTable(program) => {
+                    let elf = fs::read(program)
+                        .with_context(|| format!("cannot read {}", program.display()))?;
+                    let (table, _) = linux_guest::unwind::unwind_table(&elf)
+                        .with_context(|| program.display().to_string())?;
+                    fs::write(&path, table)
+                        .with_context(|| format!("cannot write {}", path.display()))?
+                }
                 ModuleSource::Guest(name) => {
                     let src = guest_dir.join(name);
                     fs::copy(&src, &path).map(drop).with_context(|| {

@@ -253,6 +253,16 @@ enum Cmd {
         #[arg(long, value_name = "SECS")]
         idle_timeout: Option<f64>,
     },
+    /// Makes the unwind table of a guest program built without frame pointers (from its
+    /// .eh_frame), for call chains through it: pass the file as a boot module and name it in
+    /// the VM's `unwind=` (docs/PROFILER.md). The program must be static and non-PIE.
+    UnwindTable {
+        /// The program, as the guest runs it (its build id must match).
+        program: PathBuf,
+        /// Output file (default: PROGRAM.unwind).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
     /// What the capture holds: frames, records, losses, console text.
     Decode {
         log: PathBuf,
@@ -540,6 +550,32 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
                 &interrupted,
                 &mut std::io::stdout().lock(),
             )
+        }
+        Cmd::UnwindTable { program, output } => {
+            let elf = std::fs::read(&program)
+                .with_context(|| format!("cannot read {}", program.display()))?;
+            let (table, s) = linux_guest::unwind::unwind_table(&elf)
+                .with_context(|| program.display().to_string())?;
+            let out = output.unwrap_or_else(|| {
+                let mut p = program.clone().into_os_string();
+                p.push(".unwind");
+                PathBuf::from(p)
+            });
+            std::fs::write(&out, &table)
+                .with_context(|| format!("cannot write {}", out.display()))?;
+            println!(
+                "{}: {} entries for {} functions ({} without a rule: frame pointers there), \
+                 {:#x}-{:#x}, build id {}, {} bytes",
+                out.display(),
+                s.entries,
+                s.fdes,
+                s.no_rule,
+                s.start,
+                s.end,
+                s.build_id,
+                table.len()
+            );
+            Ok(())
         }
         Cmd::Decode { log, text, records } => {
             let bytes =

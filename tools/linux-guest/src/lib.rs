@@ -9,6 +9,8 @@
 //!   are, derived from the kernel's own `.BTF` section, for the hypervisor to name processes.
 //! - [`KernelImage`]: all of that for one kernel, plus the KASLR slide from a guest's `IA32_LSTAR`.
 //! - [`initramfs`]: a gzip-compressed newc cpio archive writer.
+//! - [`unwind`]: a user program's unwind table (from its `.eh_frame`), for call chains through
+//!   code built without frame pointers.
 
 pub mod btf;
 pub mod bzimage;
@@ -16,6 +18,7 @@ pub mod initramfs;
 pub mod kallsyms;
 pub mod layouts;
 mod offsets;
+pub mod unwind;
 
 use std::path::Path;
 
@@ -47,6 +50,8 @@ pub enum Error {
     Kaslr(String),
     #[error("initramfs: {0}")]
     Initramfs(String),
+    #[error("unwind table: {0}")]
+    Unwind(String),
 }
 
 /// The kernel is linked at a multiple of CONFIG_PHYSICAL_ALIGN and KASLR moves it by multiples

@@ -108,7 +108,7 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
 
     init_memory(&boot, original);
     let ap_page = trampoline_page(&boot, original);
-    let (guests, initrds) = list_modules(&boot, original);
+    let (guests, data) = list_modules(&boot, original);
     let (cpus, apic_ids) = init_acpi(&boot);
     if let SelfTest::Channel(records) = options.selftest {
         let tsc = tsc::calibrate();
@@ -173,7 +173,8 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
             ),
         }
     }
-    let vms: &'static [vm::Vm] = vm::build::build_all(&cpu.vmx, &guests, &initrds, online).leak();
+    let vms: &'static [vm::Vm] = vm::build::build_all(&cpu.vmx, &guests, &data, online).leak();
+    profiler::sampler::set_unwind_tables(vms.iter().map(|v| v.unwind).collect());
     let caps: &'static hvprof_vmx::caps::VmxCaps =
         alloc::boxed::Box::leak(alloc::boxed::Box::new(cpu.vmx));
     let pmu: Option<&'static hvprof_pmu::probe::PmuInfo> = cpu
@@ -317,27 +318,26 @@ fn init_memory(boot: &BootInfo, boot_info: Range) {
     }
 }
 
-/// Reports every module; returns those that are loadable guest images, and those that hold a
-/// Linux guest's initrd (named by another module's `initrd=`).
+/// Reports every module; returns those that are loadable guest images, and those that hold data
+/// a VM names by another module's `initrd=` (a Linux guest's initrd) or `unwind=` (unwind
+/// tables).
 fn list_modules(
     boot: &BootInfo<'static>,
     boot_info: Range,
 ) -> (Vec<(usize, ModuleTag<'static>)>, Vec<ModuleTag<'static>>) {
     let mut guests = Vec::new();
-    let mut initrds = Vec::new();
+    let mut data = Vec::new();
     let image = memory::image_range();
     let forbidden = [
         (image.start, image.end, "the hypervisor image"),
         (boot_info.start, boot_info.end, "the boot information"),
     ];
-    let initrd_names: Vec<&str> = boot
+    let configs: Vec<_> = boot
         .modules()
-        .filter_map(|m| {
-            hvprof_hypervisor::vm_config::parse(m.cmdline_str().unwrap_or(""))
-                .ok()
-                .and_then(|c| c.initrd)
-        })
+        .filter_map(|m| hvprof_hypervisor::vm_config::parse(m.cmdline_str().unwrap_or("")).ok())
         .collect();
+    let initrd_names: Vec<&str> = configs.iter().filter_map(|c| c.initrd).collect();
+    let unwind_names: Vec<&str> = configs.iter().flat_map(|c| c.unwind_modules()).collect();
     for (i, m) in boot.modules().enumerate() {
         if let Err(e) = info::check_module(&m, &forbidden, boot.memory_map()) {
             println!("module {i}: error: {e}");
@@ -355,7 +355,17 @@ fn list_modules(
                 m.end,
                 m.len()
             );
-            initrds.push(m);
+            data.push(m);
+            continue;
+        }
+        if unwind_names.contains(&name) {
+            println!(
+                "module {i}: {name} {:#x}-{:#x} {} bytes: unwind table of a guest's program",
+                m.start,
+                m.end,
+                m.len()
+            );
+            data.push(m);
             continue;
         }
         let format =
@@ -421,7 +431,7 @@ fn list_modules(
             ),
         }
     }
-    (guests, initrds)
+    (guests, data)
 }
 
 /// A free 4 KiB page below 1 MiB for the AP start-up trampoline: available in the memory map,

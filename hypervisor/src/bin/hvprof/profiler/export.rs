@@ -660,7 +660,7 @@ fn report_chains(pcpus: usize) {
     );
     let (orc_hits, orc_searches) = (sum(|c| &c.orc_hits), sum(|c| &c.orc_searches));
     println!(
-        "profiler: call-chain reads: {} guest pages not remembered (walked in the guest's page tables); ORC entries {orc_hits} remembered, {orc_searches} searched in the tables",
+        "profiler: call-chain reads: {} guest pages not remembered (walked in the guest's page tables); unwind entries (kernel ORC and user tables) {orc_hits} remembered, {orc_searches} searched in the tables",
         sum(|c| &c.page_walks),
     );
 }

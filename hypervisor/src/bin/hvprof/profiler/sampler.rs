@@ -10,6 +10,7 @@ use hvprof_hypervisor::profiler::guest_walk;
 use hvprof_hypervisor::profiler::ring::Ring;
 use hvprof_hypervisor::profiler::slots;
 use hvprof_hypervisor::profiler::stack_walk::{self, Bounds, FrameMemory};
+use hvprof_linux_walk::UnwindTable;
 use hvprof_samplelog::{
     Chain, ChainEnd, Event, EventKind, MAX_CHAIN_DEPTH, NO_EXIT, NO_VCPU, NO_VM, OutReason,
     PcpuCost, Record, Sample, SampleKind,
@@ -81,7 +82,7 @@ pub struct CpuProfiler {
     guest_size: AtomicU64,
     kernel_mode: AtomicU8,
     kernel_orc: AtomicOrcTables,
-    /// ORC entries found by earlier kernel walks.
+    /// ORC entries found by earlier kernel walks, and unwind-table entries by user walks.
     orc_entries: OrcEntries,
     /// That vCPU's RBP at its last VM exit.
     guest_rbp: AtomicU64,
@@ -311,6 +312,24 @@ const fn pack(vm: u16, vcpu: u16, vpid: u16, exit: u16) -> u64 {
 
 /// Every pCPU's profiler, indexed by pCPU number.
 static CPUS: [CpuProfiler; MAX_CPUS] = [const { CpuProfiler::new() }; MAX_CPUS];
+
+/// Each VM's unwind tables for its programs built without frame pointers (`unwind=`), by VM
+/// index: set once, before any vCPU runs, never changed.
+static UNWIND_TABLES: spin::Once<alloc::vec::Vec<&'static [UnwindTable<'static>]>> =
+    spin::Once::new();
+
+/// Gives the walks every VM's unwind tables (by VM index), once, before the VMs run.
+pub fn set_unwind_tables(per_vm: alloc::vec::Vec<&'static [UnwindTable<'static>]>) {
+    UNWIND_TABLES.call_once(|| per_vm);
+}
+
+/// VM `vm`'s unwind tables (none before `set_unwind_tables` or for an unknown VM).
+fn unwind_tables(vm: u16) -> &'static [UnwindTable<'static>] {
+    UNWIND_TABLES
+        .get()
+        .and_then(|t| t.get(usize::from(vm)).copied())
+        .unwrap_or(&[])
+}
 
 /// This CPU's profiler.
 #[inline]
@@ -680,8 +699,28 @@ impl CpuProfiler {
         }
         let fp = self.guest_rbp.load(Ordering::Relaxed);
         let mut mem = GuestStack::new(ram, cr3, &self.stack_pages, &self.costs);
+        let (vm, ..) = self.current();
+        let tables = unwind_tables(vm);
         if cpl == 3 {
-            return stack_walk::walk(&mut mem, fp, stack_walk::LOWER_HALF, depth, out);
+            if tables.is_empty() {
+                return stack_walk::walk(&mut mem, fp, stack_walk::LOWER_HALF, depth, out);
+            }
+            let start = hvprof_linux_walk::UserStart {
+                ip: rip,
+                sp: rsp(),
+                bp: fp,
+            };
+            let max = depth.min(MAX_CHAIN_DEPTH).min(out.len());
+            let cache = VmOrcEntries {
+                entries: &self.orc_entries,
+                vm,
+                costs: &self.costs,
+            };
+            let (chain, n) = walk_user(&mem, tables, &cache, start, &mut out[..max]);
+            // SAFETY: `walk_user` wrote the first `n` slots; `MaybeUninit<u64>` has the layout
+            // of `u64`.
+            let frames = unsafe { &*(&out[..n] as *const [MaybeUninit<u64>] as *const [u64]) };
+            return (chain, frames);
         }
         match KernelStacks::from_u8(self.kernel_mode.load(Ordering::Relaxed)) {
             KernelStacks::None => (Chain::NOT_WALKED, &[]),
@@ -689,7 +728,7 @@ impl CpuProfiler {
                 stack_walk::walk(&mut mem, fp, stack_walk::half_of(fp), depth, out)
             }
             KernelStacks::Orc => {
-                let Some(tables) = self.kernel_orc.tables() else {
+                let Some(orc) = self.kernel_orc.tables() else {
                     return (Chain::NOT_WALKED, &[]);
                 };
                 let start = hvprof_linux_walk::KernelRegs {
@@ -697,13 +736,12 @@ impl CpuProfiler {
                     sp: rsp(),
                     bp: fp,
                 };
-                let (vm, ..) = self.current();
                 let cache = VmOrcEntries {
                     entries: &self.orc_entries,
                     vm,
                     costs: &self.costs,
                 };
-                walk_kernel(&mut mem, &tables, &cache, start, depth, out)
+                walk_kernel(&mut mem, &orc, &cache, tables, start, depth, out)
             }
         }
     }
@@ -949,23 +987,24 @@ impl FrameMemory for GuestStack<'_> {
     }
 }
 
-/// A guest's memory as a kernel walk reads it: any bytes, page by page, through the same
-/// translation as `GuestStack`'s, and the pages this walk translated remembered (guest-virtual
-/// page, host page; `u64::MAX`: none), with the next one to replace. An ORC walk reads the same
-/// few pages (its stack's, the tables') over and over, and the vCPU whose memory it reads is
-/// stopped meanwhile. (A frame-pointer walk asks for each page once: it needs none of this.)
-struct KernelMemory<'s, 'a> {
+/// A guest's memory as an unwinding walk reads it (the kernel's by ORC, a user's by unwind
+/// tables): any bytes, page by page, through the same translation as `GuestStack`'s, and the
+/// pages this walk translated remembered (guest-virtual page, host page; `u64::MAX`: none), with
+/// the next one to replace. Such a walk reads the same few pages (its stack's, the tables')
+/// over and over, and the vCPU whose memory it reads is stopped meanwhile. (A frame-pointer walk
+/// asks for each page once: it needs none of this.)
+struct WalkMemory<'s, 'a> {
     stack: &'s GuestStack<'a>,
     memo: [core::cell::Cell<(u64, u64)>; WALK_PAGES],
     next: core::cell::Cell<usize>,
 }
 
-/// Pages a kernel walk remembers (`KernelMemory::memo`).
+/// Pages an unwinding walk remembers (`WalkMemory::memo`).
 const WALK_PAGES: usize = 4;
 
-impl<'s, 'a> KernelMemory<'s, 'a> {
+impl<'s, 'a> WalkMemory<'s, 'a> {
     fn new(stack: &'s GuestStack<'a>) -> Self {
-        KernelMemory {
+        WalkMemory {
             stack,
             memo: [const { core::cell::Cell::new((u64::MAX, 0)) }; WALK_PAGES],
             next: core::cell::Cell::new(0),
@@ -989,7 +1028,7 @@ impl<'s, 'a> KernelMemory<'s, 'a> {
     }
 }
 
-impl KernelMemory<'_, '_> {
+impl WalkMemory<'_, '_> {
     /// The `T` (`u32` or `u64`) at `addr`, which must be aligned to its size: one translation,
     /// one load.
     #[inline(always)]
@@ -1004,7 +1043,7 @@ impl KernelMemory<'_, '_> {
     }
 }
 
-impl hvprof_linux_walk::GuestMemory for KernelMemory<'_, '_> {
+impl hvprof_linux_walk::GuestMemory for WalkMemory<'_, '_> {
     #[inline(always)]
     fn read_word(&self, addr: u64) -> Option<u64> {
         if addr.is_multiple_of(8) {
@@ -1150,7 +1189,8 @@ const ORC_ENTRIES: usize = 256;
 
 /// ORC entries found by earlier walks on this pCPU, by the IP they were found for and the VM
 /// (direct-mapped): the callers a profile sees repeat, so most frames of a kernel walk skip the
-/// search of the tables. A seqlock, as `StackPages`. A VM that rewrites its own tables can be
+/// search of the tables. User walks keep their unwind tables' entries here too (see
+/// `EntryCache for VmOrcEntries` for how their keys differ). A seqlock, as `StackPages`. A VM that rewrites its own tables can be
 /// walked by the entries it had: its own chains only, read from its own memory all the same.
 struct OrcEntries {
     seq: AtomicU64,
@@ -1223,11 +1263,13 @@ impl hvprof_linux_walk::orc::OrcCache for VmOrcEntries<'_> {
 const KERNEL_WALK_READS: u32 = 640;
 
 /// A Linux guest's kernel chain by ORC (`start`: the interrupted kernel code), then, where it
-/// ends in user mode's `pt_regs`, the user's RIP and its frame-pointer chain, into `out`.
+/// ends in user mode's `pt_regs`, the user's RIP and its callers (by the VM's unwind tables
+/// `user`, where they cover the code, else by frame pointers), into `out`.
 fn walk_kernel<'a>(
     mem: &mut GuestStack<'_>,
     tables: &hvprof_linux_walk::OrcLayout,
     cache: &VmOrcEntries<'_>,
+    user: &[UnwindTable<'_>],
     start: hvprof_linux_walk::KernelRegs,
     depth: usize,
     out: &'a mut [MaybeUninit<u64>],
@@ -1236,7 +1278,7 @@ fn walk_kernel<'a>(
     let mut n = 0;
     let mut budget = hvprof_linux_walk::Budget::new(KERNEL_WALK_READS);
     let end = {
-        let kernel = KernelMemory::new(mem);
+        let kernel = WalkMemory::new(mem);
         let mut sink = |ip: u64| {
             if n == max {
                 return false;
@@ -1247,6 +1289,7 @@ fn walk_kernel<'a>(
         };
         hvprof_linux_walk::unwind_kernel(&kernel, tables, cache, start, &mut budget, &mut sink)
     };
+    let user_tables = user;
     let end = match end {
         hvprof_linux_walk::KernelEnd::Complete => ChainEnd::Complete,
         hvprof_linux_walk::KernelEnd::Full => ChainEnd::DepthLimit,
@@ -1258,6 +1301,17 @@ fn walk_kernel<'a>(
                 out[n].write(user.ip);
                 n += 1;
                 match user.bp {
+                    Some(bp) if n < max && !user_tables.is_empty() => {
+                        let start = hvprof_linux_walk::UserStart {
+                            ip: user.ip,
+                            sp: user.sp,
+                            bp,
+                        };
+                        let (chain, k) =
+                            walk_user(mem, user_tables, cache, start, &mut out[n..max]);
+                        n += k;
+                        chain.end()
+                    }
                     Some(bp) if n < max => {
                         let (chain, _) = stack_walk::walk(
                             mem,
@@ -1280,6 +1334,61 @@ fn walk_kernel<'a>(
     // layout of `u64`.
     let frames = unsafe { &*(&out[..n] as *const [MaybeUninit<u64>] as *const [u64]) };
     (Chain::new(n, end), frames)
+}
+
+/// The same cache for a user walk's unwind-table entries: keyed by the IP tagged with the
+/// table's place in the VM's list (`unwind=` takes at most 4) in bits 44-46, which no covered IP
+/// has (`cfi::TABLE_END`) and no kernel IP's low 48 bits lack (bit 47 is set in all of them).
+impl hvprof_linux_walk::cfi::EntryCache for VmOrcEntries<'_> {
+    fn get(&self, table: usize, ip: u64) -> Option<hvprof_linux_walk::orc::OrcEntry> {
+        hvprof_linux_walk::orc::OrcCache::get(self, user_key(table, ip))
+    }
+
+    fn put(&self, table: usize, ip: u64, entry: hvprof_linux_walk::orc::OrcEntry) {
+        hvprof_linux_walk::orc::OrcCache::put(self, user_key(table, ip), entry);
+    }
+}
+
+/// See `EntryCache for VmOrcEntries`.
+fn user_key(table: usize, ip: u64) -> u64 {
+    debug_assert!(table < hvprof_hypervisor::vm_config::UNWIND_MAX);
+    (ip & (hvprof_linux_walk::cfi::TABLE_END - 1)) | ((table as u64 + 1) & 7) << 44
+}
+
+/// Reads at most this many guest words per user walk by unwind tables.
+const USER_WALK_READS: u32 = 160;
+
+/// A user chain from `start` by the unwind tables where they cover the code and the process
+/// runs their program, else by frame pointers: its return addresses written to the start of
+/// `out` (at most its length). Returns the chain and how many slots were written.
+fn walk_user(
+    mem: &GuestStack<'_>,
+    tables: &[UnwindTable<'_>],
+    cache: &VmOrcEntries<'_>,
+    start: hvprof_linux_walk::UserStart,
+    out: &mut [MaybeUninit<u64>],
+) -> (Chain, usize) {
+    let max = out.len().min(MAX_CHAIN_DEPTH);
+    let mut n = 0;
+    let mut budget = hvprof_linux_walk::Budget::new(USER_WALK_READS);
+    let end = {
+        let memory = WalkMemory::new(mem);
+        let mut sink = |ip: u64| {
+            if n == max {
+                return false;
+            }
+            out[n].write(ip);
+            n += 1;
+            n < max
+        };
+        hvprof_linux_walk::unwind_user(&memory, tables, cache, start, &mut budget, &mut sink)
+    };
+    let end = match end {
+        hvprof_linux_walk::UserEnd::Complete => ChainEnd::Complete,
+        hvprof_linux_walk::UserEnd::Full => ChainEnd::DepthLimit,
+        hvprof_linux_walk::UserEnd::Bad(_) => ChainEnd::BadFrame,
+    };
+    (Chain::new(n, end), n)
 }
 
 /// The LAPIC timer interrupt (vector `TIMER_VECTOR`): a hypervisor (or idle) sample at the

@@ -21,11 +21,11 @@ use spin::Mutex;
 
 /// Builds every VM from the boot modules that passed `check_module`. A module that cannot
 /// become a VM is reported and skipped, as is one pinned to a pCPU that is not online (`pcpus`
-/// are).
+/// are). `data`: the modules VMs name by `initrd=` and `unwind=`.
 pub fn build_all(
     caps: &VmxCaps,
     modules: &[(usize, ModuleTag<'static>)],
-    initrds: &[ModuleTag<'static>],
+    data: &[ModuleTag<'static>],
     pcpus: usize,
 ) -> Vec<Vm> {
     let Some(bitmaps) = Bitmaps::new() else {
@@ -79,12 +79,8 @@ pub fn build_all(
         let image_name = module.name().unwrap_or("?");
         let initrd: &[u8] = match config.initrd {
             None => &[],
-            Some(name) => match initrds.iter().find(|m| m.name() == Some(name)) {
-                // SAFETY: as for `image`: a module `check_module` accepted, left as GRUB loaded
-                // it.
-                Some(m) => unsafe {
-                    core::slice::from_raw_parts(m.start as *const u8, m.len() as usize)
-                },
+            Some(name) => match module_bytes(data, name) {
+                Some(b) => b,
                 None => {
                     println!(
                         "vm {}: error: initrd={name}: no boot module of that name; VM not created",
@@ -104,7 +100,8 @@ pub fn build_all(
             initrd,
             target,
         ) {
-            Ok(vm) => {
+            Ok(mut vm) => {
+                vm.unwind = unwind_tables(&config, data);
                 println!(
                     "vm {}: created from module {index}: {} MiB of guest memory at host {:#x}-{:#x}, EPT {}, VPID {}, budget {} ticks, {} vCPU{} {}",
                     vm.name,
@@ -143,6 +140,60 @@ pub fn build_all(
         }
     }
     vms
+}
+
+/// The bytes of the data module named `name`.
+fn module_bytes(data: &[ModuleTag<'static>], name: &str) -> Option<&'static [u8]> {
+    let m = data.iter().find(|m| m.name() == Some(name))?;
+    // SAFETY: `data` holds modules `check_module` accepted (inside available memory, excluded
+    // from the frame allocator, so left as GRUB loaded them for the hypervisor's whole life).
+    Some(unsafe { core::slice::from_raw_parts(m.start as *const u8, m.len() as usize) })
+}
+
+/// The unwind tables `unwind=` names, each checked whole; one that is missing or malformed is
+/// reported and left out (the VM runs, its programs' chains then by frame pointers alone).
+fn unwind_tables(
+    config: &vm_config::VmConfig,
+    data: &[ModuleTag<'static>],
+) -> &'static [hvprof_linux_walk::UnwindTable<'static>] {
+    let mut tables = Vec::new();
+    for name in config.unwind_modules() {
+        let Some(bytes) = module_bytes(data, name) else {
+            println!(
+                "vm {}: error: unwind={name}: no boot module of that name; left out",
+                config.name
+            );
+            continue;
+        };
+        match hvprof_linux_walk::UnwindTable::parse(bytes) {
+            Ok(t) => {
+                println!(
+                    "vm {}: unwind table {name}: {} entries for code at {:#x}-{:#x}, used where the process holds build id {} at {:#x}",
+                    config.name,
+                    t.len(),
+                    t.start,
+                    t.end,
+                    Hex(t.id()),
+                    t.id_addr
+                );
+                tables.push(t);
+            }
+            Err(e) => println!(
+                "vm {}: error: unwind table {name}: {e}; left out",
+                config.name
+            ),
+        }
+    }
+    tables.leak()
+}
+
+/// Bytes in hex.
+struct Hex<'a>(&'a [u8]);
+
+impl core::fmt::Display for Hex<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
 }
 
 /// Each vCPU's initial stack lies this far below the previous one's.
@@ -281,6 +332,7 @@ fn build(
         mm_layout: config.mm_layout,
         module_layout: config.module_layout,
         orc_layout: config.orc_layout,
+        unwind: &[],
         maps: Mutex::new(Default::default()),
         name: String::from(config.name),
         mem_hpa,

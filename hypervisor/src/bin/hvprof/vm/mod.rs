@@ -93,6 +93,8 @@ pub struct Vm {
     pub module_layout: Option<hvprof_linux_walk::ModuleLayout>,
     /// Where its kernel's ORC tables are (`orc-layout=`), to walk its kernel call chains.
     pub orc_layout: Option<hvprof_linux_walk::OrcLayout>,
+    /// Unwind tables of its programs built without frame pointers (`unwind=`).
+    pub unwind: &'static [hvprof_linux_walk::UnwindTable<'static>],
     /// Its processes' executable file mappings, read once per process, sent at the end.
     pub maps: Mutex<hvprof_hypervisor::profiler::guest_maps::ProcessMaps>,
     /// Its legacy devices (the UART, the PICs, the PIT, the CMOS clock) and the once-only logs.
