@@ -747,7 +747,7 @@ fn check_linux_stacks(run: &ProfileRun) -> Result<(), String> {
 /// their loops in OpenMP-outlined functions that `GOMP_parallel` calls: the samples in
 /// `quantum_toffoli._omp_fn.0` must run through `GOMP_parallel` and `quantum_toffoli` into a
 /// function whose machine code calls `quantum_toffoli` (the binary's own call sites, found by
-/// `objdump`; where a function ends in a tail call to it, that function's callers) and on to
+/// `objdump`; where functions end in tail calls to it, their callers) and on to
 /// `main`, each step in at least 95 % of them; no sample may name any other caller of
 /// `quantum_toffoli` in more than 1 % of them.
 fn check_shor_chains(report: &Value) -> Result<(), String> {
@@ -824,7 +824,8 @@ fn check_shor_chains(report: &Value) -> Result<(), String> {
 }
 
 /// The functions of `program` that call `target`, by `objdump -d`: those with a `call` to it,
-/// and the callers of those that jump to it (a tail call returns to their caller).
+/// and the callers of those that end in a jump to it, or to such a function (a tail call
+/// returns to the caller's caller).
 fn callers_in_binary(
     program: &std::path::Path,
     target: &str,
@@ -871,10 +872,22 @@ fn callers_in_binary(
             .map(|(f, ..)| f.clone())
             .collect()
     };
-    let mut all = direct(target, true);
-    for tail in direct(target, false) {
-        all.extend(direct(&tail, true));
+    // The functions whose last act is to jump to the target, or to such a function (mul_mod_n
+    // jumps to muln_inv, which jumps to quantum_toffoli): their callers are the target's.
+    let mut tails = std::collections::BTreeSet::from([target.to_owned()]);
+    loop {
+        let more: Vec<String> = tails
+            .iter()
+            .flat_map(|t| direct(t, false))
+            .filter(|f| !tails.contains(f))
+            .collect();
+        if more.is_empty() {
+            break;
+        }
+        tails.extend(more);
     }
+    let all: std::collections::BTreeSet<String> =
+        tails.iter().flat_map(|t| direct(t, true)).collect();
     if all.is_empty() {
         return Err(format!(
             "objdump: no call to {target} in {}",

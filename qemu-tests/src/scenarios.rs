@@ -308,7 +308,8 @@ pub fn all() -> Vec<Scenario> {
         refusal("qemu-tcg-uefi-no-vmx", Emulator::QemuTcgUefi, "VMX"),
         // A module that is no ELF, and an ELF that passes the header checks but does not fit
         // in its VM's memory (the hypervisor's own image, linked at 16 MiB): both refused with a
-        // message, and the good guest after them still runs.
+        // message, and the good guest after them still runs. That guest names a truncated
+        // unwind table and a missing one: both reported and left out, and it runs.
         Scenario::new("bochs-malformed-module", Emulator::bochs(HASWELL))
             .module(SAMPLE, SAMPLE_GUEST, SAMPLE_ARGS)
             .module("bad.elf", ModuleSource::Bytes(garbage_module()), "vm=bad")
@@ -317,13 +318,32 @@ pub fn all() -> Vec<Scenario> {
                 ModuleSource::HypervisorCopy,
                 "vm=toobig mem=16M",
             )
-            .module("hello2.elf", SAMPLE_GUEST, "vm=hello2 code=9")
+            .module(
+                "hello2.elf",
+                SAMPLE_GUEST,
+                "vm=hello2 code=9 unwind=cut.unwind,missing.unwind",
+            )
+            .module(
+                "cut.unwind",
+                ModuleSource::Bytes([&b"HVUNWND\x01"[..], &[0xff; 40]].concat()),
+                "",
+            )
             .check(|log| {
                 let mut f = Findings::default();
                 f.note(check_module_ok(log, 0, SAMPLE));
                 f.note(check_module_error(log, 1));
                 f.note(log.expect_containing("module 1: error:", "not an ELF image"));
                 f.note(log.expect_containing("vm toobig: error:", "does not fit in guest memory"));
+                f.note(
+                    log.expect_containing(
+                        "vm hello2: error: unwind table cut.unwind:",
+                        "truncated",
+                    ),
+                );
+                f.note(log.expect_containing(
+                    "vm hello2: error: unwind=missing.unwind:",
+                    "no boot module of that name; left out",
+                ));
                 f.note(log.expect_after(expect::READY, expect::POWER_OFF));
                 f.note(crate::vm_scenarios::check_exit_code(
                     log,
@@ -491,6 +511,8 @@ mod tests {
             "module 0: hello.elf 0x1-0x2 1 bytes, args \"vm=hello\": ELF64 x86-64 executable, entry 0x1\n\
              module 1: error: 'bad.elf' (0x2-0x3, 1 bytes) is not a loadable guest image: not an ELF image (bad magic)\n\
              vm toobig: error: ELF segment 0 (0x1000000-0x1060000) does not fit in guest memory [0x100000, 0x1000000); VM not created, the others go on\n\
+             vm hello2: error: unwind table cut.unwind: truncated: shorter than its counts say; left out\n\
+             vm hello2: error: unwind=missing.unwind: no boot module of that name; left out\n\
              hvprof: ready (1 CPUs)\n\
              vm hello: stopped: exit code 42 (port 0xf4) after 1 ticks\n\
              vm hello2: stopped: exit code 9 (port 0xf4) after 1 ticks\n\

@@ -79,7 +79,9 @@ pub fn walk<'a, M: FrameMemory>(
     let mut n = 0;
     // The highest page inside the bounds.
     let top = bounds.hi.saturating_sub(0x1000) & !0xfff;
-    let fits = |b: u64| b >= bounds.lo && b <= top && bounds.hi >= 0x1000;
+    // Never page 0 (`on_page`'s step check relies on a record's page not being it).
+    let lo = bounds.lo.max(0x1000);
+    let fits = |b: u64| b >= lo && b <= top && bounds.hi >= 0x1000;
     let end = loop {
         if fp == 0 {
             break ChainEnd::Complete;
@@ -151,9 +153,11 @@ fn on_page<M: FrameMemory>(
         *n += 1;
         // On to the caller's record if it is on this page too (and below its last word),
         // climbs and is aligned; anything else goes back to the caller's checks.
-        // (`offset & !0xff8 == 0`: a multiple of 8 below 4096.)
+        // (`(offset + 8) & !0xff8 == 0`: `offset` a multiple of 8 from -8 to 0xff0; -8 and 0
+        // lie at or below `fp`, which is on this page, so the climb check refuses them; -8
+        // could only climb from page 0, which `walk` never reads.)
         let offset = next.wrapping_sub(base);
-        if next <= fp || offset & !0xff8 != 0 || offset == 0xff8 {
+        if next <= fp || offset.wrapping_add(8) & !0xff8 != 0 {
             return Ok((fp, next));
         }
         fp = next;

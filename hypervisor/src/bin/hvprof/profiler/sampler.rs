@@ -138,10 +138,14 @@ impl StackPages {
             return None;
         }
         let tag = Self::tag(cr3, page);
+        // The tag first: a walk's other entries are not loaded further.
         let hit = self.entries.iter().find_map(|e| {
             let v = |i: usize| e[i].load(Ordering::Relaxed);
+            if v(0) != tag {
+                return None;
+            }
             let mask = v(2);
-            (v(0) == tag && page & !mask == v(1)).then(|| (v(3), v(4), v(5) + (page & mask)))
+            (page & !mask == v(1)).then(|| (v(3), v(4), v(5) + (page & mask)))
         });
         core::sync::atomic::fence(Ordering::Acquire);
         if self.seq.load(Ordering::Relaxed) != before {
@@ -699,9 +703,9 @@ impl CpuProfiler {
         }
         let fp = self.guest_rbp.load(Ordering::Relaxed);
         let mut mem = GuestStack::new(ram, cr3, &self.stack_pages, &self.costs);
-        let (vm, ..) = self.current();
-        let tables = unwind_tables(vm);
         if cpl == 3 {
+            let (vm, ..) = self.current();
+            let tables = unwind_tables(vm);
             if tables.is_empty() {
                 return stack_walk::walk(&mut mem, fp, stack_walk::LOWER_HALF, depth, out);
             }
@@ -728,6 +732,8 @@ impl CpuProfiler {
                 stack_walk::walk(&mut mem, fp, stack_walk::half_of(fp), depth, out)
             }
             KernelStacks::Orc => {
+                let (vm, ..) = self.current();
+                let tables = unwind_tables(vm);
                 let Some(orc) = self.kernel_orc.tables() else {
                     return (Chain::NOT_WALKED, &[]);
                 };
