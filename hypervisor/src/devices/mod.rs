@@ -4,6 +4,8 @@
 pub mod board;
 /// The MC146818 clock and CMOS RAM (0x70-0x71).
 pub mod cmos;
+/// A vCPU's local APIC (xAPIC registers at 0xfee00000, timer, IPIs).
+pub mod lapic;
 /// The two cascaded 8259A interrupt controllers (0x20-0x21, 0xa0-0xa1).
 pub mod pic;
 /// The 8254 interval timer (0x40-0x43) and port 0x61.
