@@ -9,6 +9,7 @@ extern crate alloc;
 
 pub mod devices;
 pub mod escape;
+pub mod guest_acpi;
 pub mod guest_image;
 pub mod linux_boot;
 pub mod profiler;
