@@ -1,8 +1,11 @@
 //! The ACPI tables a Linux guest finds its vCPUs and interrupt controllers in: RSDP, XSDT, FADT
-//! (with FACS and a DSDT that holds only `\_S5`), MADT (a local APIC per vCPU, the I/O APIC, the
-//! PC's interrupt source overrides, LINT1 as NMI). Built by the hypervisor in one page of guest
-//! memory in the BIOS area (reserved in the guest's e820 map), found through `boot_params`'
-//! `acpi_rsdp_addr` or the usual scan of 0xe0000-0xfffff.
+//! (with FACS and a DSDT that holds only `\_S5`), MADT (a local APIC per vCPU, optionally the
+//! I/O APIC, the PC's interrupt source overrides, LINT1 as NMI). Built by the hypervisor in one
+//! page of guest memory in the BIOS area (reserved in the guest's e820 map), found through
+//! `boot_params`' `acpi_rsdp_addr` or the usual scan of 0xe0000-0xfffff.
+//!
+//! Without an I/O APIC in the MADT, Linux runs in "virtual wire" mode: the 8259's interrupts
+//! reach the boot vCPU through its LINT0 (ExtINT), and the other vCPUs still start.
 //!
 //! Debian's kernel ignores MP tables (`CONFIG_X86_MPPARSE` off): its CPUs come from the MADT.
 //!
@@ -14,9 +17,9 @@
 //! (§5.2.3.2), "\_Sx (System States)" (§7.4.2) and the AML encoding of `Name` and `Package`
 //! (§20.2.5.1, §20.2.5.4).
 
-/// Where the tables go: the start of the BIOS area's upper part, which Linux scans for an RSDP
-/// and the guest's e820 map reserves.
-pub const ACPI_GPA: u64 = 0xe_0000;
+/// Where the tables go: the BIOS area's last 64 KiB, which Linux scans for an RSDP and the
+/// guest's e820 map reserves (`linux_boot::e820`).
+pub const ACPI_GPA: u64 = 0xf_0000;
 /// The page the tables fill (at most).
 pub const ACPI_SIZE: usize = 0x1000;
 /// The I/O APIC's registers.
@@ -107,9 +110,15 @@ fn io_gas(port: u16, width: u8) -> [u8; 12] {
     g
 }
 
-/// Builds the tables for vCPUs with these APIC IDs (the first is the boot vCPU) into `out`,
-/// which is guest memory at `base_gpa`. Returns the RSDP's guest-physical address.
-pub fn build(apic_ids: &[u8], base_gpa: u64, out: &mut [u8; ACPI_SIZE]) -> Result<u64, Error> {
+/// Builds the tables for vCPUs with these APIC IDs (the first is the boot vCPU), with an I/O
+/// APIC or not, into `out`, which is guest memory at `base_gpa`. Returns the RSDP's
+/// guest-physical address.
+pub fn build(
+    apic_ids: &[u8],
+    io_apic: bool,
+    base_gpa: u64,
+    out: &mut [u8; ACPI_SIZE],
+) -> Result<u64, Error> {
     let n = apic_ids.len();
     if n == 0 || n > MAX_VCPUS {
         return Err(Error::VcpuCount(n));
@@ -118,7 +127,7 @@ pub fn build(apic_ids: &[u8], base_gpa: u64, out: &mut [u8; ACPI_SIZE]) -> Resul
     let gpa = |at: usize| base_gpa + at as u64;
 
     // MADT.
-    let madt_len = 44 + 8 * n + 12 + 10 + 10 + 6;
+    let madt_len = 44 + 8 * n + if io_apic { 12 } else { 0 } + 10 + 10 + 6;
     header(out, MADT_AT, b"APIC", madt_len, 5);
     put(out, MADT_AT + 36, &(LAPIC_BASE as u32).to_le_bytes());
     put(out, MADT_AT + 40, &1u32.to_le_bytes()); // PCAT_COMPAT: the 8259 pair is there
@@ -128,11 +137,13 @@ pub fn build(apic_ids: &[u8], base_gpa: u64, out: &mut [u8; ACPI_SIZE]) -> Resul
         put(out, at, &[0, 8, uid as u8, id, 1, 0, 0, 0]);
         at += 8;
     }
-    // The I/O APIC, its ID after the vCPUs', GSIs from 0.
-    let ioapic_id = apic_ids.iter().max().map_or(0, |m| m.wrapping_add(1));
-    put(out, at, &[1, 12, ioapic_id, 0]);
-    put(out, at + 4, &(IOAPIC_BASE as u32).to_le_bytes());
-    at += 12;
+    if io_apic {
+        // The I/O APIC, its ID after the vCPUs', GSIs from 0.
+        let ioapic_id = apic_ids.iter().max().map_or(0, |m| m.wrapping_add(1));
+        put(out, at, &[1, 12, ioapic_id, 0]);
+        put(out, at + 4, &(IOAPIC_BASE as u32).to_le_bytes());
+        at += 12;
+    }
     // The PIT's IRQ 0 on GSI 2 (as on PCs), conforming polarity and trigger.
     put(out, at, &[2, 10, 0, 0]);
     put(out, at + 4, &2u32.to_le_bytes());
@@ -246,7 +257,7 @@ mod tests {
     #[test]
     fn the_acpi_crate_reads_the_vcpus_and_the_power_off_registers() {
         let mut page = Box::new([0u8; ACPI_SIZE]);
-        let rsdp = build(&[0, 1], ACPI_GPA, &mut page).unwrap();
+        let rsdp = build(&[0, 1], true, ACPI_GPA, &mut page).unwrap();
         assert_eq!(rsdp, ACPI_GPA);
         let h = Page(page.as_ptr());
         // SAFETY: `rsdp` is the RSDP just built; the handler maps only the page.
@@ -298,7 +309,7 @@ mod tests {
         for n in [1, 2, 8, MAX_VCPUS] {
             let ids: Vec<u8> = (0..n as u8).collect();
             let mut page = Box::new([0u8; ACPI_SIZE]);
-            build(&ids, 0x1000, &mut page).unwrap();
+            build(&ids, n % 2 == 0, 0x1000, &mut page).unwrap();
             let sum = |b: &[u8]| b.iter().fold(0u8, |a, x| a.wrapping_add(*x));
             assert_eq!(sum(&page[..20]), 0);
             assert_eq!(sum(&page[..36]), 0);
@@ -309,9 +320,9 @@ mod tests {
             }
         }
         let mut page = Box::new([0u8; ACPI_SIZE]);
-        assert_eq!(build(&[], 0, &mut page), Err(Error::VcpuCount(0)));
+        assert_eq!(build(&[], true, 0, &mut page), Err(Error::VcpuCount(0)));
         assert_eq!(
-            build(&[0; MAX_VCPUS + 1], 0, &mut page),
+            build(&[0; MAX_VCPUS + 1], true, 0, &mut page),
             Err(Error::VcpuCount(MAX_VCPUS + 1))
         );
     }

@@ -12,6 +12,7 @@ pub mod escape;
 pub mod guest_acpi;
 pub mod guest_image;
 pub mod linux_boot;
+pub mod mmio_decode;
 pub mod profiler;
 pub mod rate;
 pub mod vm_config;

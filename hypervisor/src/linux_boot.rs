@@ -150,6 +150,15 @@ pub struct LinuxLayout {
     pub entry: u64,
 }
 
+/// `boot_params.acpi_rsdp_addr` (boot protocol 2.14+, offset 0x070): where the kernel finds the
+/// RSDP without scanning for it.
+const ACPI_RSDP_ADDR: u64 = 0x070;
+
+/// Tells a loaded kernel where its ACPI tables' RSDP is (`load` first).
+pub fn set_acpi_rsdp(mem: &mut [u8], rsdp: u64) -> Result<(), LinuxError> {
+    put(mem, BOOT_PARAMS_GPA + ACPI_RSDP_ADDR, &rsdp.to_le_bytes())
+}
+
 /// The e820 map of a guest with `mem` bytes of RAM: conventional memory, the reserved EBDA and
 /// BIOS area, then RAM from 1 MiB to the end.
 pub fn e820(mem: u64) -> [(u64, u64, u32); 4] {

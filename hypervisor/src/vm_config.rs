@@ -75,6 +75,10 @@ pub struct VmConfig<'a> {
     /// programs built without frame pointers (`hvprof-analyze unwind-table`), for their call
     /// chains (`stacks=`); at most `UNWIND_MAX`, see `unwind_modules`.
     pub unwind: Option<&'a str>,
+    /// `apic=on|off` (Linux guests; default off): a local APIC per vCPU (xAPIC) and ACPI tables
+    /// describing the vCPUs (docs/LINUX-GUESTS.md). Off, the guest has the 8259 pair and the PIT
+    /// only and must boot with `acpi=off nolapic`.
+    pub apic: bool,
     /// Every argument after the image name, passed to the guest as is.
     pub args: &'a str,
 }
@@ -128,6 +132,7 @@ pub enum ConfigError<'a> {
     BadModuleLayout(&'a str),
     BadOrcLayout(&'a str),
     BadUnwind(&'a str),
+    BadApic(&'a str),
     PinCount { pins: usize, vcpus: u16 },
     Repeated(&'a str),
 }
@@ -191,6 +196,7 @@ impl fmt::Display for ConfigError<'_> {
                 f,
                 "orc-layout={v:?}: expected entry_SYSCALL_64:_stext:_etext:_sinittext:_einittext:orc_unwind_ip:orc_unwind:count:orc_lookup:blocks (manifest.json's orc_layout)"
             ),
+            ConfigError::BadApic(v) => write!(f, "apic={v:?}: expected on or off"),
             ConfigError::BadUnwind(v) => write!(
                 f,
                 "unwind={v:?}: expected 1 to {UNWIND_MAX} boot module names separated by commas"
@@ -230,6 +236,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
     let mut module_layout = None;
     let mut orc_layout = None;
     let mut unwind = None;
+    let mut apic = None;
     let positive = |v: &str| v.parse::<u64>().ok().filter(|&n| n > 0);
     for word in words {
         let Some((key, value)) = word.split_once('=') else {
@@ -291,6 +298,15 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                         .ok_or(ConfigError::BadOrcLayout(value))?,
                 ),
             )?,
+            "apic" => set(
+                &mut apic,
+                key,
+                match value {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(ConfigError::BadApic(value)),
+                },
+            )?,
             "unwind" => set(
                 &mut unwind,
                 key,
@@ -346,6 +362,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
         module_layout: module_layout.flatten(),
         orc_layout: orc_layout.flatten(),
         unwind,
+        apic: apic.unwrap_or(false),
         budget: budget.unwrap_or(BUDGET_DEFAULT),
         wall_budget: wall_budget.unwrap_or_else(|| {
             budget
@@ -378,7 +395,7 @@ fn parse_name(n: &str) -> Result<&str, ConfigError<'_>> {
 }
 
 /// The keys the hypervisor takes from a module's command line (the rest goes to the guest).
-pub const KEYS: [&str; 14] = [
+pub const KEYS: [&str; 15] = [
     "vm",
     "mem",
     "budget",
@@ -393,6 +410,7 @@ pub const KEYS: [&str; 14] = [
     "module-layout",
     "orc-layout",
     "unwind",
+    "apic",
 ];
 
 /// The module's arguments without the hypervisor's keys: a Linux guest's kernel command line.
@@ -521,6 +539,10 @@ mod tests {
             Err(ConfigError::BadTarget("kernel"))
         );
         assert_eq!(parse("x.elf initrd="), Err(ConfigError::BadInitrd));
+        assert!(parse("vmlinuz apic=on").unwrap().apic);
+        assert!(!parse("vmlinuz apic=off").unwrap().apic);
+        assert!(!parse("vmlinuz").unwrap().apic);
+        assert_eq!(parse("vmlinuz apic=yes"), Err(ConfigError::BadApic("yes")));
         let c = parse("x.elf unwind=a.unwind,b quiet").unwrap();
         assert_eq!(c.unwind_modules().collect::<Vec<_>>(), ["a.unwind", "b"]);
         assert_eq!(guest_args(c.args).collect::<Vec<_>>(), ["quiet"]);

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::SerialLog;
 use crate::emulator::Emulator;
 use crate::profile::{ProfileRun, num, vm, within};
 use crate::runner::{ModuleSource, Scenario};
@@ -137,6 +138,119 @@ fn linux_vm_with(s: Scenario, vm: &str, run: &str, arg: &str, more: &str) -> Sce
         ModuleSource::File(dir.join("initramfs.cpio")),
         "",
     )
+}
+
+/// A Linux VM with local APICs and ACPI tables (`apic=on`), `vcpus` of them pinned as `pin`
+/// says: the kernel command line without `acpi=off nolapic`.
+fn linux_apic_vm(s: Scenario, vm: &str, run: &str, arg: &str, vcpus: u16, pin: &str) -> Scenario {
+    let dir = linux_dir();
+    let initrd = format!("{vm}.cpio");
+    let cmdline = KERNEL_CMDLINE.replace(" acpi=off nolapic", "");
+    s.module(
+        &format!("{vm}.bzImage"),
+        ModuleSource::File(dir.join("bzImage")),
+        &format!(
+            "vm={vm} mem=256M budget=100000000000 initrd={initrd} apic=on vcpus={vcpus} pin={pin} {} {} {} {} {cmdline} hvprof.run={run} hvprof.arg={arg}",
+            task_offsets(),
+            mm_layout(),
+            module_layout(),
+            orc_layout()
+        ),
+    )
+    .module(
+        &initrd,
+        ModuleSource::File(dir.join("initramfs.cpio")),
+        "",
+    )
+}
+
+/// The `/proc/interrupts` row `name` (`LOC`, `RES`, ...) the guest printed at `when` (`before`
+/// or `after` the workload): its per-CPU counts.
+fn guest_interrupts(log: &SerialLog, when: &str, name: &str) -> Result<Vec<u64>, String> {
+    let prefix = format!("hvprof-guest: interrupts {when} {name}:");
+    let line = log
+        .lines()
+        .find_map(|l| l.split_once(&prefix).map(|(_, rest)| rest.to_owned()))
+        .ok_or_else(|| format!("no \"{prefix}\" line"))?;
+    Ok(line
+        .split_whitespace()
+        .map_while(|w| w.parse::<u64>().ok())
+        .collect())
+}
+
+/// `bochs-linux-smp-boot`: the guest counts 2 CPUs online; both CPUs' local timer interrupts
+/// grow while w41 runs; the guest took reschedule and function-call IPIs, and the hypervisor
+/// counted the IPIs it delivered, the INIT and SIPIs that started the second vCPU among them.
+fn check_smp_boot(log: &SerialLog) -> Result<(), String> {
+    let mut errors = Vec::new();
+    if let Err(e) = log.expect_containing("hvprof-guest: cpus", "cpus 2 online 0-1") {
+        errors.push(e);
+    }
+    match (
+        guest_interrupts(log, "before", "LOC"),
+        guest_interrupts(log, "after", "LOC"),
+    ) {
+        (Ok(a), Ok(b)) if a.len() == 2 && b.len() == 2 => {
+            for cpu in 0..2 {
+                if b[cpu] <= a[cpu] {
+                    errors.push(format!(
+                        "CPU {cpu}'s local timer interrupts did not grow: {} then {}",
+                        a[cpu], b[cpu]
+                    ));
+                }
+            }
+        }
+        (a, b) => errors.push(format!("LOC rows: {a:?} then {b:?} (two CPUs expected)")),
+    }
+    for ipi in ["RES", "CAL"] {
+        match guest_interrupts(log, "after", ipi) {
+            Ok(v) if v.iter().sum::<u64>() > 0 => {}
+            other => errors.push(format!("no {ipi} IPIs taken by the guest: {other:?}")),
+        }
+    }
+    match log.expect("vm linux: local APICs:") {
+        Ok(l) => {
+            let number = |after: &str| {
+                l.split_once(after).and_then(|(head, _)| {
+                    head.split_whitespace()
+                        .last()?
+                        .trim_start_matches('(')
+                        .parse::<u64>()
+                        .ok()
+                })
+            };
+            if number(" IPIs sent").is_none_or(|n| n < 10) {
+                errors.push(format!("too few IPIs delivered: {l}"));
+            }
+            if !l.contains("1 of 1 application processors started")
+                || number(" SIPI").is_none_or(|n| n == 0)
+            {
+                errors.push(format!("the second vCPU was not started by a SIPI: {l}"));
+            }
+        }
+        Err(e) => errors.push(e),
+    }
+    all_of(errors.into_iter().map(Err))
+}
+
+/// Both vCPUs of the SMP guest ran: each has samples of its own.
+fn check_smp_profile(run: &ProfileRun) -> Result<(), String> {
+    let report = linux_report(run)?;
+    let vcpus = vm(&report, "linux")?
+        .get("vcpus")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let samples: Vec<f64> = vcpus
+        .iter()
+        .map(|v| v.get("samples").and_then(Value::as_f64).unwrap_or(0.0))
+        .collect();
+    if samples.len() != 2 || samples.iter().any(|&n| n < 100.0) {
+        return Err(format!(
+            "vCPU samples {samples:?}: expected two vCPUs with hundreds each"
+        ));
+    }
+    Ok(())
 }
 
 /// The analyzer's report with the guest kernel and the workloads' images.
@@ -941,6 +1055,22 @@ pub fn all() -> Vec<Scenario> {
         )
         .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
         .profile(check_linux_stacks),
+        // SMP Linux: two vCPUs on two pCPUs, with local APICs and ACPI tables (`apic=on`): the
+        // second vCPU started by the guest's INIT-SIPI-SIPI.
+        linux_apic_vm(
+            linux_machine("bochs-linux-smp-boot")
+                .cpus(2)
+                .cmdline(&format!("export=end channel=lpt {LINUX_PERIOD}"))
+                .budget(Duration::from_secs(300)),
+            "linux",
+            "w41",
+            "400",
+            2,
+            "0,1",
+        )
+        .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
+        .check(check_smp_boot)
+        .profile(check_smp_profile),
         linux_vm(boot("bochs-linux-w41"), "linux", "w41", "400")
             .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
             // The image loads no module: the list, found at `modules` moved by the KASLR slide,

@@ -29,8 +29,14 @@ pub const fn cpl_from_ss_access_rights(access_rights: u32) -> u8 {
 /// delay interrupts by one more instruction and make a VM entry that injects an event fail.
 pub fn skip_instruction(v: &mut impl VmcsAccess) -> Result<(), VmFail> {
     let len = v.read32(ReadOnly32::ExitInstructionLength)?;
+    advance_rip(v, len.into())
+}
+
+/// Moves the guest's RIP past an emulated instruction of `len` bytes whose length the exit did
+/// not give (an EPT violation's): as `skip_instruction`.
+pub fn advance_rip(v: &mut impl VmcsAccess, len: u64) -> Result<(), VmFail> {
     let rip = v.read_natural(GuestNatural::Rip)?;
-    v.write_natural(GuestNatural::Rip, rip.wrapping_add(len.into()))?;
+    v.write_natural(GuestNatural::Rip, rip.wrapping_add(len))?;
     let state = Interruptibility::from_bits_retain(v.read32(Guest32::InterruptibilityState)?);
     let shadow = Interruptibility::BLOCKING_BY_STI | Interruptibility::BLOCKING_BY_MOV_SS;
     if state.intersects(shadow) {

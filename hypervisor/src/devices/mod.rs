@@ -1,5 +1,7 @@
 //! Device models a VM sees (docs/GUEST-ABI.md, "Devices"), each pure logic driven by port
 //! accesses and the host TSC, tested on the host.
+/// The ACPI PM1a event and control blocks (ports 0x600-0x605; `apic=on`).
+pub mod acpi_pm;
 /// The legacy PC as a whole: port decoding and the interrupt lines.
 pub mod board;
 /// The MC146818 clock and CMOS RAM (0x70-0x71).

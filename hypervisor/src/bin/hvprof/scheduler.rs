@@ -30,6 +30,9 @@ enum State {
     /// A pCPU runs it now.
     Running,
     Halted,
+    /// An application processor that no start-up IPI has started yet: it never runs, and its
+    /// time is neither steal nor idle of its own.
+    WaitForSipi,
     Stopped,
 }
 
@@ -82,7 +85,11 @@ pub fn setup(vms: &'static [Vm], caps: &'static VmxCaps, slice: u64, pcpus: usiz
             vm: v,
             vcpu: c,
             pin: vms[v].pin.and_then(|p| p.get(c)).map(usize::from),
-            state: State::Runnable,
+            state: if vms[v].apic && c > 0 {
+                State::WaitForSipi
+            } else {
+                State::Runnable
+            },
             wake_at: None,
             debt: 0,
         })
@@ -232,9 +239,19 @@ pub fn cpu_unavailable(cpu: usize, why: &str) {
 fn pick(q: &mut Queue, m: &Machine, cpu: usize, now: u64, poll: u64) -> (Next, Vec<(usize, Stop)>) {
     let mut done = Vec::new();
     for s in q.slots.iter_mut() {
-        if s.state == State::Halted && s.wake_at.is_some_and(|t| t <= now) {
-            s.wake_at = None;
-            s.state = State::Runnable;
+        let vm = &m.vms[s.vm];
+        match s.state {
+            // Its timer, or another vCPU's IPI (a kick), wakes a halted vCPU.
+            State::Halted if s.wake_at.is_some_and(|t| t <= now) || vm.take_kick(s.vcpu) => {
+                s.wake_at = None;
+                s.state = State::Runnable;
+            }
+            // A SIPI starts one that waits for it.
+            State::WaitForSipi if vm.sipi_pending(s.vcpu) => {
+                vm.take_kick(s.vcpu);
+                s.state = State::Runnable;
+            }
+            _ => {}
         }
     }
     // A VM whose wall budget ran out stops even if its vCPUs only wait (a timer armed for the
@@ -242,7 +259,7 @@ fn pick(q: &mut Queue, m: &Machine, cpu: usize, now: u64, poll: u64) -> (Next, V
     // their next VM entry.
     for i in 0..q.slots.len() {
         let v = q.slots[i].vm;
-        if q.slots[i].state == State::Halted
+        if matches!(q.slots[i].state, State::Halted | State::WaitForSipi)
             && now >= m.vms[v].wall_deadline.load(Ordering::Relaxed)
         {
             q.slots[i].state = State::Running;
@@ -308,7 +325,7 @@ fn pick(q: &mut Queue, m: &Machine, cpu: usize, now: u64, poll: u64) -> (Next, V
     if !active && wake.is_none() {
         // Nothing runs and nothing can wake: the halted vCPUs are stuck for good.
         let stuck: Vec<usize> = (0..n)
-            .filter(|&i| q.slots[i].state == State::Halted)
+            .filter(|&i| matches!(q.slots[i].state, State::Halted | State::WaitForSipi))
             .collect();
         for i in stuck {
             q.slots[i].state = State::Running;
@@ -361,6 +378,14 @@ fn slice_ended(
             q.slots[i].state = State::Stopped;
             match stop {
                 Stop::WithVm => {}
+                // A Linux guest's exit (port 0xf4, power-off) ends the whole machine, whichever
+                // vCPU did it.
+                Stop::Exited { .. } if vm.linux => {
+                    vm.stopping.store(true, Ordering::Release);
+                    if q.vm_stop[v].is_none() {
+                        q.vm_stop[v] = Some(stop);
+                    }
+                }
                 Stop::Exited { .. } => q.vcpu_stop[v][c] = Some(stop),
                 _ => {
                     vm.stopping.store(true, Ordering::Release);

@@ -71,6 +71,14 @@ pub struct Vcpu {
     pub proc1: u32,
     /// Virtual interrupts injected (`interrupts::before_entry`).
     pub interrupts_injected: u64,
+    /// Accesses to its local APIC's registers (`apic=on`), each an EPT violation.
+    pub apic_accesses: u64,
+    /// An application processor of a VM with local APICs: it waits for a start-up IPI and then
+    /// starts in real mode at its vector (SDM Vol. 3A, "MP Initialization Protocol").
+    pub wait_for_sipi: bool,
+    /// Started by a SIPI and not yet in 64-bit mode: the VM-entry control "IA-32e mode guest"
+    /// follows the guest's EFER.LMA (set by the guest's own CR0.PG write, which does not exit).
+    pub mode_switching: bool,
     /// The Linux task seen at its last sample: its address and ids, the address space (CR3
     /// without its flag bits), its name, and whether that name is settled (`guest_walk::name_state`:
     /// while an exec may be under way the name is read again at the next sample).
@@ -270,6 +278,9 @@ impl Vcpu {
             last_cpu: None,
             proc1: controls.proc1,
             interrupts_injected: 0,
+            apic_accesses: 0,
+            wait_for_sipi: false,
+            mode_switching: false,
             last_task: None,
             maps_process: None,
             tlb: hvprof_hypervisor::profiler::guest_walk::Tlb::new(),

@@ -251,12 +251,37 @@ fn build(
     // SAFETY: the range was just allocated for this VM (zeroed, identity-mapped).
     let mem = unsafe { core::slice::from_raw_parts_mut(mem_hpa as *mut u8, config.mem as usize) };
     let linux = config.format == vm_config::Format::Linux || linux_boot::is_bzimage(image);
+    // A local APIC and ACPI tables: Linux guests that ask for them (`apic=on`).
+    let apic = linux && config.apic;
     let boot = if linux {
         let cmdline = vm_config::guest_args(config.args)
             .collect::<Vec<_>>()
             .join(" ");
         let (boot, l) =
             linux_boot::load(mem, image, initrd, &cmdline).map_err(|e| format!("{e}"))?;
+        if apic {
+            let ids: Vec<u8> = (0..config.vcpus).map(|i| i as u8).collect();
+            let at = hvprof_hypervisor::guest_acpi::ACPI_GPA as usize;
+            let page: &mut [u8; hvprof_hypervisor::guest_acpi::ACPI_SIZE] = mem
+                .get_mut(at..at + hvprof_hypervisor::guest_acpi::ACPI_SIZE)
+                .and_then(|p| p.try_into().ok())
+                .ok_or("no room for the ACPI tables")?;
+            let rsdp = hvprof_hypervisor::guest_acpi::build(
+                &ids,
+                false,
+                hvprof_hypervisor::guest_acpi::ACPI_GPA,
+                page,
+            )
+            .map_err(|e| format!("ACPI tables: {e}"))?;
+            linux_boot::set_acpi_rsdp(mem, rsdp).map_err(|e| format!("{e}"))?;
+            println!(
+                "vm {}: local APIC (xAPIC at {:#x}) per vCPU; ACPI tables at GPA {rsdp:#x}: MADT with {} vCPU{}, no I/O APIC (the 8259 through the boot vCPU's LINT0)",
+                config.name,
+                hvprof_hypervisor::guest_acpi::LAPIC_BASE,
+                ids.len(),
+                if ids.len() == 1 { "" } else { "s" }
+            );
+        }
         println!(
             "vm {}: Linux kernel ({} bytes) at GPA {:#x}, entry {:#x}; initrd ({} bytes) at GPA {:#x}; boot_params at {:#x}; command line \"{cmdline}\"",
             config.name,
@@ -321,6 +346,8 @@ fn build(
         // The guest learns which vCPU it is in RDX.
         vcpu.regs.rdx = u64::from(i);
         vcpu.index = i;
+        // With local APICs, only vCPU 0 starts: the others wait for the guest's SIPI.
+        vcpu.wait_for_sipi = apic && i > 0;
         vcpus.push(Mutex::new(vcpu));
     }
     Ok(Vm {
@@ -332,6 +359,11 @@ fn build(
         mm_layout: config.mm_layout,
         module_layout: config.module_layout,
         orc_layout: config.orc_layout,
+        apic,
+        kicks: AtomicU64::new(0),
+        sipi: (0..config.vcpus)
+            .map(|_| core::sync::atomic::AtomicU16::new(0))
+            .collect(),
         unwind: &[],
         maps: Mutex::new(Default::default()),
         name: String::from(config.name),
@@ -340,7 +372,19 @@ fn build(
         ept,
         devices: Mutex::new(VmDevices {
             board: Board::new(crate::tsc::hz(), CLOCK_START),
+            lapics: if apic {
+                (0..config.vcpus)
+                    .map(|i| hvprof_hypervisor::devices::lapic::Lapic::new(i as u8))
+                    .collect()
+            } else {
+                Vec::new()
+            },
             console: GuestConsole::new(crate::tsc::hz(), rdtsc()),
+            pm: Default::default(),
+            ipis: 0,
+            inits: 0,
+            sipis: 0,
+            logged_ipis: Vec::new(),
             logged_msrs: Vec::new(),
             logged_ports: Vec::new(),
         }),

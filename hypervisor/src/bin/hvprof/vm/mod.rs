@@ -20,7 +20,7 @@ use crate::println;
 use crate::vcpu::Vcpu;
 use alloc::string::String;
 use alloc::vec::Vec;
-use core::sync::atomic::{AtomicBool, AtomicU64};
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use hvprof_ept::{Ept, FrameSource, PhysMem};
 use hvprof_hypervisor::devices::board::Board;
 use hvprof_hypervisor::rate::TokenBucket;
@@ -93,6 +93,13 @@ pub struct Vm {
     pub module_layout: Option<hvprof_linux_walk::ModuleLayout>,
     /// Where its kernel's ORC tables are (`orc-layout=`), to walk its kernel call chains.
     pub orc_layout: Option<hvprof_linux_walk::OrcLayout>,
+    /// A local APIC per vCPU and ACPI tables (`apic=on`, Linux guests).
+    pub apic: bool,
+    /// Bit i: something another vCPU sent vCPU i (an IPI, a SIPI) that its run loop or, while
+    /// it halts or waits for a SIPI, the scheduler must look at.
+    pub kicks: AtomicU64,
+    /// Per vCPU: a start-up IPI's vector waiting to start it (`SIPI_PENDING | vector`), or 0.
+    pub sipi: Vec<core::sync::atomic::AtomicU16>,
     /// Unwind tables of its programs built without frame pointers (`unwind=`).
     pub unwind: &'static [hvprof_linux_walk::UnwindTable<'static>],
     /// Its processes' executable file mappings, read once per process, sent at the end.
@@ -117,6 +124,16 @@ pub struct Vm {
 /// What the VM's exits reach, under `Vm::devices`.
 pub struct VmDevices {
     pub board: Board,
+    /// Each vCPU's local APIC, by vCPU index (`apic=on`; empty otherwise).
+    pub lapics: Vec<hvprof_hypervisor::devices::lapic::Lapic>,
+    /// The ACPI PM1a blocks (`apic=on`, which brings ACPI tables).
+    pub pm: hvprof_hypervisor::devices::acpi_pm::AcpiPm,
+    /// IPIs sent (INITs and SIPIs among them), and the delivery modes not emulated that were
+    /// reported.
+    pub ipis: u64,
+    pub inits: u64,
+    pub sipis: u64,
+    pub logged_ipis: Vec<hvprof_hypervisor::devices::lapic::Delivery>,
     /// Its lines on the hypervisor's console.
     pub console: GuestConsole,
     /// MSRs and ports already reported once.
@@ -154,6 +171,51 @@ impl GuestConsole {
             self.lines_dropped += 1;
             self.bytes_dropped += line.len() as u64;
         }
+    }
+}
+
+/// `Vm::sipi`'s flag for a vector waiting.
+const SIPI_PENDING: u16 = 0x100;
+
+impl Vm {
+    /// Tells vCPU `index` that something waits for it (see `kicks`).
+    pub fn kick(&self, index: usize) {
+        self.kicks.fetch_or(1 << (index % 64), Ordering::Release);
+    }
+
+    /// Whether vCPU `index` was kicked since the last call (and clears it).
+    pub fn take_kick(&self, index: usize) -> bool {
+        let bit = 1 << (index % 64);
+        self.kicks.load(Ordering::Relaxed) & bit != 0
+            && self.kicks.fetch_and(!bit, Ordering::Acquire) & bit != 0
+    }
+
+    /// A SIPI with `vector` for vCPU `index` (the first one counts: SDM Vol. 3A, a processor
+    /// that has left wait-for-SIPI ignores the second).
+    pub fn send_sipi(&self, index: usize, vector: u8) {
+        if let Some(s) = self.sipi.get(index) {
+            let _ = s.compare_exchange(
+                0,
+                SIPI_PENDING | u16::from(vector),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+            self.kick(index);
+        }
+    }
+
+    /// Whether a SIPI waits for vCPU `index`.
+    pub fn sipi_pending(&self, index: usize) -> bool {
+        self.sipi
+            .get(index)
+            .is_some_and(|s| s.load(Ordering::Acquire) & SIPI_PENDING != 0)
+    }
+
+    /// The vector of the SIPI waiting for vCPU `index`, taken (later ones are then ignored:
+    /// the slot keeps a value without the flag).
+    pub fn take_sipi(&self, index: usize) -> Option<u8> {
+        let v = self.sipi.get(index)?.swap(!SIPI_PENDING, Ordering::AcqRel);
+        (v & SIPI_PENDING != 0).then_some(v as u8)
     }
 }
 

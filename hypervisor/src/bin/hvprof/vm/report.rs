@@ -31,6 +31,26 @@ pub fn finish(vm: &Vm, stop: &Stop) {
         );
     }
     report(vm, stop);
+    if vm.apic {
+        let (ipis, inits, sipis) = {
+            let d = vm.devices.lock();
+            (d.ipis, d.inits, d.sipis)
+        };
+        let mut accesses = 0;
+        let mut started = 0;
+        let mut injected = 0;
+        for v in &vm.vcpus {
+            let v = v.lock();
+            accesses += v.apic_accesses;
+            injected += v.interrupts_injected;
+            started += usize::from(v.index > 0 && !v.wait_for_sipi);
+        }
+        println!(
+            "vm {}: local APICs: {accesses} register accesses, {ipis} IPIs sent ({inits} INIT, {sipis} SIPI), {started} of {} application processors started, {injected} interrupts injected",
+            vm.name,
+            vm.vcpus.len() - 1
+        );
+    }
     if vm.linux {
         // The guest kernel's system-call entry: with the offline symbols it gives the KASLR
         // slide (`entry_SYSCALL_64` moves with the kernel), for hvprof-analyze.

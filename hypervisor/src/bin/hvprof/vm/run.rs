@@ -106,6 +106,20 @@ fn run_loaded(
     slice_end: u64,
 ) -> SliceEnd {
     let prof = profiler::this_cpu();
+    // An application processor starts at its SIPI's vector (the scheduler runs it only then).
+    if vcpu.wait_for_sipi {
+        match vm.take_sipi(usize::from(vcpu.index)) {
+            Some(vector) => {
+                if let Err(e) = start_at_sipi(vcpu, vmcs, vector) {
+                    return SliceEnd::Stopped(Stop::Fault(e));
+                }
+            }
+            None => {
+                vcpu.wake_at = None;
+                return SliceEnd::Halted;
+            }
+        }
+    }
     vcpu.load_state();
     let shift = caps.preemption_timer_shift();
     let start = rdtsc();
@@ -144,7 +158,9 @@ fn run_loaded(
     let end = loop {
         // A Linux guest's devices: raise what is due, inject what the guest can take now (with
         // interrupts on, so the sampling clock sees this work for what it is).
-        if vm.linux && (devices_touched || device_event.is_some_and(|t| rdtsc() >= t)) {
+        // Another vCPU's IPI for this one: its local APIC has something new.
+        let kicked = vm.apic && vm.take_kick(usize::from(vcpu.index));
+        if vm.linux && (devices_touched || kicked || device_event.is_some_and(|t| rdtsc() >= t)) {
             if !host_clock_armed {
                 prof.arm_host_clock();
                 x86_64::instructions::interrupts::enable();
@@ -250,6 +266,9 @@ fn run_loaded(
             break SliceEnd::Stopped(Stop::Fault(format!("VM entry failed: {reason} {detail}")));
         }
         vcpu.launched = true;
+        if vcpu.mode_switching {
+            follow_long_mode(vcpu, vmcs);
+        }
         let preemption = reason.basic() == BasicExit::PreemptionTimer as u16;
         // A VMX-preemption timer exit happens between instructions, never while an event is being
         // delivered (SDM Vol. 3C §26.5.1 and §28.2.4: only exits that the delivery itself causes
@@ -326,4 +345,71 @@ fn run_loaded(
     vm.run_ticks.fetch_add(rdtsc() - start, Ordering::Relaxed);
     vcpu.save_state();
     end
+}
+
+/// Puts a vCPU that waited for a SIPI in the state the SIPI gives it (SDM Vol. 3A, "MP
+/// Initialization Protocol Algorithm" and Table "IA-32 and Intel 64 Processor States Following
+/// Power-up, Reset, or INIT"): real mode, CS selector `vector << 8` and base `vector << 12`, IP
+/// 0, the other segments at 0 with 64 KiB limits, paging and protection off; which the CPU runs
+/// under "unrestricted guest" (SDM Vol. 3C §26.6).
+fn start_at_sipi(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, vector: u8) -> Result<(), String> {
+    use hvprof_hypervisor::guest_image::{BootState, StartMode};
+    use hvprof_hypervisor::vmcs_setup;
+    use hvprof_vmx::vmcs::{Control32, Guest16, GuestNatural};
+    let boot = BootState {
+        mode: StartMode::Real16,
+        entry: 0,
+        rsp: 0,
+        cr3: 0,
+        gdt_base: 0,
+        gdt_limit: 0xffff,
+        rdi: 0,
+        rsi: 0,
+        code_selector: 0,
+        data_selector: 0,
+    };
+    let e = |what: &str| format!("SIPI start: {what} failed");
+    vmcs_setup::write_guest_state(vmcs, &boot, false).map_err(|_| e("guest state"))?;
+    vmcs_setup::write_control_registers(vmcs, &vcpu.fixed, true, 0).map_err(|_| e("CRs"))?;
+    let cs = u16::from(vector) << 8;
+    vmcs.write16(Guest16::CsSelector, cs)
+        .map_err(|_| e("CS selector"))?;
+    vmcs.write_natural(GuestNatural::CsBase, u64::from(cs) << 4)
+        .map_err(|_| e("CS base"))?;
+    let entry = vmcs
+        .read32(Control32::EntryControls)
+        .map_err(|_| e("VMREAD entry controls"))?;
+    vmcs.write32(
+        Control32::EntryControls,
+        entry & !hvprof_vmx::caps::entry::IA32E_MODE_GUEST,
+    )
+    .map_err(|_| e("entry controls"))?;
+    vcpu.regs = Default::default();
+    vcpu.cr8 = 0;
+    vcpu.wait_for_sipi = false;
+    vcpu.mode_switching = true;
+    Ok(())
+}
+
+/// A vCPU on its way from real mode to 64-bit mode: the VM-entry control "IA-32e mode guest"
+/// must equal the guest's EFER.LMA at the next entry (SDM Vol. 3C §27.3.1.1), and LMA changes
+/// when the guest sets CR0.PG with EFER.LME, which does not exit under unrestricted guest. Once
+/// in 64-bit mode (Linux never leaves it), the vCPU is no longer followed.
+fn follow_long_mode(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) {
+    use hvprof_vmx::caps::entry::IA32E_MODE_GUEST;
+    use hvprof_vmx::vmcs::{Control32, Guest64};
+    const EFER_LMA: u64 = 1 << 10;
+    let lma = vmcs.read64(Guest64::Ia32Efer).unwrap_or(0) & EFER_LMA != 0;
+    let entry = vmcs.read32(Control32::EntryControls).unwrap_or(0);
+    let want = if lma {
+        entry | IA32E_MODE_GUEST
+    } else {
+        entry & !IA32E_MODE_GUEST
+    };
+    if want != entry {
+        let _ = vmcs.write32(Control32::EntryControls, want);
+    }
+    if lma {
+        vcpu.mode_switching = false;
+    }
 }

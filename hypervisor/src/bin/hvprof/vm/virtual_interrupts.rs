@@ -1,11 +1,12 @@
 //! Virtual interrupts: the lines of a Linux guest's legacy devices (8254 PIT on IRQ 0, the 16550
-//! on IRQ 4) go through its 8259 pair, and the vector the PICs deliver is injected at the next VM
-//! entry when the guest can take it (RFLAGS.IF set, no STI or MOV SS blocking), else
+//! on IRQ 4) go through its 8259 pair; with `apic=on` each vCPU also has a local APIC (its timer,
+//! IPIs), through whose LINT0 the 8259 reaches vCPU 0. The vector the local APIC or the PICs
+//! deliver is injected at the next VM entry when the guest can take it (RFLAGS.IF set, no STI or MOV SS blocking), else
 //! "interrupt-window exiting" stops the guest as soon as it can (Intel SDM Vol. 3C §26.7.5,
 //! §27.6 "Event Injection"). An event whose delivery a VM exit interrupted is delivered again
 //! first (§28.2.4, IDT-vectoring information).
 
-use super::Vm;
+use super::{Vm, VmDevices};
 use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::must;
 use hvprof_vmx::caps::{VmxCaps, proc1};
@@ -61,10 +62,34 @@ pub fn redeliver_interrupted_event(vmcs: &mut CurrentVmcs) {
     }
 }
 
+/// The earlier of two optional TSC deadlines.
+fn earlier(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+/// What a vCPU has to take: its local APIC's vector (`apic=on`), and whether the 8259 pair's
+/// INTR reaches it (vCPU 0 only, through LINT0 in ExtINT mode when it has a local APIC) with a
+/// request up. Runs the APIC's timer to `now` first; also the TSC of the APIC's next timer event.
+fn waiting(dev: &mut VmDevices, index: usize, now: u64) -> (Option<u8>, bool, Option<u64>) {
+    let (vector, through, next) = match dev.lapics.get_mut(index) {
+        Some(l) => {
+            l.run_timer(now);
+            (l.pending(), index == 0 && l.accepts_pic(), l.next_event())
+        }
+        None => (None, index == 0, None),
+    };
+    (vector, through && dev.board.pic.pending().is_some(), next)
+}
+
 /// Before a VM entry of a Linux guest: brings its devices up to `now`, then injects the vector
-/// the PICs have for it, or asks for an exit as soon as it can take one. Returns the TSC of the
-/// devices' next event (the guest must stop then, to raise it), and whether an interrupt is
-/// still waiting after this entry (the devices must be looked at again at the next exit).
+/// its local APIC or the PICs have for it, or asks for an exit as soon as it can take one.
+/// Returns the TSC of the devices' next event (the guest must stop then, to raise it), and
+/// whether an interrupt is still waiting after this entry (the devices must be looked at again
+/// at the next exit).
 pub fn before_entry(
     vm: &Vm,
     vcpu: &mut Vcpu,
@@ -73,15 +98,13 @@ pub fn before_entry(
     now: u64,
 ) -> (Option<u64>, bool) {
     let mut guard = vm.devices.lock();
-    let dev = &mut guard.board;
-    dev.update(now);
-    let next = dev.next_event(now);
-    if dev.pic.pending().is_none() {
+    let dev = &mut *guard;
+    dev.board.update(now);
+    let index = usize::from(vcpu.index);
+    let (vector, pic, apic_next) = waiting(dev, index, now);
+    let next = earlier(dev.board.next_event(now), apic_next);
+    if vector.is_none() && !pic {
         set_window_exiting(vcpu, vmcs, false);
-        return (next, false);
-    }
-    // Only vCPU 0 takes the PICs' interrupts (they are wired to the bootstrap processor).
-    if vcpu.index != 0 {
         return (next, false);
     }
     let busy = InterruptionInfo(must(
@@ -98,36 +121,49 @@ pub fn before_entry(
         && !blocking
             .intersects(Interruptibility::BLOCKING_BY_STI | Interruptibility::BLOCKING_BY_MOV_SS);
     if open && !busy {
-        if let Some(vector) = dev.pic.acknowledge() {
+        // The local APIC's vector first (SDM Vol. 3A: the APIC delivers the highest-priority
+        // interrupt it holds; an ExtINT from the 8259 comes through it when nothing else is).
+        let given = match vector {
+            Some(v) => {
+                dev.lapics[index].acknowledge(v);
+                Some(v)
+            }
+            None => dev.board.pic.acknowledge(),
+        };
+        if let Some(v) = given {
             must(
                 vmcs.write32(
                     Control32::EntryInterruptionInfo,
-                    InterruptionInfo::external_interrupt(vector).0,
+                    InterruptionInfo::external_interrupt(v).0,
                 ),
                 "VMWRITE entry interruption info",
             );
             vcpu.interrupts_injected += 1;
         }
-        // Another one may wait behind it: the window opens again after its delivery.
-        set_window_exiting(vcpu, vmcs, dev.pic.pending().is_some());
-    } else if caps.procbased().allows(proc1::INTERRUPT_WINDOW_EXITING) {
-        set_window_exiting(vcpu, vmcs, true);
+    } else if !caps.procbased().allows(proc1::INTERRUPT_WINDOW_EXITING) {
+        return (next, true);
     }
-    (next, dev.pic.pending().is_some())
+    // Another one may wait behind it: the window opens again after its delivery.
+    let (vector, pic, _) = waiting(dev, index, now);
+    let still = vector.is_some() || pic;
+    set_window_exiting(vcpu, vmcs, still);
+    (next, still)
 }
 
-/// Whether a Linux guest that executed HLT has something to wake it now (an interrupt the PICs
-/// would deliver, with RFLAGS.IF set), and else when its devices' next event falls.
-pub fn on_halt(vm: &Vm, vmcs: &CurrentVmcs, now: u64) -> Result<(), Option<u64>> {
+/// Whether a Linux guest's vCPU `index` that executed HLT has something to wake it now (an
+/// interrupt its local APIC or the PICs would deliver, with RFLAGS.IF set), and else when its
+/// devices' next event falls.
+pub fn on_halt(vm: &Vm, index: u16, vmcs: &CurrentVmcs, now: u64) -> Result<(), Option<u64>> {
     let mut guard = vm.devices.lock();
-    let dev = &mut guard.board;
-    dev.update(now);
+    let dev = &mut *guard;
+    dev.board.update(now);
+    let (vector, pic, apic_next) = waiting(dev, usize::from(index), now);
     let rflags = must(vmcs.read_natural(GuestNatural::Rflags), "VMREAD RFLAGS");
-    if rflags & RFLAGS_IF != 0 && dev.pic.pending().is_some() {
+    if rflags & RFLAGS_IF != 0 && (vector.is_some() || pic) {
         return Ok(());
     }
     Err(if rflags & RFLAGS_IF != 0 {
-        dev.next_event(now)
+        earlier(dev.board.next_event(now), apic_next)
     } else {
         None
     })

@@ -22,15 +22,30 @@ pub const BASIC_LEAF_MAX: u32 = 0x16;
 pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     let leaf = vcpu.regs.rax as u32;
     let subleaf = vcpu.regs.rcx as u32;
-    let r = policy(leaf, subleaf, vm.linux, vcpu.index, vm.vcpus.len() as u32);
+    let r = policy(
+        leaf,
+        subleaf,
+        vm.linux,
+        vm.apic,
+        vcpu.index,
+        vm.vcpus.len() as u32,
+    );
     finish(vcpu, vmcs, r)
 }
 
 /// The CPUID a guest sees (docs/GUEST-ABI.md, "CPUID"): the host's leaves, with what the
 /// hypervisor does not virtualize hidden, and the TSC frequency in leaves 15H/16H. A Linux guest
 /// also loses what it would drive without an emulation behind it here (the local APIC, MTRRs,
-/// machine checks, RDTSCP, speculation-control MSRs, thermal and power leaves).
-fn policy(leaf: u32, subleaf: u32, linux: bool, vcpu: u16, vcpus: u32) -> (u32, u32, u32, u32) {
+/// machine checks, RDTSCP, speculation-control MSRs, thermal and power leaves); with `apic`
+/// (`apic=on`) it keeps the local APIC and its TSC-deadline timer, which the hypervisor emulates.
+fn policy(
+    leaf: u32,
+    subleaf: u32,
+    linux: bool,
+    apic: bool,
+    vcpu: u16,
+    vcpus: u32,
+) -> (u32, u32, u32, u32) {
     let host = |l, s| {
         let r = raw_cpuid::native_cpuid::cpuid_count(l, s);
         (r.eax, r.ebx, r.ecx, r.edx)
@@ -53,11 +68,16 @@ fn policy(leaf: u32, subleaf: u32, linux: bool, vcpu: u16, vcpus: u32) -> (u32, 
             // vCPUs: never the host's.
             b = (b & 0xffff) | (vcpus.min(255) << 16) | (u32::from(vcpu) << 24);
             if linux {
-                // PDCM (15), x2APIC (21), TSC-deadline (24); and XSAVE (26), OSXSAVE (27), AVX
+                // PDCM (15), x2APIC (21: only xAPIC is emulated); and XSAVE (26), OSXSAVE (27), AVX
                 // (28) with FMA (12) and F16C (29): a Linux guest gets the x87/SSE state only.
-                c &= !(1 << 12 | 1 << 15 | 1 << 21 | 1 << 24 | 0xf << 26);
-                // MCE (7), APIC (9), MTRR (12), MCA (14), ACPI thermal (22).
-                d &= !(1 << 7 | 1 << 9 | 1 << 12 | 1 << 14 | 1 << 22);
+                c &= !(1 << 12 | 1 << 15 | 1 << 21 | 0xf << 26);
+                // MCE (7), MTRR (12), MCA (14), ACPI thermal (22).
+                d &= !(1 << 7 | 1 << 12 | 1 << 14 | 1 << 22);
+                // Without `apic=on`: no local APIC (EDX 9), no TSC-deadline timer (ECX 24).
+                if !apic {
+                    c &= !(1 << 24);
+                    d &= !(1 << 9);
+                }
             }
             (a, b, c, d)
         }

@@ -8,6 +8,7 @@ use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::GuestOps;
 use crate::vm::{Stop, Vm};
 use alloc::format;
+use hvprof_hypervisor::devices::acpi_pm::{AcpiPm, PmEffect};
 use hvprof_hypervisor::devices::board::Access;
 use hvprof_vmx::exit::{IoAccess, IoDirection};
 use hvprof_vmx::instructions::CurrentVmcs;
@@ -36,6 +37,9 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
         _ => 0xffff_ffff,
     };
     let now = crate::tsc::rdtsc();
+    if vm.apic && AcpiPm::claims(io.port) {
+        return acpi_pm(vm, vcpu, vmcs, &io, mask);
+    }
     match io.direction {
         IoDirection::Out => {
             let value = vcpu.regs.rax & mask;
@@ -71,6 +75,46 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
                 mask
             });
             // IN writes AL/AX/EAX; a 32-bit IN zero-extends into RAX (SDM Vol. 2A, IN).
+            let r = &mut vcpu.regs.rax;
+            *r = if io.size == 4 {
+                value
+            } else {
+                (*r & !mask) | value
+            };
+        }
+    }
+    vmcs.skip_instruction();
+    None
+}
+
+/// The ACPI PM1a blocks (`apic=on`): S5 powers the VM off.
+fn acpi_pm(
+    vm: &Vm,
+    vcpu: &mut Vcpu,
+    vmcs: &mut CurrentVmcs,
+    io: &IoAccess,
+    mask: u64,
+) -> Option<Stop> {
+    let size = io.size;
+    match io.direction {
+        IoDirection::Out => {
+            let value = (vcpu.regs.rax & mask) as u32;
+            match vm.devices.lock().pm.write(io.port, size, value) {
+                PmEffect::PowerOff => {
+                    return Some(Stop::Exited {
+                        code: 0,
+                        how: "ACPI S5 power-off",
+                    });
+                }
+                PmEffect::SleepRefused(typ) => crate::println!(
+                    "vm {}: ACPI sleep type {typ} requested: only S5 (power-off) is offered; ignored",
+                    vm.name
+                ),
+                PmEffect::None => {}
+            }
+        }
+        IoDirection::In => {
+            let value = u64::from(vm.devices.lock().pm.read(io.port, size));
             let r = &mut vcpu.regs.rax;
             *r = if io.size == 4 {
                 value

@@ -9,6 +9,7 @@
 mod cpuid;
 mod fatal;
 mod io;
+mod lapic;
 mod msr;
 mod vmcall;
 
@@ -43,7 +44,7 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, reason: ExitReas
         // Linux guest, when its devices raise an interrupt it takes (none pending now).
         vmcs.skip_instruction();
         if vm.linux {
-            match virtual_interrupts::on_halt(vm, vmcs, crate::tsc::rdtsc()) {
+            match virtual_interrupts::on_halt(vm, vcpu.index, vmcs, crate::tsc::rdtsc()) {
                 Ok(()) => return Flow::Resume,
                 Err(wake) => {
                     vcpu.wake_at = match (vcpu.wake_at, wake) {
@@ -159,6 +160,15 @@ fn handle_exit(
         }
         Some(BasicExit::CrAccess) => cr_access(vcpu, vmcs),
         Some(BasicExit::TripleFault) => Some(fatal(vcpu, vmcs, String::from("triple fault"))),
+        Some(BasicExit::EptViolation)
+            if lapic::is_lapic(
+                vm,
+                vmcs.read64(ReadOnly64::GuestPhysicalAddress).unwrap_or(0),
+            ) =>
+        {
+            let gpa = vmcs.read64(ReadOnly64::GuestPhysicalAddress).unwrap_or(0);
+            lapic::mmio(vm, vcpu, vmcs, gpa)
+        }
         Some(BasicExit::EptViolation) => {
             let v = EptViolation::new(
                 vmcs.exit_qualification().unwrap_or(0),

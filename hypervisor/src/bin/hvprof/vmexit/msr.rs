@@ -21,12 +21,27 @@ const MISC_ENABLE_VALUE: u64 = 1 | 1 << 11 | 1 << 12;
 const FEATURE_CONTROL_VALUE: u64 = 1;
 /// xAPIC at the architectural base, enabled, bootstrap processor.
 const APIC_BASE_VALUE: u64 = 0xfee0_0900;
+/// IA32_APIC_BASE's BSP flag (bit 8).
+const APIC_BASE_BSP: u64 = 1 << 8;
+const IA32_TSC_DEADLINE: u32 = 0x6e0;
+
+/// IA32_APIC_BASE as vCPU `index` reads it: only vCPU 0 is the bootstrap processor.
+fn apic_base(index: u16) -> u64 {
+    if index == 0 {
+        APIC_BASE_VALUE
+    } else {
+        APIC_BASE_VALUE & !APIC_BASE_BSP
+    }
+}
 
 pub fn rdmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     let msr = vcpu.regs.rcx as u32;
     let value = match msr {
         IA32_FEATURE_CONTROL => FEATURE_CONTROL_VALUE,
-        IA32_APIC_BASE => APIC_BASE_VALUE,
+        IA32_APIC_BASE => apic_base(vcpu.index),
+        IA32_TSC_DEADLINE if vm.apic => {
+            vm.devices.lock().lapics[usize::from(vcpu.index)].deadline()
+        }
         IA32_PLATFORM_ID if vm.linux => 0,
         IA32_BIOS_SIGN_ID if vm.linux => MICROCODE_REVISION,
         IA32_MISC_ENABLE if vm.linux => MISC_ENABLE_VALUE,
@@ -48,7 +63,11 @@ pub fn wrmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     let value = (vcpu.regs.rdx << 32) | (vcpu.regs.rax & 0xffff_ffff);
     match msr {
         // Rewriting the value it reads is harmless; anything else would move the APIC.
-        IA32_APIC_BASE if value == APIC_BASE_VALUE => {}
+        IA32_APIC_BASE if value == apic_base(vcpu.index) => {}
+        // The timer's deadline (SDM Vol. 3A, "TSC-Deadline Mode"); the next VM entry arms it.
+        IA32_TSC_DEADLINE if vm.apic => {
+            vm.devices.lock().lapics[usize::from(vcpu.index)].write_deadline(value);
+        }
         // Writing 0 before reading the revision is how the revision is read (SDM Vol. 3A
         // §10.11.7.1); loading microcode is not offered. MISC_ENABLE writes change nothing.
         IA32_BIOS_SIGN_ID | IA32_MISC_ENABLE if vm.linux => {}

@@ -1,0 +1,194 @@
+//! A Linux guest's accesses to its local APIC's registers (`apic=on`): the xAPIC page at GPA
+//! 0xfee00000 is not in the VM's EPT, so each access is an EPT violation (SDM Vol. 3C §29.3.3,
+//! exit reason 48). The instruction at the guest's RIP is fetched through its own page tables
+//! and decoded (`hvprof_hypervisor::mmio_decode`), the register is read or written in the vCPU's
+//! model (`hvprof_hypervisor::devices::lapic`), and the guest goes on after the instruction.
+//! What a write asks for next (an IPI, an EOI of a level-triggered vector) is done here.
+
+use crate::tsc::rdtsc;
+use crate::vcpu::Vcpu;
+use crate::vcpu::guest_ops::must;
+use crate::vm::{Stop, Vm, VmDevices};
+use alloc::format;
+use core::fmt::Write;
+use hvprof_hypervisor::devices::lapic::{Delivery, Effect, Ipi};
+use hvprof_hypervisor::guest_acpi::LAPIC_BASE;
+use hvprof_hypervisor::mmio_decode::{self, MAX_LEN, Op};
+use hvprof_vmx::instructions::CurrentVmcs;
+use hvprof_vmx::regs::Gpr;
+use hvprof_vmx::vmcs::{Guest32, GuestNatural, VmcsExt};
+
+/// CS access rights' L bit: 64-bit code.
+const CS_AR_L: u32 = 1 << 13;
+/// CR0.PG.
+const CR0_PG: u64 = 1 << 31;
+
+/// Whether `gpa` is the local APIC's page of a VM that has one.
+pub fn is_lapic(vm: &Vm, gpa: u64) -> bool {
+    vm.apic && (LAPIC_BASE..LAPIC_BASE + 0x1000).contains(&gpa)
+}
+
+/// The access at `gpa` (on the APIC page) by the instruction at the guest's RIP.
+pub fn mmio(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, gpa: u64) -> Option<Stop> {
+    let rip = must(vmcs.read_natural(GuestNatural::Rip), "VMREAD RIP");
+    let long = must(vmcs.read32(Guest32::CsAccessRights), "VMREAD CS rights") & CS_AR_L != 0;
+    let mut code = [0u8; MAX_LEN];
+    let n = fetch(vm, vmcs, rip, &mut code);
+    let access = match mmio_decode::decode(&code[..n], long) {
+        Ok(a) => a,
+        Err(e) => {
+            let mut bytes = alloc::string::String::new();
+            for b in &code[..n] {
+                let _ = write!(bytes, " {b:02x}");
+            }
+            return Some(super::fatal::fatal(
+                vcpu,
+                vmcs,
+                format!(
+                    "local APIC access at GPA {gpa:#x} by {e} at RIP {rip:#x} (bytes:{bytes}): not emulated"
+                ),
+            ));
+        }
+    };
+    // The registers are 32 bits at 16-byte boundaries; other offsets read 0 and ignore writes.
+    let offset = (gpa & 0xfff) as u32;
+    let aligned = offset & 0xf == 0;
+    let now = rdtsc();
+    let index = usize::from(vcpu.index);
+    {
+        let mut dev = vm.devices.lock();
+        match access.op {
+            Op::Read { reg } => {
+                let value = if aligned {
+                    dev.lapics[index].read(offset, now)
+                } else {
+                    0
+                };
+                set_gpr(vcpu, vmcs, reg, u64::from(value));
+            }
+            Op::Write { reg } => {
+                let value = get_gpr(vcpu, vmcs, reg) as u32;
+                if aligned {
+                    let effect = dev.lapics[index].write(offset, value, now);
+                    carry_out(vm, &mut dev, effect);
+                }
+            }
+            Op::WriteImm { imm } => {
+                if aligned {
+                    let effect = dev.lapics[index].write(offset, imm, now);
+                    carry_out(vm, &mut dev, effect);
+                }
+            }
+        }
+    }
+    vcpu.apic_accesses += 1;
+    must(
+        hvprof_vmx::guest::advance_rip(vmcs, access.len as u64),
+        "move RIP past the APIC access",
+    );
+    None
+}
+
+/// What a register write asks for.
+fn carry_out(vm: &Vm, dev: &mut VmDevices, effect: Effect) {
+    match effect {
+        Effect::Ipi(ipi) => deliver(vm, dev, &ipi),
+        // No I/O APIC yet (virtual-wire mode): nothing waits for a level-triggered EOI; the
+        // timer's new deadline is taken at the next VM entry.
+        Effect::LevelEoi(_) | Effect::Timer | Effect::None => {}
+    }
+}
+
+/// An IPI to the vCPUs it names (they take it at their next VM entry).
+fn deliver(vm: &Vm, dev: &mut VmDevices, ipi: &Ipi) {
+    dev.ipis += 1;
+    match ipi.delivery {
+        Delivery::Fixed | Delivery::LowestPriority => {
+            for (i, l) in dev.lapics.iter_mut().enumerate() {
+                if l.is_target(ipi) {
+                    l.accept(ipi.vector, ipi.level_triggered);
+                    vm.kick(i);
+                }
+            }
+        }
+        // INIT level de-assert is a no-op on every APIC since the Pentium 4.
+        Delivery::Init if ipi.is_init_deassert() => {}
+        // INIT: the target's APIC goes back to its state after INIT; a vCPU that has not been
+        // started is in wait-for-SIPI already (one that runs is not sent back there yet).
+        Delivery::Init => {
+            for (i, l) in dev.lapics.iter_mut().enumerate() {
+                if l.is_target(ipi) && i != usize::from(ipi.source) {
+                    l.init();
+                    dev.inits += 1;
+                }
+            }
+        }
+        Delivery::StartUp => {
+            for (i, l) in dev.lapics.iter().enumerate() {
+                if l.is_target(ipi) && i != usize::from(ipi.source) {
+                    vm.send_sipi(i, ipi.vector);
+                    dev.sipis += 1;
+                }
+            }
+        }
+        other => {
+            if !dev.logged_ipis.contains(&other) {
+                dev.logged_ipis.push(other);
+                crate::println!(
+                    "vm {}: {other:?} IPI not delivered (not emulated yet; reported once)",
+                    vm.name
+                );
+            }
+        }
+    }
+}
+
+/// Copies the guest's code at linear address `rip` into `out`, as far as it is readable; the
+/// number of bytes.
+fn fetch(vm: &Vm, vmcs: &CurrentVmcs, rip: u64, out: &mut [u8]) -> usize {
+    let ram = vm.ram();
+    let paging = must(vmcs.read_natural(GuestNatural::Cr0), "VMREAD CR0") & CR0_PG != 0;
+    let cr3 = must(vmcs.read_natural(GuestNatural::Cr3), "VMREAD CR3");
+    let mut done = 0;
+    while done < out.len() {
+        let la = rip.wrapping_add(done as u64);
+        let gpa = if paging {
+            match hvprof_hypervisor::profiler::guest_walk::translate_leaf(
+                &|gpa| ram.read_u64(gpa),
+                cr3,
+                la,
+            ) {
+                Some(leaf) => leaf.gpa,
+                None => break,
+            }
+        } else {
+            la
+        };
+        // Up to the end of this 4 KiB page.
+        let n = (out.len() - done).min(0x1000 - (la & 0xfff) as usize);
+        if !ram.read(gpa, &mut out[done..done + n]) {
+            break;
+        }
+        done += n;
+    }
+    done
+}
+
+fn get_gpr(vcpu: &Vcpu, vmcs: &CurrentVmcs, reg: u8) -> u64 {
+    match Gpr::from_number(reg) {
+        Gpr::Rsp => must(vmcs.read_natural(GuestNatural::Rsp), "VMREAD RSP"),
+        r => vcpu.regs.get(r).unwrap_or(0),
+    }
+}
+
+/// A 32-bit load: the register's upper half becomes 0 (SDM Vol. 1 §3.4.1.1).
+fn set_gpr(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, reg: u8, value: u64) {
+    match Gpr::from_number(reg) {
+        Gpr::Rsp => must(vmcs.write_natural(GuestNatural::Rsp, value), "VMWRITE RSP"),
+        r => {
+            if let Some(slot) = vcpu.regs.get_mut(r) {
+                *slot = value;
+            }
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! The guest instruction behind an access to an emulated MMIO page (a Linux guest's xAPIC
+//! registers): an EPT violation gives the guest-physical address but neither the value written
+//! nor the register read into, nor the instruction's length (the VM-exit instruction-length field
+//! is undefined for EPT violations, SDM Vol. 3C §28.2.5). Compilers reach the APIC with plain
+//! 32-bit moves (Linux's `native_apic_mem_read`/`_write` are `movl`), so this decodes exactly
+//! those: `MOV r/m32, r32` (89 /r), `MOV r32, r/m32` (8B /r) and `MOV r/m32, imm32` (C7 /0),
+//! with segment and address-size prefixes and REX.R/X/B in 64-bit mode. Anything else (another
+//! operand size, a string move, a locked or read-modify-write instruction) is refused: the
+//! caller reports it instead of guessing.
+//!
+//! SDM Vol. 2A §2.1 "Instruction Format for Protected Mode, Real-Address Mode, and
+//! Virtual-8086 Mode" (prefixes, ModR/M, SIB, displacement, immediate; Tables 2-2 and 2-3 for
+//! 32-bit addressing), §2.2.1 "REX Prefixes", §2.2.1.6 "RIP-Relative Addressing"; Vol. 2B, MOV.
+
+/// The longest x86 instruction.
+pub const MAX_LEN: usize = 15;
+
+/// What the instruction does with the MMIO location (32 bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Loads it into general register `reg` (0-15; the upper 32 bits of the register become 0).
+    Read { reg: u8 },
+    /// Stores the low 32 bits of general register `reg`.
+    Write { reg: u8 },
+    /// Stores this immediate.
+    WriteImm { imm: u32 },
+}
+
+/// A decoded access and the instruction's length (the guest's RIP moves on by it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Access {
+    pub op: Op,
+    pub len: usize,
+}
+
+/// Why an instruction was not decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// An opcode, prefix or operand size this does not emulate (the first byte that is not a
+    /// prefix).
+    Unsupported(u8),
+    /// A register operand where a memory one was needed (cannot have caused the access).
+    NotMemory,
+    /// The bytes end before the instruction does.
+    Truncated,
+}
+
+impl core::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            DecodeError::Unsupported(b) => write!(
+                f,
+                "an instruction other than a 32-bit MOV (opcode or prefix {b:#04x})"
+            ),
+            DecodeError::NotMemory => f.write_str("a MOV without a memory operand"),
+            DecodeError::Truncated => f.write_str("an instruction cut short"),
+        }
+    }
+}
+
+/// Decodes the instruction in `bytes` (at most `MAX_LEN` are looked at), fetched in 64-bit mode
+/// (`long`) or 32-bit protected mode.
+pub fn decode(bytes: &[u8], long: bool) -> Result<Access, DecodeError> {
+    let bytes = &bytes[..bytes.len().min(MAX_LEN)];
+    let byte = |i: usize| bytes.get(i).copied().ok_or(DecodeError::Truncated);
+    let mut i = 0;
+    // Legacy prefixes: segment overrides and address size change nothing here (the GPA is
+    // known); operand size, LOCK and REP are not emulated.
+    while matches!(byte(i)?, 0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x67) {
+        i += 1;
+    }
+    // REX, only in 64-bit mode and right before the opcode.
+    let mut rex = 0u8;
+    if long && (0x40..=0x4f).contains(&byte(i)?) {
+        rex = byte(i)?;
+        i += 1;
+        if rex & 0x08 != 0 {
+            // REX.W: a 64-bit access.
+            return Err(DecodeError::Unsupported(rex));
+        }
+    }
+    let opcode = byte(i)?;
+    i += 1;
+    if !matches!(opcode, 0x89 | 0x8b | 0xc7) {
+        return Err(DecodeError::Unsupported(opcode));
+    }
+    let modrm = byte(i)?;
+    i += 1;
+    let (md, reg, rm) = (modrm >> 6, (modrm >> 3) & 7, modrm & 7);
+    if md == 3 {
+        return Err(DecodeError::NotMemory);
+    }
+    // SIB, then the displacement (32-bit addressing and 64-bit mode share these rules).
+    let mut disp = match md {
+        1 => 1,
+        2 => 4,
+        _ => 0,
+    };
+    if rm == 4 {
+        let sib = byte(i)?;
+        i += 1;
+        if md == 0 && sib & 7 == 5 {
+            disp = 4;
+        }
+    } else if md == 0 && rm == 5 {
+        // disp32 (RIP-relative in 64-bit mode).
+        disp = 4;
+    }
+    i += disp;
+    let reg = reg | ((rex & 0x04) << 1);
+    let op = match opcode {
+        0x89 => Op::Write { reg },
+        0x8b => Op::Read { reg },
+        _ => {
+            if reg & 7 != 0 {
+                return Err(DecodeError::Unsupported(opcode));
+            }
+            let imm = bytes.get(i..i + 4).ok_or(DecodeError::Truncated)?;
+            i += 4;
+            Op::WriteImm {
+                imm: u32::from_le_bytes([imm[0], imm[1], imm[2], imm[3]]),
+            }
+        }
+    };
+    if i > bytes.len() {
+        return Err(DecodeError::Truncated);
+    }
+    Ok(Access { op, len: i })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(bytes: &[u8]) -> Access {
+        decode(bytes, true).unwrap()
+    }
+
+    #[test]
+    fn the_moves_linux_makes() {
+        // mov 0xffffffffff5fc0f0,%eax (absolute disp32 through SIB, no base).
+        assert_eq!(
+            ok(&[0x8b, 0x04, 0x25, 0xf0, 0xc0, 0x5f, 0xff]),
+            Access {
+                op: Op::Read { reg: 0 },
+                len: 7
+            }
+        );
+        // mov %edi,0xffffffffff5fc0b0.
+        assert_eq!(
+            ok(&[0x89, 0x3c, 0x25, 0xb0, 0xc0, 0x5f, 0xff]).op,
+            Op::Write { reg: 7 }
+        );
+        // mov %r8d,(%rax) with REX.R; mov %eax,0x320(%rdx); mov 0x10(%rbx),%ecx.
+        assert_eq!(
+            ok(&[0x44, 0x89, 0x00]),
+            Access {
+                op: Op::Write { reg: 8 },
+                len: 3
+            }
+        );
+        assert_eq!(ok(&[0x89, 0x82, 0x20, 0x03, 0, 0]).len, 6);
+        assert_eq!(
+            ok(&[0x8b, 0x4b, 0x10]),
+            Access {
+                op: Op::Read { reg: 1 },
+                len: 3
+            }
+        );
+        // RIP-relative; REX.B only changes the base.
+        assert_eq!(ok(&[0x8b, 0x05, 1, 2, 3, 4]).len, 6);
+        assert_eq!(ok(&[0x41, 0x8b, 0x00]).op, Op::Read { reg: 0 });
+        // movl $0x10000,0xffffffffff5fc380 (C7 /0 with disp32 and imm32).
+        assert_eq!(
+            ok(&[0xc7, 0x04, 0x25, 0x80, 0xc3, 0x5f, 0xff, 0, 0, 1, 0]),
+            Access {
+                op: Op::WriteImm { imm: 0x10000 },
+                len: 11
+            }
+        );
+        // A segment prefix and an SIB with base and index and disp8.
+        assert_eq!(ok(&[0x65, 0x8b, 0x44, 0x88, 0x08]).len, 5);
+        // Trailing bytes are the next instruction's.
+        assert_eq!(ok(&[0x8b, 0x00, 0x90, 0x90]).len, 2);
+    }
+
+    #[test]
+    fn what_is_not_a_32_bit_move_is_refused() {
+        assert_eq!(
+            decode(&[0x48, 0x8b, 0x00], true),
+            Err(DecodeError::Unsupported(0x48))
+        );
+        assert_eq!(
+            decode(&[0x66, 0x89, 0x00], true),
+            Err(DecodeError::Unsupported(0x66))
+        );
+        assert_eq!(
+            decode(&[0xf0, 0x01, 0x00], true),
+            Err(DecodeError::Unsupported(0xf0))
+        );
+        assert_eq!(
+            decode(&[0x87, 0x00], true),
+            Err(DecodeError::Unsupported(0x87))
+        );
+        assert_eq!(decode(&[0x89, 0xc0], true), Err(DecodeError::NotMemory));
+        assert_eq!(
+            decode(&[0xc7, 0x08, 0, 0, 0, 0], true),
+            Err(DecodeError::Unsupported(0xc7))
+        );
+        assert_eq!(decode(&[0x8b, 0x04], true), Err(DecodeError::Truncated));
+        assert_eq!(
+            decode(&[0x8b, 0x80, 0x20], true),
+            Err(DecodeError::Truncated)
+        );
+        assert_eq!(decode(&[], true), Err(DecodeError::Truncated));
+        // 0x41 is INC ECX outside 64-bit mode.
+        assert_eq!(
+            decode(&[0x41, 0x8b, 0x00], false),
+            Err(DecodeError::Unsupported(0x41))
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_decode_or_refuse_within_bounds(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..20),
+            long in proptest::prelude::any::<bool>(),
+        ) {
+            if let Ok(a) = decode(&bytes, long) {
+                proptest::prop_assert!(a.len >= 2 && a.len <= bytes.len().min(MAX_LEN));
+            }
+        }
+    }
+}
