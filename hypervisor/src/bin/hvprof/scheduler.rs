@@ -430,7 +430,8 @@ fn idle_until(t: u64) {
     prof.set_idle(true);
     loop {
         let now = rdtsc();
-        if now >= t {
+        // A kick: another pCPU made something runnable here (an IPI to a halted vCPU).
+        if now >= t || prof.take_kicked() {
             break;
         }
         if now >= prof.next_tick() {

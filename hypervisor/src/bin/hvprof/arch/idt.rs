@@ -149,6 +149,10 @@ extern "C" fn dispatch(frame: &mut TrapFrame) {
         crate::profiler::on_timer(frame.rip, frame.rbp);
         return;
     }
+    if frame.vector == super::lapic::KICK_VECTOR as u64 {
+        crate::profiler::sampler::on_kick();
+        return;
+    }
     if frame.vector == super::lapic::SPURIOUS_VECTOR as u64 {
         // A spurious interrupt needs no EOI (SDM Vol. 3A §12.9).
         return;

@@ -25,6 +25,10 @@ const REG_ICR_HIGH: u32 = 0x310;
 
 /// The vector of the profiler's timer interrupt, and the spurious vector.
 pub const TIMER_VECTOR: u8 = 0xef;
+/// The vector of a kick from another pCPU: a vCPU this pCPU runs or keeps halted has an IPI
+/// from its VM's other vCPUs (its handler only acknowledges it; the interrupt itself ends the
+/// guest's run or the pCPU's HLT).
+pub const KICK_VECTOR: u8 = 0xee;
 pub const SPURIOUS_VECTOR: u8 = 0xff;
 
 #[derive(Clone, Copy, Debug)]

@@ -88,6 +88,8 @@ pub struct CpuProfiler {
     guest_rbp: AtomicU64,
     /// Guest stack pages translated by earlier walks.
     stack_pages: StackPages,
+    /// Another pCPU kicked this one since it last looked (`kick_cpu`).
+    kicked: AtomicBool,
 }
 
 /// Entries of `StackPages`.
@@ -286,6 +288,7 @@ impl CpuProfiler {
             cost_min: AtomicU64::new(u64::MAX),
             cost_max: AtomicU64::new(0),
             lapic: spin::Once::new(),
+            kicked: AtomicBool::new(false),
             idle: AtomicBool::new(false),
             pushing: AtomicBool::new(false),
             costs: Costs::new(),
@@ -352,6 +355,37 @@ impl CpuProfiler {
 /// pCPU `index`'s profiler.
 pub fn cpu(index: usize) -> &'static CpuProfiler {
     &CPUS[index]
+}
+
+/// Interrupts pCPU `target` (a kick, `KICK_VECTOR`): a vCPU it runs leaves the guest and looks
+/// at its IPIs; a pCPU idling in `halt_until` wakes and looks at its run queue. Nothing when
+/// `target` is this pCPU or has no local APIC.
+pub fn kick_cpu(target: usize) {
+    let here = this_cpu();
+    if target == here.pcpu() || target >= MAX_CPUS {
+        return;
+    }
+    if let (Some(from), Some(to)) = (here.lapic.get(), CPUS[target].lapic.get()) {
+        CPUS[target].kicked.store(true, Ordering::Release);
+        // Fixed delivery, physical destination, edge (SDM Vol. 3A, "Interrupt Command
+        // Register").
+        from.send_ipi(to.id(), u32::from(crate::arch::lapic::KICK_VECTOR));
+    }
+}
+
+/// Every other pCPU with a local APIC (a vCPU free to move may be on any of them).
+pub fn kick_others() {
+    for (i, c) in CPUS.iter().enumerate() {
+        if c.lapic.get().is_some() {
+            kick_cpu(i);
+        }
+    }
+}
+
+/// The kick's interrupt on this pCPU (from the IDT, or from an external-interrupt exit, which
+/// acknowledged it already: the EOI is due either way).
+pub fn on_kick() {
+    this_cpu().eoi();
 }
 
 impl CpuProfiler {
@@ -841,6 +875,11 @@ impl CpuProfiler {
     /// Halts this pCPU until its next sampling deadline or TSC `t`, whichever comes first (the
     /// LAPIC timer wakes it; `on_timer` takes the sample and re-arms for the next deadline).
     /// Without a LAPIC timer, returns at once: the caller polls.
+    /// Whether another pCPU kicked this one since the last call (and clears it).
+    pub fn take_kicked(&self) -> bool {
+        self.kicked.swap(false, Ordering::Acquire)
+    }
+
     pub fn halt_until(&self, t: u64) {
         let Some(l) = self.lapic.get() else {
             core::hint::spin_loop();

@@ -108,6 +108,7 @@ fn deliver(vm: &Vm, dev: &mut VmDevices, ipi: &Ipi) {
                 if l.is_target(ipi) {
                     l.accept(ipi.vector, ipi.level_triggered);
                     vm.kick(i);
+                    kick_pcpu(vm, i);
                 }
             }
         }
@@ -127,6 +128,7 @@ fn deliver(vm: &Vm, dev: &mut VmDevices, ipi: &Ipi) {
             for (i, l) in dev.lapics.iter().enumerate() {
                 if l.is_target(ipi) && i != usize::from(ipi.source) {
                     vm.send_sipi(i, ipi.vector);
+                    kick_pcpu(vm, i);
                     dev.sipis += 1;
                 }
             }
@@ -140,6 +142,16 @@ fn deliver(vm: &Vm, dev: &mut VmDevices, ipi: &Ipi) {
                 );
             }
         }
+    }
+}
+
+/// Interrupts the pCPU that runs or keeps vCPU `index` (its pinned one; a vCPU free to move
+/// may be on any), so that it looks at the IPI now rather than at its next sampling deadline or
+/// idle poll.
+fn kick_pcpu(vm: &Vm, index: usize) {
+    match vm.pin.as_ref().and_then(|p| p.get(index)) {
+        Some(cpu) => crate::profiler::sampler::kick_cpu(usize::from(cpu)),
+        None => crate::profiler::sampler::kick_others(),
     }
 }
 

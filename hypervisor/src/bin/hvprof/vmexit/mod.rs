@@ -81,12 +81,17 @@ fn handle_exit(
         Some(BasicExit::InterruptWindow) => None,
         Some(BasicExit::ExternalInterrupt) => {
             // "Acknowledge interrupt on exit" took the vector (SDM Vol. 3C §28.2.2), so it is
-            // in service at the local APIC and needs its EOI. The one source the hypervisor
-            // enables is the profiler's LAPIC timer: one that fired just before the VM entry
-            // arrives here (the guest's sample is taken by the exit path). Anything else is
-            // noted.
+            // in service at the local APIC and needs its EOI. The sources the hypervisor
+            // enables are the profiler's LAPIC timer (one that fired just before the VM entry
+            // arrives here; the guest's sample is taken by the exit path) and other pCPUs'
+            // kicks. Anything else is noted.
             let info = InterruptionInfo(vmcs.read32(ReadOnly32::ExitInterruptionInfo).unwrap_or(0));
             let vector = info.vector();
+            if vector == crate::arch::lapic::KICK_VECTOR {
+                // Another pCPU's kick: the run loop looks at this vCPU's IPIs before the entry.
+                crate::profiler::sampler::on_kick();
+                return None;
+            }
             if vector != crate::arch::lapic::TIMER_VECTOR {
                 crate::println!(
                     "vm {}: note: external interrupt vector {vector} while the guest ran",
