@@ -256,6 +256,77 @@ fn check_smp_profile(run: &ProfileRun) -> Result<(), String> {
     Ok(())
 }
 
+/// `bochs-linux-smp-halt`: two vCPUs on one pCPU, one running w41 and the other mostly halted:
+/// the halted one's blank time is `[idle] (halted)`, apart from its steal (the time it could have
+/// run while its peer ran); for both, the sampled idle and steal agree with the exact figures of
+/// the scheduling events within 1 point.
+fn check_smp_halt(run: &ProfileRun) -> Result<(), String> {
+    let report = linux_report(run)?;
+    let vcpus = vm(&report, "linux")?
+        .get("vcpus")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let field = |v: &Value, k: &str| v.pointer(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    let w41 = |v: &Value| {
+        v.get("rows")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|r| str_of(r, "process").starts_with("w41["))
+            .filter_map(|r| r.get("samples").and_then(Value::as_f64))
+            .sum::<f64>()
+    };
+    if vcpus.len() != 2 {
+        return Err(format!("{} vCPUs in the report, expected 2", vcpus.len()));
+    }
+    let (busy, halted) = if w41(&vcpus[0]) >= w41(&vcpus[1]) {
+        (&vcpus[0], &vcpus[1])
+    } else {
+        (&vcpus[1], &vcpus[0])
+    };
+    let summary = |v: &Value| {
+        format!(
+            "vCPU {}: w41 {} samples, idle {:.1}%, steal {:.1}% (exact: idle {:.1}%, steal {:.1}%)",
+            field(v, "/vcpu"),
+            w41(v),
+            field(v, "/idle"),
+            field(v, "/steal"),
+            field(v, "/exact/idle"),
+            field(v, "/exact/steal")
+        )
+    };
+    let mut errors = Vec::new();
+    if w41(busy) < 3000.0 || w41(halted) > 0.05 * w41(busy) {
+        errors.push(format!(
+            "w41 should run on one vCPU: {}; {}",
+            summary(busy),
+            summary(halted)
+        ));
+    }
+    let (idle, steal) = (field(halted, "/idle"), field(halted, "/steal"));
+    let idle_enough = idle >= 25.0 && idle >= 2.0 * steal && idle > field(busy, "/idle");
+    if !idle_enough {
+        errors.push(format!(
+            "the halted vCPU's blank time should be idle, not steal: {}; the busy one: {}",
+            summary(halted),
+            summary(busy)
+        ));
+    }
+    for v in [busy, halted] {
+        for k in ["/exact/idle_difference", "/exact/steal_difference"] {
+            let d = field(v, k).abs();
+            if d.is_nan() || d > 1.0 {
+                errors.push(format!(
+                    "samples and scheduling events disagree by more than 1 point ({k}): {}",
+                    summary(v)
+                ));
+            }
+        }
+    }
+    all_of(errors.into_iter().map(Err))
+}
+
 /// The analyzer's report with the guest kernel and the workloads' images.
 fn linux_report(run: &ProfileRun) -> Result<Value, String> {
     run.report_with(None, &linux_args())
@@ -1075,6 +1146,11 @@ pub fn all() -> Vec<Scenario> {
         .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
         .check(check_smp_boot)
         .profile(check_smp_profile),
+        // The same guest on one pCPU: w41 keeps one vCPU busy, the other halts: its blank time
+        // is idle, not steal, and the busy one loses little to it (the paper's Tables 14/15).
+        linux_apic_vm(boot("bochs-linux-smp-halt"), "linux", "w41", "400", 2, "0,0")
+            .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
+            .profile(check_smp_halt),
         linux_vm(boot("bochs-linux-w41"), "linux", "w41", "400")
             .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
             // The image loads no module: the list, found at `modules` moved by the KASLR slide,
