@@ -178,9 +178,12 @@ impl GuestConsole {
 const SIPI_PENDING: u16 = 0x100;
 
 impl Vm {
-    /// Tells vCPU `index` that something waits for it (see `kicks`).
-    pub fn kick(&self, index: usize) {
-        self.kicks.fetch_or(1 << (index % 64), Ordering::Release);
+    /// Tells vCPU `index` that something waits for it (see `kicks`); whether it was not told
+    /// already (only then does its pCPU need an interrupt: a guest that sends IPIs in a loop
+    /// costs another pCPU one kick per look, not one per IPI).
+    pub fn kick(&self, index: usize) -> bool {
+        let bit = 1 << (index % 64);
+        self.kicks.fetch_or(bit, Ordering::Release) & bit == 0
     }
 
     /// Whether vCPU `index` was kicked since the last call (and clears it).
@@ -200,7 +203,7 @@ impl Vm {
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             );
-            self.kick(index);
+            let _ = self.kick(index);
         }
     }
 

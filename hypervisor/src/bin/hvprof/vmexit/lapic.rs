@@ -107,8 +107,9 @@ fn deliver(vm: &Vm, dev: &mut VmDevices, ipi: &Ipi) {
             for (i, l) in dev.lapics.iter_mut().enumerate() {
                 if l.is_target(ipi) {
                     l.accept(ipi.vector, ipi.level_triggered);
-                    vm.kick(i);
-                    kick_pcpu(vm, i);
+                    if vm.kick(i) {
+                        kick_pcpu(vm, i);
+                    }
                 }
             }
         }
