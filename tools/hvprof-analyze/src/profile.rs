@@ -1512,13 +1512,19 @@ impl Profile {
 
     /// Every sample in TSC order (then pCPU), one by one on this thread.
     pub fn for_each_sample(&self, mut f: impl FnMut(&Sampled)) {
+        self.for_each_run(|run| run.iter().for_each(&mut f));
+    }
+
+    /// Every sample in TSC order (then pCPU), a run of them at a time on this thread (the
+    /// caller may look ahead in a run, to prefetch).
+    pub fn for_each_run(&self, mut f: impl FnMut(&[Sampled])) {
         let _ = self.replay(
             |run, out: &mut Vec<Sampled>| {
                 out.clear();
                 out.extend_from_slice(run);
             },
             |run| {
-                run.iter().for_each(&mut f);
+                f(run);
                 Ok(())
             },
         );

@@ -608,6 +608,17 @@ fn pprof_totals_equal_the_call_graph() {
     assert_eq!(total, 210);
 }
 
+/// With call chains too, `export --firefox` writes what fxprof-processed-profile writes.
+#[test]
+fn firefox_file_with_chains_is_what_fxprof_writes() {
+    let p = files("firefox-bytes", true).profile();
+    let mut written = Vec::new();
+    hvprof_analyze::firefox::write(&p, &mut written, &Progress::hidden()).unwrap();
+    let reference =
+        serde_json::to_vec(&hvprof_analyze::firefox::build(&p, &Progress::hidden())).unwrap();
+    assert!(written == reference);
+}
+
 #[test]
 fn firefox_and_html_carry_the_frames() {
     let f = files("firefox", true);
