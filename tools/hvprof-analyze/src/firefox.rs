@@ -677,7 +677,8 @@ impl Splice<'_> {
 /// A thread's sample table, as fxprof-processed-profile writes it (`SampleTable`'s
 /// serialization through serde_json, its samples in time order): the length, the weight type,
 /// then per sample its stack index (`index` of its pair), its time since the previous sample
-/// (float milliseconds), its weight (1), its CPU time (`period_us`, 0 when idle).
+/// (float milliseconds), its weight (1), its CPU time (`period_us`, 0 when idle). The columns
+/// are formatted in chunks on every core, written in order.
 fn write_samples(
     w: &mut Splice<'_>,
     c: &Column,
@@ -685,58 +686,248 @@ fn write_samples(
     index: &[Option<u32>],
     period_us: &str,
 ) -> std::io::Result<()> {
-    use serde_json::ser::Formatter;
     let n = c.stacks.len();
     let mut num = itoa::Buffer::new();
     w.io(br#"{"length":"#)?;
     w.io(num.format(n).as_bytes())?;
     w.io(br#","weightType":"samples","stack":["#)?;
-    for (i, &h) in c.stacks.iter().enumerate() {
-        if i > 0 {
-            w.io(b",")?;
+    chunked(w, n, |_, range, out| {
+        let mut num = itoa::Buffer::new();
+        for i in range {
+            if i > 0 {
+                out.push(b',');
+            }
+            match index[c.stacks[i] as usize] {
+                Some(s) => out.extend_from_slice(num.format(s).as_bytes()),
+                None => out.extend_from_slice(b"null"),
+            }
         }
-        match index[h as usize] {
-            Some(s) => w.io(num.format(s).as_bytes())?,
-            None => w.io(b"null")?,
-        }
-    }
+    })?;
     w.io(br#"],"timeDeltas":["#)?;
-    // Periodic samples: mostly the same delta, formatted once.
-    let mut long = c.long.iter();
-    let mut last: Option<u64> = None;
-    let mut text: Vec<u8> = Vec::new();
-    for (i, &d) in c.deltas.iter().enumerate() {
-        if i > 0 {
-            w.io(b",")?;
-        }
-        let d = if d == u32::MAX {
-            *long
-                .next()
-                .ok_or_else(|| std::io::Error::other("a Firefox sample's time lost"))?
-        } else {
-            u64::from(d)
-        };
-        if last != Some(d) {
-            text.clear();
-            serde_json::ser::CompactFormatter.write_f64(&mut text, d as f64 / 1_000_000.0)?;
-            last = Some(d);
-        }
-        w.io(&text)?;
+    // Where each chunk's long deltas start.
+    let long_from: Vec<usize> = c
+        .deltas
+        .chunks(CHUNK)
+        .scan(0, |before, d| {
+            let from = *before;
+            *before += d.iter().filter(|&&d| d == u32::MAX).count();
+            Some(from)
+        })
+        .collect();
+    if long_from.last().is_some_and(|&from| {
+        from + c.deltas[(n - 1) / CHUNK * CHUNK..]
+            .iter()
+            .filter(|&&d| d == u32::MAX)
+            .count()
+            != c.long.len()
+    }) {
+        return Err(std::io::Error::other("a Firefox sample's time lost"));
     }
+    chunked(w, n, |k, range, out| {
+        let mut long = c.long[long_from[k]..].iter();
+        // Periodic samples: mostly the same delta, formatted once.
+        let mut last: Option<u64> = None;
+        let mut text: Vec<u8> = Vec::new();
+        for i in range {
+            if i > 0 {
+                out.push(b',');
+            }
+            let d = match c.deltas[i] {
+                u32::MAX => long.next().copied().unwrap_or_default(),
+                d => u64::from(d),
+            };
+            if last != Some(d) {
+                text.clear();
+                // Into a vector: cannot fail.
+                let _ = millis(&mut text, d);
+                last = Some(d);
+            }
+            out.extend_from_slice(&text);
+        }
+    })?;
     w.io(br#"],"weight":["#)?;
-    for i in 0..n {
-        w.io(if i > 0 { b",1" } else { b"1" })?;
-    }
+    chunked(w, n, |_, range, out| {
+        for i in range {
+            out.extend_from_slice(if i > 0 { b",1" } else { b"1" });
+        }
+    })?;
     w.io(br#"],"threadCPUDelta":["#)?;
-    for (i, &h) in c.stacks.iter().enumerate() {
-        if i > 0 {
-            w.io(b",")?;
+    chunked(w, n, |_, range, out| {
+        for i in range {
+            if i > 0 {
+                out.push(b',');
+            }
+            if stacks[c.stacks[i] as usize].2 {
+                out.push(b'0');
+            } else {
+                out.extend_from_slice(period_us.as_bytes());
+            }
         }
-        if stacks[h as usize].2 {
-            w.io(b"0")?;
-        } else {
-            w.io(period_us.as_bytes())?;
-        }
-    }
+    })?;
     w.io(b"]}")
+}
+
+/// Samples per chunk of a column formatted at once.
+const CHUNK: usize = 1 << 16;
+
+/// Items `0..n` formatted by `format(k, range, out)` (chunk `k`, its items `range`) on every
+/// core, a few chunks at a time, and written in order.
+fn chunked(
+    w: &mut Splice<'_>,
+    n: usize,
+    format: impl Fn(usize, std::ops::Range<usize>, &mut Vec<u8>) + Sync,
+) -> std::io::Result<()> {
+    let threads = std::thread::available_parallelism().map_or(1, |t| t.get().min(8));
+    let chunks = n.div_ceil(CHUNK);
+    let mut bufs: Vec<Vec<u8>> = vec![Vec::new(); threads];
+    let format = &format;
+    let mut k = 0;
+    while k < chunks {
+        let wave = threads.min(chunks - k);
+        std::thread::scope(|sc| {
+            for (j, buf) in bufs.iter_mut().take(wave).enumerate() {
+                let chunk = k + j;
+                let range = chunk * CHUNK..((chunk + 1) * CHUNK).min(n);
+                buf.clear();
+                if j + 1 == wave {
+                    format(chunk, range, buf);
+                } else {
+                    sc.spawn(move || format(chunk, range, buf));
+                }
+            }
+        });
+        for buf in bufs.iter().take(wave) {
+            w.io(buf)?;
+        }
+        k += wave;
+    }
+    Ok(())
+}
+
+/// `nanos` as float milliseconds, as serde_json writes `nanos as f64 / 1e6` (fxprof-processed-
+/// profile's time deltas): the shortest decimal that reads back as that float. Below 10^15 ns
+/// the quotient's exact decimal (at most 15 significant digits, six after the point) is it:
+/// the float is the one nearest to that decimal (a correctly rounded quotient), and two
+/// decimals of at most 15 digits never share a float, so no shorter one reads back as it.
+/// serde_json writes it in fixed notation from 10^-5 on (`1.0` for a whole number); smaller
+/// and larger values are left to it.
+fn millis(out: &mut Vec<u8>, nanos: u64) -> std::io::Result<()> {
+    if !(10_000..1_000_000_000_000_000).contains(&nanos) {
+        use serde_json::ser::Formatter;
+        return serde_json::ser::CompactFormatter.write_f64(out, nanos as f64 / 1_000_000.0);
+    }
+    let mut num = itoa::Buffer::new();
+    out.extend_from_slice(num.format(nanos / 1_000_000).as_bytes());
+    out.push(b'.');
+    let mut frac = nanos % 1_000_000;
+    if frac == 0 {
+        out.push(b'0');
+        return Ok(());
+    }
+    let mut digits = 6;
+    while frac.is_multiple_of(10) {
+        frac /= 10;
+        digits -= 1;
+    }
+    let text = num.format(frac);
+    out.extend(std::iter::repeat_n(b'0', digits - text.len()));
+    out.extend_from_slice(text.as_bytes());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{CHUNK, Column, Splice, millis, write_samples};
+
+    /// A sample table of several chunks, with deltas too long for 32 bits among them, is what
+    /// serde_json writes for its columns.
+    #[test]
+    fn sample_tables_are_written_whole_in_chunks() {
+        let n = 2 * CHUNK + 123;
+        let mut c = Column::default();
+        let mut deltas = Vec::new();
+        for i in 0..n {
+            let h = (i * 7 % 5) as u32;
+            let d = match i % 40_000 {
+                17 => 5_000_000_000 + i as u64,
+                18 => u64::from(u32::MAX),
+                _ => 1_000_000 + (i as u64 % 3) * 1_234,
+            };
+            c.stacks.push(h);
+            match u32::try_from(d) {
+                Ok(x) if x != u32::MAX => c.deltas.push(x),
+                _ => {
+                    c.deltas.push(u32::MAX);
+                    c.long.push(d);
+                }
+            }
+            deltas.push(d as f64 / 1_000_000.0);
+        }
+        // Pair 3 has no stack; pair 4 is idle.
+        let index = [Some(10), Some(11), Some(12), None, Some(14)];
+        let stacks: Vec<(u32, Option<fxprof_processed_profile::StackHandle>, bool)> =
+            (0..5).map(|k| (0, None, k == 4)).collect();
+        let mut out = Vec::new();
+        let mut w = Splice {
+            buf: Vec::new(),
+            out: &mut out,
+        };
+        write_samples(&mut w, &c, &stacks, &index, "1000").unwrap();
+        w.flush().unwrap();
+        let want = serde_json::json!({
+            "length": n,
+            "weightType": "samples",
+            "stack": c.stacks.iter().map(|&h| index[h as usize]).collect::<Vec<_>>(),
+            "timeDeltas": deltas,
+            "weight": vec![1; n],
+            "threadCPUDelta": c.stacks.iter().map(|&h| if h == 4 { 0 } else { 1000 }).collect::<Vec<_>>(),
+        });
+        // serde_json's map keeps the keys sorted: compare values, then the order of the keys.
+        let got: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(got, want);
+        let text = String::from_utf8(out).unwrap();
+        let at = |k: &str| text.find(&format!("\"{k}\"")).unwrap();
+        assert!(at("length") < at("weightType") && at("weightType") < at("stack"));
+        assert!(at("stack") < at("timeDeltas") && at("timeDeltas") < at("weight"));
+        assert!(at("weight") < at("threadCPUDelta"));
+        assert!(!text.contains(' '));
+    }
+
+    /// Time deltas in float milliseconds: the bytes serde_json writes for the float.
+    #[test]
+    fn millis_are_what_serde_json_writes() {
+        let check = |nanos: u64| {
+            let mut got = Vec::new();
+            millis(&mut got, nanos).unwrap();
+            let want = serde_json::to_vec(&(nanos as f64 / 1_000_000.0)).unwrap();
+            assert_eq!(
+                String::from_utf8(got).unwrap(),
+                String::from_utf8(want).unwrap(),
+                "{nanos} ns"
+            );
+        };
+        for nanos in (0..3_000_000).chain(999_000_000..1_001_000_000) {
+            check(nanos);
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..2_000_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            check(x >> (x % 64));
+        }
+        for p in 0..64 {
+            for d in [0, 1, 2, 999, 1000] {
+                check((1u64 << p).wrapping_sub(d));
+                check((1u64 << p).wrapping_add(d));
+            }
+        }
+        for p in 0..20 {
+            for d in [0, 1, 2, 999, 1000] {
+                check(10u64.pow(p).wrapping_sub(d));
+                check(10u64.pow(p).wrapping_add(d));
+            }
+        }
+        check(u64::MAX);
+    }
 }
