@@ -151,7 +151,7 @@ fn build_parts(p: &Profile, progress: &Progress, into_fx: bool) -> Parts {
     };
 
     progress.phase("firefox", Some(p.samples.len() as u64), "samples");
-    // Stacks per (thread, frame, named chains, exit cause).
+    // Stacks with chains per (thread, frame, named chains, exit cause).
     type StackKey = (ThreadHandle, u32, u32, bool);
     let mut stacks: HashMap<StackKey, Option<fxprof_processed_profile::StackHandle>> =
         HashMap::default();
@@ -216,11 +216,7 @@ fn build_parts(p: &Profile, progress: &Progress, into_fx: bool) -> Parts {
             };
             // A capture without chains never looks at the stack again.
             let st = chains.then(|| &p.samples.stacks()[s.stack as usize]);
-            let key = match st {
-                Some(st) => (t, s.frame, st.calls, st.exit_cause),
-                None => (t, s.frame, 0, false),
-            };
-            let stack = *stacks.entry(key).or_insert_with(|| {
+            let mut make = || {
                 let f = &p.frames[s.frame as usize];
                 let cat = category(s.what);
                 if let Some((st, parts)) = st.and_then(|st| Some((st, whole_stack(p, st)?))) {
@@ -265,7 +261,16 @@ fn build_parts(p: &Profile, progress: &Progress, into_fx: bool) -> Parts {
                 });
                 let frames = [process, function].into_iter().flatten().map(|n| (n, cat));
                 interner.stack(fx, t, frames)
-            });
+            };
+            // The stacks of one (thread, frame, named chains) share their Firefox stack, made
+            // once; without chains, a frame's names are interned once, and making the stack
+            // again is a few lookups.
+            let stack = match st {
+                Some(st) => *stacks
+                    .entry((t, s.frame, st.calls, st.exit_cause))
+                    .or_insert_with(make),
+                None => make(),
+            };
             let pair = handles.len() as u64;
             handles.push((slot, stack, s.what == What::Idle));
             u64::from(slot) << 32 | pair
