@@ -602,3 +602,23 @@ fn firefox_file_is_what_fxprof_writes() {
         );
     }
 }
+
+/// `export --pprof` encodes the samples as they are made: the file holds the encoding of the
+/// whole profile `pprof::build` makes.
+#[test]
+fn pprof_file_is_the_whole_profile_encoded() {
+    use prost::Message;
+    for c in &CAPTURES {
+        let p = c.profile();
+        let mut written = Vec::new();
+        hvprof_analyze::pprof::write(&p, &mut written, &Progress::hidden()).unwrap();
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(
+            &mut flate2::read::GzDecoder::new(written.as_slice()),
+            &mut raw,
+        )
+        .unwrap();
+        let whole = hvprof_analyze::pprof::build(&p, &Progress::hidden()).encode_to_vec();
+        assert!(raw == whole, "{}: the pprof profile differs", c.log);
+    }
+}

@@ -608,6 +608,23 @@ fn pprof_totals_equal_the_call_graph() {
     assert_eq!(total, 210);
 }
 
+/// With call chains too, `export --pprof` holds the whole profile `pprof::build` makes.
+#[test]
+fn pprof_file_with_chains_is_the_whole_profile_encoded() {
+    use prost::Message;
+    let p = files("pprof-bytes", true).profile();
+    let mut written = Vec::new();
+    pprof::write(&p, &mut written, &Progress::hidden()).unwrap();
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(written.as_slice()),
+        &mut raw,
+    )
+    .unwrap();
+    let whole = pprof::build(&p, &Progress::hidden()).encode_to_vec();
+    assert!(raw == whole);
+}
+
 /// With call chains too, `export --firefox` writes what fxprof-processed-profile writes.
 #[test]
 fn firefox_file_with_chains_is_what_fxprof_writes() {
