@@ -10,13 +10,20 @@
 //! window spans between N-1 and N seconds (the snapshot says how long exactly). The vCPUs' idle
 //! and steal are exact: the time each spent out halted (idle) and out otherwise (steal, runnable
 //! but not running), from its scheduling events, as fractions of the window's span.
+//!
+//! With call graphs ([`Live::with_call_graph`]) each sample is counted with its call chain (the
+//! guest's callers at a guest sample, the hypervisor's at a hypervisor or idle sample), each
+//! distinct chain numbered once; a snapshot then gives every function on the window's stacks
+//! its children count (the samples whose stack holds it, once each, as `perf top -g` shows),
+//! callers that are never a leaf included, and ranks the rows by it.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
 use rustc_hash::FxHashMap as HashMap;
 
 use hvprof_samplelog::{
-    Decoded, Event, EventKind, Header, Item, OutReason, PcpuTotals, Record, Sample, SampleKind,
+    Chains, Decoded, Event, EventKind, Header, Item, OutReason, PcpuTotals, Record, Sample,
+    SampleKind,
 };
 
 use crate::naming::Namer;
@@ -219,16 +226,21 @@ struct GuestKey {
     cr3: u64,
 }
 
-/// Sample counts of one second, or of the whole window.
+/// A distinct call chain (the callers' return addresses, innermost first) of the window's
+/// samples: its number in [`Live`]'s list; 0 is the empty chain.
+type StackId = u32;
+
+/// Sample counts of one second, or of the whole window: per leaf and the chain of its callers
+/// (the hypervisor's at the host level, the guest's at a guest function; 0 without call graphs).
 #[derive(Debug, Clone, Default)]
 struct Counts {
     samples: u64,
-    host: HashMap<HostKey, u64>,
-    guest: HashMap<GuestKey, u64>,
+    host: HashMap<(HostKey, StackId), u64>,
+    guest: HashMap<(GuestKey, StackId), u64>,
 }
 
 impl Counts {
-    fn add(&mut self, host: HostKey, guest: Option<GuestKey>) {
+    fn add(&mut self, host: (HostKey, StackId), guest: Option<(GuestKey, StackId)>) {
         self.samples += 1;
         *self.host.entry(host).or_default() += 1;
         if let Some(g) = guest {
@@ -344,6 +356,11 @@ pub struct Row {
     pub samples: u64,
     /// Percent of the table's total.
     pub percent: f64,
+    /// With call graphs: samples whose stack holds it (once each), its own included; else
+    /// `samples`.
+    pub children: u64,
+    /// `children`, as a percent of the table's total.
+    pub children_percent: f64,
 }
 
 /// A VM's hottest guest functions in the window.
@@ -383,6 +400,8 @@ pub struct VcpuTime {
 pub struct Snapshot {
     /// The header has not arrived (nothing can be placed in host time yet).
     pub waiting: bool,
+    /// The rows have children counts from the call chains (ranked by them).
+    pub call_graph: bool,
     /// The window's nominal length (seconds).
     pub window: u64,
     /// The host time the window spans (seconds).
@@ -423,6 +442,11 @@ pub struct Live {
     /// The buckets' sum.
     counts: Counts,
     vcpus: BTreeMap<(u16, u16), VcpuTrack>,
+    /// Whether samples are counted with their call chains.
+    call_graph: bool,
+    /// The distinct chains, by number (the first is the empty chain), and their numbers.
+    stacks: Vec<Box<[u64]>>,
+    stack_ids: HashMap<Box<[u64]>, StackId>,
     /// What naming needs: the header, a task per VM (which VMs are Linux guests), the VM end
     /// frames, the mapping frames.
     meta: Decoded,
@@ -441,8 +465,20 @@ impl Live {
             buckets: VecDeque::new(),
             counts: Counts::default(),
             vcpus: BTreeMap::new(),
+            call_graph: false,
+            stacks: vec![Box::default()],
+            stack_ids: HashMap::default(),
             meta: Decoded::default(),
             meta_version: 0,
+        }
+    }
+
+    /// An empty view over the last `window` seconds that counts each sample with its call
+    /// chain: its snapshots give children counts.
+    pub fn with_call_graph(window: u64) -> Self {
+        Live {
+            call_graph: true,
+            ..Live::new(window)
         }
     }
 
@@ -483,14 +519,16 @@ impl Live {
                     self.meta_version += 1;
                 }
             }
-            Item::Block { records, .. } => {
+            Item::Block {
+                records, frames, ..
+            } => {
                 // Without the header's TSC frequency nothing can be placed in host time.
                 if self.tsc_hz == 0 {
                     return;
                 }
-                for r in records {
+                for (r, chains) in hvprof_samplelog::with_chains(records, frames) {
                     match r {
-                        Record::Sample(s) => self.sample(s),
+                        Record::Sample(s) => self.sample(s, chains),
                         Record::Event(e) => self.event(e),
                     }
                 }
@@ -556,7 +594,25 @@ impl Live {
         tsc >= self.start()
     }
 
-    fn sample(&mut self, s: &Sample) {
+    /// The number of the chain `frames` (0 without call graphs).
+    fn stack(&mut self, frames: &[u64]) -> StackId {
+        if !self.call_graph || frames.is_empty() {
+            return 0;
+        }
+        if let Some(&id) = self.stack_ids.get(frames) {
+            return id;
+        }
+        let id = StackId::try_from(self.stacks.len()).unwrap_or(StackId::MAX);
+        if id == StackId::MAX {
+            // Four billion distinct chains: the rest count as their leaf alone.
+            return 0;
+        }
+        self.stacks.push(frames.into());
+        self.stack_ids.insert(frames.into(), id);
+        id
+    }
+
+    fn sample(&mut self, s: &Sample, chains: Chains<'_>) {
         if !self.advance(s.tsc) {
             return;
         }
@@ -565,21 +621,27 @@ impl Live {
             SampleKind::Guest => {
                 let user = s.cpl() == 3;
                 (
-                    HostKey::Vm(s.vm),
-                    Some(GuestKey {
-                        vm: s.vm,
-                        user,
-                        addr: s.guest_rip,
-                        cr3: if user {
-                            crate::naming::address_space(s.guest_cr3)
-                        } else {
-                            0
+                    (HostKey::Vm(s.vm), 0),
+                    Some((
+                        GuestKey {
+                            vm: s.vm,
+                            user,
+                            addr: s.guest_rip,
+                            cr3: if user {
+                                crate::naming::address_space(s.guest_cr3)
+                            } else {
+                                0
+                            },
                         },
-                    }),
+                        self.stack(chains.guest),
+                    )),
                 )
             }
-            SampleKind::Hypervisor => (HostKey::Hypervisor(s.host_rip), None),
-            SampleKind::Idle => (HostKey::Idle, None),
+            SampleKind::Hypervisor => (
+                (HostKey::Hypervisor(s.host_rip), self.stack(chains.host)),
+                None,
+            ),
+            SampleKind::Idle => ((HostKey::Idle, self.stack(chains.host)), None),
         };
         // Mostly the last second; a lagging pCPU's samples go further back.
         let i = match self.buckets.iter().rposition(|(b, _)| *b <= second) {
@@ -623,11 +685,13 @@ impl Live {
                 100.0 * n as f64 / of as f64
             }
         };
-        // The host level, merged by name.
-        let mut host: HashMap<(String, String), u64> = HashMap::default();
+        // The host level, merged by name; a caller (a return address: its call, `addr - 1`, as
+        // perf names it) is a hypervisor function.
+        let mut host = Tally::default();
+        let mut hv_names: HashMap<u64, String> = HashMap::default();
         let (mut vm_samples, mut hv_samples, mut idle_samples) = (0u64, 0u64, 0u64);
-        for (k, &n) in &self.counts.host {
-            let key = match *k {
+        for (&(k, stack), &n) in &self.counts.host {
+            let key = match k {
                 HostKey::Vm(vm) => {
                     vm_samples += n;
                     (format!("[{}]", names.vm_name(vm)), format!("(vm {vm})"))
@@ -641,24 +705,42 @@ impl Live {
                     ("[idle]".to_owned(), "(idle)".to_owned())
                 }
             };
-            *host.entry(key).or_default() += n;
+            let callers = self.stacks[stack as usize].iter().map(|&ret| {
+                let call = ret.saturating_sub(1);
+                let name = hv_names
+                    .entry(call)
+                    .or_insert_with(|| names.hypervisor_function(call));
+                (name.clone(), "hvprof".to_owned())
+            });
+            host.add(key, callers, n);
         }
-        // Each VM's functions, merged by name.
-        let mut per_vm: BTreeMap<u16, HashMap<(String, String), u64>> = BTreeMap::new();
-        for (k, &n) in &self.counts.guest {
+        // Each VM's functions, merged by name; callers named in the leaf's context.
+        let mut per_vm: BTreeMap<u16, Tally> = BTreeMap::new();
+        let mut guest_names: HashMap<GuestKey, (String, String)> = HashMap::default();
+        for (&(k, stack), &n) in &self.counts.guest {
             let named = names.guest_function(k.vm, k.user, k.addr, k.cr3);
-            *per_vm.entry(k.vm).or_default().entry(named).or_default() += n;
+            let callers = self.stacks[stack as usize].iter().map(|&ret| {
+                let call = GuestKey {
+                    addr: ret.saturating_sub(1),
+                    ..k
+                };
+                guest_names
+                    .entry(call)
+                    .or_insert_with(|| names.guest_function(k.vm, k.user, call.addr, k.cr3))
+                    .clone()
+            });
+            per_vm.entry(k.vm).or_default().add(named, callers, n);
         }
         let vms = per_vm
             .into_iter()
             .map(|(vm, rows)| {
-                let samples: u64 = rows.values().sum();
+                let samples = rows.samples;
                 VmTop {
                     vm,
                     name: names.vm_name(vm),
                     samples,
                     percent: pct(samples, total),
-                    rows: ranked(rows, samples, top),
+                    rows: rows.ranked(self.call_graph, top),
                 }
             })
             .collect();
@@ -700,6 +782,7 @@ impl Live {
         let span = secs(span_ticks);
         Snapshot {
             waiting: self.meta.header.is_none(),
+            call_graph: self.call_graph,
             window: self.window,
             span,
             elapsed: secs(end.saturating_sub(self.first.unwrap_or(end))),
@@ -708,7 +791,7 @@ impl Live {
             vm_percent: pct(vm_samples, total),
             hypervisor_percent: pct(hv_samples, total),
             idle_percent: pct(idle_samples, total),
-            host: ranked(host, total, top),
+            host: host.ranked(self.call_graph, top),
             vms,
             vcpus,
             totals,
@@ -716,29 +799,74 @@ impl Live {
     }
 }
 
-/// The `top` hottest rows, as percentages of `total`: by samples, then by name.
-fn ranked(rows: HashMap<(String, String), u64>, total: u64, top: usize) -> Vec<Row> {
-    let mut rows: Vec<Row> = rows
-        .into_iter()
-        .map(|((name, module), samples)| Row {
-            name,
-            module,
-            samples,
-            percent: if total == 0 {
+/// A table's rows being summed: per (name, module), its samples as a leaf (self) and those
+/// whose stack holds it (children).
+#[derive(Default)]
+struct Tally {
+    samples: u64,
+    rows: HashMap<(String, String), (u64, u64)>,
+}
+
+impl Tally {
+    /// `n` samples of `leaf` called by `callers`: each function on the stack counts them once.
+    fn add(
+        &mut self,
+        leaf: (String, String),
+        callers: impl Iterator<Item = (String, String)>,
+        n: u64,
+    ) {
+        self.samples += n;
+        let mut seen: Vec<(String, String)> = Vec::new();
+        for f in callers {
+            if f != leaf && !seen.contains(&f) {
+                seen.push(f);
+            }
+        }
+        for f in seen {
+            self.rows.entry(f).or_default().1 += n;
+        }
+        let row = self.rows.entry(leaf).or_default();
+        row.0 += n;
+        row.1 += n;
+    }
+
+    /// The `top` hottest rows, as percentages of the samples: by children (with call graphs),
+    /// by samples, then by name.
+    fn ranked(self, call_graph: bool, top: usize) -> Vec<Row> {
+        let total = self.samples;
+        let pct = |n: u64| {
+            if total == 0 {
                 0.0
             } else {
-                100.0 * samples as f64 / total as f64
-            },
-        })
-        .collect();
-    rows.sort_by(|a, b| {
-        b.samples
-            .cmp(&a.samples)
-            .then_with(|| a.name.cmp(&b.name))
-            .then_with(|| a.module.cmp(&b.module))
-    });
-    rows.truncate(top);
-    rows
+                100.0 * n as f64 / total as f64
+            }
+        };
+        let mut rows: Vec<Row> = self
+            .rows
+            .into_iter()
+            .map(|((name, module), (samples, children))| Row {
+                name,
+                module,
+                samples,
+                percent: pct(samples),
+                children,
+                children_percent: pct(children),
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            let by_children = if call_graph {
+                b.children.cmp(&a.children)
+            } else {
+                std::cmp::Ordering::Equal
+            };
+            by_children
+                .then_with(|| b.samples.cmp(&a.samples))
+                .then_with(|| a.name.cmp(&b.name))
+                .then_with(|| a.module.cmp(&b.module))
+        });
+        rows.truncate(top);
+        rows
+    }
 }
 
 /// `n` with its digits grouped by three (`1,234,567`).

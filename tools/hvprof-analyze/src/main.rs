@@ -252,6 +252,11 @@ enum Cmd {
         /// for the other sources; 0: never).
         #[arg(long, value_name = "SECS")]
         idle_timeout: Option<f64>,
+        /// Use the samples' call chains, like `perf top -g`: each function's children share
+        /// (the samples whose stack holds it, once each) beside its self share, its callers
+        /// included, the rows ranked by it.
+        #[arg(long, short = 'g')]
+        call_graph: bool,
     },
     /// Makes the unwind table of a guest program built without frame pointers (from its
     /// .eh_frame), for call chains through it: pass the file as a boot module and name it in
@@ -513,6 +518,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             width,
             height,
             idle_timeout,
+            call_graph,
         } => {
             if window == 0 {
                 bail!("--window must be at least 1 second");
@@ -542,6 +548,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
                 },
                 batch: batch.then_some((width.max(40), height.max(12))),
                 idle_timeout: idle(idle_timeout, &src)?,
+                call_graph,
             };
             top::run(
                 &reader,

@@ -76,7 +76,20 @@ pub fn vm_table(decoded: &Decoded) -> Vec<VmMeta> {
 pub fn function_name(symbols: Option<&Symbols>, addr: u64) -> String {
     symbols
         .and_then(|s| s.lookup(addr))
-        .map_or_else(|| format!("[unknown] {addr:#x}"), str::to_owned)
+        .map_or_else(|| unknown(addr), str::to_owned)
+}
+
+/// `[unknown] 0x…`, as `format!("[unknown] {addr:#x}")` writes it, without the formatting
+/// machinery: a capture without symbols has a name like it per distinct address.
+fn unknown(addr: u64) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let digits = (64 - addr.leading_zeros()).div_ceil(4).max(1);
+    let mut s = String::with_capacity(12 + 16);
+    s.push_str("[unknown] 0x");
+    for i in (0..digits).rev() {
+        s.push(char::from(DIGITS[(addr >> (4 * i) & 0xf) as usize]));
+    }
+    s
 }
 
 /// The name of a basic VM exit reason (Intel SDM Vol. 3D Table C-1), as `perf kvm stat` and the
@@ -883,6 +896,21 @@ mod mapping_tests {
         assert_eq!(file("first[90]", 0x5_0000), "[unknown]");
         assert_eq!(file("newer[95]", 0x4_0000), "newer.so");
         let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn unknown_addresses_are_named_as_format_writes_them() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut addrs = vec![0, 1, 0xf, 0x10, 0xffff_ffff_ffff_ffff, 1 << 63];
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            addrs.push(x >> (x % 64));
+        }
+        for a in addrs {
+            assert_eq!(function_name(None, a), format!("[unknown] {a:#x}"));
+        }
     }
 
     #[test]

@@ -184,6 +184,18 @@ impl Strings {
 
 /// Builds the pprof profile (not yet encoded).
 pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
+    let mut samples = Vec::new();
+    let mut profile = build_with(p, progress, &mut |s| samples.push(s));
+    profile.sample = samples;
+    profile
+}
+
+/// Builds the pprof profile but its samples, which go to `sample` one by one, in order.
+fn build_with(
+    p: &Profile,
+    progress: &Progress,
+    sample: &mut dyn FnMut(proto::Sample),
+) -> proto::Profile {
     let mut strings = Strings::new();
     let mut mappings: Vec<proto::Mapping> = Vec::new();
     let mut mapping_ids: HashMap<String, u64> = HashMap::default();
@@ -317,9 +329,8 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
         num: v,
         ..Default::default()
     };
-    let mut samples: Vec<proto::Sample> = entries
-        .into_iter()
-        .map(|((stack, vm, vcpu, cr3, pcpu), n)| {
+    for ((stack, vm, vcpu, cr3, pcpu), n) in entries {
+        sample({
             let mut label = Vec::new();
             if vm != hvprof_samplelog::NO_VM {
                 label.push(proto::Label {
@@ -343,8 +354,8 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
                 value: vec![n, n.saturating_mul(period_ns)],
                 label,
             }
-        })
-        .collect();
+        });
+    }
     // Lost records: per range, a sample of the samples missing with the stack `[lost]`,
     // labelled with its pCPU and TSC range, and a comment line.
     let lost_keys = [strings.get("lost_from_tsc"), strings.get("lost_to_tsc")];
@@ -361,7 +372,7 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
                 label.push(num(*k, t as i64));
             }
         }
-        samples.push(proto::Sample {
+        sample(proto::Sample {
             location_id: vec![location(LOST, "", &mut strings)],
             value: vec![n, n.saturating_mul(period_ns)],
             label,
@@ -393,7 +404,6 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
     });
     proto::Profile {
         sample_type,
-        sample: samples,
         mapping: mappings,
         location: locations,
         function: functions,
@@ -406,13 +416,25 @@ pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
     }
 }
 
-/// Writes the gzipped profile.
+/// Writes the gzipped profile: the bytes of [`build`]'s profile encoded, its samples encoded
+/// as they are made rather than kept as messages (a few vectors each).
 pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()> {
-    let profile = build(p, progress);
+    let mut samples: Vec<u8> = Vec::new();
+    let mut profile = build_with(p, progress, &mut |s| {
+        prost::encoding::message::encode(2, &s, &mut samples);
+    });
+    // A message's fields are encoded in the order of their tags, and empty ones left out: the
+    // sample types (tag 1), the samples (2), then the rest.
+    let sample_type = proto::Profile {
+        sample_type: std::mem::take(&mut profile.sample_type),
+        ..Default::default()
+    };
     // The fastest level: a profile of many distinct addresses compresses at a few MB/s at the
     // default level, and the file is little larger.
     let mut gz = GzEncoder::new(out, Compression::fast());
-    gz.write_all(&profile.encode_to_vec())
+    gz.write_all(&sample_type.encode_to_vec())
+        .and_then(|()| gz.write_all(&samples))
+        .and_then(|()| gz.write_all(&profile.encode_to_vec()))
         .and_then(|()| gz.try_finish())
         .context("cannot write the pprof profile")
 }

@@ -523,47 +523,58 @@ struct PartSegments {
     lists: HashMap<u16, (Vec<Segment>, Vec<Located>)>,
 }
 
-/// The distinct keys a decoding thread found, with their samples (in `index.ids`).
+/// The distinct keys a decoding thread found, with their samples (in `index.ids`). A key is
+/// its address and its context (the key without its address, with its chains' number): the
+/// table holds both, so the keys are not listed beside it (a list that grows with the keys,
+/// in fresh memory, while the table does too).
 #[derive(Default)]
 struct KeyCounts {
     index: StackIndex,
-    keys: Vec<Key>,
-    /// Per key, its chains' number.
-    chains: Vec<u32>,
+    /// The contexts by number (`index.contexts` the other way).
+    contexts: Vec<(Key, u32)>,
+    /// The keys so far (numbered in the order first added).
+    len: u32,
 }
 
 impl KeyCounts {
     /// The index of a context (a key without its address).
     fn context(&mut self, context: (Key, u32)) -> u32 {
-        let next = self.index.contexts.len() as u32;
-        *self.index.contexts.entry(context).or_insert(next)
+        let next = self.contexts.len() as u32;
+        let list = &mut self.contexts;
+        *self.index.contexts.entry(context).or_insert_with(|| {
+            list.push(context);
+            next
+        })
     }
 
-    /// Adds `n` samples of `key` with chains `chain`, whose context is `ctx`; returns the key's
-    /// index.
-    fn add(&mut self, key: Key, chain: u32, ctx: u32, n: u64) -> u32 {
-        self.add_hashed(key, chain, ctx, stack_table::hash(key.addr, ctx), n)
+    /// Adds `n` samples of the key at `addr` in context `ctx`; returns the key's index.
+    fn add(&mut self, addr: u64, ctx: u32, n: u64) -> u32 {
+        self.add_hashed(addr, ctx, stack_table::hash(addr, ctx), n)
     }
 
     /// [`KeyCounts::add`] with the hash of (address, context) known.
     #[inline]
-    fn add_hashed(&mut self, key: Key, chain: u32, ctx: u32, hash: u64, n: u64) -> u32 {
-        let next = self.keys.len() as u32;
-        let (id, new) = self.index.ids.add(hash, key.addr, ctx, n, next);
+    fn add_hashed(&mut self, addr: u64, ctx: u32, hash: u64, n: u64) -> u32 {
+        let (id, new) = self.index.ids.add(hash, addr, ctx, n, self.len);
         if new {
-            self.keys.push(key);
-            self.chains.push(chain);
+            self.len += 1;
         }
         id
     }
 
-    /// Each key's samples, by key index.
-    fn totals(&self) -> Vec<u64> {
-        let mut out = vec![0; self.keys.len()];
-        for (_, _, id, n) in self.index.ids.iter() {
-            out[id as usize] = n;
+    /// Each key (address, context) with its samples, by key index.
+    fn entries(&self) -> Vec<(u64, u32, u64)> {
+        let mut out = vec![(0, 0, 0); self.len as usize];
+        for (addr, ctx, id, n) in self.index.ids.iter() {
+            out[id as usize] = (addr, ctx, n);
         }
         out
+    }
+
+    /// The key at `addr` in context `ctx`, and its chains' number.
+    fn key(&self, addr: u64, ctx: u32) -> (Key, u32) {
+        let (k, chain) = self.contexts[ctx as usize];
+        (Key { addr, ..k }, chain)
     }
 }
 
@@ -640,8 +651,7 @@ impl ChainScratch {
 
 /// A run of samples of one key classified, to be counted (see [`Part::add`]).
 struct Pending {
-    key: Key,
-    chain: u32,
+    addr: u64,
     ctx: u32,
     hash: u64,
     n: u64,
@@ -723,13 +733,12 @@ impl Part {
                 }
             };
             match self.pending.last_mut() {
-                Some(p) if p.key.addr == key.addr && p.ctx == ctx => p.n += 1,
+                Some(p) if p.addr == key.addr && p.ctx == ctx => p.n += 1,
                 _ => {
                     let hash = stack_table::hash(key.addr, ctx);
                     self.counts.index.ids.prefetch(hash);
                     self.pending.push(Pending {
-                        key,
-                        chain,
+                        addr: key.addr,
                         ctx,
                         hash,
                         n: 1,
@@ -755,7 +764,7 @@ impl Part {
             }
         }
         for p in self.pending.drain(..) {
-            self.counts.add_hashed(p.key, p.chain, p.ctx, p.hash, p.n);
+            self.counts.add_hashed(p.addr, p.ctx, p.hash, p.n);
         }
         if span.samples > 0 {
             self.len += span.samples as usize;
@@ -832,10 +841,10 @@ impl Classified {
                         .map(|c| base.counts.index.chains.id(c)),
                 )
                 .collect();
-            let totals = part.counts.totals();
-            for ((k, c), n) in part.counts.keys.iter().zip(&part.counts.chains).zip(totals) {
-                let ctx = base.counts.context((k.context(), chains[*c as usize]));
-                base.counts.add(*k, chains[*c as usize], ctx, n);
+            for (addr, ctx, n) in part.counts.entries() {
+                let (k, c) = part.counts.key(addr, ctx);
+                let ctx = base.counts.context((k.context(), chains[c as usize]));
+                base.counts.add(addr, ctx, n);
             }
             // Its owners in the first part's table.
             let remap: Vec<u32> = part
@@ -862,11 +871,13 @@ impl Classified {
         }
         let stacks: Vec<Stack> = base
             .counts
-            .keys
-            .iter()
-            .zip(&base.counts.chains)
-            .zip(base.counts.totals())
-            .map(|((k, &chain), count)| Stack {
+            .entries()
+            .into_iter()
+            .map(|(addr, ctx, count)| {
+                let (k, chain) = base.counts.key(addr, ctx);
+                (k, chain, count)
+            })
+            .map(|(k, chain, count)| Stack {
                 what: k.what,
                 pcpu: k.pcpu,
                 vm: k.vm,
@@ -1512,13 +1523,19 @@ impl Profile {
 
     /// Every sample in TSC order (then pCPU), one by one on this thread.
     pub fn for_each_sample(&self, mut f: impl FnMut(&Sampled)) {
+        self.for_each_run(|run| run.iter().for_each(&mut f));
+    }
+
+    /// Every sample in TSC order (then pCPU), a run of them at a time on this thread (the
+    /// caller may look ahead in a run, to prefetch).
+    pub fn for_each_run(&self, mut f: impl FnMut(&[Sampled])) {
         let _ = self.replay(
             |run, out: &mut Vec<Sampled>| {
                 out.clear();
                 out.extend_from_slice(run);
             },
             |run| {
-                run.iter().for_each(&mut f);
+                f(run);
                 Ok(())
             },
         );
@@ -1991,21 +2008,29 @@ mod tests {
         };
         let mut c = KeyCounts::default();
         let ctx = c.context((key.context(), 0));
-        assert_eq!(c.add(key, 0, ctx, u64::from(u32::MAX)), 0);
+        assert_eq!(c.add(key.addr, ctx, u64::from(u32::MAX)), 0);
         for _ in 0..3 {
-            c.add(key, 0, ctx, 1);
+            c.add(key.addr, ctx, 1);
         }
-        c.add(
-            Key {
-                addr: 0x2000,
-                ..key
-            },
-            0,
-            ctx,
-            5,
+        c.add(0x2000, ctx, 5);
+        c.add(key.addr, ctx, 1 << 33);
+        assert_eq!(
+            c.entries(),
+            vec![
+                (0x1000, ctx, u64::from(u32::MAX) + 3 + (1 << 33)),
+                (0x2000, ctx, 5)
+            ]
         );
-        c.add(key, 0, ctx, 1 << 33);
-        assert_eq!(c.totals(), vec![u64::from(u32::MAX) + 3 + (1 << 33), 5]);
+        assert_eq!(
+            c.key(0x2000, ctx),
+            (
+                Key {
+                    addr: 0x2000,
+                    ..key
+                },
+                0
+            )
+        );
     }
 
     #[test]

@@ -547,11 +547,9 @@ pub fn segment_blanks(
 ) -> HashMap<(u16, u16), Blanks> {
     let mut out = exact_ticks(events);
     let owners = &segments.owners;
-    // Per pCPU: its segments, their index by owner, and all their samples.
-    let index: HashMap<u16, (&[Segment], PcpuIndex<Cumulative>, Cumulative)> = segments
-        .pcpus
-        .iter()
-        .map(|(p, segs)| {
+    // Per pCPU: its segments, their index by owner, and all their samples (on every core).
+    let index: HashMap<u16, (&[Segment], PcpuIndex<Cumulative>, Cumulative)> =
+        crate::par_map(segments.pcpus.iter().collect(), |(p, segs)| {
             let units = || {
                 segs.iter()
                     .map(|s| (owners[s.owner as usize], u64::from(s.count)))
@@ -562,8 +560,12 @@ pub fn segment_blanks(
             }
             (*p, (segs.as_slice(), PcpuIndex::new(units()), all))
         })
+        .into_iter()
         .collect();
-    for (vcpu, track) in tracks(events) {
+    // Each vCPU's slots (its events in order), the vCPUs on every core, then added to their
+    // exact ticks.
+    let slots = crate::par_map(tracks(events), |(vcpu, track)| {
+        let mut b = Blanks::default();
         for (k, &(t, pcpu, e)) in track.events.iter().enumerate() {
             let class = match (e.kind, e.reason) {
                 (EventKind::VcpuIn, _) => Class::In,
@@ -611,7 +613,24 @@ pub fn segment_blanks(
             if w.len == 0 {
                 continue;
             }
-            w.add_slots(vcpu, class, out.entry(vcpu).or_default());
+            w.add_slots(vcpu, class, &mut b);
+        }
+        (vcpu, b)
+    });
+    for (vcpu, b) in slots {
+        let o = out.entry(vcpu).or_default();
+        o.idle += b.idle;
+        o.steal_on_others += b.steal_on_others;
+        o.steal_outside += b.steal_outside;
+        o.hypervisor += b.hypervisor;
+        o.hypervisor_out += b.hypervisor_out;
+        // The exact ticks have no slots: the vCPU's map as it was made.
+        if o.steal_on.is_empty() {
+            o.steal_on = b.steal_on;
+        } else {
+            for (c, n) in b.steal_on {
+                *o.steal_on.entry(c).or_default() += n;
+            }
         }
     }
     out

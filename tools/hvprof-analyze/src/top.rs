@@ -5,6 +5,10 @@
 //! [`draw`] renders a [`Snapshot`] into a frame (tests render into ratatui's `TestBackend`);
 //! [`run`] reads the source, keeps the terminal (`q`, Esc or Ctrl-C quit), or with `batch`
 //! prints each screen as text instead.
+//!
+//! With `--call-graph` ([`TopOptions::call_graph`]) the tables rank functions by their children
+//! share, like `perf top -g`: the samples whose call chain holds the function (once each, its
+//! own samples included), beside its self share; callers that never are a leaf get rows too.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -84,24 +88,45 @@ pub fn draw(f: &mut Frame, s: &Snapshot, title: &str) {
 
     let [left, right] =
         Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(middle);
+    // With call graphs a first column: the children share (samples whose stack holds the row).
+    let cg = s.call_graph;
+    let children = |r: &crate::live::Row| {
+        cg.then(|| Cell::from(Line::from(percent(r.children_percent)).right_aligned()))
+    };
+    let with_children = |widths: &[Constraint]| -> Vec<Constraint> {
+        cg.then_some(Constraint::Length(9))
+            .into_iter()
+            .chain(widths.iter().copied())
+            .collect()
+    };
+    // The headings: "%" is the self share, beside the children share.
+    let header = |names: [&'static str; 4]| {
+        let children = cg.then_some("children");
+        let names = names.map(|n| if cg && n == "%" { "self" } else { n });
+        Row::new(children.into_iter().chain(names)).style(bold)
+    };
     let host_rows = s.host.iter().map(|r| {
-        Row::new([
+        Row::new(children(r).into_iter().chain([
             Cell::from(Line::from(percent(r.percent)).right_aligned()),
             Cell::from(Line::from(grouped(r.samples)).right_aligned()),
             Cell::from(r.name.clone()),
             Cell::from(r.module.clone()),
-        ])
+        ]))
     });
-    let widths = [
+    let widths = with_children(&[
         Constraint::Length(6),
         Constraint::Length(9),
         Constraint::Min(16),
         Constraint::Length(10),
-    ];
+    ]);
     f.render_widget(
         Table::new(host_rows, widths)
-            .header(Row::new(["%", "samples", "host level", "module"]).style(bold))
-            .block(Block::bordered().title("Host level (% of the window's samples)")),
+            .header(header(["%", "samples", "host level", "module"]))
+            .block(Block::bordered().title(if cg {
+                "Host level (% of the window's samples; children: with callees)"
+            } else {
+                "Host level (% of the window's samples)"
+            })),
         left,
     );
     let vcpu_rows = s.vcpus.iter().map(|v| {
@@ -135,32 +160,36 @@ pub fn draw(f: &mut Frame, s: &Snapshot, title: &str) {
     for (i, vm) in s.vms.iter().enumerate() {
         let per_vm = (budget / n + usize::from(i < budget % n)).max(1);
         rows.push(
-            Row::new([
-                Cell::from(Line::from(percent(vm.percent)).right_aligned()),
-                Cell::from(Line::from(grouped(vm.samples)).right_aligned()),
-                Cell::from(format!("[{}] (vm {})", vm.name, vm.vm)),
-                Cell::from(""),
-            ])
+            Row::new(
+                cg.then(|| Cell::from(Line::from(percent(vm.percent)).right_aligned()))
+                    .into_iter()
+                    .chain([
+                        Cell::from(Line::from(percent(vm.percent)).right_aligned()),
+                        Cell::from(Line::from(grouped(vm.samples)).right_aligned()),
+                        Cell::from(format!("[{}] (vm {})", vm.name, vm.vm)),
+                        Cell::from(""),
+                    ]),
+            )
             .style(bold),
         );
         for r in vm.rows.iter().take(per_vm) {
-            rows.push(Row::new([
+            rows.push(Row::new(children(r).into_iter().chain([
                 Cell::from(Line::from(percent(r.percent)).right_aligned()),
                 Cell::from(Line::from(grouped(r.samples)).right_aligned()),
                 Cell::from(format!("  {}", r.name)),
                 Cell::from(r.module.clone()),
-            ]));
+            ])));
         }
     }
-    let widths = [
+    let widths = with_children(&[
         Constraint::Length(6),
         Constraint::Length(9),
         Constraint::Min(30),
         Constraint::Length(24),
-    ];
+    ]);
     f.render_widget(
         Table::new(rows, widths)
-            .header(Row::new(["%", "samples", "function", "module"]).style(bold))
+            .header(header(["%", "samples", "function", "module"]))
             .block(Block::bordered().title(
                 "Hottest guest functions per VM (a VM: % of the window's samples; a function: % of its VM's)",
             )),
@@ -201,6 +230,9 @@ pub struct TopOptions {
     pub batch: Option<(u16, u16)>,
     /// See `batch`.
     pub idle_timeout: Option<Duration>,
+    /// Count each sample with its call chain: the tables get a children column and are ranked
+    /// by it.
+    pub call_graph: bool,
 }
 
 /// Restores the terminal when dropped (errors and early returns; panics have ratatui's hook).
@@ -251,7 +283,11 @@ pub fn run(
     let mut view = View {
         images,
         dec: StreamDecoder::new(),
-        live: Live::new(options.window),
+        live: if options.call_graph {
+            Live::with_call_graph(options.window)
+        } else {
+            Live::new(options.window)
+        },
         namer: None,
     };
     if let Some((width, height)) = options.batch {

@@ -584,3 +584,41 @@ fn bad_input_gets_a_clear_error() {
     ]);
     assert!(e.contains("cannot create /nonexistent/dir/f.svg"), "{e}");
 }
+
+/// `export --firefox` writes the samples itself, beside fxprof-processed-profile's tables: the
+/// bytes are those fxprof-processed-profile writes for the whole profile.
+#[test]
+fn firefox_file_is_what_fxprof_writes() {
+    for c in &CAPTURES {
+        let p = c.profile();
+        let mut written = Vec::new();
+        hvprof_analyze::firefox::write(&p, &mut written, &Progress::hidden()).unwrap();
+        let reference =
+            serde_json::to_vec(&hvprof_analyze::firefox::build(&p, &Progress::hidden())).unwrap();
+        assert!(
+            written == reference,
+            "{}: the Firefox profile differs",
+            c.log
+        );
+    }
+}
+
+/// `export --pprof` encodes the samples as they are made: the file holds the encoding of the
+/// whole profile `pprof::build` makes.
+#[test]
+fn pprof_file_is_the_whole_profile_encoded() {
+    use prost::Message;
+    for c in &CAPTURES {
+        let p = c.profile();
+        let mut written = Vec::new();
+        hvprof_analyze::pprof::write(&p, &mut written, &Progress::hidden()).unwrap();
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(
+            &mut flate2::read::GzDecoder::new(written.as_slice()),
+            &mut raw,
+        )
+        .unwrap();
+        let whole = hvprof_analyze::pprof::build(&p, &Progress::hidden()).encode_to_vec();
+        assert!(raw == whole, "{}: the pprof profile differs", c.log);
+    }
+}

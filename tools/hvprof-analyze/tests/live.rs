@@ -458,6 +458,7 @@ fn top_in_batch_mode_prints_the_last_screen() {
             title: source.to_string(),
             batch: Some((120, 40)),
             idle_timeout: Some(HANG_GUARD),
+            call_graph: false,
         },
         &AtomicBool::new(false),
         &mut out,

@@ -608,6 +608,34 @@ fn pprof_totals_equal_the_call_graph() {
     assert_eq!(total, 210);
 }
 
+/// With call chains too, `export --pprof` holds the whole profile `pprof::build` makes.
+#[test]
+fn pprof_file_with_chains_is_the_whole_profile_encoded() {
+    use prost::Message;
+    let p = files("pprof-bytes", true).profile();
+    let mut written = Vec::new();
+    pprof::write(&p, &mut written, &Progress::hidden()).unwrap();
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(written.as_slice()),
+        &mut raw,
+    )
+    .unwrap();
+    let whole = pprof::build(&p, &Progress::hidden()).encode_to_vec();
+    assert!(raw == whole);
+}
+
+/// With call chains too, `export --firefox` writes what fxprof-processed-profile writes.
+#[test]
+fn firefox_file_with_chains_is_what_fxprof_writes() {
+    let p = files("firefox-bytes", true).profile();
+    let mut written = Vec::new();
+    hvprof_analyze::firefox::write(&p, &mut written, &Progress::hidden()).unwrap();
+    let reference =
+        serde_json::to_vec(&hvprof_analyze::firefox::build(&p, &Progress::hidden())).unwrap();
+    assert!(written == reference);
+}
+
 #[test]
 fn firefox_and_html_carry_the_frames() {
     let f = files("firefox", true);
@@ -679,4 +707,75 @@ fn a_capture_without_chains_is_drawn_as_before() {
         r["call_graph"]["truncated"],
         json!({"depth_limit": 0, "bad_frame": 0})
     );
+}
+
+/// `top --call-graph` (replayed, batch mode) gives each function its children share from the
+/// chains in the window, callers that never are a leaf included, ranked by it; without the
+/// flag the rows are the leaves alone.
+#[test]
+fn top_call_graph_shows_the_children_shares() {
+    let f = files("top", true);
+    let top = |extra: &[&str]| {
+        let mut args = vec!["--batch", "--replay", "--speed", "100", "--height", "50"];
+        args.extend_from_slice(extra);
+        let out = String::from_utf8(f.run("top", &args)).unwrap();
+        // The last screen (the source ended).
+        out.rsplit("hvprof top:").next().unwrap().to_owned()
+    };
+    let screen = top(&["--call-graph"]);
+    let rows: Vec<Vec<&str>> = screen
+        .lines()
+        .map(|l| {
+            l.split(|c: char| c == '│' || c.is_whitespace())
+                .filter(|w| !w.is_empty())
+                .collect()
+        })
+        .collect();
+    // A row: children, self, samples, the function, ...
+    let row = |name: &str| -> Vec<&str> {
+        rows.iter()
+            .find(|r| r.get(3) == Some(&name))
+            .unwrap_or_else(|| panic!("no row {name} in\n{screen}"))
+            .clone()
+    };
+    // Host level (210 samples): children, self, samples, the function.
+    assert_eq!(row("run")[..4], ["26.2%", "0.0%", "0", "run"], "{screen}");
+    assert_eq!(row("handle_exit")[..3], ["24.8%", "0.0%", "0"]);
+    assert_eq!(row("cpuid_handler")[..3], ["24.8%", "24.8%", "52"]);
+    assert_eq!(row("[idle]")[..3], ["7.1%", "7.1%", "15"]);
+    // VM g's functions (143 guest samples): `rec` counts its recursion once.
+    assert_eq!(row("main")[..5], ["89.5%", "5.6%", "8", "main", "g.elf"]);
+    assert_eq!(row("leaf")[..3], ["80.4%", "80.4%", "115"]);
+    assert_eq!(row("a")[..3], ["55.9%", "0.0%", "0"]);
+    assert_eq!(row("b")[..3], ["24.5%", "0.0%", "0"]);
+    assert_eq!(row("rec")[..3], ["14.0%", "14.0%", "20"]);
+    // Ranked by children: main, leaf, a, b, rec.
+    let order: Vec<&str> = rows
+        .iter()
+        .filter_map(|r| r.get(3).copied())
+        .filter(|f| ["main", "leaf", "a", "b", "rec"].contains(f))
+        .collect();
+    assert_eq!(order, ["main", "leaf", "a", "b", "rec"], "{screen}");
+
+    // Without the flag: the leaves alone (by samples), no children column.
+    let flat = top(&[]);
+    let functions: Vec<Vec<&str>> = flat
+        .lines()
+        .map(|l| {
+            l.split(|c: char| c == '│' || c.is_whitespace())
+                .filter(|w| !w.is_empty())
+                .collect()
+        })
+        .filter(|r: &Vec<&str>| r.get(3).is_some_and(|m| *m == "g.elf"))
+        .collect();
+    assert_eq!(
+        functions,
+        [
+            ["80.4%", "115", "leaf", "g.elf"],
+            ["14.0%", "20", "rec", "g.elf"],
+            ["5.6%", "8", "main", "g.elf"]
+        ],
+        "{flat}"
+    );
+    assert!(!flat.contains("children"), "{flat}");
 }
