@@ -120,37 +120,37 @@ fn linux_vm(s: Scenario, vm: &str, run: &str, arg: &str) -> Scenario {
 /// `linux_vm` with more of /init's options on the kernel command line (`hvprof.modules=`,
 /// `hvprof.via=`).
 fn linux_vm_with(s: Scenario, vm: &str, run: &str, arg: &str, more: &str) -> Scenario {
-    let dir = linux_dir();
-    let initrd = format!("{vm}.cpio");
-    s.module(
-        &format!("{vm}.bzImage"),
-        ModuleSource::File(dir.join("bzImage")),
-        &format!(
-            "vm={vm} mem=256M budget=100000000000 initrd={initrd} {} {} {} {} {KERNEL_CMDLINE} hvprof.run={run} hvprof.arg={arg} {more}",
-            task_offsets(),
-            mm_layout(),
-            module_layout(),
-            orc_layout()
-        ),
-    )
-    .module(
-        &initrd,
-        ModuleSource::File(dir.join("initramfs.cpio")),
+    linux_module(
+        s,
+        vm,
         "",
+        KERNEL_CMDLINE,
+        &format!("hvprof.run={run} hvprof.arg={arg} {more}"),
     )
 }
 
 /// A Linux VM with local APICs and ACPI tables (`apic=on`), `vcpus` of them pinned as `pin`
 /// says: the kernel command line without `acpi=off nolapic`.
 fn linux_apic_vm(s: Scenario, vm: &str, run: &str, arg: &str, vcpus: u16, pin: &str) -> Scenario {
+    linux_module(
+        s,
+        vm,
+        &format!("apic=on vcpus={vcpus} pin={pin}"),
+        &KERNEL_CMDLINE.replace(" acpi=off nolapic", ""),
+        &format!("hvprof.run={run} hvprof.arg={arg}"),
+    )
+}
+
+/// The kernel and initramfs modules of Linux VM `vm`: the hypervisor's keys (`keys` beside the
+/// layouts every Linux scenario passes), the kernel command line, /init's options.
+fn linux_module(s: Scenario, vm: &str, keys: &str, kernel: &str, init: &str) -> Scenario {
     let dir = linux_dir();
     let initrd = format!("{vm}.cpio");
-    let cmdline = KERNEL_CMDLINE.replace(" acpi=off nolapic", "");
     s.module(
         &format!("{vm}.bzImage"),
         ModuleSource::File(dir.join("bzImage")),
         &format!(
-            "vm={vm} mem=256M budget=100000000000 initrd={initrd} apic=on vcpus={vcpus} pin={pin} {} {} {} {} {cmdline} hvprof.run={run} hvprof.arg={arg}",
+            "vm={vm} mem=256M budget=100000000000 initrd={initrd} {keys} {} {} {} {} {kernel} {init}",
             task_offsets(),
             mm_layout(),
             module_layout(),
