@@ -305,7 +305,8 @@ fn check_smp_halt(run: &ProfileRun) -> Result<(), String> {
         ));
     }
     let (idle, steal) = (field(halted, "/idle"), field(halted, "/steal"));
-    let idle_enough = idle >= 25.0 && idle >= 2.0 * steal && idle > field(busy, "/idle");
+    // (Over the whole run: the boot, where both vCPUs work and idle, is most of it.)
+    let idle_enough = idle >= 25.0 && idle >= 2.0 * steal;
     if !idle_enough {
         errors.push(format!(
             "the halted vCPU's blank time should be idle, not steal: {}; the busy one: {}",
