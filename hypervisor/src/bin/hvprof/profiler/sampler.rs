@@ -739,22 +739,19 @@ impl CpuProfiler {
         let mut mem = GuestStack::new(ram, cr3, &self.stack_pages, &self.costs);
         if cpl == 3 {
             let (vm, ..) = self.current();
-            let tables = unwind_tables(vm);
-            if tables.is_empty() {
-                return stack_walk::walk(&mut mem, fp, stack_walk::LOWER_HALF, depth, out);
-            }
-            let start = hvprof_linux_walk::UserStart {
-                ip: rip,
-                sp: rsp(),
-                bp: fp,
-            };
             let max = depth.min(MAX_CHAIN_DEPTH).min(out.len());
             let cache = VmOrcEntries {
                 entries: &self.orc_entries,
                 vm,
                 costs: &self.costs,
             };
-            let (chain, n) = walk_user(&mem, tables, &cache, start, &mut out[..max]);
+            let (chain, n) = walk_user(
+                &mut mem,
+                unwind_tables(vm),
+                &cache,
+                (rip, rsp, fp),
+                &mut out[..max],
+            );
             // SAFETY: `walk_user` wrote the first `n` slots; `MaybeUninit<u64>` has the layout
             // of `u64`.
             let frames = unsafe { &*(&out[..n] as *const [MaybeUninit<u64>] as *const [u64]) };
@@ -1314,7 +1311,7 @@ fn walk_kernel<'a>(
     mem: &mut GuestStack<'_>,
     tables: &hvprof_linux_walk::OrcLayout,
     cache: &VmOrcEntries<'_>,
-    user: &[UnwindTable<'_>],
+    user_tables: &[UnwindTable<'_>],
     start: hvprof_linux_walk::KernelRegs,
     depth: usize,
     out: &'a mut [MaybeUninit<u64>],
@@ -1334,7 +1331,6 @@ fn walk_kernel<'a>(
         };
         hvprof_linux_walk::unwind_kernel(&kernel, tables, cache, start, &mut budget, &mut sink)
     };
-    let user_tables = user;
     let end = match end {
         hvprof_linux_walk::KernelEnd::Complete => ChainEnd::Complete,
         hvprof_linux_walk::KernelEnd::Full => ChainEnd::DepthLimit,
@@ -1346,26 +1342,11 @@ fn walk_kernel<'a>(
                 out[n].write(user.ip);
                 n += 1;
                 match user.bp {
-                    Some(bp) if n < max && !user_tables.is_empty() => {
-                        let start = hvprof_linux_walk::UserStart {
-                            ip: user.ip,
-                            sp: user.sp,
-                            bp,
-                        };
+                    Some(bp) if n < max => {
+                        let start = (user.ip, || user.sp, bp);
                         let (chain, k) =
                             walk_user(mem, user_tables, cache, start, &mut out[n..max]);
                         n += k;
-                        chain.end()
-                    }
-                    Some(bp) if n < max => {
-                        let (chain, _) = stack_walk::walk(
-                            mem,
-                            bp,
-                            stack_walk::LOWER_HALF,
-                            max - n,
-                            &mut out[n..max],
-                        );
-                        n += chain.depth();
                         chain.end()
                     }
                     Some(_) => ChainEnd::DepthLimit,
@@ -1403,17 +1384,23 @@ fn user_key(table: usize, ip: u64) -> u64 {
 /// Reads at most this many guest words per user walk by unwind tables.
 const USER_WALK_READS: u32 = 160;
 
-/// A user chain from `start` by the unwind tables where they cover the code and the process
-/// runs their program, else by frame pointers: its return addresses written to the start of
-/// `out` (at most its length). Returns the chain and how many slots were written.
+/// A user chain from `(ip, sp, bp)` (RSP read only where a table is walked) by the unwind
+/// tables where they cover the code and the process runs their program, else by frame
+/// pointers (without tables, the frame-pointer walk alone): its return addresses written to the
+/// start of `out` (at most its length). Returns the chain and how many slots were written.
 fn walk_user(
-    mem: &GuestStack<'_>,
+    mem: &mut GuestStack<'_>,
     tables: &[UnwindTable<'_>],
     cache: &VmOrcEntries<'_>,
-    start: hvprof_linux_walk::UserStart,
+    (ip, sp, bp): (u64, impl FnOnce() -> u64, u64),
     out: &mut [MaybeUninit<u64>],
 ) -> (Chain, usize) {
     let max = out.len().min(MAX_CHAIN_DEPTH);
+    if tables.is_empty() {
+        let (chain, _) = stack_walk::walk(mem, bp, stack_walk::LOWER_HALF, max, out);
+        return (chain, chain.depth());
+    }
+    let start = hvprof_linux_walk::UserStart { ip, sp: sp(), bp };
     let mut n = 0;
     let mut budget = hvprof_linux_walk::Budget::new(USER_WALK_READS);
     let end = {

@@ -74,17 +74,21 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
                 vm.log_port_once(io.port, false);
                 mask
             });
-            // IN writes AL/AX/EAX; a 32-bit IN zero-extends into RAX (SDM Vol. 2A, IN).
-            let r = &mut vcpu.regs.rax;
-            *r = if io.size == 4 {
-                value
-            } else {
-                (*r & !mask) | value
-            };
+            set_in_result(vcpu, io.size, mask, value);
         }
     }
     vmcs.skip_instruction();
     None
+}
+
+/// IN writes AL/AX/EAX; a 32-bit IN zero-extends into RAX (SDM Vol. 2A, IN).
+fn set_in_result(vcpu: &mut Vcpu, size: u8, mask: u64, value: u64) {
+    let r = &mut vcpu.regs.rax;
+    *r = if size == 4 {
+        value
+    } else {
+        (*r & !mask) | value
+    };
 }
 
 /// The ACPI PM1a blocks (`apic=on`): S5 powers the VM off.
@@ -115,12 +119,7 @@ fn acpi_pm(
         }
         IoDirection::In => {
             let value = u64::from(vm.devices.lock().pm.read(io.port, size));
-            let r = &mut vcpu.regs.rax;
-            *r = if io.size == 4 {
-                value
-            } else {
-                (*r & !mask) | value
-            };
+            set_in_result(vcpu, size, mask, value);
         }
     }
     vmcs.skip_instruction();
