@@ -63,6 +63,20 @@ pub const USER_END: u64 = 0x0000_8000_0000_0000;
 /// (`EntryCache`).
 pub const TABLE_END: u64 = 1 << 44;
 
+/// The entry for code without a rule (`end` false: its frame pointer steps instead) or for the
+/// outermost frame (`end` true: the chain is whole); see the module's "Entry kinds".
+#[must_use]
+pub const fn no_rule(end: bool) -> OrcEntry {
+    OrcEntry {
+        sp_offset: 0,
+        bp_offset: 0,
+        sp_reg: reg::UNDEFINED,
+        bp_reg: reg::UNDEFINED,
+        kind: kind::CALL,
+        end,
+    }
+}
+
 /// Why a table file was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TableError {
@@ -581,17 +595,6 @@ mod tests {
         }
     }
 
-    fn undefined(end: bool) -> OrcEntry {
-        OrcEntry {
-            sp_offset: 0,
-            bp_offset: 0,
-            sp_reg: reg::UNDEFINED,
-            bp_reg: reg::UNDEFINED,
-            kind: kind::CALL,
-            end,
-        }
-    }
-
     fn table_bytes(rows: &[(u64, OrcEntry)], end: u64) -> Vec<u8> {
         let mut out = vec![0u8; encoded_len(rows.len(), rows[0].0, end)];
         let n = encode(ID_AT, &ID, rows[0].0, end, rows, &mut out).unwrap();
@@ -607,8 +610,8 @@ mod tests {
             &[
                 (TEXT, sp(24)),
                 (TEXT + 0x100, bp()),
-                (TEXT + 0x200, undefined(false)),
-                (TEXT + 0x300, undefined(true)),
+                (TEXT + 0x200, no_rule(false)),
+                (TEXT + 0x300, no_rule(true)),
             ],
             TEXT + 0x400,
         )
@@ -791,7 +794,7 @@ mod tests {
                     let e = match k {
                         0 => sp(8 * (1 + i16::from(k))),
                         1 => bp(),
-                        2 => undefined(false),
+                        2 => no_rule(false),
                         _ => sp(16),
                     };
                     let row = (ip, e);

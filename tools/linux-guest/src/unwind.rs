@@ -13,7 +13,7 @@ use gimli::{
     BaseAddresses, CfaRule, CieOrFde, EhFrame, LittleEndian, RegisterRule, UnwindContext,
     UnwindSection, X86_64,
 };
-use hvprof_linux_walk::cfi;
+use hvprof_linux_walk::cfi::{self, no_rule};
 use hvprof_linux_walk::orc::{OrcEntry, kind, reg};
 use object::{Object, ObjectSection, ObjectSegment};
 
@@ -37,17 +37,6 @@ pub struct Summary {
 
 fn err(why: impl Into<String>) -> Error {
     Error::Unwind(why.into())
-}
-
-const fn no_rule(end: bool) -> OrcEntry {
-    OrcEntry {
-        sp_offset: 0,
-        bp_offset: 0,
-        sp_reg: reg::UNDEFINED,
-        bp_reg: reg::UNDEFINED,
-        kind: kind::CALL,
-        end,
-    }
 }
 
 /// One CFI row as an entry.
