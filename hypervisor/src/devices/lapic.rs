@@ -302,6 +302,11 @@ impl Lapic {
         if e > 1 << 63 { 0 } else { e }
     }
 
+    /// TSC ticks of a whole count from `timer_initial`.
+    fn period(&self) -> u64 {
+        u64::from(self.timer_initial) * self.ticks_per_count()
+    }
+
     /// The timer's current count at TSC `now`.
     fn current_count(&self, now: u64) -> u32 {
         if self.timer_initial == 0 || self.timer_mode() == TimerMode::TscDeadline {
@@ -321,16 +326,9 @@ impl Lapic {
     pub fn next_event(&self) -> Option<u64> {
         match self.timer_mode() {
             TimerMode::TscDeadline => (self.deadline != 0).then_some(self.deadline),
-            mode => {
-                if self.timer_initial == 0 {
-                    return None;
-                }
-                // One-shot: the end of the count; periodic: the end of this period
-                // (`run_timer` moves `timer_start` on at each).
-                let _ = mode;
-                let period = u64::from(self.timer_initial) * self.ticks_per_count();
-                Some(self.timer_start.wrapping_add(period))
-            }
+            // One-shot: the end of the count; periodic: the end of this period (`run_timer`
+            // moves `timer_start` on at each).
+            _ => (self.timer_initial != 0).then(|| self.timer_start.wrapping_add(self.period())),
         }
     }
 
@@ -354,7 +352,7 @@ impl Lapic {
             TimerMode::Periodic => {
                 // Periods missed while the vCPU did not run are one interrupt, as an IRR bit
                 // holds one.
-                let period = u64::from(self.timer_initial) * self.ticks_per_count();
+                let period = self.period();
                 let missed = now.wrapping_sub(at) / period;
                 self.timer_start = at.wrapping_add(missed * period);
             }
