@@ -23,6 +23,7 @@ pub mod profile_scenarios;
 pub mod runner;
 pub mod scenarios;
 pub mod security_scenarios;
+pub mod smp_scenarios;
 pub mod stack_scenarios;
 pub mod tools;
 pub mod vm_scenarios;

@@ -141,6 +141,18 @@ fn linux_apic_vm(s: Scenario, vm: &str, run: &str, arg: &str, vcpus: u16, pin: &
     )
 }
 
+/// Linux VM `linux` with two vCPUs, local APICs and ACPI tables, pinned as `pin` says, and
+/// /init's options `init`.
+pub(crate) fn linux_apic_module(s: Scenario, pin: &str, init: &str) -> Scenario {
+    linux_module(
+        s,
+        "linux",
+        &format!("apic=on vcpus=2 pin={pin}"),
+        &KERNEL_CMDLINE.replace(" acpi=off nolapic", ""),
+        init,
+    )
+}
+
 /// The kernel and initramfs modules of Linux VM `vm`: the hypervisor's keys (`keys` beside the
 /// layouts every Linux scenario passes), the kernel command line, /init's options.
 fn linux_module(s: Scenario, vm: &str, keys: &str, kernel: &str, init: &str) -> Scenario {
@@ -346,10 +358,10 @@ fn linux_report(run: &ProfileRun) -> Result<Value, String> {
 }
 
 /// The analyzer's arguments for a Linux capture: the guest kernel and the workloads' images.
-fn linux_args() -> Vec<OsString> {
+pub(crate) fn linux_args() -> Vec<OsString> {
     let dir = linux_dir();
     let mut extra: Vec<OsString> = vec!["--kernel".into(), dir.join("vmlinux").into()];
-    for w in ["w41", "shor"] {
+    for w in ["w41", "shor", "lockholder"] {
         extra.push("--image".into());
         extra.push(dir.join("bin").join(w).into());
     }

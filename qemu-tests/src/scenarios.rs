@@ -374,6 +374,7 @@ pub fn all() -> Vec<Scenario> {
     .chain(crate::profile_scenarios::all())
     .chain(crate::security_scenarios::all())
     .chain(crate::linux_scenarios::all())
+    .chain(crate::smp_scenarios::all())
     .chain(crate::channel_scenarios::all())
     .chain(crate::live_scenarios::all())
     .chain(crate::stack_scenarios::all())

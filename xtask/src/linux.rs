@@ -7,7 +7,7 @@
 //! bzImage               the kernel as Debian ships it (linux-image-*-cloud-amd64)
 //! vmlinux               its decompressed ELF (stripped, with kallsyms and .BTF inside)
 //! config                the kernel's .config
-//! bin/                  w41, w41-fp and zeroread (frame pointers), shor, hvexit: static
+//! bin/                  w41, w41-fp and zeroread (frame pointers), shor, hvexit, lockholder: static
 //!                       non-PIE workloads built with the host gcc
 //! bin/                  shor-dyn, hashload: dynamic PIE workloads against Debian's libraries
 //! root/                 the guest's file tree (the initramfs is made of it, less
@@ -54,8 +54,15 @@ pub const MODULES: [&str; 3] = [
 const DEBUG_DIR: &str = "usr/lib/debug";
 
 /// The programs built into the guest's /bin.
-const GUEST_PROGRAMS: [&str; 7] = [
-    "w41", "w41-fp", "zeroread", "shor", "hvexit", "shor-dyn", "hashload",
+const GUEST_PROGRAMS: [&str; 8] = [
+    "w41",
+    "w41-fp",
+    "zeroread",
+    "shor",
+    "hvexit",
+    "shor-dyn",
+    "hashload",
+    "lockholder",
 ];
 
 /// The workloads and their default arguments in the guest (a few hundred million instructions
@@ -480,6 +487,12 @@ pub fn image(refresh: bool) -> Result<()> {
         &["-fno-omit-frame-pointer"],
     )?;
     gcc(&bin.join("hvexit"), &[&src.join("hvexit.c")], &[])?;
+    // Two threads taking turns at a spinlock, for lock-holder preemption.
+    gcc(
+        &bin.join("lockholder"),
+        &[&src.join("lockholder.c")],
+        &["-pthread"],
+    )?;
     let q = extract_dir.join("usr");
     let include = format!("-I{}", q.join("include").display());
     let libquantum = q.join("lib/x86_64-linux-gnu/libquantum.a");
@@ -543,6 +556,7 @@ pub fn image(refresh: bool) -> Result<()> {
         "bin/hvexit",
         "bin/shor-dyn",
         "bin/hashload",
+        "bin/lockholder",
     ] {
         files.insert(name.into(), json!(size(&dir.join(name))?));
     }

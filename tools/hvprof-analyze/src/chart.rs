@@ -515,6 +515,7 @@ mod tests {
                 keep_guest: false,
                 tables: true,
                 report_only: false,
+                time: None,
             },
             &Progress::hidden(),
         )

@@ -29,6 +29,7 @@ pub mod symbols;
 pub mod text;
 pub mod timeline;
 pub mod top;
+pub mod window;
 
 /// `f` over `items` on the machine's cores (at most 8 threads, each a contiguous share of the
 /// items), the results in the items' order: the per-pCPU work after decoding (joining the

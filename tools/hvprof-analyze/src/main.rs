@@ -67,6 +67,12 @@ struct Input {
     /// .ko files in lib/modules/<release>/ (the `--kernel` image's release first).
     #[arg(long, value_name = "DIR")]
     guest_root: Option<PathBuf>,
+    /// Only this stretch of host time, in seconds as `script` prints them: `START,END`, either
+    /// end may be left open (`2.5,` or `,4`). The samples outside are left out and each vCPU's
+    /// scheduling events are cut to it, so steal and idle are of the stretch; exit statistics
+    /// and the profiler's cost stay whole-run figures.
+    #[arg(long, value_name = "START,END")]
+    time: Option<hvprof_analyze::window::TimeRange>,
 }
 
 /// What names a live stream's addresses (`top`): the options of [`Input`].
@@ -317,6 +323,7 @@ fn load_options(input: &Input, tables: bool) -> LoadOptions {
         keep_guest: input.kernel.is_some() || input.processes,
         tables,
         report_only: false,
+        time: input.time,
     }
 }
 
@@ -708,6 +715,7 @@ fn bench_synthetic(samples: u64, exports: bool, write: Option<&Path>, chains: bo
         keep_guest: false,
         tables,
         report_only: tables,
+        time: None,
     };
     for threads in [1, threads()] {
         let t = Instant::now();

@@ -32,6 +32,7 @@ use crate::report::Report;
 use crate::stack_table::{self, StackTable};
 use crate::symbols::Images;
 use crate::timeline::{Owner, Segment, Segments};
+use crate::window::Window;
 
 /// What a pCPU was doing at a sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -228,6 +229,13 @@ impl<'a> ChainCursor<'a> {
         true
     }
 
+    /// Steps over a sample's chains unread (a sample left out by `--time`).
+    fn skip(&mut self, s: &Sample) {
+        self.at = self
+            .at
+            .saturating_add(s.host_chain.depth() + s.guest_chain.depth());
+    }
+
     /// Reads a sample's chains (see [`ChainCursor::next`]).
     #[inline(never)]
     fn read(&mut self, s: &Sample, out: &mut Vec<u64>) {
@@ -357,6 +365,8 @@ pub struct LoadOptions {
     pub keep_guest: bool,
     pub tables: bool,
     pub report_only: bool,
+    /// Only the samples of this stretch of host time (`--time`, [`crate::window`]).
+    pub time: Option<crate::window::TimeRange>,
 }
 
 /// A sample classified, before naming: the fields of [`Stack`] the records give, and its
@@ -592,6 +602,8 @@ struct Part {
     len: usize,
     first: u64,
     last: u64,
+    /// The stretch of host time whose samples count (`--time`).
+    window: Window,
 }
 
 impl Default for Part {
@@ -607,6 +619,7 @@ impl Default for Part {
             len: 0,
             first: u64::MAX,
             last: 0,
+            window: Window::ALL,
         }
     }
 }
@@ -698,6 +711,10 @@ impl Part {
                     continue;
                 }
             };
+            if !self.window.contains(s.tsc) {
+                cursor.skip(s);
+                continue;
+            }
             let cost = u64::from(s.cost);
             self.cost.sum = self.cost.sum.saturating_add(cost);
             self.cost.min = self.cost.min.min(cost);
@@ -799,13 +816,17 @@ impl Classified {
         bytes: &[u8],
         threads: usize,
         processes: Option<&Processes>,
+        window: Window,
         progress: &Progress,
     ) -> (Decoded, Classified) {
         progress.phase("decoding", None, "records");
         let (decoded, parts) = hvprof_samplelog::decode_parallel(
             bytes,
             threads,
-            Part::default,
+            || Part {
+                window,
+                ..Part::default()
+            },
             |part: &mut Part, at, records: &[Record], frames: &[u64]| {
                 part.add(at, records, frames, processes);
                 progress.inc(records.len() as u64);
@@ -1016,6 +1037,8 @@ struct Replay {
     blocks: Vec<(u16, Vec<BlockSpan>)>,
     index: StackIndex,
     processes: Option<Processes>,
+    /// The samples the first pass kept (`--time`): the same are read again.
+    window: Window,
 }
 
 /// What a [`Profile::replay`] worker reuses from run to run.
@@ -1064,6 +1087,10 @@ impl Replay {
         pending.clear();
         for r in records {
             let Record::Sample(s) = r else { continue };
+            if !self.window.contains(s.tsc) {
+                cursor.skip(s);
+                continue;
+            }
             let mut key = classify(header.pcpu, s, processes);
             let chain = if cursor.next(s, packed) {
                 match self.index.chains.get(packed) {
@@ -1201,6 +1228,9 @@ impl Replay {
             };
             for r in records {
                 let Record::Sample(s) = r else { continue };
+                if !self.window.contains(s.tsc) {
+                    continue;
+                }
                 if skip > 0 {
                     skip -= 1;
                     continue;
@@ -1267,13 +1297,27 @@ impl Profile {
         options: LoadOptions,
         progress: &Progress,
     ) -> Profile {
-        let (decoded, mut classified) = Classified::decode(&bytes, options.threads, None, progress);
-        progress.phase("naming", None, "stacks");
         let mut warnings = Vec::new();
+        let window = match options.time {
+            None => Window::ALL,
+            Some(range) => match crate::window::tsc_hz(&bytes) {
+                Some(hz) => range.ticks(hz),
+                None => {
+                    warnings.push(format!(
+                        "--time {range}: the capture has no header (no TSC frequency to read the times with): the whole capture is shown"
+                    ));
+                    Window::ALL
+                }
+            },
+        };
+        let (decoded, mut classified) =
+            Classified::decode(&bytes, options.threads, None, window, progress);
+        progress.phase("naming", None, "stacks");
         let namer = Namer::new(&decoded, images, &mut warnings);
         let processes = namer.processes();
         let processes = if processes.any_linux() {
-            classified = Classified::decode(&bytes, options.threads, Some(&processes), progress).1;
+            classified =
+                Classified::decode(&bytes, options.threads, Some(&processes), window, progress).1;
             progress.phase("naming", None, "stacks");
             Some(processes)
         } else {
@@ -1298,17 +1342,19 @@ impl Profile {
         progress.phase("report", None, "stacks");
         let Classified {
             samples,
-            mut events,
+            events,
             cost,
             segments,
             index,
             blocks,
         } = classified;
+        let mut events = crate::window::clip_events(events, window);
         let replay = Replay {
             bytes,
             blocks,
             index,
             processes,
+            window,
         };
         let report = if options.tables {
             let axis = replay.time_axis(segments, &samples.stacks);
@@ -1342,6 +1388,8 @@ impl Profile {
             )
         };
         events.sort_by_key(|(pcpu, e)| (e.tsc, *pcpu));
+        let mut report = report;
+        report.time = options.time.filter(|_| !window.is_all());
         let header = decoded.header.clone().unwrap_or_default();
         Profile {
             report,
@@ -1676,6 +1724,7 @@ mod tests {
                 keep_guest: false,
                 tables: true,
                 report_only: false,
+                time: None,
             },
             &Progress::hidden(),
         );
@@ -1722,6 +1771,7 @@ mod tests {
                     keep_guest: false,
                     tables: true,
                     report_only: false,
+                    time: None,
                 },
                 &Progress::hidden(),
             )
@@ -1962,7 +2012,7 @@ mod tests {
             let p = Profile::from_bytes(
                 &bytes,
                 &Images::default(),
-                LoadOptions { threads: 2, keep_guest: false, tables: true, report_only: false },
+                LoadOptions { threads: 2, keep_guest: false, tables: true, report_only: false, time: None },
                 &Progress::hidden(),
             );
             let all = p.samples_in_order();
@@ -1976,7 +2026,7 @@ mod tests {
                 l.sort_by_key(|s| s.0);
             }
             let want = crate::timeline::blanks(&lists, &p.events);
-            let classified = Classified::decode(&bytes, 2, None, &Progress::hidden()).1;
+            let classified = Classified::decode(&bytes, 2, None, Window::ALL, &Progress::hidden()).1;
             let axis = p.replay.time_axis(classified.segments, &p.samples.stacks);
             let partial = |pcpu: u16, i: usize, lo: u64, hi: Option<u64>| {
                 p.replay.partial(&axis, pcpu, i, lo, hi)

@@ -340,6 +340,9 @@ pub struct Report {
     /// The call graph (`report --call-graph`; see `crate::callgraph`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub call_graph: Option<crate::callgraph::CallGraph>,
+    /// The stretch of host time shown (`--time START,END`, seconds), when not the whole run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time: Option<crate::window::TimeRange>,
 }
 
 /// One table of the report as every renderer shows it (`text.rs`, `html.rs`): which level, its
@@ -374,7 +377,14 @@ impl Report {
             out.push(Section {
                 level: Level::Host,
                 title: "Host level".into(),
-                total: format!("Total samples: {}", self.total_samples),
+                total: match &self.time {
+                    None => format!("Total samples: {}", self.total_samples),
+                    Some(t) => format!(
+                        "Total samples: {} (host time {} only: exit statistics and costs are of the whole run)",
+                        self.total_samples,
+                        t.describe()
+                    ),
+                },
                 split: format!(
                     "HYPERVISOR:VM:IDLE = {:.2}%:{:.2}%:{:.2}%",
                     self.host.hypervisor, self.host.vm, self.host.idle
@@ -715,6 +725,7 @@ pub fn build(
         vms,
         warnings,
         call_graph: None,
+        time: None,
     }
 }
 
@@ -973,6 +984,7 @@ mod tests {
                 keep_guest: false,
                 tables: true,
                 report_only: false,
+                time: None,
             },
             &crate::progress::Progress::hidden(),
         )

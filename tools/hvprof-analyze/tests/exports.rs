@@ -88,6 +88,7 @@ impl Capture {
                 keep_guest: false,
                 tables: true,
                 report_only: false,
+                time: None,
             },
             &Progress::hidden(),
         )

@@ -105,6 +105,7 @@ fn report(bytes: &[u8]) -> report::Report {
             keep_guest: true,
             tables: true,
             report_only: false,
+            time: None,
         },
         &Progress::hidden(),
     )
@@ -203,6 +204,7 @@ fn guest_chosen_names_are_escaped() {
             keep_guest: true,
             tables: true,
             report_only: false,
+            time: None,
         },
         &Progress::hidden(),
     );

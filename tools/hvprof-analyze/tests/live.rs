@@ -88,6 +88,7 @@ fn total_samples(bytes: &[u8]) -> u64 {
             keep_guest: false,
             tables: true,
             report_only: true,
+            time: None,
         },
         &Progress::hidden(),
     )

@@ -94,6 +94,7 @@ fn profile(bytes: &[u8]) -> Profile {
             keep_guest: false,
             tables: true,
             report_only: false,
+            time: None,
         },
         &Progress::hidden(),
     )

@@ -62,6 +62,7 @@ fn views_scale_linearly() {
                 keep_guest: false,
                 tables: true,
                 report_only: false,
+                time: None,
             },
             &progress,
         );

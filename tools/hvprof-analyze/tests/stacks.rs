@@ -297,6 +297,7 @@ impl Files {
                 keep_guest: false,
                 tables: true,
                 report_only: false,
+                time: None,
             },
             &Progress::hidden(),
         )

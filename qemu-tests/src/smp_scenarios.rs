@@ -1,0 +1,329 @@
+//! SMP Linux guests against the paper's steal experiments (Tables 8-11) and lock-holder
+//! preemption: a 2-vCPU Debian kernel with local APICs and ACPI tables (`apic=on`) runs two
+//! CPU-bound copies of w41 (`hvprof.copies=2`: one bound to each vCPU), or the two threads of
+//! `lockholder`, on one pCPU or on two.
+//!
+//! The figures are read over the workload's own stretch of host time (`report --time`, from its
+//! first sample to its last, found in `script`'s output): the boot before it is a different
+//! machine (both vCPUs boot, halt and wait on each other).
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::linux_scenarios::{LINUX_PERIOD, linux_apic_module, linux_args, linux_machine};
+use crate::profile::{ProfileRun, vm};
+use crate::runner::Scenario;
+use crate::vm_scenarios::{all_of, check_exit_code};
+
+/// One sample as `hvprof-analyze script` prints it: its VM (comm), vCPU (tid - pid - 1), host
+/// time in seconds, its function and its guest process (`name[tgid]`, empty when none).
+#[derive(Clone, Debug)]
+struct ScriptSample {
+    comm: String,
+    vcpu: i64,
+    time: f64,
+    function: String,
+    process: String,
+}
+
+/// `script`'s samples (see `tools/hvprof-analyze/src/script.rs` for the layout).
+fn script_samples(run: &ProfileRun) -> Result<Vec<ScriptSample>, String> {
+    let mut args: Vec<OsString> = vec!["script".into()];
+    args.extend(linux_args());
+    let args: Vec<&str> = args.iter().filter_map(|a| a.to_str()).collect();
+    let out = run.analyze(&args, "capture-script.log", &run.capture)?;
+    let text = String::from_utf8_lossy(&out);
+    let mut samples = Vec::new();
+    for event in text.split("\n\n") {
+        let mut lines = event.lines();
+        let Some(head) = lines.next() else { continue };
+        let words: Vec<&str> = head.split_whitespace().collect();
+        if words.len() < 4 {
+            continue;
+        }
+        let (pid, tid) = words[1].split_once('/').unwrap_or(("0", "0"));
+        let number = |s: &str| s.parse::<i64>().unwrap_or(0);
+        let Ok(time) = words[3].trim_end_matches(':').parse::<f64>() else {
+            continue;
+        };
+        let frame = |l: &str| {
+            let l = l.trim();
+            let (_, rest) = l.split_once(' ').unwrap_or(("", l));
+            let rest = rest.trim();
+            match rest.rsplit_once(" (") {
+                Some((f, m)) => (f.to_owned(), m.trim_end_matches(')').to_owned()),
+                None => (rest.to_owned(), String::new()),
+            }
+        };
+        let frames: Vec<(String, String)> = lines.map(frame).collect();
+        let Some((function, _)) = frames.first().cloned() else {
+            continue;
+        };
+        let process = frames
+            .iter()
+            .find(|(_, m)| m == "guest.process")
+            .map(|(f, _)| f.clone())
+            .unwrap_or_default();
+        samples.push(ScriptSample {
+            comm: words[0].to_owned(),
+            vcpu: number(tid) - number(pid) - 1,
+            time,
+            function,
+            process,
+        });
+    }
+    if samples.is_empty() {
+        return Err("hvprof-analyze script printed no samples".into());
+    }
+    Ok(samples)
+}
+
+/// The `--time` argument spanning the samples of processes named `name` (`name[tgid]`): from
+/// the first to just after the last.
+fn process_window(samples: &[ScriptSample], name: &str) -> Result<String, String> {
+    let prefix = format!("{name}[");
+    let times = samples
+        .iter()
+        .filter(|s| s.process.starts_with(&prefix))
+        .map(|s| s.time);
+    let (first, last) = times.fold((f64::MAX, f64::MIN), |(a, b), t| (a.min(t), b.max(t)));
+    if first > last {
+        return Err(format!("no samples of a process named {name}"));
+    }
+    Ok(format!("{first:.6},{:.6}", last + 0.000_001))
+}
+
+/// The report over the stretch `--time window`.
+fn report_during(run: &ProfileRun, window: &str) -> Result<Value, String> {
+    let mut args = linux_args();
+    args.push("--time".into());
+    args.push(window.into());
+    let report = run.report_with(None, &args)?;
+    if report.get("time").is_none() {
+        return Err("the report does not say which stretch of time it shows".into());
+    }
+    Ok(report)
+}
+
+/// The vCPUs of VM `linux` in `report`.
+fn vcpus(report: &Value) -> Result<Vec<Value>, String> {
+    let v = vm(report, "linux")?
+        .get("vcpus")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if v.len() != 2 {
+        return Err(format!("{} vCPUs in the report, expected 2", v.len()));
+    }
+    Ok(v)
+}
+
+fn field(v: &Value, k: &str) -> f64 {
+    v.pointer(k).and_then(Value::as_f64).unwrap_or(f64::NAN)
+}
+
+/// The share (%) of a vCPU's rows whose function (and module) match.
+fn share(vcpu: &Value, function: &str, module: Option<&str>) -> f64 {
+    vcpu.get("rows")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|r| r.get("function").and_then(Value::as_str) == Some(function))
+        .filter(|r| module.is_none_or(|m| r.get("module").and_then(Value::as_str) == Some(m)))
+        .filter_map(|r| r.get("percent").and_then(Value::as_f64))
+        .sum()
+}
+
+/// A vCPU's figures in one line, for the failure messages.
+fn summary(v: &Value) -> String {
+    format!(
+        "vCPU {}: {} samples, idle {:.1}%, steal {:.1}% (exact: idle {:.1}%, steal {:.1}%; differences {:+.2}, {:+.2})",
+        field(v, "/vcpu"),
+        field(v, "/samples"),
+        field(v, "/idle"),
+        field(v, "/steal"),
+        field(v, "/exact/idle"),
+        field(v, "/exact/steal"),
+        field(v, "/exact/idle_difference"),
+        field(v, "/exact/steal_difference"),
+    )
+}
+
+/// Samples and scheduling events agree on each vCPU's idle and steal within 1 point.
+fn events_agree(vcpus: &[Value]) -> Vec<String> {
+    let mut errors = Vec::new();
+    for v in vcpus {
+        for k in ["/exact/idle_difference", "/exact/steal_difference"] {
+            let d = field(v, k).abs();
+            if d.is_nan() || d > 1.0 {
+                errors.push(format!(
+                    "samples and scheduling events disagree by more than 1 point ({k}): {}",
+                    summary(v)
+                ));
+            }
+        }
+    }
+    errors
+}
+
+/// w41's 4:1 split holds on each vCPU (work_a 80 % of its w41 samples, within 3 points).
+fn w41_splits(vcpus: &[Value]) -> Vec<String> {
+    let mut errors = Vec::new();
+    for v in vcpus {
+        let (a, b) = (
+            share(v, "work_a", Some("w41")),
+            share(v, "work_b", Some("w41")),
+        );
+        if a + b < 10.0 || (100.0 * a / (a + b) - 80.0).abs() > 3.0 {
+            errors.push(format!(
+                "w41 on each vCPU should split 80:20 between work_a and work_b: {a:.1}% and {b:.1}% on {}",
+                summary(v)
+            ));
+        }
+    }
+    errors
+}
+
+/// `bochs-linux-smp-steal` (Tables 8/9): two copies of w41 on two vCPUs that share one pCPU.
+/// While they run, each vCPU holds the pCPU half the time: its table shows about 50 % steal,
+/// nearly all of it `[steal] (on vcpuN)` of the other vCPU, and samples and events agree within 1
+/// point.
+fn check_steal(run: &ProfileRun) -> Result<(), String> {
+    let samples = script_samples(run)?;
+    let window = process_window(&samples, "w41")?;
+    let report = report_during(run, &window)?;
+    let vcpus = vcpus(&report)?;
+    let mut errors = events_agree(&vcpus);
+    errors.extend(w41_splits(&vcpus));
+    for (i, v) in vcpus.iter().enumerate() {
+        let other = format!("(on vcpu{})", 1 - i);
+        let (steal, on_other) = (field(v, "/steal"), share(v, "[steal]", Some(&other)));
+        // Each vCPU runs every other slice: 50 %, less the stretch's ends (where one copy ran
+        // alone) and the hypervisor's own work on the vCPU's exits.
+        if !(40.0..=56.0).contains(&steal) || on_other < 38.0 {
+            errors.push(format!(
+                "over w41's run ({window} s), each vCPU should lose about half its time to the other: [steal] {other} {on_other:.1}%; {}",
+                summary(v)
+            ));
+        }
+    }
+    all_of(errors.into_iter().map(Err))
+}
+
+/// `bochs-linux-smp-pinned` (Tables 10/11): the same two copies, each vCPU on a pCPU of its
+/// own: no vCPU waits for the other, so the steal left is the hypervisor's work on the vCPU's
+/// own exits (`[steal] (hypervisor)`), and none is of the other vCPU.
+fn check_pinned(run: &ProfileRun) -> Result<(), String> {
+    let samples = script_samples(run)?;
+    let window = process_window(&samples, "w41")?;
+    let report = report_during(run, &window)?;
+    let vcpus = vcpus(&report)?;
+    let mut errors = events_agree(&vcpus);
+    errors.extend(w41_splits(&vcpus));
+    for (i, v) in vcpus.iter().enumerate() {
+        let other = format!("(on vcpu{})", 1 - i);
+        let on_other = share(v, "[steal]", Some(&other)) + share(v, "[steal]", Some("(outside)"));
+        let steal = field(v, "/steal");
+        let exact = field(v, "/exact/steal");
+        if on_other > 0.2 || steal > 3.0 || exact > 0.5 {
+            errors.push(format!(
+                "pinned to pCPUs of their own, the vCPUs should not wait for each other: [steal] {other} and (outside) {on_other:.2}%; {}",
+                summary(v)
+            ));
+        }
+    }
+    all_of(errors.into_iter().map(Err))
+}
+
+/// `bochs-linux-lock-holder`: lockholder's two threads take turns at a ticket spinlock, one on
+/// each vCPU, both vCPUs on one pCPU. A vCPU loses the pCPU at the end of its slice, mostly in
+/// `critical_work` with the lock held; the other vCPU's thread then spins in `spin_wait` for the
+/// whole of its slice. On the common time axis: while one vCPU spins, the other is `[steal]`,
+/// preempted in `critical_work` (its last sample before it lost the pCPU); the rest of the
+/// spinning waits for a thread preempted in `spin_wait` that the ticket lock has already chosen
+/// (lock-waiter preemption).
+fn check_lock_holder(run: &ProfileRun) -> Result<(), String> {
+    let samples = script_samples(run)?;
+    let window = process_window(&samples, "lockholder")?;
+    let report = report_during(run, &window)?;
+    let vcpus = vcpus(&report)?;
+    let mut errors = events_agree(&vcpus);
+    for (i, v) in vcpus.iter().enumerate() {
+        let other = format!("(on vcpu{})", 1 - i);
+        let spin = share(v, "spin_wait", Some("lockholder"));
+        let critical = share(v, "critical_work", Some("lockholder"));
+        let steal = share(v, "[steal]", Some(&other));
+        // By construction (a critical section of 1.5 slices, the lock handed over in turn):
+        // each vCPU holds the pCPU half the time, and spends it a half in each function.
+        if spin < 12.0 || critical < 12.0 || steal < 30.0 {
+            errors.push(format!(
+                "each vCPU should spin, work with the lock held, and lose the pCPU to the other: spin_wait {spin:.1}%, critical_work {critical:.1}%, [steal] {other} {steal:.1}%; {}",
+                summary(v)
+            ));
+        }
+    }
+    // The time axis: where the other vCPU was, by its latest sample, at each sample of
+    // spin_wait.
+    let mut latest: HashMap<i64, &str> = HashMap::new();
+    let (mut spins, mut holder_preempted) = (0u64, 0u64);
+    let mut ordered: Vec<&ScriptSample> = samples.iter().filter(|s| s.comm == "linux").collect();
+    ordered.sort_by(|a, b| a.time.total_cmp(&b.time));
+    for s in ordered {
+        if s.function == "spin_wait" && s.process.starts_with("lockholder[") {
+            spins += 1;
+            if latest.get(&(1 - s.vcpu)) == Some(&"critical_work") {
+                holder_preempted += 1;
+            }
+        }
+        latest.insert(s.vcpu, s.function.as_str());
+    }
+    // Two thirds by construction (see lockholder.c).
+    let part = holder_preempted as f64 / spins.max(1) as f64;
+    if spins < 1000 || part < 0.5 {
+        errors.push(format!(
+            "the spinning should wait for a holder preempted in critical_work: of {spins} spin_wait samples, {holder_preempted} ({:.0}%) while the other vCPU's latest sample was in critical_work",
+            100.0 * part
+        ));
+    }
+    all_of(errors.into_iter().map(Err))
+}
+
+/// The SMP Linux scenarios of the steal experiments and lock-holder preemption.
+pub fn all() -> Vec<Scenario> {
+    // A 2 ms slice: about a hundred turns of each vCPU in an emulated second.
+    let cmdline = format!("export=end channel=lpt {LINUX_PERIOD} slice=2ms");
+    vec![
+        linux_apic_module(
+            linux_machine("bochs-linux-smp-steal")
+                .cmdline(&cmdline)
+                .budget(Duration::from_secs(300)),
+            "0,0",
+            "hvprof.run=w41 hvprof.arg=800 hvprof.copies=2",
+        )
+        .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
+        .profile(check_steal),
+        linux_apic_module(
+            // Bochs runs both CPUs in one thread: twice a uniprocessor boot's time.
+            linux_machine("bochs-linux-smp-pinned")
+                .cpus(2)
+                .cmdline(&cmdline)
+                .budget(Duration::from_secs(480)),
+            "0,1",
+            "hvprof.run=w41 hvprof.arg=800 hvprof.copies=2",
+        )
+        .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
+        .profile(check_pinned),
+        linux_apic_module(
+            linux_machine("bochs-linux-lock-holder")
+                .cmdline(&cmdline)
+                .budget(Duration::from_secs(300)),
+            "0,0",
+            "hvprof.run=lockholder hvprof.arg=12,600000",
+        )
+        .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
+        .profile(check_lock_holder),
+    ]
+}
