@@ -280,6 +280,30 @@ fn check_smp_profile(run: &ProfileRun) -> Result<(), String> {
     Ok(())
 }
 
+/// Both CPUs printed their backtrace when sysrq asked (the one that asked itself, the other on
+/// the NMI IPI it sent), and the hypervisor counted the NMI it delivered.
+fn check_nmi_backtrace(log: &SerialLog) -> Result<(), String> {
+    let mut errors = Vec::new();
+    for cpu in 0..2 {
+        let want = format!("hvprof-guest: backtrace NMI backtrace for cpu {cpu}");
+        if !log.lines().any(|l| l.contains(&want)) {
+            errors.push(format!("no \"{want}\" line: the NMI IPI was not taken"));
+        }
+    }
+    match log.expect("vm linux: local APICs:") {
+        Ok(l) => {
+            let nmis = l
+                .split_once(" NMI)")
+                .and_then(|(head, _)| head.split_whitespace().last()?.parse::<u64>().ok());
+            if nmis.is_none_or(|n| n == 0) {
+                errors.push(format!("no NMI IPI delivered: {l}"));
+            }
+        }
+        Err(e) => errors.push(e),
+    }
+    all_of(errors.into_iter().map(Err))
+}
+
 /// `bochs-linux-smp-halt`: two vCPUs on one pCPU, one running w41 and the other mostly halted:
 /// the halted one's blank time is `[idle] (halted)`, apart from its steal (the time it could have
 /// run while its peer ran); for both, the sampled idle and steal agree with the exact figures of
@@ -1173,9 +1197,15 @@ pub fn all() -> Vec<Scenario> {
         .profile(check_smp_profile),
         // The same guest on one pCPU: w41 keeps one vCPU busy, the other halts: its blank time
         // is idle, not steal, and the busy one loses little to it (the paper's Tables 14/15).
-        linux_apic_vm(boot("bochs-linux-smp-halt"), "linux", "w41", "400", 2, "0,0")
-            .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
-            .profile(check_smp_halt),
+        // Then every CPU is asked for its backtrace: the other, halted, gets an NMI IPI.
+        linux_apic_module(
+            boot("bochs-linux-smp-halt"),
+            "0,0",
+            "hvprof.run=w41 hvprof.arg=400 hvprof.backtrace=1",
+        )
+        .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
+        .check(check_nmi_backtrace)
+        .profile(check_smp_halt),
         linux_vm(boot("bochs-linux-w41"), "linux", "w41", "400")
             .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
             // The image loads no module: the list, found at `modules` moved by the KASLR slide,

@@ -95,6 +95,8 @@ pub mod proc1 {
     pub const CR8_LOAD_EXITING: u32 = 1 << 19;
     pub const CR8_STORE_EXITING: u32 = 1 << 20;
     pub const USE_IO_BITMAPS: u32 = 1 << 25;
+    /// Allowed only with the pin-based "virtual NMIs" (SDM Vol. 3C §27.2.1.1).
+    pub const NMI_WINDOW_EXITING: u32 = 1 << 22;
     pub const MONITOR_TRAP_FLAG: u32 = 1 << 27;
     pub const USE_MSR_BITMAPS: u32 = 1 << 28;
     pub const MONITOR_EXITING: u32 = 1 << 29;

@@ -224,6 +224,9 @@ pub struct Lapic {
     timer_start: u64,
     /// TSC-deadline mode's deadline (0: disarmed).
     deadline: u64,
+    /// An NMI sent to this CPU and not taken yet. The CPU latches one: more NMIs while one
+    /// waits are one (SDM Vol. 3A §6.7.1, "Handling Multiple NMIs").
+    nmi: bool,
 }
 
 const LVT_TIMER: usize = 0;
@@ -251,6 +254,7 @@ impl Lapic {
             divide: 0,
             timer_start: 0,
             deadline: 0,
+            nmi: false,
         }
     }
 
@@ -380,6 +384,23 @@ impl Lapic {
         }
         self.irr.set(vector, true);
         self.tmr.set(vector, level);
+    }
+
+    /// An NMI for this CPU (an NMI IPI). Taken even while the APIC is software-disabled, as
+    /// NMI, INIT and SIPI are (SDM Vol. 3A §11.4.7.2).
+    pub fn accept_nmi(&mut self) {
+        self.nmi = true;
+    }
+
+    /// Whether an NMI waits to be taken.
+    #[must_use]
+    pub fn nmi_pending(&self) -> bool {
+        self.nmi
+    }
+
+    /// Takes the waiting NMI (the CPU delivers it now).
+    pub fn take_nmi(&mut self) -> bool {
+        core::mem::take(&mut self.nmi)
     }
 
     /// The processor priority (PPR): TPR, or the class of the highest vector in service if that
@@ -752,6 +773,20 @@ mod tests {
         assert_eq!(l.write(reg::ICR_LOW, 0x0000_0005, 0), Effect::None);
         l.write(reg::ESR, 0, 0);
         assert_eq!(l.read(reg::ESR, 0), ESR_SEND_ILLEGAL);
+    }
+
+    #[test]
+    fn nmis_are_latched_once_and_taken_even_while_disabled() {
+        let mut l = Lapic::new(1);
+        assert!(!l.software_enabled() && !l.nmi_pending());
+        l.accept_nmi();
+        l.accept_nmi();
+        assert!(l.nmi_pending());
+        assert!(l.take_nmi());
+        assert!(!l.take_nmi() && !l.nmi_pending());
+        l.accept_nmi();
+        l.init();
+        assert!(!l.nmi_pending());
     }
 
     #[test]

@@ -71,6 +71,8 @@ pub struct Vcpu {
     pub proc1: u32,
     /// Virtual interrupts injected (`interrupts::before_entry`).
     pub interrupts_injected: u64,
+    /// NMIs injected (NMI IPIs).
+    pub nmis_injected: u64,
     /// Accesses to its local APIC's registers (`apic=on`), each an EPT violation.
     pub apic_accesses: u64,
     /// An application processor of a VM with local APICs: it waits for a start-up IPI and then
@@ -278,6 +280,7 @@ impl Vcpu {
             last_cpu: None,
             proc1: controls.proc1,
             interrupts_injected: 0,
+            nmis_injected: 0,
             apic_accesses: 0,
             wait_for_sipi: false,
             mode_switching: false,

@@ -384,6 +384,7 @@ fn build(
             ipis: 0,
             inits: 0,
             sipis: 0,
+            nmis: 0,
             logged_ipis: Vec::new(),
             logged_msrs: Vec::new(),
             logged_ports: Vec::new(),

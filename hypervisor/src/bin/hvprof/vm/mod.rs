@@ -128,11 +128,12 @@ pub struct VmDevices {
     pub lapics: Vec<hvprof_hypervisor::devices::lapic::Lapic>,
     /// The ACPI PM1a blocks (`apic=on`, which brings ACPI tables).
     pub pm: hvprof_hypervisor::devices::acpi_pm::AcpiPm,
-    /// IPIs sent (INITs and SIPIs among them), and the delivery modes not emulated that were
-    /// reported.
+    /// IPIs sent (INITs, SIPIs and NMIs among them; `nmis` counts each target), and the
+    /// delivery modes not emulated that were reported.
     pub ipis: u64,
     pub inits: u64,
     pub sipis: u64,
+    pub nmis: u64,
     pub logged_ipis: Vec<hvprof_hypervisor::devices::lapic::Delivery>,
     /// Its lines on the hypervisor's console.
     pub console: GuestConsole,

@@ -32,9 +32,9 @@ pub fn finish(vm: &Vm, stop: &Stop) {
     }
     report(vm, stop);
     if vm.apic {
-        let (ipis, inits, sipis) = {
+        let (ipis, inits, sipis, nmis) = {
             let d = vm.devices.lock();
-            (d.ipis, d.inits, d.sipis)
+            (d.ipis, d.inits, d.sipis, d.nmis)
         };
         let mut accesses = 0;
         let mut started = 0;
@@ -46,7 +46,7 @@ pub fn finish(vm: &Vm, stop: &Stop) {
             started += usize::from(v.index > 0 && !v.wait_for_sipi);
         }
         println!(
-            "vm {}: local APICs: {accesses} register accesses, {ipis} IPIs sent ({inits} INIT, {sipis} SIPI), {started} of {} application processors started, {injected} interrupts injected",
+            "vm {}: local APICs: {accesses} register accesses, {ipis} IPIs sent ({inits} INIT, {sipis} SIPI, {nmis} NMI), {started} of {} application processors started, {injected} interrupts injected",
             vm.name,
             vm.vcpus.len() - 1
         );

@@ -4,12 +4,14 @@
 //! deliver is injected at the next VM entry when the guest can take it (RFLAGS.IF set, no STI or MOV SS blocking), else
 //! "interrupt-window exiting" stops the guest as soon as it can (Intel SDM Vol. 3C §26.7.5,
 //! §27.6 "Event Injection"). An event whose delivery a VM exit interrupted is delivered again
-//! first (§28.2.4, IDT-vectoring information).
+//! first (§28.2.4, IDT-vectoring information). An NMI the local APIC latched (an NMI IPI) goes
+//! before them all, when the guest is not blocking NMIs; else "NMI-window exiting" stops it when
+//! it stops blocking them (§26.7.6, with "virtual NMIs", which track the guest's blocking).
 
 use super::{Vm, VmDevices};
 use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::must;
-use hvprof_vmx::caps::{VmxCaps, proc1};
+use hvprof_vmx::caps::{VmxCaps, pin, proc1};
 use hvprof_vmx::exit::{InterruptionInfo, InterruptionType};
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::{Control32, Guest32, GuestNatural, Interruptibility, ReadOnly32, VmcsExt};
@@ -103,11 +105,13 @@ pub fn before_entry(
     let index = usize::from(vcpu.index);
     let (vector, pic, apic_next) = waiting(dev, index, now);
     let next = earlier(dev.board.next_event(now), apic_next);
-    if vector.is_none() && !pic {
+    let nmi = dev.lapics.get(index).is_some_and(|l| l.nmi_pending());
+    if vector.is_none() && !pic && !nmi {
         set_window_exiting(vcpu, vmcs, false);
+        set_exiting(vcpu, vmcs, proc1::NMI_WINDOW_EXITING, false);
         return (next, false);
     }
-    let busy = InterruptionInfo(must(
+    let mut busy = InterruptionInfo(must(
         vmcs.read32(Control32::EntryInterruptionInfo),
         "VMREAD entry interruption info",
     ))
@@ -117,6 +121,38 @@ pub fn before_entry(
         vmcs.read32(Guest32::InterruptibilityState),
         "VMREAD interruptibility",
     ));
+    let mut nmi_waits = false;
+    if nmi {
+        // An NMI is not injected over another event, nor while the guest blocks NMIs (in its
+        // handler until IRET) or events (STI, MOV SS): SDM Vol. 3C §27.3.1.5.
+        let blocked = busy
+            || blocking.intersects(
+                Interruptibility::BLOCKING_BY_NMI
+                    | Interruptibility::BLOCKING_BY_STI
+                    | Interruptibility::BLOCKING_BY_MOV_SS,
+            );
+        if blocked {
+            nmi_waits = true;
+        } else {
+            dev.lapics[index].take_nmi();
+            must(
+                vmcs.write32(Control32::EntryInterruptionInfo, InterruptionInfo::nmi().0),
+                "VMWRITE entry interruption info",
+            );
+            vcpu.nmis_injected += 1;
+            busy = true;
+        }
+    }
+    // NMI-window exiting needs virtual NMIs (§27.2.1.1); without, the NMI waits for the next
+    // exit (at the latest the next sampling deadline).
+    let nmi_window = nmi_waits
+        && caps.pinbased().allows(pin::VIRTUAL_NMIS)
+        && caps.procbased().allows(proc1::NMI_WINDOW_EXITING);
+    set_exiting(vcpu, vmcs, proc1::NMI_WINDOW_EXITING, nmi_window);
+    if vector.is_none() && !pic {
+        set_window_exiting(vcpu, vmcs, false);
+        return (next, nmi_waits);
+    }
     let open = rflags & RFLAGS_IF != 0
         && !blocking
             .intersects(Interruptibility::BLOCKING_BY_STI | Interruptibility::BLOCKING_BY_MOV_SS);
@@ -147,7 +183,7 @@ pub fn before_entry(
     let (vector, pic, _) = waiting(dev, index, now);
     let still = vector.is_some() || pic;
     set_window_exiting(vcpu, vmcs, still);
-    (next, still)
+    (next, still || nmi_waits)
 }
 
 /// Whether a Linux guest's vCPU `index` that executed HLT has something to wake it now (an
@@ -158,6 +194,14 @@ pub fn on_halt(vm: &Vm, index: u16, vmcs: &CurrentVmcs, now: u64) -> Result<(), 
     let dev = &mut *guard;
     dev.board.update(now);
     let (vector, pic, apic_next) = waiting(dev, usize::from(index), now);
+    // An NMI wakes a halted CPU whatever RFLAGS.IF says.
+    if dev
+        .lapics
+        .get(usize::from(index))
+        .is_some_and(|l| l.nmi_pending())
+    {
+        return Ok(());
+    }
     let rflags = must(vmcs.read_natural(GuestNatural::Rflags), "VMREAD RFLAGS");
     if rflags & RFLAGS_IF != 0 && (vector.is_some() || pic) {
         return Ok(());
@@ -170,10 +214,15 @@ pub fn on_halt(vm: &Vm, index: u16, vmcs: &CurrentVmcs, now: u64) -> Result<(), 
 }
 
 fn set_window_exiting(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, on: bool) {
+    set_exiting(vcpu, vmcs, proc1::INTERRUPT_WINDOW_EXITING, on);
+}
+
+/// Sets or clears the primary processor-based control `bit` (a window-exiting control).
+fn set_exiting(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, bit: u32, on: bool) {
     let want = if on {
-        vcpu.proc1 | proc1::INTERRUPT_WINDOW_EXITING
+        vcpu.proc1 | bit
     } else {
-        vcpu.proc1 & !proc1::INTERRUPT_WINDOW_EXITING
+        vcpu.proc1 & !bit
     };
     if want != vcpu.proc1 {
         vcpu.proc1 = want;

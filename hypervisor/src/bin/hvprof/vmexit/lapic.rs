@@ -113,6 +113,19 @@ fn deliver(vm: &Vm, dev: &mut VmDevices, ipi: &Ipi) {
                 }
             }
         }
+        // NMI (SDM Vol. 3A §11.6.1, delivery mode 100B): latched at the target, injected at its
+        // next VM entry when it is not blocking NMIs (vm/virtual_interrupts.rs).
+        Delivery::Nmi => {
+            for (i, l) in dev.lapics.iter_mut().enumerate() {
+                if l.is_target(ipi) {
+                    l.accept_nmi();
+                    dev.nmis += 1;
+                    if vm.kick(i) {
+                        kick_pcpu(vm, i);
+                    }
+                }
+            }
+        }
         // INIT level de-assert is a no-op on every APIC since the Pentium 4.
         Delivery::Init if ipi.is_init_deassert() => {}
         // INIT: the target's APIC goes back to its state after INIT; a vCPU that has not been

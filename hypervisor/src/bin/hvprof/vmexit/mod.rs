@@ -79,6 +79,8 @@ fn handle_exit(
         Some(BasicExit::PreemptionTimer) => None,
         // The guest can take an interrupt now: the next VM entry injects it.
         Some(BasicExit::InterruptWindow) => None,
+        // The guest stopped blocking NMIs: the next VM entry injects the waiting one.
+        Some(BasicExit::NmiWindow) => None,
         Some(BasicExit::ExternalInterrupt) => {
             // "Acknowledge interrupt on exit" took the vector (SDM Vol. 3C §28.2.2), so it is
             // in service at the local APIC and needs its EOI. The sources the hypervisor
