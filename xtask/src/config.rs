@@ -1,8 +1,9 @@
 //! Run configuration files: `cargo xtask run --config FILE` and `cargo xtask iso --config FILE`.
 //!
 //! A TOML file describes one machine: the hypervisor's boot options, the emulated machine and the
-//! VMs. xtask turns it into the hypervisor's command line and one boot module per VM
-//! (`configs/three-vms.toml` and `configs/two-pcpus.toml` are examples):
+//! VMs. xtask turns it into the hypervisor's command line and the boot modules of each VM
+//! (`configs/three-vms.toml`, `configs/two-pcpus.toml` and `configs/linux-smp.toml` are
+//! examples):
 //!
 //! ```toml
 //! [hypervisor]                 # optional table; every key optional
@@ -10,6 +11,8 @@
 //! slice = "10ms"               # boot option slice= (scheduler time slice), same syntax
 //! export = "end"               # boot option export=: "stream" or "end"
 //! buffer = 100000              # boot option buffer=: records kept for export=end, or "auto"
+//! channel = "lpt"              # boot option channel=: "serial", "lpt" or "virtio"
+//! stacks = 16                  # boot option stacks=: call-chain depth 1 to 32, "on" or "off"
 //! emulator = "bochs"           # bochs | qemu-kvm | qemu-tcg | qemu-uefi (default: the best here)
 //! cpus = 1                     # pCPUs of the emulated machine, 1 to 64 (default 1)
 //! cpu_model = "corei7_haswell_4770"  # the Bochs CPU model (Bochs only)
@@ -23,33 +26,75 @@
 //! format = "elf64"             # optional format=: "elf64" or "real16"
 //! budget = 2000000000          # optional budget=: TSC ticks the VM may run
 //! args = "mix=80,20 rounds=60" # optional: more arguments, passed to the guest as they are
+//!
+//! [[vm]]                       # a Linux VM: kernel instead of image (exactly one of the two)
+//! name = "linux"
+//! kernel = "target/linux/bzImage"           # a bzImage, booted by the Linux boot protocol
+//! initrd = "target/linux/initramfs.cpio"    # optional initrd=: its initrd (or initramfs)
+//! vmlinux = "target/linux/vmlinux"          # optional: derive task-offsets=, mm-layout=,
+//!                                           #   module-layout=, orc-layout= from it
+//! unwind = ["target/linux/bin/shor"]        # optional unwind=: 1 to 4 static programs whose
+//!                                           #   .eh_frame become unwind tables (stacks=)
+//! memory = "256M"              # required for a Linux VM (16M is too little for a kernel)
+//! vcpus = 2                    # more than one needs apic = true
+//! pin = [0, 1]
+//! apic = true                  # optional apic=on: local APICs and ACPI tables (default false)
+//! budget = 100000000000
+//! cmdline = "console=ttyS0 quiet hvprof.run=w41"   # the kernel's command line
 //! ```
 //!
 //! The hypervisor's command line holds the boot options given, in the order period, slice,
-//! export, buffer (`period=1ms slice=10ms export=end buffer=100000`); the emulator keys only
-//! choose how `run` boots (`--emulator` on the command line overrides `emulator`; `--cpus`,
-//! `--cpu-model`, `--cmdline` and `--module` cannot be combined with `--config`).
+//! export, buffer, channel, stacks (`period=1ms slice=10ms export=end buffer=100000`); the
+//! emulator keys only choose how `run` boots (`--emulator` on the command line overrides
+//! `emulator`; `--cpus`, `--cpu-model`, `--cmdline` and `--module` cannot be combined with
+//! `--config`).
 //!
 //! Each VM becomes the module `<file> vm=<name> mem=<memory> vcpus=<n> [pin=a,b]
 //! [format=...] [budget=...] [<args>]`, where `<file>` is the image's file name inside the ISO.
-//! The image's file name is kept unless two VMs' images have the same file name (the ISO holds
+//! The image's file name is kept unless two modules' files have the same file name (the ISO holds
 //! each file once under its own name) or the name is not plain `[A-Za-z0-9_.,+-]`: then the image
 //! is copied to `target/config-modules/<name>.elf` (`<name>.bin` for `real16`). The analyzer
 //! matches guest images by build id, so a copied image still finds its symbols.
 //!
-//! **Image paths.** An absolute path is taken as it is; a path starting with `target/` is in
-//! cargo's target folder (`<workspace>/target`, or `CARGO_TARGET_DIR` when set), where the test
-//! guests are built; any other path is relative to the folder of the configuration file. Images
-//! must exist when the ISO is made (after the build, so freshly built guests count).
+//! **Linux VMs.** A VM with `kernel` becomes the module `<kernel file> vm=<name> mem=<memory>
+//! vcpus=<n> [pin=a,b] [budget=...] [initrd=<initrd file>] [apic=on] [unwind=<table>,...]
+//! [task-offsets=... mm-layout=... module-layout=... orc-layout=...] [<cmdline>] [<args>]`, as
+//! the Linux scenarios write it (`qemu-tests/src/linux_scenarios.rs`), followed by the initrd's
+//! module and the unwind tables' modules, each with its file name alone as its command line. The
+//! hypervisor passes every word that is not one of its keys to the kernel, so `cmdline` must not
+//! hold a hypervisor key (`vm=`, `initrd=`, `apic=`, `wall-budget=`, ...: the error names the
+//! field that sets it); `args` is for the keys without a field (`wall-budget=`, `target=`), and
+//! its other words reach the kernel's command line too. With `vmlinux` the kernel's keys are
+//! derived when the file is loaded (`linux_guest::KernelImage::module_keys`, which the scenarios
+//! use too), so samples name the guest's processes, files, kernel modules and kernel call chains;
+//! a layout the kernel does not allow is left out with a warning. The unwind tables are made
+//! from the programs when the ISO is (`linux_guest::unwind::unwind_table`, as
+//! `hvprof-analyze unwind-table` does). Inside the ISO, a shared or unusual kernel file name
+//! becomes `<name>.bzImage`, an initrd's `<name>.initrd` and `unwind[k]`'s table, normally
+//! `<program>.unwind`, `<name>.<k>.unwind`. Refused: `initrd`, `cmdline`, `apic`, `vmlinux` or
+//! `unwind` on a VM with `image`; `format` on a VM with `kernel` (and `format = "linux"`: give a
+//! `kernel`); a Linux VM without `memory`, or with more than one vCPU without `apic = true` (the
+//! kernel starts its other CPUs through their local APICs); `acpi=off` or `nolapic` in the
+//! `cmdline` of a VM with `apic = true`. Without `apic = true` the VM has the 8259 pair and the
+//! PIT only: a `cmdline` without `acpi=off nolapic` gets a warning.
+//!
+//! **Paths.** An absolute path (image, kernel, initrd, vmlinux, unwind program) is taken as it
+//! is; a path starting with `target/` is in cargo's target folder (`<workspace>/target`, or
+//! `CARGO_TARGET_DIR` when set), where the test guests and the Linux image are built; any other
+//! path is relative to the folder of the configuration file. The files must exist when the ISO is
+//! made (after the build, so freshly built guests count), the vmlinux when the file is loaded; a
+//! missing file of the Linux image is reported with the command that makes it (`cargo xtask
+//! linux-image`). A `kernel` must be a bzImage, and an `image` must not be one.
 //!
 //! **Validation.** Unknown keys and wrong types are refused with the line and column. Every
 //! value is checked with the parsers the hypervisor itself uses (`hvprof_boot::cmdline::parse`
 //! for the boot options, `hvprof_hypervisor::vm_config::parse` for the modules), and the final
 //! command lines are parsed once more by them, so the file and the hypervisor cannot disagree. A
 //! VM's `args` must not set a key the configuration sets (`vm=`, `mem=`, `vcpus=`, `pin=`,
-//! `format=`, `budget=`). Every problem is reported on one line naming the file, the field and
-//! the value: `configs/x.toml: vm[1].memory = "3M": must be a multiple of 2 MiB between 4 MiB
-//! and 4 GiB`.
+//! `format=`, `budget=`, `initrd=`, `apic=`, `unwind=`, and `task-offsets=`, `mm-layout=`,
+//! `module-layout=`, `orc-layout=`, which `vmlinux` sets). Every problem is reported on one line
+//! naming the file, the field and the value: `configs/x.toml: vm[1].memory = "3M": must be a
+//! multiple of 2 MiB between 4 MiB and 4 GiB`.
 
 use std::fmt::{self, Display};
 use std::path::{Path, PathBuf};
