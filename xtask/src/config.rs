@@ -567,12 +567,14 @@ fn check_vm_value<'a>(
 
 /// The field of a VM that sets hypervisor key `key`, or where to give it.
 fn field_of_key(key: &str) -> &'static str {
-    match RESERVED_ARGS.iter().find(|(k, _)| *k == key) {
+    if key == "format" {
         // A Linux VM's format is its `kernel`.
-        _ if key == "format" => "kernel",
-        Some((_, field)) => field,
-        None => "args",
+        return "kernel";
     }
+    RESERVED_ARGS
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map_or("args", |(_, field)| field)
 }
 
 /// One line of text: no line breaks or control characters.
@@ -624,7 +626,7 @@ fn plan_vm(
         }
     };
     let linux = image_field == "kernel";
-    if !linux && vm.image.is_some() {
+    if vm.image.is_some() && vm.kernel.is_none() {
         let image = Quoted(image_path);
         let mut only_linux = |name: &str, value: &dyn Display| {
             problems.value(
@@ -1673,13 +1675,16 @@ format = "real16"
     #[test]
     fn a_linux_vm() {
         let dir = fixture();
-        let text = format!(
-            "[hypervisor]\ncpus = 2\nchannel = \"lpt\"\nstacks = 16\n\
-             [[vm]]\nname = \"linux\"\nkernel = \"target/linux/bzImage\"\n\
-             initrd = \"target/linux/initramfs.cpio\"\nmemory = \"256M\"\nvcpus = 2\n\
-             pin = [0, 1]\napic = true\nbudget = 100000000000\ncmdline = \"{SMP_CMDLINE}\"\n\
-             unwind = [\"target/linux/bin/shor\", \"tools/zeroread\"]\nargs = \"wall-budget=9\"\n"
-        );
+        let config = |unwind: &str| {
+            format!(
+                "[hypervisor]\ncpus = 2\nchannel = \"lpt\"\nstacks = 16\n\
+                 [[vm]]\nname = \"linux\"\nkernel = \"target/linux/bzImage\"\n\
+                 initrd = \"target/linux/initramfs.cpio\"\nmemory = \"256M\"\nvcpus = 2\n\
+                 pin = [0, 1]\napic = true\nbudget = 100000000000\n\
+                 cmdline = \"{SMP_CMDLINE}\"\n{unwind}\nargs = \"wall-budget=9\"\n"
+            )
+        };
+        let text = config("unwind = [\"target/linux/bin/shor\", \"tools/zeroread\"]");
         std::fs::create_dir_all(dir.join("tools")).unwrap();
         let p = plan_in(&dir, &text).unwrap();
         assert_eq!(p.cmdline, "channel=lpt stacks=16");
@@ -1741,13 +1746,7 @@ format = "real16"
             e.starts_with("configs/x.toml: vm[0].unwind[0]: no unwind table for "),
             "{e}"
         );
-        let one = plan_in(
-            &dir,
-            &text
-                .replace(", \"tools/zeroread\"]", "]")
-                .replace("unwind = [\"target/linux/bin/shor\"]\n", ""),
-        )
-        .unwrap();
+        let one = plan_in(&dir, &config("")).unwrap();
         let iso = one.iso_modules(&dir.join("staging")).unwrap();
         let lines: Vec<(PathBuf, &str)> = iso
             .iter()
@@ -1792,7 +1791,9 @@ format = "real16"
     #[test]
     fn linux_values() {
         assert_eq!(
-            refused("[[vm]]\nname = \"a\"\nimage = \"boot.bin\"\nkernel = \"k\"\n"),
+            refused(
+                "[[vm]]\nname = \"a\"\nimage = \"boot.bin\"\nkernel = \"k\"\ninitrd = \"rd\"\n"
+            ),
             "configs/x.toml: vm[0].kernel = \"k\": and image = \"boot.bin\" are both set: a VM \
              boots a guest image or a Linux kernel, give one of them"
         );
@@ -2107,6 +2108,36 @@ format = "real16"
             m.cmdline
         );
         assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+    }
+
+    /// The unwind table of the image's `shor` (libquantum and libgomp without frame pointers),
+    /// made for the ISO as the stacks scenario makes it.
+    #[test]
+    fn the_unwind_table_of_a_real_program() {
+        let target = crate::target_dir();
+        let shor = target.join("linux/bin/shor");
+        if !shor.is_file() {
+            eprintln!("skipped: no {} (cargo xtask linux-image)", shor.display());
+            return;
+        }
+        let dir = fixture();
+        let text = format!(
+            "[[vm]]\nname = \"l\"\nkernel = \"{}\"\nmemory = \"256M\"\n\
+             unwind = [\"{}\"]\n",
+            dir.join("linux/bzImage").display(),
+            shor.display()
+        );
+        let p = parse(&text, Path::new(FILE), &dir, &target).unwrap();
+        assert_eq!(
+            p.modules[0].cmdline,
+            "bzImage vm=l mem=256M vcpus=1 unwind=shor.unwind"
+        );
+        let iso = p.iso_modules(&dir.join("staging")).unwrap();
+        assert_eq!(iso[1].path, dir.join("staging/shor.unwind"));
+        assert_eq!(iso[1].cmdline, "shor.unwind");
+        let (table, _) = linux_guest::unwind::unwind_table(&std::fs::read(&shor).unwrap()).unwrap();
+        assert_eq!(std::fs::read(&iso[1].path).unwrap(), table);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
