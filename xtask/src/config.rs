@@ -752,8 +752,11 @@ fn plan_vm(
         problems.value(&field("budget"), budget, p);
     }
 
-    // The kernel's command line: the kernel's words only.
-    let cmdline = vm.cmdline.as_deref().unwrap_or("").trim();
+    // The kernel's command line: the kernel's words only (refused above without a kernel).
+    let cmdline = match &vm.cmdline {
+        Some(c) if linux => c.trim(),
+        _ => "",
+    };
     if !one_line(cmdline) {
         problems.value(
             &field("cmdline"),
