@@ -47,69 +47,26 @@ pub fn linux_dir() -> PathBuf {
 /// showed `pit_next_event` and half the time in the hypervisor).
 pub const KERNEL_CMDLINE: &str = "console=ttyS0 acpi=off nolapic tsc=reliable highres=off nohz=off quiet mitigations=off cryptomgr.notests";
 
-/// `task-offsets=` for the hypervisor, from the manifest's offsets (empty when it is missing:
-/// the scenario then fails on its missing files, with the command to run).
-fn task_offsets() -> String {
-    let manifest = std::fs::read(linux_dir().join("manifest.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
-    let Some(o) = manifest.as_ref().and_then(|m| m.get("task_offsets")) else {
-        return String::new();
-    };
-    let get = |k: &str| o.get(k).and_then(Value::as_u64).unwrap_or(0);
-    format!(
-        "task-offsets={:#x}:{}:{}:{}",
-        get("current_task"),
-        get("pid"),
-        get("tgid"),
-        get("comm")
-    )
-}
-
-/// `mm-layout=` for the hypervisor: where the kernel keeps a process's memory map, derived from
-/// the image's vmlinux BTF (empty when the kernel is missing or its layout is not walkable: the
-/// scenario then runs without naming files).
-fn mm_layout() -> String {
-    kernel_layouts().0
-}
-
-/// `module-layout=` for the hypervisor: where the kernel's module list is (from kallsyms and
-/// BTF), empty when unavailable.
-fn module_layout() -> String {
-    kernel_layouts().1
-}
-
-/// `orc-layout=` for the hypervisor: where the kernel's ORC unwind tables are (for kernel call
-/// chains, `stacks=`), empty when unavailable.
-fn orc_layout() -> String {
-    kernel_layouts().2
-}
-
-/// The `mm-layout=`, `module-layout=` and `orc-layout=` arguments from the image's vmlinux, computed once it
-/// exists (the scenario list is also made before `cargo xtask test` builds the image: a missing
-/// kernel is not remembered).
-fn kernel_layouts() -> (String, String, String) {
-    type Layouts = (String, String, String);
-    static LAYOUTS: std::sync::Mutex<Option<Layouts>> = std::sync::Mutex::new(None);
-    let mut cached = LAYOUTS
+/// The kernel's keys for the hypervisor (`linux_guest::ModuleKeys`, the derivation `cargo xtask
+/// run --config` uses for a VM's `vmlinux`): `task-offsets=`, and `mm-layout=`,
+/// `module-layout=` and `orc-layout=` where the kernel allows them, from the image's vmlinux.
+/// Empty when the kernel is missing: the scenario then fails on its missing files, with the
+/// command to run. Computed once it exists (the scenario list is also made before `cargo xtask
+/// test` builds the image: a missing kernel is not remembered).
+fn kernel_keys() -> String {
+    static KEYS: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+    let mut cached = KEYS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(l) = cached.as_ref() {
-        return l.clone();
+    if let Some(k) = cached.as_ref() {
+        return k.clone();
     }
     let Ok(k) = linux_guest::KernelImage::from_vmlinux(linux_dir().join("vmlinux")) else {
-        return (String::new(), String::new(), String::new());
+        return String::new();
     };
-    let l = (
-        k.mm_layout
-            .map_or_else(|_| String::new(), |l| format!("mm-layout={l}")),
-        k.module_layout
-            .map_or_else(|_| String::new(), |l| format!("module-layout={l}")),
-        k.orc_layout
-            .map_or_else(|_| String::new(), |l| format!("orc-layout={l}")),
-    );
-    *cached = Some(l.clone());
-    l
+    let keys = k.module_keys().words().join(" ");
+    *cached = Some(keys.clone());
+    keys
 }
 
 /// One Linux VM running `run` with `arg` (module name `<vm>.bzImage`, initrd `<vm>.cpio`).
@@ -162,18 +119,11 @@ fn linux_module(s: Scenario, vm: &str, keys: &str, kernel: &str, init: &str) -> 
         &format!("{vm}.bzImage"),
         ModuleSource::File(dir.join("bzImage")),
         &format!(
-            "vm={vm} mem=256M budget=100000000000 initrd={initrd} {keys} {} {} {} {} {kernel} {init}",
-            task_offsets(),
-            mm_layout(),
-            module_layout(),
-            orc_layout()
+            "vm={vm} mem=256M budget=100000000000 initrd={initrd} {keys} {} {kernel} {init}",
+            kernel_keys()
         ),
     )
-    .module(
-        &initrd,
-        ModuleSource::File(dir.join("initramfs.cpio")),
-        "",
-    )
+    .module(&initrd, ModuleSource::File(dir.join("initramfs.cpio")), "")
 }
 
 /// The `/proc/interrupts` row `name` (`LOC`, `RES`, ...) the guest printed at `when` (`before`

@@ -175,6 +175,69 @@ impl KernelImage {
             .split(' ')
             .next()
     }
+
+    /// The boot-module keys that tell the hypervisor where this kernel keeps what it reads
+    /// (`hypervisor/src/vm_config.rs`). The Linux test scenarios and `cargo xtask run --config`
+    /// (a VM's `vmlinux`) both take them from here.
+    pub fn module_keys(&self) -> ModuleKeys {
+        fn key<T: std::fmt::Display>(
+            name: &str,
+            layout: &Result<T, String>,
+        ) -> Result<String, String> {
+            layout
+                .as_ref()
+                .map(|l| format!("{name}={l}"))
+                .map_err(Clone::clone)
+        }
+        let o = &self.offsets;
+        ModuleKeys {
+            task_offsets: format!(
+                "task-offsets={:#x}:{}:{}:{}",
+                o.current_task, o.pid, o.tgid, o.comm
+            ),
+            mm_layout: key("mm-layout", &self.mm_layout),
+            module_layout: key("module-layout", &self.module_layout),
+            orc_layout: key("orc-layout", &self.orc_layout),
+        }
+    }
+}
+
+/// A kernel's keys for its boot module's command line, each a `key=value` word: `task-offsets=`
+/// (the running task, so samples name processes), and where the kernel's structures allow it
+/// `mm-layout=` (a process's memory map: the files it runs), `module-layout=` (the module list:
+/// kernel modules) and `orc-layout=` (the ORC tables: kernel call chains, `stacks=`), each
+/// else the reason it is unavailable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleKeys {
+    pub task_offsets: String,
+    pub mm_layout: Result<String, String>,
+    pub module_layout: Result<String, String>,
+    pub orc_layout: Result<String, String>,
+}
+
+impl ModuleKeys {
+    /// The available keys, in the order above.
+    pub fn words(&self) -> Vec<&str> {
+        let mut words = vec![self.task_offsets.as_str()];
+        words.extend(
+            [&self.mm_layout, &self.module_layout, &self.orc_layout]
+                .into_iter()
+                .filter_map(|k| k.as_deref().ok()),
+        );
+        words
+    }
+
+    /// The keys left out, with why: `("orc-layout", "no .orc_unwind section ...")`.
+    pub fn unavailable(&self) -> Vec<(&'static str, &str)> {
+        [
+            ("mm-layout", &self.mm_layout),
+            ("module-layout", &self.module_layout),
+            ("orc-layout", &self.orc_layout),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.as_ref().err().map(|e| (k, e.as_str())))
+        .collect()
+    }
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, Error> {

@@ -96,6 +96,43 @@ fn task_offsets_and_kaslr_of_the_real_kernel() {
     assert_eq!((hit.symbol.name.as_str(), hit.offset), ("schedule", 4));
 }
 
+/// The hypervisor's keys for the kernel (what the Linux scenarios and `cargo xtask run --config`
+/// put on its module line) agree with what `cargo xtask linux-image` wrote in the manifest.
+#[test]
+fn module_keys_of_the_real_kernel_match_the_manifest() {
+    let (Some(path), Some(manifest)) = (input("vmlinux"), input("manifest.json")) else {
+        return;
+    };
+    let keys = KernelImage::from_vmlinux(&path).unwrap().module_keys();
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(manifest).unwrap()).unwrap();
+    let o = &m["task_offsets"];
+    let get = |k: &str| o[k].as_u64().unwrap();
+    assert_eq!(
+        keys.task_offsets,
+        format!(
+            "task-offsets={:#x}:{}:{}:{}",
+            get("current_task"),
+            get("pid"),
+            get("tgid"),
+            get("comm")
+        )
+    );
+    for (key, field, derived) in [
+        ("mm-layout", "mm_layout", &keys.mm_layout),
+        ("module-layout", "module_layout", &keys.module_layout),
+        ("orc-layout", "orc_layout", &keys.orc_layout),
+    ] {
+        let written = m[field].as_str().unwrap();
+        match derived {
+            Ok(word) => assert_eq!(*word, format!("{key}={written}")),
+            Err(why) => assert_eq!(written, format!("unavailable: {why}")),
+        }
+    }
+    let words = keys.words();
+    assert_eq!(words.len(), 1 + 3 - keys.unavailable().len());
+    assert!(words[0].starts_with("task-offsets=0x"), "{words:?}");
+}
+
 #[test]
 fn bzimage_decompresses_to_the_vmlinux() {
     let (Some(bz), Some(vmlinux)) = (input("bzImage"), input("vmlinux")) else {
