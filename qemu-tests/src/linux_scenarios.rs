@@ -312,17 +312,10 @@ fn check_smp_halt(run: &ProfileRun) -> Result<(), String> {
             summary(busy)
         ));
     }
-    for v in [busy, halted] {
-        for k in ["/exact/idle_difference", "/exact/steal_difference"] {
-            let d = field(v, k).abs();
-            if d.is_nan() || d > 1.0 {
-                errors.push(format!(
-                    "samples and scheduling events disagree by more than 1 point ({k}): {}",
-                    summary(v)
-                ));
-            }
-        }
-    }
+    errors.extend(crate::smp_scenarios::events_agree(&[
+        busy.clone(),
+        halted.clone(),
+    ]));
     all_of(errors.into_iter().map(Err))
 }
 

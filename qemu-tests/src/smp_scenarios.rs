@@ -138,7 +138,7 @@ fn share(vcpu: &Value, function: &str, module: Option<&str>) -> f64 {
 }
 
 /// A vCPU's figures in one line, for the failure messages.
-fn summary(v: &Value) -> String {
+pub(crate) fn summary(v: &Value) -> String {
     format!(
         "vCPU {}: {} samples, idle {:.1}%, steal {:.1}% (exact: idle {:.1}%, steal {:.1}%; differences {:+.2}, {:+.2})",
         field(v, "/vcpu"),
@@ -153,7 +153,7 @@ fn summary(v: &Value) -> String {
 }
 
 /// Samples and scheduling events agree on each vCPU's idle and steal within 1 point.
-fn events_agree(vcpus: &[Value]) -> Vec<String> {
+pub(crate) fn events_agree(vcpus: &[Value]) -> Vec<String> {
     let mut errors = Vec::new();
     for v in vcpus {
         for k in ["/exact/idle_difference", "/exact/steal_difference"] {
@@ -187,17 +187,24 @@ fn w41_splits(vcpus: &[Value]) -> Vec<String> {
     errors
 }
 
-/// `bochs-linux-smp-steal` (Tables 8/9): two copies of w41 on two vCPUs that share one pCPU.
-/// While they run, each vCPU holds the pCPU half the time: its table shows about 50 % steal,
-/// nearly all of it `[steal] (on vcpuN)` of the other vCPU, and samples and events agree within 1
-/// point.
-fn check_steal(run: &ProfileRun) -> Result<(), String> {
+/// The two copies of w41: their stretch of host time, each vCPU's figures over it, and the
+/// failures every such run shares (samples and events disagree, w41's split is off).
+fn w41_copies(run: &ProfileRun) -> Result<(String, Vec<Value>, Vec<String>), String> {
     let samples = script_samples(run)?;
     let window = process_window(&samples, "w41")?;
     let report = report_during(run, &window)?;
     let vcpus = vcpus(&report)?;
     let mut errors = events_agree(&vcpus);
     errors.extend(w41_splits(&vcpus));
+    Ok((window, vcpus, errors))
+}
+
+/// `bochs-linux-smp-steal` (Tables 8/9): two copies of w41 on two vCPUs that share one pCPU.
+/// While they run, each vCPU holds the pCPU half the time: its table shows about 50 % steal,
+/// nearly all of it `[steal] (on vcpuN)` of the other vCPU, and samples and events agree within 1
+/// point.
+fn check_steal(run: &ProfileRun) -> Result<(), String> {
+    let (window, vcpus, mut errors) = w41_copies(run)?;
     for (i, v) in vcpus.iter().enumerate() {
         let other = format!("(on vcpu{})", 1 - i);
         let (steal, on_other) = (field(v, "/steal"), share(v, "[steal]", Some(&other)));
@@ -217,12 +224,7 @@ fn check_steal(run: &ProfileRun) -> Result<(), String> {
 /// own: no vCPU waits for the other, so the steal left is the hypervisor's work on the vCPU's
 /// own exits (`[steal] (hypervisor)`), and none is of the other vCPU.
 fn check_pinned(run: &ProfileRun) -> Result<(), String> {
-    let samples = script_samples(run)?;
-    let window = process_window(&samples, "w41")?;
-    let report = report_during(run, &window)?;
-    let vcpus = vcpus(&report)?;
-    let mut errors = events_agree(&vcpus);
-    errors.extend(w41_splits(&vcpus));
+    let (_, vcpus, mut errors) = w41_copies(run)?;
     for (i, v) in vcpus.iter().enumerate() {
         let other = format!("(on vcpu{})", 1 - i);
         let on_other = share(v, "[steal]", Some(&other)) + share(v, "[steal]", Some("(outside)"));
