@@ -254,6 +254,43 @@ fn check_nmi_backtrace(log: &SerialLog) -> Result<(), String> {
     all_of(errors.into_iter().map(Err))
 }
 
+/// CPU 1 went offline and came back online (the guest's INIT-SIPI-SIPI to a vCPU that had run),
+/// and ran a program bound to it.
+fn check_hotplug(log: &SerialLog) -> Result<(), String> {
+    let mut errors = Vec::new();
+    for (what, want) in [
+        ("hotplug offline", "0"),
+        ("hotplug online", "0-1"),
+        ("hotplug ran on cpu 1:", "rc=0"),
+    ] {
+        let prefix = format!("hvprof-guest: {what} ");
+        let got = log
+            .lines()
+            .find_map(|l| l.split_once(&prefix).map(|(_, v)| v.trim().to_owned()));
+        if got.as_deref() != Some(want) {
+            errors.push(format!("\"{prefix}\": {got:?}, expected {want}"));
+        }
+    }
+    match log.expect("vm linux: local APICs:") {
+        Ok(l) => {
+            let inits = l.split_once(" INIT,").and_then(|(head, _)| {
+                head.split_whitespace()
+                    .last()?
+                    .trim_start_matches('(')
+                    .parse::<u64>()
+                    .ok()
+            });
+            if inits.is_none_or(|n| n < 2) {
+                errors.push(format!(
+                    "the vCPU brought back online took no second INIT: {l}"
+                ));
+            }
+        }
+        Err(e) => errors.push(e),
+    }
+    all_of(errors.into_iter().map(Err))
+}
+
 /// `bochs-linux-smp-halt`: two vCPUs on one pCPU, one running w41 and the other mostly halted:
 /// the halted one's blank time is `[idle] (halted)`, apart from its steal (the time it could have
 /// run while its peer ran); for both, the sampled idle and steal agree with the exact figures of
@@ -1144,10 +1181,11 @@ pub fn all() -> Vec<Scenario> {
         linux_apic_module(
             boot("bochs-linux-smp-halt"),
             "0,0",
-            "hvprof.run=w41 hvprof.arg=400 hvprof.backtrace=1",
+            "hvprof.run=w41 hvprof.arg=400 hvprof.backtrace=1 hvprof.hotplug=1",
         )
         .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
         .check(check_nmi_backtrace)
+        .check(check_hotplug)
         .profile(check_smp_halt),
         linux_vm(boot("bochs-linux-w41"), "linux", "w41", "400")
             .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))

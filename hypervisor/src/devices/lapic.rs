@@ -94,7 +94,9 @@ pub enum Delivery {
 }
 
 impl Delivery {
-    fn of(v: u32) -> Delivery {
+    /// The delivery mode in bits 8-10 of an ICR, LVT or I/O APIC redirection entry.
+    #[must_use]
+    pub fn of(v: u32) -> Delivery {
         match (v >> DELIVERY_SHIFT) & 7 {
             0 => Delivery::Fixed,
             1 => Delivery::LowestPriority,

@@ -175,8 +175,12 @@ impl GuestConsole {
     }
 }
 
-/// `Vm::sipi`'s flag for a vector waiting.
+/// `Vm::sipi`'s flags: a SIPI's vector waits (in the low byte); an INIT waits for a vCPU that
+/// runs (it goes back to wait-for-SIPI); the vCPU left wait-for-SIPI (later SIPIs are ignored,
+/// until an INIT).
 const SIPI_PENDING: u16 = 0x100;
+const INIT_PENDING: u16 = 0x200;
+const STARTED: u16 = 0x400;
 
 impl Vm {
     /// Tells vCPU `index` that something waits for it (see `kicks`); whether it was not told
@@ -198,14 +202,28 @@ impl Vm {
     /// that has left wait-for-SIPI ignores the second).
     pub fn send_sipi(&self, index: usize, vector: u8) {
         if let Some(s) = self.sipi.get(index) {
-            let _ = s.compare_exchange(
-                0,
-                SIPI_PENDING | u16::from(vector),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            );
+            let _ = s.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
+                (v & (STARTED | SIPI_PENDING) == 0).then_some(v | SIPI_PENDING | u16::from(vector))
+            });
             let _ = self.kick(index);
         }
+    }
+
+    /// An INIT for vCPU `index` (SDM Vol. 3A §11.6.1, delivery mode 101B): one that runs goes
+    /// back to wait-for-SIPI at its next look (`take_init`), and the next SIPI starts it again.
+    pub fn send_init(&self, index: usize) {
+        if let Some(s) = self.sipi.get(index) {
+            s.store(INIT_PENDING, Ordering::Release);
+            let _ = self.kick(index);
+        }
+    }
+
+    /// Whether an INIT waits for vCPU `index` (and clears it; a SIPI after it stays).
+    pub fn take_init(&self, index: usize) -> bool {
+        self.sipi.get(index).is_some_and(|s| {
+            s.load(Ordering::Relaxed) & INIT_PENDING != 0
+                && s.fetch_and(!INIT_PENDING, Ordering::AcqRel) & INIT_PENDING != 0
+        })
     }
 
     /// Whether a SIPI waits for vCPU `index`.
@@ -215,11 +233,16 @@ impl Vm {
             .is_some_and(|s| s.load(Ordering::Acquire) & SIPI_PENDING != 0)
     }
 
-    /// The vector of the SIPI waiting for vCPU `index`, taken (later ones are then ignored:
-    /// the slot keeps a value without the flag).
+    /// The vector of the SIPI waiting for vCPU `index`, taken (later ones are then ignored
+    /// until an INIT; an INIT before it is done with).
     pub fn take_sipi(&self, index: usize) -> Option<u8> {
-        let v = self.sipi.get(index)?.swap(!SIPI_PENDING, Ordering::AcqRel);
-        (v & SIPI_PENDING != 0).then_some(v as u8)
+        let s = self.sipi.get(index)?;
+        let v = s
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
+                (v & SIPI_PENDING != 0).then_some(STARTED)
+            })
+            .ok()?;
+        Some(v as u8)
     }
 }
 

@@ -106,6 +106,11 @@ fn run_loaded(
     slice_end: u64,
 ) -> SliceEnd {
     let prof = profiler::this_cpu();
+    // An INIT sends a vCPU that ran back to wait-for-SIPI (a CPU taken offline and brought back
+    // online: Linux's CPU hotplug).
+    if vm.apic && vm.take_init(usize::from(vcpu.index)) {
+        vcpu.wait_for_sipi = true;
+    }
     // An application processor starts at its SIPI's vector (the scheduler runs it only then).
     if vcpu.wait_for_sipi {
         match vm.take_sipi(usize::from(vcpu.index)) {
@@ -160,6 +165,11 @@ fn run_loaded(
         // interrupts on, so the sampling clock sees this work for what it is).
         // Another vCPU's IPI for this one: its local APIC has something new.
         let kicked = vm.apic && vm.take_kick(usize::from(vcpu.index));
+        if kicked && vm.take_init(usize::from(vcpu.index)) {
+            vcpu.wait_for_sipi = true;
+            vcpu.wake_at = None;
+            break SliceEnd::Halted;
+        }
         if vm.linux && (devices_touched || kicked || device_event.is_some_and(|t| rdtsc() >= t)) {
             if !host_clock_armed {
                 prof.arm_host_clock();

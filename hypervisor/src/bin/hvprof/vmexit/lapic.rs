@@ -128,12 +128,14 @@ fn deliver(vm: &Vm, dev: &mut VmDevices, ipi: &Ipi) {
         }
         // INIT level de-assert is a no-op on every APIC since the Pentium 4.
         Delivery::Init if ipi.is_init_deassert() => {}
-        // INIT: the target's APIC goes back to its state after INIT; a vCPU that has not been
-        // started is in wait-for-SIPI already (one that runs is not sent back there yet).
+        // INIT: the target's APIC goes back to its state after INIT, and the vCPU to
+        // wait-for-SIPI (one that runs at its next look, one not started yet is there already).
         Delivery::Init => {
             for (i, l) in dev.lapics.iter_mut().enumerate() {
                 if l.is_target(ipi) && i != usize::from(ipi.source) {
                     l.init();
+                    vm.send_init(i);
+                    kick_pcpu(vm, i);
                     dev.inits += 1;
                 }
             }
