@@ -4,8 +4,9 @@
 //! page of guest memory in the BIOS area (reserved in the guest's e820 map), found through
 //! `boot_params`' `acpi_rsdp_addr` or the usual scan of 0xe0000-0xfffff.
 //!
-//! Without an I/O APIC in the MADT, Linux runs in "virtual wire" mode: the 8259's interrupts
-//! reach the boot vCPU through its LINT0 (ExtINT), and the other vCPUs still start.
+//! The hypervisor describes the I/O APIC (`devices::ioapic`); without one in the MADT, Linux
+//! runs in "virtual wire" mode: the 8259's interrupts reach the boot vCPU through its LINT0
+//! (ExtINT), and the other vCPUs still start.
 //!
 //! Debian's kernel ignores MP tables (`CONFIG_X86_MPPARSE` off): its CPUs come from the MADT.
 //!

@@ -75,8 +75,8 @@ pub struct VmConfig<'a> {
     /// programs built without frame pointers (`hvprof-analyze unwind-table`), for their call
     /// chains (`stacks=`); at most `UNWIND_MAX`, see `unwind_modules`.
     pub unwind: Option<&'a str>,
-    /// `apic=on|off` (Linux guests; default off): a local APIC per vCPU (xAPIC) and ACPI tables
-    /// describing the vCPUs (docs/LINUX-GUESTS.md). Off, the guest has the 8259 pair and the PIT
+    /// `apic=on|off` (Linux guests; default off): a local APIC per vCPU (xAPIC), the I/O APIC
+    /// and ACPI tables describing them (docs/LINUX-GUESTS.md). Off, the guest has the 8259 pair and the PIT
     /// only and must boot with `acpi=off nolapic`.
     pub apic: bool,
     /// Every argument after the image name, passed to the guest as is.

@@ -86,20 +86,9 @@ fn linux_vm_with(s: Scenario, vm: &str, run: &str, arg: &str, more: &str) -> Sce
     )
 }
 
-/// A Linux VM with local APICs and ACPI tables (`apic=on`), `vcpus` of them pinned as `pin`
-/// says: the kernel command line without `acpi=off nolapic`.
-fn linux_apic_vm(s: Scenario, vm: &str, run: &str, arg: &str, vcpus: u16, pin: &str) -> Scenario {
-    linux_module(
-        s,
-        vm,
-        &format!("apic=on vcpus={vcpus} pin={pin}"),
-        &KERNEL_CMDLINE.replace(" acpi=off nolapic", ""),
-        &format!("hvprof.run={run} hvprof.arg={arg}"),
-    )
-}
-
-/// Linux VM `linux` with two vCPUs, local APICs and ACPI tables, pinned as `pin` says, and
-/// /init's options `init`.
+/// Linux VM `linux` with two vCPUs, local APICs, the I/O APIC and ACPI tables (`apic=on`),
+/// pinned as `pin` says, and /init's options `init`: the kernel command line without `acpi=off
+/// nolapic`.
 pub(crate) fn linux_apic_module(s: Scenario, pin: &str, init: &str) -> Scenario {
     linux_module(
         s,
@@ -194,6 +183,47 @@ fn check_smp_boot(log: &SerialLog) -> Result<(), String> {
             }
         }
         Err(e) => errors.push(e),
+    }
+    all_of(errors.into_iter().map(Err))
+}
+
+/// The row of IRQ `irq` in the line `/init` printed with `prefix`: its counts per CPU and the
+/// chip that takes it.
+fn irq_row(log: &SerialLog, prefix: &str, irq: u32) -> Result<(Vec<u64>, String), String> {
+    let line = log
+        .lines()
+        .find_map(|l| l.split_once(prefix).map(|(_, r)| r.to_owned()))
+        .ok_or_else(|| format!("no \"{prefix}\" line"))?;
+    let mut words = line.split_whitespace();
+    if words.next() != Some(&format!("{irq}:")) {
+        return Err(format!("{prefix}{line}: not IRQ {irq}'s row"));
+    }
+    let words: Vec<&str> = words.collect();
+    let counts: Vec<u64> = words.iter().map_while(|w| w.parse().ok()).collect();
+    let chip = words.get(counts.len()).copied().unwrap_or("").to_owned();
+    Ok((counts, chip))
+}
+
+/// The legacy devices' interrupts go through the I/O APIC: the guest's `/proc/interrupts`
+/// names it as the chip of IRQ 0 (the PIT, on pin 2) and IRQ 4 (COM1), and each was taken
+/// (the PIT's while the kernel checked its timer at boot; COM1's for lines written to
+/// /dev/ttyS0 with IRQ 4 bound to each CPU in turn).
+fn check_io_apic(log: &SerialLog) -> Result<(), String> {
+    let mut errors = Vec::new();
+    for (prefix, irq) in [
+        ("hvprof-guest: interrupts after ", 0),
+        ("hvprof-guest: irq 4 bound to cpu 1: ", 4),
+    ] {
+        match irq_row(log, prefix, irq) {
+            Ok((counts, chip)) => {
+                if chip != "IO-APIC" || counts.iter().sum::<u64>() == 0 {
+                    errors.push(format!(
+                        "IRQ {irq}: {counts:?} interrupts taken by {chip:?}; expected some, by the IO-APIC"
+                    ));
+                }
+            }
+            Err(e) => errors.push(e),
+        }
     }
     all_of(errors.into_iter().map(Err))
 }
@@ -1158,22 +1188,21 @@ pub fn all() -> Vec<Scenario> {
         )
         .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
         .profile(check_linux_stacks),
-        // SMP Linux: two vCPUs on two pCPUs, with local APICs and ACPI tables (`apic=on`): the
-        // second vCPU started by the guest's INIT-SIPI-SIPI.
-        linux_apic_vm(
+        // SMP Linux: two vCPUs on two pCPUs, with local APICs, the I/O APIC and ACPI tables
+        // (`apic=on`): the second vCPU started by the guest's INIT-SIPI-SIPI; then COM1's
+        // interrupt bound to each vCPU in turn.
+        linux_apic_module(
             // Bochs runs both CPUs in one thread: twice a uniprocessor boot's time (136 s here).
             linux_machine("bochs-linux-smp-boot")
                 .cpus(2)
                 .cmdline(&format!("export=end channel=lpt {LINUX_PERIOD}"))
                 .budget(Duration::from_secs(480)),
-            "linux",
-            "w41",
-            "400",
-            2,
             "0,1",
+            "hvprof.run=w41 hvprof.arg=400 hvprof.irqs=1",
         )
         .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
         .check(check_smp_boot)
+        .check(check_io_apic)
         .profile(check_smp_profile),
         // The same guest on one pCPU: w41 keeps one vCPU busy, the other halts: its blank time
         // is idle, not steal, and the busy one loses little to it (the paper's Tables 14/15).

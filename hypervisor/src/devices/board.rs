@@ -1,8 +1,11 @@
 //! The legacy PC a VM sees: the 8259 pair, the 8254 PIT with port 0x61, the MC146818 CMOS clock
 //! and COM1's 16550, wired as on a PC (PIT channel 0 on IRQ 0, COM1 on IRQ 4), with the port
-//! decoding in one place. Time is the host TSC (`now`), read by the caller.
+//! decoding in one place. The same lines also reach the I/O APIC's pins (IRQ 0 on pin 2, as the
+//! MADT's interrupt source override says; IRQ 4 on pin 4), which a guest that has one
+//! (`apic=on`) programs instead of the 8259. Time is the host TSC (`now`), read by the caller.
 
 use super::cmos::Cmos;
+use super::ioapic::IoApic;
 use super::pic::PicPair;
 use super::pit::Pit;
 use super::uart::Uart;
@@ -12,6 +15,9 @@ pub const COM1: u16 = 0x3f8;
 pub const POST: u16 = 0x80;
 const IRQ_PIT: u8 = 0;
 const IRQ_COM1: u8 = 4;
+/// The I/O APIC's pins of those lines (ISA IRQ 0 is GSI 2 on a PC).
+const GSI_PIT: u8 = 2;
+const GSI_COM1: u8 = 4;
 
 /// What a port access did.
 #[derive(Debug, PartialEq, Eq)]
@@ -29,6 +35,8 @@ pub struct Board {
     pub pic: PicPair,
     pub pit: Pit,
     pub cmos: Cmos,
+    /// Unused (every entry masked) unless the guest has local APICs and programs it.
+    pub ioapic: IoApic,
     /// The UART's interrupt line as the PIC last saw it.
     com1_level: bool,
 }
@@ -42,6 +50,7 @@ impl Board {
             pic: PicPair::default(),
             pit: Pit::new(tsc_hz),
             cmos: Cmos::new(unix_seconds, tsc_hz),
+            ioapic: IoApic::new(0),
             com1_level: false,
         }
     }
@@ -53,11 +62,14 @@ impl Board {
         if self.pit.irq0_edges(now) > 0 {
             self.pic.set_irq(IRQ_PIT, true);
             self.pic.set_irq(IRQ_PIT, false);
+            self.ioapic.set_irq(GSI_PIT, true);
+            self.ioapic.set_irq(GSI_PIT, false);
         }
         let level = self.uart.irq();
         if level != self.com1_level {
             self.com1_level = level;
             self.pic.set_irq(IRQ_COM1, level);
+            self.ioapic.set_irq(GSI_COM1, level);
         }
     }
 
@@ -138,6 +150,33 @@ mod tests {
         assert_eq!(b.pic.pending(), None);
         b.write(0x20, 0x20, first + 100_000);
         assert_eq!(b.pic.pending(), Some(0x30));
+    }
+
+    #[test]
+    fn the_pit_and_com1_reach_the_io_apic_pins_a_pc_wires_them_to() {
+        use crate::devices::ioapic::{IOREGSEL, IOWIN};
+        let mut b = Board::new(HZ, 0);
+        // Pin 2 (IRQ 0) and pin 4 (IRQ 4): fixed, physical, to APIC 1.
+        for (pin, vector) in [(2u32, 0x30u32), (4, 0x34)] {
+            b.ioapic.write(IOREGSEL, 0x10 + 2 * pin);
+            b.ioapic.write(IOWIN, vector);
+            b.ioapic.write(IOREGSEL, 0x11 + 2 * pin);
+            b.ioapic.write(IOWIN, 1 << 24);
+        }
+        b.write(0x43, 0x34, 0);
+        b.write(0x40, 0x9c, 0);
+        b.write(0x40, 0x2e, 0);
+        let first = b.next_event(0).expect("channel 0 runs");
+        b.update(first);
+        let m = b.ioapic.next_message().expect("IRQ 0 on pin 2");
+        assert_eq!((m.pin, m.vector, m.destination), (2, 0x30, 1));
+        assert_eq!(b.ioapic.next_message(), None);
+        // COM1's interrupt: THR empty, enabled in IER, the line gated on by MCR's OUT2.
+        b.write(COM1 + 4, 0x08, first);
+        b.write(COM1 + 1, 0x02, first);
+        b.update(first);
+        let m = b.ioapic.next_message().expect("IRQ 4 on pin 4");
+        assert_eq!((m.pin, m.vector), (4, 0x34));
     }
 
     #[test]

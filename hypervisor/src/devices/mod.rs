@@ -6,6 +6,8 @@ pub mod acpi_pm;
 pub mod board;
 /// The MC146818 clock and CMOS RAM (0x70-0x71).
 pub mod cmos;
+/// The I/O APIC (0xfec00000; `apic=on`): the legacy devices' interrupts to any vCPU.
+pub mod ioapic;
 /// A vCPU's local APIC (xAPIC registers at 0xfee00000, timer, IPIs).
 pub mod lapic;
 /// The two cascaded 8259A interrupt controllers (0x20-0x21, 0xa0-0xa1).

@@ -604,6 +604,8 @@ struct Part {
     last: u64,
     /// The stretch of host time whose samples count (`--time`).
     window: Window,
+    /// The TSCs of the first and last sample, those outside the stretch included.
+    seen: (u64, u64),
 }
 
 impl Default for Part {
@@ -620,6 +622,7 @@ impl Default for Part {
             first: u64::MAX,
             last: 0,
             window: Window::ALL,
+            seen: (u64::MAX, 0),
         }
     }
 }
@@ -711,6 +714,7 @@ impl Part {
                     continue;
                 }
             };
+            self.seen = (self.seen.0.min(s.tsc), self.seen.1.max(s.tsc));
             if !self.window.contains(s.tsc) {
                 cursor.skip(s);
                 continue;
@@ -805,6 +809,8 @@ pub struct Classified {
     index: StackIndex,
     /// Per pCPU (ascending), its blocks that hold samples, in stream order.
     blocks: Vec<(u16, Vec<BlockSpan>)>,
+    /// The TSCs of the first and last sample of the capture (`--time` aside); `None` without.
+    seen: Option<(u64, u64)>,
 }
 
 impl Classified {
@@ -846,6 +852,7 @@ impl Classified {
         let mut cost = base.cost;
         let mut blocks = std::mem::take(&mut base.blocks);
         let (mut len, mut first, mut last) = (base.len, base.first, base.last);
+        let mut seen = base.seen;
         let mut seg_lists: std::collections::BTreeMap<u16, (Vec<Segment>, Vec<Located>)> =
             std::mem::take(&mut base.segments.lists)
                 .into_iter()
@@ -889,6 +896,7 @@ impl Classified {
             len += part.len;
             first = first.min(part.first);
             last = last.max(part.last);
+            seen = (seen.0.min(part.seen.0), seen.1.max(part.seen.1));
         }
         let stacks: Vec<Stack> = base
             .counts
@@ -937,6 +945,7 @@ impl Classified {
             ),
             index: base.counts.index,
             blocks: per_pcpu.into_iter().collect(),
+            seen: (seen.0 <= seen.1).then_some(seen),
         }
     }
 
@@ -1347,7 +1356,22 @@ impl Profile {
             segments,
             index,
             blocks,
+            seen,
         } = classified;
+        if let Some(range) = options
+            .time
+            .filter(|_| samples.len == 0 && !window.is_all())
+        {
+            let hz = decoded.header.as_ref().map_or(0, |h| h.tsc_hz).max(1) as f64;
+            warnings.push(match seen {
+                Some((a, b)) => format!(
+                    "--time {range}: no samples in this stretch; the capture's run from {:.6} s to {:.6} s",
+                    a as f64 / hz,
+                    b as f64 / hz
+                ),
+                None => format!("--time {range}: no samples in this stretch, nor in the capture"),
+            });
+        }
         let mut events = crate::window::clip_events(events, window);
         let replay = Replay {
             bytes,

@@ -158,8 +158,15 @@ fn each_vcpus_exact_split_is_of_the_stretch() {
 }
 
 #[test]
-fn a_stretch_without_samples_reports_none() {
+fn a_stretch_without_samples_says_where_they_are() {
     let bytes = std::fs::read(data("sched-2vcpus-1pcpu.log")).unwrap();
     let p = profile(&bytes, Some("1000,2000"));
     assert_eq!(p.report.total_samples, 0);
+    // The reader learns where the samples are.
+    let w = &p.report.warnings;
+    assert!(
+        w.iter().any(|w| w
+            .starts_with("--time 1000,2000: no samples in this stretch; the capture's run from ")),
+        "{w:?}"
+    );
 }

@@ -268,18 +268,20 @@ fn build(
                 .ok_or("no room for the ACPI tables")?;
             let rsdp = hvprof_hypervisor::guest_acpi::build(
                 &ids,
-                false,
+                true,
                 hvprof_hypervisor::guest_acpi::ACPI_GPA,
                 page,
             )
             .map_err(|e| format!("ACPI tables: {e}"))?;
             linux_boot::set_acpi_rsdp(mem, rsdp).map_err(|e| format!("{e}"))?;
             println!(
-                "vm {}: local APIC (xAPIC at {:#x}) per vCPU; ACPI tables at GPA {rsdp:#x}: MADT with {} vCPU{}, no I/O APIC (the 8259 through the boot vCPU's LINT0)",
+                "vm {}: local APIC (xAPIC at {:#x}) per vCPU; ACPI tables at GPA {rsdp:#x}: MADT with {} vCPU{} and the I/O APIC (ID {}, at {:#x}; IRQ 0 on pin 2)",
                 config.name,
                 hvprof_hypervisor::guest_acpi::LAPIC_BASE,
                 ids.len(),
-                if ids.len() == 1 { "" } else { "s" }
+                if ids.len() == 1 { "" } else { "s" },
+                ids.len(),
+                hvprof_hypervisor::guest_acpi::IOAPIC_BASE,
             );
         }
         println!(
@@ -371,7 +373,12 @@ fn build(
         mem_size: config.mem,
         ept,
         devices: Mutex::new(VmDevices {
-            board: Board::new(crate::tsc::hz(), CLOCK_START),
+            board: {
+                let mut b = Board::new(crate::tsc::hz(), CLOCK_START);
+                // The I/O APIC's ID follows the vCPUs' APIC IDs, as the MADT says.
+                b.ioapic = hvprof_hypervisor::devices::ioapic::IoApic::new(config.vcpus as u8);
+                b
+            },
             lapics: if apic {
                 (0..config.vcpus)
                     .map(|i| hvprof_hypervisor::devices::lapic::Lapic::new(i as u8))
@@ -385,6 +392,7 @@ fn build(
             inits: 0,
             sipis: 0,
             nmis: 0,
+            io_apic_messages: 0,
             logged_ipis: Vec::new(),
             logged_msrs: Vec::new(),
             logged_ports: Vec::new(),

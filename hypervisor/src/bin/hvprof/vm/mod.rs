@@ -134,6 +134,8 @@ pub struct VmDevices {
     pub inits: u64,
     pub sipis: u64,
     pub nmis: u64,
+    /// Interrupt messages the I/O APIC sent.
+    pub io_apic_messages: u64,
     pub logged_ipis: Vec<hvprof_hypervisor::devices::lapic::Delivery>,
     /// Its lines on the hypervisor's console.
     pub console: GuestConsole,

@@ -32,9 +32,9 @@ pub fn finish(vm: &Vm, stop: &Stop) {
     }
     report(vm, stop);
     if vm.apic {
-        let (ipis, inits, sipis, nmis) = {
+        let (ipis, inits, sipis, nmis, io_apic) = {
             let d = vm.devices.lock();
-            (d.ipis, d.inits, d.sipis, d.nmis)
+            (d.ipis, d.inits, d.sipis, d.nmis, d.io_apic_messages)
         };
         let mut accesses = 0;
         let mut started = 0;
@@ -46,7 +46,7 @@ pub fn finish(vm: &Vm, stop: &Stop) {
             started += usize::from(v.index > 0 && !v.wait_for_sipi);
         }
         println!(
-            "vm {}: local APICs: {accesses} register accesses, {ipis} IPIs sent ({inits} INIT, {sipis} SIPI, {nmis} NMI), {started} of {} application processors started, {injected} interrupts injected",
+            "vm {}: local APICs: {accesses} register accesses, {ipis} IPIs sent ({inits} INIT, {sipis} SIPI, {nmis} NMI), {started} of {} application processors started, {injected} interrupts injected, {io_apic} I/O APIC interrupts",
             vm.name,
             vm.vcpus.len() - 1
         );

@@ -102,6 +102,9 @@ pub fn before_entry(
     let mut guard = vm.devices.lock();
     let dev = &mut *guard;
     dev.board.update(now);
+    if vm.apic {
+        crate::vmexit::lapic::route_io_apic(vm, dev);
+    }
     let index = usize::from(vcpu.index);
     let (vector, pic, apic_next) = waiting(dev, index, now);
     let next = earlier(dev.board.next_event(now), apic_next);
@@ -193,6 +196,9 @@ pub fn on_halt(vm: &Vm, index: u16, vmcs: &CurrentVmcs, now: u64) -> Result<(), 
     let mut guard = vm.devices.lock();
     let dev = &mut *guard;
     dev.board.update(now);
+    if vm.apic {
+        crate::vmexit::lapic::route_io_apic(vm, dev);
+    }
     let (vector, pic, apic_next) = waiting(dev, usize::from(index), now);
     // An NMI wakes a halted CPU whatever RFLAGS.IF says.
     if dev

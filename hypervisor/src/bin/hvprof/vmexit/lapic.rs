@@ -1,9 +1,11 @@
-//! A Linux guest's accesses to its local APIC's registers (`apic=on`): the xAPIC page at GPA
-//! 0xfee00000 is not in the VM's EPT, so each access is an EPT violation (SDM Vol. 3C §29.3.3,
-//! exit reason 48). The instruction at the guest's RIP is fetched through its own page tables
-//! and decoded (`hvprof_hypervisor::mmio_decode`), the register is read or written in the vCPU's
-//! model (`hvprof_hypervisor::devices::lapic`), and the guest goes on after the instruction.
-//! What a write asks for next (an IPI, an EOI of a level-triggered vector) is done here.
+//! A Linux guest's accesses to its local APIC's and its I/O APIC's registers (`apic=on`): the
+//! xAPIC page at GPA 0xfee00000 and the I/O APIC's at 0xfec00000 are not in the VM's EPT, so each
+//! access is an EPT violation (SDM Vol. 3C §29.3.3, exit reason 48). The instruction at the
+//! guest's RIP is fetched through its own page tables and decoded
+//! (`hvprof_hypervisor::mmio_decode`), the register is read or written in the vCPU's model
+//! (`hvprof_hypervisor::devices::lapic`) or the VM's (`devices::ioapic`), and the guest goes on
+//! after the instruction. What a write asks for next (an IPI, an EOI of a level-triggered
+//! vector, an interrupt the I/O APIC now sends) is done here.
 
 use crate::tsc::rdtsc;
 use crate::vcpu::Vcpu;
@@ -11,8 +13,9 @@ use crate::vcpu::guest_ops::must;
 use crate::vm::{Stop, Vm, VmDevices};
 use alloc::format;
 use core::fmt::Write;
+use hvprof_hypervisor::devices::lapic::Destination;
 use hvprof_hypervisor::devices::lapic::{Delivery, Effect, Ipi};
-use hvprof_hypervisor::guest_acpi::LAPIC_BASE;
+use hvprof_hypervisor::guest_acpi::{IOAPIC_BASE, LAPIC_BASE};
 use hvprof_hypervisor::mmio_decode::{self, MAX_LEN, Op};
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::regs::Gpr;
@@ -23,12 +26,14 @@ const CS_AR_L: u32 = 1 << 13;
 /// CR0.PG.
 const CR0_PG: u64 = 1 << 31;
 
-/// Whether `gpa` is the local APIC's page of a VM that has one.
-pub fn is_lapic(vm: &Vm, gpa: u64) -> bool {
-    vm.apic && (LAPIC_BASE..LAPIC_BASE + 0x1000).contains(&gpa)
+/// Whether `gpa` is on the local APIC's or the I/O APIC's page of a VM that has them.
+pub fn is_apic_page(vm: &Vm, gpa: u64) -> bool {
+    vm.apic
+        && ((LAPIC_BASE..LAPIC_BASE + 0x1000).contains(&gpa)
+            || (IOAPIC_BASE..IOAPIC_BASE + 0x1000).contains(&gpa))
 }
 
-/// The access at `gpa` (on the APIC page) by the instruction at the guest's RIP.
+/// The access at `gpa` (on an APIC page) by the instruction at the guest's RIP.
 pub fn mmio(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, gpa: u64) -> Option<Stop> {
     let rip = must(vmcs.read_natural(GuestNatural::Rip), "VMREAD RIP");
     let long = must(vmcs.read32(Guest32::CsAccessRights), "VMREAD CS rights") & CS_AR_L != 0;
@@ -45,7 +50,7 @@ pub fn mmio(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, gpa: u64) -> Optio
                 vcpu,
                 vmcs,
                 format!(
-                    "local APIC access at GPA {gpa:#x} by {e} at RIP {rip:#x} (bytes:{bytes}): not emulated"
+                    "APIC access at GPA {gpa:#x} by {e} at RIP {rip:#x} (bytes:{bytes}): not emulated"
                 ),
             ));
         }
@@ -55,7 +60,33 @@ pub fn mmio(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, gpa: u64) -> Optio
     let aligned = offset & 0xf == 0;
     let now = rdtsc();
     let index = usize::from(vcpu.index);
-    {
+    if (IOAPIC_BASE..IOAPIC_BASE + 0x1000).contains(&gpa) {
+        let mut dev = vm.devices.lock();
+        match access.op {
+            Op::Read { reg } => {
+                let value = if aligned {
+                    dev.board.ioapic.read(offset)
+                } else {
+                    0
+                };
+                set_gpr(vcpu, vmcs, reg, u64::from(value));
+            }
+            Op::Write { reg } => {
+                if aligned {
+                    let value = get_gpr(vcpu, vmcs, reg) as u32;
+                    dev.board.ioapic.write(offset, value);
+                    // An entry unmasked while its line is up sends now.
+                    route_io_apic(vm, &mut dev);
+                }
+            }
+            Op::WriteImm { imm } => {
+                if aligned {
+                    dev.board.ioapic.write(offset, imm);
+                    route_io_apic(vm, &mut dev);
+                }
+            }
+        }
+    } else {
         let mut dev = vm.devices.lock();
         match access.op {
             Op::Read { reg } => {
@@ -93,9 +124,77 @@ pub fn mmio(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, gpa: u64) -> Optio
 fn carry_out(vm: &Vm, dev: &mut VmDevices, effect: Effect) {
     match effect {
         Effect::Ipi(ipi) => deliver(vm, dev, &ipi),
-        // No I/O APIC yet (virtual-wire mode): nothing waits for a level-triggered EOI; the
-        // timer's new deadline is taken at the next VM entry.
-        Effect::LevelEoi(_) | Effect::Timer | Effect::None => {}
+        // The I/O APIC's entries of that vector may send again (their remote IRR clears).
+        Effect::LevelEoi(vector) => {
+            dev.board.ioapic.eoi(vector);
+            route_io_apic(vm, dev);
+        }
+        // The timer's new deadline is taken at the next VM entry.
+        Effect::Timer | Effect::None => {}
+    }
+}
+
+/// Sends the interrupts the I/O APIC has (its pins as the guest programmed them) to the local
+/// APICs they name, as an IPI of the same delivery mode would go (82093AA §2.3: the I/O APIC
+/// sends interrupt messages on the APIC bus).
+pub fn route_io_apic(vm: &Vm, dev: &mut VmDevices) {
+    while let Some(m) = dev.board.ioapic.next_message() {
+        dev.io_apic_messages += 1;
+        let ipi = Ipi {
+            delivery: m.delivery,
+            vector: m.vector,
+            destination: if m.logical {
+                Destination::Logical(m.destination)
+            } else {
+                Destination::Physical(m.destination)
+            },
+            // No sender: the shorthands (the only users of it) are not in an entry.
+            source: 0xff,
+            level_triggered: m.level,
+            assert: true,
+        };
+        match m.delivery {
+            Delivery::Fixed | Delivery::LowestPriority | Delivery::Nmi => {
+                deliver_to_targets(vm, dev, &ipi);
+            }
+            // ExtINT (the 8259 through the I/O APIC) and the rest: the 8259 reaches vCPU 0
+            // through its LINT0 instead.
+            other => {
+                if !dev.logged_ipis.contains(&other) {
+                    dev.logged_ipis.push(other);
+                    crate::println!(
+                        "vm {}: I/O APIC pin {} in {other:?} mode not delivered (reported once)",
+                        vm.name,
+                        m.pin
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A fixed, lowest-priority or NMI interrupt (an IPI's or the I/O APIC's) to the vCPUs it
+/// names; they take it at their next VM entry. Lowest priority goes to one of them: the first
+/// (SDM Vol. 3A §11.6.2.4 lets the choice be the model's; all vCPUs run at TPR 0 under Linux).
+fn deliver_to_targets(vm: &Vm, dev: &mut VmDevices, ipi: &Ipi) {
+    for (i, l) in dev.lapics.iter_mut().enumerate() {
+        if !l.is_target(ipi) {
+            continue;
+        }
+        if ipi.delivery == Delivery::Nmi {
+            // SDM Vol. 3A §11.6.1, delivery mode 100B: latched at the target, injected at its
+            // next VM entry when it is not blocking NMIs (vm/virtual_interrupts.rs).
+            l.accept_nmi();
+            dev.nmis += 1;
+        } else {
+            l.accept(ipi.vector, ipi.level_triggered);
+        }
+        if vm.kick(i) {
+            kick_pcpu(vm, i);
+        }
+        if ipi.delivery == Delivery::LowestPriority {
+            break;
+        }
     }
 }
 
@@ -103,28 +202,8 @@ fn carry_out(vm: &Vm, dev: &mut VmDevices, effect: Effect) {
 fn deliver(vm: &Vm, dev: &mut VmDevices, ipi: &Ipi) {
     dev.ipis += 1;
     match ipi.delivery {
-        Delivery::Fixed | Delivery::LowestPriority => {
-            for (i, l) in dev.lapics.iter_mut().enumerate() {
-                if l.is_target(ipi) {
-                    l.accept(ipi.vector, ipi.level_triggered);
-                    if vm.kick(i) {
-                        kick_pcpu(vm, i);
-                    }
-                }
-            }
-        }
-        // NMI (SDM Vol. 3A §11.6.1, delivery mode 100B): latched at the target, injected at its
-        // next VM entry when it is not blocking NMIs (vm/virtual_interrupts.rs).
-        Delivery::Nmi => {
-            for (i, l) in dev.lapics.iter_mut().enumerate() {
-                if l.is_target(ipi) {
-                    l.accept_nmi();
-                    dev.nmis += 1;
-                    if vm.kick(i) {
-                        kick_pcpu(vm, i);
-                    }
-                }
-            }
+        Delivery::Fixed | Delivery::LowestPriority | Delivery::Nmi => {
+            deliver_to_targets(vm, dev, ipi);
         }
         // INIT level de-assert is a no-op on every APIC since the Pentium 4.
         Delivery::Init if ipi.is_init_deassert() => {}

@@ -9,7 +9,7 @@
 mod cpuid;
 mod fatal;
 mod io;
-mod lapic;
+pub mod lapic;
 mod msr;
 mod vmcall;
 
@@ -168,7 +168,7 @@ fn handle_exit(
         Some(BasicExit::CrAccess) => cr_access(vcpu, vmcs),
         Some(BasicExit::TripleFault) => Some(fatal(vcpu, vmcs, String::from("triple fault"))),
         Some(BasicExit::EptViolation)
-            if lapic::is_lapic(
+            if lapic::is_apic_page(
                 vm,
                 vmcs.read64(ReadOnly64::GuestPhysicalAddress).unwrap_or(0),
             ) =>
