@@ -1008,6 +1008,9 @@ fn is_guest(what: What) -> bool {
 /// allocator reuses their memory rather than asking the kernel for fresh pages each time).
 const RUN_SAMPLES: u64 = 1 << 15;
 
+/// Runs each [`Profile::replay`] worker may have made and not yet handed to its consumer.
+const RUNS_AHEAD: usize = 1;
+
 /// What reads a capture's samples again, in TSC order: the capture, its blocks per pCPU, the
 /// stack of each key, and who ran in Linux guests.
 #[derive(Default)]
@@ -1407,36 +1410,47 @@ impl Profile {
             .enumerate()
             .map(|(i, &lo)| (lo, cuts.get(i + 1).copied()))
             .collect();
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-        let per_wave = threads * 2;
-        let mut scratch: Vec<RunScratch> = (0..threads).map(|_| RunScratch::default()).collect();
-        let mut outs: Vec<R> = (0..per_wave).map(|_| R::default()).collect();
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get().min(8))
+            .min(runs.len())
+            .max(1);
         let work = &work;
         let sources = &sources;
-        for wave in runs.chunks(per_wave) {
-            std::thread::scope(|sc| {
-                let mut shares: Vec<Vec<(usize, &mut R)>> =
-                    (0..threads).map(|_| Vec::new()).collect();
-                for (i, out) in outs.iter_mut().take(wave.len()).enumerate() {
-                    shares[i % threads].push((i, out));
-                }
-                for (share, scratch) in shares.into_iter().zip(scratch.iter_mut()) {
-                    if share.is_empty() {
-                        continue;
-                    }
-                    sc.spawn(move || {
-                        for (i, out) in share {
-                            let (lo, hi) = wave[i];
-                            work(self.run_samples(scratch, sources, lo, hi), out);
+        let runs = &runs;
+        // Worker `w` makes runs w, w + threads, ... in order, each into an `R` it gets back
+        // once consumed (or a new one), and hands them on through a channel of its own that
+        // holds RUNS_AHEAD: `consume` takes run i from worker i % threads, so it sees them in
+        // order while the workers make the next ones. When `consume` fails the channels close
+        // and the workers stop at their next run.
+        std::thread::scope(|sc| {
+            let mut made = Vec::with_capacity(threads);
+            let mut emptied = Vec::with_capacity(threads);
+            for w in 0..threads {
+                let (done, take) = std::sync::mpsc::sync_channel::<R>(RUNS_AHEAD);
+                let (give_back, back) = std::sync::mpsc::channel::<R>();
+                made.push(take);
+                emptied.push(give_back);
+                sc.spawn(move || {
+                    let mut scratch = RunScratch::default();
+                    for &(lo, hi) in runs.iter().skip(w).step_by(threads) {
+                        let mut out = back.try_recv().unwrap_or_default();
+                        work(self.run_samples(&mut scratch, sources, lo, hi), &mut out);
+                        if done.send(out).is_err() {
+                            return;
                         }
-                    });
-                }
-            });
-            for out in outs.iter_mut().take(wave.len()) {
-                consume(out)?;
+                    }
+                });
             }
-        }
-        Ok(())
+            for i in 0..runs.len() {
+                let w = i % threads;
+                // A worker that ended early panicked: the scope passes its panic on.
+                let Ok(mut out) = made[w].recv() else { break };
+                consume(&mut out)?;
+                // A worker past its last run has dropped its end: nothing to give back.
+                let _ = emptied[w].send(out);
+            }
+            Ok(())
+        })
     }
 
     /// The samples with `lo <= tsc < hi` (no upper bound without `hi`), in TSC order, then
