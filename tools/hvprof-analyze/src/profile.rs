@@ -581,6 +581,9 @@ impl KeyCounts {
 /// What one decoding thread classified: its distinct keys with their counts, the blocks it
 /// read, its samples' owners as segments, the scheduling events, the cost.
 struct Part {
+    /// Whether the samples' owners are kept as segments (the report's time axis; the exports
+    /// read none).
+    keep_segments: bool,
     counts: KeyCounts,
     /// The block's samples classified, to be counted once their slots are prefetched.
     pending: Vec<Pending>,
@@ -597,6 +600,7 @@ struct Part {
 impl Default for Part {
     fn default() -> Part {
         Part {
+            keep_segments: true,
             counts: KeyCounts::default(),
             pending: Vec::new(),
             chain_scratch: ChainScratch::default(),
@@ -745,6 +749,9 @@ impl Part {
                     });
                 }
             }
+            if !self.keep_segments {
+                continue;
+            }
             let owner = owner(key.what, key.vm, key.vcpu);
             let o = match last_owner {
                 Some((w, i)) if w == owner => i,
@@ -794,18 +801,24 @@ impl Classified {
     /// Decodes `bytes` on `threads` threads, classifying every sample as it is decoded. The
     /// processes of Linux guests' samples depend on their time and on task frames anywhere in
     /// the capture: with `processes` they are found as the samples are decoded; without, a
-    /// guest sample's process is its address space.
+    /// guest sample's process is its address space. `segments`: the samples' owners are kept
+    /// as segments per pCPU, for the report's time axis (the exports, which have no tables,
+    /// read none).
     pub fn decode(
         bytes: &[u8],
         threads: usize,
         processes: Option<&Processes>,
+        segments: bool,
         progress: &Progress,
     ) -> (Decoded, Classified) {
         progress.phase("decoding", None, "records");
         let (decoded, parts) = hvprof_samplelog::decode_parallel(
             bytes,
             threads,
-            Part::default,
+            || Part {
+                keep_segments: segments,
+                ..Part::default()
+            },
             |part: &mut Part, at, records: &[Record], frames: &[u64]| {
                 part.add(at, records, frames, processes);
                 progress.inc(records.len() as u64);
@@ -1270,13 +1283,21 @@ impl Profile {
         options: LoadOptions,
         progress: &Progress,
     ) -> Profile {
-        let (decoded, mut classified) = Classified::decode(&bytes, options.threads, None, progress);
+        let (decoded, mut classified) =
+            Classified::decode(&bytes, options.threads, None, options.tables, progress);
         progress.phase("naming", None, "stacks");
         let mut warnings = Vec::new();
         let namer = Namer::new(&decoded, images, &mut warnings);
         let processes = namer.processes();
         let processes = if processes.any_linux() {
-            classified = Classified::decode(&bytes, options.threads, Some(&processes), progress).1;
+            classified = Classified::decode(
+                &bytes,
+                options.threads,
+                Some(&processes),
+                options.tables,
+                progress,
+            )
+            .1;
             progress.phase("naming", None, "stacks");
             Some(processes)
         } else {
@@ -1990,7 +2011,7 @@ mod tests {
                 l.sort_by_key(|s| s.0);
             }
             let want = crate::timeline::blanks(&lists, &p.events);
-            let classified = Classified::decode(&bytes, 2, None, &Progress::hidden()).1;
+            let classified = Classified::decode(&bytes, 2, None, true, &Progress::hidden()).1;
             let axis = p.replay.time_axis(classified.segments, &p.samples.stacks);
             let partial = |pcpu: u16, i: usize, lo: u64, hi: Option<u64>| {
                 p.replay.partial(&axis, pcpu, i, lo, hi)
