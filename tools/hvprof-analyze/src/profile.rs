@@ -854,9 +854,14 @@ impl Classified {
                         .map(|c| base.counts.index.chains.id(c)),
                 )
                 .collect();
+            // Its contexts (a few) in the first part's table, each looked up when first met
+            // (so the new ones are added in the same order), not once per key.
+            let mut contexts: Vec<Option<u32>> = vec![None; part.counts.contexts.len()];
             for (addr, ctx, n) in part.counts.entries() {
-                let (k, c) = part.counts.key(addr, ctx);
-                let ctx = base.counts.context((k.context(), chains[c as usize]));
+                let ctx = *contexts[ctx as usize].get_or_insert_with(|| {
+                    let (k, c) = part.counts.contexts[ctx as usize];
+                    base.counts.context((k.context(), chains[c as usize]))
+                });
                 base.counts.add(addr, ctx, n);
             }
             // Its owners in the first part's table.
