@@ -705,8 +705,18 @@ pub fn build(
     }
     let total = samples.len() as u64;
     let (host, vms) = if let Some(axis) = tables {
-        let mut guests = guest_counts(samples.stacks(), frames, namer, keep_guest);
-        let exact = add_blanks(events, axis, &mut guests);
+        // The counts and the blank slots (which need none of the counts) made at once.
+        let (mut guests, blanks) = std::thread::scope(|sc| {
+            let counts = sc.spawn(|| guest_counts(samples.stacks(), frames, namer, keep_guest));
+            let (segments, partial) = axis;
+            let blanks = (!events.is_empty())
+                .then(|| crate::timeline::segment_blanks(segments, events, partial));
+            let counts = counts
+                .join()
+                .unwrap_or_else(|e| std::panic::resume_unwind(e));
+            (counts, blanks)
+        });
+        let exact = add_blanks(blanks, &mut guests);
         let host = host_level(samples.stacks(), frames, namer, &guests.per_vm, total);
         (host, guest_level(namer, guests, &exact))
     } else {
@@ -823,16 +833,15 @@ fn guest_counts(stacks: &[Stack], frames: &[Frame], namer: &Namer, keep_guest: b
     g
 }
 
-/// Adds each vCPU's blank slots (`[idle]`, `[steal]`) on the common time axis from the
-/// scheduling events, and returns them (for the exact split). Without events (an old or
-/// partial log) the hypervisor's samples on a vCPU's behalf are all that can be called its
-/// steal.
+/// Adds each vCPU's blank slots (`[idle]`, `[steal]`) on the common time axis, counted from
+/// the scheduling events (`timeline::segment_blanks`), and returns them (for the exact split).
+/// Without events (`None`: an old or partial log) the hypervisor's samples on a vCPU's behalf
+/// are all that can be called its steal.
 fn add_blanks(
-    events: &[(u16, hvprof_samplelog::Event)],
-    (segments, partial): (&Segments, &Partial<'_>),
+    blanks: Option<HashMap<(u16, u16), crate::timeline::Blanks>>,
     g: &mut Guests,
 ) -> HashMap<(u16, u16), crate::timeline::Blanks> {
-    if events.is_empty() {
+    let Some(exact) = blanks else {
         for (&(vm, vcpu), &n) in &g.hypervisor {
             for counts in [
                 g.per_vm.entry(vm).or_default(),
@@ -842,8 +851,7 @@ fn add_blanks(
             }
         }
         return HashMap::default();
-    }
-    let exact = crate::timeline::segment_blanks(segments, events, partial);
+    };
     for (&(vm, vcpu), b) in &exact {
         let add = |g: &mut GuestCounts| {
             g.idle += b.idle;
