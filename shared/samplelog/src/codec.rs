@@ -278,14 +278,26 @@ fn ctx_index(kind: SampleKind) -> usize {
 
 /// Moves `v` to the front of a most-recent-first history: an existing entry at `hit` moves,
 /// otherwise everything shifts down and the last entry falls off.
+/// Shifted by hand: `rotate_right` is a call to a general rotation, slow for these few
+/// entries (it runs for every sample, encoding and decoding).
 #[inline]
-fn to_front<T: Copy>(list: &mut [T], hit: Option<usize>, v: T) {
+fn to_front<T: Copy, const N: usize>(list: &mut [T; N], hit: Option<usize>, v: T) {
     match hit {
-        Some(i) => list[..=i].rotate_right(1),
-        None => {
-            list.rotate_right(1);
+        Some(i) => {
+            let front = list[i];
+            let mut j = i;
+            while j > 0 {
+                list[j] = list[j - 1];
+                j -= 1;
+            }
+            list[0] = front;
+        }
+        None if N > 0 => {
+            // A shift of known length: moves the compiler writes out, no call.
+            list.copy_within(..N - 1, 1);
             list[0] = v;
         }
+        None => {}
     }
 }
 

@@ -2,8 +2,10 @@
 //! accumulator of its items ([`Collector`] → [`Decoded`]), and [`decode`] for a whole capture.
 //! Never panics, whatever the input; allocation is bounded by the input size.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::mem;
+
+use rustc_hash::FxHashSet as HashSet;
 
 use crate::bits::{ByteReader, Malformed};
 use crate::cobs;
@@ -1274,11 +1276,11 @@ pub fn decode_parallel<A: Send>(
     // Blocks whose records `visit` must not see: later copies of a block (same pCPU and
     // sequence number), by (part, block index in the part). Known only once every part is
     // decoded: a capture with duplicates is decoded twice, the second time skipping them.
-    let mut skip: HashSet<(usize, usize)> = HashSet::new();
+    let mut skip: HashSet<(usize, usize)> = HashSet::default();
     loop {
         let results = decode_parts(bytes, &bounds, &init, &visit, &skip);
-        let mut seen: HashSet<(u16, u64)> = HashSet::new();
-        let mut later: HashSet<(usize, usize)> = HashSet::new();
+        let mut seen: HashSet<(u16, u64)> = HashSet::default();
+        let mut later: HashSet<(usize, usize)> = HashSet::default();
         for (part, (_, meta)) in results.iter().enumerate() {
             let blocks = meta.iter().filter_map(|m| match m {
                 Meta::Block(h, ..) => Some((h.pcpu, h.seq)),

@@ -534,7 +534,13 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()
         stacks: &parts.stacks,
         period_us: serde_json::to_string(&period_us)?,
     };
-    serde_json::to_writer(&mut splicer, &parts.fx).context("cannot write the Firefox profile")?;
+    // serde_json writes a token at a time: the splicer looks at them a large buffer at a time.
+    let mut buffered = std::io::BufWriter::with_capacity(1 << 16, &mut splicer);
+    serde_json::to_writer(&mut buffered, &parts.fx).context("cannot write the Firefox profile")?;
+    buffered
+        .flush()
+        .context("cannot write the Firefox profile")?;
+    drop(buffered);
     if splicer.table.is_some() {
         anyhow::bail!("a Firefox sample table without its end");
     }
@@ -595,7 +601,7 @@ impl Write for Splicer<'_, '_> {
             if let Some(table) = &mut self.table {
                 // The table holds numbers, null and one string without braces: it ends at the
                 // first closing brace.
-                match rest.iter().position(|&b| b == b'}') {
+                match memchr::memchr(b'}', rest) {
                     Some(i) => {
                         table.extend_from_slice(&rest[..=i]);
                         rest = &rest[i + 1..];
@@ -646,7 +652,7 @@ struct Placeholder {
 
 /// Where `needle` first is in `hay`.
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+    memchr::memmem::find(hay, needle)
 }
 
 /// Buffered writing to the output (its writes are dynamic calls).

@@ -591,6 +591,9 @@ impl KeyCounts {
 /// What one decoding thread classified: its distinct keys with their counts, the blocks it
 /// read, its samples' owners as segments, the scheduling events, the cost.
 struct Part {
+    /// Whether the samples' owners are kept as segments (the report's time axis; the exports
+    /// read none).
+    keep_segments: bool,
     counts: KeyCounts,
     /// The block's samples classified, to be counted once their slots are prefetched.
     pending: Vec<Pending>,
@@ -611,6 +614,7 @@ struct Part {
 impl Default for Part {
     fn default() -> Part {
         Part {
+            keep_segments: true,
             counts: KeyCounts::default(),
             pending: Vec::new(),
             chain_scratch: ChainScratch::default(),
@@ -766,6 +770,9 @@ impl Part {
                     });
                 }
             }
+            if !self.keep_segments {
+                continue;
+            }
             let owner = owner(key.what, key.vm, key.vcpu);
             let o = match last_owner {
                 Some((w, i)) if w == owner => i,
@@ -817,12 +824,15 @@ impl Classified {
     /// Decodes `bytes` on `threads` threads, classifying every sample as it is decoded. The
     /// processes of Linux guests' samples depend on their time and on task frames anywhere in
     /// the capture: with `processes` they are found as the samples are decoded; without, a
-    /// guest sample's process is its address space.
+    /// guest sample's process is its address space. `segments`: the samples' owners are kept
+    /// as segments per pCPU, for the report's time axis (the exports, which have no tables,
+    /// read none).
     pub fn decode(
         bytes: &[u8],
         threads: usize,
         processes: Option<&Processes>,
         window: Window,
+        segments: bool,
         progress: &Progress,
     ) -> (Decoded, Classified) {
         progress.phase("decoding", None, "records");
@@ -831,6 +841,7 @@ impl Classified {
             threads,
             || Part {
                 window,
+                keep_segments: segments,
                 ..Part::default()
             },
             |part: &mut Part, at, records: &[Record], frames: &[u64]| {
@@ -869,9 +880,14 @@ impl Classified {
                         .map(|c| base.counts.index.chains.id(c)),
                 )
                 .collect();
+            // Its contexts (a few) in the first part's table, each looked up when first met
+            // (so the new ones are added in the same order), not once per key.
+            let mut contexts: Vec<Option<u32>> = vec![None; part.counts.contexts.len()];
             for (addr, ctx, n) in part.counts.entries() {
-                let (k, c) = part.counts.key(addr, ctx);
-                let ctx = base.counts.context((k.context(), chains[c as usize]));
+                let ctx = *contexts[ctx as usize].get_or_insert_with(|| {
+                    let (k, c) = part.counts.contexts[ctx as usize];
+                    base.counts.context((k.context(), chains[c as usize]))
+                });
                 base.counts.add(addr, ctx, n);
             }
             // Its owners in the first part's table.
@@ -1037,6 +1053,9 @@ fn is_guest(what: What) -> bool {
 /// the work makes of them are in memory at once, a few runs per core; small enough that the
 /// allocator reuses their memory rather than asking the kernel for fresh pages each time).
 const RUN_SAMPLES: u64 = 1 << 15;
+
+/// Runs each [`Profile::replay`] worker may have made and not yet handed to its consumer.
+const RUNS_AHEAD: usize = 1;
 
 /// What reads a capture's samples again, in TSC order: the capture, its blocks per pCPU, the
 /// stack of each key, and who ran in Linux guests.
@@ -1319,14 +1338,27 @@ impl Profile {
                 }
             },
         };
-        let (decoded, mut classified) =
-            Classified::decode(&bytes, options.threads, None, window, progress);
+        let (decoded, mut classified) = Classified::decode(
+            &bytes,
+            options.threads,
+            None,
+            window,
+            options.tables,
+            progress,
+        );
         progress.phase("naming", None, "stacks");
         let namer = Namer::new(&decoded, images, &mut warnings);
         let processes = namer.processes();
         let processes = if processes.any_linux() {
-            classified =
-                Classified::decode(&bytes, options.threads, Some(&processes), window, progress).1;
+            classified = Classified::decode(
+                &bytes,
+                options.threads,
+                Some(&processes),
+                window,
+                options.tables,
+                progress,
+            )
+            .1;
             progress.phase("naming", None, "stacks");
             Some(processes)
         } else {
@@ -1479,36 +1511,47 @@ impl Profile {
             .enumerate()
             .map(|(i, &lo)| (lo, cuts.get(i + 1).copied()))
             .collect();
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
-        let per_wave = threads * 2;
-        let mut scratch: Vec<RunScratch> = (0..threads).map(|_| RunScratch::default()).collect();
-        let mut outs: Vec<R> = (0..per_wave).map(|_| R::default()).collect();
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get().min(8))
+            .min(runs.len())
+            .max(1);
         let work = &work;
         let sources = &sources;
-        for wave in runs.chunks(per_wave) {
-            std::thread::scope(|sc| {
-                let mut shares: Vec<Vec<(usize, &mut R)>> =
-                    (0..threads).map(|_| Vec::new()).collect();
-                for (i, out) in outs.iter_mut().take(wave.len()).enumerate() {
-                    shares[i % threads].push((i, out));
-                }
-                for (share, scratch) in shares.into_iter().zip(scratch.iter_mut()) {
-                    if share.is_empty() {
-                        continue;
-                    }
-                    sc.spawn(move || {
-                        for (i, out) in share {
-                            let (lo, hi) = wave[i];
-                            work(self.run_samples(scratch, sources, lo, hi), out);
+        let runs = &runs;
+        // Worker `w` makes runs w, w + threads, ... in order, each into an `R` it gets back
+        // once consumed (or a new one), and hands them on through a channel of its own that
+        // holds RUNS_AHEAD: `consume` takes run i from worker i % threads, so it sees them in
+        // order while the workers make the next ones. When `consume` fails the channels close
+        // and the workers stop at their next run.
+        std::thread::scope(|sc| {
+            let mut made = Vec::with_capacity(threads);
+            let mut emptied = Vec::with_capacity(threads);
+            for w in 0..threads {
+                let (done, take) = std::sync::mpsc::sync_channel::<R>(RUNS_AHEAD);
+                let (give_back, back) = std::sync::mpsc::channel::<R>();
+                made.push(take);
+                emptied.push(give_back);
+                sc.spawn(move || {
+                    let mut scratch = RunScratch::default();
+                    for &(lo, hi) in runs.iter().skip(w).step_by(threads) {
+                        let mut out = back.try_recv().unwrap_or_default();
+                        work(self.run_samples(&mut scratch, sources, lo, hi), &mut out);
+                        if done.send(out).is_err() {
+                            return;
                         }
-                    });
-                }
-            });
-            for out in outs.iter_mut().take(wave.len()) {
-                consume(out)?;
+                    }
+                });
             }
-        }
-        Ok(())
+            for i in 0..runs.len() {
+                let w = i % threads;
+                // A worker that ended early panicked: the scope passes its panic on.
+                let Ok(mut out) = made[w].recv() else { break };
+                consume(&mut out)?;
+                // A worker past its last run has dropped its end: nothing to give back.
+                let _ = emptied[w].send(out);
+            }
+            Ok(())
+        })
     }
 
     /// The samples with `lo <= tsc < hi` (no upper bound without `hi`), in TSC order, then
@@ -1930,6 +1973,7 @@ mod tests {
             segments: Default::default(),
             index: StackIndex::default(),
             blocks: Vec::new(),
+            seen: Some((10, 2000)),
         };
         let frames = classified.name(&namer, |_| true);
         let named: Vec<&Frame> = classified
@@ -2050,7 +2094,8 @@ mod tests {
                 l.sort_by_key(|s| s.0);
             }
             let want = crate::timeline::blanks(&lists, &p.events);
-            let classified = Classified::decode(&bytes, 2, None, Window::ALL, &Progress::hidden()).1;
+            let classified =
+                Classified::decode(&bytes, 2, None, Window::ALL, true, &Progress::hidden()).1;
             let axis = p.replay.time_axis(classified.segments, &p.samples.stacks);
             let partial = |pcpu: u16, i: usize, lo: u64, hi: Option<u64>| {
                 p.replay.partial(&axis, pcpu, i, lo, hi)

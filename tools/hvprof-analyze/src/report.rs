@@ -577,12 +577,65 @@ fn rows(counts: HashMap<RowKey, u64>, more: impl Iterator<Item = Row>, total: u6
             ..r
         })
         .collect();
-    rows.sort_by(|a, b| {
-        b.samples
-            .cmp(&a.samples)
-            .then_with(|| a.function.cmp(&b.function))
-    });
+    sort_rows(&mut rows);
     rows
+}
+
+/// Sorts rows by samples (most first), then function, keeping the order of rows equal in both
+/// (a stable sort by those two). A table has a row per distinct address of a capture without
+/// symbols (hundreds of thousands, most with a few samples, so that ties on the samples are
+/// the rule): each row's sort key is its samples, the first 32 bytes of its function as two
+/// integers (which order as the strings do: zero-padded big-endian bytes) and its place, so
+/// that the sort compares integers and moves small keys, and reads a function whole only
+/// when the first 32 bytes are equal; the rows are then put in the keys' order.
+fn sort_rows(rows: &mut [Row]) {
+    /// Bytes `from..from + 16` of `s`, zero-padded, big-endian.
+    fn word(s: &[u8], from: usize) -> u128 {
+        let mut b = [0u8; 16];
+        if let Some(tail) = s.get(from..) {
+            let n = tail.len().min(16);
+            b[..n].copy_from_slice(&tail[..n]);
+        }
+        u128::from_be_bytes(b)
+    }
+    let mut keys: Vec<(u64, u128, u128, u32)> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let f = r.function.as_bytes();
+            (r.samples, word(f, 0), word(f, 16), i as u32)
+        })
+        .collect();
+    keys.sort_unstable_by(|a, b| {
+        b.0.cmp(&a.0)
+            .then(a.1.cmp(&b.1))
+            .then(a.2.cmp(&b.2))
+            .then_with(|| {
+                let (fa, fb) = (&rows[a.3 as usize].function, &rows[b.3 as usize].function);
+                if fa.len() <= 32 && fb.len() <= 32 {
+                    // Equal padded bytes and both within them: equal, unless one ends in
+                    // zero bytes the other lacks.
+                    fa.len().cmp(&fb.len())
+                } else {
+                    fa.cmp(fb)
+                }
+            })
+            .then(a.3.cmp(&b.3))
+    });
+    // In place, cycle by cycle: row k becomes the row at `from[k]`.
+    let mut from: Vec<u32> = keys.into_iter().map(|(.., i)| i).collect();
+    for start in 0..from.len() {
+        let mut at = start;
+        loop {
+            let next = from[at] as usize;
+            from[at] = at as u32;
+            if next == start || next == at {
+                break;
+            }
+            rows.swap(at, next);
+            at = next;
+        }
+    }
 }
 
 /// The exact split of the vCPUs' lifetimes from their scheduling events, beside `table`.
@@ -662,8 +715,18 @@ pub fn build(
     }
     let total = samples.len() as u64;
     let (host, vms) = if let Some(axis) = tables {
-        let mut guests = guest_counts(samples.stacks(), frames, namer, keep_guest);
-        let exact = add_blanks(events, axis, &mut guests);
+        // The counts and the blank slots (which need none of the counts) made at once.
+        let (mut guests, blanks) = std::thread::scope(|sc| {
+            let counts = sc.spawn(|| guest_counts(samples.stacks(), frames, namer, keep_guest));
+            let (segments, partial) = axis;
+            let blanks = (!events.is_empty())
+                .then(|| crate::timeline::segment_blanks(segments, events, partial));
+            let counts = counts
+                .join()
+                .unwrap_or_else(|e| std::panic::resume_unwind(e));
+            (counts, blanks)
+        });
+        let exact = add_blanks(blanks, &mut guests);
         let host = host_level(samples.stacks(), frames, namer, &guests.per_vm, total);
         (host, guest_level(namer, guests, &exact))
     } else {
@@ -781,16 +844,15 @@ fn guest_counts(stacks: &[Stack], frames: &[Frame], namer: &Namer, keep_guest: b
     g
 }
 
-/// Adds each vCPU's blank slots (`[idle]`, `[steal]`) on the common time axis from the
-/// scheduling events, and returns them (for the exact split). Without events (an old or
-/// partial log) the hypervisor's samples on a vCPU's behalf are all that can be called its
-/// steal.
+/// Adds each vCPU's blank slots (`[idle]`, `[steal]`) on the common time axis, counted from
+/// the scheduling events (`timeline::segment_blanks`), and returns them (for the exact split).
+/// Without events (`None`: an old or partial log) the hypervisor's samples on a vCPU's behalf
+/// are all that can be called its steal.
 fn add_blanks(
-    events: &[(u16, hvprof_samplelog::Event)],
-    (segments, partial): (&Segments, &Partial<'_>),
+    blanks: Option<HashMap<(u16, u16), crate::timeline::Blanks>>,
     g: &mut Guests,
 ) -> HashMap<(u16, u16), crate::timeline::Blanks> {
-    if events.is_empty() {
+    let Some(exact) = blanks else {
         for (&(vm, vcpu), &n) in &g.hypervisor {
             for counts in [
                 g.per_vm.entry(vm).or_default(),
@@ -800,8 +862,7 @@ fn add_blanks(
             }
         }
         return HashMap::default();
-    }
-    let exact = crate::timeline::segment_blanks(segments, events, partial);
+    };
     for (&(vm, vcpu), b) in &exact {
         let add = |g: &mut GuestCounts| {
             g.idle += b.idle;
@@ -973,6 +1034,50 @@ mod tests {
         SampleKind, VmInfo, encode_end, encode_header, max_block_frame_len, max_end_frame_len,
     };
     use proptest::prelude::*;
+
+    /// `sort_rows` orders rows as a stable sort by (samples descending, function) does:
+    /// functions that tie within their first 32 bytes, that are prefixes of one another, that
+    /// hold zero bytes, and rows equal in both (kept in their order, told apart by module).
+    #[test]
+    fn rows_sort_as_a_stable_sort_by_samples_then_function() {
+        let names = [
+            "[unknown] 0xffffffff81234567",
+            "[unknown] 0xffffffff8123456",
+            "[unknown] 0xffffffff812345670000",
+            "[unknown] 0xffffffff812345670001",
+            "a_function_name_longer_than_thirty_two_bytes_x",
+            "a_function_name_longer_than_thirty_two_bytes_y",
+            "a_function_name_longer_than_thirty_two_bytes",
+            "ab",
+            "ab\0",
+            "ab\0\0",
+            "",
+            "[steal]",
+            "[idle]",
+        ];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rows = Vec::new();
+        for i in 0..5000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            rows.push(Row {
+                function: names[(x % names.len() as u64) as usize].to_owned(),
+                module: i.to_string(),
+                process: None,
+                samples: (x >> 20) % 4,
+                percent: 0.0,
+            });
+        }
+        let mut want = rows.clone();
+        want.sort_by(|a, b| {
+            b.samples
+                .cmp(&a.samples)
+                .then_with(|| a.function.cmp(&b.function))
+        });
+        sort_rows(&mut rows);
+        assert_eq!(rows, want);
+    }
 
     /// The report of a capture, decoded on `threads` threads.
     fn report_with(bytes: &[u8], threads: usize) -> Report {

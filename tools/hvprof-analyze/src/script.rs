@@ -186,28 +186,31 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
     } else {
         "cpu-clock"
     };
-    // Per frame: " function (module)\n" for the leaf, and the outer frames' lines.
-    let tails: Vec<(String, String)> = p
-        .frames
-        .iter()
-        .map(|f| {
-            let leaf = format!(" {} ({})\n", frame_name(&f.function), script_module(f));
-            let outer = match f.what {
-                What::GuestKernel | What::GuestUser => format!(
-                    "\t{:>16x} {} ({PROCESS_MODULE})\n",
-                    0,
-                    frame_name(&f.process)
-                ),
-                What::Hypervisor => format!(
-                    "\t{:>16x} {} ({HYPERVISOR_MODULE})\n",
-                    0,
-                    frame_name(&f.process)
-                ),
-                What::Idle => String::new(),
-            };
-            (leaf, outer)
-        })
-        .collect();
+    // Per frame: " function (module)\n" for the leaf, and the outer frames' lines (a few
+    // strings made per frame, hundreds of thousands of frames: on every core).
+    let tail = |f: &Frame| {
+        let leaf = format!(" {} ({})\n", frame_name(&f.function), script_module(f));
+        let outer = match f.what {
+            What::GuestKernel | What::GuestUser => format!(
+                "\t{:>16x} {} ({PROCESS_MODULE})\n",
+                0,
+                frame_name(&f.process)
+            ),
+            What::Hypervisor => format!(
+                "\t{:>16x} {} ({HYPERVISOR_MODULE})\n",
+                0,
+                frame_name(&f.process)
+            ),
+            What::Idle => String::new(),
+        };
+        (leaf, outer)
+    };
+    let tails: Vec<(String, String)> = crate::par_map(p.frames.chunks(4096).collect(), |c| {
+        c.iter().map(tail).collect::<Vec<_>>()
+    })
+    .into_iter()
+    .flatten()
+    .collect();
     // Per stack: its line's start (comm, pid/tid, pCPU), one of a few.
     let mut starts: Vec<String> = Vec::new();
     let mut start_of: HashMap<(What, u16, u16, u16), u32> = HashMap::default();
