@@ -96,11 +96,12 @@ fn process_window(samples: &[ScriptSample], name: &str) -> Result<String, String
     Ok(format!("{first:.6},{:.6}", last + 0.000_001))
 }
 
-/// The report over the stretch `--time window`.
-fn report_during(run: &ProfileRun, window: &str) -> Result<Value, String> {
+/// The report over the stretch `--time window`, with more of the analyzer's arguments.
+fn report_during(run: &ProfileRun, window: &str, more: &[&str]) -> Result<Value, String> {
     let mut args = linux_args();
     args.push("--time".into());
     args.push(window.into());
+    args.extend(more.iter().map(OsString::from));
     let report = run.report_with(None, &args)?;
     if report.get("time").is_none() {
         return Err("the report does not say which stretch of time it shows".into());
@@ -192,7 +193,7 @@ fn w41_splits(vcpus: &[Value]) -> Vec<String> {
 fn w41_copies(run: &ProfileRun) -> Result<(String, Vec<Value>, Vec<String>), String> {
     let samples = script_samples(run)?;
     let window = process_window(&samples, "w41")?;
-    let report = report_during(run, &window)?;
+    let report = report_during(run, &window, &[])?;
     let vcpus = vcpus(&report)?;
     let mut errors = events_agree(&vcpus);
     errors.extend(w41_splits(&vcpus));
@@ -250,7 +251,7 @@ fn check_pinned(run: &ProfileRun) -> Result<(), String> {
 fn check_lock_holder(run: &ProfileRun) -> Result<(), String> {
     let samples = script_samples(run)?;
     let window = process_window(&samples, "lockholder")?;
-    let report = report_during(run, &window)?;
+    let report = report_during(run, &window, &["--preemptions"])?;
     let vcpus = vcpus(&report)?;
     let mut errors = events_agree(&vcpus);
     for (i, v) in vcpus.iter().enumerate() {
@@ -264,6 +265,39 @@ fn check_lock_holder(run: &ProfileRun) -> Result<(), String> {
             errors.push(format!(
                 "each vCPU should spin, work with the lock held, and lose the pCPU to the other: spin_wait {spin:.1}%, critical_work {critical:.1}%, [steal] {other} {steal:.1}%; {}",
                 summary(v)
+            ));
+        }
+    }
+    // `--preemptions`: where each vCPU lost its pCPU. By construction, in each three of its
+    // slices a vCPU is preempted once in critical_work (the lock held) and twice in spin_wait
+    // (waiting for a holder that cannot run), each followed by one slice out: a third of its
+    // steal follows a preemption in critical_work, two thirds one in spin_wait.
+    let preemptions = report
+        .get("preemptions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if preemptions.len() != 2 {
+        errors.push(format!(
+            "report --preemptions: {} vCPUs, expected 2",
+            preemptions.len()
+        ));
+    }
+    for c in &preemptions {
+        let place = |f: &str| {
+            c.get("places")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter(|p| p.get("function").and_then(Value::as_str) == Some(f))
+                .filter_map(|p| p.get("percent").and_then(Value::as_f64))
+                .sum::<f64>()
+        };
+        let (critical, spin) = (place("critical_work"), place("spin_wait"));
+        if !(18.0..=50.0).contains(&critical) || critical + spin < 90.0 {
+            errors.push(format!(
+                "vCPU {}: preempted in critical_work {critical:.1}% and spin_wait {spin:.1}% of its steal (expected about a third and two thirds)",
+                field(c, "/vcpu")
             ));
         }
     }

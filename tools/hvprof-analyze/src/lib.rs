@@ -17,6 +17,7 @@ pub mod live;
 pub mod modules;
 pub mod naming;
 pub mod pprof;
+pub mod preemption;
 pub mod profile;
 pub mod progress;
 pub mod record;

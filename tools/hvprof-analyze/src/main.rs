@@ -26,7 +26,8 @@ use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
 use hvprof_analyze::symbols::Images;
 use hvprof_analyze::{
-    callgraph, chart, firefox, flame, html, pprof, record, script, source, stat, text, top,
+    callgraph, chart, firefox, flame, html, pprof, preemption, record, script, source, stat, text,
+    top,
 };
 
 #[derive(Parser)]
@@ -115,6 +116,11 @@ enum Cmd {
         /// at the exits the hypervisor's samples caught (exit causes). JSON: "call_graph".
         #[arg(long)]
         call_graph: bool,
+        /// Per vCPU, where it was when it lost its pCPU (the function of its last sample before
+        /// each preemption), weighted by the steal that followed: a lock holder preempted with
+        /// the lock held shows here. Reads the samples a second time. JSON: "preemptions".
+        #[arg(long)]
+        preemptions: bool,
     },
     /// Stacked bars over host time per pCPU and per vCPU (SVG): guest user, guest kernel,
     /// hypervisor by exit reason, idle, steal.
@@ -387,20 +393,25 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             top,
             vm,
             call_graph,
+            preemptions,
         } => {
             let log = &input.log;
             let bytes =
                 std::fs::read(log).with_context(|| format!("cannot read {}", log.display()))?;
             let imgs = load_images(&input)?;
             // A capture without samples still gets its report (what was lost, the warnings).
-            // The call graph needs every stack and chain named.
+            // The call graph needs every stack and chain named, the preemptions every guest
+            // stack.
             let options = LoadOptions {
-                report_only: !call_graph,
+                report_only: !call_graph && !preemptions,
                 ..load_options(&input, true)
             };
             let mut p = Profile::from_vec(bytes, &imgs, options, progress);
             progress.phase("tables", None, "rows");
             p.report.call_graph = call_graph.then(|| callgraph::build(&p));
+            if preemptions {
+                p.report.preemptions = Some(preemption::build(&p)?);
+            }
             let r = &p.report;
             if json {
                 println!("{}", serde_json::to_string_pretty(r)?);
@@ -408,6 +419,9 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
                 print!("{}", text::render(r, top, vm.as_deref()));
                 if let Some(g) = &r.call_graph {
                     print!("\n{}", callgraph::render(g, top, vm.as_deref()));
+                }
+                if let Some(v) = &r.preemptions {
+                    print!("{}", preemption::render(v, top, r.tsc_hz));
                 }
             }
             exiting(p);

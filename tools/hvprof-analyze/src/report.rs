@@ -340,6 +340,10 @@ pub struct Report {
     /// The call graph (`report --call-graph`; see `crate::callgraph`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub call_graph: Option<crate::callgraph::CallGraph>,
+    /// Where each vCPU was when it lost its pCPU (`report --preemptions`; see
+    /// `crate::preemption`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preemptions: Option<Vec<crate::preemption::VcpuPreemptions>>,
     /// The stretch of host time shown (`--time START,END`, seconds), when not the whole run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub time: Option<crate::window::TimeRange>,
@@ -788,6 +792,7 @@ pub fn build(
         vms,
         warnings,
         call_graph: None,
+        preemptions: None,
         time: None,
     }
 }
