@@ -38,8 +38,10 @@ pub fn linux_dir() -> PathBuf {
     target.join("linux")
 }
 
-/// The kernel command line every Linux scenario uses: serial console, the devices the
-/// hypervisor emulates (8259, 8254, 16550; no ACPI, no local APIC), quiet, no self-tests.
+/// The kernel command line of a Linux VM without `apic=on`: serial console, the devices the
+/// hypervisor emulates (8259, 8254, 16550; no ACPI, no local APIC), quiet, no self-tests. Every
+/// Linux scenario runs with `apic=on` and this line less `acpi=off nolapic` (local APICs, the I/O
+/// APIC, ACPI tables).
 /// `tsc=reliable`: with no other clocksource to check the TSC against (no HPET, no ACPI PM
 /// timer), the kernel would fall back to jiffies. `highres=off nohz=off`: a periodic tick from
 /// the PIT (mode 2, one write at boot) instead of a one-shot PIT reprogrammed for every timer
@@ -75,13 +77,15 @@ fn linux_vm(s: Scenario, vm: &str, run: &str, arg: &str) -> Scenario {
 }
 
 /// `linux_vm` with more of /init's options on the kernel command line (`hvprof.modules=`,
-/// `hvprof.via=`).
+/// `hvprof.via=`). One vCPU with its local APIC, the I/O APIC and ACPI tables (`apic=on`): the
+/// kernel takes the local APIC's TSC-deadline timer for its tick, where the PIT's took port
+/// writes.
 fn linux_vm_with(s: Scenario, vm: &str, run: &str, arg: &str, more: &str) -> Scenario {
     linux_module(
         s,
         vm,
-        "",
-        KERNEL_CMDLINE,
+        "apic=on",
+        &KERNEL_CMDLINE.replace(" acpi=off nolapic", ""),
         &format!("hvprof.run={run} hvprof.arg={arg} {more}"),
     )
 }
