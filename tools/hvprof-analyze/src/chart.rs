@@ -510,13 +510,7 @@ mod tests {
         Profile::from_bytes(
             &bytes,
             &Images::default(),
-            LoadOptions {
-                threads: 2,
-                keep_guest: false,
-                tables: true,
-                report_only: false,
-                time: None,
-            },
+            LoadOptions::all(2),
             &Progress::hidden(),
         )
     }

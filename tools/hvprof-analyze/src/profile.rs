@@ -369,6 +369,21 @@ pub struct LoadOptions {
     pub time: Option<crate::window::TimeRange>,
 }
 
+impl LoadOptions {
+    /// Every view's data on `threads` threads, the whole capture, guest processes by address
+    /// space.
+    #[must_use]
+    pub const fn all(threads: usize) -> LoadOptions {
+        LoadOptions {
+            threads,
+            keep_guest: false,
+            tables: true,
+            report_only: false,
+            time: None,
+        }
+    }
+}
+
 /// A sample classified, before naming: the fields of [`Stack`] the records give, and its
 /// process (guest samples).
 /// A hypervisor sample whose key has a process is an exit cause (see [`exit_cause`]). Its
@@ -1786,13 +1801,7 @@ mod tests {
         let p = Profile::from_bytes(
             &cap.bytes,
             &Images::default(),
-            LoadOptions {
-                threads: 2,
-                keep_guest: false,
-                tables: true,
-                report_only: false,
-                time: None,
-            },
+            LoadOptions::all(2),
             &Progress::hidden(),
         );
         assert_eq!(p.samples.len() as u64, p.report.total_samples);
@@ -2080,7 +2089,7 @@ mod tests {
             let p = Profile::from_bytes(
                 &bytes,
                 &Images::default(),
-                LoadOptions { threads: 2, keep_guest: false, tables: true, report_only: false, time: None },
+                LoadOptions::all(2),
                 &Progress::hidden(),
             );
             let all = p.samples_in_order();

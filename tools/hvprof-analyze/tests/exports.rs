@@ -83,13 +83,7 @@ impl Capture {
         Profile::load(
             &data(self.log),
             &images,
-            LoadOptions {
-                threads: 2,
-                keep_guest: false,
-                tables: true,
-                report_only: false,
-                time: None,
-            },
+            LoadOptions::all(2),
             &Progress::hidden(),
         )
         .unwrap()

@@ -89,13 +89,7 @@ fn profile(bytes: &[u8]) -> Profile {
     Profile::from_bytes(
         bytes,
         &Images::default(),
-        LoadOptions {
-            threads: 2,
-            keep_guest: false,
-            tables: true,
-            report_only: false,
-            time: None,
-        },
+        LoadOptions::all(2),
         &Progress::hidden(),
     )
 }

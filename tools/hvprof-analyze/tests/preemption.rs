@@ -28,13 +28,7 @@ fn profile() -> Profile {
     Profile::from_bytes(
         &std::fs::read(data("sched-2vcpus-1pcpu.log")).unwrap(),
         &images,
-        LoadOptions {
-            threads: 2,
-            keep_guest: false,
-            tables: true,
-            report_only: false,
-            time: None,
-        },
+        LoadOptions::all(2),
         &Progress::hidden(),
     )
 }

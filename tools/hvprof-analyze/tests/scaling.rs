@@ -54,18 +54,7 @@ fn views_scale_linearly() {
         let bytes = log(k);
         let progress = Progress::hidden();
         let t = Instant::now();
-        let p = Profile::from_bytes(
-            &bytes,
-            &Images::default(),
-            LoadOptions {
-                threads: 1,
-                keep_guest: false,
-                tables: true,
-                report_only: false,
-                time: None,
-            },
-            &progress,
-        );
+        let p = Profile::from_bytes(&bytes, &Images::default(), LoadOptions::all(1), &progress);
         let load = t.elapsed();
         let mut times = vec![("decode+report+names", load)];
         let mut time = |name: &'static str, f: &mut dyn FnMut()| {

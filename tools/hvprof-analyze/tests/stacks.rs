@@ -289,19 +289,7 @@ impl Files {
             kernel: None,
             guest_root: None,
         };
-        Profile::load(
-            &self.log,
-            &images,
-            LoadOptions {
-                threads: 2,
-                keep_guest: false,
-                tables: true,
-                report_only: false,
-                time: None,
-            },
-            &Progress::hidden(),
-        )
-        .unwrap()
+        Profile::load(&self.log, &images, LoadOptions::all(2), &Progress::hidden()).unwrap()
     }
 }
 

@@ -23,11 +23,8 @@ fn profile(bytes: &[u8], time: Option<&str>) -> Profile {
         bytes,
         &Images::default(),
         LoadOptions {
-            threads: 2,
-            keep_guest: false,
-            tables: true,
-            report_only: false,
             time: time.map(|t| t.parse::<TimeRange>().unwrap()),
+            ..LoadOptions::all(2)
         },
         &Progress::hidden(),
     )
