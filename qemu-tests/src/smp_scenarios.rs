@@ -110,7 +110,7 @@ fn report_during(run: &ProfileRun, window: &str, more: &[&str]) -> Result<Value,
 }
 
 /// The vCPUs of VM `linux` in `report`.
-fn vcpus(report: &Value) -> Result<Vec<Value>, String> {
+pub(crate) fn vcpus(report: &Value) -> Result<Vec<Value>, String> {
     let v = vm(report, "linux")?
         .get("vcpus")
         .and_then(Value::as_array)
@@ -122,7 +122,7 @@ fn vcpus(report: &Value) -> Result<Vec<Value>, String> {
     Ok(v)
 }
 
-fn field(v: &Value, k: &str) -> f64 {
+pub(crate) fn field(v: &Value, k: &str) -> f64 {
     v.pointer(k).and_then(Value::as_f64).unwrap_or(f64::NAN)
 }
 
@@ -139,7 +139,7 @@ fn share(vcpu: &Value, function: &str, module: Option<&str>) -> f64 {
 }
 
 /// A vCPU's figures in one line, for the failure messages.
-pub(crate) fn summary(v: &Value) -> String {
+fn summary(v: &Value) -> String {
     format!(
         "vCPU {}: {} samples, idle {:.1}%, steal {:.1}% (exact: idle {:.1}%, steal {:.1}%; differences {:+.2}, {:+.2})",
         field(v, "/vcpu"),
