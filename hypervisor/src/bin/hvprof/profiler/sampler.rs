@@ -1317,10 +1317,20 @@ fn walk_kernel<'a>(
     out: &'a mut [MaybeUninit<u64>],
 ) -> (Chain, &'a [u64]) {
     let max = depth.min(MAX_CHAIN_DEPTH).min(out.len());
+    let mut n = 0;
     let mut budget = hvprof_linux_walk::Budget::new(KERNEL_WALK_READS);
-    let (end, mut n) = walk_into(mem, &mut out[..max], |kernel, sink| {
-        hvprof_linux_walk::unwind_kernel(kernel, tables, cache, start, &mut budget, sink)
-    });
+    let end = {
+        let kernel = WalkMemory::new(mem);
+        let mut sink = |ip: u64| {
+            if n == max {
+                return false;
+            }
+            out[n].write(ip);
+            n += 1;
+            n < max
+        };
+        hvprof_linux_walk::unwind_kernel(&kernel, tables, cache, start, &mut budget, &mut sink)
+    };
     let end = match end {
         hvprof_linux_walk::KernelEnd::Complete => ChainEnd::Complete,
         hvprof_linux_walk::KernelEnd::Full => ChainEnd::DepthLimit,
@@ -1371,30 +1381,6 @@ fn user_key(table: usize, ip: u64) -> u64 {
     (ip & (hvprof_linux_walk::cfi::TABLE_END - 1)) | ((table as u64 + 1) & 7) << 44
 }
 
-/// Runs `walk` over the guest's memory with a sink that writes each return address it gives to
-/// the start of `out`, while room is left (the walk stops at the last slot); what the walk
-/// returned and how many slots were written. The kernel's and the user's table walks share it.
-#[inline(always)]
-fn walk_into<E>(
-    mem: &GuestStack<'_>,
-    out: &mut [MaybeUninit<u64>],
-    walk: impl FnOnce(&WalkMemory<'_, '_>, &mut dyn FnMut(u64) -> bool) -> E,
-) -> (E, usize) {
-    let max = out.len();
-    let mut n = 0;
-    let memory = WalkMemory::new(mem);
-    let mut sink = |ip: u64| {
-        if n == max {
-            return false;
-        }
-        out[n].write(ip);
-        n += 1;
-        n < max
-    };
-    let end = walk(&memory, &mut sink);
-    (end, n)
-}
-
 /// Reads at most this many guest words per user walk by unwind tables.
 const USER_WALK_READS: u32 = 160;
 
@@ -1415,10 +1401,20 @@ fn walk_user(
         return (chain, chain.depth());
     }
     let start = hvprof_linux_walk::UserStart { ip, sp: sp(), bp };
+    let mut n = 0;
     let mut budget = hvprof_linux_walk::Budget::new(USER_WALK_READS);
-    let (end, n) = walk_into(mem, &mut out[..max], |memory, sink| {
-        hvprof_linux_walk::unwind_user(memory, tables, cache, start, &mut budget, sink)
-    });
+    let end = {
+        let memory = WalkMemory::new(mem);
+        let mut sink = |ip: u64| {
+            if n == max {
+                return false;
+            }
+            out[n].write(ip);
+            n += 1;
+            n < max
+        };
+        hvprof_linux_walk::unwind_user(&memory, tables, cache, start, &mut budget, &mut sink)
+    };
     let end = match end {
         hvprof_linux_walk::UserEnd::Complete => ChainEnd::Complete,
         hvprof_linux_walk::UserEnd::Full => ChainEnd::DepthLimit,
