@@ -245,9 +245,13 @@ fn check_tree_report(run: &ProfileRun) -> Result<(), String> {
                 "{level} level: recurse edges round->recurse {entry}, recurse->recurse {recursion}, recurse->deep_leaf {deep_calls}: expected the recursion on every deep_leaf sample"
             ));
         }
-        if edge("nofp_caller", "nofp") != 0.0 || edge("nofp", "nofp_leaf") < 150.0 {
+        // `nofp` keeps no frame record: only its samples at its `ret` (where the walk reads its
+        // return address at RSP) find `nofp_caller`; those in `nofp_leaf` skip it.
+        let under_leaf = edge("nofp", "nofp_leaf");
+        let found = edge("nofp_caller", "nofp");
+        if under_leaf < 150.0 || found > 0.05 * under_leaf {
             errors.push(format!(
-                "{level} level: expected nofp -> nofp_leaf and no nofp_caller -> nofp (nofp keeps no frame record)"
+                "{level} level: nofp -> nofp_leaf {under_leaf}, nofp_caller -> nofp {found}: expected nofp_caller found only by nofp's few samples at its ret (nofp keeps no frame record)"
             ));
         }
     }

@@ -128,6 +128,87 @@ pub fn walk<'a, M: FrameMemory>(
     (Chain::new(n, end), frames)
 }
 
+/// Where, from RSP, a function keeps its return address when the instruction at its sampled RIP
+/// runs before its frame record exists or after it is gone, so that `[rbp + 8]` is not its
+/// caller's return address but its caller's caller's; `code` is the 4 bytes at RIP, little-endian.
+/// A frame-pointer walk from such a sample would skip the caller. Frame-pointer code makes its
+/// record in its first instructions (`push rbp; mov rbp, rsp`, after an `endbr64` where built
+/// for CET) and drops it just before `ret` (`pop rbp` or `leave`), and the ABI keeps the return
+/// address at `[rsp]` at the call (System V AMD64 ABI §3.2.2); the opcodes are those of the SDM
+/// (Vol. 2: ENDBR64 F3 0F 1E FA, PUSH r64 50+rd, MOV r/m64,r64 REX.W 89 /r and MOV r64,r/m64
+/// REX.W 8B /r with ModRM E5 / EC, RET C3, and C3 after a REP prefix as some compilers emit).
+pub fn return_slot(code: u32) -> Option<u64> {
+    match code.to_le_bytes() {
+        // `push rbp` (the function's first instruction) or `endbr64` before it, `ret`, `rep ret`.
+        [0x55, ..] | [0xf3, 0x0f, 0x1e, 0xfa] | [0xc3, ..] | [0xf3, 0xc3, ..] => Some(0),
+        // `mov rbp, rsp`, either encoding: the caller's RBP is pushed above the return address.
+        [0x48, 0x89, 0xe5, _] | [0x48, 0x8b, 0xec, _] => Some(8),
+        _ => None,
+    }
+}
+
+/// The 4 bytes at `rip`, little-endian (those past an unreadable page boundary read as 0, which
+/// no multi-byte pattern of `return_slot` ends with); `None` where `rip`'s page is unreadable.
+fn code_at<M: FrameMemory>(mem: &mut M, rip: u64) -> Option<u32> {
+    let word = rip & !7;
+    let shift = (rip & 7) * 8;
+    let page = mem.page(word & !0xfff)?;
+    let lo = mem.word(page, word & 0xfff) >> shift;
+    if shift <= 32 {
+        return Some(lo as u32);
+    }
+    let next = word.wrapping_add(8);
+    let hi = if next & 0xfff != 0 {
+        Some(mem.word(page, next & 0xfff))
+    } else if next != 0 {
+        mem.page(next).map(|p| mem.word(p, 0))
+    } else {
+        None
+    };
+    Some((lo | hi.unwrap_or(0) << (64 - shift)) as u32)
+}
+
+/// Like [`walk`], for a sample taken at `rip` with stack pointer `rsp` (read only where needed)
+/// and frame pointer `fp`: where the instruction at `rip` runs before the sampled function's
+/// frame record exists or after it is gone ([`return_slot`]), its return address, read from
+/// the stack, comes first and the walk from `fp` (its caller's record) follows; elsewhere this
+/// is `walk`. The stack word must lie inside `bounds`, and the code page be readable, or the
+/// chain is `walk`'s.
+#[inline(always)]
+pub fn walk_from<'a, M: FrameMemory>(
+    mem: &mut M,
+    (rip, rsp, fp): (u64, impl FnOnce() -> u64, u64),
+    bounds: Bounds,
+    max_depth: usize,
+    out: &'a mut [MaybeUninit<u64>],
+) -> (Chain, &'a [u64]) {
+    let max = max_depth.min(MAX_CHAIN_DEPTH).min(out.len());
+    let ret = (max > 0)
+        .then(|| code_at(mem, rip))
+        .flatten()
+        .and_then(return_slot)
+        .and_then(|slot| {
+            let at = rsp().checked_add(slot)?;
+            let inside = at >= bounds.lo && at < bounds.hi && bounds.hi - at >= 8;
+            if !inside || !at.is_multiple_of(8) {
+                return None;
+            }
+            let page = mem.page(at & !0xfff)?;
+            Some(mem.word(page, at & 0xfff)).filter(|&r| r != 0)
+        });
+    let Some(ret) = ret else {
+        return walk(mem, fp, bounds, max, out);
+    };
+    let (first, rest) = out.split_at_mut(1);
+    first[0].write(ret);
+    let (chain, callers) = walk(mem, fp, bounds, max - 1, rest);
+    let n = callers.len() + 1;
+    // SAFETY: slot 0 was written above and `walk` wrote the next `callers.len()` (the start of
+    // `rest`); `MaybeUninit<u64>` has the layout of `u64`.
+    let frames = unsafe { &*(&out[..n] as *const [MaybeUninit<u64>] as *const [u64]) };
+    (Chain::new(n, chain.end()), frames)
+}
+
 /// Follows the chain while its frame records lie whole on `page` (at `base`), from the record at
 /// `fp` (on it, climbing and aligned), writing return addresses from `out[*n]` on. Returns the
 /// last record read and the next frame pointer, which lies elsewhere (or is 0, misaligned or does
@@ -342,6 +423,124 @@ mod tests {
         let (c, frames) = walk(&mut mem(&[]), u64::MAX - 7, UPPER_HALF, 16, &mut out);
         assert_eq!(frames.len(), c.depth());
         assert_eq!(c.end(), ChainEnd::BadFrame);
+    }
+
+    /// The little-endian word holding `bytes` at byte `at & 7` of the word at `at & !7` (the
+    /// rest zero), and the next word's share where they run past it.
+    fn code(at: u64, bytes: &[u8]) -> Vec<(u64, u64)> {
+        let mut image = [0u8; 16];
+        let start = (at & 7) as usize;
+        image[start..start + bytes.len()].copy_from_slice(bytes);
+        let word = |i: usize| u64::from_le_bytes(image[i..i + 8].try_into().unwrap());
+        vec![(at & !7, word(0)), ((at & !7) + 8, word(8))]
+    }
+
+    #[test]
+    fn return_slots_are_the_prologue_and_epilogue_instructions() {
+        let slot = |b: [u8; 4]| return_slot(u32::from_le_bytes(b));
+        assert_eq!(slot([0x55, 0x48, 0x89, 0xe5]), Some(0), "push rbp");
+        assert_eq!(slot([0xf3, 0x0f, 0x1e, 0xfa]), Some(0), "endbr64");
+        assert_eq!(slot([0x48, 0x89, 0xe5, 0x90]), Some(8), "mov rbp, rsp");
+        assert_eq!(slot([0x48, 0x8b, 0xec, 0x90]), Some(8), "mov rbp, rsp (8B)");
+        assert_eq!(slot([0xc3, 0xcc, 0xcc, 0xcc]), Some(0), "ret");
+        assert_eq!(slot([0xf3, 0xc3, 0, 0]), Some(0), "rep ret");
+        for other in [
+            [0x41, 0x55, 0, 0],       // push r13
+            [0x48, 0xff, 0xc9, 0x75], // dec rcx; jnz
+            [0x5d, 0xc3, 0, 0],       // pop rbp: its record is still at rbp
+            [0xc9, 0xc3, 0, 0],       // leave: likewise
+            [0x48, 0x89, 0xe6, 0],    // mov rsi, rsp
+        ] {
+            assert_eq!(slot(other), None, "{other:x?}");
+        }
+    }
+
+    #[test]
+    fn a_leaf_sampled_before_its_frame_record_keeps_its_caller() {
+        // The caller's record at 0x10_0100 (its own return address 0x40_1111 into the
+        // caller's caller); the leaf's return address into its caller, 0x40_9999, at RSP.
+        let record = [(0x10_0100, 0), (0x10_0108, 0x40_1111)];
+        let stack = |at: u64| [(at, 0x40_9999)];
+        let mut out = [MaybeUninit::uninit(); 32];
+        for (rip, bytes, rsp, slot) in [
+            (0x40_2000, &[0x55u8][..], 0x10_00f0, 0),       // push rbp
+            (0x40_2006, &[0x48, 0x89, 0xe5], 0x10_00e8, 8), // mov rbp, rsp, across two words
+            (0x40_2ffc, &[0xf3, 0x0f, 0x1e, 0xfa], 0x10_00f0, 0), // endbr64 at a page's end
+            (0x40_2fff, &[0xc3], 0x10_00f0, 0),             // ret, the next page unmapped
+        ] {
+            let mut words = record.to_vec();
+            words.extend(stack(rsp + slot));
+            words.extend(
+                code(rip, bytes)
+                    .into_iter()
+                    .filter(|(a, _)| a & !0xfff == rip & !0xfff),
+            );
+            let mut m = mem(&words);
+            let (c, frames) = walk_from(&mut m, (rip, || rsp, 0x10_0100), B, 16, &mut out);
+            assert_eq!(frames, &[0x40_9999, 0x40_1111], "{bytes:x?} at {rip:#x}");
+            assert_eq!((c.depth(), c.end()), (2, ChainEnd::Complete));
+            // Room for the leaf's caller only.
+            let (c, frames) = walk_from(&mut mem(&words), (rip, || rsp, 0x10_0100), B, 1, &mut out);
+            assert_eq!((frames, c.end()), (&[0x40_9999][..], ChainEnd::DepthLimit));
+        }
+    }
+
+    #[test]
+    fn elsewhere_walk_from_is_the_frame_pointer_walk() {
+        let record = [(0x10_0100, 0), (0x10_0108, 0x40_1111)];
+        let mut out = [MaybeUninit::uninit(); 32];
+        // (RIP, the code there, RSP, the stack words.)
+        type Case<'a> = (u64, &'a [u8], u64, &'a [(u64, u64)]);
+        let cases: [Case; 5] = [
+            // Inside a function's body: RSP is never read.
+            (0x40_2000, &[0x48, 0xff, 0xc9], 0, &[]),
+            // A return slot outside the bounds, misaligned, or holding 0.
+            (0x40_2000, &[0x55], 0x30_0000, &[(0x30_0000, 0x40_9999)]),
+            (0x40_2000, &[0x55], 0x10_00f4, &[(0x10_00f0, 0x40_9999)]),
+            (0x40_2000, &[0xc3], 0x10_00f0, &[(0x10_00f0, 0)]),
+            // The code page unreadable.
+            (0x50_0000, &[], 0x10_00f0, &[(0x10_00f0, 0x40_9999)]),
+        ];
+        for (rip, bytes, rsp, extra) in cases {
+            let mut words = record.to_vec();
+            words.extend_from_slice(extra);
+            if !bytes.is_empty() {
+                words.extend(code(rip, bytes));
+            }
+            let rsp = || {
+                assert!(rsp != 0, "RSP read inside a function's body");
+                rsp
+            };
+            let (c, frames) = walk_from(&mut mem(&words), (rip, rsp, 0x10_0100), B, 16, &mut out);
+            assert_eq!(
+                (frames, c.end()),
+                (&[0x40_1111][..], ChainEnd::Complete),
+                "{bytes:x?} at {rip:#x}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        /// Any memory, registers and bounds: the walk ends, within its depth, with as many
+        /// frames as its chain says.
+        #[test]
+        fn walks_never_panic(
+            words in proptest::collection::vec((0u64..0x4000, proptest::num::u64::ANY), 0..64),
+            base in proptest::sample::select(vec![0u64, 0x10_0000, 0xffff_ffff_ffff_c000]),
+            rip in proptest::num::u64::ANY, rsp in proptest::num::u64::ANY,
+            fp in proptest::num::u64::ANY, depth in 0usize..40,
+        ) {
+            let words: Vec<(u64, u64)> =
+                words.into_iter().map(|(a, w)| (base.wrapping_add(a & !7), w)).collect();
+            let near = |x: u64| if x.is_multiple_of(2) { base.wrapping_add(x % 0x4000) } else { x };
+            for bounds in [B, LOWER_HALF, UPPER_HALF] {
+                let mut out = [MaybeUninit::uninit(); 32];
+                let (c, frames) =
+                    walk_from(&mut mem(&words), (near(rip), || near(rsp), near(fp)), bounds, depth, &mut out);
+                proptest::prop_assert_eq!(frames.len(), c.depth());
+                proptest::prop_assert!(c.depth() <= depth.min(MAX_CHAIN_DEPTH));
+            }
+        }
     }
 
     #[test]

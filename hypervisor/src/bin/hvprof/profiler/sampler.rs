@@ -759,9 +759,13 @@ impl CpuProfiler {
         }
         match KernelStacks::from_u8(self.kernel_mode.load(Ordering::Relaxed)) {
             KernelStacks::None => (Chain::NOT_WALKED, &[]),
-            KernelStacks::FramePointers => {
-                stack_walk::walk(&mut mem, fp, stack_walk::half_of(fp), depth, out)
-            }
+            KernelStacks::FramePointers => stack_walk::walk_from(
+                &mut mem,
+                (rip, rsp, fp),
+                stack_walk::half_of(fp),
+                depth,
+                out,
+            ),
             KernelStacks::Orc => {
                 let (vm, ..) = self.current();
                 let tables = unwind_tables(vm);
@@ -1384,7 +1388,8 @@ fn user_key(table: usize, ip: u64) -> u64 {
 /// Reads at most this many guest words per user walk by unwind tables.
 const USER_WALK_READS: u32 = 160;
 
-/// A user chain from `(ip, sp, bp)` (RSP read only where a table is walked) by the unwind
+/// A user chain from `(ip, sp, bp)` (RSP read only where a table is walked, or where the
+/// sampled function has no frame record: `stack_walk::walk_from`) by the unwind
 /// tables where they cover the code and the process runs their program, else by frame
 /// pointers (without tables, the frame-pointer walk alone): its return addresses written to the
 /// start of `out` (at most its length). Returns the chain and how many slots were written.
@@ -1397,7 +1402,7 @@ fn walk_user(
 ) -> (Chain, usize) {
     let max = out.len().min(MAX_CHAIN_DEPTH);
     if tables.is_empty() {
-        let (chain, _) = stack_walk::walk(mem, bp, stack_walk::LOWER_HALF, max, out);
+        let (chain, _) = stack_walk::walk_from(mem, (ip, sp, bp), stack_walk::LOWER_HALF, max, out);
         return (chain, chain.depth());
     }
     let start = hvprof_linux_walk::UserStart { ip, sp: sp(), bp };
