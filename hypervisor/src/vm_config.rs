@@ -75,10 +75,14 @@ pub struct VmConfig<'a> {
     /// programs built without frame pointers (`hvprof-analyze unwind-table`), for their call
     /// chains (`stacks=`); at most `UNWIND_MAX`, see `unwind_modules`.
     pub unwind: Option<&'a str>,
-    /// `apic=on|off` (Linux guests; default off): a local APIC per vCPU (xAPIC), the I/O APIC
-    /// and ACPI tables describing them (docs/LINUX-GUESTS.md). Off, the guest has the 8259 pair and the PIT
-    /// only and must boot with `acpi=off nolapic`.
+    /// `apic=on|emulated|off` (Linux guests; default off): a local APIC per vCPU (xAPIC), the
+    /// I/O APIC and ACPI tables describing them (docs/LINUX-GUESTS.md). Off, the guest has the
+    /// 8259 pair and the PIT only and must boot with `acpi=off nolapic`.
     pub apic: bool,
+    /// With `apic=on`, the CPU's APIC virtualization where it has it (TPR shadow, APIC-register
+    /// virtualization, virtual-interrupt delivery); `apic=emulated` traps and emulates every
+    /// access instead, as a CPU without them does.
+    pub apic_virtualization: bool,
     /// Every argument after the image name, passed to the guest as is.
     pub args: &'a str,
 }
@@ -196,7 +200,7 @@ impl fmt::Display for ConfigError<'_> {
                 f,
                 "orc-layout={v:?}: expected entry_SYSCALL_64:_stext:_etext:_sinittext:_einittext:orc_unwind_ip:orc_unwind:count:orc_lookup:blocks (manifest.json's orc_layout)"
             ),
-            ConfigError::BadApic(v) => write!(f, "apic={v:?}: expected on or off"),
+            ConfigError::BadApic(v) => write!(f, "apic={v:?}: expected on, emulated or off"),
             ConfigError::BadUnwind(v) => write!(
                 f,
                 "unwind={v:?}: expected 1 to {UNWIND_MAX} boot module names separated by commas"
@@ -302,8 +306,9 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                 &mut apic,
                 key,
                 match value {
-                    "on" => true,
-                    "off" => false,
+                    "on" => (true, true),
+                    "emulated" => (true, false),
+                    "off" => (false, false),
                     _ => return Err(ConfigError::BadApic(value)),
                 },
             )?,
@@ -362,7 +367,8 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
         module_layout: module_layout.flatten(),
         orc_layout: orc_layout.flatten(),
         unwind,
-        apic: apic.unwrap_or(false),
+        apic: apic.is_some_and(|(on, _)| on),
+        apic_virtualization: apic.is_some_and(|(_, virtualized)| virtualized),
         budget: budget.unwrap_or(BUDGET_DEFAULT),
         wall_budget: wall_budget.unwrap_or_else(|| {
             budget
@@ -542,6 +548,10 @@ mod tests {
         assert!(parse("vmlinuz apic=on").unwrap().apic);
         assert!(!parse("vmlinuz apic=off").unwrap().apic);
         assert!(!parse("vmlinuz").unwrap().apic);
+        let c = parse("vmlinuz apic=emulated").unwrap();
+        assert!(c.apic && !c.apic_virtualization);
+        assert!(parse("vmlinuz apic=on").unwrap().apic_virtualization);
+        assert!(!parse("vmlinuz apic=off").unwrap().apic_virtualization);
         assert_eq!(parse("vmlinuz apic=yes"), Err(ConfigError::BadApic("yes")));
         let c = parse("x.elf unwind=a.unwind,b quiet").unwrap();
         assert_eq!(c.unwind_modules().collect::<Vec<_>>(), ["a.unwind", "b"]);

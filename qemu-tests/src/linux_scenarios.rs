@@ -90,6 +90,30 @@ fn linux_vm_with(s: Scenario, vm: &str, run: &str, arg: &str, more: &str) -> Sce
     )
 }
 
+/// `linux_vm` with every local APIC access trapped and emulated (`apic=emulated`), as on a CPU
+/// without APIC virtualization.
+fn linux_vm_emulated_apic(s: Scenario, vm: &str, run: &str, arg: &str) -> Scenario {
+    linux_module(
+        s,
+        vm,
+        "apic=emulated",
+        &KERNEL_CMDLINE.replace(" acpi=off nolapic", ""),
+        &format!("hvprof.run={run} hvprof.arg={arg} "),
+    )
+}
+
+/// The hypervisor's line on VM `vm`'s APIC virtualization: on (`on`), or off because of
+/// `apic=emulated`.
+pub(crate) fn check_apic_virtualization(log: &SerialLog, vm: &str, on: bool) -> Result<(), String> {
+    let want = if on {
+        "TPR shadow, APIC-register virtualization, virtual-interrupt delivery"
+    } else {
+        "off (apic=emulated)"
+    };
+    log.expect_containing(&format!("vm {vm}: APIC virtualization: "), want)
+        .map(|_| ())
+}
+
 /// Linux VM `linux` with two vCPUs, local APICs, the I/O APIC and ACPI tables (`apic=on`),
 /// pinned as `pin` says, and /init's options `init`: the kernel command line without `acpi=off
 /// nolapic`.
@@ -135,9 +159,11 @@ fn guest_interrupts(log: &SerialLog, when: &str, name: &str) -> Result<Vec<u64>,
 
 /// `bochs-linux-smp-boot`: the guest counts 2 CPUs online; both CPUs' local timer interrupts
 /// grow while w41 runs; the guest took reschedule and function-call IPIs, and the hypervisor
-/// counted the IPIs it delivered, the INIT and SIPIs that started the second vCPU among them.
+/// counted the IPIs it delivered, the INIT and SIPIs that started the second vCPU among them;
+/// all of it with the CPU's APIC virtualization (Bochs has it).
 fn check_smp_boot(log: &SerialLog) -> Result<(), String> {
     let mut errors = Vec::new();
+    errors.extend(check_apic_virtualization(log, "linux", true).err());
     match log.lines().find(|l| l.contains("hvprof-guest: cpus ")) {
         Some(l) if l.contains("hvprof-guest: cpus 2 online 0-1") => {}
         other => errors.push(format!(
@@ -1252,8 +1278,9 @@ pub fn all() -> Vec<Scenario> {
             }
         })
         .profile(check_module),
-        // Two kernels boot: 2 ms samples, and room for all of them in memory.
-        linux_vm(
+        // Two kernels boot: 2 ms samples, and room for all of them in memory. The second traps
+        // and emulates every local APIC access, as on a CPU without APIC virtualization.
+        linux_vm_emulated_apic(
             linux_vm(boot("bochs-linux-two-guests"), "linux1", "w41", "200"),
             "linux2",
             "w41",
@@ -1262,7 +1289,9 @@ pub fn all() -> Vec<Scenario> {
         .budget(Duration::from_secs(360))
         .check(|log| {
             check_exit_code(log, "linux1", 0, "port 0xf4")?;
-            check_exit_code(log, "linux2", 0, "port 0xf4")
+            check_exit_code(log, "linux2", 0, "port 0xf4")?;
+            check_apic_virtualization(log, "linux1", true)?;
+            check_apic_virtualization(log, "linux2", false)
         })
         .profile(check_two),
     ]

@@ -93,6 +93,8 @@ pub mod proc1 {
     pub const MWAIT_EXITING: u32 = 1 << 10;
     pub const RDPMC_EXITING: u32 = 1 << 11;
     pub const CR8_LOAD_EXITING: u32 = 1 << 19;
+    /// The virtual-APIC page holds the guest's TPR (SDM Vol. 3C §29.1).
+    pub const USE_TPR_SHADOW: u32 = 1 << 21;
     pub const CR8_STORE_EXITING: u32 = 1 << 20;
     pub const USE_IO_BITMAPS: u32 = 1 << 25;
     /// Allowed only with the pin-based "virtual NMIs" (SDM Vol. 3C §27.2.1.1).
@@ -105,6 +107,13 @@ pub mod proc1 {
 
 /// Secondary processor-based VM-execution controls (SDM Vol. 3C §25.6.2, Table 25-7).
 pub mod proc2 {
+    /// Accesses to the APIC-access page are virtualized or exit (SDM Vol. 3C §29.4).
+    pub const VIRTUALIZE_APIC_ACCESSES: u32 = 1 << 0;
+    /// Reads of most APIC registers come from the virtual-APIC page; writes exit after they
+    /// are done there (§29.4.2-29.4.3).
+    pub const APIC_REGISTER_VIRTUALIZATION: u32 = 1 << 8;
+    /// The CPU delivers virtual interrupts and virtualizes EOI (§29.1.2-29.2).
+    pub const VIRTUAL_INTERRUPT_DELIVERY: u32 = 1 << 9;
     pub const ENABLE_EPT: u32 = 1 << 1;
     pub const ENABLE_RDTSCP: u32 = 1 << 3;
     pub const ENABLE_VPID: u32 = 1 << 5;

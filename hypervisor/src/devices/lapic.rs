@@ -229,7 +229,71 @@ pub struct Lapic {
     /// An NMI sent to this CPU and not taken yet. The CPU latches one: more NMIs while one
     /// waits are one (SDM Vol. 3A §6.7.1, "Handling Multiple NMIs").
     nmi: bool,
+    /// Counts every change of a register the virtual-APIC page shows (`page_registers`), so
+    /// that the page is rewritten only after one.
+    generation: u64,
+    /// With virtual-interrupt delivery: what the virtual-APIC page and the VMCS hold, as this
+    /// model last wrote them (`hand_over`) or read them back (`take_back`); none when unknown
+    /// (at first, after INIT).
+    page: Option<VirtualState>,
+    /// Between `hand_over` and `take_back`: the CPU's copy of TPR, IRR and ISR is the true one.
+    handed: bool,
+    /// TPR, IRR, ISR or TMR changed since the last `hand_over` (it has something to write).
+    dirty: bool,
+    /// The vectors accepted since the last `hand_over` (`take_back` adds them to the CPU's IRR).
+    fresh: Bits,
 }
+
+/// The part of a local APIC the CPU keeps while the vCPU runs with virtual-interrupt delivery
+/// (SDM Vol. 3C §29.1.1, "Virtualized APIC Registers"; §24.4.2, "Guest interrupt status";
+/// §29.1.2-29.1.4): VTPR, VIRR and VISR in the virtual-APIC page, RVI and SVI in the VMCS, and
+/// the EOI-exit bitmap that makes the EOI of a level-triggered vector a VM exit (its I/O APIC
+/// entry waits for it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VirtualState {
+    pub tpr: u32,
+    /// VIRR: the 8 32-bit words at offsets 0x200-0x270.
+    pub irr: [u32; 8],
+    /// VISR: the 8 words at 0x100-0x170.
+    pub isr: [u32; 8],
+    /// Guest interrupt status: RVI (the highest requested vector) in bits 7:0, SVI (the highest
+    /// in service) in bits 15:8.
+    pub status: u16,
+    /// EOI-exit bitmap 0-3 (bit `v` of the 256: vector `v`'s EOI exits).
+    pub eoi_exit: [u64; 4],
+}
+
+/// The registers whose reads APIC-register virtualization serves from the virtual-APIC page
+/// (SDM Vol. 3C §29.4.2, "Virtualizing Reads from the APIC-Access Page"), besides TPR, ISR and
+/// IRR (`VirtualState`): a read of any other offset (PPR, the timer's current count, ...) is an
+/// APIC-access VM exit.
+pub const PAGE_REGISTERS: [u32; 25] = [
+    reg::ID,
+    reg::VERSION,
+    reg::EOI,
+    reg::LDR,
+    reg::DFR,
+    reg::SVR,
+    reg::TMR,
+    reg::TMR + 0x10,
+    reg::TMR + 0x20,
+    reg::TMR + 0x30,
+    reg::TMR + 0x40,
+    reg::TMR + 0x50,
+    reg::TMR + 0x60,
+    reg::TMR + 0x70,
+    reg::ESR,
+    reg::ICR_LOW,
+    reg::ICR_HIGH,
+    reg::LVT_TIMER,
+    reg::LVT_THERMAL,
+    reg::LVT_PERF,
+    reg::LVT_LINT0,
+    reg::LVT_LINT1,
+    reg::LVT_ERROR,
+    reg::TIMER_INITIAL,
+    reg::TIMER_DIVIDE,
+];
 
 const LVT_TIMER: usize = 0;
 const LVT_LINT0: usize = 3;
@@ -257,12 +321,140 @@ impl Lapic {
             timer_start: 0,
             deadline: 0,
             nmi: false,
+            generation: 0,
+            page: None,
+            handed: false,
+            dirty: true,
+            fresh: Bits::default(),
         }
     }
 
-    /// The state INIT leaves (the SDM's "state after INIT": as reset, the APIC ID kept).
+    /// The state INIT leaves (the SDM's "state after INIT": as reset, the APIC ID kept). What
+    /// the CPU held for it (`hand_over`) is dropped, and the page written again.
     pub fn init(&mut self) {
+        let generation = self.generation + 1;
         *self = Lapic::new(self.id);
+        self.generation = generation;
+    }
+
+    /// Counts changes of the registers the virtual-APIC page shows.
+    #[must_use]
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Each register the virtual-APIC page shows for reads (`PAGE_REGISTERS`, the LVT) with
+    /// its value; TPR, ISR and IRR come with `hand_over`.
+    pub fn page_registers(&self, mut write: impl FnMut(u32, u32)) {
+        for o in PAGE_REGISTERS {
+            // The timer's current count is not among them: `read` needs no time here.
+            write(o, self.read(o, 0));
+        }
+    }
+
+    /// What the virtual-APIC page and the VMCS should hold for this APIC's TPR, IRR, ISR and TMR.
+    fn image(&self) -> VirtualState {
+        let mut irr = [0; 8];
+        let mut isr = [0; 8];
+        for i in 0..8 {
+            irr[i] = self.irr.word(i as u32);
+            isr[i] = self.isr.word(i as u32);
+        }
+        let rvi = self.irr.highest().unwrap_or(0);
+        let svi = self.isr.highest().unwrap_or(0);
+        VirtualState {
+            tpr: self.tpr,
+            irr,
+            isr,
+            status: u16::from(rvi) | u16::from(svi) << 8,
+            eoi_exit: self.tmr.0,
+        }
+    }
+
+    /// Gives the CPU this APIC's TPR, IRR and ISR for a VM entry with virtual-interrupt
+    /// delivery: the state to put in the virtual-APIC page and the VMCS, with what they hold
+    /// now (none: unknown, write all of it), so that only what differs is written; or nothing
+    /// when they hold it already (the common case: an exit that touched no interrupt). Until
+    /// `take_back`, the CPU's copy is the true one (what `accept` adds meanwhile is kept apart).
+    pub fn hand_over(&mut self) -> Option<(VirtualState, Option<VirtualState>)> {
+        self.fresh = Bits::default();
+        self.handed = true;
+        if !self.dirty && self.page.is_some() {
+            return None;
+        }
+        self.dirty = false;
+        let state = self.image();
+        let before = self.page.replace(state);
+        (before != Some(state)).then_some((state, before))
+    }
+
+    /// Takes back what `hand_over` gave the CPU, after a VM exit: `status` is the guest
+    /// interrupt status and `tpr` VTPR now; `page(offset)` reads a word of the virtual-APIC
+    /// page: ICR's high half (which the guest writes there without an exit), and IRR and ISR
+    /// only where the CPU delivered or ended an interrupt (RVI or SVI moved: an interrupt
+    /// delivered takes the highest vector out of RVI, an EOI the highest out of SVI, and neither
+    /// can come back to its old value without the other moving), and then only the words that
+    /// held a requested or in-service vector (the CPU moves a vector from VIRR to VISR in its
+    /// own word, and clears VISR bits only). Vectors accepted meanwhile are added to the CPU's
+    /// IRR. Nothing to do when nothing was handed over. Returns whether the CPU changed IRR or
+    /// ISR.
+    pub fn take_back(&mut self, status: u16, tpr: u32, page: impl Fn(u32) -> u32) -> bool {
+        if !core::mem::take(&mut self.handed) {
+            return false;
+        }
+        let Some(mut p) = self.page else {
+            return false;
+        };
+        self.tpr = tpr & 0xff;
+        p.tpr = self.tpr;
+        // The CPU keeps a write of ICR's high half in the page without an exit (SDM Vol. 3C
+        // §29.4.3.2: only the low half's write sends): the model's is the page's.
+        self.icr_high = page(reg::ICR_HIGH) & 0xff00_0000;
+        let moved = status != p.status;
+        if moved {
+            for w in 0..8 {
+                if p.irr[w] | p.isr[w] != 0 {
+                    let at = 0x10 * w as u32;
+                    p.irr[w] = page(reg::IRR + at);
+                    p.isr[w] = page(reg::ISR + at);
+                }
+            }
+            p.status = status;
+            let mut irr = Bits::default();
+            let mut isr = Bits::default();
+            for i in 0..8 {
+                let (w, shift) = (i / 2, (i % 2) * 32);
+                irr.0[w] |= u64::from(p.irr[i]) << shift;
+                isr.0[w] |= u64::from(p.isr[i]) << shift;
+            }
+            for w in 0..4 {
+                irr.0[w] |= self.fresh.0[w];
+            }
+            self.irr = irr;
+            self.isr = isr;
+        }
+        self.page = Some(p);
+        moved
+    }
+
+    /// Whether the CPU holds this APIC's interrupt state now (between `hand_over` and
+    /// `take_back`).
+    #[must_use]
+    pub fn handed_over(&self) -> bool {
+        self.handed
+    }
+
+    /// A virtualized EOI of level-triggered `vector` (an EOI-induced VM exit, SDM Vol. 3C
+    /// §29.1.4): the CPU ended it in VISR; what is left is the I/O APIC's.
+    pub fn virtual_eoi(&mut self, vector: u8) -> Effect {
+        if self.tmr.get(vector) {
+            self.tmr.set(vector, false);
+            self.generation += 1;
+            self.dirty = true;
+            Effect::LevelEoi(vector)
+        } else {
+            Effect::None
+        }
     }
 
     #[must_use]
@@ -365,6 +557,7 @@ impl Lapic {
             TimerMode::OneShot => {
                 self.timer_initial = 0;
                 self.timer_start = 0;
+                self.generation += 1;
             }
         }
         let lvt = self.lvt[LVT_TIMER];
@@ -385,7 +578,12 @@ impl Lapic {
             return;
         }
         self.irr.set(vector, true);
-        self.tmr.set(vector, level);
+        self.fresh.set(vector, true);
+        self.dirty = true;
+        if self.tmr.get(vector) != level {
+            self.tmr.set(vector, level);
+            self.generation += 1;
+        }
     }
 
     /// An NMI for this CPU (an NMI IPI). Taken even while the APIC is software-disabled, as
@@ -427,6 +625,7 @@ impl Lapic {
 
     /// The CPU took `vector` (`pending` gave it): from IRR to ISR.
     pub fn acknowledge(&mut self, vector: u8) {
+        self.dirty = true;
         self.irr.set(vector, false);
         self.isr.set(vector, true);
     }
@@ -484,6 +683,8 @@ impl Lapic {
 
     /// Writes the 32-bit register at `offset` at TSC `now`; what the caller must do next.
     pub fn write(&mut self, offset: u32, value: u32, now: u64) -> Effect {
+        self.generation += 1;
+        self.dirty = true;
         match offset {
             // The APIC ID is read-only here (Linux never moves it).
             reg::TPR => self.tpr = value & 0xff,
@@ -634,6 +835,166 @@ mod tests {
         let mut l = Lapic::new(id);
         l.write(reg::SVR, SVR_ENABLE | 0xff, 0);
         l
+    }
+
+    /// A virtual-APIC page: the 32-bit words at the offsets written.
+    fn page_of(v: &VirtualState) -> std::collections::HashMap<u32, u32> {
+        let mut page = std::collections::HashMap::new();
+        page.insert(reg::TPR, v.tpr);
+        page.insert(reg::ICR_HIGH, 0);
+        for i in 0..8u32 {
+            page.insert(reg::IRR + 0x10 * i, v.irr[i as usize]);
+            page.insert(reg::ISR + 0x10 * i, v.isr[i as usize]);
+        }
+        page
+    }
+
+    /// What the CPU does when it delivers virtual interrupt `v` (SDM Vol. 3C §29.2.2) or
+    /// virtualizes an EOI (§29.1.4), on a page and a guest interrupt status.
+    fn cpu_delivers(page: &mut std::collections::HashMap<u32, u32>, status: &mut u16, v: u8) {
+        let at = |base: u32| base + 0x10 * (u32::from(v) / 32);
+        *page.get_mut(&at(reg::IRR)).unwrap() &= !(1 << (v % 32));
+        *page.get_mut(&at(reg::ISR)).unwrap() |= 1 << (v % 32);
+        let highest = |base: u32| {
+            (0..256u32)
+                .rev()
+                .find(|&x| page[&(base + 0x10 * (x / 32))] & (1 << (x % 32)) != 0)
+                .unwrap_or(0) as u16
+        };
+        *status = highest(reg::IRR) | highest(reg::ISR) << 8;
+    }
+
+    #[test]
+    fn virtual_interrupt_delivery_hands_the_state_over_and_back() {
+        let mut l = enabled(0);
+        l.accept(0x31, false);
+        l.accept(0x50, true);
+        let (given, _) = l.hand_over().expect("new state");
+        assert!(l.handed_over());
+        assert_eq!(given.status, 0x50, "RVI 0x50, SVI 0");
+        assert_eq!(given.irr[1], 1 << 17, "0x31 in VIRR's second word");
+        assert_eq!(given.irr[2], 1 << 16, "0x50 in the third");
+        assert_eq!(
+            given.eoi_exit[1],
+            1 << (0x50 - 64),
+            "the level vector's EOI exits"
+        );
+        // Nothing delivered: RVI and SVI as given, the page is not read, and a vector that
+        // came meanwhile is kept.
+        l.accept(0x40, false);
+        // The guest wrote ICR's high half, which exits only with the low half's write.
+        let icr_only = |o| match o {
+            reg::ICR_HIGH => 0x0100_0000,
+            _ => panic!("page read at {o:#x}"),
+        };
+        assert!(!l.take_back(given.status, 0, icr_only));
+        assert_eq!(l.read(reg::ICR_HIGH, 0), 0x0100_0000);
+        assert!(!l.handed_over());
+        assert_eq!(l.pending(), Some(0x50));
+        // The CPU delivers 0x50 and 0x31; meanwhile another 0x31 arrives (an IPI from the
+        // other vCPU): it waits behind the one in service.
+        let (given, _) = l.hand_over().expect("new state");
+        let mut page = page_of(&given);
+        let mut status = given.status;
+        cpu_delivers(&mut page, &mut status, 0x50);
+        assert_eq!(status, 0x50 << 8 | 0x40);
+        l.accept(0x31, false);
+        assert!(l.take_back(status, 0x20, |o| page[&o]));
+        assert_eq!(l.read(reg::TPR, 0), 0x20, "VTPR taken back");
+        assert_eq!(l.read(reg::ISR + 0x20, 0), 1 << 16, "0x50 in service");
+        assert_eq!(l.read(reg::IRR + 0x10, 0), 1 << 17, "0x31 waits");
+        assert_eq!(l.read(reg::IRR + 0x20, 0), 1, "0x40 waits, 0x50 went");
+        assert_eq!(l.ppr(), 0x50);
+        assert_eq!(l.pending(), None, "both below the one in service");
+        // Its EOI, virtualized: the CPU clears VISR, the exit tells the I/O APIC.
+        let before = l.generation();
+        assert_eq!(l.virtual_eoi(0x50), Effect::LevelEoi(0x50));
+        assert!(
+            l.generation() > before,
+            "TMR changed: the page is written again"
+        );
+        assert_eq!(
+            l.virtual_eoi(0x40),
+            Effect::None,
+            "an edge vector's EOI has no effect"
+        );
+    }
+
+    #[test]
+    fn an_unchanged_state_is_not_handed_over_again() {
+        let mut l = enabled(0);
+        l.accept(0x31, false);
+        let (given, before) = l.hand_over().expect("first");
+        assert_eq!(before, None, "the page unknown: all of it written");
+        let page = page_of(&given);
+        // An exit that changed nothing: nothing to write at the next entry.
+        assert!(!l.take_back(given.status, given.tpr, |o| page[&o]));
+        assert_eq!(l.hand_over(), None);
+        assert!(l.handed_over());
+        // A vector from another vCPU: written.
+        l.accept(0x41, false);
+        assert!(!l.take_back(given.status, given.tpr, |o| page[&o]));
+        let (given, before) = l.hand_over().expect("a new vector");
+        let before = before.expect("the page as the last entry left it");
+        assert_eq!(
+            (before.irr[2], given.irr[2]),
+            (0, 1 << 1),
+            "only 0x41's word differs"
+        );
+        // The CPU delivers 0x41, the guest ends it, and 0x41 comes again: the model is as it
+        // was given, but the page is not (VIRR lost 0x41): all of it is given again.
+        let mut page = page_of(&given);
+        let mut status = given.status;
+        cpu_delivers(&mut page, &mut status, 0x41);
+        *page.get_mut(&(reg::ISR + 0x20)).unwrap() = 0;
+        status &= 0xff;
+        l.accept(0x41, false);
+        assert!(l.take_back(status, given.tpr, |o| page[&o]));
+        let (again, before) = l.hand_over().expect("VIRR lost 0x41");
+        assert_eq!(again, given);
+        assert_eq!(
+            before.map(|b| b.irr[2]),
+            Some(0),
+            "the page as the CPU left it"
+        );
+    }
+
+    #[test]
+    fn init_drops_what_the_cpu_held() {
+        let mut l = enabled(1);
+        l.accept(0x31, false);
+        let (given, _) = l.hand_over().expect("new state");
+        let before = l.generation();
+        l.init();
+        assert!(!l.handed_over() && l.generation() > before);
+        assert!(!l.take_back(given.status ^ 1, 0x40, |o| panic!("page read at {o:#x}")));
+        assert_eq!((l.pending(), l.read(reg::TPR, 0)), (None, 0));
+    }
+
+    #[test]
+    fn the_page_shows_every_register_a_virtualized_read_may_ask_for() {
+        let mut l = enabled(2);
+        l.write(reg::LDR, 0x0400_0000, 0);
+        l.write(reg::LVT_TIMER, 0x2_00ef, 0);
+        l.write(reg::ICR_HIGH, 0x0100_0000, 0);
+        let mut shown = Vec::new();
+        l.page_registers(|o, v| shown.push((o, v)));
+        assert_eq!(shown.len(), PAGE_REGISTERS.len());
+        for (o, v) in shown {
+            assert_eq!(v, l.read(o, 0), "{o:#x}");
+            assert!(
+                o != reg::PPR && o != reg::TIMER_CURRENT,
+                "{o:#x} exits instead"
+            );
+        }
+        // Every write changes the generation; reads and deliveries that leave the page as it
+        // was do not.
+        let g = l.generation();
+        let _ = l.read(reg::SVR, 0);
+        l.accept(0x33, false);
+        assert_eq!(l.generation(), g);
+        l.write(reg::TPR, 0x10, 0);
+        assert!(l.generation() > g);
     }
 
     #[test]

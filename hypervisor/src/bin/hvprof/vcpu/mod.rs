@@ -5,6 +5,7 @@
 pub mod entry;
 pub mod fpu;
 pub mod guest_ops;
+pub mod virtual_apic;
 
 use crate::arch::msr;
 use fpu::FpuState;
@@ -48,6 +49,13 @@ pub struct Vcpu {
     pub fpu: FpuState,
     /// DR0-DR3 and DR6, which VMX does not switch (DR7 is in the VMCS).
     pub debug: [u64; 5],
+    /// Host address of its virtual-APIC page, with the CPU's APIC virtualization (0: none;
+    /// `virtual_apic.rs`).
+    pub virtual_apic: u64,
+    /// The local APIC's `generation` the page's other registers were written at.
+    pub apic_generation: u64,
+    /// Its local APIC's TPR, IRR and ISR are the CPU's (handed over at the last entry).
+    pub apic_handed: bool,
     /// Its task-priority register (CR8: MOV to and from CR8 exit, the physical TPR stays the
     /// hypervisor's).
     pub cr8: u64,
@@ -268,6 +276,9 @@ impl Vcpu {
             fpu: FpuState::initial(),
             // DR6's reserved bits read as 1 (SDM Vol. 3B §19.2.3).
             debug: [0, 0, 0, 0, 0xffff_0ff0],
+            virtual_apic: 0,
+            apic_generation: 0,
+            apic_handed: false,
             cr8: 0,
             msrs: [0; SWITCHED_MSRS.len()],
             vpid,

@@ -320,6 +320,44 @@ fn build(
         MemoryType::WriteBack,
     )
     .map_err(|e| format!("EPT: {e}"))?;
+    // The CPU's APIC virtualization where it has all of it (and `apic=emulated` does not turn
+    // it down): the guest's xAPIC page maps onto an APIC-access page (SDM Vol. 3C §29.4: the
+    // CPU recognizes accesses by the address EPT translates them to).
+    let apic_access = if apic {
+        let why_not = if config.apic_virtualization {
+            crate::vcpu::virtual_apic::missing(caps)
+        } else {
+            Some("apic=emulated")
+        };
+        match why_not {
+            None => {
+                let page = memory::alloc_zeroed(0x1000, 0x1000)
+                    .ok_or("no memory for the APIC-access page")?;
+                ept.map(
+                    hvprof_hypervisor::guest_acpi::LAPIC_BASE,
+                    page,
+                    0x1000,
+                    Permissions::all(),
+                    MemoryType::Uncacheable,
+                )
+                .map_err(|e| format!("EPT (APIC-access page): {e}"))?;
+                println!(
+                    "vm {}: APIC virtualization: TPR shadow, APIC-register virtualization, virtual-interrupt delivery (SDM Vol. 3C ch. 29)",
+                    config.name
+                );
+                page
+            }
+            Some(why) => {
+                println!(
+                    "vm {}: APIC virtualization: off ({why}): every local APIC access is trapped and emulated",
+                    config.name
+                );
+                0
+            }
+        }
+    } else {
+        0
+    };
     let eptp = ept.eptp(false);
     // No translation derived from this EPTP may survive from an earlier use of the same tables'
     // addresses (SDM Vol. 3C §29.4.3.1): invalidate before the first VM entry.
@@ -338,8 +376,13 @@ fn build(
         let mut start = boot;
         start.rsp = boot.rsp - u64::from(i) * VCPU_STACK;
         let vpid = NEXT_VPID.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
-        let (mut vcpu, _vmcs) =
+        let (mut vcpu, mut vmcs) =
             Vcpu::new(caps, bitmaps, eptp, vpid, &start).map_err(|e| format!("vCPU {i}: {e}"))?;
+        if apic_access != 0 {
+            let page = memory::alloc_zeroed(0x1000, 0x1000)
+                .ok_or_else(|| format!("vCPU {i}: no memory for its virtual-APIC page"))?;
+            crate::vcpu::virtual_apic::enable(&mut vcpu, &mut vmcs, page, apic_access);
+        }
         // Made on the boot CPU, it may run on any pCPU: clear it (SDM Vol. 3C §25.11.3), so the
         // pCPU that runs it first loads it and writes its own host state.
         // SAFETY: VMX root operation; the VMCS was just made current on this CPU.
@@ -362,6 +405,7 @@ fn build(
         module_layout: config.module_layout,
         orc_layout: config.orc_layout,
         apic,
+        apic_access,
         kicks: AtomicU64::new(0),
         sipi: (0..config.vcpus)
             .map(|_| core::sync::atomic::AtomicU16::new(0))

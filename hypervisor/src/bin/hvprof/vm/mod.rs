@@ -95,6 +95,10 @@ pub struct Vm {
     pub orc_layout: Option<hvprof_linux_walk::OrcLayout>,
     /// A local APIC per vCPU and ACPI tables (`apic=on`, Linux guests).
     pub apic: bool,
+    /// Host address of its APIC-access page, where EPT maps the guest's xAPIC page, when its
+    /// vCPUs use the CPU's APIC virtualization (`vcpu/virtual_apic.rs`); 0: every APIC access
+    /// is an EPT violation, emulated.
+    pub apic_access: u64,
     /// Bit i: something another vCPU sent vCPU i (an IPI, a SIPI) that its run loop or, while
     /// it halts or waits for a SIPI, the scheduler must look at.
     pub kicks: AtomicU64,

@@ -170,7 +170,15 @@ fn run_loaded(
             vcpu.wake_at = None;
             break SliceEnd::Halted;
         }
-        if vm.linux && (devices_touched || kicked || device_event.is_some_and(|t| rdtsc() >= t)) {
+        // With the CPU's APIC virtualization, the local APIC's state taken back at an exit goes
+        // back to the CPU before the guest runs again (vcpu/virtual_apic.rs).
+        let apic_taken = vcpu.virtual_apic != 0 && !vcpu.apic_handed;
+        if vm.linux
+            && (devices_touched
+                || kicked
+                || apic_taken
+                || device_event.is_some_and(|t| rdtsc() >= t))
+        {
             if !host_clock_armed {
                 prof.arm_host_clock();
                 x86_64::instructions::interrupts::enable();

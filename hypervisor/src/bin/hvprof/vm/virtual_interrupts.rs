@@ -9,8 +9,8 @@
 //! it stops blocking them (§26.7.6, with "virtual NMIs", which track the guest's blocking).
 
 use super::{Vm, VmDevices};
-use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::must;
+use crate::vcpu::{Vcpu, virtual_apic};
 use hvprof_vmx::caps::{VmxCaps, pin, proc1};
 use hvprof_vmx::exit::{InterruptionInfo, InterruptionType};
 use hvprof_vmx::instructions::CurrentVmcs;
@@ -73,14 +73,21 @@ fn earlier(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     }
 }
 
-/// What a vCPU has to take: its local APIC's vector (`apic=on`), and whether the 8259 pair's
-/// INTR reaches it (vCPU 0 only, through LINT0 in ExtINT mode when it has a local APIC) with a
-/// request up. Runs the APIC's timer to `now` first; also the TSC of the APIC's next timer event.
-fn waiting(dev: &mut VmDevices, index: usize, now: u64) -> (Option<u8>, bool, Option<u64>) {
+/// What a vCPU has to take: its local APIC's vector (`apic=on`; none to inject where the CPU
+/// delivers them itself, `delivered_by_cpu`), and whether the 8259 pair's INTR reaches it (vCPU
+/// 0 only, through LINT0 in ExtINT mode when it has a local APIC) with a request up. Runs the
+/// APIC's timer to `now` first; also the TSC of the APIC's next timer event.
+fn waiting(
+    dev: &mut VmDevices,
+    index: usize,
+    now: u64,
+    delivered_by_cpu: bool,
+) -> (Option<u8>, bool, Option<u64>) {
     let (vector, through, next) = match dev.lapics.get_mut(index) {
         Some(l) => {
             l.run_timer(now);
-            (l.pending(), index == 0 && l.accepts_pic(), l.next_event())
+            let vector = if delivered_by_cpu { None } else { l.pending() };
+            (vector, index == 0 && l.accepts_pic(), l.next_event())
         }
         None => (None, index == 0, None),
     };
@@ -88,10 +95,11 @@ fn waiting(dev: &mut VmDevices, index: usize, now: u64) -> (Option<u8>, bool, Op
 }
 
 /// Before a VM entry of a Linux guest: brings its devices up to `now`, then injects the vector
-/// its local APIC or the PICs have for it, or asks for an exit as soon as it can take one.
-/// Returns the TSC of the devices' next event (the guest must stop then, to raise it), and
-/// whether an interrupt is still waiting after this entry (the devices must be looked at again
-/// at the next exit).
+/// its local APIC or the PICs have for it, or asks for an exit as soon as it can take one; with
+/// the CPU's virtual-interrupt delivery, hands the local APIC's state to the CPU instead, which
+/// delivers its vectors itself (`vcpu/virtual_apic.rs`). Returns the TSC of the devices' next
+/// event (the guest must stop then, to raise it), and whether an interrupt is still waiting
+/// after this entry (the devices must be looked at again at the next exit).
 pub fn before_entry(
     vm: &Vm,
     vcpu: &mut Vcpu,
@@ -101,12 +109,35 @@ pub fn before_entry(
 ) -> (Option<u64>, bool) {
     let mut guard = vm.devices.lock();
     let dev = &mut *guard;
+    let index = usize::from(vcpu.index);
+    let by_cpu = vcpu.virtual_apic != 0;
+    if by_cpu {
+        virtual_apic::take_back(vcpu, vmcs, &mut dev.lapics[index]);
+    }
+    let next = inject(vm, vcpu, vmcs, caps, now, dev, by_cpu);
+    if by_cpu {
+        virtual_apic::hand_over(vcpu, vmcs, &mut dev.lapics[index]);
+    }
+    next
+}
+
+/// `before_entry`'s work on the devices, with its lock held; `by_cpu`: the local APIC's vectors
+/// are the CPU's to deliver.
+fn inject(
+    vm: &Vm,
+    vcpu: &mut Vcpu,
+    vmcs: &mut CurrentVmcs,
+    caps: &VmxCaps,
+    now: u64,
+    dev: &mut VmDevices,
+    by_cpu: bool,
+) -> (Option<u64>, bool) {
     dev.board.update(now);
     if vm.apic {
         crate::vmexit::lapic::route_io_apic(vm, dev);
     }
     let index = usize::from(vcpu.index);
-    let (vector, pic, apic_next) = waiting(dev, index, now);
+    let (vector, pic, apic_next) = waiting(dev, index, now, by_cpu);
     let next = earlier(dev.board.next_event(now), apic_next);
     let nmi = dev.lapics.get(index).is_some_and(|l| l.nmi_pending());
     if vector.is_none() && !pic && !nmi {
@@ -183,7 +214,7 @@ pub fn before_entry(
         return (next, true);
     }
     // Another one may wait behind it: the window opens again after its delivery.
-    let (vector, pic, _) = waiting(dev, index, now);
+    let (vector, pic, _) = waiting(dev, index, now, by_cpu);
     let still = vector.is_some() || pic;
     set_window_exiting(vcpu, vmcs, still);
     (next, still || nmi_waits)
@@ -199,7 +230,7 @@ pub fn on_halt(vm: &Vm, index: u16, vmcs: &CurrentVmcs, now: u64) -> Result<(), 
     if vm.apic {
         crate::vmexit::lapic::route_io_apic(vm, dev);
     }
-    let (vector, pic, apic_next) = waiting(dev, usize::from(index), now);
+    let (vector, pic, apic_next) = waiting(dev, usize::from(index), now, false);
     // An NMI wakes a halted CPU whatever RFLAGS.IF says.
     if dev
         .lapics

@@ -120,6 +120,53 @@ pub fn mmio(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, gpa: u64) -> Optio
     None
 }
 
+/// An APIC-access VM exit (SDM Vol. 3C §29.4.4, exit reason 44): an access to the APIC-access
+/// page that APIC-register virtualization does not serve (a read of PPR or the timer's current
+/// count, CMCI, an access that is not 32 bits at a register), stopped before it happened. The
+/// exit qualification gives the page offset (bits 11:0) and the access type (bits 15:12,
+/// Table 28-6: 0 a linear read, 1 a linear write); it is emulated as without virtualization.
+pub fn apic_access(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
+    let q = must(vmcs.exit_qualification(), "VMREAD exit qualification");
+    let offset = q & 0xfff;
+    match (q >> 12) & 0xf {
+        0 | 1 => mmio(vm, vcpu, vmcs, LAPIC_BASE + offset),
+        kind => Some(super::fatal::fatal(
+            vcpu,
+            vmcs,
+            format!(
+                "APIC access of type {kind} (not a linear read or write: an instruction fetch or an access during event delivery) at offset {offset:#x}: not emulated"
+            ),
+        )),
+    }
+}
+
+/// An APIC-write VM exit (§29.4.3.3, exit reason 56): the guest wrote a register in its
+/// virtual-APIC page (offset in the exit qualification; the write is done and RIP past it),
+/// and the model takes the write as from an emulated access.
+pub fn apic_write(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
+    let offset = (must(vmcs.exit_qualification(), "VMREAD exit qualification") & 0xffc) as u32;
+    let value = crate::vcpu::virtual_apic::page_read(vcpu, offset);
+    let mut dev = vm.devices.lock();
+    // Registers are 32 bits at 16-byte boundaries; a write elsewhere on the page is ignored.
+    if offset & 0xf == 0 {
+        let effect = dev.lapics[usize::from(vcpu.index)].write(offset, value, rdtsc());
+        carry_out(vm, &mut dev, effect);
+    }
+    vcpu.apic_accesses += 1;
+    None
+}
+
+/// An EOI-induced VM exit (§29.1.4, exit reason 45): the CPU virtualized the EOI of a vector
+/// in the EOI-exit bitmap (a level-triggered one: exit qualification bits 7:0), and what is
+/// left is the I/O APIC's.
+pub fn virtualized_eoi(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
+    let vector = must(vmcs.exit_qualification(), "VMREAD exit qualification") as u8;
+    let mut dev = vm.devices.lock();
+    let effect = dev.lapics[usize::from(vcpu.index)].virtual_eoi(vector);
+    carry_out(vm, &mut dev, effect);
+    None
+}
+
 /// What a register write asks for.
 fn carry_out(vm: &Vm, dev: &mut VmDevices, effect: Effect) {
     match effect {

@@ -38,6 +38,23 @@ pub enum Flow {
 
 /// Handles one VM exit of `vm`, whose VMCS is current.
 pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Flow {
+    // The local APIC's state is the CPU's while the guest runs with virtual-interrupt delivery:
+    // the model has it back before a handler that reads it (HLT asks whether an interrupt
+    // waits; the APIC exits read and write registers; an EPT violation may be an access on the
+    // page). The others at most add vectors (`Lapic::accept` keeps them apart) or set the
+    // TSC deadline, and leave the taking back to the next VM entry's look (`before_entry`).
+    if matches!(
+        reason.kind(),
+        Some(
+            BasicExit::Hlt
+                | BasicExit::ApicAccess
+                | BasicExit::ApicWrite
+                | BasicExit::VirtualizedEoi
+                | BasicExit::EptViolation
+        )
+    ) {
+        crate::vcpu::virtual_apic::take_back_locked(vm, vcpu, vmcs);
+    }
     if reason.kind() == Some(BasicExit::Hlt) {
         // HLT blocks the vCPU until an event: the scheduler runs something else and resumes it
         // after the HLT when its virtual timer fires (docs/GUEST-ABI.md, "Time"), or, for a
@@ -167,6 +184,10 @@ fn handle_exit(
         }
         Some(BasicExit::CrAccess) => cr_access(vcpu, vmcs),
         Some(BasicExit::TripleFault) => Some(fatal(vcpu, vmcs, String::from("triple fault"))),
+        // With the CPU's APIC virtualization (vcpu/virtual_apic.rs, SDM Vol. 3C §29.4-29.1.4).
+        Some(BasicExit::ApicAccess) => lapic::apic_access(vm, vcpu, vmcs),
+        Some(BasicExit::ApicWrite) => lapic::apic_write(vm, vcpu, vmcs),
+        Some(BasicExit::VirtualizedEoi) => lapic::virtualized_eoi(vm, vcpu, vmcs),
         Some(BasicExit::EptViolation)
             if lapic::is_apic_page(
                 vm,
