@@ -386,8 +386,10 @@ fn without_sampling<R>(f: impl FnOnce() -> R) -> R {
 
 /// `end` mode: moves whole samples (a record and its frame slots) from the ring into the stored
 /// buffer while it has room for them: everything waiting in one bulk copy when it fits (the
-/// ring holds whole samples), else sample by sample.
-fn move_ring(log: &mut CpuLog, p: &CpuProfiler) {
+/// ring holds whole samples), else sample by sample. Returns whether it stopped for want of
+/// room (what a sample taken meanwhile adds to the ring waits for the next drain: the buffer is
+/// not full for it).
+fn move_ring(log: &mut CpuLog, p: &CpuProfiler) -> bool {
     let cap = log.stored.len();
     let waiting = p.ring.waiting();
     let room = cap - log.len;
@@ -412,6 +414,7 @@ fn move_ring(log: &mut CpuLog, p: &CpuProfiler) {
     waiting.copy_into(first, &mut log.stored[..take - first]);
     log.len += take;
     p.ring.advance(take);
+    take < waiting.len()
 }
 
 /// Whether `drain_if_full` has work: a block's worth of records, or a task change.
@@ -468,8 +471,9 @@ fn drain(p: &CpuProfiler, all: bool) -> u64 {
     }
     match ex.mode {
         Export::End => loop {
-            move_ring(log, p);
-            if p.ring.is_empty() || log.stored.is_empty() {
+            // Only a buffer that lacked the room is full: a sample the timer took during the
+            // move (this runs with interrupts on) is no reason to send half of it.
+            if !move_ring(log, p) || log.stored.is_empty() {
                 break;
             }
             // Full: send the older half now rather than lose what comes next.
