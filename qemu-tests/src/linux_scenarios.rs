@@ -241,9 +241,37 @@ fn irq_row(log: &SerialLog, prefix: &str, irq: u32) -> Result<(Vec<u64>, String)
 /// The legacy devices' interrupts go through the I/O APIC: the guest's `/proc/interrupts`
 /// names it as the chip of IRQ 0 (the PIT, on pin 2) and IRQ 4 (COM1), and each was taken
 /// (the PIT's while the kernel checked its timer at boot; COM1's for lines written to
-/// /dev/ttyS0 with IRQ 4 bound to each CPU in turn).
+/// /dev/ttyS0 with IRQ 4 bound to each CPU in turn). Each went where Linux programmed it: Linux
+/// gives an IRQ a vector on the CPUs of its affinity only, so a message the I/O APIC sent to
+/// another vCPU would hit a vector with no handler there (`No irq handler for vector`, printed
+/// at KERN_EMERG); none is; IRQ 4 was taken on each CPU, and bound to CPU 0, CPU 0 took more of
+/// it.
 fn check_io_apic(log: &SerialLog) -> Result<(), String> {
     let mut errors = Vec::new();
+    if let Some(l) = log
+        .lines()
+        .find(|l| l.contains("No irq handler for vector"))
+    {
+        errors.push(format!(
+            "an interrupt reached a CPU without its vector: {l}"
+        ));
+    }
+    match (
+        irq_row(log, "hvprof-guest: irq 4 before: ", 4),
+        irq_row(log, "hvprof-guest: irq 4 bound to cpu 0: ", 4),
+        irq_row(log, "hvprof-guest: irq 4 bound to cpu 1: ", 4),
+    ) {
+        (Ok((before, _)), Ok((cpu0, _)), Ok((last, _)))
+            if before.len() == 2 && cpu0.len() == 2 && last.len() == 2 =>
+        {
+            if cpu0[0] <= before[0] || last.contains(&0) {
+                errors.push(format!(
+                    "IRQ 4 per CPU: {before:?} before, {cpu0:?} bound to CPU 0, {last:?} bound to CPU 1: expected CPU 0's count to grow while bound to it, and both CPUs to have taken it"
+                ));
+            }
+        }
+        other => errors.push(format!("IRQ 4's rows: {other:?} (two CPUs expected)")),
+    }
     for (prefix, irq) in [
         ("hvprof-guest: interrupts after ", 0),
         ("hvprof-guest: irq 4 bound to cpu 1: ", 4),
