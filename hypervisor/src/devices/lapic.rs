@@ -942,7 +942,8 @@ mod tests {
             "only 0x41's word differs"
         );
         // The CPU delivers 0x41, the guest ends it, and 0x41 comes again: the model is as it
-        // was given, but the page is not (VIRR lost 0x41): all of it is given again.
+        // was given, but the page is not (VIRR lost 0x41): it is handed over again, against
+        // the page as the CPU left it.
         let mut page = page_of(&given);
         let mut status = given.status;
         cpu_delivers(&mut page, &mut status, 0x41);
