@@ -168,12 +168,31 @@ fn code_at<M: FrameMemory>(mem: &mut M, rip: u64) -> Option<u32> {
     Some((lo | hi.unwrap_or(0) << (64 - shift)) as u32)
 }
 
+/// Remembers code addresses whose instruction is none of [`return_slot`]'s, so that a sample
+/// there needs no look at the code (samples fall in the same hot loops over and over). A stale
+/// or wrong answer costs at most the caller of a sample taken in a prologue or an epilogue,
+/// which is what the walk found without the look.
+pub trait OrdinaryCode {
+    /// Whether the instruction at `rip` was found to be none of them.
+    fn is_ordinary(&self, rip: u64) -> bool;
+    /// The instruction at `rip` is none of them.
+    fn remember(&self, rip: u64);
+}
+
+/// Remembers nothing: every walk looks at the code.
+impl OrdinaryCode for () {
+    fn is_ordinary(&self, _: u64) -> bool {
+        false
+    }
+    fn remember(&self, _: u64) {}
+}
+
 /// Like [`walk`], for a sample taken at `rip` with stack pointer `rsp` (read only where needed)
 /// and frame pointer `fp`: where the instruction at `rip` runs before the sampled function's
 /// frame record exists or after it is gone ([`return_slot`]), its return address, read from
 /// the stack, comes first and the walk from `fp` (its caller's record) follows; elsewhere this
 /// is `walk`. The stack word must lie inside `bounds`, and the code page be readable, or the
-/// chain is `walk`'s.
+/// chain is `walk`'s. `known` spares the look at code found ordinary before.
 #[inline(always)]
 pub fn walk_from<'a, M: FrameMemory>(
     mem: &mut M,
@@ -181,21 +200,27 @@ pub fn walk_from<'a, M: FrameMemory>(
     bounds: Bounds,
     max_depth: usize,
     out: &'a mut [MaybeUninit<u64>],
+    known: &impl OrdinaryCode,
 ) -> (Chain, &'a [u64]) {
     let max = max_depth.min(MAX_CHAIN_DEPTH).min(out.len());
-    let ret = (max > 0)
-        .then(|| code_at(mem, rip))
-        .flatten()
-        .and_then(return_slot)
-        .and_then(|slot| {
-            let at = rsp().checked_add(slot)?;
-            let inside = at >= bounds.lo && at < bounds.hi && bounds.hi - at >= 8;
-            if !inside || !at.is_multiple_of(8) {
-                return None;
-            }
-            let page = mem.page(at & !0xfff)?;
-            Some(mem.word(page, at & 0xfff)).filter(|&r| r != 0)
-        });
+    let slot = if max > 0 && !known.is_ordinary(rip) {
+        let slot = code_at(mem, rip).map(return_slot);
+        if slot == Some(None) {
+            known.remember(rip);
+        }
+        slot.flatten()
+    } else {
+        None
+    };
+    let ret = slot.and_then(|slot| {
+        let at = rsp().checked_add(slot)?;
+        let inside = at >= bounds.lo && at < bounds.hi && bounds.hi - at >= 8;
+        if !inside || !at.is_multiple_of(8) {
+            return None;
+        }
+        let page = mem.page(at & !0xfff)?;
+        Some(mem.word(page, at & 0xfff)).filter(|&r| r != 0)
+    });
     let Some(ret) = ret else {
         return walk(mem, fp, bounds, max, out);
     };
@@ -476,11 +501,18 @@ mod tests {
                     .filter(|(a, _)| a & !0xfff == rip & !0xfff),
             );
             let mut m = mem(&words);
-            let (c, frames) = walk_from(&mut m, (rip, || rsp, 0x10_0100), B, 16, &mut out);
+            let (c, frames) = walk_from(&mut m, (rip, || rsp, 0x10_0100), B, 16, &mut out, &());
             assert_eq!(frames, &[0x40_9999, 0x40_1111], "{bytes:x?} at {rip:#x}");
             assert_eq!((c.depth(), c.end()), (2, ChainEnd::Complete));
             // Room for the leaf's caller only.
-            let (c, frames) = walk_from(&mut mem(&words), (rip, || rsp, 0x10_0100), B, 1, &mut out);
+            let (c, frames) = walk_from(
+                &mut mem(&words),
+                (rip, || rsp, 0x10_0100),
+                B,
+                1,
+                &mut out,
+                &(),
+            );
             assert_eq!((frames, c.end()), (&[0x40_9999][..], ChainEnd::DepthLimit));
         }
     }
@@ -511,13 +543,69 @@ mod tests {
                 assert!(rsp != 0, "RSP read inside a function's body");
                 rsp
             };
-            let (c, frames) = walk_from(&mut mem(&words), (rip, rsp, 0x10_0100), B, 16, &mut out);
+            let (c, frames) = walk_from(
+                &mut mem(&words),
+                (rip, rsp, 0x10_0100),
+                B,
+                16,
+                &mut out,
+                &(),
+            );
             assert_eq!(
                 (frames, c.end()),
                 (&[0x40_1111][..], ChainEnd::Complete),
                 "{bytes:x?} at {rip:#x}"
             );
         }
+    }
+
+    /// Remembers in a set.
+    struct Seen(std::cell::RefCell<HashSet<u64>>);
+    impl OrdinaryCode for Seen {
+        fn is_ordinary(&self, rip: u64) -> bool {
+            self.0.borrow().contains(&rip)
+        }
+        fn remember(&self, rip: u64) {
+            self.0.borrow_mut().insert(rip);
+        }
+    }
+
+    #[test]
+    fn ordinary_code_is_looked_at_once() {
+        let seen = Seen(Default::default());
+        let mut words = vec![
+            (0x10_0100, 0),
+            (0x10_0108, 0x40_1111),
+            (0x10_00f0, 0x40_9999),
+        ];
+        words.extend(code(0x40_2000, &[0x48, 0xff, 0xc9]));
+        words.extend(code(0x40_2010, &[0x55]));
+        let mut out = [MaybeUninit::uninit(); 32];
+        for _ in 0..2 {
+            for (rip, want) in [
+                (0x40_2000, &[0x40_1111][..]),
+                (0x40_2010, &[0x40_9999, 0x40_1111]),
+            ] {
+                let mut m = mem(&words);
+                let (_, frames) = walk_from(
+                    &mut m,
+                    (rip, || 0x10_00f0, 0x10_0100),
+                    B,
+                    16,
+                    &mut out,
+                    &seen,
+                );
+                assert_eq!(frames, want, "{rip:#x}");
+            }
+        }
+        // The loop's code is remembered, the prologue's never is.
+        assert_eq!(*seen.0.borrow(), HashSet::from([0x40_2000]));
+        let mut m = mem(&words);
+        walk_from(&mut m, (0x40_2000, || 0, 0x10_0100), B, 16, &mut out, &seen);
+        assert!(
+            !m.asked.contains(&0x40_2000),
+            "the code's page is not read again"
+        );
     }
 
     proptest::proptest! {
@@ -536,7 +624,7 @@ mod tests {
             for bounds in [B, LOWER_HALF, UPPER_HALF] {
                 let mut out = [MaybeUninit::uninit(); 32];
                 let (c, frames) =
-                    walk_from(&mut mem(&words), (near(rip), || near(rsp), near(fp)), bounds, depth, &mut out);
+                    walk_from(&mut mem(&words), (near(rip), || near(rsp), near(fp)), bounds, depth, &mut out, &());
                 proptest::prop_assert_eq!(frames.len(), c.depth());
                 proptest::prop_assert!(c.depth() <= depth.min(MAX_CHAIN_DEPTH));
             }

@@ -88,12 +88,47 @@ pub struct CpuProfiler {
     guest_rbp: AtomicU64,
     /// Guest stack pages translated by earlier walks.
     stack_pages: StackPages,
+    /// Guest code addresses whose instruction needs no look by a frame-pointer walk
+    /// (`stack_walk::OrdinaryCode`): per slot, the RIP and its address space's tag.
+    ordinary_code: [[AtomicU64; 2]; ORDINARY_CODE],
     /// Another pCPU kicked this one since it last looked (`kick_cpu`).
     kicked: AtomicBool,
 }
 
 /// Entries of `StackPages`.
 const STACK_PAGES: usize = 4;
+
+/// Slots of `CpuProfiler::ordinary_code` (direct-mapped by the RIP's low bits).
+const ORDINARY_CODE: usize = 16;
+
+/// `CpuProfiler::ordinary_code` for one address space (`cr3`; the kernel half is every
+/// process's). Written by this pCPU's sample paths only; an NMI sample that lands between a
+/// slot's two stores reads a RIP with another's tag, which at worst spares one look at the code
+/// (a caller missed at a prologue, as without the look).
+struct OrdinaryCode<'a> {
+    slots: &'a [[AtomicU64; 2]; ORDINARY_CODE],
+    cr3: u64,
+}
+
+impl OrdinaryCode<'_> {
+    fn slot(&self, rip: u64) -> (&[AtomicU64; 2], u64) {
+        let i = ((rip ^ rip >> 4 ^ rip >> 8) as usize) % ORDINARY_CODE;
+        (&self.slots[i], StackPages::tag(self.cr3, rip))
+    }
+}
+
+impl stack_walk::OrdinaryCode for OrdinaryCode<'_> {
+    fn is_ordinary(&self, rip: u64) -> bool {
+        let (s, tag) = self.slot(rip);
+        s[0].load(Ordering::Relaxed) == rip && s[1].load(Ordering::Relaxed) == tag
+    }
+
+    fn remember(&self, rip: u64) {
+        let (s, tag) = self.slot(rip);
+        s[0].store(rip, Ordering::Relaxed);
+        s[1].store(tag, Ordering::Relaxed);
+    }
+}
 
 /// What `StackPages` keys a kernel-half translation by, in place of a CR3.
 const ANY_CR3: u64 = u64::MAX - 1;
@@ -303,6 +338,7 @@ impl CpuProfiler {
             orc_entries: OrcEntries::new(),
             guest_rbp: AtomicU64::new(0),
             stack_pages: StackPages::new(),
+            ordinary_code: [const { [const { AtomicU64::new(u64::MAX) }; 2] }; ORDINARY_CODE],
         }
     }
 }
@@ -736,7 +772,13 @@ impl CpuProfiler {
             return (Chain::NOT_WALKED, &[]);
         }
         let fp = self.guest_rbp.load(Ordering::Relaxed);
-        let mut mem = GuestStack::new(ram, cr3, &self.stack_pages, &self.costs);
+        let mut mem = GuestStack::new(
+            ram,
+            cr3,
+            &self.stack_pages,
+            &self.ordinary_code,
+            &self.costs,
+        );
         if cpl == 3 {
             let (vm, ..) = self.current();
             let max = depth.min(MAX_CHAIN_DEPTH).min(out.len());
@@ -759,13 +801,17 @@ impl CpuProfiler {
         }
         match KernelStacks::from_u8(self.kernel_mode.load(Ordering::Relaxed)) {
             KernelStacks::None => (Chain::NOT_WALKED, &[]),
-            KernelStacks::FramePointers => stack_walk::walk_from(
-                &mut mem,
-                (rip, rsp, fp),
-                stack_walk::half_of(fp),
-                depth,
-                out,
-            ),
+            KernelStacks::FramePointers => {
+                let known = mem.ordinary_code();
+                stack_walk::walk_from(
+                    &mut mem,
+                    (rip, rsp, fp),
+                    stack_walk::half_of(fp),
+                    depth,
+                    out,
+                    &known,
+                )
+            }
             KernelStacks::Orc => {
                 let (vm, ..) = self.current();
                 let tables = unwind_tables(vm);
@@ -976,6 +1022,8 @@ struct GuestStack<'a> {
     ram: crate::memory::GuestRam,
     cr3: u64,
     pages: &'a StackPages,
+    /// This pCPU's `ordinary_code`.
+    ordinary: &'a [[AtomicU64; 2]; ORDINARY_CODE],
     /// Where its page counts go.
     costs: &'a Costs,
 }
@@ -985,13 +1033,23 @@ impl<'a> GuestStack<'a> {
         ram: crate::memory::GuestRam,
         cr3: u64,
         pages: &'a StackPages,
+        ordinary: &'a [[AtomicU64; 2]; ORDINARY_CODE],
         costs: &'a Costs,
     ) -> Self {
         GuestStack {
             ram,
             cr3,
             pages,
+            ordinary,
             costs,
+        }
+    }
+
+    /// The code addresses of this address space a frame-pointer walk need not look at.
+    fn ordinary_code(&self) -> OrdinaryCode<'a> {
+        OrdinaryCode {
+            slots: self.ordinary,
+            cr3: self.cr3,
         }
     }
 }
@@ -1402,7 +1460,9 @@ fn walk_user(
 ) -> (Chain, usize) {
     let max = out.len().min(MAX_CHAIN_DEPTH);
     if tables.is_empty() {
-        let (chain, _) = stack_walk::walk_from(mem, (ip, sp, bp), stack_walk::LOWER_HALF, max, out);
+        let known = mem.ordinary_code();
+        let (chain, _) =
+            stack_walk::walk_from(mem, (ip, sp, bp), stack_walk::LOWER_HALF, max, out, &known);
         return (chain, chain.depth());
     }
     let start = hvprof_linux_walk::UserStart { ip, sp: sp(), bp };
