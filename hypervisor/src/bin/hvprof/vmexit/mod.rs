@@ -43,19 +43,22 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, reason: ExitReas
     // waits; the APIC exits read and write registers; an EPT violation may be an access on the
     // page). The others at most add vectors (`Lapic::accept` keeps them apart) or set the
     // TSC deadline, and leave the taking back to the next VM entry's look (`before_entry`).
-    if matches!(
-        reason.kind(),
-        Some(
-            BasicExit::Hlt
-                | BasicExit::ApicAccess
-                | BasicExit::ApicWrite
-                | BasicExit::VirtualizedEoi
-                | BasicExit::EptViolation
+    let kind = reason.kind();
+    if vcpu.virtual_apic != 0
+        && matches!(
+            kind,
+            Some(
+                BasicExit::Hlt
+                    | BasicExit::ApicAccess
+                    | BasicExit::ApicWrite
+                    | BasicExit::VirtualizedEoi
+                    | BasicExit::EptViolation
+            )
         )
-    ) {
+    {
         crate::vcpu::virtual_apic::take_back_locked(vm, vcpu, vmcs);
     }
-    if reason.kind() == Some(BasicExit::Hlt) {
+    if kind == Some(BasicExit::Hlt) {
         // HLT blocks the vCPU until an event: the scheduler runs something else and resumes it
         // after the HLT when its virtual timer fires (docs/GUEST-ABI.md, "Time"), or, for a
         // Linux guest, when its devices raise an interrupt it takes (none pending now).
@@ -73,7 +76,7 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, reason: ExitReas
         }
         return Flow::Halt;
     }
-    match handle_exit(vm, vcpu, vmcs, reason) {
+    match handle_exit(vm, vcpu, vmcs, reason, kind) {
         None => Flow::Resume,
         Some(stop) => Flow::Stop(stop),
     }
@@ -84,8 +87,8 @@ fn handle_exit(
     vcpu: &mut Vcpu,
     vmcs: &mut CurrentVmcs,
     reason: ExitReason,
+    kind: Option<BasicExit>,
 ) -> Option<Stop> {
-    let kind = reason.kind();
     match kind {
         Some(BasicExit::Cpuid) => cpuid::handle(vm, vcpu, vmcs),
         Some(BasicExit::IoInstruction) => io::handle(vm, vcpu, vmcs),
