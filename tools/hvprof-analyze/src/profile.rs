@@ -1842,13 +1842,7 @@ mod tests {
             Profile::from_bytes(
                 &cap.bytes,
                 &Images::default(),
-                LoadOptions {
-                    threads,
-                    keep_guest: false,
-                    tables: true,
-                    report_only: false,
-                    time: None,
-                },
+                LoadOptions::all(threads),
                 &Progress::hidden(),
             )
         };

@@ -1089,13 +1089,7 @@ mod tests {
         crate::profile::Profile::from_bytes(
             bytes,
             &Images::default(),
-            crate::profile::LoadOptions {
-                threads,
-                keep_guest: false,
-                tables: true,
-                report_only: false,
-                time: None,
-            },
+            crate::profile::LoadOptions::all(threads),
             &crate::progress::Progress::hidden(),
         )
         .report
