@@ -105,19 +105,19 @@ const ORDINARY_CODE: usize = 16;
 /// process's). Written by this pCPU's sample paths only; an NMI sample that lands between a
 /// slot's two stores reads a RIP with another's tag, which at worst spares one look at the code
 /// (a caller missed at a prologue, as without the look).
-struct OrdinaryCode<'a> {
+struct OrdinaryCodeSlots<'a> {
     slots: &'a [[AtomicU64; 2]; ORDINARY_CODE],
     cr3: u64,
 }
 
-impl OrdinaryCode<'_> {
+impl OrdinaryCodeSlots<'_> {
     fn slot(&self, rip: u64) -> (&[AtomicU64; 2], u64) {
         let i = ((rip ^ rip >> 4 ^ rip >> 8) as usize) % ORDINARY_CODE;
         (&self.slots[i], StackPages::tag(self.cr3, rip))
     }
 }
 
-impl stack_walk::OrdinaryCode for OrdinaryCode<'_> {
+impl stack_walk::OrdinaryCode for OrdinaryCodeSlots<'_> {
     fn is_ordinary(&self, rip: u64) -> bool {
         let (s, tag) = self.slot(rip);
         s[0].load(Ordering::Relaxed) == rip && s[1].load(Ordering::Relaxed) == tag
@@ -1046,8 +1046,8 @@ impl<'a> GuestStack<'a> {
     }
 
     /// The code addresses of this address space a frame-pointer walk need not look at.
-    fn ordinary_code(&self) -> OrdinaryCode<'a> {
-        OrdinaryCode {
+    fn ordinary_code(&self) -> OrdinaryCodeSlots<'a> {
+        OrdinaryCodeSlots {
             slots: self.ordinary,
             cr3: self.cr3,
         }

@@ -25,7 +25,7 @@
 
 use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::must;
-use hvprof_hypervisor::devices::lapic::{Lapic, VirtualState, reg};
+use hvprof_hypervisor::devices::lapic::{Lapic, reg};
 use hvprof_vmx::caps::{VmxCaps, pin, proc1, proc2};
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::{Control32, Control64, Guest16, VmcsExt};
@@ -165,20 +165,22 @@ pub fn hand_over(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, lapic: &mut Lapic) {
         // The page and the VMCS hold it already.
         return;
     };
-    let differs = |f: &dyn Fn(&VirtualState) -> u64| before.is_none_or(|b| f(&b) != f(&new));
-    if differs(&|s| u64::from(s.tpr)) {
+    // What the page and the VMCS hold; unknown (`all`): every field is written.
+    let all = before.is_none();
+    let old = before.unwrap_or_default();
+    if all || old.tpr != new.tpr {
         page_write(vcpu, reg::TPR, new.tpr);
     }
     for i in 0..8 {
         let at = 0x10 * i as u32;
-        if differs(&|s| u64::from(s.irr[i])) {
+        if all || old.irr[i] != new.irr[i] {
             page_write(vcpu, reg::IRR + at, new.irr[i]);
         }
-        if differs(&|s| u64::from(s.isr[i])) {
+        if all || old.isr[i] != new.isr[i] {
             page_write(vcpu, reg::ISR + at, new.isr[i]);
         }
     }
-    if differs(&|s| u64::from(s.status)) {
+    if all || old.status != new.status {
         must(
             vmcs.write16(Guest16::InterruptStatus, new.status),
             "VMWRITE guest interrupt status",
@@ -193,7 +195,7 @@ pub fn hand_over(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, lapic: &mut Lapic) {
     .into_iter()
     .enumerate()
     {
-        if differs(&|s| s.eoi_exit[i]) {
+        if all || old.eoi_exit[i] != new.eoi_exit[i] {
             must(vmcs.write64(f, new.eoi_exit[i]), "VMWRITE EOI-exit bitmap");
         }
     }
