@@ -6,6 +6,7 @@
 
 pub mod callgraph;
 pub mod calls;
+pub mod capture;
 pub mod chart;
 pub mod cost;
 pub mod eh_frame;

@@ -293,6 +293,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
+    keep_freed_memory();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         // `hvprof-analyze script LOG | head`: the reader has what it wanted.
@@ -396,8 +397,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             preemptions,
         } => {
             let log = &input.log;
-            let bytes =
-                std::fs::read(log).with_context(|| format!("cannot read {}", log.display()))?;
+            let bytes = hvprof_analyze::capture::Capture::open(log)?;
             let imgs = load_images(&input)?;
             // A capture without samples still gets its report (what was lost, the warnings).
             // The call graph needs every stack and chain named, the preemptions every guest
@@ -406,7 +406,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
                 report_only: !call_graph && !preemptions,
                 ..load_options(&input, true)
             };
-            let mut p = Profile::from_vec(bytes, &imgs, options, progress);
+            let mut p = Profile::from_capture(bytes, &imgs, options, progress);
             progress.phase("tables", None, "rows");
             p.report.call_graph = call_graph.then(|| callgraph::build(&p));
             if preemptions {
@@ -606,8 +606,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             Ok(())
         }
         Cmd::Decode { log, text, records } => {
-            let bytes =
-                std::fs::read(&log).with_context(|| format!("cannot read {}", log.display()))?;
+            let bytes = hvprof_analyze::capture::Capture::open(&log)?;
             let d = hvprof_samplelog::decode(&bytes);
             print!("{}", text::decode_summary(&d, text, records));
             Ok(())
@@ -821,3 +820,19 @@ fn threads() -> usize {
 /// times faster than the system allocator (`cargo xtask bench` measures the whole).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// mimalloc's `mi_option_purge_delay` (its number in `mi_option_e`, mimalloc.h, the same in
+/// mimalloc 2 and 3; libmimalloc-sys names no constant for it).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Tells mimalloc never to give the memory the analyzer frees back to the system (`-1`: no
+/// purging), instead of after 10 ms. The analyzer is a short run whose tables grow by doubling
+/// and whose phases free what the next one allocates again: memory given back is faulted in
+/// and zeroed again by the kernel when it is reused, which cost a 10 M-sample `report` a
+/// third of its system time (`cargo xtask bench` measures the whole). Memory goes back to the
+/// system when the process exits, a moment later.
+fn keep_freed_memory() {
+    // SAFETY: `mi_option_set` only stores the option's value (mimalloc's options are plain
+    // integers read when it decides to purge); the option number is mimalloc's own.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+}

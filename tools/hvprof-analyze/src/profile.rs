@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use rustc_hash::FxHashMap as HashMap;
 
 pub use hvprof_samplelog::ChainEnd;
@@ -26,6 +26,7 @@ use hvprof_samplelog::{
 };
 
 pub use crate::calls::Calls;
+use crate::capture::Capture;
 use crate::naming::{Namer, ProcessKey, Processes, VmMeta, exit_name};
 use crate::progress::Progress;
 use crate::report::Report;
@@ -1076,7 +1077,7 @@ const RUNS_AHEAD: usize = 1;
 /// stack of each key, and who ran in Linux guests.
 #[derive(Default)]
 struct Replay {
-    bytes: Vec<u8>,
+    bytes: Capture,
     blocks: Vec<(u16, Vec<BlockSpan>)>,
     index: StackIndex,
     processes: Option<Processes>,
@@ -1302,10 +1303,9 @@ impl Profile {
         options: LoadOptions,
         progress: &Progress,
     ) -> Result<Profile> {
-        let bytes =
-            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let bytes = Capture::open(path)?;
         let len = bytes.len();
-        let profile = Self::from_vec(bytes, images, options, progress);
+        let profile = Self::from_capture(bytes, images, options, progress);
         if profile.samples.is_empty() {
             anyhow::bail!(
                 "{}: no samples in this capture ({} bytes{}): is it an hvprof serial log?",
@@ -1321,21 +1321,21 @@ impl Profile {
         Ok(profile)
     }
 
-    /// [`Profile::from_vec`] of a copy of `bytes`.
+    /// [`Profile::from_capture`] of a copy of `bytes`.
     pub fn from_bytes(
         bytes: &[u8],
         images: &Images,
         options: LoadOptions,
         progress: &Progress,
     ) -> Profile {
-        Self::from_vec(bytes.to_vec(), images, options, progress)
+        Self::from_capture(bytes.to_vec().into(), images, options, progress)
     }
 
     /// Decodes (on `options.threads` threads) and classifies a capture, names its stacks and
     /// builds the report from them. A capture with Linux guests is decoded twice: their
     /// samples' processes are known once every task frame is.
-    pub fn from_vec(
-        bytes: Vec<u8>,
+    pub fn from_capture(
+        bytes: Capture,
         images: &Images,
         options: LoadOptions,
         progress: &Progress,
