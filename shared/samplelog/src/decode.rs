@@ -153,6 +153,8 @@ enum Parsed {
 
 /// Scratch space the body parsers fill.
 struct Scratch {
+    /// Whether blocks' records are decoded ([`decode_metadata_parallel`] reads none).
+    records_wanted: bool,
     payload: Vec<u8>,
     records: Vec<Record>,
     frames: Vec<u64>,
@@ -186,6 +188,7 @@ impl StreamDecoder {
             pending_start: 0,
             pos: 0,
             scratch: Scratch {
+                records_wanted: true,
                 payload: Vec::new(),
                 records: Vec::new(),
                 frames: Vec::new(),
@@ -417,6 +420,15 @@ impl Scratch {
             let (covered, crc) = p.split_at(p.len() - 4);
             if crc_ok(covered, crc) {
                 let body = &covered[4..];
+                if frame_type == FRAME_BLOCK && !self.records_wanted {
+                    // A whole frame whose CRC holds: a block, whatever its records say.
+                    self.records.clear();
+                    self.frames.clear();
+                    return match parse_block_header(&mut ByteReader::new(body)) {
+                        Ok(h) => Ok((Parsed::Block(h), raw_len)),
+                        Err(Malformed) => Err(DamageKind::Malformed),
+                    };
+                }
                 return match self.body(frame_type, body) {
                     Ok((parsed, n)) if n == body.len() => Ok((parsed, raw_len)),
                     Ok(_) | Err(Malformed) => Err(DamageKind::Malformed),
@@ -504,14 +516,7 @@ fn parse_block(
     frames: &mut Vec<u64>,
 ) -> Result<(BlockHeader, usize), Malformed> {
     let mut r = ByteReader::new(body);
-    let h = BlockHeader {
-        pcpu: r.varint_u16()?,
-        seq: r.varint()?,
-        first_sample: r.varint()?,
-        first_event: r.varint()?,
-        ring_drops: r.varint()?,
-        period_ticks: r.varint()?,
-    };
+    let h = parse_block_header(&mut r)?;
     let count = usize::try_from(r.varint()?).map_err(|_| Malformed)?;
     if count > MAX_BLOCK_RECORDS {
         return Err(Malformed);
@@ -523,6 +528,18 @@ fn parse_block(
     frames.clear();
     let bits = codec::read_records(r.rest(), count, h.period_ticks, ks, records, frames)?;
     Ok((h, r.pos() + bits))
+}
+
+/// A block's header: its numbering, before its record count.
+fn parse_block_header(r: &mut ByteReader<'_>) -> Result<BlockHeader, Malformed> {
+    Ok(BlockHeader {
+        pcpu: r.varint_u16()?,
+        seq: r.varint()?,
+        first_sample: r.varint()?,
+        first_event: r.varint()?,
+        ring_drops: r.varint()?,
+        period_ticks: r.varint()?,
+    })
 }
 
 fn parse_task(body: &[u8]) -> Result<(Task, usize), Malformed> {
@@ -1258,27 +1275,13 @@ pub fn decode_parallel<A: Send>(
     init: impl Fn() -> A + Sync,
     visit: impl Fn(&mut A, BlockAt, &[Record], &[u64]) + Sync,
 ) -> (Decoded, Vec<A>) {
-    let parts = parts.clamp(1, 64);
-    // Part boundaries: the first 0x00 at or after each nominal split point.
-    let mut bounds = vec![0usize];
-    for i in 1..parts {
-        let nominal = bytes.len() * i / parts;
-        let at = bytes[nominal.max(*bounds.last().unwrap_or(&0))..]
-            .iter()
-            .position(|&b| b == 0)
-            .map(|z| nominal.max(*bounds.last().unwrap_or(&0)) + z);
-        if let Some(at) = at {
-            bounds.push(at);
-        }
-    }
-    bounds.push(bytes.len());
-    bounds.dedup();
+    let bounds = part_bounds(bytes, parts);
     // Blocks whose records `visit` must not see: later copies of a block (same pCPU and
     // sequence number), by (part, block index in the part). Known only once every part is
     // decoded: a capture with duplicates is decoded twice, the second time skipping them.
     let mut skip: HashSet<(usize, usize)> = HashSet::default();
     loop {
-        let results = decode_parts(bytes, &bounds, &init, &visit, &skip);
+        let results = decode_parts(bytes, &bounds, &init, &visit, &skip, true);
         let mut seen: HashSet<(u16, u64)> = HashSet::default();
         let mut later: HashSet<(usize, usize)> = HashSet::default();
         for (part, (_, meta)) in results.iter().enumerate() {
@@ -1299,6 +1302,46 @@ pub fn decode_parallel<A: Send>(
     }
 }
 
+/// The capture's description without its blocks, on `parts` threads: its header, task, VM end,
+/// pCPU cost, mapping and end frames, its text and its damage, as [`decode_parallel`] finds
+/// them, for a first look at a capture (who ran, what was mapped) before its records are read.
+/// A block frame whose CRC holds is skipped unread (its records' structure is not checked: a
+/// block whose records are malformed is not counted as damage here); blocks are not counted,
+/// so the result is no account of what was lost. Never panics.
+#[must_use]
+pub fn decode_metadata_parallel(bytes: &[u8], parts: usize) -> Decoded {
+    let bounds = part_bounds(bytes, parts);
+    let results = decode_parts(
+        bytes,
+        &bounds,
+        &|| (),
+        &|(): &mut (), _, _: &[Record], _: &[u64]| {},
+        &HashSet::default(),
+        false,
+    );
+    collect_parts(bytes, results).0
+}
+
+/// Where `bytes` is split into (at most 64) `parts`: the first 0x00 at or after each nominal
+/// split point, so no frame is cut.
+fn part_bounds(bytes: &[u8], parts: usize) -> Vec<usize> {
+    let parts = parts.clamp(1, 64);
+    let mut bounds = vec![0usize];
+    for i in 1..parts {
+        let nominal = bytes.len() * i / parts;
+        let at = bytes[nominal.max(*bounds.last().unwrap_or(&0))..]
+            .iter()
+            .position(|&b| b == 0)
+            .map(|z| nominal.max(*bounds.last().unwrap_or(&0)) + z);
+        if let Some(at) = at {
+            bounds.push(at);
+        }
+    }
+    bounds.push(bytes.len());
+    bounds.dedup();
+    bounds
+}
+
 /// Decodes each part of `bytes` (between `bounds`) on a thread of its own, handing `visit` the
 /// records of every block but those in `skip` (part, block index).
 fn decode_parts<A: Send>(
@@ -1307,6 +1350,7 @@ fn decode_parts<A: Send>(
     init: &(impl Fn() -> A + Sync),
     visit: &(impl Fn(&mut A, BlockAt, &[Record], &[u64]) + Sync),
     skip: &HashSet<(usize, usize)>,
+    with_records: bool,
 ) -> Vec<(A, Vec<Meta>)> {
     std::thread::scope(|scope| {
         let handles: Vec<_> = bounds
@@ -1319,10 +1363,13 @@ fn decode_parts<A: Send>(
                     let mut meta = Vec::new();
                     let mut block = 0usize;
                     let mut dec = StreamDecoder::starting_at(start as u64);
+                    dec.scratch.records_wanted = with_records;
                     let mut sink = |item: Item<'_>| match item {
                         Item::Header { offset, header } => {
                             meta.push(Meta::Header(Box::new(header.clone()), offset));
                         }
+                        // Metadata only: a block is neither read nor counted.
+                        Item::Block { .. } if !with_records => {}
                         Item::Block {
                             header,
                             records,

@@ -356,5 +356,5 @@ pub use types::{Chain, ChainEnd, Chains, MAX_CHAIN_DEPTH, chain_frames, with_cha
 #[cfg(feature = "std")]
 pub use decode::{
     BlockAt, BlockReader, Collector, Damage, DamageKind, Decoded, Gap, Item, PcpuLog,
-    StreamDecoder, TextSpan, decode, decode_parallel,
+    StreamDecoder, TextSpan, decode, decode_metadata_parallel, decode_parallel,
 };

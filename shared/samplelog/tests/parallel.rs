@@ -2,7 +2,10 @@
 //! the same losses, whatever the number of parts, on clean and damaged captures.
 
 use hvprof_samplelog::synth::{self, CaptureOptions, SynthConfig};
-use hvprof_samplelog::{BlockReader, Record, decode, decode_parallel};
+use hvprof_samplelog::{
+    BlockReader, FixedStr, MAX_TASK_FRAME_LEN, Record, Task, decode, decode_metadata_parallel,
+    decode_parallel, encode_task,
+};
 use proptest::prelude::*;
 
 fn capture(seed: u64) -> Vec<u8> {
@@ -50,6 +53,74 @@ fn compare(bytes: &[u8], parts: usize) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// `capture(seed)` with a task frame after every 6th frame delimiter (as a Linux guest's run
+/// interleaves them with the blocks).
+fn capture_with_tasks(seed: u64) -> Vec<u8> {
+    let bytes = capture(seed);
+    let mut out = Vec::with_capacity(bytes.len() + 4096);
+    let mut zeros = 0u64;
+    for &b in &bytes {
+        out.push(b);
+        if b == 0 {
+            zeros += 1;
+            if zeros % 6 == 0 {
+                let t = Task {
+                    pcpu: (zeros % 3) as u16,
+                    tsc: zeros * 1000,
+                    vm: 1,
+                    vcpu: (zeros % 2) as u16,
+                    cr3: 0x1000 * zeros,
+                    task: 0xffff_8880_0000_0000 + zeros,
+                    pid: zeros as u32,
+                    tgid: zeros as u32,
+                    comm: FixedStr::truncated("w41"),
+                };
+                let mut frame = [0u8; MAX_TASK_FRAME_LEN];
+                let n = encode_task(&t, &mut frame).unwrap();
+                out.extend_from_slice(&frame[..n]);
+            }
+        }
+    }
+    out
+}
+
+/// `decode_metadata_parallel` finds every frame but the blocks as `decode` does, and reads no
+/// block.
+fn compare_metadata(bytes: &[u8], parts: usize) -> Result<(), TestCaseError> {
+    let whole = decode(bytes);
+    let meta = decode_metadata_parallel(bytes, parts);
+    prop_assert_eq!(&meta.header, &whole.header);
+    prop_assert_eq!(&meta.tasks, &whole.tasks);
+    prop_assert_eq!(&meta.vm_ends, &whole.vm_ends);
+    prop_assert_eq!(&meta.costs, &whole.costs);
+    prop_assert_eq!(&meta.mappings, &whole.mappings);
+    prop_assert_eq!(&meta.end, &whole.end);
+    prop_assert_eq!(&meta.text, &whole.text);
+    // The end frame names the pCPUs; none has a block.
+    prop_assert!(
+        meta.pcpus
+            .values()
+            .all(|l| l.blocks_received == 0 && l.records.is_empty()),
+        "no block is counted"
+    );
+    Ok(())
+}
+
+#[test]
+fn metadata_without_the_blocks() {
+    let bytes = capture_with_tasks(3);
+    let whole = decode(&bytes);
+    assert!(whole.tasks.len() > 10, "{} tasks", whole.tasks.len());
+    assert!(
+        whole.header.is_some() && whole.end.is_some(),
+        "{:?}",
+        whole.end
+    );
+    for parts in [1, 2, 3, 8] {
+        compare_metadata(&bytes, parts).unwrap();
+    }
+}
+
 #[test]
 fn clean_capture_any_parts() {
     let bytes = capture(7);
@@ -72,5 +143,17 @@ proptest! {
             }
         }
         compare(&bytes, parts)?;
+    }
+
+    #[test]
+    fn damaged_capture_metadata(seed in 0u64..1000, flips in prop::collection::vec((any::<prop::sample::Index>(), 1u8..), 1..8), parts in 1usize..5) {
+        let mut bytes = capture_with_tasks(seed);
+        for (i, x) in flips {
+            let at = i.index(bytes.len());
+            if bytes[at] != 0 && bytes[at] ^ x != 0 {
+                bytes[at] ^= x;
+            }
+        }
+        compare_metadata(&bytes, parts)?;
     }
 }

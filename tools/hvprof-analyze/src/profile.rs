@@ -1353,32 +1353,23 @@ impl Profile {
                 }
             },
         };
+        // Who ran (the task frames) first, from the capture's frames without its records: a
+        // Linux guest's samples are classified by the task their vCPU ran, so the records are
+        // read once, knowing them.
+        progress.phase("reading", None, "frames");
+        let meta = hvprof_samplelog::decode_metadata_parallel(&bytes, options.threads);
+        let namer = Namer::new(&meta, images, &mut warnings);
+        drop(meta);
+        let processes = Some(namer.processes()).filter(Processes::any_linux);
         let (decoded, mut classified) = Classified::decode(
             &bytes,
             options.threads,
-            None,
+            processes.as_ref(),
             window,
             options.tables,
             progress,
         );
         progress.phase("naming", None, "stacks");
-        let namer = Namer::new(&decoded, images, &mut warnings);
-        let processes = namer.processes();
-        let processes = if processes.any_linux() {
-            classified = Classified::decode(
-                &bytes,
-                options.threads,
-                Some(&processes),
-                window,
-                options.tables,
-                progress,
-            )
-            .1;
-            progress.phase("naming", None, "stacks");
-            Some(processes)
-        } else {
-            None
-        };
         let needed = |s: &Stack| {
             !options.report_only
                 || !is_guest(s.what)
