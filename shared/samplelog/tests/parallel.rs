@@ -63,7 +63,7 @@ fn capture_with_tasks(seed: u64) -> Vec<u8> {
         out.push(b);
         if b == 0 {
             zeros += 1;
-            if zeros % 6 == 0 {
+            if zeros.is_multiple_of(6) {
                 let t = Task {
                     pcpu: (zeros % 3) as u16,
                     tsc: zeros * 1000,
