@@ -254,15 +254,49 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
         .ok()
         .and_then(|l| l.split_whitespace().next().map(str::to_owned))
         .unwrap_or_else(|| "unknown".into());
+    // The same capture with the Linux guests' task frames, as a Linux guest's run carries them.
+    let with_tasks = dir.join("synthetic-tasks.log");
+    let out = Command::new(analyzer)
+        .args([
+            "bench-synthetic",
+            &SYNTHETIC_SAMPLES.to_string(),
+            "--tasks",
+            "--write",
+        ])
+        .arg(&with_tasks)
+        .output()
+        .context("cannot run hvprof-analyze bench-synthetic --tasks")?;
+    if !out.status.success() {
+        bail!(
+            "hvprof-analyze bench-synthetic --tasks failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let cap = capture.to_string_lossy().into_owned();
+    let cap_tasks = with_tasks.to_string_lossy().into_owned();
     let pprof = dir.join("synthetic.pb.gz").to_string_lossy().into_owned();
     let firefox = dir.join("synthetic.json").to_string_lossy().into_owned();
-    let commands: [(&str, Vec<&str>); 4] = [
-        ("report", vec!["report", &cap]),
-        ("script", vec!["script", &cap, "-o", "/dev/null"]),
-        ("export --pprof", vec!["export", &cap, "--pprof", &pprof]),
+    // (command, how the table names it, arguments)
+    let commands: [(&str, &str, Vec<&str>); 5] = [
+        ("report", "`hvprof-analyze report`", vec!["report", &cap]),
+        (
+            "report",
+            "`hvprof-analyze report`, the same capture with the Linux guests' task frames",
+            vec!["report", &cap_tasks],
+        ),
+        (
+            "script",
+            "`hvprof-analyze script`",
+            vec!["script", &cap, "-o", "/dev/null"],
+        ),
+        (
+            "export --pprof",
+            "`hvprof-analyze export --pprof`",
+            vec!["export", &cap, "--pprof", &pprof],
+        ),
         (
             "export --firefox",
+            "`hvprof-analyze export --firefox`",
             vec!["export", &cap, "--firefox", &firefox],
         ),
     ];
@@ -270,15 +304,15 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
         "| command (10 M samples) | wall time (s) | M samples/s | peak memory (MB) |\n|---|---:|---:|---:|\n",
     );
     let mut report_rate = 0.0;
-    for (name, args) in &commands {
+    for (i, (name, cell, args)) in commands.iter().enumerate() {
         let run = timed(Command::new(analyzer).args(args))
             .with_context(|| format!("hvprof-analyze {name}"))?;
         let rate = samples as f64 / run.seconds / 1e6;
-        if *name == "report" {
+        if i == 0 {
             report_rate = rate;
         }
         table.push_str(&format!(
-            "| `hvprof-analyze {name}` | {:.2} | {rate:.1} | {:.0} |\n",
+            "| {cell} | {:.2} | {rate:.1} | {:.0} |\n",
             run.seconds,
             run.peak_kb as f64 / 1024.0
         ));
@@ -307,6 +341,9 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
          `hvprof-analyze bench-synthetic {SYNTHETIC_SAMPLES} --exports --write {}` makes the \
          synthetic capture (the trace above: 4 pCPUs, several VMs, no symbols, so every distinct \
          address is a row) and times each step in the process:\n\n```\n{steps}\n```\n\n\
+         `bench-synthetic --tasks` writes the same capture with a task frame every 16 frames for \
+         the Linux guests' vCPUs (as a Linux guest's run carries them), whose samples are then \
+         classified by task.\n\n\
          Then each command runs on that file as a user runs it (its whole process: reading the \
          file, decoding on every core, classifying, naming, writing), and `perf report` on a \
          perf.data that `perf record -e cpu-clock -c 10000` made here of two CPU-bound shells \

@@ -199,6 +199,10 @@ enum Cmd {
         /// Samples carry call chains (the generator's fixed caller tree): times the chain path.
         #[arg(long)]
         chains: bool,
+        /// The Linux guests' vCPUs name the task they run in task frames (one every 16 frames),
+        /// as a Linux guest's capture does: their samples are then classified by task.
+        #[arg(long)]
+        tasks: bool,
     },
     /// Writes a live stream to a capture file, byte for byte as it arrives, with a status line
     /// (on a terminal): bytes, frames, samples, events, losses, damage, rate. Stops when the
@@ -522,7 +526,8 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             exports,
             write,
             chains,
-        } => bench_synthetic(samples, exports, write.as_deref(), chains),
+            tasks,
+        } => bench_synthetic(samples, exports, write.as_deref(), chains, tasks),
         Cmd::Record {
             source,
             output,
@@ -694,7 +699,13 @@ fn run_record(
 /// Generates a realistic synthetic capture (hvprof-samplelog's generator: 4 pCPUs, several VMs,
 /// hot functions, jitter; with `chains`, call chains), then times decoding and the report's
 /// aggregation.
-fn bench_synthetic(samples: u64, exports: bool, write: Option<&Path>, chains: bool) -> Result<()> {
+fn bench_synthetic(
+    samples: u64,
+    exports: bool,
+    write: Option<&Path>,
+    chains: bool,
+    tasks: bool,
+) -> Result<()> {
     use hvprof_samplelog::synth::{self, CaptureOptions, SynthConfig};
     use std::time::Instant;
     let pcpus = 4u16;
@@ -711,6 +722,14 @@ fn bench_synthetic(samples: u64, exports: bool, write: Option<&Path>, chains: bo
             ..CaptureOptions::default()
         },
     );
+    let mut cap = cap;
+    if tasks {
+        // The capture's time: from the generator's boot (40 to 41 s of TSC), each pCPU's
+        // samples a period apart.
+        let from = 40 * cfg.tsc_hz;
+        let span = cfg.tsc_hz + cap.samples / u64::from(pcpus) * cap.header.period_ticks;
+        cap.bytes = with_task_frames(&cap.bytes, &cap.header, from..from + span);
+    }
     let n = cap.samples as f64;
     println!(
         "capture: {} samples, {} bytes ({:.3} bytes/sample)",
@@ -788,6 +807,56 @@ fn bench_synthetic(samples: u64, exports: bool, write: Option<&Path>, chains: bo
         );
     }
     Ok(())
+}
+
+/// `bytes` with a task frame after every 16th frame delimiter, for each Linux guest's vCPUs in
+/// turn (a guest whose image is a bzImage), their times stepping through `time` (TSC).
+fn with_task_frames(
+    bytes: &[u8],
+    header: &hvprof_samplelog::Header,
+    time: std::ops::Range<u64>,
+) -> Vec<u8> {
+    use hvprof_samplelog::{FixedStr, MAX_TASK_FRAME_LEN, Task, encode_task};
+    let vcpus: Vec<(u16, u16)> = header
+        .vms
+        .iter()
+        .filter(|v| v.image.as_str().starts_with("bzImage"))
+        .flat_map(|v| (0..v.vcpus).map(move |c| (v.id, c)))
+        .collect();
+    let comms = ["nginx", "postgres", "w41", "sshd", "kworker/0:1"];
+    let mut out = Vec::with_capacity(bytes.len() + bytes.len() / 16);
+    let mut frame = [0u8; MAX_TASK_FRAME_LEN];
+    let step =
+        (time.end - time.start) / (bytes.iter().filter(|&&b| b == 0).count() as u64 / 16).max(1);
+    let mut zeros = 0u64;
+    for &b in bytes {
+        out.push(b);
+        if b != 0 || vcpus.is_empty() {
+            continue;
+        }
+        zeros += 1;
+        if !zeros.is_multiple_of(16) {
+            continue;
+        }
+        let k = zeros / 16;
+        let (vm, vcpu) = vcpus[k as usize % vcpus.len()];
+        let pid = 100 + (k % 50) as u32;
+        let t = Task {
+            pcpu: (k % u64::from(header.pcpus.max(1))) as u16,
+            tsc: time.start + k * step,
+            vm,
+            vcpu,
+            cr3: 0x1_0000_0000 + (k % 5) * 0x1000,
+            task: 0xffff_8880_0000_0000 + u64::from(pid) * 0x1000,
+            pid,
+            tgid: pid,
+            comm: FixedStr::truncated(comms[k as usize % comms.len()]),
+        };
+        if let Ok(n) = encode_task(&t, &mut frame) {
+            out.extend_from_slice(&frame[..n]);
+        }
+    }
+    out
 }
 
 /// A writer that only counts bytes.
