@@ -140,6 +140,20 @@ impl TaskTimeline {
         Some(id)
     }
 
+    /// [`TaskTimeline::task_index_at`], with the stretch of time its answer holds for: from
+    /// (the vCPU's task frame before `tsc`, or 0) to (its next task frame; none after the last).
+    pub fn task_span_at(&self, vm: u16, vcpu: u16, tsc: u64) -> (Option<usize>, u64, Option<u64>) {
+        let Some(list) = self.per_vcpu.get(&(vm, vcpu)) else {
+            return (None, 0, None);
+        };
+        let n = list.partition_point(|&(t, _)| t <= tsc);
+        let to = list.get(n).map(|&(t, _)| t);
+        match n.checked_sub(1).map(|i| list[i]) {
+            Some((from, id)) => (Some(id), from, to),
+            None => (None, 0, to),
+        }
+    }
+
     /// A task's label (`comm[tgid]`), by its index.
     pub fn label(&self, index: usize) -> &str {
         self.labels.get(index).map_or("", String::as_str)

@@ -119,6 +119,18 @@ pub struct Processes {
     tasks: TaskTimeline,
 }
 
+/// What [`Processes::key_memo`] found last: a vCPU's task (`None`: its address space) from TSC
+/// `from` until `to` (none: from then on).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TaskMemo {
+    valid: bool,
+    vm: u16,
+    vcpu: u16,
+    from: u64,
+    to: Option<u64>,
+    task: Option<u32>,
+}
+
 impl Processes {
     /// The process of a guest sample: for Linux VMs the task its vCPU ran at `tsc` where the
     /// log names it, else its address space.
@@ -130,6 +142,44 @@ impl Processes {
             return ProcessKey::Task(i as u32);
         }
         ProcessKey::Cr3(cr3)
+    }
+
+    /// [`Processes::key`], remembering in `memo` the answer and the stretch of the vCPU's time
+    /// it holds for: a vCPU's consecutive samples mostly fall in one task's stretch, which then
+    /// costs no lookup.
+    #[inline]
+    pub fn key_memo(
+        &self,
+        memo: &mut TaskMemo,
+        vm: u16,
+        vcpu: u16,
+        tsc: u64,
+        cr3: u64,
+    ) -> ProcessKey {
+        let hit = memo.valid
+            && memo.vm == vm
+            && memo.vcpu == vcpu
+            && tsc >= memo.from
+            && memo.to.is_none_or(|to| tsc < to);
+        if !hit {
+            let (task, from, to) = if self.linux.contains(&vm) {
+                self.tasks.task_span_at(vm, vcpu, tsc)
+            } else {
+                (None, 0, None)
+            };
+            *memo = TaskMemo {
+                valid: true,
+                vm,
+                vcpu,
+                from,
+                to,
+                task: task.map(|i| i as u32),
+            };
+        }
+        match memo.task {
+            Some(i) => ProcessKey::Task(i),
+            None => ProcessKey::Cr3(cr3),
+        }
     }
 
     /// Whether any VM is a Linux guest (its samples' processes depend on the time).
@@ -1023,5 +1073,48 @@ mod mapping_tests {
         assert_eq!(task_tgid("a[b]c[7]"), Some(7));
         assert_eq!(task_tgid("nolabel"), None);
         let _ = std::fs::remove_dir_all(root);
+    }
+}
+
+#[cfg(test)]
+mod process_tests {
+    use super::*;
+    use hvprof_samplelog::{FixedStr, Task};
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The memo answers as the lookup does, whatever the order of the samples (vCPUs
+        /// interleaved, time going back), with task frames at equal times and VMs that are not
+        /// Linux guests.
+        #[test]
+        fn key_memo_is_key(
+            frames in prop::collection::vec((0u16..3, 0u16..2, 0u64..1000, 0u32..6), 0..40),
+            samples in prop::collection::vec((0u16..3, 0u16..2, 0u64..1100, any::<u64>()), 1..300),
+        ) {
+            let tasks: Vec<Task> = frames
+                .iter()
+                .map(|&(vm, vcpu, tsc, pid)| Task {
+                    vm,
+                    vcpu,
+                    tsc,
+                    pid,
+                    tgid: pid,
+                    comm: FixedStr::truncated("t"),
+                    ..Task::default()
+                })
+                .collect();
+            let p = Processes {
+                // VM 2 is no Linux guest, even with task frames.
+                linux: [0u16, 1].into_iter().collect(),
+                tasks: TaskTimeline::new(&tasks),
+            };
+            let mut memo = TaskMemo::default();
+            for &(vm, vcpu, tsc, cr3) in &samples {
+                prop_assert_eq!(
+                    p.key_memo(&mut memo, vm, vcpu, tsc, cr3),
+                    p.key(vm, vcpu, tsc, cr3)
+                );
+            }
+        }
     }
 }

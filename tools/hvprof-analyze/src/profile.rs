@@ -27,7 +27,7 @@ use hvprof_samplelog::{
 
 pub use crate::calls::Calls;
 use crate::capture::Capture;
-use crate::naming::{Namer, ProcessKey, Processes, VmMeta, exit_name};
+use crate::naming::{Namer, ProcessKey, Processes, TaskMemo, VmMeta, exit_name};
 use crate::progress::Progress;
 use crate::report::Report;
 use crate::stack_table::{self, StackTable};
@@ -419,7 +419,7 @@ impl Key {
 /// samples) who ran: with `processes`, a Linux guest's task at the sample's time. A sample
 /// with chains has more: see [`exit_cause`].
 #[inline]
-fn classify(pcpu: u16, s: &Sample, processes: Option<&Processes>) -> Key {
+fn classify(pcpu: u16, s: &Sample, processes: Option<&Processes>, memo: &mut TaskMemo) -> Key {
     let (what, addr) = match s.kind {
         SampleKind::Guest if s.cpl() == 3 => (What::GuestUser, s.guest_rip),
         SampleKind::Guest => (What::GuestKernel, s.guest_rip),
@@ -427,7 +427,7 @@ fn classify(pcpu: u16, s: &Sample, processes: Option<&Processes>) -> Key {
         SampleKind::Idle => (What::Idle, s.host_rip),
     };
     let guest = is_guest(what);
-    let process = guest.then(|| process(s, processes));
+    let process = guest.then(|| process(s, processes, memo));
     Key {
         addr,
         cr3: if guest { s.guest_cr3 } else { 0 },
@@ -446,9 +446,9 @@ fn classify(pcpu: u16, s: &Sample, processes: Option<&Processes>) -> Key {
 
 /// Who ran in the guest at a sample.
 #[inline]
-fn process(s: &Sample, processes: Option<&Processes>) -> ProcessKey {
+fn process(s: &Sample, processes: Option<&Processes>, memo: &mut TaskMemo) -> ProcessKey {
     match processes {
-        Some(p) => p.key(s.vm, s.vcpu, s.tsc, s.guest_cr3),
+        Some(p) => p.key_memo(memo, s.vm, s.vcpu, s.tsc, s.guest_cr3),
         None => ProcessKey::Cr3(s.guest_cr3),
     }
 }
@@ -457,9 +457,14 @@ fn process(s: &Sample, processes: Option<&Processes>) -> ProcessKey {
 /// vCPU's exit and that vCPU's guest chain was walked: its key gets the guest context that
 /// names that chain, the guest CR3 and process (returned).
 #[inline]
-fn exit_cause(what: What, s: &Sample, processes: Option<&Processes>) -> Option<(u64, ProcessKey)> {
+fn exit_cause(
+    what: What,
+    s: &Sample,
+    processes: Option<&Processes>,
+    memo: &mut TaskMemo,
+) -> Option<(u64, ProcessKey)> {
     (what == What::Hypervisor && s.vm != NO_VM && s.guest_chain != Chain::NOT_WALKED)
-        .then(|| (s.guest_cr3, process(s, processes)))
+        .then(|| (s.guest_cr3, process(s, processes, memo)))
 }
 
 /// The sample path's cost over the samples: sum, min, max (TSC ticks).
@@ -614,6 +619,8 @@ struct Part {
     /// The block's samples classified, to be counted once their slots are prefetched.
     pending: Vec<Pending>,
     chain_scratch: ChainScratch,
+    /// The task the last guest sample's vCPU ran, and until when.
+    task_memo: TaskMemo,
     segments: PartSegments,
     blocks: Vec<BlockSpan>,
     events: Vec<(u16, Event)>,
@@ -634,6 +641,7 @@ impl Default for Part {
             counts: KeyCounts::default(),
             pending: Vec::new(),
             chain_scratch: ChainScratch::default(),
+            task_memo: TaskMemo::default(),
             segments: PartSegments::default(),
             blocks: Vec::new(),
             events: Vec::new(),
@@ -666,6 +674,7 @@ impl ChainScratch {
         s: &Sample,
         cursor: &mut ChainCursor,
         processes: Option<&Processes>,
+        memo: &mut TaskMemo,
     ) -> Walked {
         if !cursor.next(s, &mut self.packed) {
             return Walked::default();
@@ -680,7 +689,7 @@ impl ChainScratch {
         };
         Walked {
             chain,
-            exit_cause: exit_cause(what, s, processes),
+            exit_cause: exit_cause(what, s, processes, memo),
         }
     }
 }
@@ -748,7 +757,7 @@ impl Part {
             span.samples += 1;
             span.first = span.first.min(s.tsc);
             span.last = span.last.max(s.tsc);
-            let mut key = classify(pcpu, s, processes);
+            let mut key = classify(pcpu, s, processes, &mut self.task_memo);
             let mut chain = 0;
             if has_chains(s) {
                 let w = self.chain_scratch.walked(
@@ -757,6 +766,7 @@ impl Part {
                     s,
                     &mut cursor,
                     processes,
+                    &mut self.task_memo,
                 );
                 chain = w.chain;
                 if let Some((cr3, process)) = w.exit_cause {
@@ -1110,6 +1120,7 @@ struct BlockScratch {
     /// The block's samples found so far: TSC, address, context, hash of the two.
     pending: Vec<(u64, u64, u32, u64)>,
     packed: Vec<u64>,
+    task_memo: TaskMemo,
 }
 
 impl Replay {
@@ -1120,6 +1131,7 @@ impl Replay {
             reader,
             pending,
             packed,
+            task_memo,
         } = scratch;
         let Some((header, records, frames)) = reader.block_at(&self.bytes, b.offset) else {
             debug_assert!(false, "block at {} not read again", b.offset);
@@ -1135,7 +1147,7 @@ impl Replay {
                 cursor.skip(s);
                 continue;
             }
-            let mut key = classify(header.pcpu, s, processes);
+            let mut key = classify(header.pcpu, s, processes, task_memo);
             let chain = if cursor.next(s, packed) {
                 match self.index.chains.get(packed) {
                     Some(c) => c,
@@ -1145,7 +1157,7 @@ impl Replay {
                 0
             };
             if chain != 0
-                && let Some((cr3, process)) = exit_cause(key.what, s, processes)
+                && let Some((cr3, process)) = exit_cause(key.what, s, processes, task_memo)
             {
                 key.cr3 = cr3;
                 key.process = Some(process);
