@@ -224,22 +224,7 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
     let dir = target_dir().join("bench");
     fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let capture = dir.join("synthetic.log");
-    let out = Command::new(analyzer)
-        .args([
-            "bench-synthetic",
-            &SYNTHETIC_SAMPLES.to_string(),
-            "--exports",
-            "--write",
-        ])
-        .arg(&capture)
-        .output()
-        .context("cannot run hvprof-analyze bench-synthetic")?;
-    if !out.status.success() {
-        bail!(
-            "hvprof-analyze bench-synthetic failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let out = bench_synthetic(analyzer, "--exports", &capture)?;
     let steps = String::from_utf8_lossy(&out.stdout)
         .trim()
         .replace(&format!("{}/", workspace_root().display()), "");
@@ -256,22 +241,7 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
         .unwrap_or_else(|| "unknown".into());
     // The same capture with the Linux guests' task frames, as a Linux guest's run carries them.
     let with_tasks = dir.join("synthetic-tasks.log");
-    let out = Command::new(analyzer)
-        .args([
-            "bench-synthetic",
-            &SYNTHETIC_SAMPLES.to_string(),
-            "--tasks",
-            "--write",
-        ])
-        .arg(&with_tasks)
-        .output()
-        .context("cannot run hvprof-analyze bench-synthetic --tasks")?;
-    if !out.status.success() {
-        bail!(
-            "hvprof-analyze bench-synthetic --tasks failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    bench_synthetic(analyzer, "--tasks", &with_tasks)?;
     let cap = capture.to_string_lossy().into_owned();
     let cap_tasks = with_tasks.to_string_lossy().into_owned();
     let pprof = dir.join("synthetic.pb.gz").to_string_lossy().into_owned();
@@ -355,6 +325,27 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
             .unwrap_or(&capture)
             .display()
     ))
+}
+
+/// `hvprof-analyze bench-synthetic` with `option`, its capture written to `capture`: its output.
+fn bench_synthetic(analyzer: &Path, option: &str, capture: &Path) -> Result<std::process::Output> {
+    let out = Command::new(analyzer)
+        .args([
+            "bench-synthetic",
+            &SYNTHETIC_SAMPLES.to_string(),
+            option,
+            "--write",
+        ])
+        .arg(capture)
+        .output()
+        .with_context(|| format!("cannot run hvprof-analyze bench-synthetic {option}"))?;
+    if !out.status.success() {
+        bail!(
+            "hvprof-analyze bench-synthetic {option} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(out)
 }
 
 /// A child process's wall time and peak resident memory.
