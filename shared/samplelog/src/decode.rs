@@ -11,8 +11,8 @@ use crate::bits::{ByteReader, Malformed};
 use crate::cobs;
 use crate::codec;
 use crate::encode::{
-    CRC32C, FRAME_BLOCK, FRAME_END, FRAME_HEADER, FRAME_MAPPING, FRAME_PCPU_COST, FRAME_TASK,
-    FRAME_VM_END, MAGIC, MAX_BLOCK_RECORDS, MAX_END_PCPUS, MAX_FRAME_BYTES, MAX_FRAME_TYPE,
+    FRAME_BLOCK, FRAME_END, FRAME_HEADER, FRAME_MAPPING, FRAME_PCPU_COST, FRAME_TASK, FRAME_VM_END,
+    MAGIC, MAX_BLOCK_RECORDS, MAX_END_PCPUS, MAX_FRAME_BYTES, MAX_FRAME_TYPE,
 };
 use crate::stats::{
     EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, PcpuCost, ReasonStats, TaskOffsets,
@@ -309,9 +309,12 @@ fn filler(
     }
 }
 
+/// Whether `crc` is the CRC-32C of `data` (computed by the crc32c crate, with the CPU's CRC32
+/// instruction where it has one; the encoder's table-driven [`crate::crc32c`] is the same
+/// checksum).
 fn crc_ok(data: &[u8], crc: &[u8]) -> bool {
     match <[u8; 4]>::try_from(crc) {
-        Ok(c) => CRC32C.checksum(data) == u32::from_le_bytes(c),
+        Ok(c) => crc32c::crc32c(data) == u32::from_le_bytes(c),
         Err(_) => false,
     }
 }
@@ -1477,6 +1480,26 @@ mod tests {
     use super::*;
     use crate::encode::{encode_block, max_block_frame_len};
     use crate::types::Sample;
+
+    /// The decoder's CRC (the crc32c crate's, in hardware where the CPU can) is the encoder's
+    /// (table-driven), on every length and alignment the hardware path splits differently.
+    #[test]
+    fn decoder_crc_is_the_encoders() {
+        let data: Vec<u8> = (0..4096u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        for start in 0..16 {
+            for len in (0..300).chain([1000, 4000 - start]) {
+                let d = &data[start..start + len];
+                let want = crate::crc32c(d).to_le_bytes();
+                assert!(crc_ok(d, &want), "start {start} len {len}");
+                let mut wrong = want;
+                wrong[len % 4] ^= 1;
+                assert!(!crc_ok(d, &wrong));
+            }
+        }
+        assert!(!crc_ok(b"123456789", &[0, 0, 0]), "a short CRC");
+    }
 
     /// One block frame of `pcpu` with this numbering and one sample at `tsc`.
     fn block(pcpu: u16, seq: u64, first_sample: u64, tsc: u64) -> Vec<u8> {
