@@ -219,7 +219,7 @@ impl StreamDecoder {
     /// Feeds the next bytes of the stream; `sink` receives every item completed by them.
     pub fn feed(&mut self, bytes: &[u8], sink: &mut dyn FnMut(Item<'_>)) {
         let mut rest = bytes;
-        while let Some(z) = rest.iter().position(|&b| b == 0) {
+        while let Some(z) = memchr::memchr(0, rest) {
             let span = &rest[..z];
             if self.pending.is_empty() {
                 let start = self.pos;
@@ -1234,7 +1234,7 @@ impl BlockReader {
     ) -> Option<(BlockHeader, &[Record], &[u64])> {
         let start = usize::try_from(offset).ok()?;
         let rest = bytes.get(start..)?;
-        let (end, at_eof) = match rest.iter().position(|&b| b == 0) {
+        let (end, at_eof) = match memchr::memchr(0, rest) {
             Some(z) => (z, false),
             None => (rest.len(), true),
         };
@@ -1331,11 +1331,8 @@ fn part_bounds(bytes: &[u8], parts: usize) -> Vec<usize> {
     let parts = parts.clamp(1, 64);
     let mut bounds = vec![0usize];
     for i in 1..parts {
-        let nominal = bytes.len() * i / parts;
-        let at = bytes[nominal.max(*bounds.last().unwrap_or(&0))..]
-            .iter()
-            .position(|&b| b == 0)
-            .map(|z| nominal.max(*bounds.last().unwrap_or(&0)) + z);
+        let from = (bytes.len() * i / parts).max(*bounds.last().unwrap_or(&0));
+        let at = memchr::memchr(0, &bytes[from..]).map(|z| from + z);
         if let Some(at) = at {
             bounds.push(at);
         }
@@ -1486,7 +1483,7 @@ mod tests {
     #[test]
     fn decoder_crc_is_the_encoders() {
         let data: Vec<u8> = (0..4096u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .map(|i| i.wrapping_mul(2_654_435_761).to_le_bytes()[1])
             .collect();
         for start in 0..16 {
             for len in (0..300).chain([1000, 4000 - start]) {
