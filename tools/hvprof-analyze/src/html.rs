@@ -10,7 +10,7 @@ use anyhow::Result;
 use crate::callgraph::CallGraph;
 use crate::chart::Timeline;
 use crate::profile::Profile;
-use crate::report::{Level, Row, Section, cells};
+use crate::report::{Level, Section, cells};
 use crate::stat::{SampledTable, Stat};
 
 /// Escapes text for HTML.
@@ -41,8 +41,9 @@ fn inline_svg(doc: &str) -> String {
     svg.replacen(" onload=\"init(evt)\"", "", 1)
 }
 
-fn rows_table(out: &mut String, rows: &[Row], top: usize) {
-    let (header, body) = cells(rows, top);
+fn rows_table(out: &mut String, s: &Section, top: usize) {
+    let rows = s.rows;
+    let (header, body) = cells(rows, s.processes, top);
     out.push_str("<table><thead><tr>");
     for h in header {
         let _ = write!(out, "<th>{h}</th>");
@@ -58,8 +59,9 @@ fn rows_table(out: &mut String, rows: &[Row], top: usize) {
         out.push_str("</tr>\n");
     }
     out.push_str("</tbody></table>\n");
-    if rows.len() > top {
-        let _ = writeln!(out, "<p class=note>… {} more rows</p>", rows.len() - top);
+    let all = rows.len() + s.left_out;
+    if all > top {
+        let _ = writeln!(out, "<p class=note>… {} more rows</p>", all - top);
     }
 }
 
@@ -88,7 +90,7 @@ fn section(out: &mut String, s: &Section, top: usize) {
     if let Some(e) = &s.exact {
         let _ = writeln!(out, "<p>{e}</p>");
     }
-    rows_table(out, s.rows, top);
+    rows_table(out, s, top);
     if s.level == Level::Host {
         out.push_str("<h2 id=guests>Guest level</h2>\n");
     }

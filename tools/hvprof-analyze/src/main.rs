@@ -335,6 +335,7 @@ fn load_options(input: &Input, tables: bool) -> LoadOptions {
         tables,
         report_only: false,
         time: input.time,
+        top_rows: None,
     }
 }
 
@@ -406,8 +407,11 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             // A capture without samples still gets its report (what was lost, the warnings).
             // The call graph needs every stack and chain named, the preemptions every guest
             // stack.
+            // The text report shows the first `top` rows of each table: only those are made
+            // (the JSON report has every row).
             let options = LoadOptions {
                 report_only: !call_graph && !preemptions,
+                top_rows: (!json).then_some(top),
                 ..load_options(&input, true)
             };
             let mut p = Profile::from_capture(bytes, &imgs, options, progress);
@@ -748,6 +752,7 @@ fn bench_synthetic(
         tables,
         report_only: tables,
         time: None,
+        top_rows: None,
     };
     for threads in [1, threads()] {
         let t = Instant::now();

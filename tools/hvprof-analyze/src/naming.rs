@@ -82,14 +82,22 @@ pub fn function_name(symbols: Option<&Symbols>, addr: u64) -> String {
 /// `[unknown] 0x…`, as `format!("[unknown] {addr:#x}")` writes it, without the formatting
 /// machinery: a capture without symbols has a name like it per distinct address.
 fn unknown(addr: u64) -> String {
+    let (buf, len) = unknown_bytes(addr);
+    String::from_utf8_lossy(&buf[..len]).into_owned()
+}
+
+/// The bytes of [`function_name`]'s `[unknown] 0x…` for `addr` (its first `len`), in a buffer
+/// of its own: a table of a capture without symbols compares hundreds of thousands of them.
+pub fn unknown_bytes(addr: u64) -> ([u8; 28], usize) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let digits = (64 - addr.leading_zeros()).div_ceil(4).max(1);
-    let mut s = String::with_capacity(12 + 16);
-    s.push_str("[unknown] 0x");
-    for i in (0..digits).rev() {
-        s.push(char::from(DIGITS[(addr >> (4 * i) & 0xf) as usize]));
+    const PREFIX: &[u8; 12] = b"[unknown] 0x";
+    let digits = (64 - addr.leading_zeros()).div_ceil(4).max(1) as usize;
+    let mut buf = [0u8; 28];
+    buf[..12].copy_from_slice(PREFIX);
+    for i in 0..digits {
+        buf[12 + digits - 1 - i] = DIGITS[(addr >> (4 * i) & 0xf) as usize];
     }
-    s
+    (buf, 12 + digits)
 }
 
 /// The name of a basic VM exit reason (Intel SDM Vol. 3D Table C-1), as `perf kvm stat` and the

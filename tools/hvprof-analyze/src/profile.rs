@@ -368,6 +368,9 @@ pub struct LoadOptions {
     pub report_only: bool,
     /// Only the samples of this stretch of host time (`--time`, [`crate::window`]).
     pub time: Option<crate::window::TimeRange>,
+    /// Only the first rows of each guest table of the report (the text report shows no more;
+    /// the others are counted, and only the rows kept are named): `None` for every row.
+    pub top_rows: Option<usize>,
 }
 
 impl LoadOptions {
@@ -381,6 +384,7 @@ impl LoadOptions {
             tables: true,
             report_only: false,
             time: None,
+            top_rows: None,
         }
     }
 }
@@ -1445,6 +1449,7 @@ impl Profile {
                 &namer,
                 images,
                 options.keep_guest,
+                options.top_rows,
                 warnings,
             )
         } else {
@@ -1458,6 +1463,7 @@ impl Profile {
                 &namer,
                 images,
                 options.keep_guest,
+                options.top_rows,
                 warnings,
             )
         };

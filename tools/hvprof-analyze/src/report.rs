@@ -281,6 +281,16 @@ pub struct GuestTable {
     pub rows: Vec<Row>,
     /// The same split from the scheduling events (exact TSC time), when the log has them.
     pub exact: Option<Exact>,
+    /// Rows left out after `rows` (`LoadOptions::top_rows`: the text report's; the JSON report
+    /// has every row).
+    #[serde(skip)]
+    pub left_out: usize,
+    /// Whether any row, kept or left out, names a process (the Process column).
+    #[serde(skip)]
+    pub processes: bool,
+    /// The share of the `[steal] (hypervisor)` row (0 without), kept or left out.
+    #[serde(skip)]
+    pub steal_hypervisor: f64,
 }
 
 /// Percentages of a vCPU's (or VM's) lifetime from its scheduling events, and how far the
@@ -362,6 +372,10 @@ pub struct Section<'a> {
     /// The exact split from the scheduling events, when the log has them.
     pub exact: Option<String>,
     pub rows: &'a [Row],
+    /// Rows left out after `rows` ([`GuestTable::left_out`]).
+    pub left_out: usize,
+    /// Whether the table has a Process column.
+    pub processes: bool,
 }
 
 /// A section's level.
@@ -395,6 +409,8 @@ impl Report {
                 ),
                 exact: None,
                 rows: &self.host.rows,
+                left_out: 0,
+                processes: self.host.rows.iter().any(|r| r.process.is_some()),
             });
         }
         for vm in self
@@ -436,6 +452,8 @@ impl GuestTable {
                 )
             }),
             rows: &self.rows,
+            left_out: self.left_out,
+            processes: self.processes || self.rows.iter().any(|r| r.process.is_some()),
         }
     }
 }
@@ -443,8 +461,7 @@ impl GuestTable {
 /// A table's columns and its first `top` rows as text (names as they are: each renderer
 /// escapes them for its medium). The Process column appears when a Linux guest's task frames
 /// name processes.
-pub fn cells(rows: &[Row], top: usize) -> (Vec<&'static str>, Vec<Vec<String>>) {
-    let processes = rows.iter().any(|r| r.process.is_some());
+pub fn cells(rows: &[Row], processes: bool, top: usize) -> (Vec<&'static str>, Vec<Vec<String>>) {
     let mut header = vec!["Samples", "%Ratio", "Function", "Module"];
     if processes {
         header.push("Process");
@@ -508,7 +525,8 @@ impl GuestCounts {
         self.steal.values().sum()
     }
 
-    fn table(&self, symbols: Option<&Symbols>, module: &str) -> GuestTable {
+    /// The table: every row, or with `keep` the first `keep` (the others counted).
+    fn table(&self, symbols: Option<&Symbols>, module: &str, keep: Option<usize>) -> GuestTable {
         let steal = self.steal_total();
         let total = self.os + self.user + steal + self.idle;
         let pct = |n: u64| percent(n, total);
@@ -526,13 +544,6 @@ impl GuestCounts {
                 None => *unnamed.entry(rip).or_default() += n,
             }
         }
-        let unnamed = unnamed.into_iter().map(|(rip, n)| Row {
-            function: name(None, rip),
-            module: module.to_owned(),
-            process: None,
-            samples: n,
-            percent: 0.0,
-        });
         for (key, &n) in &self.named {
             *by_fn.entry(key.clone()).or_default() += n;
         }
@@ -544,14 +555,32 @@ impl GuestCounts {
         if self.idle > 0 {
             by_fn.insert(("[idle]".into(), "(halted)".into(), None), self.idle);
         }
+        let pending = PendingRows {
+            named: by_fn
+                .into_iter()
+                .map(|((function, module, process), samples)| Row {
+                    function,
+                    module,
+                    process,
+                    samples,
+                    percent: 0.0,
+                })
+                .collect(),
+            unnamed: unnamed.into_iter().collect(),
+            module,
+        };
+        let (rows, left_out, processes) = pending.made(total, keep);
         GuestTable {
             samples: total,
             os: pct(self.os),
             user: pct(self.user),
             idle: pct(self.idle),
             steal: pct(steal),
-            rows: rows(by_fn, unnamed, total),
+            rows,
             exact: None,
+            left_out,
+            processes,
+            steal_hypervisor: self.steal.get(HYPERVISOR_STEAL).map_or(0.0, |&n| pct(n)),
         }
     }
 }
@@ -585,49 +614,34 @@ fn rows(counts: HashMap<RowKey, u64>, more: impl Iterator<Item = Row>, total: u6
     rows
 }
 
-/// Sorts rows by samples (most first), then function, keeping the order of rows equal in both
-/// (a stable sort by those two). A table has a row per distinct address of a capture without
-/// symbols (hundreds of thousands, most with a few samples, so that ties on the samples are
-/// the rule): each row's sort key is its samples, the first 32 bytes of its function as two
-/// integers (which order as the strings do: zero-padded big-endian bytes) and its place, so
-/// that the sort compares integers and moves small keys, and reads a function whole only
-/// when the first 32 bytes are equal; the rows are then put in the keys' order.
-fn sort_rows(rows: &mut [Row]) {
-    /// Bytes `from..from + 16` of `s`, zero-padded, big-endian.
-    fn word(s: &[u8], from: usize) -> u128 {
-        let mut b = [0u8; 16];
-        if let Some(tail) = s.get(from..) {
-            let n = tail.len().min(16);
-            b[..n].copy_from_slice(&tail[..n]);
-        }
-        u128::from_be_bytes(b)
+/// The module of a guest table's `[steal]` row for the hypervisor's work on the vCPU's behalf.
+const HYPERVISOR_STEAL: &str = "(hypervisor)";
+
+/// What [`row_order`] reads of a table's rows: their samples and function names.
+trait RowNames {
+    fn count(&self) -> usize;
+    fn samples(&self, i: usize) -> u64;
+    /// Row `i`'s function name (in `buf` when it is made on the fly).
+    fn function<'b>(&'b self, i: usize, buf: &'b mut [u8; 28]) -> &'b [u8];
+}
+
+impl RowNames for [Row] {
+    fn count(&self) -> usize {
+        self.len()
     }
-    let mut keys: Vec<(u64, u128, u128, u32)> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let f = r.function.as_bytes();
-            (r.samples, word(f, 0), word(f, 16), i as u32)
-        })
-        .collect();
-    keys.sort_unstable_by(|a, b| {
-        b.0.cmp(&a.0)
-            .then(a.1.cmp(&b.1))
-            .then(a.2.cmp(&b.2))
-            .then_with(|| {
-                let (fa, fb) = (&rows[a.3 as usize].function, &rows[b.3 as usize].function);
-                if fa.len() <= 32 && fb.len() <= 32 {
-                    // Equal padded bytes and both within them: equal, unless one ends in
-                    // zero bytes the other lacks.
-                    fa.len().cmp(&fb.len())
-                } else {
-                    fa.cmp(fb)
-                }
-            })
-            .then(a.3.cmp(&b.3))
-    });
+    fn samples(&self, i: usize) -> u64 {
+        self[i].samples
+    }
+    fn function<'b>(&'b self, i: usize, _: &'b mut [u8; 28]) -> &'b [u8] {
+        self[i].function.as_bytes()
+    }
+}
+
+/// Sorts rows by samples (most first), then function, keeping the order of rows equal in both
+/// (a stable sort by those two): see [`row_order`].
+fn sort_rows(rows: &mut [Row]) {
     // In place, cycle by cycle: row k becomes the row at `from[k]`.
-    let mut from: Vec<u32> = keys.into_iter().map(|(.., i)| i).collect();
+    let mut from = row_order(rows, None);
     for start in 0..from.len() {
         let mut at = start;
         loop {
@@ -639,6 +653,128 @@ fn sort_rows(rows: &mut [Row]) {
             rows.swap(at, next);
             at = next;
         }
+    }
+}
+
+/// The order of a table's rows: by samples (most first), then function, keeping the order of
+/// rows equal in both (a stable sort by those two); with `keep`, only the first `keep` rows
+/// (a selection, then a sort of those). A table has a row per distinct address of a capture
+/// without symbols (hundreds of thousands, most with a few samples, so that ties on the
+/// samples are the rule): each row's sort key is its samples, the first 32 bytes of its
+/// function as two integers (which order as the strings do: zero-padded big-endian bytes) and
+/// its place, so that the sort compares integers and moves small keys, and reads a function
+/// whole only when the first 32 bytes are equal.
+fn row_order<R: RowNames + ?Sized>(rows: &R, keep: Option<usize>) -> Vec<u32> {
+    /// Bytes `from..from + 16` of `s`, zero-padded, big-endian.
+    fn word(s: &[u8], from: usize) -> u128 {
+        let mut b = [0u8; 16];
+        if let Some(tail) = s.get(from..) {
+            let n = tail.len().min(16);
+            b[..n].copy_from_slice(&tail[..n]);
+        }
+        u128::from_be_bytes(b)
+    }
+    let mut buf = [0u8; 28];
+    let mut keys: Vec<(u64, u128, u128, u32)> = (0..rows.count())
+        .map(|i| {
+            let f = rows.function(i, &mut buf);
+            (rows.samples(i), word(f, 0), word(f, 16), i as u32)
+        })
+        .collect();
+    let cmp = |a: &(u64, u128, u128, u32), b: &(u64, u128, u128, u32)| {
+        b.0.cmp(&a.0)
+            .then(a.1.cmp(&b.1))
+            .then(a.2.cmp(&b.2))
+            .then_with(|| {
+                let (mut ba, mut bb) = ([0u8; 28], [0u8; 28]);
+                let fa = rows.function(a.3 as usize, &mut ba);
+                let fb = rows.function(b.3 as usize, &mut bb);
+                if fa.len() <= 32 && fb.len() <= 32 {
+                    // Equal padded bytes and both within them: equal, unless one ends in
+                    // zero bytes the other lacks.
+                    fa.len().cmp(&fb.len())
+                } else {
+                    fa.cmp(fb)
+                }
+            })
+            .then(a.3.cmp(&b.3))
+    };
+    match keep {
+        Some(k) if k < keys.len() => {
+            // The keys are distinct (their places are): the first `k` are those of a sort.
+            keys.select_nth_unstable_by(k, cmp);
+            keys.truncate(k);
+            keys.sort_unstable_by(cmp);
+        }
+        _ => keys.sort_unstable_by(cmp),
+    }
+    keys.into_iter().map(|(.., i)| i).collect()
+}
+
+/// A guest table's rows before they are made: the named ones, then the addresses without a
+/// function (`[unknown] 0x…` in `module`, named only if kept).
+struct PendingRows<'a> {
+    named: Vec<Row>,
+    unnamed: Vec<(u64, u64)>,
+    module: &'a str,
+}
+
+impl RowNames for PendingRows<'_> {
+    fn count(&self) -> usize {
+        self.named.len() + self.unnamed.len()
+    }
+    fn samples(&self, i: usize) -> u64 {
+        match i.checked_sub(self.named.len()) {
+            None => self.named[i].samples,
+            Some(j) => self.unnamed[j].1,
+        }
+    }
+    fn function<'b>(&'b self, i: usize, buf: &'b mut [u8; 28]) -> &'b [u8] {
+        match i.checked_sub(self.named.len()) {
+            None => self.named[i].function.as_bytes(),
+            Some(j) => {
+                let (b, n) = crate::naming::unknown_bytes(self.unnamed[j].0);
+                *buf = b;
+                &buf[..n]
+            }
+        }
+    }
+}
+
+impl PendingRows<'_> {
+    /// The rows in order, each with its share of `total`; with `keep` only the first `keep`.
+    /// Also: how many were left out, and whether any row names a process (the Process
+    /// column's).
+    fn made(self, total: u64, keep: Option<usize>) -> (Vec<Row>, usize, bool) {
+        let order = row_order(&self, keep);
+        let left_out = self.count() - order.len();
+        let processes = self.named.iter().any(|r| r.process.is_some());
+        let first_unnamed = self.named.len();
+        let mut named: Vec<Option<Row>> = self.named.into_iter().map(Some).collect();
+        let rows = order
+            .into_iter()
+            .filter_map(|i| {
+                let i = i as usize;
+                let row = match i.checked_sub(first_unnamed) {
+                    None => named[i].take()?,
+                    Some(j) => {
+                        let (rip, samples) = self.unnamed[j];
+                        Row {
+                            function: name(None, rip),
+                            module: self.module.to_owned(),
+                            process: None,
+                            samples,
+                            percent: 0.0,
+                        }
+                    }
+                };
+                Some(Row {
+                    percent: percent(row.samples, total),
+                    ..row
+                })
+            })
+            .collect();
+        (rows, left_out, processes)
     }
 }
 
@@ -665,13 +801,7 @@ fn exact_of<'a>(
     // The events time the vCPU's absence (preempted); the hypervisor's work while it was in is
     // steal for the samples but running for the events: compare like with like (its work while
     // the vCPU was out is absence for both).
-    let hypervisor: f64 = table
-        .rows
-        .iter()
-        .filter(|r| r.function == "[steal]" && r.module == "(hypervisor)")
-        .map(|r| r.percent)
-        .sum::<f64>()
-        - percent(hypervisor_out, table.samples);
+    let hypervisor = table.steal_hypervisor - percent(hypervisor_out, table.samples);
     Some(Exact {
         ticks,
         running: pct(run),
@@ -685,7 +815,8 @@ fn exact_of<'a>(
 /// Builds the report from a capture's description and its classified, named samples: the
 /// host level, each VM's and vCPU's guest level with the exact split from the scheduling
 /// events, then the losses and the warnings. `keep_guest` names Linux guests' samples by
-/// process; `warnings` holds what naming found missing.
+/// process; `top_rows` keeps only the first rows of each guest table (the others counted);
+/// `warnings` holds what naming found missing.
 #[allow(clippy::too_many_arguments)]
 pub fn build(
     decoded: &Decoded,
@@ -697,6 +828,7 @@ pub fn build(
     namer: &Namer,
     images: &Images,
     keep_guest: bool,
+    top_rows: Option<usize>,
     mut warnings: Vec<String>,
 ) -> Report {
     let header = decoded.header.clone().unwrap_or_default();
@@ -732,7 +864,7 @@ pub fn build(
         });
         let exact = add_blanks(blanks, &mut guests);
         let host = host_level(samples.stacks(), frames, namer, &guests.per_vm, total);
-        (host, guest_level(namer, guests, &exact))
+        (host, guest_level(namer, guests, &exact, top_rows))
     } else {
         (Host::default(), Vec::new())
     };
@@ -863,7 +995,7 @@ fn add_blanks(
                 g.per_vm.entry(vm).or_default(),
                 g.per_vcpu.entry((vm, vcpu)).or_default(),
             ] {
-                *counts.steal.entry("(hypervisor)".into()).or_default() += n;
+                *counts.steal.entry(HYPERVISOR_STEAL.into()).or_default() += n;
             }
         }
         return HashMap::default();
@@ -875,7 +1007,7 @@ fn add_blanks(
                 *g.steal.entry("(outside)".into()).or_default() += b.steal_outside;
             }
             if b.hypervisor + b.hypervisor_out > 0 {
-                *g.steal.entry("(hypervisor)".into()).or_default() +=
+                *g.steal.entry(HYPERVISOR_STEAL.into()).or_default() +=
                     b.hypervisor + b.hypervisor_out;
             }
             for (&other, &n) in &b.steal_on {
@@ -948,6 +1080,7 @@ fn guest_level(
     namer: &Namer,
     mut g: Guests,
     exact: &HashMap<(u16, u16), crate::timeline::Blanks>,
+    keep: Option<usize>,
 ) -> Vec<VmReport> {
     // Each VM's counts, and its vCPUs' (sorted), then every table made on every core.
     let per_vm: Vec<GuestCounts> = namer
@@ -983,7 +1116,7 @@ fn guest_level(
         })
         .collect();
     let mut tables =
-        crate::par_map(jobs, |(c, symbols, image)| c.table(symbols, image)).into_iter();
+        crate::par_map(jobs, |(c, symbols, image)| c.table(symbols, image, keep)).into_iter();
     let mut vms: Vec<VmReport> = Vec::with_capacity(namer.vms.len());
     for (i, v) in namer.vms.iter().enumerate() {
         let (Some(mut table), vcpu_tables) = (
@@ -1022,7 +1155,7 @@ fn guest_level(
             id,
             name: format!("vm{id}"),
             image: String::new(),
-            table: g.per_vm[&id].table(None, "?"),
+            table: g.per_vm[&id].table(None, "?", keep),
             vcpus: Vec::new(),
         });
     }
@@ -1082,6 +1215,55 @@ mod tests {
         });
         sort_rows(&mut rows);
         assert_eq!(rows, want);
+    }
+
+    /// A table made with only its first `keep` rows has the first `keep` rows of the whole
+    /// table, with the names, shares and module the whole one gives them; the others are
+    /// counted; a named row's process shows even when it is left out.
+    #[test]
+    fn a_table_cut_to_its_first_rows_is_the_whole_tables_start() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let names = [
+            "[steal]",
+            "[idle]",
+            "main",
+            "a_function_name_longer_than_thirty_two_bytes",
+        ];
+        for round in 0..40 {
+            let named: Vec<Row> = (0..next() % 6)
+                .map(|i| Row {
+                    function: names[(next() % 4) as usize].to_owned(),
+                    module: format!("m{i}"),
+                    process: (round % 3 == 0 && i == 0).then(|| "w41[57]".to_owned()),
+                    samples: next() % 5,
+                    percent: 0.0,
+                })
+                .collect();
+            // Addresses of 1 to 16 hex digits, many with equal samples.
+            let unnamed: Vec<(u64, u64)> = (0..next() % 300)
+                .map(|_| (next() >> (next() % 64), next() % 4))
+                .collect();
+            let pending = |named: &Vec<Row>| PendingRows {
+                named: named.clone(),
+                unnamed: unnamed.clone(),
+                module: "bzImage",
+            };
+            let (all, none_left, processes) = pending(&named).made(1000, None);
+            assert_eq!(none_left, 0);
+            assert_eq!(processes, named.iter().any(|r| r.process.is_some()));
+            for keep in [0, 1, 3, 10, 1000] {
+                let (first, left_out, p) = pending(&named).made(1000, Some(keep));
+                assert_eq!(&first[..], &all[..keep.min(all.len())], "keep {keep}");
+                assert_eq!(left_out, all.len() - first.len());
+                assert_eq!(p, processes);
+            }
+        }
     }
 
     /// The report of a capture, decoded on `threads` threads.

@@ -9,10 +9,10 @@ use hvprof_samplelog::{Decoded, Record};
 use crate::naming::printable;
 use crate::report::{Level, Report, Row, cells};
 
-fn table(rows: &[Row], top: usize) -> String {
+fn table(rows: &[Row], left_out: usize, processes: bool, top: usize) -> String {
     let mut t = Table::new();
     t.load_preset(NOTHING);
-    let (header, body) = cells(rows, top);
+    let (header, body) = cells(rows, processes, top);
     t.set_header(header);
     for row in body {
         // Names come from the log and the guests' images: escaped (the report already holds
@@ -25,8 +25,9 @@ fn table(rows: &[Row], top: usize) -> String {
         }
     }
     let mut s = t.to_string();
-    if rows.len() > top {
-        let _ = write!(s, "\n  ... {} more rows (--top)", rows.len() - top);
+    let all = rows.len() + left_out;
+    if all > top {
+        let _ = write!(s, "\n  ... {} more rows (--top)", all - top);
     }
     s.push('\n');
     s
@@ -54,7 +55,12 @@ pub fn render(r: &Report, top: usize, only_vm: Option<&str>) -> String {
         if let Some(e) = &section.exact {
             let _ = writeln!(out, "{e}");
         }
-        out.push_str(&table(section.rows, top));
+        out.push_str(&table(
+            section.rows,
+            section.left_out,
+            section.processes,
+            top,
+        ));
         out.push('\n');
     }
     let _ = writeln!(

@@ -106,6 +106,7 @@ fn report(bytes: &[u8]) -> report::Report {
             tables: true,
             report_only: false,
             time: None,
+            top_rows: None,
         },
         &Progress::hidden(),
     )
@@ -205,6 +206,7 @@ fn guest_chosen_names_are_escaped() {
             tables: true,
             report_only: false,
             time: None,
+            top_rows: None,
         },
         &Progress::hidden(),
     );

@@ -89,6 +89,7 @@ fn total_samples(bytes: &[u8]) -> u64 {
             tables: true,
             report_only: true,
             time: None,
+            top_rows: None,
         },
         &Progress::hidden(),
     )

@@ -24,6 +24,7 @@ fn profile(bytes: &[u8], time: Option<&str>) -> Profile {
         &Images::default(),
         LoadOptions {
             time: time.map(|t| t.parse::<TimeRange>().unwrap()),
+            top_rows: None,
             ..LoadOptions::all(2)
         },
         &Progress::hidden(),

@@ -3,7 +3,7 @@
 //! JSON), the exit statistics,
 //! `perf script`, the HTML page, the Firefox profile and pprof. None may panic (overflow checks
 //! on: `cargo fuzz run -a`); run with `-timeout` so that a view slower than linear shows.
-//! The first input byte picks the options (threads, Linux naming, drawing, bins), the second
+//! The first input byte picks the options (threads, Linux naming, tables cut to their first rows, drawing, bins), the second
 //! whether the report's tables are made.
 #![no_main]
 
@@ -26,6 +26,9 @@ fuzz_target!(|data: &[u8]| {
             keep_guest: opt & 2 != 0,
             tables: data.get(1).is_none_or(|b| b & 1 == 0),
             report_only: false,
+            time: None,
+            // The text report's tables, cut to their first rows.
+            top_rows: (opt & 4 != 0).then_some(5),
         },
         &progress,
     );
