@@ -134,10 +134,7 @@ impl TaskTimeline {
 
     /// The index of the task `task_at` names (its label is `label(index)`).
     pub fn task_index_at(&self, vm: u16, vcpu: u16, tsc: u64) -> Option<usize> {
-        let list = self.per_vcpu.get(&(vm, vcpu))?;
-        let n = list.partition_point(|&(t, _)| t <= tsc);
-        let &(_, id) = list.get(n.checked_sub(1)?)?;
-        Some(id)
+        self.task_span_at(vm, vcpu, tsc).0
     }
 
     /// [`TaskTimeline::task_index_at`], with the stretch of time its answer holds for: from

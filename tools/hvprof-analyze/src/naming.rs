@@ -144,12 +144,7 @@ impl Processes {
     /// log names it, else its address space.
     #[inline]
     pub fn key(&self, vm: u16, vcpu: u16, tsc: u64, cr3: u64) -> ProcessKey {
-        if self.linux.contains(&vm)
-            && let Some(i) = self.tasks.task_index_at(vm, vcpu, tsc)
-        {
-            return ProcessKey::Task(i as u32);
-        }
-        ProcessKey::Cr3(cr3)
+        self.key_memo(&mut TaskMemo::default(), vm, vcpu, tsc, cr3)
     }
 
     /// [`Processes::key`], remembering in `memo` the answer and the stretch of the vCPU's time
@@ -1091,9 +1086,9 @@ mod process_tests {
     use proptest::prelude::*;
 
     proptest! {
-        /// The memo answers as the lookup does, whatever the order of the samples (vCPUs
-        /// interleaved, time going back), with task frames at equal times and VMs that are not
-        /// Linux guests.
+        /// The memo kept from sample to sample answers as a fresh one does, whatever the order
+        /// of the samples (vCPUs interleaved, time going back), with task frames at equal times
+        /// and VMs that are not Linux guests.
         #[test]
         fn key_memo_is_key(
             frames in prop::collection::vec((0u16..3, 0u16..2, 0u64..1000, 0u32..6), 0..40),

@@ -453,7 +453,7 @@ impl GuestTable {
             }),
             rows: &self.rows,
             left_out: self.left_out,
-            processes: self.processes || self.rows.iter().any(|r| r.process.is_some()),
+            processes: self.processes,
         }
     }
 }
@@ -556,16 +556,7 @@ impl GuestCounts {
             by_fn.insert(("[idle]".into(), "(halted)".into(), None), self.idle);
         }
         let pending = PendingRows {
-            named: by_fn
-                .into_iter()
-                .map(|((function, module, process), samples)| Row {
-                    function,
-                    module,
-                    process,
-                    samples,
-                    percent: 0.0,
-                })
-                .collect(),
+            named: named_rows(by_fn),
             unnamed: unnamed.into_iter().collect(),
             module,
         };
@@ -594,8 +585,9 @@ fn percent(n: u64, total: u64) -> f64 {
     }
 }
 
-fn rows(counts: HashMap<RowKey, u64>, more: impl Iterator<Item = Row>, total: u64) -> Vec<Row> {
-    let mut rows: Vec<Row> = counts
+/// A table's rows, one per key, with no shares yet (see [`PendingRows::made`]).
+fn named_rows(counts: HashMap<RowKey, u64>) -> Vec<Row> {
+    counts
         .into_iter()
         .map(|((function, module, process), samples)| Row {
             function,
@@ -604,54 +596,41 @@ fn rows(counts: HashMap<RowKey, u64>, more: impl Iterator<Item = Row>, total: u6
             samples,
             percent: 0.0,
         })
-        .chain(more)
-        .map(|r| Row {
-            percent: percent(r.samples, total),
-            ..r
-        })
-        .collect();
-    sort_rows(&mut rows);
-    rows
+        .collect()
 }
 
 /// The module of a guest table's `[steal]` row for the hypervisor's work on the vCPU's behalf.
 const HYPERVISOR_STEAL: &str = "(hypervisor)";
 
-/// What [`row_order`] reads of a table's rows: their samples and function names.
-trait RowNames {
-    fn count(&self) -> usize;
-    fn samples(&self, i: usize) -> u64;
-    /// Row `i`'s function name (in `buf` when it is made on the fly).
-    fn function<'b>(&'b self, i: usize, buf: &'b mut [u8; 28]) -> &'b [u8];
+/// A table's rows before they are made: the named ones, then (guest tables) the addresses without a
+/// function (`[unknown] 0x…` in `module`, named only if kept).
+struct PendingRows<'a> {
+    named: Vec<Row>,
+    unnamed: Vec<(u64, u64)>,
+    module: &'a str,
 }
 
-impl RowNames for [Row] {
+impl PendingRows<'_> {
+    /// The rows, named and not.
     fn count(&self) -> usize {
-        self.len()
+        self.named.len() + self.unnamed.len()
     }
+    /// Row `i`'s samples.
     fn samples(&self, i: usize) -> u64 {
-        self[i].samples
+        match i.checked_sub(self.named.len()) {
+            None => self.named[i].samples,
+            Some(j) => self.unnamed[j].1,
+        }
     }
-    fn function<'b>(&'b self, i: usize, _: &'b mut [u8; 28]) -> &'b [u8] {
-        self[i].function.as_bytes()
-    }
-}
-
-/// Sorts rows by samples (most first), then function, keeping the order of rows equal in both
-/// (a stable sort by those two): see [`row_order`].
-fn sort_rows(rows: &mut [Row]) {
-    // In place, cycle by cycle: row k becomes the row at `from[k]`.
-    let mut from = row_order(rows, None);
-    for start in 0..from.len() {
-        let mut at = start;
-        loop {
-            let next = from[at] as usize;
-            from[at] = at as u32;
-            if next == start || next == at {
-                break;
+    /// Row `i`'s function name (in `buf` when it is made on the fly).
+    fn function<'b>(&'b self, i: usize, buf: &'b mut [u8; 28]) -> &'b [u8] {
+        match i.checked_sub(self.named.len()) {
+            None => self.named[i].function.as_bytes(),
+            Some(j) => {
+                let (b, n) = crate::naming::unknown_bytes(self.unnamed[j].0);
+                *buf = b;
+                &buf[..n]
             }
-            rows.swap(at, next);
-            at = next;
         }
     }
 }
@@ -664,7 +643,7 @@ fn sort_rows(rows: &mut [Row]) {
 /// function as two integers (which order as the strings do: zero-padded big-endian bytes) and
 /// its place, so that the sort compares integers and moves small keys, and reads a function
 /// whole only when the first 32 bytes are equal.
-fn row_order<R: RowNames + ?Sized>(rows: &R, keep: Option<usize>) -> Vec<u32> {
+fn row_order(rows: &PendingRows<'_>, keep: Option<usize>) -> Vec<u32> {
     /// Bytes `from..from + 16` of `s`, zero-padded, big-endian.
     fn word(s: &[u8], from: usize) -> u128 {
         let mut b = [0u8; 16];
@@ -709,36 +688,6 @@ fn row_order<R: RowNames + ?Sized>(rows: &R, keep: Option<usize>) -> Vec<u32> {
         _ => keys.sort_unstable_by(cmp),
     }
     keys.into_iter().map(|(.., i)| i).collect()
-}
-
-/// A guest table's rows before they are made: the named ones, then the addresses without a
-/// function (`[unknown] 0x…` in `module`, named only if kept).
-struct PendingRows<'a> {
-    named: Vec<Row>,
-    unnamed: Vec<(u64, u64)>,
-    module: &'a str,
-}
-
-impl RowNames for PendingRows<'_> {
-    fn count(&self) -> usize {
-        self.named.len() + self.unnamed.len()
-    }
-    fn samples(&self, i: usize) -> u64 {
-        match i.checked_sub(self.named.len()) {
-            None => self.named[i].samples,
-            Some(j) => self.unnamed[j].1,
-        }
-    }
-    fn function<'b>(&'b self, i: usize, buf: &'b mut [u8; 28]) -> &'b [u8] {
-        match i.checked_sub(self.named.len()) {
-            None => self.named[i].function.as_bytes(),
-            Some(j) => {
-                let (b, n) = crate::naming::unknown_bytes(self.unnamed[j].0);
-                *buf = b;
-                &buf[..n]
-            }
-        }
-    }
 }
 
 impl PendingRows<'_> {
@@ -1070,7 +1019,13 @@ fn host_level(
         hypervisor: pct(hv_samples),
         vm: pct(vm_samples),
         idle: pct(idle),
-        rows: rows(host_counts, std::iter::empty(), total),
+        rows: PendingRows {
+            named: named_rows(host_counts),
+            unnamed: Vec::new(),
+            module: "",
+        }
+        .made(total, None)
+        .0,
     }
 }
 
@@ -1173,7 +1128,7 @@ mod tests {
     };
     use proptest::prelude::*;
 
-    /// `sort_rows` orders rows as a stable sort by (samples descending, function) does:
+    /// A table's rows are in the order a stable sort by (samples descending, function) gives:
     /// functions that tie within their first 32 bytes, that are prefixes of one another, that
     /// hold zero bytes, and rows equal in both (kept in their order, told apart by module).
     #[test]
@@ -1213,7 +1168,13 @@ mod tests {
                 .cmp(&a.samples)
                 .then_with(|| a.function.cmp(&b.function))
         });
-        sort_rows(&mut rows);
+        let rows = PendingRows {
+            named: rows,
+            unnamed: Vec::new(),
+            module: "",
+        }
+        .made(0, None)
+        .0;
         assert_eq!(rows, want);
     }
 
