@@ -491,8 +491,8 @@ type RowKey = (String, String, Option<String>);
 /// Guest-level counts of one VM or vCPU, before naming.
 #[derive(Default)]
 struct GuestCounts {
-    /// (rip, cpl 0 or 3) → samples.
-    by_rip: HashMap<(u64, bool), u64>,
+    /// Guest address → samples (user and kernel alike: the table names an address once).
+    by_rip: HashMap<u64, u64>,
     /// Samples already named (Linux guests): (function, module, process) → samples.
     named: HashMap<RowKey, u64>,
     os: u64,
@@ -504,7 +504,7 @@ struct GuestCounts {
 
 impl GuestCounts {
     fn add_guest(&mut self, rip: u64, user: bool, n: u64) {
-        *self.by_rip.entry((rip, user)).or_default() += n;
+        *self.by_rip.entry(rip).or_default() += n;
         if user {
             self.user += n;
         } else {
@@ -533,15 +533,15 @@ impl GuestCounts {
         // Name each distinct address once, then merge by function; an address without a
         // function is a row of its own (merged by address only: no string to hash).
         let mut by_fn: HashMap<RowKey, u64> = HashMap::default();
-        let mut unnamed: HashMap<u64, u64> = HashMap::default();
-        for (&(rip, _), &n) in &self.by_rip {
+        let mut unnamed: Vec<(u64, u64)> = Vec::new();
+        for (&rip, &n) in &self.by_rip {
             match symbols.and_then(|s| s.lookup(rip)) {
                 Some(f) => {
                     *by_fn
                         .entry((f.to_owned(), module.to_owned(), None))
                         .or_default() += n;
                 }
-                None => *unnamed.entry(rip).or_default() += n,
+                None => unnamed.push((rip, n)),
             }
         }
         for (key, &n) in &self.named {
@@ -557,7 +557,7 @@ impl GuestCounts {
         }
         let pending = PendingRows {
             named: named_rows(by_fn),
-            unnamed: unnamed.into_iter().collect(),
+            unnamed,
             module,
         };
         let (rows, left_out, processes) = pending.made(total, keep);
@@ -653,8 +653,23 @@ fn row_order(rows: &PendingRows<'_>, keep: Option<usize>) -> Vec<u32> {
         }
         u128::from_be_bytes(b)
     }
+    // With `keep`, only the rows with at least the `keep`-th most samples can be among the
+    // first `keep` (those with more all are; those with as many are chosen by name): only
+    // theirs are keyed and named.
+    let candidates: Vec<usize> = match keep {
+        Some(0) => return Vec::new(),
+        Some(k) if k < rows.count() => {
+            let mut samples: Vec<u64> = (0..rows.count()).map(|i| rows.samples(i)).collect();
+            let (_, &mut least, _) = samples.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
+            (0..rows.count())
+                .filter(|&i| rows.samples(i) >= least)
+                .collect()
+        }
+        _ => (0..rows.count()).collect(),
+    };
     let mut buf = [0u8; 28];
-    let mut keys: Vec<(u64, u128, u128, u32)> = (0..rows.count())
+    let mut keys: Vec<(u64, u128, u128, u32)> = candidates
+        .into_iter()
         .map(|i| {
             let f = rows.function(i, &mut buf);
             (rows.samples(i), word(f, 0), word(f, 16), i as u32)
