@@ -267,6 +267,28 @@ impl Counter for Cumulative {
     }
 }
 
+/// Every unit of a pCPU, each with its samples: the samples before each unit, so that a range
+/// of units is counted without a search.
+pub struct Prefix(Vec<u64>);
+
+impl Prefix {
+    fn new(units: impl ExactSizeIterator<Item = u64>) -> Self {
+        let mut before = Vec::with_capacity(units.len() + 1);
+        let mut sum = 0u64;
+        before.push(0);
+        for n in units {
+            sum += n;
+            before.push(sum);
+        }
+        Prefix(before)
+    }
+
+    /// Samples of the units in `r` (of the units there are).
+    fn count(&self, r: &Range<usize>) -> u64 {
+        self.0[r.end] - self.0[r.start]
+    }
+}
+
 /// Most siblings of a vCPU its `[steal] (on vcpuN)` slots are told apart for, per pCPU (the
 /// hypervisor runs at most 8 vCPUs per VM; a log naming more is forged or damaged, and the rest
 /// go to `Blanks::steal_on_others`, which keeps the work linear).
@@ -314,8 +336,19 @@ pub struct PcpuIndex<C = Positions> {
 }
 
 impl<C: Counter> PcpuIndex<C> {
-    /// Indexes one pCPU's units (in TSC order): each one's owner and samples.
+    /// Indexes one pCPU's units (in TSC order): each one's owner and samples. The counters
+    /// are kept in one list while they fill, each owner's found once (by its last unit's
+    /// owner, else a lookup), and put in their maps at the end: a pCPU has hundreds of
+    /// thousands of units and a few owners.
     pub fn new(units: impl Iterator<Item = (Owner, u64)>) -> Self {
+        /// Where an owner's units are counted, in `counters`: by its vCPU, by its VM, and its
+        /// guest units or the hypervisor's for no VM.
+        #[derive(Clone, Copy)]
+        struct Slots {
+            vcpu: usize,
+            vm: usize,
+            also: Option<usize>,
+        }
         let mut ix = PcpuIndex {
             by_vcpu: HashMap::default(),
             guest: HashMap::default(),
@@ -323,24 +356,60 @@ impl<C: Counter> PcpuIndex<C> {
             hv_no_vm: C::default(),
             vcpus: HashMap::default(),
         };
+        // Counter 0 is the hypervisor's for no VM; then each map's counters as first met.
+        let mut counters: Vec<C> = vec![C::default()];
+        let mut vcpu_at: HashMap<(u16, u16), usize> = HashMap::default();
+        let mut guest_at: HashMap<(u16, u16), usize> = HashMap::default();
+        let mut vm_at: HashMap<u16, usize> = HashMap::default();
+        let mut of_owner: HashMap<Owner, Slots> = HashMap::default();
+        let mut last: Option<(Owner, Slots)> = None;
         for (i, (owner, n)) in units.enumerate() {
-            let (vm, vcpu, guest) = match owner {
-                Owner::Guest { vm, vcpu } => (vm, vcpu, true),
-                Owner::Hypervisor { vm, vcpu } => (vm, vcpu, false),
-                Owner::Idle => continue,
+            let slots = match last {
+                Some((o, s)) if o == owner => s,
+                _ => {
+                    let (vm, vcpu, guest) = match owner {
+                        Owner::Guest { vm, vcpu } => (vm, vcpu, true),
+                        Owner::Hypervisor { vm, vcpu } => (vm, vcpu, false),
+                        Owner::Idle => continue,
+                    };
+                    let s = *of_owner.entry(owner).or_insert_with(|| {
+                        let at = |counters: &mut Vec<C>| {
+                            counters.push(C::default());
+                            counters.len() - 1
+                        };
+                        let vcpu_slot = *vcpu_at.entry((vm, vcpu)).or_insert_with(|| {
+                            ix.vcpus.entry(vm).or_default().push(vcpu);
+                            at(&mut counters)
+                        });
+                        Slots {
+                            vcpu: vcpu_slot,
+                            vm: *vm_at.entry(vm).or_insert_with(|| at(&mut counters)),
+                            also: if guest {
+                                Some(
+                                    *guest_at
+                                        .entry((vm, vcpu))
+                                        .or_insert_with(|| at(&mut counters)),
+                                )
+                            } else {
+                                (vm == hvprof_samplelog::NO_VM).then_some(0)
+                            },
+                        }
+                    });
+                    last = Some((owner, s));
+                    s
+                }
             };
-            if guest {
-                ix.guest.entry((vm, vcpu)).or_default().push(i, n);
-            } else if vm == hvprof_samplelog::NO_VM {
-                ix.hv_no_vm.push(i, n);
+            if let Some(a) = slots.also {
+                counters[a].push(i, n);
             }
-            let p = ix.by_vcpu.entry((vm, vcpu)).or_insert_with(|| {
-                ix.vcpus.entry(vm).or_default().push(vcpu);
-                C::default()
-            });
-            p.push(i, n);
-            ix.by_vm.entry(vm).or_default().push(i, n);
+            counters[slots.vcpu].push(i, n);
+            counters[slots.vm].push(i, n);
         }
+        let mut take = |at: usize| std::mem::take(&mut counters[at]);
+        ix.by_vcpu = vcpu_at.into_iter().map(|(k, at)| (k, take(at))).collect();
+        ix.guest = guest_at.into_iter().map(|(k, at)| (k, take(at))).collect();
+        ix.by_vm = vm_at.into_iter().map(|(k, at)| (k, take(at))).collect();
+        ix.hv_no_vm = take(0);
         for v in ix.vcpus.values_mut() {
             v.sort_unstable();
         }
@@ -548,16 +617,13 @@ pub fn segment_blanks(
     let mut out = exact_ticks(events);
     let owners = &segments.owners;
     // Per pCPU: its segments, their index by owner, and all their samples (on every core).
-    let index: HashMap<u16, (&[Segment], PcpuIndex<Cumulative>, Cumulative)> =
+    let index: HashMap<u16, (&[Segment], PcpuIndex<Cumulative>, Prefix)> =
         crate::par_map(segments.pcpus.iter().collect(), |(p, segs)| {
             let units = || {
                 segs.iter()
                     .map(|s| (owners[s.owner as usize], u64::from(s.count)))
             };
-            let mut all = Cumulative::default();
-            for (i, (_, n)) in units().enumerate() {
-                all.push(i, n);
-            }
+            let all = Prefix::new(segs.iter().map(|s| u64::from(s.count)));
             (*p, (segs.as_slice(), PcpuIndex::new(units()), all))
         })
         .into_iter()
