@@ -583,11 +583,13 @@ impl KeyCounts {
     }
 
     /// Adds `n` samples of the key at `addr` in context `ctx`; returns the key's index.
+    #[cfg(test)]
     fn add(&mut self, addr: u64, ctx: u32, n: u64) -> u32 {
         self.add_hashed(addr, ctx, stack_table::hash(addr, ctx), n)
     }
 
-    /// [`KeyCounts::add`] with the hash of (address, context) known.
+    /// Adds `n` samples of the key at `addr` in context `ctx`, whose hash is `hash`; returns
+    /// the key's index.
     #[inline]
     fn add_hashed(&mut self, addr: u64, ctx: u32, hash: u64, n: u64) -> u32 {
         let (id, new) = self.index.ids.add(hash, addr, ctx, n, self.len);
@@ -612,6 +614,9 @@ impl KeyCounts {
         (Key { addr, ..k }, chain)
     }
 }
+
+/// Keys of another part added to the first part's table at a time (see [`Classified::merge`]).
+const MERGE_BATCH: usize = 64;
 
 /// What one decoding thread classified: its distinct keys with their counts, the blocks it
 /// read, its samples' owners as segments, the scheduling events, the cost.
@@ -913,12 +918,23 @@ impl Classified {
             // Its contexts (a few) in the first part's table, each looked up when first met
             // (so the new ones are added in the same order), not once per key.
             let mut contexts: Vec<Option<u32>> = vec![None; part.counts.contexts.len()];
-            for (addr, ctx, n) in part.counts.entries() {
-                let ctx = *contexts[ctx as usize].get_or_insert_with(|| {
-                    let (k, c) = part.counts.contexts[ctx as usize];
-                    base.counts.context((k.context(), chains[c as usize]))
-                });
-                base.counts.add(addr, ctx, n);
+            // Added a few dozen at a time, their slots in the table asked for first (each
+            // lookup is a miss to memory: this way they overlap), in key order.
+            let mut batch: Vec<(u64, u32, u64, u64)> = Vec::with_capacity(MERGE_BATCH);
+            for chunk in part.counts.entries().chunks(MERGE_BATCH) {
+                batch.clear();
+                for &(addr, ctx, n) in chunk {
+                    let ctx = *contexts[ctx as usize].get_or_insert_with(|| {
+                        let (k, c) = part.counts.contexts[ctx as usize];
+                        base.counts.context((k.context(), chains[c as usize]))
+                    });
+                    let hash = stack_table::hash(addr, ctx);
+                    base.counts.index.ids.prefetch(hash);
+                    batch.push((addr, ctx, hash, n));
+                }
+                for &(addr, ctx, hash, n) in &batch {
+                    base.counts.add_hashed(addr, ctx, hash, n);
+                }
             }
             // Its owners in the first part's table.
             let remap: Vec<u32> = part
