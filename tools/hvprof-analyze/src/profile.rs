@@ -15,6 +15,7 @@
 //! hypervisor sample on a vCPU's exit, its guest frames in that vCPU's context, the first being
 //! the guest RIP at the exit, named as it is).
 
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use anyhow::Result;
@@ -1031,50 +1032,75 @@ impl Classified {
                 What::Idle => (s.what, 0, 0, 0, None, 0),
             }
         };
-        // Each distinct key named once, on every core.
-        let mut first: HashMap<FrameKey, usize> = HashMap::default();
+        // Each distinct key named once, on every core; each stack's key by its number.
+        let mut first: HashMap<FrameKey, u32> = HashMap::default();
         let mut distinct: Vec<usize> = Vec::new();
-        for (i, s) in self.samples.stacks.iter().enumerate() {
-            if !needed(s) {
-                continue;
-            }
-            first.entry(frame_key(s)).or_insert_with(|| {
-                distinct.push(i);
-                distinct.len() - 1
-            });
-        }
+        let not_named = u32::MAX;
+        let key_of: Vec<u32> = self
+            .samples
+            .stacks
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                if !needed(s) {
+                    return not_named;
+                }
+                *first.entry(frame_key(s)).or_insert_with(|| {
+                    distinct.push(i);
+                    (distinct.len() - 1) as u32
+                })
+            })
+            .collect();
+        drop(first);
+        // Each frame with its hash, made on every core, so that merging them by name (on one)
+        // hashes no string.
         let stacks = &self.samples.stacks;
         let chunks: Vec<&[usize]> = distinct.chunks(4096).collect();
-        let named: Vec<Frame> = crate::par_map(chunks, |c| {
+        let named: Vec<(Frame, u64)> = crate::par_map(chunks, |c| {
             c.iter()
-                .map(|&i| make_frame(namer, &stacks[i]))
+                .map(|&i| {
+                    let f = make_frame(namer, &stacks[i]);
+                    let hash = rustc_hash::FxBuildHasher.hash_one(&f);
+                    (f, hash)
+                })
                 .collect::<Vec<_>>()
         })
         .into_iter()
         .flatten()
         .collect();
         // Merged by name, without copying: the first of each name is kept.
-        let mut index: HashMap<&Frame, u32> = HashMap::default();
+        let mut index: hashbrown::HashTable<(u32, u32)> =
+            hashbrown::HashTable::with_capacity(named.len());
         let mut frame_of: Vec<u32> = Vec::with_capacity(named.len());
         let mut keep: Vec<bool> = Vec::with_capacity(named.len());
-        for f in &named {
-            let next = index.len() as u32;
-            let id = *index.entry(f).or_insert(next);
-            keep.push(id == next);
-            frame_of.push(id);
+        let mut next = 0u32;
+        for (i, (f, hash)) in named.iter().enumerate() {
+            let same = |&(j, _): &(u32, u32)| named[j as usize].0 == *f;
+            let rehash = |&(j, _): &(u32, u32)| named[j as usize].1;
+            match index.entry(*hash, same, rehash) {
+                hashbrown::hash_table::Entry::Occupied(e) => {
+                    frame_of.push(e.get().1);
+                    keep.push(false);
+                }
+                hashbrown::hash_table::Entry::Vacant(e) => {
+                    e.insert((i as u32, next));
+                    frame_of.push(next);
+                    keep.push(true);
+                    next += 1;
+                }
+            }
         }
         drop(index);
         let mut frames: Vec<Frame> = named
             .into_iter()
             .zip(keep)
-            .filter_map(|(f, k)| k.then_some(f))
+            .filter_map(|((f, _), k)| k.then_some(f))
             .collect();
         // The stacks not named share a placeholder frame.
         let mut placeholder = None;
-        for s in self.samples.stacks.iter_mut() {
-            s.frame = match first.get(&frame_key(s)) {
-                Some(&i) => frame_of[i],
-                None => *placeholder.get_or_insert_with(|| {
+        for (s, &k) in self.samples.stacks.iter_mut().zip(&key_of) {
+            s.frame = if k == not_named {
+                *placeholder.get_or_insert_with(|| {
                     frames.push(Frame {
                         what: s.what,
                         vm: String::new(),
@@ -1084,7 +1110,9 @@ impl Classified {
                         process_key: None,
                     });
                     (frames.len() - 1) as u32
-                }),
+                })
+            } else {
+                frame_of[k as usize]
             };
         }
         frames
