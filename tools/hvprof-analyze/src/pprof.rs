@@ -15,6 +15,7 @@
 //! the hypervisor's frames, `[exit: REASON]`, the guest's frames from the exit's RIP out, then
 //! its VM.
 
+use std::hash::BuildHasher;
 use std::io::Write;
 
 use anyhow::{Context, Result};
@@ -157,11 +158,12 @@ pub mod proto {
 /// The function of the samples standing for lost records.
 pub const LOST: &str = "[lost]";
 
-/// The string table (index 0 is "").
+/// The string table (index 0 is ""), each string kept once: the index holds numbers, looked up
+/// by the string's hash and compared with the table's.
 #[derive(Default)]
 struct Strings {
     table: Vec<String>,
-    index: HashMap<String, i64>,
+    index: hashbrown::HashTable<i64>,
 }
 
 impl Strings {
@@ -172,12 +174,16 @@ impl Strings {
     }
 
     fn get(&mut self, v: &str) -> i64 {
-        if let Some(&i) = self.index.get(v) {
+        let hash = |s: &str| rustc_hash::FxBuildHasher.hash_one(s);
+        let table = &self.table;
+        if let Some(&i) = self.index.find(hash(v), |&i| table[i as usize] == v) {
             return i;
         }
         let i = self.table.len() as i64;
         self.table.push(v.to_owned());
-        self.index.insert(v.to_owned(), i);
+        let table = &self.table;
+        self.index
+            .insert_unique(hash(v), i, |&j| hash(&table[j as usize]));
         i
     }
 }
@@ -201,11 +207,12 @@ fn build_with(
     let mut mapping_ids: HashMap<String, u64> = HashMap::default();
     let mut functions: Vec<proto::Function> = Vec::new();
     let mut locations: Vec<proto::Location> = Vec::new();
-    // module → name → location id (one function per location): looked up by `&str`, with no
-    // key made for a location already there.
-    let mut loc_ids: HashMap<String, HashMap<String, u64>> = HashMap::default();
+    // (module, name) by their strings' numbers → location id (one function per location).
+    let mut loc_ids: HashMap<(i64, i64), u64> = HashMap::default();
     let mut location = |name: &str, module: &str, strings: &mut Strings| -> u64 {
-        if let Some(&id) = loc_ids.get(module).and_then(|m| m.get(name)) {
+        // The module's string first, as a new mapping would number it.
+        let (m, n) = (strings.get(module), strings.get(name));
+        if let Some(&id) = loc_ids.get(&(m, n)) {
             return id;
         }
         let mapping_id = if module.is_empty() {
@@ -215,7 +222,7 @@ fn build_with(
                 let id = mappings.len() as u64 + 1;
                 mappings.push(proto::Mapping {
                     id,
-                    filename: strings.get(module),
+                    filename: m,
                     has_functions: true,
                     ..Default::default()
                 });
@@ -223,12 +230,11 @@ fn build_with(
             })
         };
         let fid = functions.len() as u64 + 1;
-        let n = strings.get(name);
         functions.push(proto::Function {
             id: fid,
             name: n,
             system_name: n,
-            filename: strings.get(module),
+            filename: m,
             start_line: 0,
         });
         let id = locations.len() as u64 + 1;
@@ -243,10 +249,7 @@ fn build_with(
             }],
             is_folded: false,
         });
-        loc_ids
-            .entry(module.to_owned())
-            .or_default()
-            .insert(name.to_owned(), id);
+        loc_ids.insert((m, n), id);
         id
     };
     // Each frame's stack, leaf first.
@@ -329,13 +332,18 @@ fn build_with(
         num: v,
         ..Default::default()
     };
+    // Each VM's and stack's process label's string, found once.
+    let mut vm_str: HashMap<u16, i64> = HashMap::default();
+    let mut process_str: Vec<Option<i64>> = vec![None; process_of.len()];
     for ((stack, vm, vcpu, cr3, pcpu), n) in entries {
         sample({
             let mut label = Vec::new();
             if vm != hvprof_samplelog::NO_VM {
                 label.push(proto::Label {
                     key: keys[0],
-                    str: strings.get(&p.vm_name(vm)),
+                    str: *vm_str
+                        .entry(vm)
+                        .or_insert_with(|| strings.get(&p.vm_name(vm))),
                     ..Default::default()
                 });
                 label.push(num(keys[2], i64::from(vcpu)));
@@ -343,7 +351,8 @@ fn build_with(
             if cr3 != u64::MAX {
                 label.push(proto::Label {
                     key: keys[1],
-                    str: strings.get(process_of[stack as usize]),
+                    str: *process_str[stack as usize]
+                        .get_or_insert_with(|| strings.get(process_of[stack as usize])),
                     ..Default::default()
                 });
                 label.push(num(keys[3], cr3 as i64));
