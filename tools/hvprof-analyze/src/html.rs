@@ -59,9 +59,8 @@ fn rows_table(out: &mut String, s: &Section, top: usize) {
         out.push_str("</tr>\n");
     }
     out.push_str("</tbody></table>\n");
-    let all = rows.len() + s.left_out;
-    if all > top {
-        let _ = writeln!(out, "<p class=note>… {} more rows</p>", all - top);
+    if let Some(more) = s.more_rows(top) {
+        let _ = writeln!(out, "<p class=note>… {more} more rows</p>");
     }
 }
 

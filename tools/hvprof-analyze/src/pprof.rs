@@ -175,15 +175,16 @@ impl Strings {
 
     fn get(&mut self, v: &str) -> i64 {
         let hash = |s: &str| rustc_hash::FxBuildHasher.hash_one(s);
+        let h = hash(v);
         let table = &self.table;
-        if let Some(&i) = self.index.find(hash(v), |&i| table[i as usize] == v) {
+        if let Some(&i) = self.index.find(h, |&i| table[i as usize] == v) {
             return i;
         }
         let i = self.table.len() as i64;
         self.table.push(v.to_owned());
         let table = &self.table;
         self.index
-            .insert_unique(hash(v), i, |&j| hash(&table[j as usize]));
+            .insert_unique(h, i, |&j| hash(&table[j as usize]));
         i
     }
 }

@@ -378,6 +378,15 @@ pub struct Section<'a> {
     pub processes: bool,
 }
 
+impl Section<'_> {
+    /// The rows beyond the first `top`, shown or left out (`None` when there are none).
+    pub fn more_rows(&self, top: usize) -> Option<usize> {
+        (self.rows.len() + self.left_out)
+            .checked_sub(top)
+            .filter(|&n| n > 0)
+    }
+}
+
 /// A section's level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Level {

@@ -7,12 +7,12 @@ use comfy_table::{CellAlignment, Table};
 use hvprof_samplelog::{Decoded, Record};
 
 use crate::naming::printable;
-use crate::report::{Level, Report, Row, cells};
+use crate::report::{Level, Report, Section, cells};
 
-fn table(rows: &[Row], left_out: usize, processes: bool, top: usize) -> String {
+fn table(section: &Section, top: usize) -> String {
     let mut t = Table::new();
     t.load_preset(NOTHING);
-    let (header, body) = cells(rows, processes, top);
+    let (header, body) = cells(section.rows, section.processes, top);
     t.set_header(header);
     for row in body {
         // Names come from the log and the guests' images: escaped (the report already holds
@@ -25,9 +25,8 @@ fn table(rows: &[Row], left_out: usize, processes: bool, top: usize) -> String {
         }
     }
     let mut s = t.to_string();
-    let all = rows.len() + left_out;
-    if all > top {
-        let _ = write!(s, "\n  ... {} more rows (--top)", all - top);
+    if let Some(more) = section.more_rows(top) {
+        let _ = write!(s, "\n  ... {more} more rows (--top)");
     }
     s.push('\n');
     s
@@ -55,12 +54,7 @@ pub fn render(r: &Report, top: usize, only_vm: Option<&str>) -> String {
         if let Some(e) = &section.exact {
             let _ = writeln!(out, "{e}");
         }
-        out.push_str(&table(
-            section.rows,
-            section.left_out,
-            section.processes,
-            top,
-        ));
+        out.push_str(&table(&section, top));
         out.push('\n');
     }
     let _ = writeln!(

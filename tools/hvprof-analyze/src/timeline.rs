@@ -269,7 +269,7 @@ impl Counter for Cumulative {
 
 /// Every unit of a pCPU, each with its samples: the samples before each unit, so that a range
 /// of units is counted without a search.
-pub struct Prefix(Vec<u64>);
+struct Prefix(Vec<u64>);
 
 impl Prefix {
     fn new(units: impl ExactSizeIterator<Item = u64>) -> Self {
