@@ -271,28 +271,36 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
         ),
     ];
     let mut table = String::from(
-        "| command (10 M samples) | wall time (s) | M samples/s | peak memory (MB) |\n|---|---:|---:|---:|\n",
+        "| command (10 M samples) | wall time (s): median of 5 runs (fastest-slowest) | M samples/s (median) | peak memory (MB, largest) |\n|---|---:|---:|---:|\n",
     );
     let mut report_rate = 0.0;
     for (i, (name, cell, args)) in commands.iter().enumerate() {
-        let run = timed(Command::new(analyzer).args(args))
-            .with_context(|| format!("hvprof-analyze {name}"))?;
+        let run = timed_runs(|| {
+            let mut c = Command::new(analyzer);
+            c.args(args);
+            c
+        })
+        .with_context(|| format!("hvprof-analyze {name}"))?;
         let rate = samples as f64 / run.seconds / 1e6;
         if i == 0 {
             report_rate = rate;
         }
         table.push_str(&format!(
-            "| {cell} | {:.2} | {rate:.1} | {:.0} |\n",
+            "| {cell} | {:.2} ({:.2}-{:.2}) | {rate:.1} | {:.0} |\n",
             run.seconds,
+            run.fastest,
+            run.slowest,
             run.peak_kb as f64 / 1024.0
         ));
     }
     let perf = match perf_report_rate(&dir) {
         Ok(p) => {
             table.push_str(&format!(
-                "| `perf report --stdio --sort comm,dso,sym` ({} samples) | {:.2} | {:.1} | {:.0} |\n",
+                "| `perf report --stdio --sort comm,dso,sym` ({} samples) | {:.2} ({:.2}-{:.2}) | {:.1} | {:.0} |\n",
                 p.samples,
                 p.run.seconds,
+                p.run.fastest,
+                p.run.slowest,
                 p.rate() / 1e6,
                 p.run.peak_kb as f64 / 1024.0
             ));
@@ -317,7 +325,10 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
          Then each command runs on that file as a user runs it (its whole process: reading the \
          file, decoding on every core, classifying, naming, writing), and `perf report` on a \
          perf.data that `perf record -e cpu-clock -c 10000` made here of two CPU-bound shells \
-         (its samples counted with `perf report --sort comm -F sample`):\n\n{table}\n{perf}\
+         (its samples counted with `perf report --sort comm -F sample`). Each runs {RUNS} times \
+         in a row and the median counts: on this virtual machine the first touch of memory the \
+         host has not backed yet (fresh heap or page cache) costs the kernel several times what \
+         reused memory does, which moves one run's wall time by up to 2x:\n\n{table}\n{perf}\
          Goal: `report` ≥ 20 M samples/s and ≥ 15x `perf report`; `script`, pprof and Firefox \
          ≥ 10 M samples/s.\n",
         capture
@@ -354,6 +365,37 @@ struct Run {
     peak_kb: u64,
 }
 
+/// Runs of a command measured in the analyzer's table.
+const RUNS: usize = 5;
+
+/// A command run [`RUNS`] times, one after another: the median wall time, the fastest and the
+/// slowest, and the largest peak resident set size. One run is not a measurement here: on a
+/// virtual machine, the first touch of memory the host has not backed yet (a fresh page of the
+/// heap or of the page cache) costs the kernel several times what a reused one does, and it
+/// moved one command's wall time by 2x between consecutive runs of the same binary.
+struct Runs {
+    seconds: f64,
+    fastest: f64,
+    slowest: f64,
+    peak_kb: u64,
+}
+
+/// Runs the command `make` gives [`RUNS`] times (see [`Runs`]).
+fn timed_runs(make: impl Fn() -> Command) -> Result<Runs> {
+    let mut runs = Vec::with_capacity(RUNS);
+    for _ in 0..RUNS {
+        runs.push(timed(&mut make())?);
+    }
+    let mut seconds: Vec<f64> = runs.iter().map(|r| r.seconds).collect();
+    seconds.sort_by(f64::total_cmp);
+    Ok(Runs {
+        seconds: seconds[RUNS / 2],
+        fastest: seconds[0],
+        slowest: seconds[RUNS - 1],
+        peak_kb: runs.iter().map(|r| r.peak_kb).max().unwrap_or(0),
+    })
+}
+
 /// Runs `cmd` (its output discarded) and measures it: wall time, and the peak resident set
 /// size from the kernel's accounting of the child (`wait4`).
 fn timed(cmd: &mut Command) -> Result<Run> {
@@ -388,7 +430,7 @@ fn timed(cmd: &mut Command) -> Result<Run> {
 /// `perf report` on a perf.data of known size, recorded here.
 struct PerfRun {
     samples: u64,
-    run: Run,
+    run: Runs,
 }
 
 impl PerfRun {
@@ -429,11 +471,12 @@ fn perf_report_rate(dir: &Path) -> std::result::Result<PerfRun, String> {
     if samples == 0 {
         return Err("perf record took no samples".into());
     }
-    let run = timed(
-        Command::new("perf")
-            .args(["report", "--stdio", "--sort", "comm,dso,sym", "-i"])
-            .arg(&data),
-    )
+    let run = timed_runs(|| {
+        let mut c = Command::new("perf");
+        c.args(["report", "--stdio", "--sort", "comm,dso,sym", "-i"])
+            .arg(&data);
+        c
+    })
     .map_err(|e| format!("perf report failed: {e:#}"))?;
     Ok(PerfRun { samples, run })
 }
