@@ -505,6 +505,7 @@ fn thread_key(what: What, pcpu: u16, vm: u16, vcpu: u16) -> (bool, u16, u16) {
 /// written here as fxprof-processed-profile writes a sample table.
 pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()> {
     let mut parts = build_parts(p, progress, false);
+    progress.phase("writing", None, "bytes");
     if parts.unordered {
         // Never from a replay in TSC order; fxprof-processed-profile sorts such samples.
         drop(parts);
