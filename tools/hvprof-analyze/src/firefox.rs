@@ -12,20 +12,26 @@
 //! frames, `[exit: REASON]`, the hypervisor's frames, its function (on its pCPU's thread). The
 //! callers' frames have the category of their code (guest kernel or user, hypervisor).
 //!
-//! [`write`] does not hand the samples to fxprof-processed-profile, whose sample table holds
-//! 36 bytes per sample (and twice that while its vectors grow): each thread's samples are kept
-//! here as two columns, their stack's number and their time since the thread's previous sample
-//! (8 bytes per sample, sized from the stacks' counts up front), and written into the profile's
-//! JSON where fxprof-processed-profile would write them, in the same bytes ([`build`] is the
-//! reference: a test compares the two).
+//! [`build`] makes the whole profile with fxprof-processed-profile: its processes, threads and
+//! markers ([`skeleton`]), then each stack of the profile interned in the profile's order, then
+//! the samples in time order. It is the reference. [`write`] writes the same bytes faster:
+//! fxprof-processed-profile holds 36 bytes per sample (and twice that while its vectors grow)
+//! and hashes and copies each frame's name three times (some 1.5 µs per stack of a capture of
+//! 460,000 stacks). [`write`] serializes only the skeleton with fxprof-processed-profile; each
+//! thread's frame, function and stack tables ([`Tables`], numbered as fxprof-processed-profile
+//! numbers them) are made on every core while the samples are read again into each thread's
+//! columns ([`Column`], 8 bytes per sample), and both are written into the skeleton's JSON
+//! where fxprof-processed-profile would write them. Tests compare the two byte for byte.
 
+use std::borrow::Cow;
 use std::io::Write;
+use std::ops::Range;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use fxprof_processed_profile::{
     CategoryColor, CategoryHandle, CategoryPairHandle, CpuDelta, Frame, FrameFlags, FrameHandle,
     FrameInfo, MarkerFieldFlags, MarkerFieldFormat, MarkerTiming, Profile as FxProfile,
-    ReferenceTimestamp, SamplingInterval, StaticSchemaMarker, StaticSchemaMarkerField,
+    ReferenceTimestamp, SamplingInterval, StackHandle, StaticSchemaMarker, StaticSchemaMarkerField,
     StringHandle, ThreadHandle, Timestamp,
 };
 use rustc_hash::FxHashMap as HashMap;
@@ -33,7 +39,7 @@ use rustc_hash::FxHashMap as HashMap;
 use hvprof_samplelog::{EventKind, OutReason};
 
 use crate::calls::{Part, part_name, whole_stack};
-use crate::profile::{Profile, What};
+use crate::profile::{Profile, Stack, What};
 use crate::progress::Progress;
 use crate::script::ids;
 
@@ -74,41 +80,132 @@ impl StaticSchemaMarker for VcpuMarker {
     }
 }
 
-/// A thread's samples, in time order: each its stack (an index into [`Parts::stacks`]) and its
-/// time since the thread's previous sample (the first: since the profile's start), in
-/// nanoseconds; a delta that does not fit 32 bits is `u32::MAX` here and in `long` in order.
-#[derive(Default)]
-struct Column {
-    stacks: Vec<u32>,
-    deltas: Vec<u32>,
-    long: Vec<u64>,
-    last: u64,
+/// No thread, no Firefox stack (in the lists indexed by the profile's stacks).
+const NONE: u32 = u32::MAX;
+
+/// The category of a stack's frames: the code they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Cat {
+    User,
+    Kernel,
+    Hyper,
+    Idle,
 }
 
-/// The profile without its samples, and the samples beside it (see [`write`]).
-struct Parts {
+impl Cat {
+    fn of(what: What) -> Cat {
+        match what {
+            What::GuestUser => Cat::User,
+            What::GuestKernel => Cat::Kernel,
+            What::Hypervisor => Cat::Hyper,
+            What::Idle => Cat::Idle,
+        }
+    }
+}
+
+/// The frames' categories in the profile.
+#[derive(Clone, Copy)]
+struct Categories {
+    user: CategoryHandle,
+    kernel: CategoryHandle,
+    hyper: CategoryHandle,
+    idle: CategoryHandle,
+}
+
+impl Categories {
+    fn handle(&self, c: Cat) -> CategoryHandle {
+        match c {
+            Cat::User => self.user,
+            Cat::Kernel => self.kernel,
+            Cat::Hyper => self.hyper,
+            Cat::Idle => self.idle,
+        }
+    }
+}
+
+/// A guest function's label: with its module.
+fn guest_label<'p>(function: &'p str, module: &str) -> Cow<'p, str> {
+    if module.is_empty() {
+        Cow::Borrowed(function)
+    } else {
+        // As `format!("{function} ({module})")`, without the formatting machinery (a label per
+        // stack).
+        let mut label = String::with_capacity(function.len() + module.len() + 3);
+        label.push_str(function);
+        label.push_str(" (");
+        label.push_str(module);
+        label.push(')');
+        Cow::Owned(label)
+    }
+}
+
+/// The frames of a stack of the profile as the Firefox profile shows it, outermost first: each
+/// its name (none empty) and category. Without chains: guest samples their process and their
+/// function, the hypervisor's whom it worked for and its function, idle `[idle]`; with chains,
+/// its whole stack but for the root its thread already says.
+fn frames_of<'p>(p: &'p Profile, st: &Stack) -> Vec<(Cow<'p, str>, Cat)> {
+    let guest = matches!(st.what, What::GuestKernel | What::GuestUser);
+    let cat = Cat::of(st.what);
+    let f = &p.frames[st.frame as usize];
+    let mut out = Vec::new();
+    if let Some(parts) = whole_stack(p, st) {
+        for part in &parts {
+            let (name, cat) = match part {
+                // The thread is the VM's or the hypervisor's already.
+                Part::Root(_) if !st.exit_cause && st.what != What::Idle => continue,
+                Part::Site(i) => {
+                    let c = p.calls.frame(*i);
+                    let name = if c.what == What::Hypervisor {
+                        Cow::Borrowed(c.function.as_str())
+                    } else {
+                        guest_label(&c.function, &c.module)
+                    };
+                    (name, Cat::of(c.what))
+                }
+                Part::Leaf(f) if guest => (guest_label(&f.function, &f.module), cat),
+                other => (part_name(p, other), cat),
+            };
+            if !name.is_empty() {
+                out.push((name, cat));
+            }
+        }
+        return out;
+    }
+    let names: [Cow<'p, str>; 2] = match st.what {
+        What::GuestKernel | What::GuestUser => [
+            Cow::Borrowed(f.process.as_str()),
+            guest_label(&f.function, &f.module),
+        ],
+        What::Hypervisor => [
+            Cow::Borrowed(f.process.as_str()),
+            Cow::Borrowed(f.function.as_str()),
+        ],
+        What::Idle => [Cow::Borrowed(""), Cow::Borrowed("[idle]")],
+    };
+    out.extend(
+        names
+            .into_iter()
+            .filter(|n| !n.is_empty())
+            .map(|n| (n, cat)),
+    );
+    out
+}
+
+/// The profile without its samples: its categories, processes, threads and markers, made in
+/// one order by [`build`] and [`write`].
+struct Skeleton {
     fx: FxProfile,
-    /// Each thread's samples, by [`Parts::threads`]' order.
-    columns: Vec<Column>,
+    cats: Categories,
     /// The threads, in the order they were made.
     threads: Vec<ThreadHandle>,
-    /// The distinct (thread, Firefox stack) pairs the samples have, numbered in the order
-    /// first seen: the thread's place in `threads`, the stack, and whether its samples are
-    /// idle (no CPU time).
-    stacks: Vec<(u32, Option<fxprof_processed_profile::StackHandle>, bool)>,
-    /// A sample out of time order on its thread (never, from a replay in TSC order): the
-    /// samples cannot be written as deltas here.
-    unordered: bool,
+    /// Per stack of the profile, its thread's place in `threads` ([`NONE`]: no samples).
+    slot_of: Vec<u32>,
 }
 
-/// Builds the Firefox profile.
-pub fn build(p: &Profile, progress: &Progress) -> FxProfile {
-    build_parts(p, progress, true).fx
-}
-
-/// Builds the Firefox profile, its samples added to it (`into_fx`) or kept in columns beside
-/// it.
-fn build_parts(p: &Profile, progress: &Progress, into_fx: bool) -> Parts {
+/// Makes the [`Skeleton`]: a thread for each stack's vCPU or pCPU, in the profile's order of
+/// stacks, then the scheduling markers on the vCPU threads and the lost records' on the pCPU
+/// threads (the markers' names go first in each thread's string table, before its frames').
+fn skeleton(p: &Profile) -> Skeleton {
     let period_ns = p.ticks_to_ns(p.period_ticks).max(1);
     let mut fx = FxProfile::new(
         &format!(
@@ -118,179 +215,37 @@ fn build_parts(p: &Profile, progress: &Progress, into_fx: bool) -> Parts {
         ReferenceTimestamp::from_millis_since_unix_epoch(0.0),
         SamplingInterval::from_nanos(period_ns),
     );
-    let user = fx.add_category("Guest user", CategoryColor::Yellow);
-    let kernel = fx.add_category("Guest kernel", CategoryColor::Orange);
-    let hyper = fx.add_category("Hypervisor", CategoryColor::Blue);
-    let idle = fx.add_category("Idle", CategoryColor::Transparent);
+    let cats = Categories {
+        user: fx.add_category("Guest user", CategoryColor::Yellow),
+        kernel: fx.add_category("Guest kernel", CategoryColor::Orange),
+        hyper: fx.add_category("Hypervisor", CategoryColor::Blue),
+        idle: fx.add_category("Idle", CategoryColor::Transparent),
+    };
     let sched = fx.add_category("Scheduling", CategoryColor::Green);
-    let (start, _) = p.span();
+    let (start, end) = p.span();
     let ts =
         |tsc: u64| Timestamp::from_nanos_since_reference(p.ticks_to_ns(tsc.saturating_sub(start)));
     let t0 = ts(start);
-
-    // Processes and threads; each thread's samples, counted from the stacks (to size its
-    // columns).
-    let mut per_thread: HashMap<(bool, u16, u16), u64> = HashMap::default();
-    if !into_fx {
-        for st in p.samples.stacks() {
-            *per_thread
-                .entry(thread_key(st.what, st.pcpu, st.vm, st.vcpu))
-                .or_default() += st.count;
-        }
-    }
     let hv = fx.add_process("hypervisor (hvprof)", 1, t0);
     let mut threads = Threads {
         processes: HashMap::default(),
         map: HashMap::default(),
         list: Vec::new(),
-        columns: Vec::new(),
-        per_thread,
         hv,
         t0,
-        unordered: false,
     };
-
-    progress.phase("firefox", Some(p.samples.len() as u64), "samples");
-    // Stacks with chains per (thread, frame, named chains, exit cause).
-    type StackKey = (ThreadHandle, u32, u32, bool);
-    let mut stacks: HashMap<StackKey, Option<fxprof_processed_profile::StackHandle>> =
-        HashMap::default();
-    let category = |what: What| -> CategoryPairHandle {
-        match what {
-            What::GuestUser => user.into(),
-            What::GuestKernel => kernel.into(),
-            What::Hypervisor => hyper.into(),
-            What::Idle => idle.into(),
-        }
-    };
-    // A guest function's label: with its module.
-    let guest_label = |function: &str, module: &str| {
-        if module.is_empty() {
-            function.to_owned()
-        } else {
-            format!("{function} ({module})")
-        }
-    };
-    let chains = p.samples.has_chains();
-    // Per stack of the profile, its thread's place and its (thread, Firefox stack) pair's
-    // number in `handles` (`slot << 32 | pair`) once a sample of it is seen (NONE before):
-    // every sample of one stack has the same, so the key above is looked up once per stack,
-    // not per sample.
-    const NONE: u64 = u64::MAX;
-    let mut memo: Vec<u64> = vec![NONE; p.samples.stacks().len()];
-    let mut handles: Vec<(u32, Option<fxprof_processed_profile::StackHandle>, bool)> = Vec::new();
-    // One sample: into the Firefox profile, or its thread's columns.
-    let add = |fx: &mut FxProfile,
-               threads: &mut Threads,
-               handles: &[(u32, Option<fxprof_processed_profile::StackHandle>, bool)],
-               known: u64,
-               tsc: u64| {
-        let (slot, pair) = ((known >> 32) as u32, known as u32);
-        if into_fx {
-            let (_, stack, idle) = handles[pair as usize];
-            let cpu = if idle {
-                CpuDelta::ZERO
-            } else {
-                CpuDelta::from_nanos(period_ns)
-            };
-            fx.add_sample(threads.list[slot as usize], ts(tsc), stack, cpu, 1);
-        } else {
-            threads.push(slot, pair, p.ticks_to_ns(tsc.saturating_sub(start)));
-        }
-    };
-    let mut interner = Interner::default();
-    let mut labels: Vec<Option<(Option<StringHandle>, Option<StringHandle>)>> =
-        vec![None; p.frames.len()];
-    // A stack's first sample: its thread and Firefox stack, made, and their pair numbered.
-    let mut first =
-        |fx: &mut FxProfile,
-         threads: &mut Threads,
-         handles: &mut Vec<(u32, Option<fxprof_processed_profile::StackHandle>, bool)>,
-         s: &crate::profile::Sampled|
-         -> u64 {
-            let guest = matches!(s.what, What::GuestKernel | What::GuestUser);
-            let (t, slot) = if guest {
-                threads.get(fx, p, true, s.vm, s.vcpu)
-            } else {
-                threads.get(fx, p, false, s.pcpu, 0)
-            };
-            // A capture without chains never looks at the stack again.
-            let st = chains.then(|| &p.samples.stacks()[s.stack as usize]);
-            let mut make = || {
-                let f = &p.frames[s.frame as usize];
-                let cat = category(s.what);
-                if let Some((st, parts)) = st.and_then(|st| Some((st, whole_stack(p, st)?))) {
-                    let frames: Vec<(StringHandle, CategoryPairHandle)> = parts
-                        .iter()
-                        .filter_map(|part| {
-                            let (name, cat) = match part {
-                                // The thread is the VM's or the hypervisor's already.
-                                Part::Root(_) if !st.exit_cause && s.what != What::Idle => {
-                                    return None;
-                                }
-                                Part::Site(i) => {
-                                    let c = p.calls.frame(*i);
-                                    let name = if c.what == What::Hypervisor {
-                                        c.function.clone()
-                                    } else {
-                                        guest_label(&c.function, &c.module)
-                                    };
-                                    (name, category(c.what))
-                                }
-                                Part::Leaf(f) if guest => {
-                                    (guest_label(&f.function, &f.module), cat)
-                                }
-                                other => (part_name(p, other).into_owned(), cat),
-                            };
-                            (!name.is_empty()).then_some((name, cat))
-                        })
-                        .map(|(n, cat)| (fx.intern_string(&n), cat))
-                        .collect();
-                    return interner.stack(fx, t, frames.into_iter());
-                }
-                // The frame's two names (an empty one is left out), interned once per frame.
-                let (process, function) = *labels[s.frame as usize].get_or_insert_with(|| {
-                    let mut name = |n: &str| (!n.is_empty()).then(|| fx.intern_string(n));
-                    match s.what {
-                        What::GuestKernel | What::GuestUser => {
-                            (name(&f.process), name(&guest_label(&f.function, &f.module)))
-                        }
-                        What::Hypervisor => (name(&f.process), name(&f.function)),
-                        What::Idle => (None, name("[idle]")),
-                    }
-                });
-                let frames = [process, function].into_iter().flatten().map(|n| (n, cat));
-                interner.stack(fx, t, frames)
-            };
-            // The stacks of one (thread, frame, named chains) share their Firefox stack, made
-            // once; without chains, a frame's names are interned once, and making the stack
-            // again is a few lookups.
-            let stack = match st {
-                Some(st) => *stacks
-                    .entry((t, s.frame, st.calls, st.exit_cause))
-                    .or_insert_with(make),
-                None => make(),
-            };
-            let pair = handles.len() as u64;
-            handles.push((slot, stack, s.what == What::Idle));
-            u64::from(slot) << 32 | pair
-        };
-    p.for_each_run(|run| {
-        // The stacks are read in no order: their memo is prefetched a few samples ahead.
-        const AHEAD: usize = 16;
-        for (k, s) in run.iter().enumerate() {
-            if let Some(next) = run.get(k + AHEAD) {
-                crate::stack_table::prefetch(&memo[next.stack as usize]);
+    let slot_of = p
+        .samples
+        .stacks()
+        .iter()
+        .map(|st| {
+            if st.count == 0 {
+                return NONE;
             }
-            let mut known = memo[s.stack as usize];
-            if known == NONE {
-                known = first(&mut fx, &mut threads, &mut handles, s);
-                memo[s.stack as usize] = known;
-            }
-            add(&mut fx, &mut threads, &handles, known, s.tsc);
-        }
-        progress.inc(run.len() as u64);
-    });
+            let (guest, a, b) = thread_key(st.what, st.pcpu, st.vm, st.vcpu);
+            threads.get(&mut fx, p, guest, a, b).1
+        })
+        .collect();
     // Scheduling markers on the vCPU threads.
     let mut open: HashMap<(u16, u16), u64> = HashMap::default();
     let mut last_out: HashMap<(u16, u16), (u64, OutReason)> = HashMap::default();
@@ -342,7 +297,6 @@ fn build_parts(p: &Profile, progress: &Progress, into_fx: bool) -> Parts {
     // the first after (the profile's ends when there is none).
     let lost_cat = fx.add_category("Lost records", CategoryColor::Red);
     let lost = fx.intern_string("records lost");
-    let end = p.span().1;
     for l in &p.report.losses {
         let (t, _) = threads.get(&mut fx, p, false, l.pcpu, 0);
         let why = fx.intern_string(&l.describe());
@@ -360,29 +314,23 @@ fn build_parts(p: &Profile, progress: &Progress, into_fx: bool) -> Parts {
     for &t in &threads.list {
         fx.set_thread_show_markers_in_timeline(t, true);
     }
-    Parts {
+    Skeleton {
         fx,
-        columns: threads.columns,
+        cats,
         threads: threads.list,
-        stacks: handles,
-        unordered: threads.unordered,
+        slot_of,
     }
 }
 
-/// The profile's processes and threads as they are made, and each thread's columns.
+/// The profile's processes and threads as they are made.
 struct Threads {
     /// Per VM, its process.
     processes: HashMap<u16, fxprof_processed_profile::ProcessHandle>,
     /// Per [`thread_key`], the thread and its place in `list`.
     map: HashMap<(bool, u16, u16), (ThreadHandle, u32)>,
     list: Vec<ThreadHandle>,
-    columns: Vec<Column>,
-    /// Per [`thread_key`], its samples (empty when the samples go into the profile).
-    per_thread: HashMap<(bool, u16, u16), u64>,
     hv: fxprof_processed_profile::ProcessHandle,
     t0: Timestamp,
-    /// See [`Parts::unordered`].
-    unordered: bool,
 }
 
 impl Threads {
@@ -417,71 +365,8 @@ impl Threads {
         };
         let slot = self.list.len() as u32;
         self.list.push(t);
-        let n = self
-            .per_thread
-            .get(&(guest, a, b))
-            .map_or(0, |&n| usize::try_from(n).unwrap_or(0));
-        self.columns.push(Column {
-            stacks: Vec::with_capacity(n),
-            deltas: Vec::with_capacity(n),
-            ..Column::default()
-        });
         self.map.insert((guest, a, b), (t, slot));
         (t, slot)
-    }
-
-    /// A sample of stack `handle` at `nanos` on thread `slot`, in its columns.
-    fn push(&mut self, slot: u32, handle: u32, nanos: u64) {
-        let c = &mut self.columns[slot as usize];
-        let Some(delta) = nanos.checked_sub(c.last) else {
-            self.unordered = true;
-            return;
-        };
-        c.last = nanos;
-        c.stacks.push(handle);
-        match u32::try_from(delta) {
-            Ok(d) if d != u32::MAX => c.deltas.push(d),
-            _ => {
-                c.deltas.push(u32::MAX);
-                c.long.push(delta);
-            }
-        }
-    }
-}
-
-/// Firefox frames made once per (thread, name, category).
-#[derive(Default)]
-struct Interner {
-    frames: HashMap<(ThreadHandle, StringHandle, CategoryPairHandle), FrameHandle>,
-}
-
-impl Interner {
-    /// The stack of `frames` (outermost first) on thread `t`, as `FxProfile::intern_stack_frames`
-    /// makes it (the same frames and stacks, in the same order); `None` without frames.
-    fn stack(
-        &mut self,
-        fx: &mut FxProfile,
-        t: ThreadHandle,
-        frames: impl Iterator<Item = (StringHandle, CategoryPairHandle)>,
-    ) -> Option<fxprof_processed_profile::StackHandle> {
-        let mut prefix = None;
-        for (name, category_pair) in frames {
-            let frame = *self
-                .frames
-                .entry((t, name, category_pair))
-                .or_insert_with(|| {
-                    fx.intern_frame(
-                        t,
-                        FrameInfo {
-                            frame: Frame::Label(name),
-                            category_pair,
-                            flags: FrameFlags::empty(),
-                        },
-                    )
-                });
-            prefix = Some(fx.intern_stack(t, prefix, frame));
-        }
-        prefix
     }
 }
 
@@ -494,177 +379,628 @@ fn thread_key(what: What, pcpu: u16, vm: u16, vcpu: u16) -> (bool, u16, u16) {
     }
 }
 
-/// Writes the profile as JSON (the Firefox Profiler opens it as it is, or gzipped): the same
-/// bytes as fxprof-processed-profile writes for [`build`]'s profile.
-///
-/// The profile is built without its samples, each thread's kept in columns beside it
-/// ([`Column`]). To learn each stack's index in its thread's stack table (fxprof-processed-
-/// profile does not say), the profile gets one placeholder sample per distinct (thread, stack),
-/// its weight that pair's number; as the profile is written, each thread's sample table is
-/// caught ([`Splicer`]), parsed back for the numbers and replaced by the thread's real samples,
-/// written here as fxprof-processed-profile writes a sample table.
-pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()> {
-    let mut parts = build_parts(p, progress, false);
-    progress.phase("writing", None, "bytes");
-    if parts.unordered {
-        // Never from a replay in TSC order; fxprof-processed-profile sorts such samples.
-        drop(parts);
-        let fx = build(p, progress);
-        return serde_json::to_writer(out, &fx).context("cannot write the Firefox profile");
-    }
-    for (n, &(slot, stack, _)) in parts.stacks.iter().enumerate() {
-        let weight = i32::try_from(n).context("too many distinct stacks for a Firefox profile")?;
-        parts.fx.add_sample(
-            parts.threads[slot as usize],
-            Timestamp::from_nanos_since_reference(n as u64),
-            stack,
-            CpuDelta::ZERO,
-            weight,
-        );
-    }
-    let period_us = CpuDelta::from_nanos(p.ticks_to_ns(p.period_ticks).max(1));
-    let mut splicer = Splicer {
-        w: Splice {
-            buf: Vec::with_capacity(1 << 20),
-            out,
-        },
-        held: Vec::new(),
-        table: None,
-        index: vec![None; parts.stacks.len()],
-        columns: &parts.columns,
-        stacks: &parts.stacks,
-        period_us: serde_json::to_string(&period_us)?,
-    };
-    // serde_json writes a token at a time: the splicer looks at them a large buffer at a time.
-    let mut buffered = std::io::BufWriter::with_capacity(1 << 16, &mut splicer);
-    serde_json::to_writer(&mut buffered, &parts.fx).context("cannot write the Firefox profile")?;
-    buffered
-        .flush()
-        .context("cannot write the Firefox profile")?;
-    drop(buffered);
-    if splicer.table.is_some() {
-        anyhow::bail!("a Firefox sample table without its end");
-    }
-    let held = std::mem::take(&mut splicer.held);
-    splicer.w.bytes(&held)?;
-    splicer.w.flush()?;
-    Ok(())
-}
-
-/// What starts a thread's sample table in fxprof-processed-profile's JSON. Within a string a
-/// quote is escaped: this is a key.
-const SAMPLES_KEY: &[u8] = br#""samples":{"length":"#;
-
-/// The output of the profile's serialization, passed on but for the sample tables, which it
-/// replaces (see [`write`]).
-struct Splicer<'a, 'o> {
-    w: Splice<'o>,
-    /// Bytes not passed on yet: the end of what was written, which may begin [`SAMPLES_KEY`].
-    held: Vec<u8>,
-    /// Within a sample table: its bytes so far (from its brace).
-    table: Option<Vec<u8>>,
-    /// Each (thread, stack) pair's index in its thread's stack table, by its number.
-    index: Vec<Option<u32>>,
-    columns: &'a [Column],
-    stacks: &'a [(u32, Option<fxprof_processed_profile::StackHandle>, bool)],
-    period_us: String,
-}
-
-impl Splicer<'_, '_> {
-    /// A placeholder sample table whole (`{...}`): the thread's real samples instead.
-    fn replace(&mut self, table: &[u8]) -> std::io::Result<()> {
-        let placeholder: Placeholder = serde_json::from_slice(table)?;
-        let Some(&first) = placeholder.weight.first() else {
-            // A thread without samples: its table as it is.
-            return self.w.io(table);
-        };
-        let invalid = || std::io::Error::other("a Firefox sample table not ours");
-        let pair = |n: i64| usize::try_from(n).ok().filter(|&n| n < self.stacks.len());
-        let slot = self.stacks[pair(first).ok_or_else(invalid)?].0;
-        for (&n, &stack) in placeholder.weight.iter().zip(&placeholder.stack) {
-            self.index[pair(n).ok_or_else(invalid)?] = stack;
-        }
-        let column = &self.columns[slot as usize];
-        write_samples(
-            &mut self.w,
-            column,
-            self.stacks,
-            &self.index,
-            &self.period_us,
-        )
-    }
-}
-
-impl Write for Splicer<'_, '_> {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        let mut rest = data;
-        while !rest.is_empty() {
-            if let Some(table) = &mut self.table {
-                // The table holds numbers, null and one string without braces: it ends at the
-                // first closing brace.
-                match memchr::memchr(b'}', rest) {
-                    Some(i) => {
-                        table.extend_from_slice(&rest[..=i]);
-                        rest = &rest[i + 1..];
-                        let table = self.table.take().unwrap_or_default();
-                        self.replace(&table)?;
-                    }
-                    None => {
-                        table.extend_from_slice(rest);
-                        rest = &[];
-                    }
-                }
+/// Builds the Firefox profile with fxprof-processed-profile: the [`Skeleton`], each stack of the
+/// profile interned in the profile's order, then the samples in time order.
+pub fn build(p: &Profile, progress: &Progress) -> FxProfile {
+    let Skeleton {
+        mut fx,
+        cats,
+        threads,
+        slot_of,
+    } = skeleton(p);
+    progress.phase("firefox", Some(p.samples.len() as u64), "samples");
+    let mut frames: HashMap<(ThreadHandle, StringHandle, Cat), FrameHandle> = HashMap::default();
+    let handles: Vec<Option<StackHandle>> = p
+        .samples
+        .stacks()
+        .iter()
+        .zip(&slot_of)
+        .map(|(st, &slot)| {
+            if slot == NONE {
+                return None;
+            }
+            let t = threads[slot as usize];
+            let mut prefix = None;
+            for (name, cat) in frames_of(p, st) {
+                let name = fx.intern_string(&name);
+                let frame = *frames.entry((t, name, cat)).or_insert_with(|| {
+                    fx.intern_frame(
+                        t,
+                        FrameInfo {
+                            frame: Frame::Label(name),
+                            category_pair: CategoryPairHandle::from(cats.handle(cat)),
+                            flags: FrameFlags::empty(),
+                        },
+                    )
+                });
+                prefix = Some(fx.intern_stack(t, prefix, frame));
+            }
+            prefix
+        })
+        .collect();
+    let period_ns = p.ticks_to_ns(p.period_ticks).max(1);
+    let start = p.span().0;
+    p.for_each_run(|run| {
+        for s in run {
+            let slot = slot_of[s.stack as usize];
+            if slot == NONE {
+                // Never: a sample's stack counts it.
                 continue;
             }
-            let from = self.held.len().saturating_sub(SAMPLES_KEY.len() - 1);
-            self.held.extend_from_slice(rest);
-            rest = &[];
-            match find(&self.held[from..], SAMPLES_KEY) {
-                Some(i) => {
-                    let brace = from + i + br#""samples":"#.len();
-                    self.w.io(&self.held[..brace])?;
-                    let after = self.held[brace..].to_vec();
-                    self.held.clear();
-                    self.table = Some(Vec::new());
-                    self.write_all(&after)?;
-                }
-                None => {
-                    // Keep what may begin the key.
-                    let keep = self.held.len().saturating_sub(SAMPLES_KEY.len() - 1);
-                    self.w.io(&self.held[..keep])?;
-                    self.held.drain(..keep);
-                }
+            let cpu = if s.what == What::Idle {
+                CpuDelta::ZERO
+            } else {
+                CpuDelta::from_nanos(period_ns)
+            };
+            let t =
+                Timestamp::from_nanos_since_reference(p.ticks_to_ns(s.tsc.saturating_sub(start)));
+            fx.add_sample(threads[slot as usize], t, handles[s.stack as usize], cpu, 1);
+        }
+        progress.inc(run.len() as u64);
+    });
+    fx
+}
+
+/// A thread's samples, in time order: each its stack (an index into the profile's stacks) and
+/// its time since the thread's previous sample (the first: since the profile's start), in
+/// nanoseconds; a delta that does not fit 32 bits is `u32::MAX` here and in `long` in order.
+#[derive(Default)]
+struct Column {
+    stacks: Vec<u32>,
+    deltas: Vec<u32>,
+    long: Vec<u64>,
+    last: u64,
+}
+
+impl Column {
+    /// A sample of stack `stack` at `nanos`; false when it is before the thread's last one.
+    #[inline]
+    fn push(&mut self, stack: u32, nanos: u64) -> bool {
+        let Some(delta) = nanos.checked_sub(self.last) else {
+            return false;
+        };
+        self.last = nanos;
+        self.stacks.push(stack);
+        match u32::try_from(delta) {
+            Ok(d) if d != u32::MAX => self.deltas.push(d),
+            _ => {
+                self.deltas.push(u32::MAX);
+                self.long.push(delta);
             }
         }
-        Ok(data.len())
+        true
+    }
+}
+
+/// A run of samples read again, per thread: each sample's stack and its time since the
+/// profile's start (nanoseconds).
+#[derive(Default)]
+struct RunColumns {
+    threads: Vec<(Vec<u32>, Vec<u64>)>,
+}
+
+/// Each thread's samples in its [`Column`] (sized from the stacks' counts up front); `None`
+/// when a thread's samples are out of time order (never, from a replay in TSC order: the
+/// samples cannot be written as deltas then). The replay's workers sort each run's samples by
+/// thread and time them; the columns take them in order.
+fn columns(
+    p: &Profile,
+    slot_of: &[u32],
+    threads: usize,
+    progress: &Progress,
+) -> Option<Vec<Column>> {
+    let mut per_thread = vec![0u64; threads];
+    for (st, &slot) in p.samples.stacks().iter().zip(slot_of) {
+        if slot != NONE {
+            per_thread[slot as usize] += st.count;
+        }
+    }
+    let mut columns: Vec<Column> = per_thread
+        .iter()
+        .map(|&n| {
+            let n = usize::try_from(n).unwrap_or(0);
+            Column {
+                stacks: Vec::with_capacity(n),
+                deltas: Vec::with_capacity(n),
+                ..Column::default()
+            }
+        })
+        .collect();
+    let start = p.span().0;
+    let mut ordered = true;
+    let _ = p.replay_stacks(
+        |run, out: &mut RunColumns| {
+            out.threads.resize_with(threads, Default::default);
+            for (stacks, nanos) in &mut out.threads {
+                stacks.clear();
+                nanos.clear();
+            }
+            // The stacks are read in no order: their thread is prefetched a few samples ahead.
+            const AHEAD: usize = 16;
+            for (k, &(tsc, stack)) in run.iter().enumerate() {
+                if let Some(&(_, next)) = run.get(k + AHEAD) {
+                    crate::stack_table::prefetch(&slot_of[next as usize]);
+                }
+                // A sample's stack counts it, so it has a thread.
+                if let Some((stacks, nanos)) = out.threads.get_mut(slot_of[stack as usize] as usize)
+                {
+                    stacks.push(stack);
+                    nanos.push(p.ticks_to_ns(tsc.saturating_sub(start)));
+                }
+            }
+        },
+        |out| {
+            let mut samples = 0;
+            for ((stacks, nanos), c) in out.threads.iter().zip(&mut columns) {
+                for (&stack, &ns) in stacks.iter().zip(nanos) {
+                    ordered &= c.push(stack, ns);
+                }
+                samples += stacks.len() as u64;
+            }
+            progress.inc(samples);
+            Ok(())
+        },
+    );
+    ordered.then_some(columns)
+}
+
+/// One thread's frame, function and stack tables and the strings they add to its string table,
+/// numbered as fxprof-processed-profile numbers them when the thread's stacks are interned in
+/// the profile's order after its markers ([`build`]): a string by first use, after the
+/// skeleton's (the same string is the same number); a function per string, by first use; a
+/// frame per (string, category), by first use; a stack per (prefix, frame), by first use.
+struct Tables<'p> {
+    /// The skeleton's strings (the markers').
+    base: u32,
+    /// The strings after the skeleton's, in order.
+    strings: Vec<Cow<'p, str>>,
+    string_ids: HashMap<Cow<'p, str>, u32>,
+    /// Per string number, its function's number plus one (0: none yet).
+    func_of: Vec<u32>,
+    /// Each function's string.
+    funcs: Vec<u32>,
+    frame_ids: HashMap<(u32, u16), u32>,
+    /// Each frame's category and function.
+    frames: Vec<(u16, u32)>,
+    /// (prefix plus one, 0 for none; frame) → stack.
+    stack_ids: HashMap<(u32, u32), u32>,
+    /// Each stack's prefix and frame.
+    stacks: Vec<(Option<u32>, u32)>,
+}
+
+impl<'p> Tables<'p> {
+    /// Tables after the skeleton's strings `skeleton`, for about `stacks` stacks (of two
+    /// frames each, without chains: their room is made once).
+    fn new(skeleton: Vec<String>, stacks: usize) -> Tables<'p> {
+        let base = skeleton.len() as u32;
+        let frames = 2 * stacks;
+        let mut string_ids =
+            HashMap::with_capacity_and_hasher(skeleton.len() + frames, rustc_hash::FxBuildHasher);
+        string_ids.extend(
+            skeleton
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| (Cow::Owned(s), i as u32)),
+        );
+        let mut func_of = Vec::with_capacity(base as usize + frames);
+        func_of.resize(base as usize, 0);
+        Tables {
+            base,
+            strings: Vec::with_capacity(frames),
+            string_ids,
+            func_of,
+            funcs: Vec::with_capacity(frames),
+            frame_ids: HashMap::with_capacity_and_hasher(frames, rustc_hash::FxBuildHasher),
+            frames: Vec::with_capacity(frames),
+            stack_ids: HashMap::with_capacity_and_hasher(frames, rustc_hash::FxBuildHasher),
+            stacks: Vec::with_capacity(frames),
+        }
     }
 
-    fn flush(&mut self) -> std::io::Result<()> {
+    /// The stack of `frames` (outermost first; categories as numbers); `None` without frames.
+    fn stack(&mut self, frames: Vec<(Cow<'p, str>, u16)>) -> Option<u32> {
+        let mut prefix = None;
+        for (name, category) in frames {
+            let next = self.base + self.strings.len() as u32;
+            let string = match self.string_ids.get(name.as_ref()) {
+                Some(&s) => s,
+                None => {
+                    self.strings.push(name.clone());
+                    self.string_ids.insert(name, next);
+                    self.func_of.push(0);
+                    next
+                }
+            };
+            let next = self.frames.len() as u32;
+            let frame = *self.frame_ids.entry((string, category)).or_insert(next);
+            if frame == next {
+                let func = &mut self.func_of[string as usize];
+                if *func == 0 {
+                    self.funcs.push(string);
+                    *func = self.funcs.len() as u32;
+                }
+                self.frames.push((category, *func - 1));
+            }
+            let next = self.stacks.len() as u32;
+            let key = (prefix.map_or(0, |p| p + 1), frame);
+            let stack = *self.stack_ids.entry(key).or_insert(next);
+            if stack == next {
+                self.stacks.push((prefix, frame));
+            }
+            prefix = Some(stack);
+        }
+        prefix
+    }
+
+    /// The frame table, as fxprof-processed-profile's `FrameTable` serializes (labels only).
+    fn frame_table(&self, out: &mut Vec<u8>) {
+        let n = self.frames.len();
+        let mut num = itoa::Buffer::new();
+        out.extend_from_slice(br#"{"length":"#);
+        out.extend_from_slice(num.format(n).as_bytes());
+        out.extend_from_slice(br#","address":"#);
+        repeat(out, b"-1", n);
+        out.extend_from_slice(br#","inlineDepth":"#);
+        repeat(out, b"0", n);
+        out.extend_from_slice(br#","category":"#);
+        list(out, self.frames.iter().map(|f| u32::from(f.0)));
+        out.extend_from_slice(br#","subcategory":"#);
+        repeat(out, b"0", n);
+        out.extend_from_slice(br#","func":"#);
+        list(out, self.frames.iter().map(|f| f.1));
+        out.extend_from_slice(br#","nativeSymbol":"#);
+        repeat(out, b"null", n);
+        out.extend_from_slice(br#","innerWindowID":"#);
+        repeat(out, b"0", n);
+        out.extend_from_slice(br#","line":"#);
+        repeat(out, b"null", n);
+        out.extend_from_slice(br#","column":"#);
+        repeat(out, b"null", n);
+        out.push(b'}');
+    }
+
+    /// The function table, as fxprof-processed-profile's `FuncTable` serializes (no resources,
+    /// no flags).
+    fn func_table(&self, out: &mut Vec<u8>) {
+        let n = self.funcs.len();
+        let mut num = itoa::Buffer::new();
+        out.extend_from_slice(br#"{"length":"#);
+        out.extend_from_slice(num.format(n).as_bytes());
+        out.extend_from_slice(br#","name":"#);
+        list(out, self.funcs.iter().copied());
+        out.extend_from_slice(br#","isJS":"#);
+        repeat(out, b"false", n);
+        out.extend_from_slice(br#","relevantForJS":"#);
+        repeat(out, b"false", n);
+        out.extend_from_slice(br#","resource":"#);
+        repeat(out, b"-1", n);
+        out.extend_from_slice(br#","fileName":"#);
+        repeat(out, b"null", n);
+        out.extend_from_slice(br#","lineNumber":"#);
+        repeat(out, b"null", n);
+        out.extend_from_slice(br#","columnNumber":"#);
+        repeat(out, b"null", n);
+        out.push(b'}');
+    }
+
+    /// The stack table, as fxprof-processed-profile's `StackTable` serializes.
+    fn stack_table(&self, out: &mut Vec<u8>) {
+        let mut num = itoa::Buffer::new();
+        out.extend_from_slice(br#"{"length":"#);
+        out.extend_from_slice(num.format(self.stacks.len()).as_bytes());
+        out.extend_from_slice(br#","prefix":["#);
+        for (i, (prefix, _)) in self.stacks.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            match prefix {
+                Some(p) => out.extend_from_slice(num.format(*p).as_bytes()),
+                None => out.extend_from_slice(b"null"),
+            }
+        }
+        out.extend_from_slice(br#"],"frame":"#);
+        list(out, self.stacks.iter().map(|s| s.1));
+        out.push(b'}');
+    }
+
+    /// The strings after the skeleton's, each as serde_json writes a string, each after a comma
+    /// when `after` (the skeleton has strings).
+    fn strings(&self, out: &mut Vec<u8>, after: bool) -> Result<()> {
+        for (i, s) in self.strings.iter().enumerate() {
+            if after || i > 0 {
+                out.push(b',');
+            }
+            serde_json::to_writer(&mut *out, s.as_ref())?;
+        }
         Ok(())
     }
 }
 
-/// A placeholder sample table read back: per sample its stack index and weight.
+/// `[item,item,...]`: `item` `n` times.
+fn repeat(out: &mut Vec<u8>, item: &[u8], n: usize) {
+    out.push(b'[');
+    if n > 0 {
+        out.extend_from_slice(item);
+        let mut more = Vec::with_capacity(item.len() + 1);
+        more.push(b',');
+        more.extend_from_slice(item);
+        out.extend_from_slice(&more.repeat(n - 1));
+    }
+    out.push(b']');
+}
+
+/// `[a,b,...]`: the numbers.
+fn list(out: &mut Vec<u8>, items: impl Iterator<Item = u32>) {
+    let mut num = itoa::Buffer::new();
+    out.push(b'[');
+    for (i, x) in items.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(num.format(x).as_bytes());
+    }
+    out.push(b']');
+}
+
+/// Where a thread's tables are in the skeleton's JSON: the byte ranges of the values of its
+/// `frameTable`, `funcTable`, `samples`, `stackTable` and `stringArray`, in that order.
+struct Layout {
+    frame_table: Range<usize>,
+    func_table: Range<usize>,
+    samples: Range<usize>,
+    stack_table: Range<usize>,
+    strings: Range<usize>,
+}
+
+/// The key of a thread's first table. Within a string a quote is escaped: this is a key.
+const FRAME_TABLE_KEY: &[u8] = br#""frameTable":"#;
+/// What starts a thread's sample table in fxprof-processed-profile's JSON.
+const SAMPLES_KEY: &[u8] = br#""samples":"#;
+
+/// Each thread's [`Layout`] in the skeleton's JSON, in order.
+fn layouts(json: &[u8]) -> Result<Vec<Layout>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(i) = memchr::memmem::find(&json[at..], FRAME_TABLE_KEY) {
+        let frame_table = value_at(json, at + i + FRAME_TABLE_KEY.len())?;
+        let func_table = value_after(json, frame_table.end, br#","funcTable":"#)?;
+        let Some(i) = memchr::memmem::find(&json[func_table.end..], SAMPLES_KEY) else {
+            bail!("a Firefox thread without its samples");
+        };
+        let samples = value_at(json, func_table.end + i + SAMPLES_KEY.len())?;
+        let stack_table = value_after(json, samples.end, br#","stackTable":"#)?;
+        let strings = value_after(json, stack_table.end, br#","stringArray":"#)?;
+        at = strings.end;
+        out.push(Layout {
+            frame_table,
+            func_table,
+            samples,
+            stack_table,
+            strings,
+        });
+    }
+    Ok(out)
+}
+
+/// The byte range of the JSON value (an object or an array) that starts at `from`.
+fn value_at(json: &[u8], from: usize) -> Result<Range<usize>> {
+    let mut values =
+        serde_json::Deserializer::from_slice(&json[from..]).into_iter::<serde::de::IgnoredAny>();
+    match values.next() {
+        Some(Ok(_)) => Ok(from..from + values.byte_offset()),
+        _ => bail!("a Firefox table not ours"),
+    }
+}
+
+/// The byte range of the value of the key `key` (`,"name":`) that follows at `from`.
+fn value_after(json: &[u8], from: usize, key: &[u8]) -> Result<Range<usize>> {
+    if !json[from..].starts_with(key) {
+        bail!("a Firefox table not ours");
+    }
+    value_at(json, from + key.len())
+}
+
+/// A placeholder sample table read back: per sample its weight (the thread's place).
 #[derive(serde::Deserialize)]
 struct Placeholder {
-    stack: Vec<Option<u32>>,
     weight: Vec<i64>,
 }
 
-/// Where `needle` first is in `hay`.
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    memchr::memmem::find(hay, needle)
+/// Writes the profile as JSON (the Firefox Profiler opens it as it is, or gzipped): the same
+/// bytes as fxprof-processed-profile writes for [`build`]'s profile.
+///
+/// The skeleton gets one placeholder sample per thread with samples, its weight the thread's
+/// place, and is serialized; each thread's tables are found in it ([`layouts`]) and its
+/// placeholder says which thread it is. Then, at once: the samples are read again into each
+/// thread's columns, and each thread's tables made, on every core. The output is the skeleton
+/// with each thread's tables, samples and strings written in place of its own.
+pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()> {
+    let Skeleton {
+        mut fx,
+        cats,
+        threads,
+        slot_of,
+    } = skeleton(p);
+    let mut sampled = vec![false; threads.len()];
+    for &slot in &slot_of {
+        if slot != NONE {
+            sampled[slot as usize] = true;
+        }
+    }
+    for (slot, &t) in threads.iter().enumerate() {
+        if sampled[slot] {
+            let weight = i32::try_from(slot).context("too many threads for a Firefox profile")?;
+            fx.add_sample(
+                t,
+                Timestamp::from_nanos_since_reference(0),
+                None,
+                CpuDelta::ZERO,
+                weight,
+            );
+        }
+    }
+    let skeleton = serde_json::to_vec(&fx).context("cannot write the Firefox profile")?;
+    drop(fx);
+    // Per thread in the JSON: its layout, its place and the skeleton's strings (none: the
+    // thread has no samples, and its tables are written as they are).
+    let mut found = Vec::new();
+    for l in layouts(&skeleton)? {
+        let placeholder: Placeholder = serde_json::from_slice(&skeleton[l.samples.clone()])
+            .context("a Firefox sample table not ours")?;
+        let slot = match placeholder.weight.first() {
+            None => None,
+            Some(&w) => Some(
+                u32::try_from(w)
+                    .ok()
+                    .filter(|&s| (s as usize) < threads.len())
+                    .context("a Firefox sample table not ours")?,
+            ),
+        };
+        let strings: Vec<String> = serde_json::from_slice(&skeleton[l.strings.clone()])
+            .context("a Firefox string table not ours")?;
+        found.push((l, slot, strings));
+    }
+    // Each thread's stacks, in the profile's order.
+    let mut stacks_of: Vec<Vec<u32>> = vec![Vec::new(); threads.len()];
+    for (i, &slot) in slot_of.iter().enumerate() {
+        if slot != NONE {
+            stacks_of[slot as usize].push(i as u32);
+        }
+    }
+    let category = |c: Cat| -> Result<u16> { Ok(serde_json::to_string(&cats.handle(c))?.parse()?) };
+    let numbers = [Cat::User, Cat::Kernel, Cat::Hyper, Cat::Idle]
+        .map(|c| category(c).map(|n| (c, n)))
+        .into_iter()
+        .collect::<Result<Vec<_>>>()
+        .context("a Firefox category not ours")?;
+    let number = |c: Cat| numbers.iter().find(|(k, _)| *k == c).map_or(0, |(_, n)| *n);
+    progress.phase("firefox", Some(p.samples.len() as u64), "samples");
+    // The threads with most stacks first, each to the next free core.
+    let mut work: Vec<(usize, Option<u32>, Vec<String>)> = found
+        .iter_mut()
+        .enumerate()
+        .map(|(k, (_, slot, strings))| (k, *slot, std::mem::take(strings)))
+        .collect();
+    work.sort_by_key(|(_, slot, _)| {
+        std::cmp::Reverse(slot.map_or(0, |s| stacks_of[s as usize].len()))
+    });
+    let (columns, tables) = std::thread::scope(|sc| {
+        let t0 = std::time::Instant::now();
+        let slot_ref = &slot_of;
+        let columns = sc.spawn(move || {
+            let c = columns(p, slot_ref, threads.len(), progress);
+            eprintln!("columns {:?}", t0.elapsed());
+            c
+        });
+        let tables = crate::par_map_queue(work, |(k, slot, strings)| {
+            let slot = slot?;
+            let mut t = Tables::new(strings, stacks_of[slot as usize].len());
+            let index: Vec<(u32, u32)> = stacks_of[slot as usize]
+                .iter()
+                .map(|&i| {
+                    let st = &p.samples.stacks()[i as usize];
+                    let frames = frames_of(p, st)
+                        .into_iter()
+                        .map(|(name, c)| (name, number(c)))
+                        .collect();
+                    (i, t.stack(frames).unwrap_or(NONE))
+                })
+                .collect();
+            let mut bytes = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+            t.frame_table(&mut bytes[0]);
+            t.func_table(&mut bytes[1]);
+            t.stack_table(&mut bytes[2]);
+            let written = t.strings(&mut bytes[3], t.base > 0);
+            Some((k, slot, index, bytes, written))
+        });
+        eprintln!("tables {:?}", t0.elapsed());
+        (columns.join(), tables)
+    });
+    let Some(columns) = columns.unwrap_or_else(|e| std::panic::resume_unwind(e)) else {
+        // Never from a replay in TSC order; fxprof-processed-profile sorts such samples.
+        let fx = build(p, progress);
+        return serde_json::to_writer(out, &fx).context("cannot write the Firefox profile");
+    };
+    progress.phase("writing", None, "bytes");
+    // Per stack of the profile: its Firefox stack in its thread ([`NONE`]: none), and whether
+    // its samples are idle.
+    let mut index = vec![NONE; slot_of.len()];
+    let mut per_thread: Vec<Option<[Vec<u8>; 4]>> = (0..found.len()).map(|_| None).collect();
+    let mut slots = vec![NONE; found.len()];
+    for (k, slot, stacks, bytes, written) in tables.into_iter().flatten() {
+        written.context("cannot write the Firefox profile")?;
+        for (i, s) in stacks {
+            index[i as usize] = s;
+        }
+        per_thread[k] = Some(bytes);
+        slots[k] = slot;
+    }
+    let texts = stack_texts(&index);
+    drop(index);
+    let idle: Vec<bool> = p
+        .samples
+        .stacks()
+        .iter()
+        .map(|s| s.what == What::Idle)
+        .collect();
+    let period_us =
+        serde_json::to_string(&CpuDelta::from_nanos(p.ticks_to_ns(p.period_ticks).max(1)))?;
+    let mut w = Splice {
+        buf: Vec::with_capacity(1 << 20),
+        out,
+        chunks: Vec::new(),
+    };
+    let mut at = 0;
+    for (k, (l, _, _)) in found.iter().enumerate() {
+        let Some(bytes) = &per_thread[k] else {
+            continue;
+        };
+        let [frame_table, func_table, stack_table, strings] = bytes;
+        w.bytes(&skeleton[at..l.frame_table.start])?;
+        w.bytes(frame_table)?;
+        w.bytes(&skeleton[l.frame_table.end..l.func_table.start])?;
+        w.bytes(func_table)?;
+        w.bytes(&skeleton[l.func_table.end..l.samples.start])?;
+        write_samples(
+            &mut w,
+            &columns[slots[k] as usize],
+            &texts,
+            &idle,
+            &period_us,
+        )
+        .context("cannot write the Firefox profile")?;
+        w.bytes(&skeleton[l.samples.end..l.stack_table.start])?;
+        w.bytes(stack_table)?;
+        w.bytes(&skeleton[l.stack_table.end..l.strings.start])?;
+        // The skeleton's strings but for the closing bracket, then the thread's own.
+        w.bytes(&skeleton[l.strings.start..l.strings.end - 1])?;
+        w.bytes(strings)?;
+        w.bytes(b"]")?;
+        at = l.strings.end;
+    }
+    w.bytes(&skeleton[at..])?;
+    w.flush()?;
+    Ok(())
 }
 
 /// Buffered writing to the output (its writes are dynamic calls).
 struct Splice<'a> {
     buf: Vec<u8>,
     out: &'a mut dyn Write,
+    /// Per core, a buffer a column's chunk is formatted into, and the bytes written in it
+    /// ([`chunked`]).
+    chunks: Vec<(Vec<u8>, Range<usize>)>,
 }
 
 impl Splice<'_> {
     #[inline]
     fn io(&mut self, b: &[u8]) -> std::io::Result<()> {
+        if b.len() >= 1 << 16 {
+            // Large enough to go out as it is, not copied first.
+            self.out.write_all(&self.buf)?;
+            self.buf.clear();
+            return self.out.write_all(b);
+        }
         self.buf.extend_from_slice(b);
         if self.buf.len() >= 1 << 20 {
             self.out.write_all(&self.buf)?;
@@ -686,16 +1022,74 @@ impl Splice<'_> {
     }
 }
 
+/// A short text kept in a fixed array, its length in the last byte: copying it is a move of
+/// the whole array, not a call (a sample table copies four per sample).
+type Piece<const N: usize> = [u8; N];
+
+/// `text` (shorter than `N`) as a [`Piece`].
+fn piece<const N: usize>(text: &[u8]) -> Piece<N> {
+    assert!(text.len() < N && N <= 256, "a piece of text too long");
+    let mut p = [0; N];
+    p[..text.len()].copy_from_slice(text);
+    p[N - 1] = text.len() as u8;
+    p
+}
+
+/// Pieces written one after another into a buffer that has room for the largest of each (it
+/// is resized once and reused, never shrunk).
+struct Cursor<'a> {
+    buf: &'a mut Vec<u8>,
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    /// A cursor at the start of `buf`, which gets room for `items` pieces of `N` bytes.
+    fn new<const N: usize>(buf: &'a mut Vec<u8>, items: usize) -> Cursor<'a> {
+        let room = (items + 1) * N;
+        if buf.len() < room {
+            buf.resize(room, 0);
+        }
+        Cursor { buf, at: 0 }
+    }
+
+    /// Writes `p` (the cursor has room for it: see [`Cursor::new`]).
+    #[inline(always)]
+    fn put<const N: usize>(&mut self, p: &Piece<N>) {
+        self.buf[self.at..self.at + N].copy_from_slice(p);
+        self.at += usize::from(p[N - 1]);
+    }
+}
+
+/// Per stack of the profile, its Firefox stack's index as a sample table writes it, after a
+/// comma (`,null` for none).
+fn stack_texts(index: &[u32]) -> Vec<Piece<16>> {
+    let mut num = itoa::Buffer::new();
+    index
+        .iter()
+        .map(|&s| match s {
+            NONE => piece(b",null"),
+            s => {
+                let mut t = [0u8; 12];
+                let digits = num.format(s).as_bytes();
+                t[0] = b',';
+                t[1..=digits.len()].copy_from_slice(digits);
+                piece(&t[..=digits.len()])
+            }
+        })
+        .collect()
+}
+
 /// A thread's sample table, as fxprof-processed-profile writes it (`SampleTable`'s
 /// serialization through serde_json, its samples in time order): the length, the weight type,
-/// then per sample its stack index (`index` of its pair), its time since the previous sample
-/// (float milliseconds), its weight (1), its CPU time (`period_us`, 0 when idle). The columns
-/// are formatted in chunks on every core, written in order.
+/// then per sample its stack index (`texts` of its stack, [`stack_texts`]), its time since the
+/// previous sample (float milliseconds), its weight (1), its CPU time (`period_us`, 0 when
+/// idle). The columns are formatted in chunks on every core, written in order; each item is
+/// written after a comma, and the column's first comma is left out.
 fn write_samples(
     w: &mut Splice<'_>,
     c: &Column,
-    stacks: &[(u32, Option<fxprof_processed_profile::StackHandle>, bool)],
-    index: &[Option<u32>],
+    texts: &[Piece<16>],
+    idle: &[bool],
     period_us: &str,
 ) -> std::io::Result<()> {
     let n = c.stacks.len();
@@ -703,17 +1097,13 @@ fn write_samples(
     w.io(br#"{"length":"#)?;
     w.io(num.format(n).as_bytes())?;
     w.io(br#","weightType":"samples","stack":["#)?;
-    chunked(w, n, |_, range, out| {
-        let mut num = itoa::Buffer::new();
+    chunked(w, n, |_, range, buf| {
+        let first = usize::from(range.start == 0);
+        let mut out = Cursor::new::<16>(buf, range.len());
         for i in range {
-            if i > 0 {
-                out.push(b',');
-            }
-            match index[c.stacks[i] as usize] {
-                Some(s) => out.extend_from_slice(num.format(s).as_bytes()),
-                None => out.extend_from_slice(b"null"),
-            }
+            out.put(&texts[c.stacks[i] as usize]);
         }
+        first..out.at
     })?;
     w.io(br#"],"timeDeltas":["#)?;
     // Where each chunk's long deltas start.
@@ -735,46 +1125,50 @@ fn write_samples(
     }) {
         return Err(std::io::Error::other("a Firefox sample's time lost"));
     }
-    chunked(w, n, |k, range, out| {
+    chunked(w, n, |k, range, buf| {
+        let first = usize::from(range.start == 0);
+        let mut out = Cursor::new::<32>(buf, range.len());
         let mut long = c.long[long_from[k]..].iter();
         // Periodic samples: mostly the same delta, formatted once.
         let mut last: Option<u64> = None;
-        let mut text: Vec<u8> = Vec::new();
+        let mut text: Piece<32> = [0; 32];
         for i in range {
-            if i > 0 {
-                out.push(b',');
-            }
             let d = match c.deltas[i] {
                 u32::MAX => long.next().copied().unwrap_or_default(),
                 d => u64::from(d),
             };
             if last != Some(d) {
-                text.clear();
-                // Into a vector: cannot fail.
-                let _ = millis(&mut text, d);
+                text = millis(d);
                 last = Some(d);
             }
-            out.extend_from_slice(&text);
+            out.put(&text);
         }
+        first..out.at
     })?;
     w.io(br#"],"weight":["#)?;
-    chunked(w, n, |_, range, out| {
-        for i in range {
-            out.extend_from_slice(if i > 0 { b",1" } else { b"1" });
+    let one: Piece<4> = piece(b",1");
+    chunked(w, n, |_, range, buf| {
+        let first = usize::from(range.start == 0);
+        let mut out = Cursor::new::<4>(buf, range.len());
+        for _ in range {
+            out.put(&one);
         }
+        first..out.at
     })?;
     w.io(br#"],"threadCPUDelta":["#)?;
-    chunked(w, n, |_, range, out| {
+    let busy: Piece<32> = piece(format!(",{period_us}").as_bytes());
+    let zero: Piece<32> = piece(b",0");
+    chunked(w, n, |_, range, buf| {
+        let first = usize::from(range.start == 0);
+        let mut out = Cursor::new::<32>(buf, range.len());
         for i in range {
-            if i > 0 {
-                out.push(b',');
-            }
-            if stacks[c.stacks[i] as usize].2 {
-                out.push(b'0');
+            out.put(if idle[c.stacks[i] as usize] {
+                &zero
             } else {
-                out.extend_from_slice(period_us.as_bytes());
-            }
+                &busy
+            });
         }
+        first..out.at
     })?;
     w.io(b"]}")
 }
@@ -782,74 +1176,93 @@ fn write_samples(
 /// Samples per chunk of a column formatted at once.
 const CHUNK: usize = 1 << 16;
 
-/// Items `0..n` formatted by `format(k, range, out)` (chunk `k`, its items `range`) on every
-/// core, a few chunks at a time, and written in order.
+/// Items `0..n` formatted by `format(k, range, buf)` (chunk `k`, its items `range`; it returns
+/// the bytes of `buf` it wrote) on every core, a few chunks at a time, and written in order.
 fn chunked(
     w: &mut Splice<'_>,
     n: usize,
-    format: impl Fn(usize, std::ops::Range<usize>, &mut Vec<u8>) + Sync,
+    format: impl Fn(usize, Range<usize>, &mut Vec<u8>) -> Range<usize> + Sync,
 ) -> std::io::Result<()> {
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get().min(8));
     let chunks = n.div_ceil(CHUNK);
-    let mut bufs: Vec<Vec<u8>> = vec![Vec::new(); threads];
+    // The buffers are the writer's, kept from column to column (a chunk's is some 2 MB).
+    let mut bufs = std::mem::take(&mut w.chunks);
+    if bufs.is_empty() {
+        let threads = std::thread::available_parallelism().map_or(1, |t| t.get().min(8));
+        bufs = vec![(Vec::new(), 0..0); threads];
+    }
+    let threads = bufs.len();
     let format = &format;
     let mut k = 0;
     while k < chunks {
         let wave = threads.min(chunks - k);
         std::thread::scope(|sc| {
-            for (j, buf) in bufs.iter_mut().take(wave).enumerate() {
+            for (j, (buf, written)) in bufs.iter_mut().take(wave).enumerate() {
                 let chunk = k + j;
                 let range = chunk * CHUNK..((chunk + 1) * CHUNK).min(n);
-                buf.clear();
                 if j + 1 == wave {
-                    format(chunk, range, buf);
+                    *written = format(chunk, range, buf);
                 } else {
-                    sc.spawn(move || format(chunk, range, buf));
+                    sc.spawn(move || *written = format(chunk, range, buf));
                 }
             }
         });
-        for buf in bufs.iter().take(wave) {
-            w.io(buf)?;
+        for (buf, written) in bufs.iter().take(wave) {
+            w.io(&buf[written.clone()])?;
         }
         k += wave;
     }
+    w.chunks = bufs;
     Ok(())
 }
 
-/// `nanos` as float milliseconds, as serde_json writes `nanos as f64 / 1e6` (fxprof-processed-
-/// profile's time deltas): the shortest decimal that reads back as that float. Below 10^15 ns
-/// the quotient's exact decimal (at most 15 significant digits, six after the point) is it:
-/// the float is the one nearest to that decimal (a correctly rounded quotient), and two
+/// `,` and `nanos` as float milliseconds, as serde_json writes `nanos as f64 / 1e6` (fxprof-
+/// processed-profile's time deltas): the shortest decimal that reads back as that float. Below
+/// 10^15 ns the quotient's exact decimal (at most 15 significant digits, six after the point)
+/// is it: the float is the one nearest to that decimal (a correctly rounded quotient), and two
 /// decimals of at most 15 digits never share a float, so no shorter one reads back as it.
 /// serde_json writes it in fixed notation from 10^-5 on (`1.0` for a whole number); smaller
-/// and larger values are left to it.
-fn millis(out: &mut Vec<u8>, nanos: u64) -> std::io::Result<()> {
+/// and larger values are left to it (a float's JSON text is at most 24 bytes).
+fn millis(nanos: u64) -> Piece<32> {
     if !(10_000..1_000_000_000_000_000).contains(&nanos) {
         use serde_json::ser::Formatter;
-        return serde_json::ser::CompactFormatter.write_f64(out, nanos as f64 / 1_000_000.0);
+        let mut text = vec![b','];
+        // Into a vector: cannot fail.
+        let _ = serde_json::ser::CompactFormatter.write_f64(&mut text, nanos as f64 / 1_000_000.0);
+        return piece(&text);
     }
+    // At most 1 + 12 + 1 + 6 bytes.
+    let mut t = [0u8; 32];
+    t[0] = b',';
     let mut num = itoa::Buffer::new();
-    out.extend_from_slice(num.format(nanos / 1_000_000).as_bytes());
-    out.push(b'.');
-    let mut frac = nanos % 1_000_000;
+    let whole = num.format(nanos / 1_000_000).as_bytes();
+    t[1..=whole.len()].copy_from_slice(whole);
+    let mut at = 1 + whole.len();
+    t[at] = b'.';
+    at += 1;
+    let mut frac = (nanos % 1_000_000) as u32;
     if frac == 0 {
-        out.push(b'0');
-        return Ok(());
+        t[at] = b'0';
+        at += 1;
+    } else {
+        // Six digits, the trailing zeros left out.
+        let mut digits = 6;
+        while frac.is_multiple_of(10) {
+            frac /= 10;
+            digits -= 1;
+        }
+        for i in (0..digits).rev() {
+            t[at + i] = b'0' + (frac % 10) as u8;
+            frac /= 10;
+        }
+        at += digits;
     }
-    let mut digits = 6;
-    while frac.is_multiple_of(10) {
-        frac /= 10;
-        digits -= 1;
-    }
-    let text = num.format(frac);
-    out.extend(std::iter::repeat_n(b'0', digits - text.len()));
-    out.extend_from_slice(text.as_bytes());
-    Ok(())
+    t[31] = at as u8;
+    t
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{CHUNK, Column, Splice, millis, write_samples};
+    use super::{CHUNK, Column, NONE, Splice, millis, stack_texts, write_samples};
 
     /// A sample table of several chunks, with deltas too long for 32 bits among them, is what
     /// serde_json writes for its columns.
@@ -875,21 +1288,21 @@ mod tests {
             }
             deltas.push(d as f64 / 1_000_000.0);
         }
-        // Pair 3 has no stack; pair 4 is idle.
-        let index = [Some(10), Some(11), Some(12), None, Some(14)];
-        let stacks: Vec<(u32, Option<fxprof_processed_profile::StackHandle>, bool)> =
-            (0..5).map(|k| (0, None, k == 4)).collect();
+        // Stack 3 has no Firefox stack; stack 4 is idle.
+        let index = [10, 11, 12, NONE, 14];
+        let idle: Vec<bool> = (0..5).map(|k| k == 4).collect();
         let mut out = Vec::new();
         let mut w = Splice {
             buf: Vec::new(),
             out: &mut out,
+            chunks: Vec::new(),
         };
-        write_samples(&mut w, &c, &stacks, &index, "1000").unwrap();
+        write_samples(&mut w, &c, &stack_texts(&index), &idle, "1000").unwrap();
         w.flush().unwrap();
         let want = serde_json::json!({
             "length": n,
             "weightType": "samples",
-            "stack": c.stacks.iter().map(|&h| index[h as usize]).collect::<Vec<_>>(),
+            "stack": c.stacks.iter().map(|&h| Some(index[h as usize]).filter(|&s| s != NONE)).collect::<Vec<_>>(),
             "timeDeltas": deltas,
             "weight": vec![1; n],
             "threadCPUDelta": c.stacks.iter().map(|&h| if h == 4 { 0 } else { 1000 }).collect::<Vec<_>>(),
@@ -909,8 +1322,9 @@ mod tests {
     #[test]
     fn millis_are_what_serde_json_writes() {
         let check = |nanos: u64| {
-            let mut got = Vec::new();
-            millis(&mut got, nanos).unwrap();
+            let p = millis(nanos);
+            let got = p[1..usize::from(p[31])].to_vec();
+            assert_eq!(p[0], b',');
             let want = serde_json::to_vec(&(nanos as f64 / 1_000_000.0)).unwrap();
             assert_eq!(
                 String::from_utf8(got).unwrap(),

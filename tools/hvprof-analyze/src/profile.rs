@@ -1540,6 +1540,37 @@ impl Profile {
     pub fn replay<R: Send + Default>(
         &self,
         work: impl Fn(&[Sampled], &mut R) + Sync,
+        consume: impl FnMut(&mut R) -> Result<()>,
+    ) -> Result<()> {
+        self.replay_runs(
+            |scratch, sources, lo, hi, out| {
+                work(self.run_samples(scratch, sources, lo, hi), out);
+            },
+            consume,
+        )
+    }
+
+    /// As [`Profile::replay`], each sample as its TSC and its stack (an index into
+    /// [`Samples::stacks`]) only: for a view that reads no other field, which spares the
+    /// workers making each sample whole.
+    pub fn replay_stacks<R: Send + Default>(
+        &self,
+        work: impl Fn(&[(u64, u32)], &mut R) + Sync,
+        consume: impl FnMut(&mut R) -> Result<()>,
+    ) -> Result<()> {
+        self.replay_runs(
+            |scratch, sources, lo, hi, out| {
+                work(self.run_merged(scratch, sources, lo, hi), out);
+            },
+            consume,
+        )
+    }
+
+    /// The runs of [`Profile::replay`]: `work` reads the samples of `lo..hi` from the sources
+    /// with a scratch of its own, into an `R`.
+    fn replay_runs<R: Send + Default>(
+        &self,
+        work: impl Fn(&mut RunScratch, &[(u16, Source<'_>)], u64, Option<u64>, &mut R) + Sync,
         mut consume: impl FnMut(&mut R) -> Result<()>,
     ) -> Result<()> {
         let r = &self.replay;
@@ -1603,7 +1634,7 @@ impl Profile {
                     let mut scratch = RunScratch::default();
                     for &(lo, hi) in runs.iter().skip(w).step_by(threads) {
                         let mut out = back.try_recv().unwrap_or_default();
-                        work(self.run_samples(&mut scratch, sources, lo, hi), &mut out);
+                        work(&mut scratch, sources, lo, hi, &mut out);
                         if done.send(out).is_err() {
                             return;
                         }
@@ -1631,12 +1662,38 @@ impl Profile {
         lo: u64,
         hi: Option<u64>,
     ) -> &'s [Sampled] {
+        self.run_merged(scratch, sources, lo, hi);
+        let RunScratch { merged, out, .. } = scratch;
+        // Each sample whole, from its stack: a random access into the stacks, prefetched a few
+        // samples ahead so that the misses overlap.
+        const AHEAD: usize = 16;
+        out.clear();
+        out.reserve(merged.len());
+        let stacks = &self.samples.stacks;
+        for (i, &(tsc, stack)) in merged.iter().enumerate() {
+            if let Some(&(_, next)) = merged.get(i + AHEAD) {
+                crate::stack_table::prefetch(&stacks[next as usize]);
+            }
+            out.push(self.samples.sampled(tsc, stack));
+        }
+        out
+    }
+
+    /// The samples with `lo <= tsc < hi` (no upper bound without `hi`), in TSC order, then
+    /// pCPU, as (TSC, stack) in `scratch.merged`.
+    fn run_merged<'s>(
+        &self,
+        scratch: &'s mut RunScratch,
+        sources: &[(u16, Source<'_>)],
+        lo: u64,
+        hi: Option<u64>,
+    ) -> &'s [(u64, u32)] {
         let below = |t: u64| hi.is_none_or(|h| t < h);
         let RunScratch {
             block,
             lists,
             merged,
-            out,
+            ..
         } = scratch;
         lists.resize_with(sources.len(), Vec::new);
         for ((_, source), l) in sources.iter().zip(lists.iter_mut()) {
@@ -1689,19 +1746,7 @@ impl Profile {
                 }
             }
         }
-        // Each sample whole, from its stack: a random access into the stacks, prefetched a few
-        // samples ahead so that the misses overlap.
-        const AHEAD: usize = 16;
-        out.clear();
-        out.reserve(merged.len());
-        let stacks = &self.samples.stacks;
-        for (i, &(tsc, stack)) in merged.iter().enumerate() {
-            if let Some(&(_, next)) = merged.get(i + AHEAD) {
-                crate::stack_table::prefetch(&stacks[next as usize]);
-            }
-            out.push(self.samples.sampled(tsc, stack));
-        }
-        out
+        merged
     }
 
     /// Every sample in TSC order (then pCPU), one by one on this thread.
