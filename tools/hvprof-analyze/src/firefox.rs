@@ -507,6 +507,7 @@ fn columns(
         })
         .collect();
     let start = p.span().0;
+    let to_ns = p.nanos();
     let mut ordered = true;
     let _ = p.replay_stacks(
         |run, out: &mut RunColumns| {
@@ -525,7 +526,7 @@ fn columns(
                 if let Some((stacks, nanos)) = out.threads.get_mut(slot_of[stack as usize] as usize)
                 {
                     stacks.push(stack);
-                    nanos.push(p.ticks_to_ns(tsc.saturating_sub(start)));
+                    nanos.push(to_ns.of(tsc.saturating_sub(start)));
                 }
             }
         },

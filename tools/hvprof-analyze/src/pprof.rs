@@ -174,7 +174,7 @@ impl Strings {
     }
 
     fn get(&mut self, v: &str) -> i64 {
-        let hash = |s: &str| rustc_hash::FxBuildHasher.hash_one(s);
+        let hash = |s: &str| foldhash::fast::FixedState::default().hash_one(s);
         let h = hash(v);
         let table = &self.table;
         if let Some(&i) = self.index.find(h, |&i| table[i as usize] == v) {

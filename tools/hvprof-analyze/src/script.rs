@@ -38,6 +38,7 @@
 use std::io::{self, Write};
 
 use rustc_hash::FxHashMap as HashMap;
+use strength_reduce::StrengthReducedU64;
 
 use crate::calls::{Part, whole_stack};
 use crate::profile::{Frame, Profile, Stack, What};
@@ -285,11 +286,11 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
     drop(tails);
     let middle = format!(": {event}:\n\t");
     let chains = p.samples.has_chains();
-    let hz = if p.tsc_hz == 0 {
+    let hz = StrengthReducedU64::new(if p.tsc_hz == 0 {
         1_000_000_000
     } else {
         p.tsc_hz
-    };
+    });
     progress.phase("perf script", Some(p.samples.len() as u64), "samples");
     p.replay(
         |run, (text, n): &mut (Vec<u8>, u64)| {
@@ -331,17 +332,19 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
     .map_err(io::Error::other)
 }
 
-/// `tsc / hz` seconds with six decimals, rounded to the nearest microsecond (`hz` is not 0).
-fn seconds(out: &mut Vec<u8>, tsc: u64, hz: u64) {
+/// `tsc / hz` seconds with six decimals, rounded to the nearest microsecond (`hz` is not 0;
+/// the divisions by it are multiplications, `strength_reduce`: a call per sample).
+fn seconds(out: &mut Vec<u8>, tsc: u64, reduced: StrengthReducedU64) {
+    let hz = reduced.get();
     let mut buf = itoa::Buffer::new();
-    // In 64-bit divisions (a call per sample) when the microseconds fit: tsc = q hz + r, so
+    // In 64-bit divisions when the microseconds fit: tsc = q hz + r, so
     // (tsc 10^6 + hz / 2) / hz = q 10^6 + (r 10^6 + hz / 2) / hz, whose last term's dividend
     // is below (10^6 + 1) hz.
-    let (q, r) = (tsc / hz, tsc % hz);
+    let (q, r) = StrengthReducedU64::div_rem(tsc, reduced);
     let fast = hz
         .checked_mul(1_000_001)
         .and_then(|_| q.checked_mul(1_000_000))
-        .and_then(|whole| whole.checked_add((r * 1_000_000 + hz / 2) / hz));
+        .and_then(|whole| whole.checked_add((r * 1_000_000 + hz / 2) / reduced));
     let frac = match fast {
         Some(us) => {
             out.extend_from_slice(buf.format(us / 1_000_000).as_bytes());
@@ -419,7 +422,7 @@ mod tests {
             (1_199_998_800, 2_400_000_000, "0.500000"),
         ] {
             let mut out = Vec::new();
-            seconds(&mut out, tsc, hz);
+            seconds(&mut out, tsc, StrengthReducedU64::new(hz));
             assert_eq!(String::from_utf8(out).unwrap(), want, "{tsc} / {hz}");
         }
         for v in [0u64, 1, 0xabc, 0xffff_8000_0020_7bfb, u64::MAX] {
