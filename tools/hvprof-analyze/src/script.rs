@@ -187,31 +187,51 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
     } else {
         "cpu-clock"
     };
-    // Per frame: " function (module)\n" for the leaf, and the outer frames' lines (a few
-    // strings made per frame, hundreds of thousands of frames: on every core).
-    let tail = |f: &Frame| {
-        let leaf = format!(" {} ({})\n", frame_name(&f.function), script_module(f));
-        let outer = match f.what {
-            What::GuestKernel | What::GuestUser => format!(
-                "\t{:>16x} {} ({PROCESS_MODULE})\n",
-                0,
-                frame_name(&f.process)
-            ),
-            What::Hypervisor => format!(
-                "\t{:>16x} {} ({HYPERVISOR_MODULE})\n",
-                0,
-                frame_name(&f.process)
-            ),
-            What::Idle => String::new(),
-        };
-        (leaf, outer)
-    };
-    let tails: Vec<(String, String)> = crate::par_map(p.frames.chunks(4096).collect(), |c| {
-        c.iter().map(tail).collect::<Vec<_>>()
-    })
-    .into_iter()
-    .flatten()
-    .collect();
+    // The frames' texts in one arena, frame f's leaf (" function (module)\n") at `arena[a..m]`
+    // and its outer frames' lines at `arena[m..e]` for `spans[f] = (a, m, e)`: the loop below
+    // reads them at random, and prefetches them a few samples ahead. Hundreds of thousands of
+    // frames: each core writes a share into an arena of its own, and the shares are joined.
+    let shares: Vec<(Vec<u8>, Vec<(usize, usize, usize)>)> =
+        crate::par_map(p.frames.chunks(4096).collect(), |c| {
+            let mut arena: Vec<u8> = Vec::with_capacity(c.len() * 96);
+            let spans = c
+                .iter()
+                .map(|f| {
+                    let a = arena.len();
+                    // Into a vector: cannot fail.
+                    let _ = write!(arena, " {} ({})\n", frame_name(&f.function), script_module(f));
+                    let m = arena.len();
+                    let _ = match f.what {
+                        What::GuestKernel | What::GuestUser => write!(
+                            arena,
+                            "\t{:>16x} {} ({PROCESS_MODULE})\n",
+                            0,
+                            frame_name(&f.process)
+                        ),
+                        What::Hypervisor => write!(
+                            arena,
+                            "\t{:>16x} {} ({HYPERVISOR_MODULE})\n",
+                            0,
+                            frame_name(&f.process)
+                        ),
+                        What::Idle => Ok(()),
+                    };
+                    (a, m, arena.len())
+                })
+                .collect();
+            (arena, spans)
+        });
+    let mut arena: Vec<u8> = Vec::with_capacity(shares.iter().map(|(a, _)| a.len()).sum());
+    let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(p.frames.len());
+    for (share, share_spans) in shares {
+        let base = arena.len();
+        arena.extend_from_slice(&share);
+        spans.extend(
+            share_spans
+                .into_iter()
+                .map(|(a, m, e)| (base + a, base + m, base + e)),
+        );
+    }
     // Per stack: its line's start (comm, pid/tid, pCPU), one of a few.
     let mut starts: Vec<String> = Vec::new();
     let mut start_of: HashMap<(What, u16, u16, u16), u32> = HashMap::default();
@@ -264,26 +284,13 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
                 return (0, 0);
             }
             let from = chained.len() as u32;
-            let outer = &tails[s.frame as usize].1;
+            let (_, m, e) = spans[s.frame as usize];
+            // Made of strings and ASCII, cut where each was written.
+            let outer = std::str::from_utf8(&arena[m..e]).unwrap_or_default();
             chain_lines(p, s, outer, &mut lines, &mut special, &mut chained);
             (from, chained.len() as u32)
         })
         .collect();
-    // The frames' texts in one arena, frame f's leaf at `arena[a..m]` and outer lines at
-    // `arena[m..e]` for `spans[f] = (a, m, e)`: the loop below reads them at random, and
-    // prefetches them a few samples ahead.
-    let mut arena: Vec<u8> = Vec::new();
-    let spans: Vec<(usize, usize, usize)> = tails
-        .iter()
-        .map(|(leaf, outer)| {
-            let a = arena.len();
-            arena.extend_from_slice(leaf.as_bytes());
-            let m = arena.len();
-            arena.extend_from_slice(outer.as_bytes());
-            (a, m, arena.len())
-        })
-        .collect();
-    drop(tails);
     let middle = format!(": {event}:\n\t");
     let chains = p.samples.has_chains();
     let hz = StrengthReducedU64::new(if p.tsc_hz == 0 {
@@ -311,11 +318,12 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
                 text.extend_from_slice(middle.as_bytes());
                 hex16(text, s.addr);
                 let (a, m, e) = spans[s.frame as usize];
-                text.extend_from_slice(&arena[a..m]);
                 let (from, to) = if chains { chain_of[stack] } else { (0, 0) };
                 if from == to {
-                    text.extend_from_slice(&arena[m..e]);
+                    // The leaf and the outer lines are next to each other.
+                    text.extend_from_slice(&arena[a..e]);
                 } else {
+                    text.extend_from_slice(&arena[a..m]);
                     for &l in &chained[from as usize..to as usize] {
                         text.extend_from_slice(lines[l as usize].as_bytes());
                     }
