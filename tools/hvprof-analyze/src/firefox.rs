@@ -196,16 +196,38 @@ fn frames_of<'p>(p: &'p Profile, st: &Stack) -> Vec<(Cow<'p, str>, Cat)> {
 struct Skeleton {
     fx: FxProfile,
     cats: Categories,
-    /// The threads, in the order they were made.
+    /// The threads, in the order they were made: those of [`sampled_threads`] first.
     threads: Vec<ThreadHandle>,
-    /// Per stack of the profile, its thread's place in `threads` ([`NONE`]: no samples).
-    slot_of: Vec<u32>,
 }
 
-/// Makes the [`Skeleton`]: a thread for each stack's vCPU or pCPU, in the profile's order of
-/// stacks, then the scheduling markers on the vCPU threads and the lost records' on the pCPU
-/// threads (the markers' names go first in each thread's string table, before its frames').
-fn skeleton(p: &Profile) -> Skeleton {
+/// The threads with samples ([`thread_key`]s), in the profile's order of stacks, and per stack
+/// its thread's place in that list ([`NONE`]: no samples). The [`Skeleton`] makes them first,
+/// in this order.
+fn sampled_threads(p: &Profile) -> (Vec<(bool, u16, u16)>, Vec<u32>) {
+    let mut keys = Vec::new();
+    let mut slots: HashMap<(bool, u16, u16), u32> = HashMap::default();
+    let slot_of = p
+        .samples
+        .stacks()
+        .iter()
+        .map(|st| {
+            if st.count == 0 {
+                return NONE;
+            }
+            let key = thread_key(st.what, st.pcpu, st.vm, st.vcpu);
+            *slots.entry(key).or_insert_with(|| {
+                keys.push(key);
+                (keys.len() - 1) as u32
+            })
+        })
+        .collect();
+    (keys, slot_of)
+}
+
+/// Makes the [`Skeleton`]: the threads with samples (`sampled`, [`sampled_threads`]), then the
+/// scheduling markers on the vCPU threads and the lost records' on the pCPU threads (the
+/// markers' names go first in each thread's string table, before its frames').
+fn skeleton(p: &Profile, sampled: &[(bool, u16, u16)]) -> Skeleton {
     let period_ns = p.ticks_to_ns(p.period_ticks).max(1);
     let mut fx = FxProfile::new(
         &format!(
@@ -234,18 +256,9 @@ fn skeleton(p: &Profile) -> Skeleton {
         hv,
         t0,
     };
-    let slot_of = p
-        .samples
-        .stacks()
-        .iter()
-        .map(|st| {
-            if st.count == 0 {
-                return NONE;
-            }
-            let (guest, a, b) = thread_key(st.what, st.pcpu, st.vm, st.vcpu);
-            threads.get(&mut fx, p, guest, a, b).1
-        })
-        .collect();
+    for &(guest, a, b) in sampled {
+        threads.get(&mut fx, p, guest, a, b);
+    }
     // Scheduling markers on the vCPU threads.
     let mut open: HashMap<(u16, u16), u64> = HashMap::default();
     let mut last_out: HashMap<(u16, u16), (u64, OutReason)> = HashMap::default();
@@ -318,7 +331,6 @@ fn skeleton(p: &Profile) -> Skeleton {
         fx,
         cats,
         threads: threads.list,
-        slot_of,
     }
 }
 
@@ -382,12 +394,12 @@ fn thread_key(what: What, pcpu: u16, vm: u16, vcpu: u16) -> (bool, u16, u16) {
 /// Builds the Firefox profile with fxprof-processed-profile: the [`Skeleton`], each stack of the
 /// profile interned in the profile's order, then the samples in time order.
 pub fn build(p: &Profile, progress: &Progress) -> FxProfile {
+    let (sampled, slot_of) = sampled_threads(p);
     let Skeleton {
         mut fx,
         cats,
         threads,
-        slot_of,
-    } = skeleton(p);
+    } = skeleton(p, &sampled);
     progress.phase("firefox", Some(p.samples.len() as u64), "samples");
     let mut frames: HashMap<(ThreadHandle, StringHandle, Cat), FrameHandle> = HashMap::default();
     let handles: Vec<Option<StackHandle>> = p
@@ -807,23 +819,33 @@ struct Placeholder {
     weight: Vec<i64>,
 }
 
-/// Writes the profile as JSON (the Firefox Profiler opens it as it is, or gzipped): the same
-/// bytes as fxprof-processed-profile writes for [`build`]'s profile.
-///
-/// The skeleton gets one placeholder sample per thread with samples, its weight the thread's
-/// place, and is serialized; each thread's tables are found in it ([`layouts`]) and its
-/// placeholder says which thread it is. Then, at once: the samples are read again into each
-/// thread's columns, and each thread's tables made, on every core. The output is the skeleton
-/// with each thread's tables, samples and strings written in place of its own.
-pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()> {
+/// One thread's tables as [`write`] splices them: its place in the skeleton's list of
+/// threads, its place among the threads, each of its stacks with its Firefox stack, its frame,
+/// function and stack tables and its strings after the skeleton's (as JSON), and whether they
+/// were written.
+type ThreadTables = (usize, u32, Vec<(u32, u32)>, [Vec<u8>; 4], Result<()>);
+
+/// The skeleton (threads `sampled` first, [`sampled_threads`]) serialized with a placeholder
+/// sample per thread with samples; where each thread's tables are in it, with its place and
+/// the skeleton's strings; and each thread's tables, made on every core (`slot_of`: each
+/// stack's thread).
+#[allow(clippy::type_complexity)]
+fn skeleton_and_tables(
+    p: &Profile,
+    sampled: &[(bool, u16, u16)],
+    slot_of: &[u32],
+) -> Result<(
+    Vec<u8>,
+    Vec<(Layout, Option<u32>, Vec<String>)>,
+    Vec<Option<ThreadTables>>,
+)> {
     let Skeleton {
         mut fx,
         cats,
         threads,
-        slot_of,
-    } = skeleton(p);
+    } = skeleton(p, sampled);
     let mut sampled = vec![false; threads.len()];
-    for &slot in &slot_of {
+    for &slot in slot_of {
         if slot != NONE {
             sampled[slot as usize] = true;
         }
@@ -875,7 +897,6 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()
         .collect::<Result<Vec<_>>>()
         .context("a Firefox category not ours")?;
     let number = |c: Cat| numbers.iter().find(|(k, _)| *k == c).map_or(0, |(_, n)| *n);
-    progress.phase("firefox", Some(p.samples.len() as u64), "samples");
     // The threads with most stacks first, each to the next free core.
     let mut work: Vec<(usize, Option<u32>, Vec<String>)> = found
         .iter_mut()
@@ -885,38 +906,49 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()
     work.sort_by_key(|(_, slot, _)| {
         std::cmp::Reverse(slot.map_or(0, |s| stacks_of[s as usize].len()))
     });
-    let (columns, tables) = std::thread::scope(|sc| {
-        let t0 = std::time::Instant::now();
-        let slot_ref = &slot_of;
-        let columns = sc.spawn(move || {
-            let c = columns(p, slot_ref, threads.len(), progress);
-            eprintln!("columns {:?}", t0.elapsed());
-            c
-        });
-        let tables = crate::par_map_queue(work, |(k, slot, strings)| {
-            let slot = slot?;
-            let mut t = Tables::new(strings, stacks_of[slot as usize].len());
-            let index: Vec<(u32, u32)> = stacks_of[slot as usize]
-                .iter()
-                .map(|&i| {
-                    let st = &p.samples.stacks()[i as usize];
-                    let frames = frames_of(p, st)
-                        .into_iter()
-                        .map(|(name, c)| (name, number(c)))
-                        .collect();
-                    (i, t.stack(frames).unwrap_or(NONE))
-                })
-                .collect();
-            let mut bytes = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
-            t.frame_table(&mut bytes[0]);
-            t.func_table(&mut bytes[1]);
-            t.stack_table(&mut bytes[2]);
-            let written = t.strings(&mut bytes[3], t.base > 0);
-            Some((k, slot, index, bytes, written))
-        });
-        eprintln!("tables {:?}", t0.elapsed());
-        (columns.join(), tables)
+    let tables = crate::par_map_queue(work, |(k, slot, strings)| {
+        let slot = slot?;
+        let mut t = Tables::new(strings, stacks_of[slot as usize].len());
+        let index: Vec<(u32, u32)> = stacks_of[slot as usize]
+            .iter()
+            .map(|&i| {
+                let st = &p.samples.stacks()[i as usize];
+                let frames = frames_of(p, st)
+                    .into_iter()
+                    .map(|(name, c)| (name, number(c)))
+                    .collect();
+                (i, t.stack(frames).unwrap_or(NONE))
+            })
+            .collect();
+        let mut bytes = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        t.frame_table(&mut bytes[0]);
+        t.func_table(&mut bytes[1]);
+        t.stack_table(&mut bytes[2]);
+        let written = t.strings(&mut bytes[3], t.base > 0);
+        Some((k, slot, index, bytes, written))
     });
+    Ok((skeleton, found, tables))
+}
+
+/// Writes the profile as JSON (the Firefox Profiler opens it as it is, or gzipped): the same
+/// bytes as fxprof-processed-profile writes for [`build`]'s profile.
+///
+/// The skeleton gets one placeholder sample per thread with samples, its weight the thread's
+/// place, and is serialized; each thread's tables are found in it ([`layouts`]) and its
+/// placeholder says which thread it is. Then, at once: the samples are read again into each
+/// thread's columns, and each thread's tables made, on every core. The output is the skeleton
+/// with each thread's tables, samples and strings written in place of its own.
+pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()> {
+    let (sampled, slot_of) = sampled_threads(p);
+    progress.phase("firefox", Some(p.samples.len() as u64), "samples");
+    // The replay fills the columns from the start, while this thread makes the skeleton and
+    // every core the tables.
+    let (columns, made) = std::thread::scope(|sc| {
+        let columns = sc.spawn(|| columns(p, &slot_of, sampled.len(), progress));
+        let made = skeleton_and_tables(p, &sampled, &slot_of);
+        (columns.join(), made)
+    });
+    let (skeleton, found, tables) = made?;
     let Some(columns) = columns.unwrap_or_else(|e| std::panic::resume_unwind(e)) else {
         // Never from a replay in TSC order; fxprof-processed-profile sorts such samples.
         let fx = build(p, progress);
