@@ -825,20 +825,23 @@ struct Placeholder {
 /// were written.
 type ThreadTables = (usize, u32, Vec<(u32, u32)>, [Vec<u8>; 4], Result<()>);
 
+/// What [`skeleton_and_tables`] makes: the skeleton's JSON; per thread in it, its layout, its
+/// place (none: no samples) and the skeleton's strings; each thread's tables.
+type SkeletonAndTables = (
+    Vec<u8>,
+    Vec<(Layout, Option<u32>, Vec<String>)>,
+    Vec<Option<ThreadTables>>,
+);
+
 /// The skeleton (threads `sampled` first, [`sampled_threads`]) serialized with a placeholder
 /// sample per thread with samples; where each thread's tables are in it, with its place and
 /// the skeleton's strings; and each thread's tables, made on every core (`slot_of`: each
 /// stack's thread).
-#[allow(clippy::type_complexity)]
 fn skeleton_and_tables(
     p: &Profile,
     sampled: &[(bool, u16, u16)],
     slot_of: &[u32],
-) -> Result<(
-    Vec<u8>,
-    Vec<(Layout, Option<u32>, Vec<String>)>,
-    Vec<Option<ThreadTables>>,
-)> {
+) -> Result<SkeletonAndTables> {
     let Skeleton {
         mut fx,
         cats,

@@ -180,6 +180,10 @@ fn chain_lines(
     }
 }
 
+/// Where a frame's texts are in the arena of [`write`]: its leaf at `a..m`, its outer lines at
+/// `m..e`, for `(a, m, e)`.
+type Span = (usize, usize, usize);
+
 /// Writes every sample of `p` as `perf script` text.
 pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Result<()> {
     let event = if p.report.source == "pmu" {
@@ -191,38 +195,37 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
     // and its outer frames' lines at `arena[m..e]` for `spans[f] = (a, m, e)`: the loop below
     // reads them at random, and prefetches them a few samples ahead. Hundreds of thousands of
     // frames: each core writes a share into an arena of its own, and the shares are joined.
-    let shares: Vec<(Vec<u8>, Vec<(usize, usize, usize)>)> =
-        crate::par_map(p.frames.chunks(4096).collect(), |c| {
-            let mut arena: Vec<u8> = Vec::with_capacity(c.len() * 96);
-            let spans = c
-                .iter()
-                .map(|f| {
-                    let a = arena.len();
-                    // Into a vector: cannot fail.
-                    let _ = write!(arena, " {} ({})\n", frame_name(&f.function), script_module(f));
-                    let m = arena.len();
-                    let _ = match f.what {
-                        What::GuestKernel | What::GuestUser => write!(
-                            arena,
-                            "\t{:>16x} {} ({PROCESS_MODULE})\n",
-                            0,
-                            frame_name(&f.process)
-                        ),
-                        What::Hypervisor => write!(
-                            arena,
-                            "\t{:>16x} {} ({HYPERVISOR_MODULE})\n",
-                            0,
-                            frame_name(&f.process)
-                        ),
-                        What::Idle => Ok(()),
-                    };
-                    (a, m, arena.len())
-                })
-                .collect();
-            (arena, spans)
-        });
+    let shares: Vec<(Vec<u8>, Vec<Span>)> = crate::par_map(p.frames.chunks(4096).collect(), |c| {
+        let mut arena: Vec<u8> = Vec::with_capacity(c.len() * 96);
+        let spans = c
+            .iter()
+            .map(|f| {
+                let a = arena.len();
+                // Into a vector: cannot fail.
+                let _ = writeln!(arena, " {} ({})", frame_name(&f.function), script_module(f));
+                let m = arena.len();
+                let _ = match f.what {
+                    What::GuestKernel | What::GuestUser => writeln!(
+                        arena,
+                        "\t{:>16x} {} ({PROCESS_MODULE})",
+                        0,
+                        frame_name(&f.process)
+                    ),
+                    What::Hypervisor => writeln!(
+                        arena,
+                        "\t{:>16x} {} ({HYPERVISOR_MODULE})",
+                        0,
+                        frame_name(&f.process)
+                    ),
+                    What::Idle => Ok(()),
+                };
+                (a, m, arena.len())
+            })
+            .collect();
+        (arena, spans)
+    });
     let mut arena: Vec<u8> = Vec::with_capacity(shares.iter().map(|(a, _)| a.len()).sum());
-    let mut spans: Vec<(usize, usize, usize)> = Vec::with_capacity(p.frames.len());
+    let mut spans: Vec<Span> = Vec::with_capacity(p.frames.len());
     for (share, share_spans) in shares {
         let base = arena.len();
         arena.extend_from_slice(&share);
