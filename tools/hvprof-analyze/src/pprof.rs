@@ -205,7 +205,8 @@ fn build_with(
 ) -> proto::Profile {
     let mut strings = Strings::new();
     let mut mappings: Vec<proto::Mapping> = Vec::new();
-    let mut mapping_ids: HashMap<String, u64> = HashMap::default();
+    // By the module's string number.
+    let mut mapping_ids: HashMap<i64, u64> = HashMap::default();
     let mut functions: Vec<proto::Function> = Vec::new();
     let mut locations: Vec<proto::Location> = Vec::new();
     // (module, name) by their strings' numbers → location id (one function per location).
@@ -219,7 +220,7 @@ fn build_with(
         let mapping_id = if module.is_empty() {
             0
         } else {
-            *mapping_ids.entry(module.to_owned()).or_insert_with(|| {
+            *mapping_ids.entry(m).or_insert_with(|| {
                 let id = mappings.len() as u64 + 1;
                 mappings.push(proto::Mapping {
                     id,
