@@ -271,7 +271,7 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
         ),
     ];
     let mut table = String::from(
-        "| command (10 M samples) | wall time (s): median of 5 runs (fastest-slowest) | M samples/s (median) | peak memory (MB, largest) |\n|---|---:|---:|---:|\n",
+        "| command (10 M samples) | wall time (s): median of 5 runs (fastest-slowest) | M samples/s (median) | CPU (s): user / system, medians | peak memory (MB, largest) |\n|---|---:|---:|---:|---:|\n",
     );
     let mut report_rate = 0.0;
     for (i, (name, cell, args)) in commands.iter().enumerate() {
@@ -286,22 +286,26 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
             report_rate = rate;
         }
         table.push_str(&format!(
-            "| {cell} | {:.2} ({:.2}-{:.2}) | {rate:.1} | {:.0} |\n",
+            "| {cell} | {:.2} ({:.2}-{:.2}) | {rate:.1} | {:.2} / {:.2} | {:.0} |\n",
             run.seconds,
             run.fastest,
             run.slowest,
+            run.user,
+            run.system,
             run.peak_kb as f64 / 1024.0
         ));
     }
     let perf = match perf_report_rate(&dir) {
         Ok(p) => {
             table.push_str(&format!(
-                "| `perf report --stdio --sort comm,dso,sym` ({} samples) | {:.2} ({:.2}-{:.2}) | {:.1} | {:.0} |\n",
+                "| `perf report --stdio --sort comm,dso,sym` ({} samples) | {:.2} ({:.2}-{:.2}) | {:.1} | {:.2} / {:.2} | {:.0} |\n",
                 p.samples,
                 p.run.seconds,
                 p.run.fastest,
                 p.run.slowest,
                 p.rate() / 1e6,
+                p.run.user,
+                p.run.system,
                 p.run.peak_kb as f64 / 1024.0
             ));
             format!(
@@ -363,6 +367,9 @@ fn bench_synthetic(analyzer: &Path, option: &str, capture: &Path) -> Result<std:
 struct Run {
     seconds: f64,
     peak_kb: u64,
+    /// CPU time in the process, and in the kernel for it (seconds).
+    user: f64,
+    system: f64,
 }
 
 /// Runs of a command measured in the analyzer's table.
@@ -378,6 +385,10 @@ struct Runs {
     fastest: f64,
     slowest: f64,
     peak_kb: u64,
+    /// Median CPU time in the process and in the kernel for it: the kernel's is what moves
+    /// from run to run.
+    user: f64,
+    system: f64,
 }
 
 /// Runs the command `make` gives [`RUNS`] times (see [`Runs`]).
@@ -386,13 +397,19 @@ fn timed_runs(make: impl Fn() -> Command) -> Result<Runs> {
     for _ in 0..RUNS {
         runs.push(timed(&mut make())?);
     }
-    let mut seconds: Vec<f64> = runs.iter().map(|r| r.seconds).collect();
-    seconds.sort_by(f64::total_cmp);
+    let sorted = |f: fn(&Run) -> f64| {
+        let mut v: Vec<f64> = runs.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let seconds = sorted(|r| r.seconds);
     Ok(Runs {
         seconds: seconds[RUNS / 2],
         fastest: seconds[0],
         slowest: seconds[RUNS - 1],
         peak_kb: runs.iter().map(|r| r.peak_kb).max().unwrap_or(0),
+        user: sorted(|r| r.user)[RUNS / 2],
+        system: sorted(|r| r.system)[RUNS / 2],
     })
 }
 
@@ -420,10 +437,13 @@ fn timed(cmd: &mut Command) -> Result<Run> {
         bail!("it failed (wait status {status:#x})");
     }
     drop(child);
+    let cpu = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     Ok(Run {
         seconds,
         // Linux reports ru_maxrss in KiB.
         peak_kb: u64::try_from(usage.ru_maxrss).unwrap_or(0),
+        user: cpu(usage.ru_utime),
+        system: cpu(usage.ru_stime),
     })
 }
 
