@@ -18,13 +18,17 @@ const EVIL_COMM: &str = "evil\n\x1b[2J";
 const EVIL_VM: &str = "vm\x1b]0;pwned\x07";
 
 fn header(tsc_hz: u64) -> Header {
+    header_named(tsc_hz, ["web", EVIL_VM])
+}
+
+fn header_named(tsc_hz: u64, names: [&str; 2]) -> Header {
     let mut h = Header {
         tsc_hz,
         pcpus: 1,
         period_ticks: 1000,
         ..Header::default()
     };
-    for (id, name) in [(0u16, "web"), (1, EVIL_VM)] {
+    for (id, name) in [(0u16, names[0]), (1, names[1])] {
         h.vms
             .push(VmInfo {
                 id,
@@ -56,12 +60,17 @@ fn task(vm: u16, comm: &str) -> Task {
 /// VM 1), console text with an escape sequence, end frame. `forged`: also a second header with
 /// another TSC frequency, the block again, and a task frame for VM 7.
 fn capture(forged: bool) -> Vec<u8> {
+    capture_named(forged, ["web", EVIL_VM], EVIL_COMM)
+}
+
+/// [`capture`] with these VM names and this `comm` in its task frame.
+fn capture_named(forged: bool, names: [&str; 2], comm: &str) -> Vec<u8> {
     let mut out = b"boot \x1b[31mred\x1b[0m\n".to_vec();
     let mut buf = vec![0u8; 1 << 16];
     let put = |out: &mut Vec<u8>, n: usize, buf: &[u8]| out.extend_from_slice(&buf[..n]);
-    let n = encode_header(&header(1_000_000), &mut buf).unwrap();
+    let n = encode_header(&header_named(1_000_000, names), &mut buf).unwrap();
     put(&mut out, n, &buf);
-    let n = encode_task(&task(0, EVIL_COMM), &mut buf).unwrap();
+    let n = encode_task(&task(0, comm), &mut buf).unwrap();
     put(&mut out, n, &buf);
     if forged {
         let n = encode_task(&task(7, "ghost"), &mut buf).unwrap();
@@ -223,4 +232,48 @@ fn guest_chosen_names_are_escaped() {
     let folded = hvprof_analyze::flame::folded(&p).join("\n");
     assert_printable("folded stacks", &folded, &['\n']);
     assert!(folded.contains(r"evil\n\x1b[2J[100]"), "{folded}");
+}
+
+/// Names that spell the keys the Firefox export looks for in the JSON it splices its tables
+/// into (a thread's `"frameTable":`, `"samples":`, `"stringArray":`) do not mislead it: in the
+/// JSON a name's quotes are escaped, so no name can begin a key. The file is fxprof-processed-
+/// profile's own serialization of the same profile, byte for byte.
+#[test]
+fn names_like_json_keys_do_not_move_the_firefox_tables() {
+    for forged in [false, true] {
+        let bytes = capture_named(
+            forged,
+            [r#""frameTable":{"#, r#""samples":{"length":"#],
+            r#""stringArray":[""#,
+        );
+        let p = Profile::from_bytes(
+            &bytes,
+            &Images::default(),
+            LoadOptions::all(2),
+            &Progress::hidden(),
+        );
+        let mut written = Vec::new();
+        hvprof_analyze::firefox::write(&p, &mut written, &Progress::hidden()).unwrap();
+        let reference =
+            serde_json::to_vec(&hvprof_analyze::firefox::build(&p, &Progress::hidden())).unwrap();
+        assert!(written == reference, "forged: {forged}");
+        let v: Value = serde_json::from_slice(&written).unwrap();
+        let samples: u64 = v["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["samples"]["length"].as_u64().unwrap())
+            .sum();
+        assert_eq!(samples, 20);
+        let names: Vec<&str> = v["threads"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["processName"].as_str().unwrap())
+            .collect();
+        assert!(
+            names.iter().any(|n| n.contains(r#""samples":{"#)),
+            "{names:?}"
+        );
+    }
 }

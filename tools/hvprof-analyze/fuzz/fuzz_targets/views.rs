@@ -74,6 +74,11 @@ fuzz_target!(|data: &[u8]| {
         let mut sink = Vec::new();
         let _ = flame::write(&p, "fuzz", true, &mut sink);
     }
-    serde_json::to_vec(&firefox::build(&p, &progress)).unwrap();
+    // The file `export --firefox` writes is fxprof-processed-profile's serialization of the
+    // reference profile, whatever names and tables the capture makes.
+    let reference = serde_json::to_vec(&firefox::build(&p, &progress)).unwrap();
+    let mut written = Vec::new();
+    firefox::write(&p, &mut written, &progress).unwrap();
+    assert!(written == reference);
     pprof::build(&p, &progress).encode_to_vec();
 });
