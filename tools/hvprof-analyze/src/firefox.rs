@@ -652,72 +652,66 @@ impl<'p> Tables<'p> {
     /// The frame table, as fxprof-processed-profile's `FrameTable` serializes (labels only).
     fn frame_table(&self, out: &mut Vec<u8>) {
         let n = self.frames.len();
-        let mut num = itoa::Buffer::new();
-        out.extend_from_slice(br#"{"length":"#);
-        out.extend_from_slice(num.format(n).as_bytes());
-        out.extend_from_slice(br#","address":"#);
-        repeat(out, b"-1", n);
-        out.extend_from_slice(br#","inlineDepth":"#);
-        repeat(out, b"0", n);
-        out.extend_from_slice(br#","category":"#);
-        list(out, self.frames.iter().map(|f| u32::from(f.0)));
-        out.extend_from_slice(br#","subcategory":"#);
-        repeat(out, b"0", n);
-        out.extend_from_slice(br#","func":"#);
-        list(out, self.frames.iter().map(|f| f.1));
-        out.extend_from_slice(br#","nativeSymbol":"#);
-        repeat(out, b"null", n);
-        out.extend_from_slice(br#","innerWindowID":"#);
-        repeat(out, b"0", n);
-        out.extend_from_slice(br#","line":"#);
-        repeat(out, b"null", n);
-        out.extend_from_slice(br#","column":"#);
-        repeat(out, b"null", n);
-        out.push(b'}');
+        json_table(
+            out,
+            n,
+            vec![
+                ("address", Values::Same(b"-1")),
+                ("inlineDepth", Values::Same(b"0")),
+                (
+                    "category",
+                    Values::Numbers(self.frames.iter().map(|f| Some(u32::from(f.0))).collect()),
+                ),
+                ("subcategory", Values::Same(b"0")),
+                (
+                    "func",
+                    Values::Numbers(self.frames.iter().map(|f| Some(f.1)).collect()),
+                ),
+                ("nativeSymbol", Values::Same(b"null")),
+                ("innerWindowID", Values::Same(b"0")),
+                ("line", Values::Same(b"null")),
+                ("column", Values::Same(b"null")),
+            ],
+        );
     }
 
     /// The function table, as fxprof-processed-profile's `FuncTable` serializes (no resources,
     /// no flags).
     fn func_table(&self, out: &mut Vec<u8>) {
-        let n = self.funcs.len();
-        let mut num = itoa::Buffer::new();
-        out.extend_from_slice(br#"{"length":"#);
-        out.extend_from_slice(num.format(n).as_bytes());
-        out.extend_from_slice(br#","name":"#);
-        list(out, self.funcs.iter().copied());
-        out.extend_from_slice(br#","isJS":"#);
-        repeat(out, b"false", n);
-        out.extend_from_slice(br#","relevantForJS":"#);
-        repeat(out, b"false", n);
-        out.extend_from_slice(br#","resource":"#);
-        repeat(out, b"-1", n);
-        out.extend_from_slice(br#","fileName":"#);
-        repeat(out, b"null", n);
-        out.extend_from_slice(br#","lineNumber":"#);
-        repeat(out, b"null", n);
-        out.extend_from_slice(br#","columnNumber":"#);
-        repeat(out, b"null", n);
-        out.push(b'}');
+        json_table(
+            out,
+            self.funcs.len(),
+            vec![
+                (
+                    "name",
+                    Values::Numbers(self.funcs.iter().map(|&f| Some(f)).collect()),
+                ),
+                ("isJS", Values::Same(b"false")),
+                ("relevantForJS", Values::Same(b"false")),
+                ("resource", Values::Same(b"-1")),
+                ("fileName", Values::Same(b"null")),
+                ("lineNumber", Values::Same(b"null")),
+                ("columnNumber", Values::Same(b"null")),
+            ],
+        );
     }
 
     /// The stack table, as fxprof-processed-profile's `StackTable` serializes.
     fn stack_table(&self, out: &mut Vec<u8>) {
-        let mut num = itoa::Buffer::new();
-        out.extend_from_slice(br#"{"length":"#);
-        out.extend_from_slice(num.format(self.stacks.len()).as_bytes());
-        out.extend_from_slice(br#","prefix":["#);
-        for (i, (prefix, _)) in self.stacks.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            match prefix {
-                Some(p) => out.extend_from_slice(num.format(*p).as_bytes()),
-                None => out.extend_from_slice(b"null"),
-            }
-        }
-        out.extend_from_slice(br#"],"frame":"#);
-        list(out, self.stacks.iter().map(|s| s.1));
-        out.push(b'}');
+        json_table(
+            out,
+            self.stacks.len(),
+            vec![
+                (
+                    "prefix",
+                    Values::Numbers(self.stacks.iter().map(|s| s.0).collect()),
+                ),
+                (
+                    "frame",
+                    Values::Numbers(self.stacks.iter().map(|s| Some(s.1)).collect()),
+                ),
+            ],
+        );
     }
 
     /// The strings after the skeleton's, each as serde_json writes a string, each after a comma
@@ -733,30 +727,48 @@ impl<'p> Tables<'p> {
     }
 }
 
-/// `[item,item,...]`: `item` `n` times.
-fn repeat(out: &mut Vec<u8>, item: &[u8], n: usize) {
-    out.push(b'[');
-    if n > 0 {
-        out.extend_from_slice(item);
-        let mut more = Vec::with_capacity(item.len() + 1);
-        more.push(b',');
-        more.extend_from_slice(item);
-        out.extend_from_slice(&more.repeat(n - 1));
-    }
-    out.push(b']');
+/// A column of a table as fxprof-processed-profile serializes it.
+enum Values {
+    /// One value for every row.
+    Same(&'static [u8]),
+    /// A number per row (`null` for none).
+    Numbers(Vec<Option<u32>>),
 }
 
-/// `[a,b,...]`: the numbers.
-fn list(out: &mut Vec<u8>, items: impl Iterator<Item = u32>) {
+/// `{"length":n,"key":[...],...}`: a table of `n` rows, its columns in order, as serde_json
+/// writes fxprof-processed-profile's tables.
+fn json_table(out: &mut Vec<u8>, n: usize, columns: Vec<(&str, Values)>) {
     let mut num = itoa::Buffer::new();
-    out.push(b'[');
-    for (i, x) in items.enumerate() {
-        if i > 0 {
-            out.push(b',');
+    out.extend_from_slice(br#"{"length":"#);
+    out.extend_from_slice(num.format(n).as_bytes());
+    for (key, values) in columns {
+        out.extend_from_slice(b",\"");
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(b"\":[");
+        match values {
+            Values::Same(item) if n > 0 => {
+                out.extend_from_slice(item);
+                let mut more = Vec::with_capacity(item.len() + 1);
+                more.push(b',');
+                more.extend_from_slice(item);
+                out.extend_from_slice(&more.repeat(n - 1));
+            }
+            Values::Same(_) => {}
+            Values::Numbers(list) => {
+                for (i, x) in list.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    match x {
+                        Some(x) => out.extend_from_slice(num.format(x).as_bytes()),
+                        None => out.extend_from_slice(b"null"),
+                    }
+                }
+            }
         }
-        out.extend_from_slice(num.format(x).as_bytes());
+        out.push(b']');
     }
-    out.push(b']');
+    out.push(b'}');
 }
 
 /// Where a thread's tables are in the skeleton's JSON: the byte ranges of the values of its
