@@ -14,6 +14,7 @@
 //! callees from it.
 
 use std::borrow::Cow;
+use std::hash::BuildHasher;
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -258,9 +259,13 @@ pub fn name(
             offset,
         });
     }
-    // Each stack's named chains, interned.
-    let mut stack_ids: HashMap<CallStack, u32> = HashMap::default();
-    stack_ids.insert(CallStack::default(), 0);
+    // Each stack's named chains, interned: the table holds numbers into `calls.stacks` (found
+    // by hash), not a second copy of every chain.
+    let hash = |cs: &CallStack| rustc_hash::FxBuildHasher.hash_one(cs);
+    let mut stack_ids: hashbrown::HashTable<u32> = hashbrown::HashTable::new();
+    stack_ids.insert_unique(hash(&calls.stacks[0]), 0, |&i| {
+        hash(&calls.stacks[i as usize])
+    });
     let out = stacks
         .iter()
         .map(|s| {
@@ -287,11 +292,20 @@ pub fn name(
                     ChainEnd::NotWalked
                 },
             };
-            let next = calls.stacks.len() as u32;
-            *stack_ids.entry(cs.clone()).or_insert_with(|| {
-                calls.stacks.push(cs);
-                next
-            })
+            let known = &calls.stacks;
+            match stack_ids.entry(
+                hash(&cs),
+                |&i| known[i as usize] == cs,
+                |&i| hash(&known[i as usize]),
+            ) {
+                hashbrown::hash_table::Entry::Occupied(e) => *e.get(),
+                hashbrown::hash_table::Entry::Vacant(e) => {
+                    let next = calls.stacks.len() as u32;
+                    e.insert(next);
+                    calls.stacks.push(cs);
+                    next
+                }
+            }
         })
         .collect();
     (calls, out)
