@@ -952,11 +952,12 @@ fn skeleton_and_tables(
 /// Writes the profile as JSON (the Firefox Profiler opens it as it is, or gzipped): the same
 /// bytes as fxprof-processed-profile writes for [`build`]'s profile.
 ///
-/// The skeleton gets one placeholder sample per thread with samples, its weight the thread's
-/// place, and is serialized; each thread's tables are found in it ([`layouts`]) and its
-/// placeholder says which thread it is. Then, at once: the samples are read again into each
-/// thread's columns, and each thread's tables made, on every core. The output is the skeleton
-/// with each thread's tables, samples and strings written in place of its own.
+/// The samples are read again into each thread's columns from the start. Meanwhile the
+/// skeleton gets one placeholder sample per thread with samples, its weight the thread's
+/// place, and is serialized; each thread's tables are found in it ([`layouts`]), its
+/// placeholder saying which thread it is, and made on every core ([`skeleton_and_tables`]).
+/// The output is the skeleton with each thread's tables, samples and strings written in place
+/// of its own.
 pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()> {
     let (sampled, slot_of) = sampled_threads(p);
     progress.phase("firefox", Some(p.samples.len() as u64), "samples");
