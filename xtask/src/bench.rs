@@ -242,17 +242,27 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
     // The same capture with the Linux guests' task frames, as a Linux guest's run carries them.
     let with_tasks = dir.join("synthetic-tasks.log");
     bench_synthetic(analyzer, "--tasks", &with_tasks)?;
+    // The same trace with call chains (the generator's caller tree), as a capture with
+    // `stacks=` carries them.
+    let with_chains = dir.join("synthetic-chains.log");
+    bench_synthetic(analyzer, "--chains", &with_chains)?;
     let cap = capture.to_string_lossy().into_owned();
     let cap_tasks = with_tasks.to_string_lossy().into_owned();
+    let cap_chains = with_chains.to_string_lossy().into_owned();
     let pprof = dir.join("synthetic.pb.gz").to_string_lossy().into_owned();
     let firefox = dir.join("synthetic.json").to_string_lossy().into_owned();
     // (command, how the table names it, arguments)
-    let commands: [(&str, &str, Vec<&str>); 5] = [
+    let commands: [(&str, &str, Vec<&str>); 6] = [
         ("report", "`hvprof-analyze report`", vec!["report", &cap]),
         (
             "report",
             "`hvprof-analyze report`, the same capture with the Linux guests' task frames",
             vec!["report", &cap_tasks],
+        ),
+        (
+            "report",
+            "`hvprof-analyze report`, the same trace with call chains",
+            vec!["report", &cap_chains],
         ),
         (
             "script",
@@ -325,7 +335,8 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
          address is a row) and times each step in the process:\n\n```\n{steps}\n```\n\n\
          `bench-synthetic --tasks` writes the same capture with a task frame every 16 frames for \
          the Linux guests' vCPUs (as a Linux guest's run carries them), whose samples are then \
-         classified by task.\n\n\
+         classified by task; `bench-synthetic --chains` the same trace with call chains (the \
+         generator's caller tree, as a capture with `stacks=` carries them).\n\n\
          Then each command runs on that file as a user runs it (its whole process: reading the \
          file, decoding on every core, classifying, naming, writing), and `perf report` on a \
          perf.data that `perf record -e cpu-clock -c 10000` made here of two CPU-bound shells \
