@@ -42,6 +42,7 @@ use crate::calls::{Part, part_name, whole_stack};
 use crate::profile::{Profile, Stack, What};
 use crate::progress::Progress;
 use crate::script::ids;
+use crate::string_table::StringTable;
 
 /// A vCPU's scheduling interval.
 struct VcpuMarker {
@@ -565,11 +566,8 @@ fn columns(
 struct Tables<'p> {
     /// The skeleton's strings (the markers').
     base: u32,
-    /// The strings after the skeleton's, in order.
-    strings: Vec<Cow<'p, str>>,
-    /// Hashed with foldhash, as the pprof string table (some 4 % less CPU for the whole export
-    /// than FxHash, measured on 10 M samples).
-    string_ids: std::collections::HashMap<Cow<'p, str>, u32, foldhash::fast::FixedState>,
+    /// The skeleton's strings, then the thread's.
+    strings: StringTable<Cow<'p, str>>,
     /// Per string number, its function's number plus one (0: none yet).
     func_of: Vec<u32>,
     /// Each function's string.
@@ -589,22 +587,16 @@ impl<'p> Tables<'p> {
     fn new(skeleton: Vec<String>, stacks: usize) -> Tables<'p> {
         let base = skeleton.len() as u32;
         let frames = 2 * stacks;
-        let mut string_ids = std::collections::HashMap::with_capacity_and_hasher(
-            skeleton.len() + frames,
-            foldhash::fast::FixedState::default(),
-        );
-        string_ids.extend(
-            skeleton
-                .into_iter()
-                .enumerate()
-                .map(|(i, s)| (Cow::Owned(s), i as u32)),
-        );
+        let mut strings = StringTable::with_capacity(skeleton.len() + frames);
+        for s in skeleton {
+            // The skeleton's strings are distinct (fxprof-processed-profile's string table).
+            strings.number(&s.clone(), || Cow::Owned(s));
+        }
         let mut func_of = Vec::with_capacity(base as usize + frames);
         func_of.resize(base as usize, 0);
         Tables {
             base,
-            strings: Vec::with_capacity(frames),
-            string_ids,
+            strings,
             func_of,
             funcs: Vec::with_capacity(frames),
             frame_ids: HashMap::with_capacity_and_hasher(frames, rustc_hash::FxBuildHasher),
@@ -615,19 +607,13 @@ impl<'p> Tables<'p> {
     }
 
     /// The stack of `frames` (outermost first; categories as numbers); `None` without frames.
-    fn stack(&mut self, frames: Vec<(Cow<'p, str>, u16)>) -> Option<u32> {
+    fn stack(&mut self, frames: impl Iterator<Item = (Cow<'p, str>, u16)>) -> Option<u32> {
         let mut prefix = None;
         for (name, category) in frames {
-            let next = self.base + self.strings.len() as u32;
-            let string = match self.string_ids.get(name.as_ref()) {
-                Some(&s) => s,
-                None => {
-                    self.strings.push(name.clone());
-                    self.string_ids.insert(name, next);
-                    self.func_of.push(0);
-                    next
-                }
-            };
+            let (string, new) = self.strings.number(&name, || name.clone());
+            if new {
+                self.func_of.push(0);
+            }
             let next = self.frames.len() as u32;
             let frame = *self.frame_ids.entry((string, category)).or_insert(next);
             if frame == next {
@@ -717,7 +703,10 @@ impl<'p> Tables<'p> {
     /// The strings after the skeleton's, each as serde_json writes a string, each after a comma
     /// when `after` (the skeleton has strings).
     fn strings(&self, out: &mut Vec<u8>, after: bool) -> Result<()> {
-        for (i, s) in self.strings.iter().enumerate() {
+        for (i, s) in self.strings.strings[self.base as usize..]
+            .iter()
+            .enumerate()
+        {
             if after || i > 0 {
                 out.push(b',');
             }
@@ -836,10 +825,9 @@ struct Placeholder {
 }
 
 /// One thread's tables as [`write`] splices them: its place in the skeleton's list of
-/// threads, its place among the threads, each of its stacks with its Firefox stack, its frame,
-/// function and stack tables and its strings after the skeleton's (as JSON), and whether they
-/// were written.
-type ThreadTables = (usize, u32, Vec<(u32, u32)>, [Vec<u8>; 4], Result<()>);
+/// threads, each of its stacks with its Firefox stack, its frame, function and stack tables
+/// and its strings after the skeleton's (as JSON), and whether they were written.
+type ThreadTables = (usize, Vec<(u32, u32)>, [Vec<u8>; 4], Result<()>);
 
 /// What [`skeleton_and_tables`] makes: the skeleton's JSON; per thread in it, its layout, its
 /// place (none: no samples) and the skeleton's strings; each thread's tables.
@@ -863,23 +851,16 @@ fn skeleton_and_tables(
         cats,
         threads,
     } = skeleton(p, sampled);
-    let mut sampled = vec![false; threads.len()];
-    for &slot in slot_of {
-        if slot != NONE {
-            sampled[slot as usize] = true;
-        }
-    }
-    for (slot, &t) in threads.iter().enumerate() {
-        if sampled[slot] {
-            let weight = i32::try_from(slot).context("too many threads for a Firefox profile")?;
-            fx.add_sample(
-                t,
-                Timestamp::from_nanos_since_reference(0),
-                None,
-                CpuDelta::ZERO,
-                weight,
-            );
-        }
+    // The threads with samples are the first ones made.
+    for (slot, &t) in threads.iter().enumerate().take(sampled.len()) {
+        let weight = i32::try_from(slot).context("too many threads for a Firefox profile")?;
+        fx.add_sample(
+            t,
+            Timestamp::from_nanos_since_reference(0),
+            None,
+            CpuDelta::ZERO,
+            weight,
+        );
     }
     let skeleton = serde_json::to_vec(&fx).context("cannot write the Firefox profile")?;
     drop(fx);
@@ -894,7 +875,7 @@ fn skeleton_and_tables(
             Some(&w) => Some(
                 u32::try_from(w)
                     .ok()
-                    .filter(|&s| (s as usize) < threads.len())
+                    .filter(|&s| (s as usize) < sampled.len())
                     .context("a Firefox sample table not ours")?,
             ),
         };
@@ -903,7 +884,7 @@ fn skeleton_and_tables(
         found.push((l, slot, strings));
     }
     // Each thread's stacks, in the profile's order.
-    let mut stacks_of: Vec<Vec<u32>> = vec![Vec::new(); threads.len()];
+    let mut stacks_of: Vec<Vec<u32>> = vec![Vec::new(); sampled.len()];
     for (i, &slot) in slot_of.iter().enumerate() {
         if slot != NONE {
             stacks_of[slot as usize].push(i as u32);
@@ -934,8 +915,7 @@ fn skeleton_and_tables(
                 let st = &p.samples.stacks()[i as usize];
                 let frames = frames_of(p, st)
                     .into_iter()
-                    .map(|(name, c)| (name, number(c)))
-                    .collect();
+                    .map(|(name, c)| (name, number(c)));
                 (i, t.stack(frames).unwrap_or(NONE))
             })
             .collect();
@@ -944,7 +924,7 @@ fn skeleton_and_tables(
         t.func_table(&mut bytes[1]);
         t.stack_table(&mut bytes[2]);
         let written = t.strings(&mut bytes[3], t.base > 0);
-        Some((k, slot, index, bytes, written))
+        Some((k, index, bytes, written))
     });
     Ok((skeleton, found, tables))
 }
@@ -979,14 +959,12 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()
     // its samples are idle.
     let mut index = vec![NONE; slot_of.len()];
     let mut per_thread: Vec<Option<[Vec<u8>; 4]>> = (0..found.len()).map(|_| None).collect();
-    let mut slots = vec![NONE; found.len()];
-    for (k, slot, stacks, bytes, written) in tables.into_iter().flatten() {
+    for (k, stacks, bytes, written) in tables.into_iter().flatten() {
         written.context("cannot write the Firefox profile")?;
         for (i, s) in stacks {
             index[i as usize] = s;
         }
         per_thread[k] = Some(bytes);
-        slots[k] = slot;
     }
     let texts = stack_texts(&index);
     drop(index);
@@ -1004,8 +982,8 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()
         chunks: Vec::new(),
     };
     let mut at = 0;
-    for (k, (l, _, _)) in found.iter().enumerate() {
-        let Some(bytes) = &per_thread[k] else {
+    for ((l, slot, _), bytes) in found.iter().zip(&per_thread) {
+        let (Some(slot), Some(bytes)) = (slot, bytes) else {
             continue;
         };
         let [frame_table, func_table, stack_table, strings] = bytes;
@@ -1014,14 +992,8 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()
         w.bytes(&skeleton[l.frame_table.end..l.func_table.start])?;
         w.bytes(func_table)?;
         w.bytes(&skeleton[l.func_table.end..l.samples.start])?;
-        write_samples(
-            &mut w,
-            &columns[slots[k] as usize],
-            &texts,
-            &idle,
-            &period_us,
-        )
-        .context("cannot write the Firefox profile")?;
+        write_samples(&mut w, &columns[*slot as usize], &texts, &idle, &period_us)
+            .context("cannot write the Firefox profile")?;
         w.bytes(&skeleton[l.samples.end..l.stack_table.start])?;
         w.bytes(stack_table)?;
         w.bytes(&skeleton[l.stack_table.end..l.strings.start])?;
@@ -1240,8 +1212,7 @@ fn chunked(
     // The buffers are the writer's, kept from column to column (a chunk's is some 2 MB).
     let mut bufs = std::mem::take(&mut w.chunks);
     if bufs.is_empty() {
-        let threads = std::thread::available_parallelism().map_or(1, |t| t.get().min(8));
-        bufs = vec![(Vec::new(), 0..0); threads];
+        bufs = vec![(Vec::new(), 0..0); crate::cores()];
     }
     let threads = bufs.len();
     let format = &format;

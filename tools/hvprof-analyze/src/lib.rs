@@ -27,19 +27,23 @@ pub mod script;
 pub mod source;
 mod stack_table;
 pub mod stat;
+pub mod string_table;
 pub mod symbols;
 pub mod text;
 pub mod timeline;
 pub mod top;
 pub mod window;
 
+/// The threads the analyzer runs its work on: the machine's cores, at most 8.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
+}
+
 /// `f` over `items` on the machine's cores (at most 8 threads, each a contiguous share of the
 /// items), the results in the items' order: the per-pCPU work after decoding (joining the
 /// lists, indexing them), which would otherwise run on one core.
 pub fn par_map<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get().min(8))
-        .min(items.len());
+    let threads = cores().min(items.len());
     if threads <= 1 {
         return items.into_iter().map(f).collect();
     }
@@ -73,9 +77,7 @@ pub fn par_map<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Ve
 pub fn par_map_queue<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get().min(8))
-        .min(items.len());
+    let threads = cores().min(items.len());
     if threads <= 1 {
         return items.into_iter().map(f).collect();
     }

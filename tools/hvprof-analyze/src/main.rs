@@ -330,7 +330,7 @@ fn load_images(input: &Input) -> Result<Images> {
 /// (the exports do not, and then keep no per-sample data).
 fn load_options(input: &Input, tables: bool) -> LoadOptions {
     LoadOptions {
-        threads: threads(),
+        threads: hvprof_analyze::cores(),
         keep_guest: input.kernel.is_some() || input.processes,
         tables,
         report_only: false,
@@ -754,7 +754,7 @@ fn bench_synthetic(
         time: None,
         top_rows: None,
     };
-    for threads in [1, threads()] {
+    for threads in [1, hvprof_analyze::cores()] {
         let t = Instant::now();
         let p = Profile::from_bytes(
             &cap.bytes,
@@ -774,7 +774,7 @@ fn bench_synthetic(
         let p = Profile::from_bytes(
             &cap.bytes,
             &Images::default(),
-            options(threads(), false),
+            options(hvprof_analyze::cores(), false),
             &Progress::hidden(),
         );
         println!(
@@ -882,11 +882,6 @@ impl Write for Counting {
 /// table rows) being freed one by one first.
 fn exiting(p: Profile) {
     std::mem::forget(p);
-}
-
-/// Decoder threads: the machine's cores, at most 8.
-fn threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
 }
 
 /// The analyzer allocates and frees a string per distinct function, frame and table row (a

@@ -15,7 +15,6 @@
 //! the hypervisor's frames, `[exit: REASON]`, the guest's frames from the exit's RIP out, then
 //! its VM.
 
-use std::hash::BuildHasher;
 use std::io::Write;
 
 use anyhow::{Context, Result};
@@ -27,6 +26,7 @@ use rustc_hash::FxHashMap as HashMap;
 use crate::calls::{Part, WholeKey, part_name, whole_key, whole_stack};
 use crate::profile::{Profile, What};
 use crate::progress::Progress;
+use crate::string_table::StringTable;
 
 /// The messages of profile.proto.
 pub mod proto {
@@ -158,34 +158,18 @@ pub mod proto {
 /// The function of the samples standing for lost records.
 pub const LOST: &str = "[lost]";
 
-/// The string table (index 0 is ""), each string kept once: the index holds numbers, looked up
-/// by the string's hash and compared with the table's.
-#[derive(Default)]
-struct Strings {
-    table: Vec<String>,
-    index: hashbrown::HashTable<i64>,
-}
+/// The string table (index 0 is "").
+struct Strings(StringTable<String>);
 
 impl Strings {
     fn new() -> Self {
-        let mut s = Strings::default();
+        let mut s = Strings(StringTable::with_capacity(0));
         s.get("");
         s
     }
 
     fn get(&mut self, v: &str) -> i64 {
-        let hash = |s: &str| foldhash::fast::FixedState::default().hash_one(s);
-        let h = hash(v);
-        let table = &self.table;
-        if let Some(&i) = self.index.find(h, |&i| table[i as usize] == v) {
-            return i;
-        }
-        let i = self.table.len() as i64;
-        self.table.push(v.to_owned());
-        let table = &self.table;
-        self.index
-            .insert_unique(h, i, |&j| hash(&table[j as usize]));
-        i
+        i64::from(self.0.number(v, || v.to_owned()).0)
     }
 }
 
@@ -418,7 +402,7 @@ fn build_with(
         mapping: mappings,
         location: locations,
         function: functions,
-        string_table: strings.table,
+        string_table: strings.0.strings,
         duration_nanos: p.ticks_to_ns(end - start) as i64,
         period_type,
         period: period_ns,

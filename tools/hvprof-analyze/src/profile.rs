@@ -1610,10 +1610,7 @@ impl Profile {
             .enumerate()
             .map(|(i, &lo)| (lo, cuts.get(i + 1).copied()))
             .collect();
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get().min(8))
-            .min(runs.len())
-            .max(1);
+        let threads = crate::cores().min(runs.len()).max(1);
         let work = &work;
         let sources = &sources;
         let runs = &runs;
@@ -1840,38 +1837,39 @@ impl Profile {
 /// hz)`, its divisions by the rate done as multiplications (`strength_reduce`), a few times
 /// faster than a division (a conversion per sample in the exports).
 #[derive(Debug, Clone, Copy)]
-pub struct Nanos {
-    /// The rate (none: unknown, nanoseconds are ticks), when `10^9 hz` fits in 64 bits.
-    hz: Option<strength_reduce::StrengthReducedU64>,
-    /// The rate when `10^9 hz` does not fit (a 128-bit division).
-    wide: u64,
+pub enum Nanos {
+    /// The rate is unknown: nanoseconds are ticks.
+    Ticks,
+    /// The rate, `10^9` times which fits in 64 bits.
+    Reduced(strength_reduce::StrengthReducedU64),
+    /// A rate whose `10^9` times does not fit (a 128-bit division).
+    Wide(u64),
 }
 
 impl Nanos {
     /// The conversion at `hz` ticks per second (0: unknown).
     pub fn new(hz: u64) -> Nanos {
         match hz {
-            0 => Nanos { hz: None, wide: 0 },
-            hz if hz.checked_mul(1_000_000_000).is_some() => Nanos {
-                hz: Some(strength_reduce::StrengthReducedU64::new(hz)),
-                wide: 0,
-            },
-            hz => Nanos { hz: None, wide: hz },
+            0 => Nanos::Ticks,
+            hz if hz.checked_mul(1_000_000_000).is_some() => {
+                Nanos::Reduced(strength_reduce::StrengthReducedU64::new(hz))
+            }
+            hz => Nanos::Wide(hz),
         }
     }
 
     /// Nanoseconds of `ticks`.
     #[inline]
     pub fn of(&self, ticks: u64) -> u64 {
-        match self.hz {
+        match *self {
+            Nanos::Ticks => ticks,
             // As `mul_div`: ticks = q hz + r with r < hz, and r 10^9 < hz 10^9 fits.
-            Some(hz) => {
+            Nanos::Reduced(hz) => {
                 let (q, r) = strength_reduce::StrengthReducedU64::div_rem(ticks, hz);
                 q.wrapping_mul(1_000_000_000)
                     .wrapping_add(r * 1_000_000_000 / hz)
             }
-            None if self.wide == 0 => ticks,
-            None => mul_div(ticks, 1_000_000_000, self.wide),
+            Nanos::Wide(hz) => mul_div(ticks, 1_000_000_000, hz),
         }
     }
 }

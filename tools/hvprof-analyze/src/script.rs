@@ -235,10 +235,11 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
                 .map(|(a, m, e)| (base + a, base + m, base + e)),
         );
     }
-    // Per stack: its line's start (comm, pid/tid, pCPU), one of a few.
+    // Per stack, what its lines need (the replay gives each sample's time and stack only): its
+    // line's start (comm, pid/tid, pCPU; one of a few, in `starts`), its frame, its address.
     let mut starts: Vec<String> = Vec::new();
     let mut start_of: HashMap<(What, u16, u16, u16), u32> = HashMap::default();
-    let stack_start: Vec<u32> = p
+    let line_of: Vec<(u32, u32, u64)> = p
         .samples
         .stacks()
         .iter()
@@ -259,7 +260,7 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
             } else {
                 thread
             };
-            *start_of.entry((what, vm, vcpu, s.pcpu)).or_insert_with(|| {
+            let start = *start_of.entry((what, vm, vcpu, s.pcpu)).or_insert_with(|| {
                 let (pid, tid) = ids(thread, s.vm, s.vcpu, s.pcpu);
                 let c = match thread {
                     What::Idle => "[idle]".to_owned(),
@@ -268,7 +269,8 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
                 };
                 starts.push(format!("{c} {pid}/{tid} [{:03}] ", s.pcpu));
                 (starts.len() - 1) as u32
-            })
+            });
+            (start, s.frame, s.addr)
         })
         .collect();
     // Chained stacks: their lines after the first, as indexes into `lines` (the chains' frames
@@ -302,15 +304,6 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
         p.tsc_hz
     });
     progress.phase("perf script", Some(p.samples.len() as u64), "samples");
-    // Per stack, what its lines need: its start, its frame, its address (the replay gives each
-    // sample's time and stack only).
-    let line_of: Vec<(u32, u32, u64)> = p
-        .samples
-        .stacks()
-        .iter()
-        .zip(&stack_start)
-        .map(|(s, &start)| (start, s.frame, s.addr))
-        .collect();
     p.replay_stacks(
         |run, (text, n): &mut (Vec<u8>, u64)| {
             text.clear();
