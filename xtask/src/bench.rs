@@ -295,28 +295,16 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
         if i == 0 {
             report_rate = rate;
         }
-        table.push_str(&format!(
-            "| {cell} | {:.2} ({:.2}-{:.2}) | {rate:.1} | {:.2} / {:.2} | {:.0} |\n",
-            run.seconds,
-            run.fastest,
-            run.slowest,
-            run.user,
-            run.system,
-            run.peak_kb as f64 / 1024.0
-        ));
+        table.push_str(&run.row(cell, rate));
     }
     let perf = match perf_report_rate(&dir) {
         Ok(p) => {
-            table.push_str(&format!(
-                "| `perf report --stdio --sort comm,dso,sym` ({} samples) | {:.2} ({:.2}-{:.2}) | {:.1} | {:.2} / {:.2} | {:.0} |\n",
-                p.samples,
-                p.run.seconds,
-                p.run.fastest,
-                p.run.slowest,
+            table.push_str(&p.run.row(
+                &format!(
+                    "`perf report --stdio --sort comm,dso,sym` ({} samples)",
+                    p.samples
+                ),
                 p.rate() / 1e6,
-                p.run.user,
-                p.run.system,
-                p.run.peak_kb as f64 / 1024.0
             ));
             format!(
                 "`hvprof-analyze report` read {report_rate:.1} M samples/s, `perf report` {:.2} M \
@@ -400,6 +388,21 @@ struct Runs {
     /// from run to run.
     user: f64,
     system: f64,
+}
+
+impl Runs {
+    /// The command's row in the analyzer's table, `cell` naming it, `rate` in M samples/s.
+    fn row(&self, cell: &str, rate: f64) -> String {
+        format!(
+            "| {cell} | {:.2} ({:.2}-{:.2}) | {rate:.1} | {:.2} / {:.2} | {:.0} |\n",
+            self.seconds,
+            self.fastest,
+            self.slowest,
+            self.user,
+            self.system,
+            self.peak_kb as f64 / 1024.0
+        )
+    }
 }
 
 /// Runs the command `make` gives [`RUNS`] times (see [`Runs`]).
