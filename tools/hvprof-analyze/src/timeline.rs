@@ -448,7 +448,11 @@ impl<'a> Window<'a, Positions> {
 
 impl<C: Counter> Window<'_, C> {
     fn count(&self, kind: Kind) -> u64 {
-        let map = |c: Option<&C>| c.map_or(0, |c| c.count(&self.whole));
+        let map = |c: Option<&C>| {
+            // An empty range counts nothing: no counter is looked up.
+            c.filter(|_| !self.whole.is_empty())
+                .map_or(0, |c| c.count(&self.whole))
+        };
         let whole = match kind {
             Kind::Guest(v) => map(self.ix.guest.get(&v)),
             Kind::Vcpu(v) => map(self.ix.by_vcpu.get(&v)),
@@ -604,6 +608,30 @@ impl Segments {
     }
 }
 
+/// `list.partition_point(pred)` for a `pred` known to hold on `list[..start]`: searched from
+/// `start` in steps that double, then by halves in the last step (a run's segments are few, and
+/// a binary search over the whole list misses the cache at every step).
+fn partition_from<T>(list: &[T], start: usize, pred: impl Fn(&T) -> bool) -> usize {
+    let mut lo = start.min(list.len());
+    let mut step = 1;
+    loop {
+        let probe = lo + step - 1;
+        match list.get(probe) {
+            Some(x) if pred(x) => {
+                lo = probe + 1;
+                step *= 2;
+            }
+            _ => {
+                let end = probe.min(list.len());
+                return lo + list[lo..end].partition_point(pred);
+            }
+        }
+    }
+}
+
+/// Runs over at most this many segments are counted segment by segment in [`segment_blanks`].
+const DIRECT_SEGMENTS: usize = 16;
+
 /// [`blanks`] from [`Segments`]: the same figures, counted per segment. `partial(pcpu, i, lo,
 /// hi)` counts the samples of segment `i` of `pcpu` with `lo <= tsc` and `tsc < hi` (no upper
 /// bound without `hi`): the only place individual samples are read, for the segments a
@@ -632,6 +660,10 @@ pub fn segment_blanks(
     // exact ticks.
     let slots = crate::par_map(tracks(events), |(vcpu, track)| {
         let mut b = Blanks::default();
+        // The window's partial segments, kept from event to event.
+        let mut parts = Vec::new();
+        // Per pCPU, where the track's last run there started.
+        let mut cursors: HashMap<u16, usize> = HashMap::default();
         for (k, &(t, pcpu, e)) in track.events.iter().enumerate() {
             let class = match (e.kind, e.reason) {
                 (EventKind::VcpuIn, _) => Class::In,
@@ -644,15 +676,19 @@ pub fn segment_blanks(
             };
             let next = track.events.get(k + 1).map(|&(n, _, _)| n);
             let below = |x: u64| next.is_none_or(|n| x < n);
-            let from = segs.partition_point(|s| s.last < t);
-            let to = segs.partition_point(|s| below(s.first)).max(from);
+            // The track's events come in TSC order, so on one pCPU each run starts at or after
+            // the previous one's start: searched from there.
+            let cursor = cursors.entry(pcpu).or_insert(0);
+            let from = partition_from(segs, *cursor, |s| s.last < t);
+            *cursor = from;
+            let to = partition_from(segs, from, |s| below(s.first));
             if from == to {
                 continue;
             }
             let mut w = Window {
                 ix,
                 whole: from..to,
-                parts: Vec::new(),
+                parts: std::mem::take(&mut parts),
                 len: 0,
             };
             let cut_start = segs[from].first < t;
@@ -675,11 +711,22 @@ pub fn segment_blanks(
                     }
                 }
             }
-            w.len = all.count(&w.whole) + w.parts.iter().map(|(_, n)| n).sum::<u64>();
-            if w.len == 0 {
-                continue;
+            // A run over a few segments (most runs) counts them one by one: cheaper than the
+            // index's searches, which are for runs over many.
+            if w.whole.len() <= DIRECT_SEGMENTS {
+                w.parts.extend(
+                    segs[w.whole.clone()]
+                        .iter()
+                        .map(|s| (owners[s.owner as usize], u64::from(s.count))),
+                );
+                w.whole = from..from;
             }
-            w.add_slots(vcpu, class, &mut b);
+            w.len = all.count(&w.whole) + w.parts.iter().map(|(_, n)| n).sum::<u64>();
+            if w.len > 0 {
+                w.add_slots(vcpu, class, &mut b);
+            }
+            parts = w.parts;
+            parts.clear();
         }
         (vcpu, b)
     });
@@ -853,6 +900,35 @@ mod tests {
                 samples.insert(p as u16, l);
             }
             prop_assert_eq!(blanks_by_segments(&samples, &events), blanks(&samples, &events));
+        }
+
+        /// The same with long runs over many segments (counted through the index, not one by
+        /// one): few events over many samples whose owner changes often.
+        #[test]
+        fn segments_of_long_runs_count_what_samples_count(
+            events in prop::collection::vec(arb_event(), 0..8),
+            lists in prop::collection::vec(prop::collection::vec((0u64..60, arb_owner()), 0..400), 1..3),
+        ) {
+            let mut samples: HashMap<u16, Vec<(u64, Owner)>> = HashMap::default();
+            for (p, mut l) in lists.into_iter().enumerate() {
+                l.sort_by_key(|s| s.0);
+                samples.insert(p as u16, l);
+            }
+            prop_assert_eq!(blanks_by_segments(&samples, &events), blanks(&samples, &events));
+        }
+
+        /// The search from a known start finds what the binary search over the list finds.
+        #[test]
+        fn partition_from_is_partition_point(
+            mut list in prop::collection::vec(0u32..1000, 0..300),
+            x in 0u32..1100,
+            start in 0usize..400,
+        ) {
+            list.sort_unstable();
+            let want = list.partition_point(|&v| v < x);
+            // Any start at or before the answer (the predicate holds before it).
+            let start = start.min(want);
+            prop_assert_eq!(partition_from(&list, start, |&v| v < x), want);
         }
 
         /// Counting per run gives what classifying slot by slot gives, on any events (out of
