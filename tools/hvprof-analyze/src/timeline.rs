@@ -27,6 +27,16 @@ pub enum Owner {
     Idle,
 }
 
+impl Owner {
+    /// The vCPU (VM, vCPU) it is or works for; none for idle.
+    pub fn vcpu(self) -> Option<(u16, u16)> {
+        match self {
+            Owner::Guest { vm, vcpu } | Owner::Hypervisor { vm, vcpu } => Some((vm, vcpu)),
+            Owner::Idle => None,
+        }
+    }
+}
+
 /// What a vCPU's virtual stream holds besides its own samples.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Blanks {
@@ -377,10 +387,9 @@ impl<C: Counter> PcpuIndex<C> {
                             counters.push(C::default());
                             counters.len() - 1
                         };
-                        let vcpu_slot = *vcpu_at.entry((vm, vcpu)).or_insert_with(|| {
-                            ix.vcpus.entry(vm).or_default().push(vcpu);
-                            at(&mut counters)
-                        });
+                        let vcpu_slot = *vcpu_at
+                            .entry((vm, vcpu))
+                            .or_insert_with(|| at(&mut counters));
                         Slots {
                             vcpu: vcpu_slot,
                             vm: *vm_at.entry(vm).or_insert_with(|| at(&mut counters)),
@@ -405,14 +414,12 @@ impl<C: Counter> PcpuIndex<C> {
             counters[slots.vcpu].push(i, n);
             counters[slots.vm].push(i, n);
         }
+        ix.vcpus = vcpus_by_vm(vcpu_at.keys().copied());
         let mut take = |at: usize| std::mem::take(&mut counters[at]);
         ix.by_vcpu = vcpu_at.into_iter().map(|(k, at)| (k, take(at))).collect();
         ix.guest = guest_at.into_iter().map(|(k, at)| (k, take(at))).collect();
         ix.by_vm = vm_at.into_iter().map(|(k, at)| (k, take(at))).collect();
         ix.hv_no_vm = take(0);
-        for v in ix.vcpus.values_mut() {
-            v.sort_unstable();
-        }
         ix
     }
 }
@@ -427,7 +434,10 @@ impl PcpuIndex<Positions> {
 /// The samples of a vCPU's run on one pCPU: the whole units in `whole`, and at most two units
 /// of which only some samples fall in the run (their owner and how many).
 pub struct Window<'a, C> {
-    ix: &'a PcpuIndex<C>,
+    /// The units indexed, for `whole` (none when `whole` is empty).
+    ix: Option<&'a PcpuIndex<C>>,
+    /// Each VM's vCPUs that own units on the pCPU, sorted.
+    vcpus: &'a HashMap<u16, Vec<u16>>,
     whole: Range<usize>,
     parts: Vec<(Owner, u64)>,
     /// Its samples.
@@ -438,7 +448,8 @@ impl<'a> Window<'a, Positions> {
     /// The samples `r` of a pCPU's list.
     pub fn samples(ix: &'a PcpuIndex<Positions>, r: Range<usize>) -> Self {
         Window {
-            ix,
+            ix: Some(ix),
+            vcpus: &ix.vcpus,
             len: r.len() as u64,
             whole: r,
             parts: Vec::new(),
@@ -448,16 +459,16 @@ impl<'a> Window<'a, Positions> {
 
 impl<C: Counter> Window<'_, C> {
     fn count(&self, kind: Kind) -> u64 {
-        let map = |c: Option<&C>| {
-            // An empty range counts nothing: no counter is looked up.
-            c.filter(|_| !self.whole.is_empty())
-                .map_or(0, |c| c.count(&self.whole))
-        };
-        let whole = match kind {
-            Kind::Guest(v) => map(self.ix.guest.get(&v)),
-            Kind::Vcpu(v) => map(self.ix.by_vcpu.get(&v)),
-            Kind::Vm(vm) => map(self.ix.by_vm.get(&vm)),
-            Kind::HvNoVm => map(Some(&self.ix.hv_no_vm)),
+        let map = |c: Option<&C>| c.map_or(0, |c| c.count(&self.whole));
+        // An empty range counts nothing: no counter is looked up.
+        let whole = match self.ix.filter(|_| !self.whole.is_empty()) {
+            None => 0,
+            Some(ix) => match kind {
+                Kind::Guest(v) => map(ix.guest.get(&v)),
+                Kind::Vcpu(v) => map(ix.by_vcpu.get(&v)),
+                Kind::Vm(vm) => map(ix.by_vm.get(&vm)),
+                Kind::HvNoVm => map(Some(&ix.hv_no_vm)),
+            },
         };
         let parts: u64 = self
             .parts
@@ -489,14 +500,7 @@ impl<C: Counter> Window<'_, C> {
         let total = self.count(Kind::Vm(vm)) - self.count(Kind::Vcpu((vm, vcpu)));
         let mut each = Vec::new();
         if total > 0 {
-            for &c in self
-                .ix
-                .vcpus
-                .get(&vm)
-                .into_iter()
-                .flatten()
-                .take(STEAL_ON_MAX)
-            {
+            for &c in self.vcpus.get(&vm).into_iter().flatten().take(STEAL_ON_MAX) {
                 if c != vcpu {
                     let n = self.count(Kind::Vcpu((vm, c)));
                     if n > 0 {
@@ -629,8 +633,32 @@ fn partition_from<T>(list: &[T], start: usize, pred: impl Fn(&T) -> bool) -> usi
     }
 }
 
-/// Runs over at most this many segments are counted segment by segment in [`segment_blanks`].
-const DIRECT_SEGMENTS: usize = 16;
+/// Runs over at most this many segments are counted segment by segment in [`segment_blanks`]
+/// (most runs are over a few; the index of a pCPU's segments is made for the first run over
+/// more, if any).
+const DIRECT_SEGMENTS: usize = 256;
+
+/// One pCPU's segments, as [`segment_blanks`] counts a vCPU's runs on them.
+struct PcpuSegments<'a> {
+    segs: &'a [Segment],
+    /// Each VM's vCPUs that own segments here, sorted.
+    vcpus: HashMap<u16, Vec<u16>>,
+    /// The segments indexed by owner, and the samples before each.
+    index: std::sync::OnceLock<(PcpuIndex<Cumulative>, Prefix)>,
+}
+
+/// Each VM's vCPUs among `vcpus` (VM, vCPU), sorted.
+fn vcpus_by_vm(vcpus: impl Iterator<Item = (u16, u16)>) -> HashMap<u16, Vec<u16>> {
+    let mut out: HashMap<u16, Vec<u16>> = HashMap::default();
+    for (vm, vcpu) in vcpus {
+        out.entry(vm).or_default().push(vcpu);
+    }
+    for v in out.values_mut() {
+        v.sort_unstable();
+        v.dedup();
+    }
+    out
+}
 
 /// [`blanks`] from [`Segments`]: the same figures, counted per segment. `partial(pcpu, i, lo,
 /// hi)` counts the samples of segment `i` of `pcpu` with `lo <= tsc` and `tsc < hi` (no upper
@@ -642,17 +670,36 @@ pub fn segment_blanks(
     events: &[(u16, Event)],
     partial: &(dyn Fn(u16, usize, u64, Option<u64>) -> u64 + Sync),
 ) -> HashMap<(u16, u16), Blanks> {
+    blanks_counting(segments, events, partial, DIRECT_SEGMENTS)
+}
+
+/// [`segment_blanks`], counting runs over at most `direct` segments segment by segment.
+fn blanks_counting(
+    segments: &Segments,
+    events: &[(u16, Event)],
+    partial: &(dyn Fn(u16, usize, u64, Option<u64>) -> u64 + Sync),
+    direct: usize,
+) -> HashMap<(u16, u16), Blanks> {
     let mut out = exact_ticks(events);
     let owners = &segments.owners;
-    // Per pCPU: its segments, their index by owner, and all their samples (on every core).
-    let index: HashMap<u16, (&[Segment], PcpuIndex<Cumulative>, Prefix)> =
+    // Per pCPU: its segments, each VM's vCPUs among their owners, and (made for the first run
+    // over many segments, on the core that meets it) their index by owner and their samples.
+    let index: HashMap<u16, PcpuSegments> =
         crate::par_map(segments.pcpus.iter().collect(), |(p, segs)| {
-            let units = || {
-                segs.iter()
-                    .map(|s| (owners[s.owner as usize], u64::from(s.count)))
+            let mut seen = vec![false; owners.len()];
+            for s in segs {
+                seen[s.owner as usize] = true;
+            }
+            let present = owners
+                .iter()
+                .zip(seen)
+                .filter_map(|(o, seen)| seen.then_some(*o));
+            let entry = PcpuSegments {
+                segs,
+                vcpus: vcpus_by_vm(present.filter_map(Owner::vcpu)),
+                index: std::sync::OnceLock::new(),
             };
-            let all = Prefix::new(segs.iter().map(|s| u64::from(s.count)));
-            (*p, (segs.as_slice(), PcpuIndex::new(units()), all))
+            (*p, entry)
         })
         .into_iter()
         .collect();
@@ -671,7 +718,7 @@ pub fn segment_blanks(
                 (EventKind::VcpuOut, OutReason::Halted) => Class::OutHalted,
                 (EventKind::VcpuOut, _) => Class::Out,
             };
-            let Some((segs, ix, all)) = index.get(&pcpu) else {
+            let Some(PcpuSegments { segs, vcpus, index }) = index.get(&pcpu) else {
                 continue;
             };
             let next = track.events.get(k + 1).map(|&(n, _, _)| n);
@@ -686,7 +733,8 @@ pub fn segment_blanks(
                 continue;
             }
             let mut w = Window {
-                ix,
+                ix: None,
+                vcpus,
                 whole: from..to,
                 parts: std::mem::take(&mut parts),
                 len: 0,
@@ -711,17 +759,30 @@ pub fn segment_blanks(
                     }
                 }
             }
-            // A run over a few segments (most runs) counts them one by one: cheaper than the
-            // index's searches, which are for runs over many.
-            if w.whole.len() <= DIRECT_SEGMENTS {
-                w.parts.extend(
-                    segs[w.whole.clone()]
-                        .iter()
-                        .map(|s| (owners[s.owner as usize], u64::from(s.count))),
-                );
+            // A run over a few segments (most runs) counts them one by one, per owner: cheaper
+            // than the index's searches, which are for runs over many.
+            let mut whole = 0;
+            if w.whole.len() <= direct {
+                for s in &segs[w.whole.clone()] {
+                    let owner = owners[s.owner as usize];
+                    match w.parts.iter_mut().find(|(o, _)| *o == owner) {
+                        Some((_, n)) => *n += u64::from(s.count),
+                        None => w.parts.push((owner, u64::from(s.count))),
+                    }
+                }
                 w.whole = from..from;
+            } else {
+                let (ix, all) = index.get_or_init(|| {
+                    let units = segs
+                        .iter()
+                        .map(|s| (owners[s.owner as usize], u64::from(s.count)));
+                    let all = Prefix::new(segs.iter().map(|s| u64::from(s.count)));
+                    (PcpuIndex::new(units), all)
+                });
+                w.ix = Some(ix);
+                whole = all.count(&w.whole);
             }
-            w.len = all.count(&w.whole) + w.parts.iter().map(|(_, n)| n).sum::<u64>();
+            w.len = whole + w.parts.iter().map(|(_, n)| n).sum::<u64>();
             if w.len > 0 {
                 w.add_slots(vcpu, class, &mut b);
             }
@@ -849,7 +910,8 @@ mod tests {
     }
 
     /// [`segment_blanks`] of per-pCPU (TSC, owner) lists: their segments, and partial counts
-    /// read from the lists.
+    /// read from the lists. Checks that counting every run through the index, or none, gives
+    /// the same.
     fn blanks_by_segments(
         samples: &HashMap<u16, Vec<(u64, Owner)>>,
         events: &[(u16, Event)],
@@ -877,7 +939,13 @@ mod tests {
                 .filter(|(t, _)| *t >= lo && hi.is_none_or(|h| *t < h))
                 .count() as u64
         };
-        segment_blanks(&segments, events, &partial)
+        let counted = segment_blanks(&segments, events, &partial);
+        assert_eq!(counted, blanks_counting(&segments, events, &partial, 0));
+        assert_eq!(
+            counted,
+            blanks_counting(&segments, events, &partial, usize::MAX)
+        );
+        counted
     }
 
     proptest! {
@@ -902,8 +970,8 @@ mod tests {
             prop_assert_eq!(blanks_by_segments(&samples, &events), blanks(&samples, &events));
         }
 
-        /// The same with long runs over many segments (counted through the index, not one by
-        /// one): few events over many samples whose owner changes often.
+        /// The same with long runs over many segments: few events over many samples whose
+        /// owner changes often.
         #[test]
         fn segments_of_long_runs_count_what_samples_count(
             events in prop::collection::vec(arb_event(), 0..8),
