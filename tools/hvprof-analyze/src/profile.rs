@@ -423,7 +423,11 @@ impl Key {
 /// The one classification of a sample: what it is, which address names it, and (guest
 /// samples) who ran: with `processes`, a Linux guest's task at the sample's time. A sample
 /// with chains has more: see [`exit_cause`].
-#[inline]
+///
+/// Always inlined: called, it returns the key through memory, which the caller then reads
+/// back in other widths (its context, the comparison with the last one), a store-forwarding
+/// stall per sample (about 6 % of the first pass on 10 M samples).
+#[inline(always)]
 fn classify(pcpu: u16, s: &Sample, processes: Option<&Processes>, memo: &mut TaskMemo) -> Key {
     let (what, addr) = match s.kind {
         SampleKind::Guest if s.cpl() == 3 => (What::GuestUser, s.guest_rip),
