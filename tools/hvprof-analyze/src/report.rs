@@ -916,42 +916,62 @@ struct Guests {
 /// under `[guest.kallsyms]` after the VM's KASLR slide, user functions from the image named
 /// like the process).
 fn guest_counts(stacks: &[Stack], frames: &[Frame], namer: &Namer, keep_guest: bool) -> Guests {
-    let mut g = Guests::default();
+    // The VMs' tables and the vCPUs' made at once: each holds up to every guest address of its
+    // VM (hundreds of thousands, a million with Linux guests' tasks).
+    let (per_vm, per_vcpu) = std::thread::scope(|sc| {
+        let per_vm = sc.spawn(|| counts_by(stacks, frames, namer, keep_guest, |s| s.vm));
+        let per_vcpu = counts_by(stacks, frames, namer, keep_guest, |s| (s.vm, s.vcpu));
+        let per_vm = per_vm
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        (per_vm, per_vcpu)
+    });
+    // Time the hypervisor spent on a VM's behalf is that VM's steal.
+    let mut hypervisor: HashMap<(u16, u16), u64> = HashMap::default();
+    for s in stacks
+        .iter()
+        .filter(|s| s.count > 0 && s.what == What::Hypervisor && s.vm != hvprof_samplelog::NO_VM)
+    {
+        *hypervisor.entry((s.vm, s.vcpu)).or_default() += s.count;
+    }
+    Guests {
+        per_vm,
+        per_vcpu,
+        hypervisor,
+    }
+}
+
+/// The guest samples counted per `key` (a VM, or a vCPU), as [`guest_counts`] says.
+fn counts_by<K: std::hash::Hash + Eq>(
+    stacks: &[Stack],
+    frames: &[Frame],
+    namer: &Namer,
+    keep_guest: bool,
+    key: impl Fn(&Stack) -> K,
+) -> HashMap<K, GuestCounts> {
+    let mut out: HashMap<K, GuestCounts> = HashMap::default();
     for s in stacks.iter().filter(|s| s.count > 0) {
-        let n = s.count;
-        match s.what {
-            What::GuestKernel | What::GuestUser => {
-                let user = s.what == What::GuestUser;
-                if keep_guest && namer.is_linux(s.vm) {
-                    let f = &frames[s.frame as usize];
-                    let key: RowKey = (
-                        f.function.clone(),
-                        f.module.clone(),
-                        s.process
-                            .and_then(|p| namer.task_label(p))
-                            .map(str::to_owned),
-                    );
-                    g.per_vm.entry(s.vm).or_default().add_named(&key, user, n);
-                    g.per_vcpu
-                        .entry((s.vm, s.vcpu))
-                        .or_default()
-                        .add_named(&key, user, n);
-                } else {
-                    g.per_vm.entry(s.vm).or_default().add_guest(s.addr, user, n);
-                    g.per_vcpu
-                        .entry((s.vm, s.vcpu))
-                        .or_default()
-                        .add_guest(s.addr, user, n);
-                }
-            }
-            // Time the hypervisor spent on a VM's behalf is that VM's steal.
-            What::Hypervisor if s.vm != hvprof_samplelog::NO_VM => {
-                *g.hypervisor.entry((s.vm, s.vcpu)).or_default() += n;
-            }
-            What::Hypervisor | What::Idle => {}
+        let user = match s.what {
+            What::GuestKernel => false,
+            What::GuestUser => true,
+            What::Hypervisor | What::Idle => continue,
+        };
+        let counts = out.entry(key(s)).or_default();
+        if keep_guest && namer.is_linux(s.vm) {
+            let f = &frames[s.frame as usize];
+            let row: RowKey = (
+                f.function.clone(),
+                f.module.clone(),
+                s.process
+                    .and_then(|p| namer.task_label(p))
+                    .map(str::to_owned),
+            );
+            counts.add_named(&row, user, s.count);
+        } else {
+            counts.add_guest(s.addr, user, s.count);
         }
     }
-    g
+    out
 }
 
 /// Adds each vCPU's blank slots (`[idle]`, `[steal]`) on the common time axis, counted from
