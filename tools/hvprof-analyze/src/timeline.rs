@@ -17,7 +17,7 @@
 use std::ops::Range;
 
 use hvprof_samplelog::{Event, EventKind, OutReason};
-use rustc_hash::FxHashMap as HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 /// Who a sample belongs to: a vCPU's guest, the hypervisor (on behalf of a vCPU or not), idle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -686,17 +686,23 @@ fn blanks_counting(
     // over many segments, on the core that meets it) their index by owner and their samples.
     let index: HashMap<u16, PcpuSegments> =
         crate::par_map(segments.pcpus.iter().collect(), |(p, segs)| {
-            let mut seen = vec![false; owners.len()];
+            // Its owners, each once (found per change of owner: a forged capture may have
+            // more owners than a pCPU has segments).
+            let mut present: HashSet<u32> = HashSet::default();
+            let mut last = None;
             for s in segs {
-                seen[s.owner as usize] = true;
+                if last != Some(s.owner) {
+                    present.insert(s.owner);
+                    last = Some(s.owner);
+                }
             }
-            let present = owners
-                .iter()
-                .zip(seen)
-                .filter_map(|(o, seen)| seen.then_some(*o));
             let entry = PcpuSegments {
                 segs,
-                vcpus: vcpus_by_vm(present.filter_map(Owner::vcpu)),
+                vcpus: vcpus_by_vm(
+                    present
+                        .into_iter()
+                        .filter_map(|o| owners[o as usize].vcpu()),
+                ),
                 index: std::sync::OnceLock::new(),
             };
             (*p, entry)
@@ -1096,6 +1102,18 @@ mod tests {
             assert_eq!((x.idle, x.hypervisor, x.hypervisor_out), (0, 0, 0));
             assert_eq!((x.ticks_in, x.ticks_out), (OWN + 1, 0));
         }
+    }
+
+    /// The same counted per segment: each vCPU's last run (out for good) spans the later
+    /// vCPUs' segments on its pCPU (one each), up to 500 (counted through the pCPU's index),
+    /// the last vCPUs' a few (counted one by one).
+    #[test]
+    fn a_thousand_vcpus_by_segments() {
+        let (samples, events) = many_vcpus(1000, 20);
+        assert_eq!(
+            blanks_by_segments(&samples, &events),
+            blanks(&samples, &events)
+        );
     }
 
     fn ev(tsc: u64, vm: u16, vcpu: u16, kind: EventKind, reason: OutReason) -> (u16, Event) {
