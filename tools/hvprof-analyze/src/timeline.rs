@@ -633,10 +633,32 @@ fn partition_from<T>(list: &[T], start: usize, pred: impl Fn(&T) -> bool) -> usi
     }
 }
 
-/// Runs over at most this many segments are counted segment by segment in [`segment_blanks`]
-/// (most runs are over a few; the index of a pCPU's segments is made for the first run over
-/// more, if any).
+/// Runs over at most this many segments (of at most [`DIRECT_OWNERS`] owners) are counted
+/// segment by segment in [`segment_blanks`] (most runs are over a few; the index of a pCPU's
+/// segments is made for the first run over more, if any).
 const DIRECT_SEGMENTS: usize = 256;
+
+/// Owners of the segments of a run counted one by one at most (more go through the index).
+const DIRECT_OWNERS: usize = 16;
+
+/// Adds the samples of `segs` to `parts` per owner, if they have at most [`DIRECT_OWNERS`]
+/// owners; else leaves `parts` as it was and returns false.
+fn count_per_owner(parts: &mut Vec<(Owner, u64)>, segs: &[Segment], owners: &[Owner]) -> bool {
+    let before = parts.len();
+    for s in segs {
+        let owner = owners[s.owner as usize];
+        let added = parts.len() - before;
+        match parts[before..].iter_mut().find(|(o, _)| *o == owner) {
+            Some((_, n)) => *n += u64::from(s.count),
+            None if added < DIRECT_OWNERS => parts.push((owner, u64::from(s.count))),
+            None => {
+                parts.truncate(before);
+                return false;
+            }
+        }
+    }
+    true
+}
 
 /// One pCPU's segments, as [`segment_blanks`] counts a vCPU's runs on them.
 struct PcpuSegments<'a> {
@@ -765,17 +787,12 @@ fn blanks_counting(
                     }
                 }
             }
-            // A run over a few segments (most runs) counts them one by one, per owner: cheaper
-            // than the index's searches, which are for runs over many.
+            // A run over a few segments of a few owners (most runs) counts them one by one, per
+            // owner: cheaper than the index's searches, which are for runs over many.
             let mut whole = 0;
-            if w.whole.len() <= direct {
-                for s in &segs[w.whole.clone()] {
-                    let owner = owners[s.owner as usize];
-                    match w.parts.iter_mut().find(|(o, _)| *o == owner) {
-                        Some((_, n)) => *n += u64::from(s.count),
-                        None => w.parts.push((owner, u64::from(s.count))),
-                    }
-                }
+            if w.whole.len() <= direct
+                && count_per_owner(&mut w.parts, &segs[w.whole.clone()], owners)
+            {
                 w.whole = from..from;
             } else {
                 let (ix, all) = index.get_or_init(|| {
