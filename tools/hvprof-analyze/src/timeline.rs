@@ -932,6 +932,16 @@ mod tests {
         )
     }
 
+    /// Per pCPU (its place in `lists`), its list sorted by TSC.
+    fn sorted_lists(lists: Vec<Vec<(u64, Owner)>>) -> HashMap<u16, Vec<(u64, Owner)>> {
+        let mut samples = HashMap::default();
+        for (p, mut l) in lists.into_iter().enumerate() {
+            l.sort_by_key(|s| s.0);
+            samples.insert(p as u16, l);
+        }
+        samples
+    }
+
     /// [`segment_blanks`] of per-pCPU (TSC, owner) lists: their segments, and partial counts
     /// read from the lists. Checks that counting every run through the index, or none, gives
     /// the same.
@@ -1000,11 +1010,7 @@ mod tests {
             events in prop::collection::vec(arb_event(), 0..8),
             lists in prop::collection::vec(prop::collection::vec((0u64..60, arb_owner()), 0..400), 1..3),
         ) {
-            let mut samples: HashMap<u16, Vec<(u64, Owner)>> = HashMap::default();
-            for (p, mut l) in lists.into_iter().enumerate() {
-                l.sort_by_key(|s| s.0);
-                samples.insert(p as u16, l);
-            }
+            let samples = sorted_lists(lists);
             prop_assert_eq!(blanks_by_segments(&samples, &events), blanks(&samples, &events));
         }
 
@@ -1029,11 +1035,7 @@ mod tests {
             events in prop::collection::vec(arb_event(), 0..40),
             lists in prop::collection::vec(prop::collection::vec((0u64..60, arb_owner()), 0..60), 1..4),
         ) {
-            let mut samples: HashMap<u16, Vec<(u64, Owner)>> = HashMap::default();
-            for (p, mut l) in lists.into_iter().enumerate() {
-                l.sort_by_key(|s| s.0);
-                samples.insert(p as u16, l);
-            }
+            let samples = sorted_lists(lists);
             prop_assert_eq!(blanks(&samples, &events), naive_blanks(&samples, &events));
             let mut slots = Vec::new();
             classify(&samples, &events, |k, p, i, s| slots.push((k, p, i, format!("{s:?}"))));
