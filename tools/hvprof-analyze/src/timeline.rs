@@ -431,8 +431,9 @@ impl PcpuIndex<Positions> {
     }
 }
 
-/// The samples of a vCPU's run on one pCPU: the whole units in `whole`, and at most two units
-/// of which only some samples fall in the run (their owner and how many).
+/// The samples of a vCPU's run on one pCPU: the whole units in `whole` (counted through the
+/// index), and in `parts` samples counted by owner: at most two units of which only some
+/// samples fall in the run, and (a short run over segments) its whole segments, per owner.
 pub struct Window<'a, C> {
     /// The units indexed, for `whole` (none when `whole` is empty).
     ix: Option<&'a PcpuIndex<C>>,
