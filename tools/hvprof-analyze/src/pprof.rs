@@ -162,8 +162,10 @@ pub const LOST: &str = "[lost]";
 struct Strings(StringTable<String>);
 
 impl Strings {
-    fn new() -> Self {
-        let mut s = Strings(StringTable::with_capacity(0));
+    /// The table, with room for `n` strings (made at its size: growing, it would hash every
+    /// string again at each doubling, a cache miss each).
+    fn new(n: usize) -> Self {
+        let mut s = Strings(StringTable::with_capacity(n));
         s.get("");
         s
     }
@@ -187,7 +189,8 @@ fn build_with(
     progress: &Progress,
     sample: &mut dyn FnMut(proto::Sample),
 ) -> proto::Profile {
-    let mut strings = Strings::new();
+    // About a name per frame, and a few VM, process and module names.
+    let mut strings = Strings::new(p.frames.len() + 64);
     let mut mappings: Vec<proto::Mapping> = Vec::new();
     // By the module's string number.
     let mut mapping_ids: HashMap<i64, u64> = HashMap::default();
