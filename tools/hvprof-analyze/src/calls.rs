@@ -14,10 +14,10 @@
 //! callees from it.
 
 use std::borrow::Cow;
-use std::hash::BuildHasher;
 
 use rustc_hash::FxHashMap as HashMap;
 
+use crate::interner::Interner;
 use crate::naming::{Namer, ProcessKey, address_space};
 use crate::profile::{ChainEnd, Frame, Profile, Samples, Stack, What};
 
@@ -259,13 +259,9 @@ pub fn name(
             offset,
         });
     }
-    // Each stack's named chains, interned: the table holds numbers into `calls.stacks` (found
-    // by hash), not a second copy of every chain.
-    let hash = |cs: &CallStack| rustc_hash::FxBuildHasher.hash_one(cs);
-    let mut stack_ids: hashbrown::HashTable<u32> = hashbrown::HashTable::new();
-    stack_ids.insert_unique(hash(&calls.stacks[0]), 0, |&i| {
-        hash(&calls.stacks[i as usize])
-    });
+    // Each stack's named chains, each distinct one kept once (the first, no chain, is 0).
+    let mut interned: Interner<CallStack> = Interner::with_capacity(1);
+    interned.number(&CallStack::default(), CallStack::default);
     let out = stacks
         .iter()
         .map(|s| {
@@ -292,22 +288,11 @@ pub fn name(
                     ChainEnd::NotWalked
                 },
             };
-            let known = &calls.stacks;
-            match stack_ids.entry(
-                hash(&cs),
-                |&i| known[i as usize] == cs,
-                |&i| hash(&known[i as usize]),
-            ) {
-                hashbrown::hash_table::Entry::Occupied(e) => *e.get(),
-                hashbrown::hash_table::Entry::Vacant(e) => {
-                    let next = calls.stacks.len() as u32;
-                    e.insert(next);
-                    calls.stacks.push(cs);
-                    next
-                }
-            }
+            // Kept (cloned) when first seen only.
+            interned.number(&cs, || cs.clone()).0
         })
         .collect();
+    calls.stacks = interned.values;
     (calls, out)
 }
 

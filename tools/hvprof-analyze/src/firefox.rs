@@ -39,10 +39,10 @@ use rustc_hash::FxHashMap as HashMap;
 use hvprof_samplelog::{EventKind, OutReason};
 
 use crate::calls::{Part, part_name, whole_stack};
+use crate::interner::Interner;
 use crate::profile::{Profile, Stack, What};
 use crate::progress::Progress;
 use crate::script::ids;
-use crate::string_table::StringTable;
 
 /// A vCPU's scheduling interval.
 struct VcpuMarker {
@@ -567,7 +567,7 @@ struct Tables<'p> {
     /// The skeleton's strings (the markers').
     base: u32,
     /// The skeleton's strings, then the thread's.
-    strings: StringTable<Cow<'p, str>>,
+    strings: Interner<Cow<'p, str>>,
     /// Per string number, its function's number plus one (0: none yet).
     func_of: Vec<u32>,
     /// Each function's string.
@@ -587,10 +587,10 @@ impl<'p> Tables<'p> {
     fn new(skeleton: Vec<String>, stacks: usize) -> Tables<'p> {
         let base = skeleton.len() as u32;
         let frames = 2 * stacks;
-        let mut strings = StringTable::with_capacity(skeleton.len() + frames);
+        let mut strings = Interner::with_capacity(skeleton.len() + frames);
         for s in skeleton {
             // The skeleton's strings are distinct (fxprof-processed-profile's string table).
-            strings.number(&s.clone(), || Cow::Owned(s));
+            strings.number::<str>(&s.clone(), || Cow::Owned(s));
         }
         let mut func_of = Vec::with_capacity(base as usize + frames);
         func_of.resize(base as usize, 0);
@@ -610,7 +610,7 @@ impl<'p> Tables<'p> {
     fn stack(&mut self, frames: impl Iterator<Item = (Cow<'p, str>, u16)>) -> Option<u32> {
         let mut prefix = None;
         for (name, category) in frames {
-            let (string, new) = self.strings.number(&name, || name.clone());
+            let (string, new) = self.strings.number::<str>(&name, || name.clone());
             if new {
                 self.func_of.push(0);
             }
@@ -703,10 +703,7 @@ impl<'p> Tables<'p> {
     /// The strings after the skeleton's, each as serde_json writes a string, each after a comma
     /// when `after` (the skeleton has strings).
     fn strings(&self, out: &mut Vec<u8>, after: bool) -> Result<()> {
-        for (i, s) in self.strings.strings[self.base as usize..]
-            .iter()
-            .enumerate()
-        {
+        for (i, s) in self.strings.values[self.base as usize..].iter().enumerate() {
             if after || i > 0 {
                 out.push(b',');
             }

@@ -24,9 +24,9 @@ use prost::Message;
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::calls::{Part, WholeKey, part_name, whole_key, whole_stack};
+use crate::interner::Interner;
 use crate::profile::{Profile, What};
 use crate::progress::Progress;
-use crate::string_table::StringTable;
 
 /// The messages of profile.proto.
 pub mod proto {
@@ -159,13 +159,13 @@ pub mod proto {
 pub const LOST: &str = "[lost]";
 
 /// The string table (index 0 is "").
-struct Strings(StringTable<String>);
+struct Strings(Interner<String>);
 
 impl Strings {
     /// The table, with room for `n` strings (made at its size: growing, it would hash every
     /// string again at each doubling, a cache miss each).
     fn new(n: usize) -> Self {
-        let mut s = Strings(StringTable::with_capacity(n));
+        let mut s = Strings(Interner::with_capacity(n));
         s.get("");
         s
     }
@@ -405,7 +405,7 @@ fn build_with(
         mapping: mappings,
         location: locations,
         function: functions,
-        string_table: strings.0.strings,
+        string_table: strings.0.values,
         duration_nanos: p.ticks_to_ns(end - start) as i64,
         period_type,
         period: period_ns,
