@@ -336,13 +336,19 @@ fn load_options(input: &Input, tables: bool) -> LoadOptions {
         report_only: false,
         time: input.time,
         top_rows: None,
+        keep_samples: false,
     }
 }
 
 /// Decodes and names the capture, with a progress bar on a terminal.
 fn load_profile(input: &Input, tables: bool, progress: &Progress) -> Result<Profile> {
+    load_profile_with(input, load_options(input, tables), progress)
+}
+
+/// [`load_profile`] with `options`.
+fn load_profile_with(input: &Input, options: LoadOptions, progress: &Progress) -> Result<Profile> {
     let images = load_images(input)?;
-    let p = Profile::load(&input.log, &images, load_options(input, tables), progress)?;
+    let p = Profile::load(&input.log, &images, options, progress)?;
     for w in &p.report.warnings {
         progress.warn(&format!("hvprof-analyze: warning: {w}"));
     }
@@ -496,7 +502,12 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             if pprof_path.is_none() && firefox_path.is_none() {
                 bail!("export: say what to write: --pprof FILE and/or --firefox FILE");
             }
-            let p = load_profile(&input, false, progress)?;
+            // The Firefox profile holds every sample: the first pass keeps them for it.
+            let options = LoadOptions {
+                keep_samples: firefox_path.is_some(),
+                ..load_options(&input, false)
+            };
+            let p = load_profile_with(&input, options, progress)?;
             if let Some(path) = &pprof_path {
                 let mut out = output(Some(path))?;
                 pprof::write(&p, &mut out, progress)?;
@@ -753,6 +764,7 @@ fn bench_synthetic(
         report_only: tables,
         time: None,
         top_rows: None,
+        keep_samples: false,
     };
     for threads in [1, hvprof_analyze::cores()] {
         let t = Instant::now();
@@ -800,6 +812,17 @@ fn bench_synthetic(
             "pprof: {took:.2?}, {:.1} M samples/s, {:.2} MB gzipped",
             rate(took),
             sink.0 as f64 / 1e6
+        );
+        // As `export --firefox` reads it: with each sample kept by the first pass.
+        drop(p);
+        let p = Profile::from_bytes(
+            &cap.bytes,
+            &Images::default(),
+            LoadOptions {
+                keep_samples: true,
+                ..options(hvprof_analyze::cores(), false)
+            },
+            &Progress::hidden(),
         );
         let mut sink = Counting(0);
         let t = Instant::now();

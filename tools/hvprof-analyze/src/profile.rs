@@ -372,6 +372,10 @@ pub struct LoadOptions {
     /// Only the first rows of each guest table of the report (the text report shows no more;
     /// the others are counted, and only the rows kept are named): `None` for every row.
     pub top_rows: Option<usize>,
+    /// Keep each sample's TSC and stack from the first pass (8 bytes a sample), so that the
+    /// views that read the samples again in TSC order ([`Profile::replay`]) copy them instead
+    /// of decoding the capture again: for the Firefox profile, which holds every sample anyway.
+    pub keep_samples: bool,
 }
 
 impl LoadOptions {
@@ -386,6 +390,7 @@ impl LoadOptions {
             report_only: false,
             time: None,
             top_rows: None,
+            keep_samples: false,
         }
     }
 }
@@ -525,6 +530,31 @@ struct BlockSpan {
     last: u64,
     samples: u32,
     sorted: bool,
+    /// Where the first pass kept its samples (see [`Kept`]): the decoding thread's number and
+    /// the first one's place in its list; `None` when not kept.
+    kept: Option<(u32, u32)>,
+}
+
+/// Each sample of a decoding thread as the first pass classified it, for a view that reads
+/// them all again ([`LoadOptions::keep_samples`]): its TSC as an offset from its block's first
+/// and its key's number, 8 bytes a sample, so that [`Replay::block`] copies them instead of
+/// decoding and classifying the block again. A block whose samples span more than 2^32 ticks
+/// is not kept (it is read again).
+#[derive(Debug, Default)]
+struct Kept {
+    samples: Vec<(u32, u32)>,
+    /// The block being classified: each sample's TSC and its run in [`Part::pending`].
+    block: Vec<(u64, u32)>,
+    /// The key of each run of the block.
+    ids: Vec<u32>,
+}
+
+/// The samples a decoding thread kept ([`Kept::samples`]) and its keys' numbers in the
+/// capture's table, by the thread's number (none for the first thread's, whose table it is).
+#[derive(Debug, Default)]
+struct KeptPart {
+    samples: Vec<(u32, u32)>,
+    remap: Vec<u32>,
 }
 
 /// Where a segment's first sample is: in the block whose frame is at `offset`, after `skip`
@@ -646,6 +676,8 @@ struct Part {
     window: Window,
     /// The TSCs of the first and last sample, those outside the stretch included.
     seen: (u64, u64),
+    /// Each sample's TSC and key, when kept ([`LoadOptions::keep_samples`]).
+    kept: Option<Kept>,
 }
 
 impl Default for Part {
@@ -665,6 +697,7 @@ impl Default for Part {
             last: 0,
             window: Window::ALL,
             seen: (u64::MAX, 0),
+            kept: None,
         }
     }
 }
@@ -747,6 +780,7 @@ impl Part {
             last: 0,
             samples: 0,
             sorted: true,
+            kept: None,
         };
         let mut prev = 0u64;
         for r in records {
@@ -810,6 +844,9 @@ impl Part {
                     });
                 }
             }
+            if let Some(k) = &mut self.kept {
+                k.block.push((s.tsc, (self.pending.len() - 1) as u32));
+            }
             if !self.keep_segments {
                 continue;
             }
@@ -832,7 +869,32 @@ impl Part {
             }
         }
         for p in self.pending.drain(..) {
-            self.counts.add_hashed(p.addr, p.ctx, p.hash, p.n);
+            let id = self.counts.add_hashed(p.addr, p.ctx, p.hash, p.n);
+            if let Some(k) = &mut self.kept {
+                k.ids.push(id);
+            }
+        }
+        if let Some(k) = &mut self.kept {
+            // Its samples' TSCs as offsets from the first (the part numbers its blocks when
+            // the parts are merged).
+            if let Ok(at) = u32::try_from(k.samples.len())
+                && span.samples > 0
+                && span.last - span.first <= u64::from(u32::MAX)
+            {
+                span.kept = Some((0, at));
+                let Kept {
+                    samples,
+                    block,
+                    ids,
+                } = k;
+                samples.extend(
+                    block
+                        .iter()
+                        .map(|&(tsc, run)| ((tsc - span.first) as u32, ids[run as usize])),
+                );
+            }
+            k.block.clear();
+            k.ids.clear();
         }
         if span.samples > 0 {
             self.len += span.samples as usize;
@@ -854,25 +916,36 @@ pub struct Classified {
     /// Every sample's owner, as segments per pCPU in stream order, and where each starts.
     segments: StreamSegments,
     index: StackIndex,
+    /// Per decoding thread, the samples it kept (none unless [`Keep::samples`]).
+    kept: Vec<KeptPart>,
     /// Per pCPU (ascending), its blocks that hold samples, in stream order.
     blocks: Vec<(u16, Vec<BlockSpan>)>,
     /// The TSCs of the first and last sample of the capture (`--time` aside); `None` without.
     seen: Option<(u64, u64)>,
 }
 
+/// What the first pass keeps besides the stacks ([`Classified::decode`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Keep {
+    /// The samples' owners as segments per pCPU, for the report's time axis (the exports,
+    /// which have no tables, read none).
+    pub segments: bool,
+    /// Each sample's TSC and stack ([`LoadOptions::keep_samples`]).
+    pub samples: bool,
+}
+
 impl Classified {
     /// Decodes `bytes` on `threads` threads, classifying every sample as it is decoded. The
     /// processes of Linux guests' samples depend on their time and on task frames anywhere in
     /// the capture: with `processes` they are found as the samples are decoded; without, a
-    /// guest sample's process is its address space. `segments`: the samples' owners are kept
-    /// as segments per pCPU, for the report's time axis (the exports, which have no tables,
-    /// read none).
+    /// guest sample's process is its address space. `keep` says what is kept besides the
+    /// stacks.
     pub fn decode(
         bytes: &[u8],
         threads: usize,
         processes: Option<&Processes>,
         window: Window,
-        segments: bool,
+        keep: Keep,
         progress: &Progress,
     ) -> (Decoded, Classified) {
         progress.phase("decoding", None, "records");
@@ -881,7 +954,8 @@ impl Classified {
             threads,
             || Part {
                 window,
-                keep_segments: segments,
+                keep_segments: keep.segments,
+                kept: keep.samples.then(Kept::default),
                 ..Part::default()
             },
             |part: &mut Part, at, records: &[Record], frames: &[u64]| {
@@ -908,7 +982,15 @@ impl Classified {
             std::mem::take(&mut base.segments.lists)
                 .into_iter()
                 .collect();
-        for mut part in parts {
+        // The first part's kept samples name their keys as the capture's table does.
+        let mut kept: Vec<KeptPart> = Vec::new();
+        if let Some(k) = base.kept.take() {
+            kept.push(KeptPart {
+                samples: k.samples,
+                remap: Vec::new(),
+            });
+        }
+        for (number, mut part) in (1u32..).zip(parts) {
             // Its chains in the first part's table.
             let chains: Vec<u32> = std::iter::once(0)
                 .chain(
@@ -926,6 +1008,8 @@ impl Classified {
             // Added a few dozen at a time, their slots in the table asked for first (each
             // lookup is a miss to memory: this way they overlap), in key order.
             let mut batch: Vec<(u64, u32, u64, u64)> = Vec::with_capacity(MERGE_BATCH);
+            // Its keys' numbers in the first part's table, when its samples are kept.
+            let mut remap: Vec<u32> = Vec::new();
             for chunk in part.counts.entries().chunks(MERGE_BATCH) {
                 batch.clear();
                 for &(addr, ctx, n) in chunk {
@@ -938,8 +1022,17 @@ impl Classified {
                     batch.push((addr, ctx, hash, n));
                 }
                 for &(addr, ctx, hash, n) in &batch {
-                    base.counts.add_hashed(addr, ctx, hash, n);
+                    let id = base.counts.add_hashed(addr, ctx, hash, n);
+                    if part.kept.is_some() {
+                        remap.push(id);
+                    }
                 }
+            }
+            if let Some(k) = part.kept.take() {
+                kept.push(KeptPart {
+                    samples: k.samples,
+                    remap,
+                });
             }
             // Its owners in the first part's table.
             let remap: Vec<u32> = part
@@ -958,7 +1051,10 @@ impl Classified {
                 all_at.extend(located);
             }
             events.append(&mut part.events);
-            blocks.append(&mut part.blocks);
+            blocks.extend(part.blocks.into_iter().map(|b| BlockSpan {
+                kept: b.kept.map(|(_, at)| (number, at)),
+                ..b
+            }));
             cost.merge(part.cost);
             len += part.len;
             first = first.min(part.first);
@@ -1011,6 +1107,7 @@ impl Classified {
                     .collect(),
             ),
             index: base.counts.index,
+            kept,
             blocks: per_pcpu.into_iter().collect(),
             seen: (seen.0 <= seen.1).then_some(seen),
         }
@@ -1142,6 +1239,8 @@ struct Replay {
     bytes: Capture,
     blocks: Vec<(u16, Vec<BlockSpan>)>,
     index: StackIndex,
+    /// The samples the first pass kept, per decoding thread (see [`Classified::kept`]).
+    kept: Vec<KeptPart>,
     processes: Option<Processes>,
     /// The samples the first pass kept (`--time`): the same are read again.
     window: Window,
@@ -1179,6 +1278,21 @@ impl Replay {
     /// A block's samples: (TSC, stack). Each sample's slot in the stack table is prefetched
     /// before any is looked up (so that the table's cache misses overlap).
     fn block(&self, scratch: &mut BlockScratch, b: &BlockSpan, out: &mut Vec<(u64, u32)>) {
+        if let Some((part, at)) = b.kept
+            && let Some(KeptPart { samples, remap }) = self.kept.get(part as usize)
+            && let Some(kept) = samples.get(at as usize..at as usize + b.samples as usize)
+        {
+            let tsc = |offset: u32| b.first + u64::from(offset);
+            if remap.is_empty() {
+                out.extend(kept.iter().map(|&(offset, id)| (tsc(offset), id)));
+            } else {
+                out.extend(
+                    kept.iter()
+                        .map(|&(offset, id)| (tsc(offset), remap[id as usize])),
+                );
+            }
+            return;
+        }
         let BlockScratch {
             reader,
             pending,
@@ -1430,7 +1544,10 @@ impl Profile {
             options.threads,
             processes.as_ref(),
             window,
-            options.tables,
+            Keep {
+                segments: options.tables,
+                samples: options.keep_samples,
+            },
             progress,
         );
         progress.phase("naming", None, "stacks");
@@ -1457,6 +1574,7 @@ impl Profile {
             cost,
             segments,
             index,
+            kept,
             blocks,
             seen,
         } = classified;
@@ -1479,6 +1597,7 @@ impl Profile {
             bytes,
             blocks,
             index,
+            kept,
             processes,
             window,
         };
@@ -1997,6 +2116,24 @@ mod tests {
         assert_eq!(one.samples.len() as u64, cap.samples);
         // Read again, every sample is found (its chain too).
         assert_eq!(three.samples_in_order().len(), three.samples.len());
+        // Kept by the first pass on three threads, the same samples are read again.
+        let kept = Profile::from_bytes(
+            &cap.bytes,
+            &Images::default(),
+            LoadOptions {
+                keep_samples: true,
+                ..LoadOptions::all(3)
+            },
+            &Progress::hidden(),
+        );
+        assert!(
+            kept.replay
+                .blocks
+                .iter()
+                .flat_map(|(_, b)| b)
+                .all(|b| b.kept.is_some())
+        );
+        assert_eq!(kept.samples_in_order(), three.samples_in_order());
         // Decoded in parts, the same stacks.
         assert_eq!(crate::flame::folded(&one), crate::flame::folded(&three));
         assert_eq!(
@@ -2061,6 +2198,44 @@ mod tests {
     }
 
     #[test]
+    fn a_block_longer_than_32_bits_of_ticks_is_read_again_not_kept() {
+        use hvprof_samplelog::Sample;
+        // Ten samples a block; the second block's span 2^33 ticks.
+        let records: Vec<Record> = (0..30u64)
+            .map(|i| {
+                let jump = if i == 15 { 1 << 33 } else { 0 };
+                Record::Sample(Sample {
+                    kind: SampleKind::Hypervisor,
+                    host_rip: 0x2000 + i % 3,
+                    tsc: 1000 * i + jump + if i > 15 { 1 << 33 } else { 0 },
+                    ..Sample::default()
+                })
+            })
+            .collect();
+        let bytes = hvprof_samplelog::synth::encode_blocks(0, &records, 10, 10);
+        let load = |keep_samples| {
+            Profile::from_bytes(
+                &bytes,
+                &Images::default(),
+                LoadOptions {
+                    keep_samples,
+                    ..LoadOptions::all(1)
+                },
+                &Progress::hidden(),
+            )
+        };
+        let (kept, read) = (load(true), load(false));
+        let spans: Vec<bool> = kept.replay.blocks[0]
+            .1
+            .iter()
+            .map(|b| b.kept.is_some())
+            .collect();
+        assert_eq!(spans, [true, false, true]);
+        assert_eq!(kept.samples_in_order().len(), 30);
+        assert_eq!(kept.samples_in_order(), read.samples_in_order());
+    }
+
+    #[test]
     fn one_label_in_two_address_spaces_names_two_files() {
         use hvprof_samplelog::{FixedStr, Mapping, MappingKind, Task};
         // PID 80 reused by another run of `job`: one label, two address spaces, each mapping
@@ -2121,6 +2296,7 @@ mod tests {
             cost: CostSum::default(),
             segments: Default::default(),
             index: StackIndex::default(),
+            kept: Vec::new(),
             blocks: Vec::new(),
             seen: Some((10, 2000)),
         };
@@ -2234,6 +2410,14 @@ mod tests {
             );
             let all = p.samples_in_order();
             prop_assert_eq!(all.len(), p.samples.len());
+            // Kept by the first pass, the same samples are read again.
+            let kept = Profile::from_bytes(
+                &bytes,
+                &Images::default(),
+                LoadOptions { keep_samples: true, ..LoadOptions::all(2) },
+                &Progress::hidden(),
+            );
+            prop_assert_eq!(kept.samples_in_order(), all.clone());
             prop_assert!(all.windows(2).all(|w| (w[0].tsc, w[0].pcpu) <= (w[1].tsc, w[1].pcpu)));
             let mut lists: HashMap<u16, Vec<(u64, Owner)>> = HashMap::default();
             for s in &all {
@@ -2244,7 +2428,7 @@ mod tests {
             }
             let want = crate::timeline::blanks(&lists, &p.events);
             let classified =
-                Classified::decode(&bytes, 2, None, Window::ALL, true, &Progress::hidden()).1;
+                Classified::decode(&bytes, 2, None, Window::ALL, Keep { segments: true, samples: false }, &Progress::hidden()).1;
             let axis = p.replay.time_axis(classified.segments, &p.samples.stacks);
             let partial = |pcpu: u16, i: usize, lo: u64, hi: Option<u64>| {
                 p.replay.partial(&axis, pcpu, i, lo, hi)

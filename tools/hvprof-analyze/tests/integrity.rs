@@ -116,6 +116,7 @@ fn report(bytes: &[u8]) -> report::Report {
             report_only: false,
             time: None,
             top_rows: None,
+            keep_samples: false,
         },
         &Progress::hidden(),
     )
@@ -216,6 +217,7 @@ fn guest_chosen_names_are_escaped() {
             report_only: false,
             time: None,
             top_rows: None,
+            keep_samples: false,
         },
         &Progress::hidden(),
     );

@@ -90,6 +90,7 @@ fn total_samples(bytes: &[u8]) -> u64 {
             report_only: true,
             time: None,
             top_rows: None,
+            keep_samples: false,
         },
         &Progress::hidden(),
     )
