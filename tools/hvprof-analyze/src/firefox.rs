@@ -558,6 +558,41 @@ fn columns(
     ordered.then_some(columns)
 }
 
+/// Numbers of pairs (`a`, `b`) whose `a` is itself a number (dense, from 0): the first `b` met
+/// with each `a` beside it in a vector at `a` (most `a`s have one: a name has one category, a
+/// frame one prefix), the others in a map. A new `a` is at the end of the vector, in the cache,
+/// where a hash map's slot would be a miss to memory.
+struct PairIds<B> {
+    first: Vec<Option<(B, u32)>>,
+    more: HashMap<(u32, B), u32>,
+}
+
+impl<B: Copy + Eq + std::hash::Hash> PairIds<B> {
+    fn with_capacity(n: usize) -> Self {
+        PairIds {
+            first: Vec::with_capacity(n),
+            more: HashMap::default(),
+        }
+    }
+
+    /// The number of (`a`, `b`); `next` when it is new.
+    #[inline]
+    fn number(&mut self, a: u32, b: B, next: u32) -> u32 {
+        let i = a as usize;
+        if i >= self.first.len() {
+            self.first.resize(i + 1, None);
+        }
+        match self.first[i] {
+            None => {
+                self.first[i] = Some((b, next));
+                next
+            }
+            Some((first, n)) if first == b => n,
+            Some(_) => *self.more.entry((a, b)).or_insert(next),
+        }
+    }
+}
+
 /// One thread's frame, function and stack tables and the strings they add to its string table,
 /// numbered as fxprof-processed-profile numbers them when the thread's stacks are interned in
 /// the profile's order after its markers ([`build`]): a string by first use, after the
@@ -572,11 +607,12 @@ struct Tables<'p> {
     func_of: Vec<u32>,
     /// Each function's string.
     funcs: Vec<u32>,
-    frame_ids: HashMap<(u32, u16), u32>,
+    /// (string, category) → frame.
+    frame_ids: PairIds<u16>,
     /// Each frame's category and function.
     frames: Vec<(u16, u32)>,
-    /// (prefix plus one, 0 for none; frame) → stack.
-    stack_ids: HashMap<(u32, u32), u32>,
+    /// (frame, prefix plus one, 0 for none) → stack.
+    stack_ids: PairIds<u32>,
     /// Each stack's prefix and frame.
     stacks: Vec<(Option<u32>, u32)>,
 }
@@ -590,7 +626,7 @@ impl<'p> Tables<'p> {
         let mut strings = Interner::with_capacity(skeleton.len() + frames);
         for s in skeleton {
             // The skeleton's strings are distinct (fxprof-processed-profile's string table).
-            strings.number::<str>(&s.clone(), || Cow::Owned(s));
+            strings.number_owned(Cow::Owned(s));
         }
         let mut func_of = Vec::with_capacity(base as usize + frames);
         func_of.resize(base as usize, 0);
@@ -599,9 +635,9 @@ impl<'p> Tables<'p> {
             strings,
             func_of,
             funcs: Vec::with_capacity(frames),
-            frame_ids: HashMap::with_capacity_and_hasher(frames, rustc_hash::FxBuildHasher),
+            frame_ids: PairIds::with_capacity(base as usize + frames),
             frames: Vec::with_capacity(frames),
-            stack_ids: HashMap::with_capacity_and_hasher(frames, rustc_hash::FxBuildHasher),
+            stack_ids: PairIds::with_capacity(frames),
             stacks: Vec::with_capacity(frames),
         }
     }
@@ -610,12 +646,12 @@ impl<'p> Tables<'p> {
     fn stack(&mut self, frames: impl Iterator<Item = (Cow<'p, str>, u16)>) -> Option<u32> {
         let mut prefix = None;
         for (name, category) in frames {
-            let (string, new) = self.strings.number::<str>(&name, || name.clone());
+            let (string, new) = self.strings.number_owned(name);
             if new {
                 self.func_of.push(0);
             }
             let next = self.frames.len() as u32;
-            let frame = *self.frame_ids.entry((string, category)).or_insert(next);
+            let frame = self.frame_ids.number(string, category, next);
             if frame == next {
                 let func = &mut self.func_of[string as usize];
                 if *func == 0 {
@@ -625,8 +661,9 @@ impl<'p> Tables<'p> {
                 self.frames.push((category, *func - 1));
             }
             let next = self.stacks.len() as u32;
-            let key = (prefix.map_or(0, |p| p + 1), frame);
-            let stack = *self.stack_ids.entry(key).or_insert(next);
+            let stack = self
+                .stack_ids
+                .number(frame, prefix.map_or(0, |p| p + 1), next);
             if stack == next {
                 self.stacks.push((prefix, frame));
             }
@@ -905,11 +942,29 @@ fn skeleton_and_tables(
     });
     let tables = crate::par_map_queue(work, |(k, slot, strings)| {
         let slot = slot?;
-        let mut t = Tables::new(strings, stacks_of[slot as usize].len());
-        let index: Vec<(u32, u32)> = stacks_of[slot as usize]
+        let mine = &stacks_of[slot as usize];
+        let mut t = Tables::new(strings, mine.len());
+        let stacks = p.samples.stacks();
+        // Each stack's frame and its names are read in no order: the frame is asked for a
+        // few stacks ahead, its names (read from it by then) a few less.
+        const AHEAD: usize = 8;
+        let frame = |k: usize| {
+            mine.get(k)
+                .map(|&i| &p.frames[stacks[i as usize].frame as usize])
+        };
+        let index: Vec<(u32, u32)> = mine
             .iter()
-            .map(|&i| {
-                let st = &p.samples.stacks()[i as usize];
+            .enumerate()
+            .map(|(k, &i)| {
+                if let Some(f) = frame(k + AHEAD) {
+                    crate::stack_table::prefetch(f);
+                }
+                if let Some(f) = frame(k + AHEAD / 2) {
+                    crate::stack_table::prefetch(f.function.as_bytes());
+                    crate::stack_table::prefetch(f.process.as_bytes());
+                    crate::stack_table::prefetch(f.module.as_bytes());
+                }
+                let st = &stacks[i as usize];
                 let frames = frames_of(p, st)
                     .into_iter()
                     .map(|(name, c)| (name, number(c)));
@@ -1283,7 +1338,23 @@ fn millis(nanos: u64) -> Piece<32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{CHUNK, Column, NONE, Splice, millis, stack_texts, write_samples};
+    use super::{CHUNK, Column, NONE, PairIds, Splice, millis, stack_texts, write_samples};
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Pairs are numbered as a map numbers them by first sight, whichever `a`s come first
+        /// and however many `b`s each has.
+        #[test]
+        fn pair_ids_number_by_first_sight(pairs in prop::collection::vec((0u32..40, 0u16..4), 0..300)) {
+            let mut ids = PairIds::with_capacity(0);
+            let mut want: std::collections::HashMap<(u32, u16), u32> = Default::default();
+            for (a, b) in pairs {
+                let next = want.len() as u32;
+                let expected = *want.entry((a, b)).or_insert(next);
+                prop_assert_eq!(ids.number(a, b, next), expected);
+            }
+        }
+    }
 
     /// A sample table of several chunks, with deltas too long for 32 bits among them, is what
     /// serde_json writes for its columns.

@@ -48,6 +48,25 @@ impl<T> Interner<T> {
     }
 }
 
+impl<T: Hash + Eq> Interner<T> {
+    /// The number of `value`, and whether it is new (then the table keeps `value` itself, not
+    /// a copy). `T`'s hash must be that of the form [`Interner::number`] is asked with (as a
+    /// `Cow<str>`'s is its `str`'s).
+    pub fn number_owned(&mut self, value: T) -> (u32, bool) {
+        let h = hash(&value);
+        let values = &self.values;
+        if let Some(&i) = self.index.find(h, |&i| values[i as usize] == value) {
+            return (i, false);
+        }
+        let i = self.values.len() as u32;
+        self.values.push(value);
+        let values = &self.values;
+        self.index
+            .insert_unique(h, i, |&j| hash::<T>(&values[j as usize]));
+        (i, true)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Interner;
