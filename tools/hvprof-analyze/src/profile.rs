@@ -1251,6 +1251,8 @@ struct Replay {
 struct RunScratch {
     block: BlockScratch,
     lists: Vec<Vec<(u64, u32)>>,
+    /// Lists to reuse (merging makes new ones of the old).
+    pool: Vec<Vec<(u64, u32)>>,
     /// The run's samples merged: (TSC, stack).
     merged: Vec<(u64, u32)>,
     out: Vec<Sampled>,
@@ -1466,6 +1468,48 @@ impl Replay {
         }
         n
     }
+}
+
+/// `lists` (each in TSC order) merged in TSC order, on a tie the sample of the list that comes
+/// first; `None` without lists. The lists emptied, and those merging made, go to `pool`, whose
+/// lists it uses first.
+fn merge_all(
+    mut level: Vec<Vec<(u64, u32)>>,
+    pool: &mut Vec<Vec<(u64, u32)>>,
+) -> Option<Vec<(u64, u32)>> {
+    while level.len() > 1 {
+        let mut next = Vec::with_capacity(level.len().div_ceil(2));
+        let mut pairs = level.into_iter();
+        while let Some(a) = pairs.next() {
+            match pairs.next() {
+                Some(b) => {
+                    let mut out = pool.pop().unwrap_or_default();
+                    merge_two(&a, &b, &mut out);
+                    pool.extend([a, b]);
+                    next.push(out);
+                }
+                None => next.push(a),
+            }
+        }
+        level = next;
+    }
+    level.pop()
+}
+
+/// `a` and `b` (each in TSC order) merged into `out` in TSC order, `a`'s sample first on a tie.
+fn merge_two(a: &[(u64, u32)], b: &[(u64, u32)], out: &mut Vec<(u64, u32)>) {
+    out.clear();
+    out.reserve(a.len() + b.len());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        let (x, y) = (a[i], b[j]);
+        let left = x.0 <= y.0;
+        out.push(if left { x } else { y });
+        i += usize::from(left);
+        j += usize::from(!left);
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[j..]);
 }
 
 /// Whether a pCPU's blocks, in stream order, hold its samples in TSC order.
@@ -1812,10 +1856,11 @@ impl Profile {
         let RunScratch {
             block,
             lists,
+            pool,
             merged,
             ..
         } = scratch;
-        lists.resize_with(sources.len(), Vec::new);
+        lists.resize_with(sources.len(), || pool.pop().unwrap_or_default());
         for ((_, source), l) in sources.iter().zip(lists.iter_mut()) {
             l.clear();
             match source {
@@ -1834,37 +1879,13 @@ impl Profile {
                 }
             }
         }
-        // Merged by (TSC, pCPU): each list is in TSC order, pCPUs ascending. A few pCPUs: the
-        // smallest head by a scan; many (a forged log): a heap.
-        merged.clear();
-        if lists.len() <= 16 {
-            let mut at = [0usize; 16];
-            loop {
-                let mut best: Option<(u64, usize)> = None;
-                for (i, l) in lists.iter().enumerate() {
-                    if let Some(&(t, _)) = l.get(at[i])
-                        && best.is_none_or(|(b, _)| t < b)
-                    {
-                        best = Some((t, i));
-                    }
-                }
-                let Some((_, i)) = best else { break };
-                merged.push(lists[i][at[i]]);
-                at[i] += 1;
-            }
-        } else {
-            let mut heads: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize, usize)>> =
-                lists
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, l)| l.first().map(|&(t, _)| std::cmp::Reverse((t, i, 0))))
-                    .collect();
-            while let Some(std::cmp::Reverse((_, i, at))) = heads.pop() {
-                merged.push(lists[i][at]);
-                if let Some(&(t, _)) = lists[i].get(at + 1) {
-                    heads.push(std::cmp::Reverse((t, i, at + 1)));
-                }
-            }
+        // Merged by (TSC, pCPU): each list is in TSC order, pCPUs ascending. Neighbours two by
+        // two, then their results, and so on (each merge takes the left one's sample on a tie:
+        // the lower pCPUs'), every merge step without a branch on the data (the pCPUs'
+        // samples interleave one by one: a branch per sample would be mispredicted).
+        match merge_all(std::mem::take(lists), pool) {
+            Some(all) => pool.push(std::mem::replace(merged, all)),
+            None => merged.clear(),
         }
         merged
     }
@@ -2370,6 +2391,28 @@ mod tests {
                 out
             },
         )
+    }
+
+    proptest! {
+        /// Any number of lists in TSC order merged are their samples sorted by (TSC, list).
+        #[test]
+        fn lists_merge_in_tsc_then_list_order(
+            lists in prop::collection::vec(prop::collection::vec(0u64..50, 0..30), 0..40),
+        ) {
+            let lists: Vec<Vec<(u64, u32)>> = lists
+                .into_iter()
+                .enumerate()
+                .map(|(i, mut l)| {
+                    l.sort_unstable();
+                    l.into_iter().map(|t| (t, i as u32)).collect()
+                })
+                .collect();
+            let mut want: Vec<(u64, u32)> = lists.iter().flatten().copied().collect();
+            want.sort_unstable();
+            let mut pool = vec![vec![(7, 7)]];
+            let got = merge_all(lists.clone(), &mut pool).unwrap_or_default();
+            prop_assert_eq!(got, want);
+        }
     }
 
     proptest! {
