@@ -578,6 +578,14 @@ fn bad_input_gets_a_clear_error() {
         "/nonexistent/dir/f.svg",
     ]);
     assert!(e.contains("cannot create /nonexistent/dir/f.svg"), "{e}");
+    // The exports' files are created while the export is computed: the path still says why.
+    for flag in ["--pprof", "--firefox"] {
+        let e = run(&["export", log.to_str().unwrap(), flag, "/nonexistent/dir/f"]);
+        assert!(
+            e.contains("cannot create /nonexistent/dir/f"),
+            "{flag}: {e}"
+        );
+    }
 }
 
 /// `export --firefox` writes the samples itself, beside fxprof-processed-profile's tables: the
