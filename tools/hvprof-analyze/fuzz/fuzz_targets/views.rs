@@ -3,7 +3,7 @@
 //! JSON), the exit statistics,
 //! `perf script`, the HTML page, the Firefox profile and pprof. None may panic (overflow checks
 //! on: `cargo fuzz run -a`); run with `-timeout` so that a view slower than linear shows.
-//! The first input byte picks the options (threads, Linux naming, tables cut to their first rows, drawing, bins), the second
+//! The first input byte picks the options (threads, Linux naming, tables cut to their first rows, samples kept by the first pass, bins), the second
 //! whether the report's tables are made.
 #![no_main]
 
@@ -29,6 +29,8 @@ fuzz_target!(|data: &[u8]| {
             time: None,
             // The text report's tables, cut to their first rows.
             top_rows: (opt & 4 != 0).then_some(5),
+            // The samples read again from the first pass's copy, not decoded again.
+            keep_samples: opt & 8 != 0,
         },
         &progress,
     );
@@ -37,7 +39,23 @@ fuzz_target!(|data: &[u8]| {
     // The samples read again are every sample, in TSC order (then pCPU).
     let all = p.samples_in_order();
     assert_eq!(all.len(), p.samples.len());
-    assert!(all.windows(2).all(|w| (w[0].tsc, w[0].pcpu) <= (w[1].tsc, w[1].pcpu)));
+    assert!(
+        all.windows(2)
+            .all(|w| (w[0].tsc, w[0].pcpu) <= (w[1].tsc, w[1].pcpu))
+    );
+    // Read from the first pass's copy, they are those decoded again.
+    if opt & 8 != 0 {
+        let decoded = Profile::from_bytes(
+            data,
+            &Images::default(),
+            LoadOptions {
+                keep_samples: false,
+                ..LoadOptions::all(1 + usize::from(opt & 1))
+            },
+            &progress,
+        );
+        assert_eq!(decoded.samples_in_order(), all);
+    }
     // Text outputs hold no control character but line breaks (and perf script's tabs).
     let printable = |s: &str, allowed: &[char]| {
         assert!(
