@@ -1009,7 +1009,7 @@ impl Classified {
             // lookup is a miss to memory: this way they overlap), in key order.
             let mut batch: Vec<(u64, u32, u64, u64)> = Vec::with_capacity(MERGE_BATCH);
             // Its keys' numbers in the first part's table, when its samples are kept.
-            let mut remap: Vec<u32> = Vec::new();
+            let mut key_ids: Vec<u32> = Vec::new();
             for chunk in part.counts.entries().chunks(MERGE_BATCH) {
                 batch.clear();
                 for &(addr, ctx, n) in chunk {
@@ -1024,14 +1024,14 @@ impl Classified {
                 for &(addr, ctx, hash, n) in &batch {
                     let id = base.counts.add_hashed(addr, ctx, hash, n);
                     if part.kept.is_some() {
-                        remap.push(id);
+                        key_ids.push(id);
                     }
                 }
             }
             if let Some(k) = part.kept.take() {
                 kept.push(KeptPart {
                     samples: k.samples,
-                    remap,
+                    remap: key_ids,
                 });
             }
             // Its owners in the first part's table.
