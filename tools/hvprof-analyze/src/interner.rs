@@ -35,16 +35,38 @@ impl<T> Interner<T> {
         T: Borrow<K>,
     {
         let h = hash(key);
-        let values = &self.values;
-        if let Some(&i) = self.index.find(h, |&i| values[i as usize].borrow() == key) {
-            return (i, false);
+        match self.find(h, key) {
+            Some(i) => (i, false),
+            None => (self.add::<K>(h, make()), true),
         }
+    }
+
+    /// The number of the value equal to `key`, whose hash is `h`.
+    #[inline]
+    fn find<K>(&self, h: u64, key: &K) -> Option<u32>
+    where
+        K: Eq + ?Sized,
+        T: Borrow<K>,
+    {
+        let values = &self.values;
+        self.index
+            .find(h, |&i| values[i as usize].borrow() == key)
+            .copied()
+    }
+
+    /// Adds `value`, new, whose hash (as a `K`) is `h`; returns its number.
+    #[inline]
+    fn add<K>(&mut self, h: u64, value: T) -> u32
+    where
+        K: Hash + ?Sized,
+        T: Borrow<K>,
+    {
         let i = self.values.len() as u32;
-        self.values.push(make());
+        self.values.push(value);
         let values = &self.values;
         self.index
             .insert_unique(h, i, |&j| hash::<K>(values[j as usize].borrow()));
-        (i, true)
+        i
     }
 }
 
@@ -54,16 +76,10 @@ impl<T: Hash + Eq> Interner<T> {
     /// `Cow<str>`'s is its `str`'s).
     pub fn number_owned(&mut self, value: T) -> (u32, bool) {
         let h = hash(&value);
-        let values = &self.values;
-        if let Some(&i) = self.index.find(h, |&i| values[i as usize] == value) {
-            return (i, false);
+        match self.find(h, &value) {
+            Some(i) => (i, false),
+            None => (self.add::<T>(h, value), true),
         }
-        let i = self.values.len() as u32;
-        self.values.push(value);
-        let values = &self.values;
-        self.index
-            .insert_unique(h, i, |&j| hash::<T>(&values[j as usize]));
-        (i, true)
     }
 }
 
