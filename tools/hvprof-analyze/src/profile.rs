@@ -2221,14 +2221,13 @@ mod tests {
     #[test]
     fn a_block_longer_than_32_bits_of_ticks_is_read_again_not_kept() {
         use hvprof_samplelog::Sample;
-        // Ten samples a block; the second block's span 2^33 ticks.
+        // Ten samples a block; 2^33 ticks between the 15th and 16th, so inside the second.
         let records: Vec<Record> = (0..30u64)
             .map(|i| {
-                let jump = if i == 15 { 1 << 33 } else { 0 };
                 Record::Sample(Sample {
                     kind: SampleKind::Hypervisor,
                     host_rip: 0x2000 + i % 3,
-                    tsc: 1000 * i + jump + if i > 15 { 1 << 33 } else { 0 },
+                    tsc: 1000 * i + if i >= 15 { 1 << 33 } else { 0 },
                     ..Sample::default()
                 })
             })
