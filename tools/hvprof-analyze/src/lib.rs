@@ -16,6 +16,7 @@ pub mod html;
 pub mod interner;
 pub mod linux;
 pub mod live;
+mod merge;
 pub mod modules;
 pub mod naming;
 pub mod pprof;

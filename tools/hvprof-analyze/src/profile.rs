@@ -28,6 +28,7 @@ use hvprof_samplelog::{
 
 pub use crate::calls::Calls;
 use crate::capture::Capture;
+use crate::merge::{merge_all, sort_events};
 use crate::naming::{Namer, ProcessKey, Processes, TaskMemo, VmMeta, exit_name};
 use crate::progress::Progress;
 use crate::report::Report;
@@ -1470,48 +1471,6 @@ impl Replay {
     }
 }
 
-/// `lists` (each in TSC order) merged in TSC order, on a tie the sample of the list that comes
-/// first; `None` without lists. The lists emptied, and those merging made, go to `pool`, whose
-/// lists it uses first.
-fn merge_all(
-    mut level: Vec<Vec<(u64, u32)>>,
-    pool: &mut Vec<Vec<(u64, u32)>>,
-) -> Option<Vec<(u64, u32)>> {
-    while level.len() > 1 {
-        let mut next = Vec::with_capacity(level.len().div_ceil(2));
-        let mut pairs = level.into_iter();
-        while let Some(a) = pairs.next() {
-            match pairs.next() {
-                Some(b) => {
-                    let mut out = pool.pop().unwrap_or_default();
-                    merge_two(&a, &b, &mut out);
-                    pool.extend([a, b]);
-                    next.push(out);
-                }
-                None => next.push(a),
-            }
-        }
-        level = next;
-    }
-    level.pop()
-}
-
-/// `a` and `b` (each in TSC order) merged into `out` in TSC order, `a`'s sample first on a tie.
-fn merge_two(a: &[(u64, u32)], b: &[(u64, u32)], out: &mut Vec<(u64, u32)>) {
-    out.clear();
-    out.reserve(a.len() + b.len());
-    let (mut i, mut j) = (0, 0);
-    while i < a.len() && j < b.len() {
-        let (x, y) = (a[i], b[j]);
-        let left = x.0 <= y.0;
-        out.push(if left { x } else { y });
-        i += usize::from(left);
-        j += usize::from(!left);
-    }
-    out.extend_from_slice(&a[i..]);
-    out.extend_from_slice(&b[j..]);
-}
-
 /// Whether a pCPU's blocks, in stream order, hold its samples in TSC order.
 fn in_order(blocks: &[BlockSpan]) -> bool {
     blocks.iter().all(|b| b.sorted) && blocks.windows(2).all(|w| w[0].last <= w[1].first)
@@ -1678,7 +1637,7 @@ impl Profile {
                 warnings,
             )
         };
-        events.sort_by_key(|(pcpu, e)| (e.tsc, *pcpu));
+        sort_events(&mut events);
         let mut report = report;
         report.time = options.time.filter(|_| !window.is_all());
         let header = decoded.header.clone().unwrap_or_default();
@@ -1883,7 +1842,7 @@ impl Profile {
         // two, then their results, and so on (each merge takes the left one's sample on a tie:
         // the lower pCPUs'), every merge step without a branch on the data (the pCPUs'
         // samples interleave one by one: a branch per sample would be mispredicted).
-        match merge_all(std::mem::take(lists), pool) {
+        match merge_all(std::mem::take(lists), pool, |&(t, _)| t) {
             Some(all) => pool.push(std::mem::replace(merged, all)),
             None => merged.clear(),
         }
@@ -2390,28 +2349,6 @@ mod tests {
                 out
             },
         )
-    }
-
-    proptest! {
-        /// Any number of lists in TSC order merged are their samples sorted by (TSC, list).
-        #[test]
-        fn lists_merge_in_tsc_then_list_order(
-            lists in prop::collection::vec(prop::collection::vec(0u64..50, 0..30), 0..40),
-        ) {
-            let lists: Vec<Vec<(u64, u32)>> = lists
-                .into_iter()
-                .enumerate()
-                .map(|(i, mut l)| {
-                    l.sort_unstable();
-                    l.into_iter().map(|t| (t, i as u32)).collect()
-                })
-                .collect();
-            let mut want: Vec<(u64, u32)> = lists.iter().flatten().copied().collect();
-            want.sort_unstable();
-            let mut pool = vec![vec![(7, 7)]];
-            let got = merge_all(lists.clone(), &mut pool).unwrap_or_default();
-            prop_assert_eq!(got, want);
-        }
     }
 
     proptest! {

@@ -188,7 +188,7 @@ pub fn clip_events(events: Vec<(u16, Event)>, w: Window) -> Vec<(u16, Event)> {
             }
         }
     }
-    out.sort_by_key(|(pcpu, e)| (e.tsc, *pcpu));
+    crate::merge::sort_events(&mut out);
     out
 }
 
