@@ -189,6 +189,7 @@ fn build_with(
     progress: &Progress,
     sample: &mut dyn FnMut(proto::Sample),
 ) -> proto::Profile {
+    progress.phase("locations", None, "frames");
     // About a name per frame, and a few VM, process and module names.
     let mut strings = Strings::new(p.frames.len() + 64);
     let mut mappings: Vec<proto::Mapping> = Vec::new();

@@ -191,6 +191,7 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
     } else {
         "cpu-clock"
     };
+    progress.phase("frame lines", None, "frames");
     // The frames' texts in one arena, frame f's leaf (" function (module)\n") at `arena[a..m]`
     // and its outer frames' lines at `arena[m..e]` for `spans[f] = (a, m, e)`: the loop below
     // reads them at random, and prefetches them a few samples ahead. Hundreds of thousands of
