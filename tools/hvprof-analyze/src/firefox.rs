@@ -1315,26 +1315,38 @@ fn millis(nanos: u64) -> Piece<32> {
     let mut at = 1 + whole.len();
     t[at] = b'.';
     at += 1;
-    let mut frac = (nanos % 1_000_000) as u32;
+    let frac = (nanos % 1_000_000) as usize;
     if frac == 0 {
         t[at] = b'0';
         at += 1;
     } else {
-        // Six digits, the trailing zeros left out.
-        let mut digits = 6;
-        while frac.is_multiple_of(10) {
-            frac /= 10;
-            digits -= 1;
-        }
-        for i in (0..digits).rev() {
-            t[at + i] = b'0' + (frac % 10) as u8;
-            frac /= 10;
-        }
-        at += digits;
+        // Six digits, two at a time, written as one word; the trailing zeros left out: the
+        // word's high bytes that are '0' (the last two bytes are zero, so at most 6 digits
+        // are counted, and the fraction is not 0, so at least one is kept).
+        let pair = |p: usize| [DIGIT_PAIRS[2 * p], DIGIT_PAIRS[2 * p + 1]];
+        let [a, b] = pair(frac / 10_000);
+        let [c, d] = pair(frac / 100 % 100);
+        let [e, f] = pair(frac % 100);
+        let word = [a, b, c, d, e, f, 0, 0];
+        let zeros = (u64::from_le_bytes(word) ^ 0x0000_3030_3030_3030).leading_zeros() / 8 - 2;
+        t[at..at + 8].copy_from_slice(&word);
+        at += 6 - zeros as usize;
     }
     t[31] = at as u8;
     t
 }
+
+/// "00" to "99", each number's two digits.
+const DIGIT_PAIRS: [u8; 200] = {
+    let mut t = [0u8; 200];
+    let mut i = 0;
+    while i < 100 {
+        t[2 * i] = b'0' + (i / 10) as u8;
+        t[2 * i + 1] = b'0' + (i % 10) as u8;
+        i += 1;
+    }
+    t
+};
 
 #[cfg(test)]
 mod tests {
