@@ -199,9 +199,18 @@ fn build_with(
     let mut locations: Vec<proto::Location> = Vec::new();
     // (module, name) by their strings' numbers → location id (one function per location).
     let mut loc_ids: HashMap<(i64, i64), u64> = HashMap::default();
+    // The last module's string number: frames in a row mostly share their module.
+    let mut last_module: (String, i64) = (String::new(), strings.get(""));
     let mut location = |name: &str, module: &str, strings: &mut Strings| -> u64 {
         // The module's string first, as a new mapping would number it.
-        let (m, n) = (strings.get(module), strings.get(name));
+        let m = if last_module.0 == module {
+            last_module.1
+        } else {
+            let m = strings.get(module);
+            last_module = (module.to_owned(), m);
+            m
+        };
+        let n = strings.get(name);
         if let Some(&id) = loc_ids.get(&(m, n)) {
             return id;
         }
@@ -242,17 +251,27 @@ fn build_with(
         loc_ids.insert((m, n), id);
         id
     };
-    // Each frame's stack, leaf first.
+    // Each frame's stack, leaf first. Frames in a row mostly share their process and VM, whose
+    // locations are then the last frame's (looked up again, they would be found, not added).
+    let mut last_process: Option<(&str, u64)> = None;
+    let mut last_vm: Option<(&str, u64)> = None;
     let mut stacks: Vec<Vec<u64>> = p
         .frames
         .iter()
         .map(|f| {
             let mut st = vec![location(&f.function, &f.module, &mut strings)];
-            if !f.process.is_empty() {
-                st.push(location(&f.process, "", &mut strings));
-            }
-            if !f.vm.is_empty() {
-                st.push(location(&f.vm, "", &mut strings));
+            for (name, last) in [(&f.process, &mut last_process), (&f.vm, &mut last_vm)] {
+                if name.is_empty() {
+                    continue;
+                }
+                st.push(match *last {
+                    Some((l, id)) if l == name.as_str() => id,
+                    _ => {
+                        let id = location(name, "", &mut strings);
+                        *last = Some((name.as_str(), id));
+                        id
+                    }
+                });
             }
             st
         })

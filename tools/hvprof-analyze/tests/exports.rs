@@ -255,14 +255,30 @@ fn pprof_decodes_and_its_totals_equal_the_report() {
             assert!(l.line.iter().all(|x| funcs.contains(&x.function_id)));
         }
         // Labels: the guest samples of each VM (root frame the VM, labels vm and process).
+        // A guest sample's stack ends with its process's frame, then its VM's: the names its
+        // labels give.
+        let function_name: HashMap<u64, &str> =
+            p.function.iter().map(|f| (f.id, s(f.name))).collect();
+        let location_name: HashMap<u64, &str> = p
+            .location
+            .iter()
+            .map(|l| (l.id, function_name[&l.line[0].function_id]))
+            .collect();
         let mut per_vm: HashMap<String, i64> = HashMap::new();
         for x in &p.sample {
             assert!(x.location_id.iter().all(|id| locs.contains(id)));
             let label = |k: &str| x.label.iter().find(|l| s(l.key) == k);
-            if let (Some(vm), Some(_), Some(cr3)) = (label("vm"), label("process"), label("cr3")) {
+            if let (Some(vm), Some(process), Some(cr3)) =
+                (label("vm"), label("process"), label("cr3"))
+            {
                 assert!(label("vcpu").is_some());
                 assert!(cr3.num > 0);
                 *per_vm.entry(s(vm.str).to_owned()).or_default() += x.value[0];
+                let outer: Vec<&str> = x.location_id[x.location_id.len() - 2..]
+                    .iter()
+                    .map(|id| location_name[id])
+                    .collect();
+                assert_eq!(outer, [s(process.str), s(vm.str)], "{}", c.log);
             }
         }
         for vm in r["vms"].as_array().unwrap() {
