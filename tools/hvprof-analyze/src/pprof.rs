@@ -178,16 +178,17 @@ impl Strings {
 /// Builds the pprof profile (not yet encoded).
 pub fn build(p: &Profile, progress: &Progress) -> proto::Profile {
     let mut samples = Vec::new();
-    let mut profile = build_with(p, progress, &mut |s| samples.push(s));
+    let mut profile = build_with(p, progress, &mut |s| samples.push(s.clone()));
     profile.sample = samples;
     profile
 }
 
-/// Builds the pprof profile but its samples, which go to `sample` one by one, in order.
+/// Builds the pprof profile but its samples, which go to `sample` one by one, in order (one
+/// `Sample` made again for each: its lists are not allocated per sample).
 fn build_with(
     p: &Profile,
     progress: &Progress,
-    sample: &mut dyn FnMut(proto::Sample),
+    sample: &mut dyn FnMut(&proto::Sample),
 ) -> proto::Profile {
     progress.phase("locations", None, "frames");
     // About a name per frame, and a few VM, process and module names.
@@ -344,9 +345,15 @@ fn build_with(
     // Each VM's and stack's process label's string, found once.
     let mut vm_str: HashMap<u16, i64> = HashMap::default();
     let mut process_str: Vec<Option<i64>> = vec![None; process_of.len()];
+    let mut made = proto::Sample::default();
     for ((stack, vm, vcpu, cr3, pcpu), n) in entries {
         sample({
-            let mut label = Vec::new();
+            let proto::Sample {
+                location_id,
+                value,
+                label,
+            } = &mut made;
+            label.clear();
             if vm != hvprof_samplelog::NO_VM {
                 label.push(proto::Label {
                     key: keys[0],
@@ -367,11 +374,11 @@ fn build_with(
                 label.push(num(keys[3], cr3 as i64));
             }
             label.push(num(keys[4], i64::from(pcpu)));
-            proto::Sample {
-                location_id: stacks[stack as usize].clone(),
-                value: vec![n, n.saturating_mul(period_ns)],
-                label,
-            }
+            location_id.clear();
+            location_id.extend_from_slice(&stacks[stack as usize]);
+            value.clear();
+            value.extend([n, n.saturating_mul(period_ns)]);
+            &made
         });
     }
     // Lost records: per range, a sample of the samples missing with the stack `[lost]`,
@@ -390,7 +397,7 @@ fn build_with(
                 label.push(num(*k, t as i64));
             }
         }
-        sample(proto::Sample {
+        sample(&proto::Sample {
             location_id: vec![location(LOST, "", &mut strings)],
             value: vec![n, n.saturating_mul(period_ns)],
             label,
@@ -439,7 +446,7 @@ fn build_with(
 pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()> {
     let mut samples: Vec<u8> = Vec::new();
     let mut profile = build_with(p, progress, &mut |s| {
-        prost::encoding::message::encode(2, &s, &mut samples);
+        prost::encoding::message::encode(2, s, &mut samples);
     });
     // A message's fields are encoded in the order of their tags, and empty ones left out: the
     // sample types (tag 1), the samples (2), then the rest.
