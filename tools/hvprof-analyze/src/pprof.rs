@@ -252,27 +252,22 @@ fn build_with(
         loc_ids.insert((m, n), id);
         id
     };
-    // Each frame's stack, leaf first. Frames in a row mostly share their process and VM, whose
-    // locations are then the last frame's (looked up again, they would be found, not added).
-    let mut last_process: Option<(&str, u64)> = None;
-    let mut last_vm: Option<(&str, u64)> = None;
+    // Each frame's stack, leaf first. Its process's and VM's locations are a few hundred,
+    // found in a table of their own (small, so in cache, unlike the string table's).
+    let mut outer: HashMap<&str, u64> = HashMap::default();
     let mut stacks: Vec<Vec<u64>> = p
         .frames
         .iter()
         .map(|f| {
             let mut st = vec![location(&f.function, &f.module, &mut strings)];
-            for (name, last) in [(&f.process, &mut last_process), (&f.vm, &mut last_vm)] {
-                if name.is_empty() {
-                    continue;
+            for name in [&f.process, &f.vm] {
+                if !name.is_empty() {
+                    st.push(
+                        *outer
+                            .entry(name.as_str())
+                            .or_insert_with(|| location(name, "", &mut strings)),
+                    );
                 }
-                st.push(match *last {
-                    Some((l, id)) if l == name.as_str() => id,
-                    _ => {
-                        let id = location(name, "", &mut strings);
-                        *last = Some((name.as_str(), id));
-                        id
-                    }
-                });
             }
             st
         })
