@@ -37,8 +37,11 @@
 //!   "warnings": [ string ],    // losses first (one per range, up to 20), integrity, the others
 //!   "call_graph": { ... } }    // with --call-graph only: see crate::callgraph
 //! ```
-//! Rows are sorted by samples (descending), then function name. Percentages are of the table's
+//! Rows are sorted by samples (descending), then function name, module and process. Percentages are of the table's
 //! total; they are not rounded.
+
+use std::borrow::Cow;
+use std::hash::BuildHasher;
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -497,13 +500,111 @@ pub fn cells(rows: &[Row], processes: bool, top: usize) -> (Vec<&'static str>, V
 /// A guest table row's identity: function, module, process.
 type RowKey = (String, String, Option<String>);
 
+/// A row's names, borrowed: function, module, process.
+type RowName<'a> = (&'a str, &'a str, Option<&'a str>);
+
+/// The rows the Linux guests' named samples fall in (`keep_guest`): each distinct (function,
+/// module, process) of their frames once, numbered, and each frame's number. Made once per
+/// report, so that the tables count numbers: a capture without symbols has a row per address
+/// and process (over a million), whose names would otherwise be copied and hashed per stack
+/// and per table.
+struct NamedRows<'a> {
+    frames: &'a [Frame],
+    namer: &'a Namer<'a>,
+    /// Each row's first frame and its names' hash.
+    rows: Vec<(u32, u64)>,
+    /// The rows by name.
+    index: hashbrown::HashTable<u32>,
+    /// Per frame, its row ([`NO_ROW`]: not a Linux guest's frame).
+    of_frame: Vec<u32>,
+}
+
+const NO_ROW: u32 = u32::MAX;
+
+/// A frame's row names: function, module, process label.
+fn frame_row_name<'a>(frames: &'a [Frame], namer: &'a Namer<'a>, frame: u32) -> RowName<'a> {
+    let f = &frames[frame as usize];
+    (
+        f.function.as_str(),
+        f.module.as_str(),
+        f.process_key.and_then(|p| namer.task_label(p)),
+    )
+}
+
+fn row_hash(name: &RowName<'_>) -> u64 {
+    rustc_hash::FxBuildHasher.hash_one(name)
+}
+
+impl<'a> NamedRows<'a> {
+    /// The rows of the frames of `stacks` that `named` says are named by process.
+    fn new(
+        stacks: &[Stack],
+        frames: &'a [Frame],
+        namer: &'a Namer<'a>,
+        named: impl Fn(&Stack) -> bool,
+    ) -> NamedRows<'a> {
+        let name_of = |f: u32| frame_row_name(frames, namer, f);
+        // The frames to number, each once, in the order first met.
+        let mut of_frame = vec![NO_ROW; frames.len()];
+        let mut wanted: Vec<u32> = Vec::new();
+        for s in stacks.iter().filter(|s| s.count > 0 && named(s)) {
+            if of_frame[s.frame as usize] == NO_ROW {
+                of_frame[s.frame as usize] = 0;
+                wanted.push(s.frame);
+            }
+        }
+        // Their names hashed on every core, then numbered on one (hashing no string).
+        let hashes: Vec<u64> = crate::par_map(wanted.chunks(4096).collect(), |c: &[u32]| {
+            c.iter().map(|&f| row_hash(&name_of(f))).collect::<Vec<_>>()
+        })
+        .into_iter()
+        .flatten()
+        .collect();
+        let mut rows: Vec<(u32, u64)> = Vec::with_capacity(wanted.len());
+        let mut index = hashbrown::HashTable::with_capacity(wanted.len());
+        for (&f, hash) in wanted.iter().zip(hashes) {
+            let name = name_of(f);
+            let same = |&r: &u32| name_of(rows[r as usize].0) == name;
+            let rehash = |&r: &u32| rows[r as usize].1;
+            of_frame[f as usize] = match index.entry(hash, same, rehash) {
+                hashbrown::hash_table::Entry::Occupied(e) => *e.get(),
+                hashbrown::hash_table::Entry::Vacant(e) => {
+                    let row = rows.len() as u32;
+                    e.insert(row);
+                    rows.push((f, hash));
+                    row
+                }
+            };
+        }
+        NamedRows {
+            frames,
+            namer,
+            rows,
+            index,
+            of_frame,
+        }
+    }
+
+    /// A row's names.
+    fn name(&self, row: u32) -> RowName<'a> {
+        frame_row_name(self.frames, self.namer, self.rows[row as usize].0)
+    }
+
+    /// The row named `name`, if any.
+    fn find(&self, name: &RowName<'_>) -> Option<u32> {
+        self.index
+            .find(row_hash(name), |&r| self.name(r) == *name)
+            .copied()
+    }
+}
+
 /// Guest-level counts of one VM or vCPU, before naming.
 #[derive(Default)]
 struct GuestCounts {
     /// Guest address → samples (user and kernel alike: the table names an address once).
     by_rip: HashMap<u64, u64>,
-    /// Samples already named (Linux guests): (function, module, process) → samples.
-    named: HashMap<RowKey, u64>,
+    /// Samples already named (Linux guests): their row in [`NamedRows`] → samples.
+    named: HashMap<u32, u64>,
     os: u64,
     user: u64,
     /// `[steal]` slots by their module label: `(outside)`, `(on vcpuN)`, `(hypervisor)`.
@@ -521,8 +622,8 @@ impl GuestCounts {
         }
     }
 
-    fn add_named(&mut self, key: &RowKey, user: bool, n: u64) {
-        *self.named.entry(key.clone()).or_default() += n;
+    fn add_named(&mut self, row: u32, user: bool, n: u64) {
+        *self.named.entry(row).or_default() += n;
         if user {
             self.user += n;
         } else {
@@ -534,38 +635,64 @@ impl GuestCounts {
         self.steal.values().sum()
     }
 
-    /// The table: every row, or with `keep` the first `keep` (the others counted).
-    fn table(&self, symbols: Option<&Symbols>, module: &str, keep: Option<usize>) -> GuestTable {
+    /// The table: every row, or with `keep` the first `keep` (the others counted). `rows`
+    /// names the rows of [`GuestCounts::named`].
+    fn table(
+        &self,
+        symbols: Option<&Symbols>,
+        module: &str,
+        keep: Option<usize>,
+        rows: &NamedRows<'_>,
+    ) -> GuestTable {
         let steal = self.steal_total();
         let total = self.os + self.user + steal + self.idle;
         let pct = |n: u64| percent(n, total);
         // Name each distinct address once, then merge by function; an address without a
         // function is a row of its own (merged by address only: no string to hash).
-        let mut by_fn: HashMap<RowKey, u64> = HashMap::default();
+        let mut by_fn: HashMap<RowName<'_>, u64> = HashMap::default();
         let mut unnamed: Vec<(u64, u64)> = Vec::new();
         for (&rip, &n) in &self.by_rip {
             match symbols.and_then(|s| s.lookup(rip)) {
-                Some(f) => {
-                    *by_fn
-                        .entry((f.to_owned(), module.to_owned(), None))
-                        .or_default() += n;
-                }
+                Some(f) => *by_fn.entry((f, module, None)).or_default() += n,
                 None => unnamed.push((rip, n)),
             }
         }
-        for (key, &n) in &self.named {
-            *by_fn.entry(key.clone()).or_default() += n;
-        }
         for (label, &n) in &self.steal {
             if n > 0 {
-                by_fn.insert(("[steal]".into(), label.clone(), None), n);
+                by_fn.insert(("[steal]", label.as_str(), None), n);
             }
         }
         if self.idle > 0 {
-            by_fn.insert(("[idle]".into(), "(halted)".into(), None), self.idle);
+            by_fn.insert(("[idle]", "(halted)", None), self.idle);
+        }
+        // The numbered rows, in number order; a row named by function above too (never, but
+        // for a function that names itself like them) counted once, in its numbered row.
+        let mut ids: Vec<(u32, u64)> = self.named.iter().map(|(&r, &n)| (r, n)).collect();
+        ids.sort_unstable();
+        if !ids.is_empty() {
+            by_fn.retain(|name, n| {
+                let Some(at) = rows
+                    .find(name)
+                    .and_then(|r| ids.binary_search_by_key(&r, |&(id, _)| id).ok())
+                else {
+                    return true;
+                };
+                ids[at].1 += *n;
+                false
+            });
         }
         let pending = PendingRows {
-            named: named_rows(by_fn),
+            named: by_fn
+                .into_iter()
+                .map(|((function, module, process), samples)| RowRef {
+                    function: function.into(),
+                    module: module.into(),
+                    process: process.map(Cow::from),
+                    samples,
+                })
+                .collect(),
+            ids,
+            names: Some(rows),
             unnamed,
             module,
         };
@@ -594,16 +721,24 @@ fn percent(n: u64, total: u64) -> f64 {
     }
 }
 
+/// A table's row before it is made (see [`PendingRows::made`]): its names, borrowed where they
+/// can be, and its samples.
+struct RowRef<'a> {
+    function: Cow<'a, str>,
+    module: Cow<'a, str>,
+    process: Option<Cow<'a, str>>,
+    samples: u64,
+}
+
 /// A table's rows, one per key, with no shares yet (see [`PendingRows::made`]).
-fn named_rows(counts: HashMap<RowKey, u64>) -> Vec<Row> {
+fn named_rows(counts: HashMap<RowKey, u64>) -> Vec<RowRef<'static>> {
     counts
         .into_iter()
-        .map(|((function, module, process), samples)| Row {
-            function,
-            module,
-            process,
+        .map(|((function, module, process), samples)| RowRef {
+            function: function.into(),
+            module: module.into(),
+            process: process.map(Cow::from),
             samples,
-            percent: 0.0,
         })
         .collect()
 }
@@ -611,31 +746,74 @@ fn named_rows(counts: HashMap<RowKey, u64>) -> Vec<Row> {
 /// The module of a guest table's `[steal]` row for the hypervisor's work on the vCPU's behalf.
 const HYPERVISOR_STEAL: &str = "(hypervisor)";
 
-/// A table's rows before they are made: the named ones, then (guest tables) the addresses without a
-/// function (`[unknown] 0x…` in `module`, named only if kept).
+/// A table's rows before they are made: the named ones, then (Linux guests' tables) those
+/// named by number in `names`, then (guest tables) the addresses without a function
+/// (`[unknown] 0x…` in `module`, named only if kept).
 struct PendingRows<'a> {
-    named: Vec<Row>,
+    named: Vec<RowRef<'a>>,
+    ids: Vec<(u32, u64)>,
+    names: Option<&'a NamedRows<'a>>,
     unnamed: Vec<(u64, u64)>,
     module: &'a str,
+}
+
+/// Where a row of [`PendingRows`] is.
+enum RowAt {
+    Named(usize),
+    Id(usize),
+    Unnamed(usize),
+}
+
+impl RowAt {
+    /// Row `i` after `named` rows by name and `ids` by number.
+    fn of(i: usize, named: usize, ids: usize) -> RowAt {
+        match i.checked_sub(named) {
+            None => RowAt::Named(i),
+            Some(j) => match j.checked_sub(ids) {
+                None => RowAt::Id(j),
+                Some(k) => RowAt::Unnamed(k),
+            },
+        }
+    }
 }
 
 impl PendingRows<'_> {
     /// The rows, named and not.
     fn count(&self) -> usize {
-        self.named.len() + self.unnamed.len()
+        self.named.len() + self.ids.len() + self.unnamed.len()
+    }
+    fn at(&self, i: usize) -> RowAt {
+        RowAt::of(i, self.named.len(), self.ids.len())
     }
     /// Row `i`'s samples.
     fn samples(&self, i: usize) -> u64 {
-        match i.checked_sub(self.named.len()) {
-            None => self.named[i].samples,
-            Some(j) => self.unnamed[j].1,
+        match self.at(i) {
+            RowAt::Named(j) => self.named[j].samples,
+            RowAt::Id(j) => self.ids[j].1,
+            RowAt::Unnamed(j) => self.unnamed[j].1,
+        }
+    }
+    /// The names of row `id` of `names` (there are rows by number only with `names`).
+    fn id_name(&self, id: u32) -> RowName<'_> {
+        self.names.map_or(("", "", None), |n| n.name(id))
+    }
+    /// Row `i`'s module and process.
+    fn module_process(&self, i: usize) -> (&str, Option<&str>) {
+        match self.at(i) {
+            RowAt::Named(j) => (&self.named[j].module, self.named[j].process.as_deref()),
+            RowAt::Id(j) => {
+                let (_, module, process) = self.id_name(self.ids[j].0);
+                (module, process)
+            }
+            RowAt::Unnamed(_) => (self.module, None),
         }
     }
     /// Row `i`'s function name (in `buf` when it is made on the fly).
     fn function<'b>(&'b self, i: usize, buf: &'b mut [u8; 28]) -> &'b [u8] {
-        match i.checked_sub(self.named.len()) {
-            None => self.named[i].function.as_bytes(),
-            Some(j) => {
+        match self.at(i) {
+            RowAt::Named(j) => self.named[j].function.as_bytes(),
+            RowAt::Id(j) => self.id_name(self.ids[j].0).0.as_bytes(),
+            RowAt::Unnamed(j) => {
                 let (b, n) = crate::naming::unknown_bytes(self.unnamed[j].0);
                 *buf = b;
                 &buf[..n]
@@ -644,8 +822,8 @@ impl PendingRows<'_> {
     }
 }
 
-/// The order of a table's rows: by samples (most first), then function, keeping the order of
-/// rows equal in both (a stable sort by those two); with `keep`, only the first `keep` rows
+/// The order of a table's rows: by samples (most first), then function, module and process,
+/// keeping the order of rows equal in all (a stable sort by those); with `keep`, only the first `keep` rows
 /// (a selection, then a sort of those). A table has a row per distinct address of a capture
 /// without symbols (hundreds of thousands, most with a few samples, so that ties on the
 /// samples are the rule): each row's sort key is its samples, the first 32 bytes of its
@@ -700,6 +878,10 @@ fn row_order(rows: &PendingRows<'_>, keep: Option<usize>) -> Vec<u32> {
                     fa.cmp(fb)
                 }
             })
+            .then_with(|| {
+                rows.module_process(a.3 as usize)
+                    .cmp(&rows.module_process(b.3 as usize))
+            })
             .then(a.3.cmp(&b.3))
     };
     match keep {
@@ -718,19 +900,42 @@ impl PendingRows<'_> {
     /// The rows in order, each with its share of `total`; with `keep` only the first `keep`.
     /// Also: how many were left out, and whether any row names a process (the Process
     /// column's).
-    fn made(self, total: u64, keep: Option<usize>) -> (Vec<Row>, usize, bool) {
+    fn made(mut self, total: u64, keep: Option<usize>) -> (Vec<Row>, usize, bool) {
         let order = row_order(&self, keep);
         let left_out = self.count() - order.len();
-        let processes = self.named.iter().any(|r| r.process.is_some());
-        let first_unnamed = self.named.len();
-        let mut named: Vec<Option<Row>> = self.named.into_iter().map(Some).collect();
+        let processes = self.named.iter().any(|r| r.process.is_some())
+            || self.ids.iter().any(|&(id, _)| self.id_name(id).2.is_some());
+        let (first, ids) = (self.named.len(), self.ids.len());
+        let mut named: Vec<Option<RowRef<'_>>> = std::mem::take(&mut self.named)
+            .into_iter()
+            .map(Some)
+            .collect();
         let rows = order
             .into_iter()
             .filter_map(|i| {
-                let i = i as usize;
-                let row = match i.checked_sub(first_unnamed) {
-                    None => named[i].take()?,
-                    Some(j) => {
+                let row = match RowAt::of(i as usize, first, ids) {
+                    RowAt::Named(j) => {
+                        let r = named[j].take()?;
+                        Row {
+                            function: r.function.into_owned(),
+                            module: r.module.into_owned(),
+                            process: r.process.map(Cow::into_owned),
+                            samples: r.samples,
+                            percent: 0.0,
+                        }
+                    }
+                    RowAt::Id(j) => {
+                        let (id, samples) = self.ids[j];
+                        let (function, module, process) = self.id_name(id);
+                        Row {
+                            function: function.to_owned(),
+                            module: module.to_owned(),
+                            process: process.map(str::to_owned),
+                            samples,
+                            percent: 0.0,
+                        }
+                    }
+                    RowAt::Unnamed(j) => {
                         let (rip, samples) = self.unnamed[j];
                         Row {
                             function: name(None, rip),
@@ -903,24 +1108,32 @@ pub fn build(
 }
 
 /// Guest-level counts per VM and per vCPU, and the hypervisor's samples on each vCPU's behalf.
-#[derive(Default)]
-struct Guests {
+struct Guests<'a> {
     per_vm: HashMap<u16, GuestCounts>,
     per_vcpu: HashMap<(u16, u16), GuestCounts>,
     /// (vm, vcpu) → hypervisor samples taken on that vCPU's behalf.
     hypervisor: HashMap<(u16, u16), u64>,
+    /// The rows of the counts' `named` samples.
+    rows: NamedRows<'a>,
 }
 
 /// Counts the guest samples of each VM and vCPU: by address, or for Linux guests with
 /// `keep_guest` by (function, module, process) as their frames name them (kernel functions
 /// under `[guest.kallsyms]` after the VM's KASLR slide, user functions from the image named
 /// like the process).
-fn guest_counts(stacks: &[Stack], frames: &[Frame], namer: &Namer, keep_guest: bool) -> Guests {
+fn guest_counts<'a>(
+    stacks: &[Stack],
+    frames: &'a [Frame],
+    namer: &'a Namer,
+    keep_guest: bool,
+) -> Guests<'a> {
+    let named = |s: &Stack| keep_guest && is_guest_stack(s) && namer.is_linux(s.vm);
+    let rows = NamedRows::new(stacks, frames, namer, named);
     // The VMs' tables and the vCPUs' made at once: each holds up to every guest address of its
     // VM (hundreds of thousands, a million with Linux guests' tasks).
     let (per_vm, per_vcpu) = std::thread::scope(|sc| {
-        let per_vm = sc.spawn(|| counts_by(stacks, frames, namer, keep_guest, |s| s.vm));
-        let per_vcpu = counts_by(stacks, frames, namer, keep_guest, |s| (s.vm, s.vcpu));
+        let per_vm = sc.spawn(|| counts_by(stacks, &rows, named, |s| s.vm));
+        let per_vcpu = counts_by(stacks, &rows, named, |s| (s.vm, s.vcpu));
         let per_vm = per_vm
             .join()
             .unwrap_or_else(|e| std::panic::resume_unwind(e));
@@ -938,15 +1151,20 @@ fn guest_counts(stacks: &[Stack], frames: &[Frame], namer: &Namer, keep_guest: b
         per_vm,
         per_vcpu,
         hypervisor,
+        rows,
     }
 }
 
-/// The guest samples counted per `key` (a VM, or a vCPU), as [`guest_counts`] says.
+fn is_guest_stack(s: &Stack) -> bool {
+    matches!(s.what, What::GuestKernel | What::GuestUser)
+}
+
+/// The guest samples counted per `key` (a VM, or a vCPU), as [`guest_counts`] says: those
+/// `named` by their row in `rows`, the others by address.
 fn counts_by<K: std::hash::Hash + Eq>(
     stacks: &[Stack],
-    frames: &[Frame],
-    namer: &Namer,
-    keep_guest: bool,
+    rows: &NamedRows<'_>,
+    named: impl Fn(&Stack) -> bool,
     key: impl Fn(&Stack) -> K,
 ) -> HashMap<K, GuestCounts> {
     let mut out: HashMap<K, GuestCounts> = HashMap::default();
@@ -957,16 +1175,8 @@ fn counts_by<K: std::hash::Hash + Eq>(
             What::Hypervisor | What::Idle => continue,
         };
         let counts = out.entry(key(s)).or_default();
-        if keep_guest && namer.is_linux(s.vm) {
-            let f = &frames[s.frame as usize];
-            let row: RowKey = (
-                f.function.clone(),
-                f.module.clone(),
-                s.process
-                    .and_then(|p| namer.task_label(p))
-                    .map(str::to_owned),
-            );
-            counts.add_named(&row, user, s.count);
+        if named(s) {
+            counts.add_named(rows.of_frame[s.frame as usize], user, s.count);
         } else {
             counts.add_guest(s.addr, user, s.count);
         }
@@ -1065,6 +1275,8 @@ fn host_level(
         idle: pct(idle),
         rows: PendingRows {
             named: named_rows(host_counts),
+            ids: Vec::new(),
+            names: None,
             unnamed: Vec::new(),
             module: "",
         }
@@ -1114,8 +1326,10 @@ fn guest_level(
             )
         })
         .collect();
-    let mut tables =
-        crate::par_map(jobs, |(c, symbols, image)| c.table(symbols, image, keep)).into_iter();
+    let mut tables = crate::par_map(jobs, |(c, symbols, image)| {
+        c.table(symbols, image, keep, &g.rows)
+    })
+    .into_iter();
     let mut vms: Vec<VmReport> = Vec::with_capacity(namer.vms.len());
     for (i, v) in namer.vms.iter().enumerate() {
         let (Some(mut table), vcpu_tables) = (
@@ -1154,7 +1368,7 @@ fn guest_level(
             id,
             name: format!("vm{id}"),
             image: String::new(),
-            table: g.per_vm[&id].table(None, "?", keep),
+            table: g.per_vm[&id].table(None, "?", keep, &g.rows),
             vcpus: Vec::new(),
         });
     }
@@ -1172,11 +1386,23 @@ mod tests {
     };
     use proptest::prelude::*;
 
-    /// A table's rows are in the order a stable sort by (samples descending, function) gives:
-    /// functions that tie within their first 32 bytes, that are prefixes of one another, that
-    /// hold zero bytes, and rows equal in both (kept in their order, told apart by module).
+    /// Rows as [`PendingRows`] takes them.
+    fn refs(rows: Vec<Row>) -> Vec<RowRef<'static>> {
+        rows.into_iter()
+            .map(|r| RowRef {
+                function: r.function.into(),
+                module: r.module.into(),
+                process: r.process.map(Cow::from),
+                samples: r.samples,
+            })
+            .collect()
+    }
+
+    /// A table's rows are in the order a stable sort by (samples descending, function, module,
+    /// process) gives: functions that tie within their first 32 bytes, that are prefixes of one
+    /// another, that hold zero bytes, and rows equal in all (kept in their order).
     #[test]
-    fn rows_sort_as_a_stable_sort_by_samples_then_function() {
+    fn rows_sort_as_a_stable_sort_by_samples_then_names() {
         let names = [
             "[unknown] 0xffffffff81234567",
             "[unknown] 0xffffffff8123456",
@@ -1200,8 +1426,8 @@ mod tests {
             x ^= x << 17;
             rows.push(Row {
                 function: names[(x % names.len() as u64) as usize].to_owned(),
-                module: i.to_string(),
-                process: None,
+                module: (i % 7).to_string(),
+                process: (i % 3 > 0).then(|| format!("p{}", i % 5)),
                 samples: (x >> 20) % 4,
                 percent: 0.0,
             });
@@ -1211,9 +1437,13 @@ mod tests {
             b.samples
                 .cmp(&a.samples)
                 .then_with(|| a.function.cmp(&b.function))
+                .then_with(|| a.module.cmp(&b.module))
+                .then_with(|| a.process.cmp(&b.process))
         });
         let rows = PendingRows {
-            named: rows,
+            named: refs(rows),
+            ids: Vec::new(),
+            names: None,
             unnamed: Vec::new(),
             module: "",
         }
@@ -1255,7 +1485,9 @@ mod tests {
                 .map(|_| (next() >> (next() % 64), next() % 4))
                 .collect();
             let pending = |named: &Vec<Row>| PendingRows {
-                named: named.clone(),
+                named: refs(named.clone()),
+                ids: Vec::new(),
+                names: None,
                 unnamed: unnamed.clone(),
                 module: "bzImage",
             };
@@ -1269,6 +1501,122 @@ mod tests {
                 assert_eq!(p, processes);
             }
         }
+    }
+
+    /// A Linux guest's table counts its samples by (function, module, process) whatever
+    /// frames they come from: frames equal but for the kind of sample, processes with one
+    /// label (threads of one program), address spaces without a task (no label), and a frame
+    /// that names itself like the `[steal]` row all fall in one row each, whose samples are
+    /// the sum of theirs; every other row is a frame's.
+    #[test]
+    fn named_rows_are_counted_by_name_whatever_their_frames() {
+        use crate::naming::ProcessKey;
+        use hvprof_samplelog::{FixedStr, Task};
+        let task = |pid, tgid, comm: &str| Task {
+            tsc: 0,
+            pid,
+            tgid,
+            comm: FixedStr::truncated(comm),
+            ..Task::default()
+        };
+        let decoded = hvprof_samplelog::Decoded {
+            tasks: vec![
+                task(80, 80, "job"),
+                task(81, 80, "job"),
+                task(90, 90, "other"),
+            ],
+            ..Default::default()
+        };
+        let images = Images::default();
+        let mut warnings = Vec::new();
+        let namer = Namer::new(&decoded, &images, &mut warnings);
+        assert!(namer.is_linux(0));
+        let keys = [
+            Some(ProcessKey::Task(0)),
+            Some(ProcessKey::Task(1)),
+            Some(ProcessKey::Task(2)),
+            Some(ProcessKey::Cr3(0x1000)),
+            Some(ProcessKey::Cr3(0x2000)),
+            None,
+        ];
+        let mut frames = Vec::new();
+        for what in [What::GuestUser, What::GuestKernel] {
+            for function in ["f", "g", "[steal]"] {
+                for module in ["m", "(outside)"] {
+                    for process_key in keys {
+                        frames.push(Frame {
+                            what,
+                            vm: "vm".into(),
+                            process: format!("{process_key:?}"),
+                            module: module.into(),
+                            function: function.into(),
+                            process_key,
+                        });
+                    }
+                }
+            }
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let stacks: Vec<Stack> = (0..400)
+            .map(|i| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let frame = (x % frames.len() as u64) as u32;
+                let f = &frames[frame as usize];
+                Stack {
+                    what: f.what,
+                    pcpu: 0,
+                    vm: 0,
+                    vcpu: (i % 2) as u16,
+                    exit: 0,
+                    addr: x >> 40,
+                    cr3: 0,
+                    process: f.process_key,
+                    frame,
+                    exit_cause: false,
+                    chain: 0,
+                    calls: 0,
+                    count: (x >> 8) % 5,
+                }
+            })
+            .collect();
+        let mut guests = guest_counts(&stacks, &frames, &namer, true);
+        let steal = 7;
+        let counts = guests.per_vm.get_mut(&0).unwrap();
+        counts.steal.insert("(outside)".into(), steal);
+        let table = counts.table(None, "bzImage", None, &guests.rows);
+        // What the rows must be: the samples summed by name.
+        let mut want: HashMap<(String, String, Option<String>), u64> = HashMap::default();
+        for s in stacks.iter().filter(|s| s.count > 0) {
+            let f = &frames[s.frame as usize];
+            let process = f.process_key.and_then(|p| namer.task_label(p));
+            *want
+                .entry((
+                    f.function.clone(),
+                    f.module.clone(),
+                    process.map(str::to_owned),
+                ))
+                .or_default() += s.count;
+        }
+        *want
+            .entry(("[steal]".into(), "(outside)".into(), None))
+            .or_default() += steal;
+        let got: HashMap<(String, String, Option<String>), u64> = table
+            .rows
+            .iter()
+            .map(|r| {
+                (
+                    (r.function.clone(), r.module.clone(), r.process.clone()),
+                    r.samples,
+                )
+            })
+            .collect();
+        assert_eq!(got.len(), table.rows.len(), "a name in two rows");
+        assert_eq!(got, want);
+        // Threads of one program share its label: fewer rows than frames met.
+        assert!(want.keys().any(|(_, _, p)| p.as_deref() == Some("job[80]")));
+        assert!(table.processes);
     }
 
     /// The report of a capture, decoded on `threads` threads.
