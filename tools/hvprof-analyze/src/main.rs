@@ -499,7 +499,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             if bins == 0 {
                 bail!("--bins must be at least 1");
             }
-            let p = load_profile(&input, true, progress)?;
+            let p = load_profile(&input, false, progress)?;
             let mut out = output(path.as_deref())?;
             chart::write(
                 &p,
@@ -524,7 +524,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             finish(out, path.as_deref())
         }
         Cmd::Stat { input, json } => {
-            let p = load_profile(&input, true, progress)?;
+            let p = load_profile(&input, false, progress)?;
             let s = stat::build(&p);
             if json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
@@ -587,7 +587,12 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             if bins == 0 {
                 bail!("--bins must be at least 1");
             }
-            let p = load_profile(&input, true, progress)?;
+            // The page shows the first `top` rows of each table: only those are made.
+            let options = LoadOptions {
+                top_rows: Some(top),
+                ..load_options(&input, true)
+            };
+            let p = load_profile_with(&input, options, progress)?;
             let page = html::render(&p, &source_name(&input.log), bins, top)?;
             let mut out = output(path.as_deref())?;
             out.write_all(page.as_bytes())?;
