@@ -21,7 +21,7 @@ use hvprof_samplelog::{NO_EXIT, NO_VM};
 use crate::naming::exit_name;
 use crate::profile::{Profile, Sampled, What};
 use crate::report::LossRange;
-use crate::timeline::{Class, Owner, PcpuIndex, Window, runs};
+use crate::timeline::{Class, time_runs};
 
 /// [`State::Hypervisor`] of every exit reason that is not one (128 and above).
 pub const INVALID_EXIT: u16 = 0xfffe;
@@ -145,6 +145,87 @@ fn colors(states: &[State], counts: &HashMap<State, u64>) -> Vec<(State, RGBColo
         .collect()
 }
 
+/// A bin's samples (or some of them) by state, and the hypervisor's for no VM by the vCPU
+/// they name (for a forged vCPU of no VM: see `timeline::Window::hypervisor_out`). Few states
+/// are in one bin: lists.
+#[derive(Clone, Default, Debug)]
+struct Counts {
+    states: Vec<(State, u64)>,
+    hv_for: Vec<(u16, u64)>,
+}
+
+impl Counts {
+    fn add(&mut self, st: State, hv_for: Option<u16>, n: u64) {
+        match self.states.iter_mut().find(|(s, _)| *s == st) {
+            Some((_, k)) => *k += n,
+            None => self.states.push((st, n)),
+        }
+        if let Some(v) = hv_for {
+            match self.hv_for.iter_mut().find(|(c, _)| *c == v) {
+                Some((_, k)) => *k += n,
+                None => self.hv_for.push((v, n)),
+            }
+        }
+    }
+
+    fn get(&self, st: State) -> u64 {
+        self.states
+            .iter()
+            .find(|(s, _)| *s == st)
+            .map_or(0, |&(_, n)| n)
+    }
+
+    fn hv_for(&self, vcpu: u16) -> u64 {
+        self.hv_for
+            .iter()
+            .find(|(c, _)| *c == vcpu)
+            .map_or(0, |&(_, n)| n)
+    }
+
+    fn total(&self) -> u64 {
+        self.states.iter().map(|&(_, n)| n).sum()
+    }
+
+    /// These counts less `other`'s (a part of them).
+    fn minus(&self, other: &Counts) -> Counts {
+        Counts {
+            states: self
+                .states
+                .iter()
+                .map(|&(s, n)| (s, n - other.get(s)))
+                .collect(),
+            hv_for: self
+                .hv_for
+                .iter()
+                .map(|&(c, n)| (c, n - other.hv_for(c)))
+                .collect(),
+        }
+    }
+}
+
+/// A pCPU's pass over its samples: its runs' ends (TSCs, in order), and for each end met its
+/// bin with the samples of that bin before it; the bin of the last sample and its samples so far.
+#[derive(Default)]
+struct Sweep {
+    ends: Vec<u64>,
+    before: Vec<(usize, Counts)>,
+    bin: Option<usize>,
+    so_far: Counts,
+}
+
+impl Sweep {
+    /// Notes the next end, in bin `bin` (`None`: before the first bin), every sample before it
+    /// (and none after) counted: in the bin of the last sample, those counted so far; in a
+    /// later bin, none.
+    fn note_end(&mut self, bin: Option<usize>) {
+        self.before.push(match bin {
+            Some(b) if self.bin == Some(b) => (b, self.so_far.clone()),
+            Some(b) => (b, Counts::default()),
+            None => (0, Counts::default()),
+        });
+    }
+}
+
 impl Timeline {
     /// Bins a profile's samples into `bins` bars per row.
     pub fn build(p: &Profile, bins: usize) -> Timeline {
@@ -152,128 +233,139 @@ impl Timeline {
         let (start, end) = p.span();
         let bin_ticks = ((end - start) / bins as u64 + 1).max(1);
         let bin = |tsc: u64| (((tsc - start) / bin_ticks) as usize).min(bins - 1);
+        // The bin of a run's end (`None`: before the first sample).
+        let end_bin = |t: u64| t.checked_sub(start).map(|_| bin(t));
         let mut rows = Vec::new();
         let mut totals: HashMap<State, u64> = HashMap::default();
-        // pCPU rows.
+        // pCPU rows, and the vCPU rows from their virtual streams: a vCPU's run (from the
+        // scheduling events) is a stretch of a pCPU's time whose samples are its slots. They are
+        // counted from the pCPU row's bins, whole, and in the bins at the run's two ends from
+        // the samples of that bin before each end, which the pass over the samples (in TSC
+        // order) notes as it meets the ends: memory for the bins and the runs' ends, none per
+        // sample.
         let pcpus = p.pcpu_list();
-        let mut per_pcpu: HashMap<u16, Vec<Sampled>> =
-            pcpus.iter().map(|&c| (c, Vec::new())).collect();
-        p.for_each_sample(|s| per_pcpu.entry(s.pcpu).or_default().push(*s));
-        for &c in &pcpus {
-            let mut row = Row {
-                label: format!("pCPU {c}"),
-                bins: vec![HashMap::default(); bins],
-            };
-            for s in &per_pcpu[&c] {
-                let st = State::of(s);
-                *row.bins[bin(s.tsc)].entry(st).or_default() += 1;
-                *totals.entry(st).or_default() += 1;
+        let row_of: HashMap<u16, usize> = pcpus.iter().enumerate().map(|(i, &c)| (c, i)).collect();
+        let mut pcpu_bins: Vec<Vec<Counts>> = vec![vec![Counts::default(); bins]; pcpus.len()];
+        let runs = time_runs(&p.events);
+        // Per pCPU, its runs' ends in order (TSCs), and what its pass has counted so far.
+        let mut sweeps: Vec<Sweep> = (0..pcpus.len()).map(|_| Sweep::default()).collect();
+        for r in &runs {
+            if let Some(&i) = row_of.get(&r.pcpu) {
+                sweeps[i].ends.push(r.from);
+                sweeps[i].ends.extend(r.to);
             }
-            rows.push(row);
         }
-        // vCPU rows, from their virtual streams.
-        let lists: HashMap<u16, Vec<(u64, Owner)>> = per_pcpu
-            .iter()
-            .map(|(&c, idx)| (c, idx.iter().map(|s| (s.tsc, s.owner())).collect()))
-            .collect();
+        for sw in &mut sweeps {
+            sw.ends.sort_unstable();
+            sw.ends.dedup();
+        }
         let mut vrows: HashMap<(u16, u16), Vec<HashMap<State, u64>>> = HashMap::default();
-        if !p.events.is_empty() {
-            // Per pCPU: its row, where each bin starts in its list, and its samples by state.
-            struct Ix {
-                row: usize,
-                bin_start: Vec<usize>,
-                by_state: HashMap<State, Vec<usize>>,
-                owners: PcpuIndex,
+        p.for_each_sample(|s| {
+            let Some(&i) = row_of.get(&s.pcpu) else {
+                return;
+            };
+            let b = bin(s.tsc);
+            let st = State::of(s);
+            let sw = &mut sweeps[i];
+            while let Some(&t) = sw.ends.get(sw.before.len())
+                && t <= s.tsc
+            {
+                sw.note_end(end_bin(t));
             }
-            let index: HashMap<u16, Ix> = pcpus
-                .iter()
-                .enumerate()
-                .map(|(row, &c)| {
-                    let list = &lists[&c];
-                    let bin_start = (0..=bins)
-                        .map(|b| list.partition_point(|&(t, _)| bin(t) < b))
-                        .collect();
-                    let mut by_state: HashMap<State, Vec<usize>> = HashMap::default();
-                    for (i, s) in per_pcpu[&c].iter().enumerate() {
-                        by_state.entry(State::of(s)).or_default().push(i);
-                    }
-                    let owners = PcpuIndex::of_list(&lists, list);
-                    (
-                        c,
-                        Ix {
-                            row,
-                            bin_start,
-                            by_state,
-                            owners,
-                        },
-                    )
-                })
-                .collect();
-            // Each run adds its slots bin by bin: a whole bin at once, a part of one by binary
-            // search per state present there.
-            for run in runs(&lists, &p.events) {
-                let ix = &index[&run.pcpu];
-                let row = vrows
-                    .entry(run.vcpu)
-                    .or_insert_with(|| vec![HashMap::default(); bins]);
-                let list = &lists[&run.pcpu];
-                let first = bin(list[run.samples.start].0);
-                let last = bin(list[run.samples.end - 1].0);
-                for (b, cell) in row.iter_mut().enumerate().take(last + 1).skip(first) {
-                    let lo = run.samples.start.max(ix.bin_start[b]);
-                    let hi = run.samples.end.min(ix.bin_start[b + 1]);
-                    if lo >= hi {
-                        continue;
-                    }
-                    let part = lo..hi;
-                    let mut add = |st: State, n: u64| {
-                        if n > 0 {
-                            *cell.entry(st).or_default() += n;
-                            *totals.entry(st).or_default() += n;
-                        }
-                    };
-                    let n = part.len() as u64;
-                    match run.class {
-                        Class::OutHalted => add(State::Idle, n),
-                        Class::Out => {
-                            let hv =
-                                Window::samples(&ix.owners, part.clone()).hypervisor_out(run.vcpu);
-                            add(State::HypervisorNoVm, hv);
-                            add(State::Steal, n - hv);
-                        }
-                        // Its own samples and the hypervisor's on its exits, as the pCPU's.
-                        Class::In => {
-                            let whole = &rows[ix.row].bins[b];
-                            if part == (ix.bin_start[b]..ix.bin_start[b + 1]) {
-                                for (&st, &k) in whole {
-                                    add(st, k);
-                                }
-                            } else {
-                                for &st in whole.keys() {
-                                    let at = &ix.by_state[&st];
-                                    let k = at.partition_point(|&i| i < hi)
-                                        - at.partition_point(|&i| i < lo);
-                                    add(st, k as u64);
-                                }
-                            }
-                        }
-                    }
-                }
+            if sw.bin != Some(b) {
+                sw.bin = Some(b);
+                sw.so_far = Counts::default();
             }
-        } else {
-            // No scheduling events: a vCPU's row is its own samples and the hypervisor's on its
-            // exits.
-            for s in per_pcpu.values().flatten() {
-                if s.vm == NO_VM || s.what == What::Idle {
-                    continue;
-                }
-                let st = State::of(s);
+            let hv_for = (st == State::HypervisorNoVm).then_some(s.vcpu);
+            sw.so_far.add(st, hv_for, 1);
+            pcpu_bins[i][b].add(st, hv_for, 1);
+            *totals.entry(st).or_default() += 1;
+            if p.events.is_empty() && s.vm != NO_VM && s.what != What::Idle {
+                // No scheduling events: a vCPU's row is its own samples and the hypervisor's
+                // on its exits.
                 let row = vrows
                     .entry((s.vm, s.vcpu))
                     .or_insert_with(|| vec![HashMap::default(); bins]);
-                *row[bin(s.tsc)].entry(st).or_default() += 1;
+                *row[b].entry(st).or_default() += 1;
                 *totals.entry(st).or_default() += 1;
             }
+        });
+        for sw in &mut sweeps {
+            while let Some(&t) = sw.ends.get(sw.before.len()) {
+                sw.note_end(end_bin(t));
+            }
+        }
+        // Where each end is: its bin, and the samples of that bin before it.
+        let at = |i: usize, t: u64| -> (usize, &Counts) {
+            let sw = &sweeps[i];
+            let k = sw.ends.partition_point(|&e| e < t);
+            let (b, counts) = &sw.before[k];
+            (*b, counts)
+        };
+        let empty = Counts::default();
+        for r in &runs {
+            let Some(&i) = row_of.get(&r.pcpu) else {
+                continue;
+            };
+            let whole = &pcpu_bins[i];
+            let (lo, lo_before) = at(i, r.from);
+            let (hi, hi_before) = match r.to {
+                Some(t) => at(i, t),
+                None => (bins - 1, &whole[bins - 1]),
+            };
+            // Per bin, the run's samples by state (and the hypervisor's for no VM by vCPU).
+            let mut cells: Vec<(usize, Counts)> = Vec::new();
+            for (b, w) in whole.iter().enumerate().take(hi + 1).skip(lo) {
+                let upto = if b == hi { hi_before } else { w };
+                let from = if b == lo { lo_before } else { &empty };
+                let c = upto.minus(from);
+                if c.total() > 0 {
+                    cells.push((b, c));
+                }
+            }
+            if cells.is_empty() {
+                continue;
+            }
+            let row = vrows
+                .entry(r.vcpu)
+                .or_insert_with(|| vec![HashMap::default(); bins]);
+            for (b, c) in cells {
+                let cell = &mut row[b];
+                let mut add = |st: State, n: u64| {
+                    if n > 0 {
+                        *cell.entry(st).or_default() += n;
+                        *totals.entry(st).or_default() += n;
+                    }
+                };
+                match r.class {
+                    Class::OutHalted => add(State::Idle, c.total()),
+                    Class::Out => {
+                        // As `timeline::Window::hypervisor_out` counts it.
+                        let hv = if r.vcpu.0 == NO_VM {
+                            c.hv_for(r.vcpu.1)
+                        } else {
+                            c.get(State::HypervisorNoVm)
+                        };
+                        add(State::HypervisorNoVm, hv);
+                        add(State::Steal, c.total() - hv);
+                    }
+                    // Its own samples and the hypervisor's on its exits, as the pCPU's.
+                    Class::In => {
+                        for &(st, n) in &c.states {
+                            add(st, n);
+                        }
+                    }
+                }
+            }
+        }
+        for (row, &c) in pcpu_bins.iter().zip(&pcpus) {
+            rows.push(Row {
+                label: format!("pCPU {c}"),
+                bins: row
+                    .iter()
+                    .map(|cell| cell.states.iter().copied().collect())
+                    .collect(),
+            });
         }
         let mut keys: Vec<(u16, u16)> = vrows.keys().copied().collect();
         keys.sort_unstable();
@@ -496,7 +588,7 @@ mod tests {
     use crate::profile::LoadOptions;
     use crate::progress::Progress;
     use crate::symbols::Images;
-    use crate::timeline::{Slot, naive_classify};
+    use crate::timeline::{Owner, Slot, naive_classify};
     use hvprof_samplelog::{
         Event, EventKind, OutReason, Record, Sample, SampleKind, guest_mode, synth,
     };

@@ -179,6 +179,39 @@ impl Lists for HashMap<u16, Vec<(u64, Owner)>> {
 /// stays stopped). Time O(E log E + E log S) for E events and S samples: each run is found by
 /// two binary searches, whatever the number of vCPUs.
 pub fn runs<L: Lists>(samples: &L, events: &[(u16, Event)]) -> Vec<Run> {
+    time_runs(events)
+        .into_iter()
+        .filter_map(|r| {
+            let list = samples.list(r.pcpu)?;
+            let start = list.partition_point(|s| samples.tsc(s) < r.from);
+            let end = match r.to {
+                Some(next) => list.partition_point(|s| samples.tsc(s) < next),
+                None => list.len(),
+            };
+            (start < end).then_some(Run {
+                vcpu: r.vcpu,
+                pcpu: r.pcpu,
+                samples: start..end,
+                class: r.class,
+            })
+        })
+        .collect()
+}
+
+/// A vCPU's run as a stretch of host time: the samples of `pcpu` with `from <= tsc < to` (no
+/// end without `to`) are its slots of `class` (see [`runs`]).
+#[derive(Debug, Clone, Copy)]
+pub struct TimeRun {
+    pub vcpu: (u16, u16),
+    pub pcpu: u16,
+    pub from: u64,
+    pub to: Option<u64>,
+    pub class: Class,
+}
+
+/// Every vCPU's virtual stream as stretches of time on a pCPU, as [`runs`] reads it (without
+/// the samples: a stretch may hold none).
+pub fn time_runs(events: &[(u16, Event)]) -> Vec<TimeRun> {
     let mut out = Vec::new();
     for (key, track) in tracks(events) {
         for (k, &(t, pcpu, e)) in track.events.iter().enumerate() {
@@ -188,22 +221,13 @@ pub fn runs<L: Lists>(samples: &L, events: &[(u16, Event)]) -> Vec<Run> {
                 (EventKind::VcpuOut, OutReason::Halted) => Class::OutHalted,
                 (EventKind::VcpuOut, _) => Class::Out,
             };
-            let Some(list) = samples.list(pcpu) else {
-                continue;
-            };
-            let start = list.partition_point(|s| samples.tsc(s) < t);
-            let end = match track.events.get(k + 1) {
-                Some(&(next, _, _)) => list.partition_point(|s| samples.tsc(s) < next),
-                None => list.len(),
-            };
-            if start < end {
-                out.push(Run {
-                    vcpu: key,
-                    pcpu,
-                    samples: start..end,
-                    class,
-                });
-            }
+            out.push(TimeRun {
+                vcpu: key,
+                pcpu,
+                from: t,
+                to: track.events.get(k + 1).map(|&(next, _, _)| next),
+                class,
+            });
         }
     }
     out
