@@ -95,6 +95,20 @@ pub struct Frame {
     pub process_key: Option<ProcessKey>,
 }
 
+impl Frame {
+    /// A frame with no names (no memory of its own), to be replaced.
+    fn placeholder() -> Frame {
+        Frame {
+            what: What::Idle,
+            vm: String::new(),
+            process: String::new(),
+            module: String::new(),
+            function: String::new(),
+            process_key: None,
+        }
+    }
+}
+
 /// The label of the hypervisor's "process" frame: whom it worked for, and on which exit.
 pub fn hypervisor_label(vm_name: Option<&str>, exit: u16) -> String {
     match vm_name {
@@ -1157,19 +1171,18 @@ impl Classified {
         // Each frame with its hash, made on every core, so that merging them by name (on one)
         // hashes no string.
         let stacks = &self.samples.stacks;
-        let chunks: Vec<&[usize]> = distinct.chunks(4096).collect();
-        let named: Vec<(Frame, u64)> = crate::par_map(chunks, |c| {
-            c.iter()
-                .map(|&i| {
-                    let f = make_frame(namer, &stacks[i]);
-                    let hash = rustc_hash::FxBuildHasher.hash_one(&f);
-                    (f, hash)
-                })
-                .collect::<Vec<_>>()
-        })
-        .into_iter()
-        .flatten()
-        .collect();
+        // Each core names its chunks in place, in one list (not in lists of its own copied
+        // into one after: over a million frames without symbols).
+        let mut named: Vec<(Frame, u64)> = Vec::new();
+        named.resize_with(distinct.len(), || (Frame::placeholder(), 0));
+        let chunks: Vec<_> = distinct.chunks(4096).zip(named.chunks_mut(4096)).collect();
+        crate::par_map(chunks, |(c, out)| {
+            for (&i, slot) in c.iter().zip(out) {
+                let f = make_frame(namer, &stacks[i]);
+                let hash = rustc_hash::FxBuildHasher.hash_one(&f);
+                *slot = (f, hash);
+            }
+        });
         // Merged by name, without copying: the first of each name is kept.
         let mut index: hashbrown::HashTable<(u32, u32)> =
             hashbrown::HashTable::with_capacity(named.len());
@@ -1193,11 +1206,11 @@ impl Classified {
             }
         }
         drop(index);
-        let mut frames: Vec<Frame> = named
-            .into_iter()
-            .zip(keep)
-            .filter_map(|((f, _), k)| k.then_some(f))
-            .collect();
+        // The first of each name kept, in place (over a million frames without symbols: a
+        // second list of them would double the phase's memory).
+        let mut kept = keep.into_iter();
+        named.retain(|_| kept.next().unwrap_or(false));
+        let mut frames: Vec<Frame> = named.into_iter().map(|(f, _)| f).collect();
         // The stacks not named share a placeholder frame.
         let mut placeholder = None;
         for (s, &k) in self.samples.stacks.iter_mut().zip(&key_of) {
