@@ -478,7 +478,12 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             }
             let r = &p.report;
             if json {
-                println!("{}", serde_json::to_string_pretty(r)?);
+                // Written as it is made: with every row of every table (a capture without
+                // symbols has one per address), the text can be larger than the report.
+                let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+                serde_json::to_writer_pretty(&mut out, r).map_err(std::io::Error::from)?;
+                writeln!(out)?;
+                out.flush()?;
             } else {
                 print!("{}", text::render(r, top, vm.as_deref()));
                 if let Some(g) = &r.call_graph {
