@@ -1169,10 +1169,9 @@ impl Classified {
             .collect();
         drop(first);
         // Each frame with its hash, made on every core, so that merging them by name (on one)
-        // hashes no string.
+        // hashes no string; each core names its chunks in place, in one list (not in lists of
+        // its own copied into one after: over a million frames without symbols).
         let stacks = &self.samples.stacks;
-        // Each core names its chunks in place, in one list (not in lists of its own copied
-        // into one after: over a million frames without symbols).
         let mut named: Vec<(Frame, u64)> = Vec::new();
         named.resize_with(distinct.len(), || (Frame::placeholder(), 0));
         let chunks: Vec<_> = distinct.chunks(4096).zip(named.chunks_mut(4096)).collect();
