@@ -252,12 +252,17 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
     let pprof = dir.join("synthetic.pb.gz").to_string_lossy().into_owned();
     let firefox = dir.join("synthetic.json").to_string_lossy().into_owned();
     // (command, how the table names it, arguments)
-    let commands: [(&str, &str, Vec<&str>); 6] = [
+    let commands: [(&str, &str, Vec<&str>); 9] = [
         ("report", "`hvprof-analyze report`", vec!["report", &cap]),
         (
             "report",
             "`hvprof-analyze report`, the same capture with the Linux guests' task frames",
             vec!["report", &cap_tasks],
+        ),
+        (
+            "report --processes",
+            "`hvprof-analyze report --processes` (rows by function and process, as with `--kernel`), the capture with task frames",
+            vec!["report", "--processes", &cap_tasks],
         ),
         (
             "report",
@@ -278,6 +283,16 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
             "export --firefox",
             "`hvprof-analyze export --firefox`",
             vec!["export", &cap, "--firefox", &firefox],
+        ),
+        (
+            "timeline",
+            "`hvprof-analyze timeline`",
+            vec!["timeline", &cap, "-o", "/dev/null"],
+        ),
+        (
+            "html",
+            "`hvprof-analyze html` (tables, timeline, flame graph, exit statistics)",
+            vec!["html", &cap, "-o", "/dev/null"],
         ),
     ];
     let mut table = String::from(
