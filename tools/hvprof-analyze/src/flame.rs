@@ -10,6 +10,7 @@
 //! (its exit cause), `[idle];[hypervisor frames];[idle]`; a cut chain starts at its
 //! `[truncated: ...]` frame.
 
+use std::fmt::Write as _;
 use std::io::Write;
 
 use anyhow::{Context, Result};
@@ -31,20 +32,18 @@ fn lost(p: &Profile) -> u64 {
 /// Folded stacks (`a;b;c count`), sorted, one per distinct frame, and `[lost]` for the samples
 /// the log lost.
 pub fn folded(p: &Profile) -> Vec<String> {
-    let mut counts: HashMap<u32, u64> = HashMap::default();
+    let mut counts: Vec<u64> = vec![0; p.frames.len()];
     let mut chained: HashMap<WholeKey, (usize, u64)> = HashMap::default();
     for (i, s) in p.samples.stacks().iter().enumerate() {
         if s.calls == 0 {
-            *counts.entry(s.frame).or_default() += s.count;
+            counts[s.frame as usize] += s.count;
         } else {
             chained.entry(whole_key(s)).or_insert((i, 0)).1 += s.count;
         }
     }
     let mut by_stack: HashMap<String, u64> = HashMap::default();
-    for (frame, n) in counts {
-        *by_stack
-            .entry(p.frames[frame as usize].folded())
-            .or_default() += n;
+    for (frame, &n) in counts.iter().enumerate().filter(|&(_, &n)| n > 0) {
+        *by_stack.entry(p.frames[frame].folded()).or_default() += n;
     }
     for (i, n) in chained.into_values() {
         let s = &p.samples.stacks()[i];
@@ -61,9 +60,13 @@ pub fn folded(p: &Profile) -> Vec<String> {
     }
     let mut lines: Vec<String> = by_stack
         .into_iter()
-        .map(|(stack, n)| format!("{stack} {n}"))
+        .map(|(mut stack, n)| {
+            let _ = write!(stack, " {n}");
+            stack
+        })
         .collect();
-    lines.sort();
+    // Distinct lines: an unstable sort orders them as a stable one does.
+    lines.sort_unstable();
     lines
 }
 
@@ -92,6 +95,8 @@ pub fn write(p: &Profile, title: &str, interactive: bool, out: &mut dyn Write) -
     ));
     opts.count_name = "samples".into();
     opts.deterministic = true;
+    // `folded` sorts them.
+    opts.no_sort = true;
     opts.hash = true;
     opts.no_javascript = !interactive;
     opts.image_width = Some(1200);

@@ -133,10 +133,20 @@ impl Frame {
     /// The folded stack (`VM;process;module;function`), with `;` in names made `,` (Rust generic
     /// arrays `[u8; 4]` would split a frame).
     pub fn folded(&self) -> String {
-        self.names()
-            .map(|n| n.replace(';', ","))
-            .collect::<Vec<_>>()
-            .join(";")
+        let mut out = String::new();
+        for (i, n) in self.names().enumerate() {
+            if i > 0 {
+                out.push(';');
+            }
+            // One string, not one per name (a flame graph folds every frame).
+            for (j, part) in n.split(';').enumerate() {
+                if j > 0 {
+                    out.push(',');
+                }
+                out.push_str(part);
+            }
+        }
+        out
     }
 }
 
