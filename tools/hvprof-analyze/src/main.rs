@@ -694,8 +694,31 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
         }
         Cmd::Decode { log, text, records } => {
             let bytes = hvprof_analyze::capture::Capture::open(&log)?;
-            let d = hvprof_samplelog::decode(&bytes);
-            print!("{}", text::decode_summary(&d, text, records));
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            if records {
+                // Every record, each pCPU's in order: the capture decoded whole.
+                let d = hvprof_samplelog::decode(&bytes);
+                let counted = |l: &hvprof_samplelog::PcpuLog| l.records.len() as u64;
+                text::write_decode_summary(&mut out, &d, &counted, text, true)?;
+            } else {
+                // Its description, and each pCPU's records counted (on every core), not kept.
+                let (d, parts) = hvprof_samplelog::decode_parallel(
+                    &bytes,
+                    hvprof_analyze::cores(),
+                    std::collections::BTreeMap::<u16, u64>::new,
+                    |counts, at, records: &[hvprof_samplelog::Record], _| {
+                        *counts.entry(at.header.pcpu).or_default() += records.len() as u64;
+                    },
+                );
+                let mut counts: std::collections::BTreeMap<u16, u64> = Default::default();
+                for (pcpu, n) in parts.into_iter().flatten() {
+                    *counts.entry(pcpu).or_default() += n;
+                }
+                let counted =
+                    |l: &hvprof_samplelog::PcpuLog| counts.get(&l.pcpu).copied().unwrap_or(0);
+                text::write_decode_summary(&mut out, &d, &counted, text, false)?;
+            }
+            out.flush()?;
             Ok(())
         }
     }

@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use comfy_table::presets::NOTHING;
 use comfy_table::{CellAlignment, Table};
-use hvprof_samplelog::{Decoded, Record};
+use hvprof_samplelog::{Decoded, PcpuLog, Record};
 
 use crate::naming::printable;
 use crate::report::{Level, Report, Section, cells};
@@ -110,9 +110,28 @@ pub fn render(r: &Report, top: usize, only_vm: Option<&str>) -> String {
     out
 }
 
+/// What `decode` prints, as a string (see [`write_decode_summary`]; each pCPU's records counted
+/// in `d`).
 pub fn decode_summary(d: &Decoded, text: bool, records: bool) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
+    let mut out = Vec::new();
+    let counted = |l: &PcpuLog| l.records.len() as u64;
+    // Writing to memory does not fail.
+    let _ = write_decode_summary(&mut out, d, &counted, text, records);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// What `decode` prints, written as it is made: the frames, the header, each pCPU's records
+/// (`records_of` counts them: `d` holds none when it was decoded for its description only)
+/// and losses, with `records` every record, the other frames, the damage, with `text` the
+/// console text.
+pub fn write_decode_summary(
+    out: &mut dyn std::io::Write,
+    d: &Decoded,
+    records_of: &dyn Fn(&PcpuLog) -> u64,
+    text: bool,
+    records: bool,
+) -> std::io::Result<()> {
+    writeln!(
         out,
         "{} bytes: {} frames ({} header, {} unknown type), {} damaged spans, end frame {}",
         d.bytes,
@@ -121,9 +140,9 @@ pub fn decode_summary(d: &Decoded, text: bool, records: bool) -> String {
         d.unknown_frames,
         d.damaged.len(),
         if d.end_seen() { "seen" } else { "MISSING" }
-    );
+    )?;
     if let Some(h) = &d.header {
-        let _ = writeln!(
+        writeln!(
             out,
             "header: format v{}, build id {}, TSC {} Hz, {} pCPUs, skew {} ticks, period {} ticks, {} VMs",
             h.version,
@@ -133,9 +152,9 @@ pub fn decode_summary(d: &Decoded, text: bool, records: bool) -> String {
             h.tsc_skew,
             h.period_ticks,
             h.vms.len()
-        );
+        )?;
         for v in h.vms.iter() {
-            let _ = writeln!(
+            writeln!(
                 out,
                 "  vm {}: {} ({} vCPUs, image {}, build id {})",
                 v.id,
@@ -143,25 +162,25 @@ pub fn decode_summary(d: &Decoded, text: bool, records: bool) -> String {
                 v.vcpus,
                 printable(v.image.as_str()),
                 crate::symbols::hex(v.image_build_id.as_bytes())
-            );
+            )?;
         }
     }
     for (pcpu, log) in &d.pcpus {
-        let _ = writeln!(
+        writeln!(
             out,
             "pcpu {pcpu}: {} records in {} blocks; lost {} blocks ({} samples, {} events); {} ring drops",
-            log.records.len(),
+            records_of(log),
             log.blocks_received,
             log.blocks_lost,
             log.samples_lost,
             log.events_lost,
             log.ring_drops
-        );
+        )?;
         if records {
             for r in &log.records {
                 match r {
                     Record::Sample(s) => {
-                        let _ = writeln!(
+                        writeln!(
                             out,
                             "  {:>16} {:?} vm {} vcpu {} rip {:#x} cr3 {:#x} cpl {} exit {} host {:#x} cost {}",
                             s.tsc,
@@ -174,29 +193,29 @@ pub fn decode_summary(d: &Decoded, text: bool, records: bool) -> String {
                             s.exit_reason,
                             s.host_rip,
                             s.cost
-                        );
+                        )?;
                     }
                     Record::Event(e) => {
-                        let _ = writeln!(
+                        writeln!(
                             out,
                             "  {:>16} {:?} vm {} vcpu {} {:?}",
                             e.tsc, e.kind, e.vm, e.vcpu, e.reason
-                        );
+                        )?;
                     }
                 }
             }
         }
     }
-    let _ = writeln!(
+    writeln!(
         out,
         "{} task frames, {} VM end frames, {} pCPU cost frames, {} mapping frames",
         d.tasks.len(),
         d.vm_ends.len(),
         d.costs.len(),
         d.mappings.len()
-    );
+    )?;
     for m in &d.mappings {
-        let _ = writeln!(
+        writeln!(
             out,
             "  mapping: vm {} {:?} tgid {} cr3 {:#x} {:#x}-{:#x} page {} {} build id {}",
             m.vm,
@@ -212,19 +231,19 @@ pub fn decode_summary(d: &Decoded, text: bool, records: bool) -> String {
             } else {
                 crate::symbols::hex(m.build_id.as_bytes())
             }
-        );
+        )?;
     }
     for dmg in &d.damaged {
-        let _ = writeln!(out, "damaged: {dmg:?}");
+        writeln!(out, "damaged: {dmg:?}")?;
     }
     if text {
-        out.push_str("--- console text ---\n");
+        out.write_all(b"--- console text ---\n")?;
         // Lines stay lines; every other control character (ESC, ...) is escaped.
         for line in d.text_joined().split_inclusive('\n') {
             let (body, nl) = line.strip_suffix('\n').map_or((line, ""), |b| (b, "\n"));
-            out.push_str(&printable(body));
-            out.push_str(nl);
+            out.write_all(printable(body).as_bytes())?;
+            out.write_all(nl.as_bytes())?;
         }
     }
-    out
+    Ok(())
 }
