@@ -485,13 +485,17 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
                 writeln!(out)?;
                 out.flush()?;
             } else {
-                print!("{}", text::render(r, top, vm.as_deref()));
+                // Through a writer, so that a reader that stops early (`| head`) ends it
+                // quietly (print! panics on a closed pipe).
+                let mut out = std::io::stdout().lock();
+                out.write_all(text::render(r, top, vm.as_deref()).as_bytes())?;
                 if let Some(g) = &r.call_graph {
-                    print!("\n{}", callgraph::render(g, top, vm.as_deref()));
+                    write!(out, "\n{}", callgraph::render(g, top, vm.as_deref()))?;
                 }
                 if let Some(v) = &r.preemptions {
-                    print!("{}", preemption::render(v, top, r.tsc_hz));
+                    out.write_all(preemption::render(v, top, r.tsc_hz).as_bytes())?;
                 }
+                out.flush()?;
             }
             exiting(p);
             Ok(())
@@ -532,9 +536,13 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             let p = load_profile(&input, false, progress)?;
             let s = stat::build(&p);
             if json {
-                println!("{}", serde_json::to_string_pretty(&s)?);
+                let mut out = std::io::stdout().lock();
+                serde_json::to_writer_pretty(&mut out, &s).map_err(std::io::Error::from)?;
+                writeln!(out)?;
             } else {
-                print!("{}", stat::render(&s));
+                std::io::stdout()
+                    .lock()
+                    .write_all(stat::render(&s).as_bytes())?;
             }
             Ok(())
         }

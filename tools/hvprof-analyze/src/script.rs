@@ -347,7 +347,8 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
             Ok(())
         },
     )
-    .map_err(io::Error::other)
+    // An error of the output keeps its kind (a closed pipe is how `| head` ends the run).
+    .map_err(|e| e.downcast::<io::Error>().unwrap_or_else(io::Error::other))
 }
 
 /// `tsc / hz` seconds with six decimals, rounded to the nearest microsecond (`hz` is not 0;
