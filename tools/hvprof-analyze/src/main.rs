@@ -471,6 +471,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
                 ..load_options(&input, true)
             };
             let mut p = Profile::from_capture(bytes, &imgs, options, progress);
+            p.is_capture(log)?;
             progress.phase("tables", None, "rows");
             p.report.call_graph = call_graph.then(|| callgraph::build(&p));
             if preemptions {

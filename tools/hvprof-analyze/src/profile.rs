@@ -375,6 +375,8 @@ pub struct Profile {
     pub text: String,
     /// The VM end frames: exit tables, LSTAR, task offsets.
     pub vm_ends: Vec<hvprof_samplelog::VmEnd>,
+    /// The frames found in the capture, whole (0: no hvprof frame at all, whatever the file is).
+    pub frames_found: u64,
     /// What reads the samples again in order: the capture and where its blocks are.
     replay: Replay,
 }
@@ -1509,6 +1511,7 @@ impl Profile {
         let bytes = Capture::open(path)?;
         let len = bytes.len();
         let profile = Self::from_capture(bytes, images, options, progress);
+        profile.is_capture(path)?;
         if profile.samples.is_empty() {
             anyhow::bail!(
                 "{}: no samples in this capture ({} bytes{}): is it an hvprof serial log?",
@@ -1522,6 +1525,23 @@ impl Profile {
             );
         }
         Ok(profile)
+    }
+
+    /// An error unless the file at `path` held at least one hvprof frame: a capture whose
+    /// samples were all lost still has its report (what was lost), a file of anything else
+    /// (a wrong path, the console log of another program) has none.
+    pub fn is_capture(&self, path: &std::path::Path) -> Result<()> {
+        if self.frames_found == 0 {
+            anyhow::bail!(
+                "{}: no hvprof frame in this file ({}): is it an hvprof serial log?",
+                path.display(),
+                match self.text.len() {
+                    0 => "it is empty".to_owned(),
+                    n => format!("{n} bytes of other text or data"),
+                }
+            );
+        }
+        Ok(())
     }
 
     /// [`Profile::from_capture`] of a copy of `bytes`.
@@ -1675,6 +1695,7 @@ impl Profile {
             events,
             text: decoded.text_joined(),
             vm_ends: decoded.vm_ends.clone(),
+            frames_found: decoded.frames,
             replay,
         }
     }

@@ -576,8 +576,30 @@ fn bad_input_gets_a_clear_error() {
     let junk = tmp("junk.log");
     std::fs::write(&junk, b"hello, this is not a capture\n").unwrap();
     let junk = junk.to_str().unwrap();
-    for cmd in ["timeline", "flamegraph", "stat", "script", "html"] {
+    for cmd in ["report", "timeline", "flamegraph", "stat", "script", "html"] {
         let e = run(&[cmd, junk]);
+        assert!(e.contains("no hvprof frame in this file"), "{cmd}: {e}");
+    }
+    // A capture whose frames hold no sample (here its header alone): the report says what
+    // there is; the views, which draw samples, say there are none.
+    let header_only = tmp("header-only.log");
+    let mut frame = vec![0u8; hvprof_samplelog::MAX_HEADER_FRAME_LEN];
+    let n =
+        hvprof_samplelog::encode_header(&hvprof_samplelog::Header::default(), &mut frame).unwrap();
+    std::fs::write(&header_only, &frame[..n]).unwrap();
+    let header_only = header_only.to_str().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hvprof-analyze"))
+        .args(["report", header_only])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Total samples: 0"));
+    for cmd in ["timeline", "flamegraph", "stat", "script", "html"] {
+        let e = run(&[cmd, header_only]);
         assert!(e.contains("no samples in this capture"), "{cmd}: {e}");
     }
     let e = run(&["script", "/nonexistent/serial.log"]);
