@@ -472,6 +472,20 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             };
             let mut p = Profile::from_capture(bytes, &imgs, options, progress);
             p.is_capture(log)?;
+            if let Some(name) = vm.as_deref()
+                && !p.report.vms.iter().any(|v| v.name == name)
+            {
+                let names: Vec<&str> = p.report.vms.iter().map(|v| v.name.as_str()).collect();
+                bail!(
+                    "--vm {name}: no VM of that name in {} (its VMs: {})",
+                    log.display(),
+                    if names.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        names.join(", ")
+                    }
+                );
+            }
             progress.phase("tables", None, "rows");
             p.report.call_graph = call_graph.then(|| callgraph::build(&p));
             if preemptions {

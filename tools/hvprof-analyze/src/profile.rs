@@ -1512,6 +1512,19 @@ impl Profile {
         let len = bytes.len();
         let profile = Self::from_capture(bytes, images, options, progress);
         profile.is_capture(path)?;
+        if profile.samples.is_empty()
+            && let Some(range) = options.time
+        {
+            // The capture has samples, outside the stretch (the warning says where they are).
+            let why = profile
+                .report
+                .warnings
+                .iter()
+                .find(|w| w.starts_with("--time "))
+                .cloned()
+                .unwrap_or_else(|| format!("--time {range}: no samples in this stretch"));
+            anyhow::bail!("{}: {why}", path.display());
+        }
         if profile.samples.is_empty() {
             anyhow::bail!(
                 "{}: no samples in this capture ({} bytes{}): is it an hvprof serial log?",

@@ -609,6 +609,21 @@ fn bad_input_gets_a_clear_error() {
     assert!(e.contains("--pprof FILE and/or --firefox FILE"), "{e}");
     let e = run(&["timeline", log.to_str().unwrap(), "--bins", "0"]);
     assert!(e.contains("--bins"), "{e}");
+    // A VM the capture does not have is named, with those it has.
+    let e = run(&["report", log.to_str().unwrap(), "--vm", "nosuchvm"]);
+    assert!(
+        e.contains("--vm nosuchvm: no VM of that name") && e.contains("(its VMs: "),
+        "{e}"
+    );
+    // A stretch of time with no sample says where the capture's samples are, not that the
+    // file is no capture.
+    for cmd in ["timeline", "script", "flamegraph"] {
+        let e = run(&[cmd, log.to_str().unwrap(), "--time", "100000,"]);
+        assert!(
+            e.contains("--time 100000,: no samples in this stretch; the capture's run from"),
+            "{cmd}: {e}"
+        );
+    }
     let e = run(&[
         "flamegraph",
         log.to_str().unwrap(),
