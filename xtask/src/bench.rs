@@ -252,17 +252,12 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
     let pprof = dir.join("synthetic.pb.gz").to_string_lossy().into_owned();
     let firefox = dir.join("synthetic.json").to_string_lossy().into_owned();
     // (command, how the table names it, arguments)
-    let commands: [(&str, &str, Vec<&str>); 9] = [
+    let commands: [(&str, &str, Vec<&str>); 8] = [
         ("report", "`hvprof-analyze report`", vec!["report", &cap]),
         (
             "report",
-            "`hvprof-analyze report`, the same capture with the Linux guests' task frames",
+            "`hvprof-analyze report`, the same capture with the Linux guests' task frames (their rows by function and process)",
             vec!["report", &cap_tasks],
-        ),
-        (
-            "report --processes",
-            "`hvprof-analyze report --processes` (rows by function and process, as with `--kernel`), the capture with task frames",
-            vec!["report", "--processes", &cap_tasks],
         ),
         (
             "report",

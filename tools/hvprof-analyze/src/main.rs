@@ -57,8 +57,9 @@ struct Input {
     /// from the `--image` named like the process.
     #[arg(long)]
     kernel: Option<PathBuf>,
-    /// Name the Linux guests' processes from the task frames even without `--kernel`.
-    #[arg(long)]
+    /// Name the Linux guests' processes from the task frames: the default (kept so that
+    /// older command lines still run).
+    #[arg(long, hide = true)]
     processes: bool,
     /// The Linux guests' root file system (or the extracted Debian packages): the programs and
     /// shared libraries their processes map (from the mapping frames) are read from here by
@@ -331,7 +332,10 @@ fn load_images(input: &Input) -> Result<Images> {
 fn load_options(input: &Input, tables: bool) -> LoadOptions {
     LoadOptions {
         threads: hvprof_analyze::cores(),
-        keep_guest: input.kernel.is_some() || input.processes,
+        // A Linux guest's samples by function and process, as every view names them (`report`
+        // named them by address without `--kernel` until 2026-11, user addresses under the
+        // kernel's image).
+        keep_guest: true,
         tables,
         report_only: false,
         time: input.time,

@@ -319,6 +319,13 @@ impl<'a> Namer<'a> {
                         .into(),
                 );
             }
+        } else {
+            for v in vms.iter().filter(|v| linux.contains(&v.id)) {
+                warnings.push(format!(
+                    "no kernel symbols for VM {} (a Linux guest, image {}): its kernel functions are shown as addresses; --kernel (its vmlinux, or the bzImage it booted) names them",
+                    v.name, v.image
+                ));
+            }
         }
         let (mappings, root_symbols) = mappings(decoded, images, warnings);
         let (modules, module_symbols) = kernel_modules(decoded, images, warnings);

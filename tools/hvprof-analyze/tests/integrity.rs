@@ -169,10 +169,12 @@ fn a_clean_log_has_no_integrity_warning() {
     assert_eq!(r.integrity, Integrity::default());
     let out = text::render(&r, 20, None);
     assert!(!out.contains("integrity"), "{out}");
-    // Its only warning: no symbols for the VM without task frames.
+    // Its only warnings: no symbols for the VM without task frames, no kernel for the Linux
+    // guest (the VM with them).
     let warnings: Vec<&str> = out.lines().filter(|l| l.starts_with("warning")).collect();
-    assert_eq!(warnings.len(), 1, "{out}");
+    assert_eq!(warnings.len(), 2, "{out}");
     assert!(warnings[0].starts_with("warning: no symbols for VM"));
+    assert!(warnings[1].starts_with("warning: no kernel symbols for VM"));
 }
 
 /// No control character but the line breaks (and, in `perf script`, its tabs).
