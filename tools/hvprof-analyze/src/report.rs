@@ -682,15 +682,7 @@ impl GuestCounts {
             });
         }
         let pending = PendingRows {
-            named: by_fn
-                .into_iter()
-                .map(|((function, module, process), samples)| RowRef {
-                    function: function.into(),
-                    module: module.into(),
-                    process: process.map(Cow::from),
-                    samples,
-                })
-                .collect(),
+            named: named_rows(by_fn),
             ids,
             names: Some(rows),
             unnamed,
@@ -730,14 +722,17 @@ struct RowRef<'a> {
     samples: u64,
 }
 
-/// A table's rows, one per key, with no shares yet (see [`PendingRows::made`]).
-fn named_rows(counts: HashMap<RowKey, u64>) -> Vec<RowRef<'static>> {
+/// A table's rows, one per key (its names owned or borrowed), with no shares yet (see
+/// [`PendingRows::made`]).
+fn named_rows<'a, S: Into<Cow<'a, str>>>(
+    counts: impl IntoIterator<Item = ((S, S, Option<S>), u64)>,
+) -> Vec<RowRef<'a>> {
     counts
         .into_iter()
         .map(|((function, module, process), samples)| RowRef {
             function: function.into(),
             module: module.into(),
-            process: process.map(Cow::from),
+            process: process.map(Into::into),
             samples,
         })
         .collect()
