@@ -382,7 +382,8 @@ pub struct Profile {
 }
 
 /// How a capture is read. `keep_guest` names Linux guests' samples by process in the report
-/// (`--kernel`, `--processes`; the other views always do). `tables` builds the report's tables
+/// (the command line always asks for it, as the other views always do; without it the report
+/// names them by address). `tables` builds the report's tables
 /// (host level, each VM's and vCPU's, with `[steal]` and `[idle]` on the common time axis);
 /// without it (the exports) the report has its totals, losses and warnings only.
 /// `report_only` names only the stacks the report reads (the hypervisor's, and Linux guests'
