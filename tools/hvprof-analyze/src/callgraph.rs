@@ -36,6 +36,7 @@
 use std::borrow::Cow;
 use std::fmt::Write;
 
+use hvprof_samplelog::NO_VM;
 use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
 
@@ -166,17 +167,42 @@ impl<'a> LevelCounts<'a> {
 /// An exit cause's VM, exit reason, guest function and caller.
 type CauseKey<'a> = (u16, u16, &'a str, Option<&'a str>);
 
-/// The names of a chain's frames, outermost first, after its `[truncated: ...]` frame.
-fn chain_names<'a>(p: &'a Profile, sites: &[u32], end: ChainEnd, out: &mut Vec<Cow<'a, str>>) {
-    if let Some(t) = truncated_name(end) {
-        out.push(Cow::Borrowed(t));
+/// A function's number in a level, found once per distinct frame (a leaf's, by its number in
+/// `Profile::frames`, or a chain's, by its number in `Profile::calls`) and VM, not once per
+/// stack: a capture without symbols has a frame per address, and every one of its stacks would
+/// otherwise make and hash its names again.
+#[derive(Default)]
+struct Ids {
+    /// (frame, VM) → its number.
+    of: HashMap<(u32, u16), u32>,
+}
+
+impl Ids {
+    /// The number of (`frame`, `vm`), from `make` the first time.
+    fn get(&mut self, frame: u32, vm: u16, make: impl FnOnce() -> u32) -> u32 {
+        *self.of.entry((frame, vm)).or_insert_with(make)
     }
-    out.extend(
-        sites
-            .iter()
-            .rev()
-            .map(|&i| Cow::Borrowed(p.calls.frame(i).function.as_str())),
-    );
+}
+
+/// The numbers, in `level`, of a chain's frames (`sites`, innermost first), outermost first,
+/// after its `[truncated: ...]` frame: each named by `name` (a chain frame's function).
+fn chain_ids<'a>(
+    p: &'a Profile,
+    sites: &[u32],
+    end: ChainEnd,
+    vm: u16,
+    memo: &mut Ids,
+    mut id: impl FnMut(Cow<'a, str>) -> u32,
+    path: &mut Vec<u32>,
+) {
+    if let Some(t) = truncated_name(end) {
+        path.push(id(Cow::Borrowed(t)));
+    }
+    for &i in sites.iter().rev() {
+        path.push(memo.get(i, vm, || {
+            id(Cow::Borrowed(p.calls.frame(i).function.as_str()))
+        }));
+    }
 }
 
 /// Builds the call graph of `p` (whose stacks and chains are named: not a report-only load).
@@ -201,8 +227,13 @@ pub fn build(p: &Profile) -> CallGraph {
     // Each VM's host-level function (`[guestOS1]`).
     let mut vm_ids: HashMap<u16, u32> = HashMap::default();
     let empty = CallStack::default();
-    let mut names: Vec<Cow<str>> = Vec::new();
     let mut path: Vec<u32> = Vec::new();
+    // Per level kind: the host level's guest functions (named with their VM), its hypervisor
+    // functions, and each VM's level; leaves and chain frames apart (their numbers are of two
+    // lists).
+    let (mut host_guest_leaf, mut host_guest_site) = (Ids::default(), Ids::default());
+    let (mut host_leaf, mut host_site) = (Ids::default(), Ids::default());
+    let (mut vm_leaf, mut vm_site) = (Ids::default(), Ids::default());
     for s in p.samples.stacks().iter().filter(|s| s.count > 0) {
         let n = s.count;
         let c = if s.calls == 0 { &empty } else { p.calls.of(s) };
@@ -222,31 +253,48 @@ pub fn build(p: &Profile) -> CallGraph {
                     .entry(s.vm)
                     .or_insert_with(|| host.id(Cow::Owned(format!("[{}]", p.vm_name(s.vm)))));
                 path.push(id);
-                names.clear();
-                chain_names(p, &c.guest, c.guest_end, &mut names);
-                names.push(Cow::Borrowed(leaf));
-                let vm = p.vm_name(s.vm);
-                path.extend(
-                    names
-                        .drain(..)
-                        .map(|n| host.id(Cow::Owned(format!("{n} [{vm}]")))),
+                let with_vm = |host: &mut LevelCounts<'_>, n: &str| {
+                    host.id(Cow::Owned(format!("{n} [{}]", p.vm_name(s.vm))))
+                };
+                chain_ids(
+                    p,
+                    &c.guest,
+                    c.guest_end,
+                    s.vm,
+                    &mut host_guest_site,
+                    |n| with_vm(&mut host, &n),
+                    &mut path,
                 );
+                path.push(host_guest_leaf.get(s.frame, s.vm, || with_vm(&mut host, leaf)));
             }
             What::Hypervisor | What::Idle => {
-                names.clear();
-                chain_names(p, &c.host, c.host_end, &mut names);
-                names.push(Cow::Borrowed(leaf));
-                path.extend(names.drain(..).map(|n| host.id(n)));
+                chain_ids(
+                    p,
+                    &c.host,
+                    c.host_end,
+                    NO_VM,
+                    &mut host_site,
+                    |n| host.id(n),
+                    &mut path,
+                );
+                path.push(host_leaf.get(s.frame, NO_VM, || host.id(Cow::Borrowed(leaf))));
             }
         }
         host.add(&path, n);
         // The guest level.
         if matches!(s.what, What::GuestKernel | What::GuestUser) {
-            chain_names(p, &c.guest, c.guest_end, &mut names);
-            names.push(Cow::Borrowed(leaf));
             let level = vms.entry(s.vm).or_default();
             path.clear();
-            path.extend(names.drain(..).map(|n| level.id(n)));
+            chain_ids(
+                p,
+                &c.guest,
+                c.guest_end,
+                s.vm,
+                &mut vm_site,
+                |n| level.id(n),
+                &mut path,
+            );
+            path.push(vm_leaf.get(s.frame, s.vm, || level.id(Cow::Borrowed(leaf))));
             level.add(&path, n);
         }
         // Exit causes.
