@@ -96,7 +96,7 @@ pub struct Frame {
 }
 
 impl Frame {
-    /// A frame with no names (no memory of its own), to be replaced.
+    /// A frame with no names (no memory of its own): a slot to be filled, or the base of one.
     fn placeholder() -> Frame {
         Frame {
             what: What::Idle,
@@ -1230,11 +1230,8 @@ impl Classified {
                 *placeholder.get_or_insert_with(|| {
                     frames.push(Frame {
                         what: s.what,
-                        vm: String::new(),
-                        process: String::new(),
-                        module: String::new(),
                         function: "[not named]".into(),
-                        process_key: None,
+                        ..Frame::placeholder()
                     });
                     (frames.len() - 1) as u32
                 })
@@ -1246,7 +1243,7 @@ impl Classified {
     }
 }
 
-fn is_guest(what: What) -> bool {
+pub(crate) fn is_guest(what: What) -> bool {
     matches!(what, What::GuestKernel | What::GuestUser)
 }
 

@@ -37,8 +37,8 @@
 //!   "warnings": [ string ],    // losses first (one per range, up to 20), integrity, the others
 //!   "call_graph": { ... } }    // with --call-graph only: see crate::callgraph
 //! ```
-//! Rows are sorted by samples (descending), then function name, module and process. Percentages are of the table's
-//! total; they are not rounded.
+//! Rows are sorted by samples (descending), then function name, module and process.
+//! Percentages are of the table's total; they are not rounded.
 
 use std::borrow::Cow;
 use std::hash::BuildHasher;
@@ -49,7 +49,7 @@ use hvprof_samplelog::Decoded;
 use serde::Serialize;
 
 use crate::naming::{Namer, function_name as name};
-use crate::profile::{CostSum, Frame, Samples, Stack, What};
+use crate::profile::{CostSum, Frame, Samples, Stack, What, is_guest};
 use crate::timeline::Segments;
 
 /// Counts the samples of a pCPU's segment in a TSC range: see [`crate::timeline::segment_blanks`].
@@ -818,8 +818,8 @@ impl PendingRows<'_> {
 }
 
 /// The order of a table's rows: by samples (most first), then function, module and process,
-/// keeping the order of rows equal in all (a stable sort by those); with `keep`, only the first `keep` rows
-/// (a selection, then a sort of those). A table has a row per distinct address of a capture
+/// keeping the order of rows equal in all (a stable sort by those); with `keep`, only the
+/// first `keep` rows (a selection, then a sort of those). A table has a row per distinct address of a capture
 /// without symbols (hundreds of thousands, most with a few samples, so that ties on the
 /// samples are the rule): each row's sort key is its samples, the first 32 bytes of its
 /// function as two integers (which order as the strings do: zero-padded big-endian bytes) and
@@ -1122,7 +1122,7 @@ fn guest_counts<'a>(
     namer: &'a Namer,
     keep_guest: bool,
 ) -> Guests<'a> {
-    let named = |s: &Stack| keep_guest && is_guest_stack(s) && namer.is_linux(s.vm);
+    let named = |s: &Stack| keep_guest && is_guest(s.what) && namer.is_linux(s.vm);
     let rows = NamedRows::new(stacks, frames, namer, named);
     // The VMs' tables and the vCPUs' made at once: each holds up to every guest address of its
     // VM (hundreds of thousands, a million with Linux guests' tasks).
@@ -1148,10 +1148,6 @@ fn guest_counts<'a>(
         hypervisor,
         rows,
     }
-}
-
-fn is_guest_stack(s: &Stack) -> bool {
-    matches!(s.what, What::GuestKernel | What::GuestUser)
 }
 
 /// The guest samples counted per `key` (a VM, or a vCPU), as [`guest_counts`] says: those
