@@ -2,8 +2,8 @@
 //! encoder / decoder of one record. The byte-exact description is in the crate documentation.
 
 #[cfg(feature = "std")]
-use crate::bits::{BitReader, Malformed, low_u8, unzigzag};
-use crate::bits::{BitWriter, RICE_ESCAPE, bit_len, zigzag};
+use crate::bits::{BitReader, Malformed, unzigzag};
+use crate::bits::{BitWriter, RICE_ESCAPE, bit_len, low_u8, zigzag};
 use crate::types::{Chain, Event, MAX_CHAIN_DEPTH, Record, Sample, SampleKind};
 #[cfg(feature = "std")]
 use crate::types::{EventKind, OutReason};
@@ -88,7 +88,53 @@ struct Ctx {
     /// Current exit reason first, then earlier distinct values.
     exit: [u16; HISTORY],
     /// Recent guest RIPs, most recently used first.
-    rips: [u64; RIP_SLOTS],
+    rips: RipSlots,
+}
+
+/// The recent guest RIPs of a context, by slot (most recently used first, the wire format's
+/// order): the values stay where they were written, and the order is a permutation of their
+/// places, one 4-bit place per slot in a `u64`. Moving a slot to the front is then a few
+/// shifts and masks, with no branch on the slot (which the data decides), instead of moving up
+/// to 15 values (a `memmove` call per sample, encoding and decoding).
+#[derive(Clone, Copy)]
+struct RipSlots {
+    values: [u64; RIP_SLOTS],
+    /// Slot `i`'s place in `values` in bits `4i..4i+4`.
+    order: u64,
+}
+
+const _: () = assert!(RIP_SLOTS == 16, "a slot's place is one of 16 nibbles");
+
+impl RipSlots {
+    /// Every slot 0, slot `i` at place `i`.
+    const ZERO: RipSlots = RipSlots {
+        values: [0; RIP_SLOTS],
+        order: 0xfedc_ba98_7654_3210,
+    };
+
+    /// The value in slot `slot` (< 16).
+    #[inline]
+    fn get(&self, slot: usize) -> u64 {
+        self.values[self.place(slot)]
+    }
+
+    #[inline]
+    fn place(&self, slot: usize) -> usize {
+        usize::from(low_u8((self.order >> ((slot & 15) * 4)) & 15))
+    }
+
+    /// Moves slot `slot` (< 16) to the front with the value `v`: slots before it move back by
+    /// one. Slot 15 is the one that falls off when a new value comes in.
+    #[inline]
+    fn bring_to_front(&mut self, slot: usize, v: u64) {
+        let shift = (slot & 15) * 4;
+        let place = (self.order >> shift) & 15;
+        let before = self.order & ((1u64 << shift) - 1);
+        // The slots after it, where they are (`2 << 63` is 0: nothing after the last).
+        let after = self.order & !((2u64 << (shift + 3)).wrapping_sub(1));
+        self.order = after | (before << 4) | place;
+        self.values[usize::from(low_u8(place))] = v;
+    }
 }
 
 /// The delta state, reset at the start of every block.
@@ -263,7 +309,7 @@ impl State {
             cr3: [0; HISTORY],
             mode: [0; 2],
             exit: [0; HISTORY],
-            rips: [0; RIP_SLOTS],
+            rips: RipSlots::ZERO,
         }; 2],
         host_rip: [0; 3],
         host_ref: 0,
@@ -279,7 +325,7 @@ fn ctx_index(kind: SampleKind) -> usize {
 /// Moves `v` to the front of a most-recent-first history: an existing entry at `hit` moves,
 /// otherwise everything shifts down and the last entry falls off.
 /// Shifted by hand: `rotate_right` is a call to a general rotation, slow for these few
-/// entries (it runs for every sample, encoding and decoding).
+/// entries. (The RIPs, which move for every sample, are [`RipSlots`].)
 #[inline]
 fn to_front<T: Copy, const N: usize>(list: &mut [T; N], hit: Option<usize>, v: T) {
     match hit {
@@ -338,8 +384,8 @@ fn plan_sample(st: &State, s: &Sample, period: u64) -> SamplePlan {
     let tsc = zigzag(s.tsc.wrapping_sub(st.last_sample_tsc).wrapping_sub(period) as i64);
     let mut slot = 0;
     let mut best = u64::MAX;
-    for (j, &r) in c.rips.iter().enumerate() {
-        let d = zigzag(s.guest_rip.wrapping_sub(r) as i64);
+    for j in 0..RIP_SLOTS {
+        let d = zigzag(s.guest_rip.wrapping_sub(c.rips.get(j)) as i64);
         if d < best {
             best = d;
             slot = j;
@@ -382,7 +428,9 @@ fn apply_sample(st: &mut State, s: &Sample, slot: usize, exact: bool) {
         let hit = history_hit(&c.exit, s.exit_reason);
         to_front(&mut c.exit, hit, s.exit_reason);
     }
-    to_front(&mut c.rips, exact.then_some(slot), s.guest_rip);
+    // An exact RIP is its slot's value; any other comes in, and the last slot falls off.
+    c.rips
+        .bring_to_front(if exact { slot } else { RIP_SLOTS - 1 }, s.guest_rip);
 }
 
 #[inline]
@@ -784,7 +832,7 @@ fn read_sample(
         .wrapping_add(unzigzag(r.rice(ks.k_tsc)?) as u64);
     // The slot's quotient is at most 15 >> k_slot.
     let slot = usize::from(low_u8(r.small_rice(ks.k_slot, (15 >> ks.k_slot) + 1)?));
-    let base = c.rips[slot];
+    let base = c.rips.get(slot);
     let exact = r.bit();
     s.guest_rip = if exact {
         base
@@ -802,6 +850,26 @@ fn read_sample(
 mod tests {
     use super::*;
     use crate::bits::rice_bits;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The slots as a permutation read, after any moves, as the list the format defines
+        /// (moved entry by entry, as `to_front` does for the other histories).
+        #[test]
+        fn rip_slots_are_the_most_recent_first_list(
+            moves in prop::collection::vec((0usize..RIP_SLOTS, any::<bool>(), any::<u64>()), 0..200)
+        ) {
+            let mut slots = RipSlots::ZERO;
+            let mut list = [0u64; RIP_SLOTS];
+            for (slot, exact, v) in moves {
+                let v = if exact { list[slot] } else { v };
+                slots.bring_to_front(if exact { slot } else { RIP_SLOTS - 1 }, v);
+                to_front(&mut list, exact.then_some(slot), v);
+                let seen: Vec<u64> = (0..RIP_SLOTS).map(|i| slots.get(i)).collect();
+                prop_assert_eq!(&seen[..], &list[..]);
+            }
+        }
+    }
 
     #[test]
     fn rice_cost_picks_the_exact_optimum() {
