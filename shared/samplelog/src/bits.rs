@@ -290,9 +290,10 @@ impl<'a> BitReader<'a> {
         }
     }
 
-    /// Ensures at least 56 bits are buffered.
+    /// Ensures at least 56 bits are buffered. (`n` is at most 63 while whole words are left:
+    /// only the byte-wise tail below takes it to 64.)
     #[inline]
-    fn refill(&mut self) {
+    pub(crate) fn refill(&mut self) {
         if let Some(chunk) = self.data.get(self.pos..self.pos + 8) {
             let mut word = [0u8; 8];
             word.copy_from_slice(chunk);
@@ -366,10 +367,11 @@ impl<'a> BitReader<'a> {
         }
     }
 
-    /// Inverse of [`BitWriter::small_rice`], for quotients below `max_q` (≤ 32).
+    /// Inverse of [`BitWriter::small_rice`], for quotients below `max_q` (≤ 32): a quotient
+    /// and its end take at most `max_q` bits, so more than that must be buffered.
     #[inline]
     pub(crate) fn small_rice(&mut self, k: u32, max_q: u32) -> Result<u64, Malformed> {
-        if self.n < 33 {
+        if self.n <= max_q {
             self.refill();
         }
         let q = self.acc.trailing_ones();

@@ -692,6 +692,10 @@ pub(crate) fn read_records(
     let mut cs = ks.chains.then(ChainState::new);
     out.reserve(count);
     for _ in 0..count {
+        // Once per record, so that a common sample's fields (some 40 bits) find their bits
+        // buffered: a refill when a field runs short depends on the data and is mispredicted
+        // often (about 3 % of `report`'s time on 10 M samples).
+        r.refill();
         let mask = if !r.bit() {
             Some(0)
         } else if !r.bit() {
