@@ -367,6 +367,40 @@ impl<'a> BitReader<'a> {
         }
     }
 
+    /// A Rice code when `present`, otherwise nothing read and 0: for a field whose presence
+    /// the data decides (a bit before it), read without a branch on that bit. The code and an
+    /// escape are both read from the buffered bits and one chosen without a branch too; an
+    /// escape longer than what is buffered, or malformed, takes [`BitReader::rice`].
+    #[inline(always)]
+    pub(crate) fn rice_if(&mut self, present: bool, k: u32) -> Result<u64, Malformed> {
+        if self.n < 16 {
+            self.refill();
+        }
+        let acc = self.acc;
+        let ones = acc.trailing_ones();
+        let escape = u64::from(ones) >= RICE_ESCAPE;
+        // An escape's value has `n1 + 1` bits, its top bit implicit.
+        let n1 = low_u32((acc >> RICE_ESCAPE) & ((1 << RICE_LEN_BITS) - 1)) + k + 1;
+        let (shift, width, top) = core::hint::select_unpredictable(
+            escape,
+            (
+                low_u32(RICE_ESCAPE) + RICE_LEN_BITS,
+                n1,
+                1u64.wrapping_shl(n1),
+            ),
+            (ones + 1, k, u64::from(ones).wrapping_shl(k)),
+        );
+        let total = shift + width;
+        if width > 63 || total > self.n.min(63) {
+            return if present { self.rice(k) } else { Ok(0) };
+        }
+        let v = top | ((acc >> shift) & ((1u64 << width) - 1));
+        let used = core::hint::select_unpredictable(present, total, 0);
+        self.acc = acc >> used;
+        self.n -= used;
+        Ok(v)
+    }
+
     /// Inverse of [`BitWriter::small_rice`], for quotients below `max_q` (≤ 32): a quotient
     /// and its end take at most `max_q` bits, so more than that must be buffered.
     #[inline]
@@ -417,6 +451,45 @@ mod tests {
         assert_eq!(zigzag(-1), 1);
         assert_eq!(zigzag(1), 2);
         assert_eq!(zigzag(i64::MIN), u64::MAX);
+    }
+
+    proptest::proptest! {
+        /// `rice_if` reads what `rice` reads when the code is there (escapes and codes longer
+        /// than the buffer included) and nothing when it is not.
+        #[test]
+        fn rice_if_reads_what_rice_reads(
+            codes in proptest::collection::vec(
+                (0u32..5, proptest::prelude::any::<u64>(), 0u32..64, proptest::prelude::any::<bool>()),
+                1..40,
+            )
+        ) {
+            // The parameter a few bits below the value's length: quotients 0 to 15, codes and
+            // escapes both.
+            let codes: Vec<(u32, u64, u32, bool)> = codes
+                .into_iter()
+                .map(|(below, v, shift, present)| {
+                    (bit_len(v >> shift).saturating_sub(below).min(63), v, shift, present)
+                })
+                .collect();
+            let mut buf = [0u8; 4096];
+            let mut w = BitWriter::new(&mut buf);
+            for &(k, v, shift, present) in &codes {
+                if present {
+                    w.rice(k, v >> shift);
+                }
+                w.bit(present);
+            }
+            let len = w.finish().unwrap();
+            let mut r = BitReader::new(&buf[..len]);
+            for &(k, v, shift, present) in &codes {
+                let got = r.rice_if(present, k).unwrap();
+                if present {
+                    proptest::prop_assert_eq!(got, v >> shift);
+                }
+                proptest::prop_assert_eq!(r.bit(), present);
+            }
+            proptest::prop_assert!(!r.overrun());
+        }
     }
 
     #[test]

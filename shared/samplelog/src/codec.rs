@@ -838,12 +838,13 @@ fn read_sample(
     let slot = usize::from(low_u8(r.small_rice(ks.k_slot, (15 >> ks.k_slot) + 1)?));
     let base = c.rips.get(slot);
     let exact = r.bit();
-    s.guest_rip = if exact {
-        base
-    } else {
-        let v = r.rice(ks.k_rip)?.checked_add(1).ok_or(Malformed)?;
-        base.wrapping_add(unzigzag(v) as u64)
-    };
+    // Whether the RIP is exact depends on the data: its delta is read, or not, without a branch.
+    let v = r.rice_if(!exact, ks.k_rip)?.wrapping_add(1);
+    if !exact && v == 0 {
+        return Err(Malformed);
+    }
+    s.guest_rip =
+        core::hint::select_unpredictable(exact, base, base.wrapping_add(unzigzag(v) as u64));
     let cost = i64::from(st.cost[k]).wrapping_add(unzigzag(r.rice(ks.k_cost)?));
     s.cost = u32::try_from(cost).map_err(|_| Malformed)?;
     apply_sample(st, &s, slot, exact);
