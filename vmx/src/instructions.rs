@@ -157,21 +157,25 @@ pub unsafe fn vmptrst() -> Result<u64, VmFail> {
 #[inline(always)]
 pub unsafe fn vmread(encoding: u32) -> Result<u64, VmFail> {
     let value: u64;
-    let (cf, zf): (u8, u8);
+    let (failed, cf): (u8, u8);
     // SAFETY: the caller guarantees VMX operation; VMREAD with a register destination touches no
     // memory.
     unsafe {
         asm!(
             "vmread {v}, {e}",
+            // CF = 1 or ZF = 1: one test on the way that succeeds (every exit reads several).
+            "setbe {failed}",
             "setc {cf}",
-            "setz {zf}",
             v = out(reg) value,
             e = in(reg) u64::from(encoding),
+            failed = out(reg_byte) failed,
             cf = out(reg_byte) cf,
-            zf = out(reg_byte) zf,
             options(nostack, nomem),
         );
-        outcome(cf, zf)?;
+        if failed != 0 {
+            // Not CF: ZF (VMfailValid).
+            outcome(cf, u8::from(cf == 0))?;
+        }
     }
     Ok(value)
 }
@@ -208,21 +212,28 @@ pub unsafe fn vmread_fast(encoding: u32) -> u64 {
 /// bitmap and MSR-area addresses must stay valid while the VMCS is in use).
 #[inline]
 pub unsafe fn vmwrite(encoding: u32, value: u64) -> Result<(), VmFail> {
-    let (cf, zf): (u8, u8);
-    // SAFETY: the caller guarantees VMX operation and a value that keeps the VMCS sound.
+    // SAFETY: the caller guarantees VMX operation and a value that keeps the VMCS sound. The
+    // branches leave on CF = 1 (VMfailInvalid) and ZF = 1 (VMfailValid), whose error number
+    // `outcome` reads; the way that succeeds falls through.
     unsafe {
         asm!(
             "vmwrite {e}, {v}",
-            "setc {cf}",
-            "setz {zf}",
+            "jc {invalid}",
+            "jz {valid}",
             e = in(reg) u64::from(encoding),
             v = in(reg) value,
-            cf = out(reg_byte) cf,
-            zf = out(reg_byte) zf,
+            invalid = label {
+                // SAFETY: right after the VMWRITE, in VMX operation (see `outcome`).
+                return unsafe { outcome(1, 0) };
+            },
+            valid = label {
+                // SAFETY: as above; ZF = 1 means a current VMCS, whose error field it reads.
+                return unsafe { outcome(0, 1) };
+            },
             options(nostack, nomem),
         );
-        outcome(cf, zf)
     }
+    Ok(())
 }
 
 /// INVVPID types (SDM Vol. 3C §32.3 "INVVPID"); which ones the CPU supports is in
