@@ -652,10 +652,13 @@ impl CpuProfiler {
             host_chain: Chain::NOT_WALKED,
             guest_chain: Chain::NOT_WALKED,
         };
-        let mut buf = [MaybeUninit::uninit(); MAX_CHAIN_DEPTH];
-        let frames = match stack_depth() {
-            0 => &[][..],
+        match stack_depth() {
+            // Without a chain (the default): pushed where the compiler knows there are no
+            // frames, so that the record goes straight into the ring (with a chain's frames
+            // possible, it was built on the stack first and copied from there).
+            0 => self.push(s, &[], t0),
             depth => {
+                let mut buf = [MaybeUninit::uninit(); MAX_CHAIN_DEPTH];
                 let t = rdtsc();
                 let long = mode == hvprof_samplelog::MODE_LONG;
                 // SAFETY: as for `read` above (the run loop, this vCPU's VMCS current).
@@ -665,10 +668,9 @@ impl CpuProfiler {
                 let c = &self.costs;
                 walked_since(t, frames.len(), &c.guest_walks, &c.guest_frames);
                 s.guest_chain = chain;
-                frames
+                self.push(s, frames, t0)
             }
-        };
-        self.push(s, frames, t0)
+        }
     }
 
     /// The deadline clock's hypervisor sample, from the LAPIC timer's interrupt frame, or at a
@@ -708,22 +710,25 @@ impl CpuProfiler {
             host_chain: Chain::NOT_WALKED,
             guest_chain: Chain::NOT_WALKED,
         };
+        let depth = stack_depth();
+        if depth == 0 {
+            // No chain (the default): pushed where the compiler knows there are no frames (see
+            // `sample_guest`).
+            return self.push(s, &[], t0);
+        }
         // The host chain's frames, then the guest chain's: the exit's RIP and its callers.
         let mut buf = [MaybeUninit::uninit(); 2 * MAX_CHAIN_DEPTH];
-        let depth = stack_depth();
-        if depth > 0 {
-            let t = rdtsc();
-            s.host_chain = self.walk_host(fp, depth, &mut buf[..MAX_CHAIN_DEPTH]).0;
-            if s.vm != NO_VM {
-                let h = s.host_chain.depth();
-                let (chain, cr3) = self.walk_exit_cause(depth, &mut buf[h..h + MAX_CHAIN_DEPTH]);
-                s.guest_chain = chain;
-                // The guest's address space names the chain's frames (a Linux process's).
-                s.guest_cr3 = cr3;
-            }
-            let c = &self.costs;
-            walked_since(t, s.chain_frames(), &c.host_walks, &c.host_frames);
+        let t = rdtsc();
+        s.host_chain = self.walk_host(fp, depth, &mut buf[..MAX_CHAIN_DEPTH]).0;
+        if s.vm != NO_VM {
+            let h = s.host_chain.depth();
+            let (chain, cr3) = self.walk_exit_cause(depth, &mut buf[h..h + MAX_CHAIN_DEPTH]);
+            s.guest_chain = chain;
+            // The guest's address space names the chain's frames (a Linux process's).
+            s.guest_cr3 = cr3;
         }
+        let c = &self.costs;
+        walked_since(t, s.chain_frames(), &c.host_walks, &c.host_frames);
         let n = s.chain_frames();
         // SAFETY: the walks wrote the first `depth()` slots of the parts they were given, and
         // the guest part starts where the host chain's frames end; `MaybeUninit<u64>` has the
