@@ -90,18 +90,27 @@ impl Capture {
     }
 }
 
-/// Runs the analyzer; its standard output.
+/// Runs the analyzer on `capture`; its standard output.
 fn analyze(cmd: &str, capture: &Capture, extra: &[&str]) -> Vec<u8> {
+    let mut args = vec![cmd.to_owned()];
+    args.extend(capture.args());
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    succeed(&args)
+}
+
+/// Runs the analyzer with `args`, which must succeed; its standard output.
+fn succeed<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Vec<u8> {
     let out = Command::new(env!("CARGO_BIN_EXE_hvprof-analyze"))
-        .arg(cmd)
-        .args(capture.args())
-        .args(extra)
+        .args(args)
         .output()
         .expect("run hvprof-analyze");
     assert!(
         out.status.success(),
-        "hvprof-analyze {cmd} {}: {}",
-        capture.log,
+        "hvprof-analyze {}: {}",
+        args.iter()
+            .map(|a| a.as_ref().to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
     out.stdout
@@ -588,16 +597,8 @@ fn bad_input_gets_a_clear_error() {
         hvprof_samplelog::encode_header(&hvprof_samplelog::Header::default(), &mut frame).unwrap();
     std::fs::write(&header_only, &frame[..n]).unwrap();
     let header_only = header_only.to_str().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_hvprof-analyze"))
-        .args(["report", header_only])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("Total samples: 0"));
+    let out = succeed(&["report", header_only]);
+    assert!(String::from_utf8_lossy(&out).contains("Total samples: 0"));
     for cmd in ["timeline", "flamegraph", "stat", "script", "html"] {
         let e = run(&[cmd, header_only]);
         assert!(e.contains("no samples in this capture"), "{cmd}: {e}");
