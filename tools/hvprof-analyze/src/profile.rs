@@ -37,7 +37,8 @@ use crate::symbols::Images;
 use crate::timeline::{Owner, Segment, Segments};
 use crate::window::Window;
 
-/// What a pCPU was doing at a sample.
+/// What a pCPU was doing at a sample. (`Idle` stays last: a table by `What` has
+/// `What::Idle as usize + 1` entries.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum What {
     GuestKernel,
@@ -823,7 +824,7 @@ impl Part {
         // The last context of each kind of sample (guest kernel, guest user, hypervisor,
         // idle) and its index: a pCPU's samples alternate between kinds (a guest sample, the
         // hypervisor's on the next exit), each of which mostly keeps its context.
-        let mut last_ctx: [Option<((Key, u32), u32)>; 4] = [None; 4];
+        let mut last_ctx: [Option<((Key, u32), u32)>; What::Idle as usize + 1] = Default::default();
         let mut last_owner: Option<(Owner, u32)> = None;
         let mut span = BlockSpan {
             pcpu,
