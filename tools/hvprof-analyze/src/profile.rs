@@ -728,6 +728,8 @@ struct Part {
     seen: (u64, u64),
     /// Each sample's TSC and key, when kept ([`LoadOptions::keep_samples`]).
     kept: Option<Kept>,
+    /// Records decoded and not yet told to the progress bar.
+    unreported: u64,
 }
 
 impl Default for Part {
@@ -748,6 +750,7 @@ impl Default for Part {
             window: Window::ALL,
             seen: (u64::MAX, 0),
             kept: None,
+            unreported: 0,
         }
     }
 }
@@ -1014,7 +1017,11 @@ impl Classified {
             },
             |part: &mut Part, at, records: &[Record], frames: &[u64]| {
                 part.add(at, records, frames, processes);
-                progress.inc(records.len() as u64);
+                // Told in steps of 64 Ki records: the bar is shared by the threads.
+                part.unreported += records.len() as u64;
+                if part.unreported >= 1 << 16 {
+                    progress.inc(std::mem::take(&mut part.unreported));
+                }
             },
         );
         progress.phase("merging", None, "stacks");

@@ -66,8 +66,13 @@ impl Progress {
         self.maybe_show();
     }
 
-    /// `n` more steps done.
+    /// `n` more steps done. Free without a terminal (no bar is ever drawn); on one, the bar's
+    /// position is shared by every thread, so callers on hot paths add up their steps and
+    /// report them a few times a second, not per item.
     pub fn inc(&self, n: u64) {
+        if !self.tty {
+            return;
+        }
         self.bar.inc(n);
         self.maybe_show();
     }
