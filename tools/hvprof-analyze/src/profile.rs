@@ -370,7 +370,9 @@ pub struct Profile {
     /// The call chains' frames, named (empty for a capture without chains, and for the report
     /// alone: `LoadOptions::report_only`).
     pub calls: Calls,
-    /// Every scheduling event with its pCPU, in TSC order.
+    /// Every scheduling event with its pCPU, in TSC order (in stream order for a profile
+    /// loaded for the report alone: `LoadOptions::report_only`, which reads them only to
+    /// build the report).
     pub events: Vec<(u16, Event)>,
     /// The console text of the capture (shown, never read for data).
     pub text: String,
@@ -389,7 +391,8 @@ pub struct Profile {
 /// without it (the exports) the report has its totals, losses and warnings only.
 /// `report_only` names only the stacks the report reads (the hypervisor's, and Linux guests'
 /// with `keep_guest`; the report names the others by address): the others' frame is a
-/// placeholder, so the profile is for the report alone.
+/// placeholder, and the events are left in stream order, so the profile is for the report
+/// alone.
 #[derive(Debug, Clone, Copy)]
 pub struct LoadOptions {
     pub threads: usize,
@@ -1723,7 +1726,9 @@ impl Profile {
                 warnings,
             )
         };
-        sort_events(&mut events);
+        if !options.report_only {
+            sort_events(&mut events);
+        }
         let mut report = report;
         report.time = options.time.filter(|_| !window.is_all());
         let header = decoded.header.clone().unwrap_or_default();
