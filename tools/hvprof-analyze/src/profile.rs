@@ -994,58 +994,21 @@ pub struct Keep {
     pub samples: bool,
 }
 
-impl Classified {
-    /// Decodes `bytes` on `threads` threads, classifying every sample as it is decoded. The
-    /// processes of Linux guests' samples depend on their time and on task frames anywhere in
-    /// the capture: with `processes` they are found as the samples are decoded; without, a
-    /// guest sample's process is its address space. `keep` says what is kept besides the
-    /// stacks.
-    pub fn decode(
-        bytes: &[u8],
-        threads: usize,
-        processes: Option<&Processes>,
-        window: Window,
-        keep: Keep,
-        progress: &Progress,
-    ) -> (Decoded, Classified) {
-        progress.phase("decoding", None, "records");
-        let (decoded, parts) = hvprof_samplelog::decode_parallel(
-            bytes,
-            threads,
-            || Part {
-                window,
-                keep_segments: keep.segments,
-                kept: keep.samples.then(Kept::default),
-                ..Part::default()
-            },
-            |part: &mut Part, at, records: &[Record], frames: &[u64]| {
-                part.add(at, records, frames, processes);
-                // Told in steps of 64 Ki records: the bar is shared by the threads.
-                part.unreported += records.len() as u64;
-                if part.unreported >= 1 << 16 {
-                    progress.inc(std::mem::take(&mut part.unreported));
-                }
-            },
-        );
-        progress.phase("merging", None, "stacks");
-        (decoded, Self::merge(parts))
-    }
+/// What [`Classified::merge`] makes one table of: a part's keys, and its kept samples.
+struct PartKeys {
+    counts: KeyCounts,
+    kept: Option<Kept>,
+}
 
-    /// The parts' keys made one table, their segments joined per pCPU in stream order.
-    fn merge(parts: Vec<Part>) -> Classified {
+impl PartKeys {
+    /// The parts' keys in one table, and the kept samples by part.
+    fn merge(parts: Vec<PartKeys>) -> (KeyCounts, Vec<KeptPart>) {
         // The first part's table becomes the capture's (its keys keep their index): the other
         // parts' keys are looked up in it, and the new ones added after its own, in order.
         let mut parts = parts.into_iter();
-        let mut base = parts.next().unwrap_or_default();
-        let mut events = std::mem::take(&mut base.events);
-        let mut cost = base.cost;
-        let mut blocks = std::mem::take(&mut base.blocks);
-        let (mut len, mut first, mut last) = (base.len, base.first, base.last);
-        let mut seen = base.seen;
-        let mut seg_lists: std::collections::BTreeMap<u16, (Vec<Segment>, Vec<Located>)> =
-            std::mem::take(&mut base.segments.lists)
-                .into_iter()
-                .collect();
+        let Some(mut base) = parts.next() else {
+            return (KeyCounts::default(), Vec::new());
+        };
         // The first part's kept samples name their keys as the capture's table does.
         let mut kept: Vec<KeptPart> = Vec::new();
         if let Some(k) = base.kept.take() {
@@ -1054,7 +1017,7 @@ impl Classified {
                 remap: Vec::new(),
             });
         }
-        for (number, mut part) in (1u32..).zip(parts) {
+        for part in parts {
             // Its chains in the first part's table.
             let chains: Vec<u32> = std::iter::once(0)
                 .chain(
@@ -1092,12 +1055,62 @@ impl Classified {
                     }
                 }
             }
-            if let Some(k) = part.kept.take() {
+            if let Some(k) = part.kept {
                 kept.push(KeptPart {
                     samples: k.samples,
                     remap: key_ids,
                 });
             }
+        }
+        (base.counts, kept)
+    }
+}
+
+/// What [`Classified::merge`] joins in time: a part's segments, blocks and events, its cost
+/// and its samples' span.
+struct PartTimes {
+    segments: PartSegments,
+    blocks: Vec<BlockSpan>,
+    events: Vec<(u16, Event)>,
+    cost: CostSum,
+    len: usize,
+    first: u64,
+    last: u64,
+    seen: (u64, u64),
+}
+
+/// [`PartTimes`] of every part joined.
+struct Times {
+    segments: StreamSegments,
+    blocks: Vec<(u16, Vec<BlockSpan>)>,
+    events: Vec<(u16, Event)>,
+    cost: CostSum,
+    len: usize,
+    first: u64,
+    last: u64,
+    seen: (u64, u64),
+}
+
+impl PartTimes {
+    /// The parts' segments joined per pCPU in stream order (their owners numbered as the
+    /// first part's), their blocks per pCPU, their events in stream order.
+    fn merge(parts: Vec<PartTimes>) -> Times {
+        let mut parts = parts.into_iter();
+        let mut base = parts.next().unwrap_or(PartTimes {
+            segments: PartSegments::default(),
+            blocks: Vec::new(),
+            events: Vec::new(),
+            cost: CostSum::default(),
+            len: 0,
+            first: u64::MAX,
+            last: 0,
+            seen: (u64::MAX, 0),
+        });
+        let mut seg_lists: std::collections::BTreeMap<u16, (Vec<Segment>, Vec<Located>)> =
+            std::mem::take(&mut base.segments.lists)
+                .into_iter()
+                .collect();
+        for (number, mut part) in (1u32..).zip(parts) {
             // Its owners in the first part's table.
             let remap: Vec<u32> = part
                 .segments
@@ -1114,23 +1127,127 @@ impl Classified {
                 }));
                 all_at.extend(located);
             }
-            events.append(&mut part.events);
-            blocks.extend(part.blocks.into_iter().map(|b| BlockSpan {
-                kept: b.kept.map(|(_, at)| (number, at)),
-                ..b
-            }));
-            cost.merge(part.cost);
-            len += part.len;
-            first = first.min(part.first);
-            last = last.max(part.last);
-            seen = (seen.0.min(part.seen.0), seen.1.max(part.seen.1));
+            base.events.append(&mut part.events);
+            // Its kept samples are the part's by its number.
+            base.blocks
+                .extend(part.blocks.into_iter().map(|b| BlockSpan {
+                    kept: b.kept.map(|(_, at)| (number, at)),
+                    ..b
+                }));
+            base.cost.merge(part.cost);
+            base.len += part.len;
+            base.first = base.first.min(part.first);
+            base.last = base.last.max(part.last);
+            base.seen = (base.seen.0.min(part.seen.0), base.seen.1.max(part.seen.1));
         }
-        let stacks: Vec<Stack> = base
-            .counts
+        let mut per_pcpu: std::collections::BTreeMap<u16, Vec<BlockSpan>> = Default::default();
+        for b in base.blocks {
+            per_pcpu.entry(b.pcpu).or_default().push(b);
+        }
+        Times {
+            segments: (
+                base.segments.owners,
+                seg_lists
+                    .into_iter()
+                    .filter(|(_, (s, _))| !s.is_empty())
+                    .map(|(p, (s, l))| (p, s, l))
+                    .collect(),
+            ),
+            blocks: per_pcpu.into_iter().collect(),
+            events: base.events,
+            cost: base.cost,
+            len: base.len,
+            first: base.first,
+            last: base.last,
+            seen: base.seen,
+        }
+    }
+}
+
+impl Classified {
+    /// Decodes `bytes` on `threads` threads, classifying every sample as it is decoded. The
+    /// processes of Linux guests' samples depend on their time and on task frames anywhere in
+    /// the capture: with `processes` they are found as the samples are decoded; without, a
+    /// guest sample's process is its address space. `keep` says what is kept besides the
+    /// stacks.
+    pub fn decode(
+        bytes: &[u8],
+        threads: usize,
+        processes: Option<&Processes>,
+        window: Window,
+        keep: Keep,
+        progress: &Progress,
+    ) -> (Decoded, Classified) {
+        progress.phase("decoding", None, "records");
+        let (decoded, parts) = hvprof_samplelog::decode_parallel(
+            bytes,
+            threads,
+            || Part {
+                window,
+                keep_segments: keep.segments,
+                kept: keep.samples.then(Kept::default),
+                ..Part::default()
+            },
+            |part: &mut Part, at, records: &[Record], frames: &[u64]| {
+                part.add(at, records, frames, processes);
+                // Told in steps of 64 Ki records: the bar is shared by the threads.
+                part.unreported += records.len() as u64;
+                if part.unreported >= 1 << 16 {
+                    progress.inc(std::mem::take(&mut part.unreported));
+                }
+            },
+        );
+        progress.phase("merging", None, "stacks");
+        (decoded, Self::merge(parts))
+    }
+
+    /// The parts' keys made one table, their segments joined per pCPU in stream order: the two
+    /// at once (they share nothing).
+    fn merge(parts: Vec<Part>) -> Classified {
+        let (keys, times): (Vec<PartKeys>, Vec<PartTimes>) = parts
+            .into_iter()
+            .map(|p| {
+                (
+                    PartKeys {
+                        counts: p.counts,
+                        kept: p.kept,
+                    },
+                    PartTimes {
+                        segments: p.segments,
+                        blocks: p.blocks,
+                        events: p.events,
+                        cost: p.cost,
+                        len: p.len,
+                        first: p.first,
+                        last: p.last,
+                        seen: p.seen,
+                    },
+                )
+            })
+            .unzip();
+        let ((counts, kept), times) = std::thread::scope(|sc| {
+            let times = sc.spawn(move || PartTimes::merge(times));
+            let keys = PartKeys::merge(keys);
+            let times = times
+                .join()
+                .unwrap_or_else(|e| std::panic::resume_unwind(e));
+            (keys, times)
+        });
+        let Times {
+            segments,
+            blocks,
+            events,
+            cost,
+            len,
+            first,
+            last,
+            seen,
+        } = times;
+        let stacks: Vec<Stack> = counts
             .entries()
             .into_iter()
             .map(|(addr, ctx, count)| {
-                let (k, chain) = base.counts.key(addr, ctx);
+                let (k, chain) = counts.key(addr, ctx);
                 (k, chain, count)
             })
             .map(|(k, chain, count)| Stack {
@@ -1149,30 +1266,19 @@ impl Classified {
                 count,
             })
             .collect();
-        let mut per_pcpu: std::collections::BTreeMap<u16, Vec<BlockSpan>> = Default::default();
-        for b in blocks {
-            per_pcpu.entry(b.pcpu).or_default().push(b);
-        }
         Classified {
             samples: Samples {
                 stacks,
-                chains: base.counts.index.chains.list.clone(),
+                chains: counts.index.chains.list.clone(),
                 len,
                 span: if len == 0 { (0, 0) } else { (first, last) },
             },
             events,
             cost,
-            segments: (
-                base.segments.owners,
-                seg_lists
-                    .into_iter()
-                    .filter(|(_, (s, _))| !s.is_empty())
-                    .map(|(p, (s, l))| (p, s, l))
-                    .collect(),
-            ),
-            index: base.counts.index,
+            segments,
+            index: counts.index,
             kept,
-            blocks: per_pcpu.into_iter().collect(),
+            blocks,
             seen: (seen.0 <= seen.1).then_some(seen),
         }
     }
