@@ -66,29 +66,59 @@ pub(crate) fn encoded_len(data: &[u8]) -> usize {
     n
 }
 
-/// Decodes `span` (bytes between two 0x00 delimiters), appending to `out`. Lenient: on a group
-/// that runs past the end of `span` (or a stray 0x00 code) it appends what there is and returns
-/// `false`; `true` when `span` was a complete COBS encoding.
+/// Room [`decode`] keeps in its buffer past the decoded bytes: it copies a group in 32-byte
+/// pieces.
 #[cfg(feature = "std")]
-pub(crate) fn decode(span: &[u8], out: &mut Vec<u8>) -> bool {
+const COPY_SLACK: usize = 32;
+
+/// Decodes `span` (bytes between two 0x00 delimiters) into the start of `buf` (grown as needed,
+/// never shrunk: what lies past the decoded bytes is left over from before). Returns the decoded
+/// length and whether `span` was a complete COBS encoding. Lenient: on a group that runs past the
+/// end of `span` (or a stray 0x00 code) it keeps what there is and says `false`.
+///
+/// A group's bytes are copied in 32-byte pieces where `span` has them to spare, which the
+/// compiler writes out as a few vector moves: the frames' groups average some 55 bytes, and a
+/// `memcpy` call for each took 4 % of a capture's decoding.
+#[cfg(feature = "std")]
+pub(crate) fn decode(span: &[u8], buf: &mut Vec<u8>) -> (usize, bool) {
+    // The output never runs ahead of the input (a group of `code` bytes gives at most `code`),
+    // so a piece written at `o + k < span.len()` ends within `span.len() + COPY_SLACK`.
+    if buf.len() < span.len() + COPY_SLACK {
+        buf.resize(span.len() + COPY_SLACK, 0);
+    }
     let mut i = 0;
+    let mut o = 0;
     while i < span.len() {
         let code = usize::from(span[i]);
         if code == 0 {
-            return false;
+            return (o, false);
         }
+        let start = i + 1;
         let end = i + code;
         if end > span.len() {
-            out.extend_from_slice(&span[i + 1..]);
-            return false;
+            let rest = &span[start..];
+            buf[o..o + rest.len()].copy_from_slice(rest);
+            return (o + rest.len(), false);
         }
-        out.extend_from_slice(&span[i + 1..end]);
+        let n = code - 1;
+        if end + COPY_SLACK <= span.len() {
+            let mut k = 0;
+            while k < n {
+                buf[o + k..o + k + COPY_SLACK]
+                    .copy_from_slice(&span[start + k..start + k + COPY_SLACK]);
+                k += COPY_SLACK;
+            }
+        } else {
+            buf[o..o + n].copy_from_slice(&span[start..end]);
+        }
+        o += n;
         i = end;
         if code < 0xFF && i < span.len() {
-            out.push(0);
+            buf[o] = 0;
+            o += 1;
         }
     }
-    true
+    (o, true)
 }
 
 #[cfg(all(test, feature = "std"))]
@@ -139,9 +169,47 @@ mod tests {
             prop_assert!(!enc.contains(&0));
             prop_assert!(enc.len() <= max_encoded_len(data.len()));
             prop_assert_eq!(enc.len(), encoded_len(&data));
-            let mut out = Vec::new();
-            prop_assert!(decode(&enc, &mut out));
-            prop_assert_eq!(out, data);
+            let mut buf = Vec::new();
+            let (len, complete) = decode(&enc, &mut buf);
+            prop_assert!(complete);
+            prop_assert_eq!(&buf[..len], &data[..]);
         }
+
+        /// Any span, COBS or not, decodes as a group-by-group reading of it says, into a buffer
+        /// that held anything before.
+        #[test]
+        fn any_span_decodes_as_read_group_by_group(
+            span in prop::collection::vec(prop_oneof![Just(0u8), 1u8..8, any::<u8>(), Just(0xFF)], 0..1200),
+            before in prop::collection::vec(any::<u8>(), 0..1500),
+        ) {
+            let mut buf = before;
+            let (len, complete) = decode(&span, &mut buf);
+            let (want, want_complete) = read_groups(&span);
+            prop_assert_eq!(&buf[..len], &want[..]);
+            prop_assert_eq!(complete, want_complete);
+        }
+    }
+
+    /// The decoding, one group after another by the definition: `code - 1` bytes, then a 0x00
+    /// unless the code is 0xFF or the span ends.
+    fn read_groups(span: &[u8]) -> (Vec<u8>, bool) {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < span.len() {
+            let code = usize::from(span[i]);
+            if code == 0 {
+                return (out, false);
+            }
+            if i + code > span.len() {
+                out.extend_from_slice(&span[i + 1..]);
+                return (out, false);
+            }
+            out.extend_from_slice(&span[i + 1..i + code]);
+            i += code;
+            if code < 0xFF && i < span.len() {
+                out.push(0);
+            }
+        }
+        (out, true)
     }
 }

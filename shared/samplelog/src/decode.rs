@@ -393,9 +393,8 @@ impl Scratch {
     /// what it held and how many bytes of `raw` it used.
     fn frame(&mut self, raw: &[u8], at_eof: bool) -> Result<(Parsed, usize), DamageKind> {
         let mut payload = mem::take(&mut self.payload);
-        payload.clear();
-        let complete = cobs::decode(raw, &mut payload);
-        let result = self.frame_payload(&payload, raw.len(), complete, at_eof);
+        let (len, complete) = cobs::decode(raw, &mut payload);
+        let result = self.frame_payload(&payload[..len], raw.len(), complete, at_eof);
         self.payload = payload;
         result
     }
