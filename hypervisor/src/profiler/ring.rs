@@ -15,7 +15,9 @@ pub struct Ring<T: Copy, const N: usize> {
     head: AtomicUsize,
     tail: AtomicUsize,
     dropped: AtomicU64,
-    pushed: AtomicU64,
+    /// Slots pushed beyond the first of each record (`head` less this is the records pushed:
+    /// a record of one slot, the common one, counts nothing more).
+    extra_slots: AtomicU64,
 }
 
 // SAFETY: the slot protocol above gives each slot to exactly one side at a time: the producer owns
@@ -38,7 +40,7 @@ impl<T: Copy, const N: usize> Ring<T, N> {
             head: AtomicUsize::new(0),
             tail: AtomicUsize::new(0),
             dropped: AtomicU64::new(0),
-            pushed: AtomicU64::new(0),
+            extra_slots: AtomicU64::new(0),
         }
     }
 
@@ -54,7 +56,6 @@ impl<T: Copy, const N: usize> Ring<T, N> {
         // only the producer (us) writes slots.
         unsafe { (*self.slots[head % N].get()).write(value) };
         self.head.store(head.wrapping_add(1), Ordering::Release);
-        self.pushed.fetch_add(1, Ordering::Relaxed);
         true
     }
 
@@ -76,7 +77,9 @@ impl<T: Copy, const N: usize> Ring<T, N> {
             unsafe { (*self.slots[head.wrapping_add(i) % N].get()).write(value(i)) };
         }
         self.head.store(head.wrapping_add(n), Ordering::Release);
-        self.pushed.fetch_add(1, Ordering::Relaxed);
+        if n > 1 {
+            self.extra_slots.fetch_add(n as u64 - 1, Ordering::Relaxed);
+        }
         true
     }
 
@@ -138,9 +141,11 @@ impl<T: Copy, const N: usize> Ring<T, N> {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    /// Records accepted.
+    /// Records accepted (producer side, or once the producer is done: `head` and the extra
+    /// slots are read one after the other).
     pub fn pushed(&self) -> u64 {
-        self.pushed.load(Ordering::Relaxed)
+        (self.head.load(Ordering::Relaxed) as u64)
+            .wrapping_sub(self.extra_slots.load(Ordering::Relaxed))
     }
 }
 

@@ -22,8 +22,11 @@ pub const HISTOGRAM_BUCKETS: usize = 16;
 /// `1..=14` costs in `[2^(5+i), 2^(6+i))` (64-127, 128-255, …), bucket 15 everything from 2^20.
 #[must_use]
 pub const fn histogram_bucket(ticks: u64) -> usize {
-    let bits = (64 - ticks.leading_zeros()) as usize;
-    let b = bits.saturating_sub(6);
+    // The bit length less 6, with bit 5 set so that it is at least 6 (costs below 64 share
+    // bucket 0): a nonzero value's length is one BSR, and no subtraction saturates (the
+    // hypervisor buckets every exit).
+    let bits = (64 - (ticks | 32).leading_zeros()) as usize;
+    let b = bits - 6;
     if b > HISTOGRAM_BUCKETS - 1 {
         HISTOGRAM_BUCKETS - 1
     } else {

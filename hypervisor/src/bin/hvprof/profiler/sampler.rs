@@ -495,7 +495,8 @@ impl CpuProfiler {
         if now < next {
             return false;
         }
-        let period = self.period.load(Ordering::Relaxed).max(1);
+        // At least 1 whenever sampling is on (`begin`).
+        let period = self.period.load(Ordering::Relaxed);
         let late = now - next;
         // Usually the deadline is less than a period ago: no division on the sample path.
         let missed = if late < period { 0 } else { late / period };
@@ -1514,6 +1515,7 @@ impl CpuProfiler {
     /// in the hypervisor (none when the PMU samples), `deadline` whether the deadline clock is
     /// the source.
     pub fn begin(&self, period: u64, lapic: Option<Lapic>, deadline: bool) {
+        let period = period.max(1);
         self.period.store(period, Ordering::Relaxed);
         if let Some(l) = lapic {
             self.lapic.call_once(|| l);

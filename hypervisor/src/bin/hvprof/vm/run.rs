@@ -160,6 +160,9 @@ fn run_loaded(
     // interrupt waits: not at the sampling clock's exits in between.
     let mut devices_touched = true;
     let mut device_event: Option<u64> = None;
+    // The end of the guest's run before the next sampling deadline: the end of the slice, of
+    // the budget, or its devices' next event (kept as they change, not made at each entry).
+    let mut other = deadline.min(slice_end);
     let end = loop {
         // A Linux guest's devices: raise what is due, inject what the guest can take now (with
         // interrupts on, so the sampling clock sees this work for what it is).
@@ -186,6 +189,7 @@ fn run_loaded(
             }
             let (next, waiting) = virtual_interrupts::before_entry(vm, vcpu, vmcs, caps, rdtsc());
             device_event = next;
+            other = deadline.min(slice_end).min(next.unwrap_or(u64::MAX));
             devices_touched = waiting;
         }
         // Interrupts stay off from here to the VM exit: a tick that falls in this window is
@@ -220,9 +224,6 @@ fn run_loaded(
         // The VMX-preemption timer stops the guest at the next sampling deadline, the end of the
         // slice, the end of the budget or its devices' next event, whichever comes first (SDM
         // Vol. 3C §26.5.1).
-        let other = deadline
-            .min(slice_end)
-            .min(device_event.unwrap_or(u64::MAX));
         let tick = prof.next_tick();
         // The timer is set for a sampling deadline that nothing else needed.
         let timer_for_sampling = tick < other;
