@@ -325,6 +325,17 @@ impl Scratch {
         if span.is_empty() {
             return;
         }
+        // Blocks unread: a span that begins as a block frame and holds no other frame's start
+        // (no "HVP" past its own) is one block, valid or damaged, and is skipped without being
+        // decoded (any other span is read as always: a block glued to the frame that follows
+        // it, its delimiter lost, is taken apart).
+        if !self.records_wanted
+            && is_candidate(span, 0)
+            && span[4] == FRAME_BLOCK
+            && memchr::memmem::find(&span[5..], &MAGIC).is_none()
+        {
+            return;
+        }
         let mut seg_start = 0;
         let mut search = 0;
         // First failed candidate since the last success, relative to `seg_start`.
@@ -1307,9 +1318,10 @@ pub fn decode_parallel<A: Send>(
 /// The capture's description without its blocks, on `parts` threads: its header, task, VM end,
 /// pCPU cost, mapping and end frames, its text and its damage, as [`decode_parallel`] finds
 /// them, for a first look at a capture (who ran, what was mapped) before its records are read.
-/// A block frame whose CRC holds is skipped unread (its records' structure is not checked: a
-/// block whose records are malformed is not counted as damage here); blocks are not counted,
-/// so the result is no account of what was lost. Never panics.
+/// A span that begins as a block frame and holds no other frame's start is skipped unread,
+/// neither decoded nor its CRC checked (a damaged block is not counted as damage here); a block
+/// frame in any other span is skipped once its CRC holds. Blocks are not counted, so the result
+/// is no account of what was lost. Never panics.
 #[must_use]
 pub fn decode_metadata_parallel(bytes: &[u8], parts: usize) -> Decoded {
     let bounds = part_bounds(bytes, parts);

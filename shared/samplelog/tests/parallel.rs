@@ -3,8 +3,8 @@
 
 use hvprof_samplelog::synth::{self, CaptureOptions, SynthConfig};
 use hvprof_samplelog::{
-    BlockReader, FixedStr, MAX_TASK_FRAME_LEN, Record, Task, decode, decode_metadata_parallel,
-    decode_parallel, encode_task,
+    BlockReader, FRAME_TASK, FixedStr, MAGIC, MAX_TASK_FRAME_LEN, Record, Task, decode,
+    decode_metadata_parallel, decode_parallel, encode_task,
 };
 use proptest::prelude::*;
 
@@ -118,6 +118,44 @@ fn metadata_without_the_blocks() {
     );
     for parts in [1, 2, 3, 8] {
         compare_metadata(&bytes, parts).unwrap();
+    }
+}
+
+/// A task frame glued to the frame before it (a block, its delimiter lost) is found by the
+/// metadata pass as `decode` finds it: the pass skips a block's span unread only when no other
+/// frame starts in it.
+#[test]
+fn metadata_finds_a_frame_glued_to_a_block() {
+    let mut bytes = capture_with_tasks(5);
+    let starts: Vec<usize> = (1..bytes.len().saturating_sub(5))
+        .filter(|&i| {
+            bytes[i - 1] == 0 && bytes[i + 1..i + 4] == MAGIC && bytes[i + 4] == FRAME_TASK
+        })
+        .collect();
+    assert!(starts.len() > 10, "{} task frames", starts.len());
+    let tasks = decode(&bytes).tasks.len();
+    // Every third task frame loses the delimiters before it (its own leading one and the
+    // previous frame's trailing one), and is glued to that frame.
+    let mut glued = 0;
+    for &i in starts.iter().step_by(3).rev() {
+        let mut from = i;
+        while from > 0 && bytes[from - 1] == 0 {
+            from -= 1;
+        }
+        if from > 0 {
+            bytes.drain(from..i);
+            glued += 1;
+        }
+    }
+    assert!(
+        glued > 3,
+        "{glued} task frames glued to the frame before them"
+    );
+    let whole = decode(&bytes);
+    assert_eq!(whole.tasks.len(), tasks, "decode finds every task frame");
+    for parts in [1, 2, 3] {
+        let meta = decode_metadata_parallel(&bytes, parts);
+        assert_eq!(meta.tasks, whole.tasks, "{parts} parts");
     }
 }
 
