@@ -1282,7 +1282,9 @@ impl Classified {
             seen: (seen.0 <= seen.1).then_some(seen),
         }
     }
+}
 
+impl Samples {
     /// Names every stack (once per distinct (what, VM, exit, address, process, address space),
     /// then merged by name). A user sample's address space is part of it: two processes with
     /// one label (a PID reused by the same program) map their own files at one address.
@@ -1308,7 +1310,6 @@ impl Classified {
         let mut distinct: Vec<usize> = Vec::new();
         let not_named = u32::MAX;
         let key_of: Vec<u32> = self
-            .samples
             .stacks
             .iter()
             .enumerate()
@@ -1326,7 +1327,7 @@ impl Classified {
         // Each frame with its hash, made on every core, so that merging them by name (on one)
         // hashes no string; each core names its chunks in place, in one list (not in lists of
         // its own copied into one after: over a million frames without symbols).
-        let stacks = &self.samples.stacks;
+        let stacks = &self.stacks;
         let mut named: Vec<(Frame, u64)> = Vec::new();
         named.resize_with(distinct.len(), || (Frame::placeholder(), 0));
         let chunks: Vec<_> = distinct.chunks(4096).zip(named.chunks_mut(4096)).collect();
@@ -1367,7 +1368,7 @@ impl Classified {
         let mut frames: Vec<Frame> = named.into_iter().map(|(f, _)| f).collect();
         // The stacks not named share a placeholder frame.
         let mut placeholder = None;
-        for (s, &k) in self.samples.stacks.iter_mut().zip(&key_of) {
+        for (s, &k) in self.stacks.iter_mut().zip(&key_of) {
             s.frame = if k == not_named {
                 *placeholder.get_or_insert_with(|| {
                     frames.push(Frame {
@@ -1737,7 +1738,7 @@ impl Profile {
         let namer = Namer::new(&meta, images, &mut warnings);
         drop(meta);
         let processes = Some(namer.processes()).filter(Processes::any_linux);
-        let (decoded, mut classified) = Classified::decode(
+        let (decoded, classified) = Classified::decode(
             &bytes,
             options.threads,
             processes.as_ref(),
@@ -1749,25 +1750,8 @@ impl Profile {
             progress,
         );
         progress.phase("naming", None, "stacks");
-        let needed = |s: &Stack| {
-            !options.report_only
-                || !is_guest(s.what)
-                || (options.keep_guest && namer.is_linux(s.vm))
-        };
-        let frames = classified.name(&namer, needed);
-        // The report alone reads no chain.
-        let calls = if options.report_only {
-            Calls::default()
-        } else {
-            let (calls, ids) = crate::calls::name(&classified.samples, &namer, needed);
-            for (s, id) in classified.samples.stacks.iter_mut().zip(ids) {
-                s.calls = id;
-            }
-            calls
-        };
-        progress.phase("report", None, "stacks");
         let Classified {
-            samples,
+            mut samples,
             events,
             cost,
             segments,
@@ -1799,39 +1783,58 @@ impl Profile {
             processes,
             window,
         };
-        let report = if options.tables {
-            let axis = replay.time_axis(segments, &samples.stacks);
-            let partial = |pcpu: u16, i: usize, lo: u64, hi: Option<u64>| {
-                replay.partial(&axis, pcpu, i, lo, hi)
-            };
-            crate::report::build(
-                &decoded,
-                &samples,
-                &events,
-                cost,
-                Some((&axis.segments, &partial)),
-                &frames,
-                &namer,
-                images,
-                options.keep_guest,
-                options.top_rows,
-                warnings,
-            )
-        } else {
-            crate::report::build(
-                &decoded,
-                &samples,
-                &events,
-                cost,
-                None,
-                &frames,
-                &namer,
-                images,
-                options.keep_guest,
-                options.top_rows,
-                warnings,
-            )
+        let needed = |s: &Stack| {
+            !options.report_only
+                || !is_guest(s.what)
+                || (options.keep_guest && namer.is_linux(s.vm))
         };
+        // The time axis (made before naming: it reads no name), and each vCPU's blank slots
+        // on it, counted on another core while the stacks are named (neither reads what the
+        // other makes).
+        let axis = options
+            .tables
+            .then(|| replay.time_axis(segments, &samples.stacks));
+        let (frames, calls, tables) = std::thread::scope(|sc| {
+            let blanks = axis.as_ref().map(|axis| {
+                let (events, replay) = (&events, &replay);
+                sc.spawn(move || {
+                    let partial = |pcpu: u16, i: usize, lo: u64, hi: Option<u64>| {
+                        replay.partial(axis, pcpu, i, lo, hi)
+                    };
+                    (!events.is_empty())
+                        .then(|| crate::timeline::segment_blanks(&axis.segments, events, &partial))
+                })
+            });
+            let frames = samples.name(&namer, needed);
+            // The report alone reads no chain.
+            let calls = if options.report_only {
+                Calls::default()
+            } else {
+                let (calls, ids) = crate::calls::name(&samples, &namer, needed);
+                for (s, id) in samples.stacks.iter_mut().zip(ids) {
+                    s.calls = id;
+                }
+                calls
+            };
+            let tables = blanks.map(|b| crate::report::Tables {
+                blanks: b.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
+            });
+            (frames, calls, tables)
+        });
+        progress.phase("report", None, "stacks");
+        let report = crate::report::build(
+            &decoded,
+            &samples,
+            &events,
+            cost,
+            tables,
+            &frames,
+            &namer,
+            images,
+            options.keep_guest,
+            options.top_rows,
+            warnings,
+        );
         if !options.report_only {
             sort_events(&mut events);
         }
@@ -2477,7 +2480,7 @@ mod tests {
             blocks: Vec::new(),
             seen: Some((10, 2000)),
         };
-        let frames = classified.name(&namer, |_| true);
+        let frames = classified.samples.name(&namer, |_| true);
         let named: Vec<&Frame> = classified
             .samples
             .stacks()

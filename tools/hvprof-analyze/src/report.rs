@@ -50,10 +50,14 @@ use serde::Serialize;
 
 use crate::naming::{Namer, function_name as name};
 use crate::profile::{CostSum, Frame, Samples, Stack, What, is_guest};
-use crate::timeline::Segments;
+use crate::timeline::Blanks;
 
-/// Counts the samples of a pCPU's segment in a TSC range: see [`crate::timeline::segment_blanks`].
-pub type Partial<'a> = dyn Fn(u16, usize, u64, Option<u64>) -> u64 + Sync + 'a;
+/// What the report's tables need besides the samples: each vCPU's blank slots (`[idle]`,
+/// `[steal]`) on the common time axis, counted beforehand from the scheduling events
+/// ([`crate::timeline::segment_blanks`]; `None` without events: an old or partial log).
+pub struct Tables {
+    pub blanks: Option<HashMap<(u16, u16), Blanks>>,
+}
 use crate::symbols::{Images, Symbols, hex};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -996,7 +1000,7 @@ pub fn build(
     samples: &Samples,
     events: &[(u16, hvprof_samplelog::Event)],
     cost: CostSum,
-    tables: Option<(&Segments, &Partial<'_>)>,
+    tables: Option<Tables>,
     frames: &[Frame],
     namer: &Namer,
     images: &Images,
@@ -1023,18 +1027,8 @@ pub fn build(
         );
     }
     let total = samples.len() as u64;
-    let (host, vms) = if let Some(axis) = tables {
-        // The counts and the blank slots (which need none of the counts) made at once.
-        let (mut guests, blanks) = std::thread::scope(|sc| {
-            let counts = sc.spawn(|| guest_counts(samples.stacks(), frames, namer, keep_guest));
-            let (segments, partial) = axis;
-            let blanks = (!events.is_empty())
-                .then(|| crate::timeline::segment_blanks(segments, events, partial));
-            let counts = counts
-                .join()
-                .unwrap_or_else(|e| std::panic::resume_unwind(e));
-            (counts, blanks)
-        });
+    let (host, vms) = if let Some(Tables { blanks }) = tables {
+        let mut guests = guest_counts(samples.stacks(), frames, namer, keep_guest);
         let exact = add_blanks(blanks, &mut guests);
         let host = host_level(samples.stacks(), frames, namer, &guests.per_vm, total);
         (host, guest_level(namer, guests, &exact, top_rows))
@@ -1180,9 +1174,9 @@ fn counts_by<K: std::hash::Hash + Eq>(
 /// Without events (`None`: an old or partial log) the hypervisor's samples on a vCPU's behalf
 /// are all that can be called its steal.
 fn add_blanks(
-    blanks: Option<HashMap<(u16, u16), crate::timeline::Blanks>>,
+    blanks: Option<HashMap<(u16, u16), Blanks>>,
     g: &mut Guests,
-) -> HashMap<(u16, u16), crate::timeline::Blanks> {
+) -> HashMap<(u16, u16), Blanks> {
     let Some(exact) = blanks else {
         for (&(vm, vcpu), &n) in &g.hypervisor {
             for counts in [
