@@ -712,25 +712,17 @@ struct Part {
     /// Whether the samples' owners are kept as segments (the report's time axis; the exports
     /// read none).
     keep_segments: bool,
-    counts: KeyCounts,
+    /// Its keys with their counts (and its kept samples).
+    keys: PartKeys,
+    /// Its samples in time: segments, blocks, events, cost, span.
+    times: PartTimes,
     /// The block's samples classified, to be counted once their slots are prefetched.
     pending: Vec<Pending>,
     chain_scratch: ChainScratch,
     /// The task the last guest sample's vCPU ran, and until when.
     task_memo: TaskMemo,
-    segments: PartSegments,
-    blocks: Vec<BlockSpan>,
-    events: Vec<(u16, Event)>,
-    cost: CostSum,
-    len: usize,
-    first: u64,
-    last: u64,
     /// The stretch of host time whose samples count (`--time`).
     window: Window,
-    /// The TSCs of the first and last sample, those outside the stretch included.
-    seen: (u64, u64),
-    /// Each sample's TSC and key, when kept ([`LoadOptions::keep_samples`]).
-    kept: Option<Kept>,
     /// Records decoded and not yet told to the progress bar.
     unreported: u64,
 }
@@ -739,20 +731,12 @@ impl Default for Part {
     fn default() -> Part {
         Part {
             keep_segments: true,
-            counts: KeyCounts::default(),
+            keys: PartKeys::default(),
+            times: PartTimes::default(),
             pending: Vec::new(),
             chain_scratch: ChainScratch::default(),
             task_memo: TaskMemo::default(),
-            segments: PartSegments::default(),
-            blocks: Vec::new(),
-            events: Vec::new(),
-            cost: CostSum::default(),
-            len: 0,
-            first: u64::MAX,
-            last: 0,
             window: Window::ALL,
-            seen: (u64::MAX, 0),
-            kept: None,
             unreported: 0,
         }
     }
@@ -825,7 +809,7 @@ impl Part {
     ) {
         let pcpu = at.header.pcpu;
         let mut cursor = ChainCursor::new(frames);
-        let seg = &mut self.segments;
+        let seg = &mut self.times.segments;
         let (segs, located) = seg.lists.entry(pcpu).or_default();
         // The last context of each kind of sample (guest kernel, guest user, hypervisor,
         // idle) and its index: a pCPU's samples alternate between kinds (a guest sample, the
@@ -846,19 +830,19 @@ impl Part {
             let s = match r {
                 Record::Sample(s) => s,
                 Record::Event(e) => {
-                    self.events.push((pcpu, *e));
+                    self.times.events.push((pcpu, *e));
                     continue;
                 }
             };
-            self.seen = (self.seen.0.min(s.tsc), self.seen.1.max(s.tsc));
+            self.times.seen = (self.times.seen.0.min(s.tsc), self.times.seen.1.max(s.tsc));
             if !self.window.contains(s.tsc) {
                 cursor.skip(s);
                 continue;
             }
             let cost = u64::from(s.cost);
-            self.cost.sum = self.cost.sum.saturating_add(cost);
-            self.cost.min = self.cost.min.min(cost);
-            self.cost.max = self.cost.max.max(cost);
+            self.times.cost.sum = self.times.cost.sum.saturating_add(cost);
+            self.times.cost.min = self.times.cost.min.min(cost);
+            self.times.cost.max = self.times.cost.max.max(cost);
             span.sorted &= span.samples == 0 || s.tsc >= prev;
             prev = s.tsc;
             span.samples += 1;
@@ -868,7 +852,7 @@ impl Part {
             let mut chain = 0;
             if has_chains(s) {
                 let w = self.chain_scratch.walked(
-                    &mut self.counts.index.chains,
+                    &mut self.keys.counts.index.chains,
                     key.what,
                     s,
                     &mut cursor,
@@ -886,7 +870,7 @@ impl Part {
             let ctx = match *memo {
                 Some((c, i)) if c == context => i,
                 _ => {
-                    let i = self.counts.context(context);
+                    let i = self.keys.counts.context(context);
                     *memo = Some((context, i));
                     i
                 }
@@ -895,7 +879,7 @@ impl Part {
                 Some(p) if p.addr == key.addr && p.ctx == ctx => p.n += 1,
                 _ => {
                     let hash = stack_table::hash(key.addr, ctx);
-                    self.counts.index.ids.prefetch(hash);
+                    self.keys.counts.index.ids.prefetch(hash);
                     self.pending.push(Pending {
                         addr: key.addr,
                         ctx,
@@ -904,7 +888,7 @@ impl Part {
                     });
                 }
             }
-            if let Some(k) = &mut self.kept {
+            if let Some(k) = &mut self.keys.kept {
                 k.block.push((s.tsc, (self.pending.len() - 1) as u32));
             }
             if !self.keep_segments {
@@ -929,12 +913,12 @@ impl Part {
             }
         }
         for p in self.pending.drain(..) {
-            let id = self.counts.add_hashed(p.addr, p.ctx, p.hash, p.n);
-            if let Some(k) = &mut self.kept {
+            let id = self.keys.counts.add_hashed(p.addr, p.ctx, p.hash, p.n);
+            if let Some(k) = &mut self.keys.kept {
                 k.ids.push(id);
             }
         }
-        if let Some(k) = &mut self.kept {
+        if let Some(k) = &mut self.keys.kept {
             // Its samples' TSCs as offsets from the first (the part numbers its blocks when
             // the parts are merged).
             if let Ok(at) = u32::try_from(k.samples.len())
@@ -957,10 +941,10 @@ impl Part {
             k.ids.clear();
         }
         if span.samples > 0 {
-            self.len += span.samples as usize;
-            self.first = self.first.min(span.first);
-            self.last = self.last.max(span.last);
-            self.blocks.push(span);
+            self.times.len += span.samples as usize;
+            self.times.first = self.times.first.min(span.first);
+            self.times.last = self.times.last.max(span.last);
+            self.times.blocks.push(span);
         }
     }
 }
@@ -995,6 +979,7 @@ pub struct Keep {
 }
 
 /// What [`Classified::merge`] makes one table of: a part's keys, and its kept samples.
+#[derive(Default)]
 struct PartKeys {
     counts: KeyCounts,
     kept: Option<Kept>,
@@ -1073,10 +1058,27 @@ struct PartTimes {
     blocks: Vec<BlockSpan>,
     events: Vec<(u16, Event)>,
     cost: CostSum,
+    /// Its samples in the stretch (`--time`), and the first and last one's TSC.
     len: usize,
     first: u64,
     last: u64,
+    /// The TSCs of the first and last sample, those outside the stretch included.
     seen: (u64, u64),
+}
+
+impl Default for PartTimes {
+    fn default() -> PartTimes {
+        PartTimes {
+            segments: PartSegments::default(),
+            blocks: Vec::new(),
+            events: Vec::new(),
+            cost: CostSum::default(),
+            len: 0,
+            first: u64::MAX,
+            last: 0,
+            seen: (u64::MAX, 0),
+        }
+    }
 }
 
 /// [`PartTimes`] of every part joined.
@@ -1096,16 +1098,7 @@ impl PartTimes {
     /// first part's), their blocks per pCPU, their events in stream order.
     fn merge(parts: Vec<PartTimes>) -> Times {
         let mut parts = parts.into_iter();
-        let mut base = parts.next().unwrap_or(PartTimes {
-            segments: PartSegments::default(),
-            blocks: Vec::new(),
-            events: Vec::new(),
-            cost: CostSum::default(),
-            len: 0,
-            first: u64::MAX,
-            last: 0,
-            seen: (u64::MAX, 0),
-        });
+        let mut base = parts.next().unwrap_or_default();
         let mut seg_lists: std::collections::BTreeMap<u16, (Vec<Segment>, Vec<Located>)> =
             std::mem::take(&mut base.segments.lists)
                 .into_iter()
@@ -1185,7 +1178,10 @@ impl Classified {
             || Part {
                 window,
                 keep_segments: keep.segments,
-                kept: keep.samples.then(Kept::default),
+                keys: PartKeys {
+                    counts: KeyCounts::default(),
+                    kept: keep.samples.then(Kept::default),
+                },
                 ..Part::default()
             },
             |part: &mut Part, at, records: &[Record], frames: &[u64]| {
@@ -1204,27 +1200,8 @@ impl Classified {
     /// The parts' keys made one table, their segments joined per pCPU in stream order: the two
     /// at once (they share nothing).
     fn merge(parts: Vec<Part>) -> Classified {
-        let (keys, times): (Vec<PartKeys>, Vec<PartTimes>) = parts
-            .into_iter()
-            .map(|p| {
-                (
-                    PartKeys {
-                        counts: p.counts,
-                        kept: p.kept,
-                    },
-                    PartTimes {
-                        segments: p.segments,
-                        blocks: p.blocks,
-                        events: p.events,
-                        cost: p.cost,
-                        len: p.len,
-                        first: p.first,
-                        last: p.last,
-                        seen: p.seen,
-                    },
-                )
-            })
-            .unzip();
+        let (keys, times): (Vec<PartKeys>, Vec<PartTimes>) =
+            parts.into_iter().map(|p| (p.keys, p.times)).unzip();
         let ((counts, kept), times) = std::thread::scope(|sc| {
             let times = sc.spawn(move || PartTimes::merge(times));
             let keys = PartKeys::merge(keys);
