@@ -834,15 +834,18 @@ impl Part {
                     continue;
                 }
             };
-            self.times.seen = (self.times.seen.0.min(s.tsc), self.times.seen.1.max(s.tsc));
+            self.times.tally.seen = (
+                self.times.tally.seen.0.min(s.tsc),
+                self.times.tally.seen.1.max(s.tsc),
+            );
             if !self.window.contains(s.tsc) {
                 cursor.skip(s);
                 continue;
             }
             let cost = u64::from(s.cost);
-            self.times.cost.sum = self.times.cost.sum.saturating_add(cost);
-            self.times.cost.min = self.times.cost.min.min(cost);
-            self.times.cost.max = self.times.cost.max.max(cost);
+            self.times.tally.cost.sum = self.times.tally.cost.sum.saturating_add(cost);
+            self.times.tally.cost.min = self.times.tally.cost.min.min(cost);
+            self.times.tally.cost.max = self.times.tally.cost.max.max(cost);
             span.sorted &= span.samples == 0 || s.tsc >= prev;
             prev = s.tsc;
             span.samples += 1;
@@ -941,9 +944,9 @@ impl Part {
             k.ids.clear();
         }
         if span.samples > 0 {
-            self.times.len += span.samples as usize;
-            self.times.first = self.times.first.min(span.first);
-            self.times.last = self.times.last.max(span.last);
+            self.times.tally.len += span.samples as usize;
+            self.times.tally.first = self.times.tally.first.min(span.first);
+            self.times.tally.last = self.times.tally.last.max(span.last);
             self.times.blocks.push(span);
         }
     }
@@ -1051,27 +1054,21 @@ impl PartKeys {
     }
 }
 
-/// What [`Classified::merge`] joins in time: a part's segments, blocks and events, its cost
-/// and its samples' span.
-struct PartTimes {
-    segments: PartSegments,
-    blocks: Vec<BlockSpan>,
-    events: Vec<(u16, Event)>,
+/// A part's samples (or the capture's) counted: their sample path's cost, how many fall in
+/// the stretch (`--time`) and the first and last one's TSC, and the TSCs of the first and last
+/// sample, those outside the stretch included.
+#[derive(Clone, Copy)]
+struct Tally {
     cost: CostSum,
-    /// Its samples in the stretch (`--time`), and the first and last one's TSC.
     len: usize,
     first: u64,
     last: u64,
-    /// The TSCs of the first and last sample, those outside the stretch included.
     seen: (u64, u64),
 }
 
-impl Default for PartTimes {
-    fn default() -> PartTimes {
-        PartTimes {
-            segments: PartSegments::default(),
-            blocks: Vec::new(),
-            events: Vec::new(),
+impl Default for Tally {
+    fn default() -> Tally {
+        Tally {
             cost: CostSum::default(),
             len: 0,
             first: u64::MAX,
@@ -1081,16 +1078,32 @@ impl Default for PartTimes {
     }
 }
 
+impl Tally {
+    fn merge(&mut self, o: Tally) {
+        self.cost.merge(o.cost);
+        self.len += o.len;
+        self.first = self.first.min(o.first);
+        self.last = self.last.max(o.last);
+        self.seen = (self.seen.0.min(o.seen.0), self.seen.1.max(o.seen.1));
+    }
+}
+
+/// What [`Classified::merge`] joins in time: a part's segments, blocks and events, and its
+/// samples counted.
+#[derive(Default)]
+struct PartTimes {
+    segments: PartSegments,
+    blocks: Vec<BlockSpan>,
+    events: Vec<(u16, Event)>,
+    tally: Tally,
+}
+
 /// [`PartTimes`] of every part joined.
 struct Times {
     segments: StreamSegments,
     blocks: Vec<(u16, Vec<BlockSpan>)>,
     events: Vec<(u16, Event)>,
-    cost: CostSum,
-    len: usize,
-    first: u64,
-    last: u64,
-    seen: (u64, u64),
+    tally: Tally,
 }
 
 impl PartTimes {
@@ -1127,11 +1140,7 @@ impl PartTimes {
                     kept: b.kept.map(|(_, at)| (number, at)),
                     ..b
                 }));
-            base.cost.merge(part.cost);
-            base.len += part.len;
-            base.first = base.first.min(part.first);
-            base.last = base.last.max(part.last);
-            base.seen = (base.seen.0.min(part.seen.0), base.seen.1.max(part.seen.1));
+            base.tally.merge(part.tally);
         }
         let mut per_pcpu: std::collections::BTreeMap<u16, Vec<BlockSpan>> = Default::default();
         for b in base.blocks {
@@ -1148,11 +1157,7 @@ impl PartTimes {
             ),
             blocks: per_pcpu.into_iter().collect(),
             events: base.events,
-            cost: base.cost,
-            len: base.len,
-            first: base.first,
-            last: base.last,
-            seen: base.seen,
+            tally: base.tally,
         }
     }
 }
@@ -1214,11 +1219,14 @@ impl Classified {
             segments,
             blocks,
             events,
-            cost,
-            len,
-            first,
-            last,
-            seen,
+            tally:
+                Tally {
+                    cost,
+                    len,
+                    first,
+                    last,
+                    seen,
+                },
         } = times;
         let stacks: Vec<Stack> = counts
             .entries()
