@@ -985,6 +985,7 @@ pub struct Keep {
 #[derive(Default)]
 struct PartKeys {
     counts: KeyCounts,
+    /// Each sample's TSC and key, when kept ([`LoadOptions::keep_samples`]).
     kept: Option<Kept>,
 }
 

@@ -50,6 +50,7 @@ use serde::Serialize;
 
 use crate::naming::{Namer, function_name as name};
 use crate::profile::{CostSum, Frame, Samples, Stack, What, is_guest};
+use crate::symbols::{Images, Symbols, hex};
 use crate::timeline::Blanks;
 
 /// What the report's tables need besides the samples: each vCPU's blank slots (`[idle]`,
@@ -58,7 +59,6 @@ use crate::timeline::Blanks;
 pub struct Tables {
     pub blanks: Option<HashMap<(u16, u16), Blanks>>,
 }
-use crate::symbols::{Images, Symbols, hex};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Row {
