@@ -553,6 +553,14 @@ impl Default for CostSum {
 }
 
 impl CostSum {
+    /// One more sample path's cost.
+    #[inline]
+    fn add(&mut self, cost: u64) {
+        self.sum = self.sum.saturating_add(cost);
+        self.min = self.min.min(cost);
+        self.max = self.max.max(cost);
+    }
+
     fn merge(&mut self, o: CostSum) {
         self.sum = self.sum.saturating_add(o.sum);
         self.min = self.min.min(o.min);
@@ -811,6 +819,7 @@ impl Part {
         let mut cursor = ChainCursor::new(frames);
         let seg = &mut self.times.segments;
         let (segs, located) = seg.lists.entry(pcpu).or_default();
+        let tally = &mut self.times.tally;
         // The last context of each kind of sample (guest kernel, guest user, hypervisor,
         // idle) and its index: a pCPU's samples alternate between kinds (a guest sample, the
         // hypervisor's on the next exit), each of which mostly keeps its context.
@@ -834,18 +843,12 @@ impl Part {
                     continue;
                 }
             };
-            self.times.tally.seen = (
-                self.times.tally.seen.0.min(s.tsc),
-                self.times.tally.seen.1.max(s.tsc),
-            );
+            tally.seen = (tally.seen.0.min(s.tsc), tally.seen.1.max(s.tsc));
             if !self.window.contains(s.tsc) {
                 cursor.skip(s);
                 continue;
             }
-            let cost = u64::from(s.cost);
-            self.times.tally.cost.sum = self.times.tally.cost.sum.saturating_add(cost);
-            self.times.tally.cost.min = self.times.tally.cost.min.min(cost);
-            self.times.tally.cost.max = self.times.tally.cost.max.max(cost);
+            tally.cost.add(u64::from(s.cost));
             span.sorted &= span.samples == 0 || s.tsc >= prev;
             prev = s.tsc;
             span.samples += 1;
@@ -944,9 +947,9 @@ impl Part {
             k.ids.clear();
         }
         if span.samples > 0 {
-            self.times.tally.len += span.samples as usize;
-            self.times.tally.first = self.times.tally.first.min(span.first);
-            self.times.tally.last = self.times.tally.last.max(span.last);
+            tally.len += span.samples as usize;
+            tally.first = tally.first.min(span.first);
+            tally.last = tally.last.max(span.last);
             self.times.blocks.push(span);
         }
     }
@@ -1808,7 +1811,7 @@ impl Profile {
             (frames, calls, tables)
         });
         progress.phase("report", None, "stacks");
-        let report = crate::report::build(
+        let mut report = crate::report::build(
             &decoded,
             &samples,
             &events,
@@ -1824,7 +1827,6 @@ impl Profile {
         if !options.report_only {
             sort_events(&mut events);
         }
-        let mut report = report;
         report.time = options.time.filter(|_| !window.is_all());
         let header = decoded.header.clone().unwrap_or_default();
         Profile {
