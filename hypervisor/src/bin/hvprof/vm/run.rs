@@ -162,7 +162,8 @@ fn run_loaded(
     let mut device_event: Option<u64> = None;
     // The end of the guest's run before the next sampling deadline: the end of the slice, of
     // the budget, or its devices' next event (kept as they change, not made at each entry).
-    let mut other = deadline.min(slice_end);
+    let slice_or_budget = deadline.min(slice_end);
+    let mut other = slice_or_budget;
     let end = loop {
         // A Linux guest's devices: raise what is due, inject what the guest can take now (with
         // interrupts on, so the sampling clock sees this work for what it is).
@@ -189,7 +190,7 @@ fn run_loaded(
             }
             let (next, waiting) = virtual_interrupts::before_entry(vm, vcpu, vmcs, caps, rdtsc());
             device_event = next;
-            other = deadline.min(slice_end).min(next.unwrap_or(u64::MAX));
+            other = slice_or_budget.min(next.unwrap_or(u64::MAX));
             devices_touched = waiting;
         }
         // Interrupts stay off from here to the VM exit: a tick that falls in this window is
