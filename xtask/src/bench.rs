@@ -307,24 +307,39 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
         }
         table.push_str(&run.row(cell, rate));
     }
-    let perf = match perf_report_rate(&dir) {
-        Ok(p) => {
-            table.push_str(&p.run.row(
-                &format!(
-                    "`perf report --stdio --sort comm,dso,sym` ({} samples)",
-                    p.samples
-                ),
-                p.rate() / 1e6,
-            ));
-            format!(
-                "`hvprof-analyze report` read {report_rate:.1} M samples/s, `perf report` {:.2} M \
-                 samples/s: {:.1}x. ",
-                p.rate() / 1e6,
-                report_rate * 1e6 / p.rate()
-            )
+    let report_rows = report_rows(analyzer, &capture)?;
+    // `perf report` on a profile of the capture's size and shape, then on one of a handful of
+    // rows (its fastest case), each with its ratio.
+    let mut perf = String::new();
+    for (workload, what) in [
+        (
+            PerfWorkload::Spread,
+            "`cargo xtask spread-code`: code without symbols on every core",
+        ),
+        (PerfWorkload::Shells, "two CPU-bound shells"),
+    ] {
+        match perf_report_rate(&dir, workload) {
+            Ok(p) => {
+                table.push_str(&p.run.row(
+                    &format!(
+                        "`perf report --stdio --sort comm,dso,sym` on {what} ({} samples, {} rows)",
+                        p.samples, p.rows
+                    ),
+                    p.rate() / 1e6,
+                ));
+                perf.push_str(&format!(
+                    "- {what}: `perf report` read {:.2} M samples/s ({} samples, {} rows); \
+                     `hvprof-analyze report` {report_rate:.1} M samples/s ({samples} samples, \
+                     {report_rows} rows): **{:.1}x**.\n",
+                    p.rate() / 1e6,
+                    p.samples,
+                    p.rows,
+                    report_rate * 1e6 / p.rate()
+                ));
+            }
+            Err(why) => perf.push_str(&format!("- {what}: `perf report` not measured: {why}.\n")),
         }
-        Err(why) => format!("`perf report` not measured: {why}. "),
-    };
+    }
     Ok(format!(
         "Measured by `cargo xtask bench` (release build, this 2-core machine; its load average, 1 min, was {load} \
          midway). \
@@ -336,18 +351,23 @@ fn analyzer_throughput(analyzer: &Path) -> Result<String> {
          classified by task; `bench-synthetic --chains` the same trace with call chains (the \
          generator's caller tree, as a capture with `stacks=` carries them).\n\n\
          Then each command runs on that file as a user runs it (its whole process: reading the \
-         file, decoding on every core, classifying, naming, writing), and `perf report` on a \
-         perf.data that `perf record -e cpu-clock -c 10000` made here of two CPU-bound shells \
-         (its samples counted with `perf report --sort comm -F sample`). Each runs {RUNS} times \
+         file, decoding on every core, classifying, naming, writing), and `perf report` on two \
+         perf.data files that `perf record -e cpu-clock -c 10000` made here (their samples and \
+         rows counted with `perf report --sort comm,dso,sym -F sample`): one of the capture's \
+         size and shape, about as many samples over about as many rows, each an address \
+         without a symbol (`cargo xtask spread-code`, which calls into {} KiB of NOP sleds on \
+         every core); and one of two CPU-bound shells, some 1 M samples \
+         over a handful of rows, the kind `perf report` reads fastest. Each runs {RUNS} times \
          in a row and the median counts: on this virtual machine the first touch of memory the \
          host has not backed yet (fresh heap or page cache) costs the kernel several times what \
-         reused memory does, which moves one run's wall time by up to 2x:\n\n{table}\n{perf}\
+         reused memory does, which moves one run's wall time by up to 2x:\n\n{table}\n{perf}\n\
          Goal: `report` ≥ 20 M samples/s and ≥ 15x `perf report`; `script`, pprof and Firefox \
          ≥ 10 M samples/s.\n",
         capture
             .strip_prefix(workspace_root())
             .unwrap_or(&capture)
-            .display()
+            .display(),
+        SPREAD_CODE_BYTES >> 10,
     ))
 }
 
@@ -471,9 +491,11 @@ fn timed(cmd: &mut Command) -> Result<Run> {
     })
 }
 
-/// `perf report` on a perf.data of known size, recorded here.
+/// `perf report` on a perf.data of known size and shape, recorded here.
 struct PerfRun {
     samples: u64,
+    /// Its rows (comm, dso, symbol; an address without a symbol is its own).
+    rows: u64,
     run: Runs,
 }
 
@@ -483,16 +505,61 @@ impl PerfRun {
     }
 }
 
-/// Records two CPU-bound shells for 6 s with `perf record -e cpu-clock -c 10000` (a sample
-/// every 10 µs of CPU time), counts the samples, and times `perf report` on them.
-fn perf_report_rate(dir: &Path) -> std::result::Result<PerfRun, String> {
-    let data = dir.join("perf.data");
-    let busy =
-        "timeout 6 sh -c 'while :; do :; done' & timeout 6 sh -c 'while :; do :; done'; wait";
-    let rec = Command::new("perf")
-        .args(["record", "-q", "-e", "cpu-clock", "-c", "10000", "-o"])
-        .arg(&data)
-        .args(["--", "sh", "-c", busy])
+/// What `perf record` records for `perf report` to read.
+#[derive(Clone, Copy)]
+enum PerfWorkload {
+    /// Two CPU-bound shells for 6 s: some 1 M samples over a handful of rows, the kind of
+    /// profile `perf report` reads fastest.
+    Shells,
+    /// `cargo xtask spread-code` (see spread.rs) for as long as it takes to get about
+    /// [`SYNTHETIC_SAMPLES`] samples on this machine's cores, over [`SPREAD_CODE_BYTES`] of code
+    /// without symbols: a profile of the synthetic capture's size and shape.
+    Spread,
+}
+
+/// Code the spread workload runs over: about as many distinct addresses sampled (the rows of
+/// `perf report`) as the synthetic capture's report has rows (255 k for 9.9 M samples, against
+/// the capture's 239 k, when this was chosen; the bench prints both).
+const SPREAD_CODE_BYTES: usize = 256 << 10;
+
+/// Samples a second `perf record -e cpu-clock -c 10000` takes on a busy core (one every 10 µs).
+const PERF_SAMPLES_PER_CORE_SECOND: f64 = 100_000.0;
+
+/// Records `workload` with `perf record -e cpu-clock -c 10000` (a sample every 10 µs of CPU
+/// time), counts its samples and rows, and times `perf report` on them.
+fn perf_report_rate(dir: &Path, workload: PerfWorkload) -> std::result::Result<PerfRun, String> {
+    let mut rec = Command::new("perf");
+    rec.args(["record", "-q", "-e", "cpu-clock", "-c", "10000", "-o"]);
+    let data = match workload {
+        PerfWorkload::Shells => {
+            let data = dir.join("perf.data");
+            rec.arg(&data).args([
+                "--",
+                "sh",
+                "-c",
+                "timeout 6 sh -c 'while :; do :; done' & timeout 6 sh -c 'while :; do :; done'; wait",
+            ]);
+            data
+        }
+        PerfWorkload::Spread => {
+            let data = dir.join("perf-spread.data");
+            let cores = std::thread::available_parallelism().map_or(1, usize::from);
+            // A quarter more than the samples asked for: a virtual machine's cores lose some.
+            let seconds =
+                1.25 * SYNTHETIC_SAMPLES as f64 / (cores as f64 * PERF_SAMPLES_PER_CORE_SECOND);
+            let me = std::env::current_exe()
+                .map_err(|e| format!("cannot find the xtask program ({e})"))?;
+            rec.arg(&data)
+                .arg("--")
+                .arg(me)
+                .args(["spread-code", "--bytes"])
+                .arg(SPREAD_CODE_BYTES.to_string())
+                .arg("--seconds")
+                .arg(format!("{seconds:.1}"));
+            data
+        }
+    };
+    let rec = rec
         .stdout(Stdio::null())
         .output()
         .map_err(|e| format!("perf cannot be run ({e}); Debian package linux-perf"))?;
@@ -502,16 +569,25 @@ fn perf_report_rate(dir: &Path) -> std::result::Result<PerfRun, String> {
             String::from_utf8_lossy(&rec.stderr).trim()
         ));
     }
+    // One line per row: its samples, then the row's comm, dso and symbol.
     let count = Command::new("perf")
-        .args(["report", "--stdio", "--sort", "comm", "-F", "sample", "-i"])
+        .args([
+            "report",
+            "--stdio",
+            "--sort",
+            "comm,dso,sym",
+            "-F",
+            "sample",
+            "-i",
+        ])
         .arg(&data)
         .output()
         .map_err(|e| format!("perf report failed: {e}"))?;
-    let samples: u64 = String::from_utf8_lossy(&count.stdout)
+    let (samples, rows) = String::from_utf8_lossy(&count.stdout)
         .lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
+        .fold((0, 0), |(n, rows), s| (n + s, rows + 1));
     if samples == 0 {
         return Err("perf record took no samples".into());
     }
@@ -522,7 +598,42 @@ fn perf_report_rate(dir: &Path) -> std::result::Result<PerfRun, String> {
         c
     })
     .map_err(|e| format!("perf report failed: {e:#}"))?;
-    Ok(PerfRun { samples, run })
+    Ok(PerfRun { samples, rows, run })
+}
+
+/// The rows of `hvprof-analyze report --json` on `capture`: the host table's and every VM's
+/// (not the vCPUs', which split a VM's rows again). The report goes through a file and is read
+/// back row by row without keeping any: held whole, its hundreds of megabytes would stay in this
+/// process, and every command started after it would count them in its peak memory (a child
+/// starts as a copy of this process).
+fn report_rows(analyzer: &Path, capture: &Path) -> Result<u64> {
+    #[derive(serde::Deserialize)]
+    struct Table {
+        rows: Vec<serde::de::IgnoredAny>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Report {
+        host: Table,
+        vms: Vec<Table>,
+    }
+    let json = capture.with_extension("report.json");
+    let file =
+        fs::File::create(&json).with_context(|| format!("cannot create {}", json.display()))?;
+    let status = Command::new(analyzer)
+        .args(["report", "--json"])
+        .arg(capture)
+        .stdout(file)
+        .stderr(Stdio::null())
+        .status()
+        .context("cannot run hvprof-analyze report --json")?;
+    if !status.success() {
+        bail!("hvprof-analyze report --json failed ({status})");
+    }
+    let file = fs::File::open(&json).with_context(|| format!("cannot read {}", json.display()))?;
+    let r: Report = serde_json::from_reader(std::io::BufReader::new(file))
+        .with_context(|| format!("{} is not a report", json.display()))?;
+    fs::remove_file(&json).ok();
+    Ok((r.host.rows.len() + r.vms.iter().map(|v| v.rows.len()).sum::<usize>()) as u64)
 }
 
 /// The export channels' throughput: the channel self-test through the virtio console and

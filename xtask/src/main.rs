@@ -8,6 +8,7 @@ mod live;
 #[cfg(test)]
 mod modgraph;
 mod run;
+mod spread;
 mod test;
 mod tools;
 
@@ -76,6 +77,15 @@ enum Cmd {
         /// Stop after this many seconds.
         #[arg(long, default_value_t = 300)]
         timeout: u64,
+    },
+    /// A CPU-bound workload over BYTES of code without symbols, on every core, for SECONDS:
+    /// what `bench` records for `perf report` to read (see spread.rs).
+    #[command(hide = true)]
+    SpreadCode {
+        #[arg(long)]
+        bytes: usize,
+        #[arg(long)]
+        seconds: f64,
     },
 }
 
@@ -161,6 +171,9 @@ fn main() -> ExitCode {
         Cmd::LinuxImage { refresh } => linux::image(refresh).map(|()| ExitCode::SUCCESS),
         Cmd::LinuxTruth => linux::truth().map(|()| ExitCode::SUCCESS),
         Cmd::LinuxQemu { run, arg, timeout } => linux::qemu(&run, arg.as_deref(), timeout),
+        Cmd::SpreadCode { bytes, seconds } => {
+            spread::spread_code(bytes, seconds).map(|()| ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,
