@@ -1278,24 +1278,32 @@ impl Samples {
     /// then merged by name). A user sample's address space is part of it: two processes with
     /// one label (a PID reused by the same program) map their own files at one address.
     fn name(&mut self, namer: &Namer, needed: impl Fn(&Stack) -> bool) -> Vec<Frame> {
-        type FrameKey = (What, u16, u16, u64, Option<ProcessKey>, u64);
-        let frame_key = |s: &Stack| -> FrameKey {
+        // A frame's key is its address and its context as naming sees it (what, VM, exit or
+        // process, address space): the contexts, a few thousand at most, are numbered first,
+        // so that the table of distinct keys (up to one per stack, over a million with Linux
+        // guests' tasks) holds 12 bytes a key and hashes two words.
+        type FrameContext = (What, u16, u16, Option<ProcessKey>, u64);
+        let frame_key = |s: &Stack| -> (FrameContext, u64) {
             match s.what {
                 What::GuestUser => (
-                    s.what,
-                    s.vm,
-                    0,
+                    (
+                        s.what,
+                        s.vm,
+                        0,
+                        s.process,
+                        crate::naming::address_space(s.cr3),
+                    ),
                     s.addr,
-                    s.process,
-                    crate::naming::address_space(s.cr3),
                 ),
-                What::GuestKernel => (s.what, s.vm, 0, s.addr, s.process, 0),
-                What::Hypervisor => (s.what, s.vm, s.exit, s.addr, None, 0),
-                What::Idle => (s.what, 0, 0, 0, None, 0),
+                What::GuestKernel => ((s.what, s.vm, 0, s.process, 0), s.addr),
+                What::Hypervisor => ((s.what, s.vm, s.exit, None, 0), s.addr),
+                What::Idle => ((s.what, 0, 0, None, 0), 0),
             }
         };
         // Each distinct key named once, on every core; each stack's key by its number.
-        let mut first: HashMap<FrameKey, u32> = HashMap::default();
+        let mut contexts: HashMap<FrameContext, u32> = HashMap::default();
+        let mut last: Option<(FrameContext, u32)> = None;
+        let mut first: HashMap<(u64, u32), u32> = HashMap::default();
         let mut distinct: Vec<usize> = Vec::new();
         let not_named = u32::MAX;
         let key_of: Vec<u32> = self
@@ -1306,7 +1314,17 @@ impl Samples {
                 if !needed(s) {
                     return not_named;
                 }
-                *first.entry(frame_key(s)).or_insert_with(|| {
+                let (context, addr) = frame_key(s);
+                let c = match last {
+                    Some((l, c)) if l == context => c,
+                    _ => {
+                        let next = contexts.len() as u32;
+                        let c = *contexts.entry(context).or_insert(next);
+                        last = Some((context, c));
+                        c
+                    }
+                };
+                *first.entry((addr, c)).or_insert_with(|| {
                     distinct.push(i);
                     (distinct.len() - 1) as u32
                 })
