@@ -22,6 +22,8 @@ pub fn spread_code(bytes: usize, seconds: f64) -> Result<()> {
     const NOP: u8 = 0x90;
     const RET: u8 = 0xc3;
     let len = bytes.max(1).next_multiple_of(SLED);
+    let run_for = Duration::try_from_secs_f64(seconds)
+        .map_err(|e| anyhow::anyhow!("--seconds {seconds}: {e}"))?;
     // SAFETY: a fresh private anonymous mapping (no address asked for, no file): it aliases
     // nothing of this process's memory. The result is checked before it is used.
     let map = unsafe {
@@ -58,7 +60,7 @@ pub fn spread_code(bytes: usize, seconds: f64) -> Result<()> {
         );
     }
     let base = map as usize;
-    let end = Instant::now() + Duration::from_secs_f64(seconds.max(0.0));
+    let end = Instant::now() + run_for;
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     std::thread::scope(|s| {
         for core in 0..cores {
@@ -101,6 +103,9 @@ mod tests {
     fn runs_and_returns() {
         for bytes in [1, 1000, 4096, 100_000] {
             super::spread_code(bytes, 0.02).unwrap();
+        }
+        for seconds in [f64::NAN, f64::INFINITY, -1.0] {
+            assert!(super::spread_code(4096, seconds).is_err(), "{seconds}");
         }
     }
 }
