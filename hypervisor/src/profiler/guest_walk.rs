@@ -78,7 +78,17 @@ pub struct Tlb {
     /// (page, guest-physical page), most recently filled last.
     entries: [Option<(u64, u64)>; TLB_ENTRIES],
     next: usize,
+    /// The two words every sample of a Linux guest reads, each with the guest-physical address
+    /// it was last read at, by its virtual address (0: none yet): the per-CPU `current_task`
+    /// ([`WORD_CURRENT`]) and the running task's pid and tgid ([`WORD_IDS`]). Found here in one
+    /// comparison, a sample's read is two loads, not two searches of `entries`.
+    words: [(u64, u64); 2],
 }
+
+/// [`Tlb::words`]' slot of the per-CPU `current_task` word.
+const WORD_CURRENT: usize = 0;
+/// [`Tlb::words`]' slot of the running task's pid and tgid.
+const WORD_IDS: usize = 1;
 
 /// Pages a vCPU's cache holds: the per-CPU page and two or three pages of each of the tasks it
 /// switches between most.
@@ -89,6 +99,7 @@ impl Tlb {
         Tlb {
             entries: [None; TLB_ENTRIES],
             next: 0,
+            words: [(0, 0); 2],
         }
     }
 
@@ -110,6 +121,49 @@ impl Tlb {
             self.next = (self.next + 1) % TLB_ENTRIES;
         }
         Some(gpa)
+    }
+
+    /// The 8 bytes at `gva`, read under the first of `roots` that maps them, through the word
+    /// kept in `slot` when `gva` is its address. A kernel-half word within one page is then
+    /// kept there (a kernel-half translation does not change: see [`Tlb`]).
+    #[inline]
+    fn read_word(
+        &mut self,
+        slot: usize,
+        read_phys: &impl Fn(u64) -> Option<u64>,
+        read_bytes: &impl Fn(u64, &mut [u8]) -> bool,
+        roots: [u64; 2],
+        gva: u64,
+    ) -> Option<u64> {
+        let (va, gpa) = self.words[slot];
+        if va == gva && va != 0 {
+            return read_phys(gpa);
+        }
+        self.read_word_again(slot, read_phys, read_bytes, roots, gva)
+    }
+
+    /// [`Tlb::read_word`] for a word not kept in `slot`: out of line, as it is seldom needed.
+    #[inline(never)]
+    #[cold]
+    fn read_word_again(
+        &mut self,
+        slot: usize,
+        read_phys: &impl Fn(u64) -> Option<u64>,
+        read_bytes: &impl Fn(u64, &mut [u8]) -> bool,
+        roots: [u64; 2],
+        gva: u64,
+    ) -> Option<u64> {
+        let mut word = [0u8; 8];
+        let root = roots
+            .into_iter()
+            .find(|&root| read_virt(self, read_phys, read_bytes, root, gva, &mut word))?;
+        if gva >= KERNEL_HALF
+            && gva & 0xfff <= 0x1000 - 8
+            && let Some(gpa) = self.translate(read_phys, root, gva)
+        {
+            self.words[slot] = (gva, gpa);
+        }
+        Some(u64::from_le_bytes(word))
     }
 }
 
@@ -184,6 +238,7 @@ pub fn read_task(
 
 /// The part of [`read_task`] that changes at every task switch: the running task's address and
 /// ids (its name changes only at exec, which also changes the CR3).
+#[inline]
 pub fn read_task_ids(
     tlb: &mut Tlb,
     read_phys: &impl Fn(u64) -> Option<u64>,
@@ -197,43 +252,26 @@ pub fn read_task_ids(
     }
     // The kernel's PGD of a page-table-isolation pair (CR3 bit 12 clear); a kernel without the
     // pair may have a PGD with bit 12 set, so the CR3 as it is comes second.
-    let mut word = [0u8; 8];
+    let roots = [cr3 & ADDR_MASK & !0x1000, cr3 & ADDR_MASK];
     let at = percpu_base.wrapping_add(off.current_task);
-    let kernel_cr3 = [cr3 & ADDR_MASK & !0x1000, cr3 & ADDR_MASK]
-        .into_iter()
-        .find(|&root| read_virt(tlb, read_phys, read_bytes, root, at, &mut word))?;
-    let task = u64::from_le_bytes(word);
+    let task = tlb.read_word(WORD_CURRENT, read_phys, read_bytes, roots, at)?;
     if task < KERNEL_HALF {
         return None;
     }
     // pid and tgid sit side by side in Linux's task_struct: one read for both when they do.
+    // Both are read at every sample, even of the task read at the last one: a task structure
+    // freed and reused by a new task between two samples has the new task's pid.
     let at = |field: u32| task.wrapping_add(u64::from(field));
-    let mut ids = [0u8; 8];
     let (pid, tgid) = if off.tgid == off.pid.wrapping_add(4) {
-        if !read_virt(
-            tlb,
-            read_phys,
-            read_bytes,
-            kernel_cr3,
-            at(off.pid),
-            &mut ids,
-        ) {
-            return None;
-        }
-        let pid = u32::from_le_bytes([ids[0], ids[1], ids[2], ids[3]]);
-        let tgid = u32::from_le_bytes([ids[4], ids[5], ids[6], ids[7]]);
-        (pid, tgid)
+        let ids = tlb.read_word(WORD_IDS, read_phys, read_bytes, roots, at(off.pid))?;
+        (ids as u32, (ids >> 32) as u32)
     } else {
+        let mut ids = [0u8; 4];
         let mut read_u32 = |field: u32| {
-            read_virt(
-                tlb,
-                read_phys,
-                read_bytes,
-                kernel_cr3,
-                at(field),
-                &mut ids[..4],
-            )
-            .then(|| u32::from_le_bytes([ids[0], ids[1], ids[2], ids[3]]))
+            roots
+                .into_iter()
+                .any(|root| read_virt(tlb, read_phys, read_bytes, root, at(field), &mut ids))
+                .then(|| u32::from_le_bytes(ids))
         };
         (read_u32(off.pid)?, read_u32(off.tgid)?)
     };
@@ -483,6 +521,79 @@ mod tests {
             &0x1000u64.to_le_bytes(),
         );
         assert_eq!(read_task(&mut tlb, &read, &bytes, cr3, percpu, &OFF), None);
+    }
+
+    /// The words kept between samples (`Tlb::words`) are read again at every sample: another
+    /// task, a task structure reused by a new task (its pid), another per-CPU base, and a pid
+    /// and tgid that straddle a page are all seen as they are in memory now.
+    #[test]
+    fn the_words_kept_between_samples_are_read_again_each_time() {
+        let m = Mem::new();
+        let cr3 = 0x20_0000;
+        let (percpu_a, percpu_b) = (0xffff_8880_0fa0_0000u64, 0xffff_8880_0fb0_0000u64);
+        let (task_a, task_b) = (0xffff_8880_0123_4000u64, 0xffff_8880_0567_8000u64);
+        m.map(
+            cr3,
+            (percpu_a + OFF.current_task) & !0xfff,
+            0x30_0000,
+            false,
+        );
+        m.map(
+            cr3,
+            (percpu_b + OFF.current_task) & !0xfff,
+            0x31_0000,
+            false,
+        );
+        m.map(cr3, task_a & !0x1f_ffff, 0x40_0000, true);
+        m.map(cr3, task_b & !0x1f_ffff, 0x60_0000, true);
+        let current = |percpu: u64, gpa: u64, task: u64| {
+            m.put(
+                gpa + ((percpu + OFF.current_task) & 0xfff),
+                &task.to_le_bytes(),
+            );
+        };
+        let ids = |task: u64, base: u64, off: &TaskOffsets, pid: u32, tgid: u32| {
+            let t = base + (task & 0x1f_ffff);
+            m.put(t + u64::from(off.pid), &pid.to_le_bytes());
+            m.put(t + u64::from(off.tgid), &tgid.to_le_bytes());
+        };
+        let read = |g| m.u64(g);
+        let bytes = |g, b: &mut [u8]| m.bytes(g, b);
+        let mut tlb = Tlb::new();
+        let ids_now = |tlb: &mut Tlb, percpu: u64, off: &TaskOffsets| {
+            read_task_ids(tlb, &read, &bytes, cr3, percpu, off)
+        };
+        current(percpu_a, 0x30_0000, task_a);
+        ids(task_a, 0x40_0000, &OFF, 100, 100);
+        assert_eq!(ids_now(&mut tlb, percpu_a, &OFF), Some((task_a, 100, 100)));
+        // The same task structure, reused by a new task: its new pid.
+        ids(task_a, 0x40_0000, &OFF, 200, 200);
+        assert_eq!(ids_now(&mut tlb, percpu_a, &OFF), Some((task_a, 200, 200)));
+        // Another task runs.
+        current(percpu_a, 0x30_0000, task_b);
+        ids(task_b, 0x60_0000, &OFF, 300, 299);
+        assert_eq!(ids_now(&mut tlb, percpu_a, &OFF), Some((task_b, 300, 299)));
+        // Another per-CPU base (the vCPU's other view of GS), another current task.
+        current(percpu_b, 0x31_0000, task_a);
+        assert_eq!(ids_now(&mut tlb, percpu_b, &OFF), Some((task_a, 200, 200)));
+        // No current task: nothing, and the next read still finds the one that comes back.
+        current(percpu_b, 0x31_0000, 0);
+        assert_eq!(ids_now(&mut tlb, percpu_b, &OFF), None);
+        current(percpu_b, 0x31_0000, task_b);
+        assert_eq!(ids_now(&mut tlb, percpu_b, &OFF), Some((task_b, 300, 299)));
+        // pid and tgid across a page boundary (read word by word, kept nowhere): still right.
+        let straddle = TaskOffsets {
+            pid: 0xffc,
+            tgid: 0x1000,
+            ..OFF
+        };
+        ids(task_b, 0x60_0000, &straddle, 400, 401);
+        for _ in 0..2 {
+            assert_eq!(
+                ids_now(&mut tlb, percpu_b, &straddle),
+                Some((task_b, 400, 401))
+            );
+        }
     }
 
     #[test]
