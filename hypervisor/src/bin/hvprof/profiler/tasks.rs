@@ -1,31 +1,60 @@
 //! Task tracking: after a sample of a Linux guest, the task its vCPU runs, read from guest memory
 //! (`hvprof_hypervisor::profiler::guest_walk`), and a task-change record when it is another one.
 
+use super::sampler::CpuProfiler;
 use crate::println;
+use crate::tsc::rdtsc;
 use crate::vcpu::Vcpu;
-use crate::vcpu::guest_ops::{GuestOps, must};
 use crate::vm::Vm;
 use hvprof_hypervisor::profiler::guest_maps::ProcessIndex;
 use hvprof_hypervisor::profiler::guest_walk::{self, NameState};
 use hvprof_samplelog::TaskOffsets;
 use hvprof_vmx::instructions::CurrentVmcs;
-use hvprof_vmx::vmcs::VmcsExt;
+
+/// After any guest sample (the deadline clock's, the PMU's) by `prof` (this pCPU's profiler): a
+/// Linux guest's task is tracked (`track_task`), its time counted as the profiler's
+/// (`task_reads`). Returns that time in ticks (0 for a guest whose tasks are not read, whose
+/// samples pay for no more than this test: inlined, it is the only part of this on their path).
+#[inline]
+pub fn after_guest_sample(
+    prof: &CpuProfiler,
+    vm: &Vm,
+    vcpu: &mut Vcpu,
+    vmcs: &CurrentVmcs,
+    tsc: u64,
+) -> u64 {
+    let Some(off) = &vm.task_offsets else {
+        return 0;
+    };
+    let t = rdtsc();
+    track_task(vm, vcpu, vmcs, off, tsc);
+    let ticks = rdtsc() - t;
+    prof.costs.task_reads.add(ticks);
+    ticks
+}
 
 /// After a sample of a Linux guest: reads the task its vCPU runs (`guest_walk::read_task`) and,
 /// when it is not the one seen at the vCPU's previous sample, records the change for the log.
 /// The task's address, pid and name are compared, so a task structure reused by a new process
 /// (or a CR3 reused by one) still shows as a change, and so does an exec().
-pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffsets, tsc: u64) {
-    use hvprof_vmx::vmcs::GuestNatural;
-    let read = |f| must(vmcs.read_natural(f), "VMREAD guest state");
-    let cr3 = read(GuestNatural::Cr3);
+#[inline(never)]
+fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffsets, tsc: u64) {
+    use hvprof_vmx::vmcs::{Guest32, GuestNatural};
+    let _ = vmcs;
+    // SAFETY: called right after a guest sample, in the run loop or the NMI exit's handler: in
+    // VMX operation, with this vCPU's VMCS current (so the fields are its guest's). A failed read
+    // would yield 0, which the reads below take as any other value: every guest read is bounded
+    // to the VM's memory. (Unchecked, as the sample's own: a checked read costs a `Result` per
+    // field, on a path taken at every sample of a Linux guest.)
+    let read = |field: u32| unsafe { hvprof_vmx::instructions::vmread_fast(field) };
+    let cr3 = read(GuestNatural::Cr3 as u32);
+    let cpl =
+        hvprof_vmx::guest::cpl_from_ss_access_rights(read(Guest32::SsAccessRights as u32) as u32);
+    let rip = read(GuestNatural::Rip as u32);
     // The kernel's per-CPU base: GS base in kernel mode, IA32_KERNEL_GS_BASE (the guest's
     // value, live on this CPU while the vCPU is loaded) in user mode.
-    // The guest's privilege level, read once (a VMREAD): the per-CPU base and the user-mode
-    // checks below depend on it.
-    let cpl = vmcs.guest_cpl();
     let base = if cpl == 0 {
-        read(GuestNatural::GsBase)
+        read(GuestNatural::GsBase as u32)
     } else {
         crate::arch::msr::read_safe(0xc000_0102).unwrap_or(0)
     };
@@ -47,7 +76,7 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
         .last_task
         .is_some_and(|(i, s, _, state)| i == ids && s == space && state == NameState::Settled)
     {
-        check_rip(vm, vcpu, vmcs, user, cr3, ids, tsc);
+        check_rip(vm, vcpu, rip, user, cr3, ids, tsc);
         return;
     }
     let Some(comm) =
@@ -93,7 +122,7 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
             }
         }
     }
-    check_rip(vm, vcpu, vmcs, user, cr3, ids, tsc);
+    check_rip(vm, vcpu, rip, user, cr3, ids, tsc);
     if !changed {
         return;
     }
@@ -123,20 +152,17 @@ pub fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffset
 fn check_rip(
     vm: &Vm,
     vcpu: &Vcpu,
-    vmcs: &CurrentVmcs,
+    rip: u64,
     user: bool,
     cr3: u64,
     (task, _, tgid): guest_walk::TaskIds,
     tsc: u64,
 ) {
     use hvprof_hypervisor::profiler::guest_maps::MODULE_AREA;
-    use hvprof_vmx::vmcs::GuestNatural;
-    let rip = || must(vmcs.read_natural(GuestNatural::Rip), "VMREAD guest RIP");
     if !user {
         let Some(layout) = &vm.module_layout else {
             return;
         };
-        let rip = rip();
         if !MODULE_AREA.contains(&rip) || !vm.maps.lock().modules.wants_read(rip) {
             return;
         }
@@ -160,7 +186,6 @@ fn check_rip(
     let (Some(layout), Some(process)) = (&vm.mm_layout, vcpu.maps_process) else {
         return;
     };
-    let rip = rip();
     {
         let mut maps = vm.maps.lock();
         let wanted = if maps.covers(process, rip) {

@@ -301,14 +301,7 @@ fn run_loaded(
         // last one.
         let mut inside = 0;
         if let Some(cost) = prof.sample_guest_if_due(vmcs, t_exit) {
-            inside = cost;
-            if let Some(off) = &vm.task_offsets {
-                let t = rdtsc();
-                tasks::track_task(vm, vcpu, vmcs, off, t_exit);
-                let ticks = rdtsc() - t;
-                prof.costs.task_reads.add(ticks);
-                inside += ticks;
-            }
+            inside = cost + tasks::after_guest_sample(prof, vm, vcpu, vmcs, t_exit);
         }
         if vcpu.last_exit != reason.basic() {
             vcpu.last_exit = reason.basic();

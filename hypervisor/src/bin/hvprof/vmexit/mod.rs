@@ -131,7 +131,11 @@ fn handle_exit(
                 // NMI exiting: an NMI that hit the guest. The PMU's overflow is a guest sample;
                 // any other NMI belongs to the platform, not to the guest, and is reported.
                 let now = crate::tsc::rdtsc();
-                if !crate::profiler::pmu::on_nmi_exit(vmcs, now) {
+                if crate::profiler::pmu::on_nmi_exit(vmcs, now) {
+                    // A Linux guest's sample is followed by its task, as at a deadline's exit.
+                    let prof = crate::profiler::this_cpu();
+                    crate::profiler::tasks::after_guest_sample(prof, vm, vcpu, vmcs, now);
+                } else {
                     crate::println!(
                         "vm {}: note: an NMI not from the profiler's counter hit the guest",
                         vm.name
