@@ -149,40 +149,62 @@ fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffsets, t
 /// - a kernel-mode sample in the module area outside every module known (a module loaded since
 ///   the last read): the module list is read (`guest_maps::MAX_MODULE_READS` per VM), so a
 ///   module unloaded before the end of the run is still named.
+///
+/// Inlined to its first test: a kernel-mode sample outside the module area (most of a Linux
+/// guest's kernel samples) costs no call.
+#[inline]
 fn check_rip(
     vm: &Vm,
     vcpu: &Vcpu,
     rip: u64,
     user: bool,
     cr3: u64,
-    (task, _, tgid): guest_walk::TaskIds,
+    ids: guest_walk::TaskIds,
     tsc: u64,
 ) {
     use hvprof_hypervisor::profiler::guest_maps::MODULE_AREA;
-    if !user {
-        let Some(layout) = &vm.module_layout else {
-            return;
-        };
-        if !MODULE_AREA.contains(&rip) || !vm.maps.lock().modules.wants_read(rip) {
-            return;
-        }
-        // The guest's IA32_LSTAR is live on this CPU while its vCPU is loaded.
-        let lstar = crate::arch::msr::read_safe(0xc000_0082).unwrap_or(0);
-        let (found, _) = read_modules(vm, layout, lstar);
-        let mut maps = vm.maps.lock();
-        for m in found {
-            maps.modules.add(m);
-        }
-        if !maps
-            .modules
-            .list
-            .iter()
-            .any(|m| (m.start..m.end).contains(&rip))
-        {
-            maps.modules.note_not_module(rip);
-        }
+    if user {
+        check_user_rip(vm, vcpu, rip, cr3, ids, tsc);
+    } else if let Some(layout) = &vm.module_layout
+        && MODULE_AREA.contains(&rip)
+    {
+        check_module_rip(vm, layout, rip);
+    }
+}
+
+/// [`check_rip`] for a kernel-mode sample in the module area.
+#[inline(never)]
+fn check_module_rip(vm: &Vm, layout: &hvprof_linux_walk::ModuleLayout, rip: u64) {
+    if !vm.maps.lock().modules.wants_read(rip) {
         return;
     }
+    // The guest's IA32_LSTAR is live on this CPU while its vCPU is loaded.
+    let lstar = crate::arch::msr::read_safe(0xc000_0082).unwrap_or(0);
+    let (found, _) = read_modules(vm, layout, lstar);
+    let mut maps = vm.maps.lock();
+    for m in found {
+        maps.modules.add(m);
+    }
+    if !maps
+        .modules
+        .list
+        .iter()
+        .any(|m| (m.start..m.end).contains(&rip))
+    {
+        maps.modules.note_not_module(rip);
+    }
+}
+
+/// [`check_rip`] for a user-mode sample.
+#[inline(never)]
+fn check_user_rip(
+    vm: &Vm,
+    vcpu: &Vcpu,
+    rip: u64,
+    cr3: u64,
+    (task, _, tgid): guest_walk::TaskIds,
+    tsc: u64,
+) {
     let (Some(layout), Some(process)) = (&vm.mm_layout, vcpu.maps_process) else {
         return;
     };
