@@ -54,10 +54,10 @@ pub fn spread_code(bytes: usize, seconds: f64) -> Result<()> {
     // Never writable and executable at once.
     // SAFETY: `map` and `len` are the mapping made above; no slice of it is alive.
     if unsafe { libc::mprotect(map, len, libc::PROT_READ | libc::PROT_EXEC) } != 0 {
-        bail!(
-            "cannot make the code executable: {}",
-            std::io::Error::last_os_error()
-        );
+        let why = std::io::Error::last_os_error();
+        // SAFETY: the mapping made above, which nothing refers to.
+        unsafe { libc::munmap(map, len) };
+        bail!("cannot make the code executable: {why}");
     }
     let base = map as usize;
     let end = Instant::now() + run_for;
