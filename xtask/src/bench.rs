@@ -583,11 +583,7 @@ fn perf_report_rate(dir: &Path, workload: PerfWorkload) -> std::result::Result<P
         .arg(&data)
         .output()
         .map_err(|e| format!("perf report failed: {e}"))?;
-    let (samples, rows) = String::from_utf8_lossy(&count.stdout)
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
-        .fold((0, 0), |(n, rows), s| (n + s, rows + 1));
+    let (samples, rows) = samples_and_rows(&String::from_utf8_lossy(&count.stdout));
     if samples == 0 {
         return Err("perf record took no samples".into());
     }
@@ -599,6 +595,15 @@ fn perf_report_rate(dir: &Path, workload: PerfWorkload) -> std::result::Result<P
     })
     .map_err(|e| format!("perf report failed: {e:#}"))?;
     Ok(PerfRun { samples, rows, run })
+}
+
+/// The samples and the rows of `perf report --stdio --sort ... -F sample`'s output: a row is a
+/// line that begins with its sample count (the header's lines begin with `#`).
+fn samples_and_rows(text: &str) -> (u64, u64) {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_whitespace().next()?.parse::<u64>().ok())
+        .fold((0, 0), |(n, rows), s| (n + s, rows + 1))
 }
 
 /// The rows of `hvprof-analyze report --json` on `capture`: the host table's and every VM's
@@ -779,4 +784,32 @@ fn record(path: &Path, name: &str, title: &str, body: &str) -> Result<()> {
         _ => format!("{}\n\n## {title}\n\n{block}\n", old.trim_end()),
     };
     fs::write(path, new).with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    /// `perf report -F sample` as perf 6 prints it: a header of `#` lines, blank lines, one
+    /// line per row (an address without a symbol too), a tip at the end.
+    #[test]
+    fn perf_report_rows_and_samples_are_counted() {
+        let text = "# To display the perf.data header info, please use --header/--header-only options.\n\
+                    #\n\
+                    # Total Lost Samples: 0\n\
+                    #\n\
+                    # Samples: 1K of event 'cpu-clock'\n\
+                    #\n\
+                    #  Samples  Command  Shared Object      Symbol\n\
+                    # ........  .......  .................  ..................\n\
+                    #\n\
+                    \x20      1000  xtask    [anon]             [.] 0x00007f0000001234\n\
+                    \x20        24  xtask    xtask              [.] xtask::spread::spread_code\n\
+                    \x20         3  sh       [kernel.kallsyms]  [k] ___d_drop\n\
+                    \n\
+                    \n\
+                    #\n\
+                    # (Tip: Use parent filter to see specific call path: perf report -p <regex>)\n\
+                    #\n";
+        assert_eq!(super::samples_and_rows(text), (1027, 3));
+        assert_eq!(super::samples_and_rows(""), (0, 0));
+    }
 }
