@@ -123,23 +123,23 @@ impl Tlb {
         Some(gpa)
     }
 
-    /// The 8 bytes at `gva`, read under the first of `roots` that maps them, through the word
-    /// kept in `slot` when `gva` is its address. A kernel-half word within one page is then
-    /// kept there (a kernel-half translation does not change: see [`Tlb`]).
+    /// The 8 bytes at kernel-half `gva` ([`read_kernel`] under `cr3`), through the word kept in
+    /// `slot` when `gva` is its address. A word within one page is then kept there (a
+    /// kernel-half translation does not change: see [`Tlb`]).
     #[inline]
     fn read_word(
         &mut self,
         slot: usize,
         read_phys: &impl Fn(u64) -> Option<u64>,
         read_bytes: &impl Fn(u64, &mut [u8]) -> bool,
-        roots: [u64; 2],
+        cr3: u64,
         gva: u64,
     ) -> Option<u64> {
         let (va, gpa) = self.words[slot];
         if va == gva && va != 0 {
             return read_phys(gpa);
         }
-        self.read_word_again(slot, read_phys, read_bytes, roots, gva)
+        self.read_word_again(slot, read_phys, read_bytes, cr3, gva)
     }
 
     /// [`Tlb::read_word`] for a word not kept in `slot`: out of line, as it is seldom needed.
@@ -150,13 +150,11 @@ impl Tlb {
         slot: usize,
         read_phys: &impl Fn(u64) -> Option<u64>,
         read_bytes: &impl Fn(u64, &mut [u8]) -> bool,
-        roots: [u64; 2],
+        cr3: u64,
         gva: u64,
     ) -> Option<u64> {
         let mut word = [0u8; 8];
-        let root = roots
-            .into_iter()
-            .find(|&root| read_virt(self, read_phys, read_bytes, root, gva, &mut word))?;
+        let root = read_kernel(self, read_phys, read_bytes, cr3, gva, &mut word)?;
         if gva >= KERNEL_HALF
             && gva & 0xfff <= 0x1000 - 8
             && let Some(gpa) = self.translate(read_phys, root, gva)
@@ -250,11 +248,8 @@ pub fn read_task_ids(
     if percpu_base < KERNEL_HALF {
         return None;
     }
-    // The kernel's PGD of a page-table-isolation pair (CR3 bit 12 clear); a kernel without the
-    // pair may have a PGD with bit 12 set, so the CR3 as it is comes second.
-    let roots = [cr3 & ADDR_MASK & !0x1000, cr3 & ADDR_MASK];
     let at = percpu_base.wrapping_add(off.current_task);
-    let task = tlb.read_word(WORD_CURRENT, read_phys, read_bytes, roots, at)?;
+    let task = tlb.read_word(WORD_CURRENT, read_phys, read_bytes, cr3, at)?;
     if task < KERNEL_HALF {
         return None;
     }
@@ -263,15 +258,13 @@ pub fn read_task_ids(
     // freed and reused by a new task between two samples has the new task's pid.
     let at = |field: u32| task.wrapping_add(u64::from(field));
     let (pid, tgid) = if off.tgid == off.pid.wrapping_add(4) {
-        let ids = tlb.read_word(WORD_IDS, read_phys, read_bytes, roots, at(off.pid))?;
+        let ids = tlb.read_word(WORD_IDS, read_phys, read_bytes, cr3, at(off.pid))?;
         (ids as u32, (ids >> 32) as u32)
     } else {
         let mut ids = [0u8; 4];
         let mut read_u32 = |field: u32| {
-            roots
-                .into_iter()
-                .any(|root| read_virt(tlb, read_phys, read_bytes, root, at(field), &mut ids))
-                .then(|| u32::from_le_bytes(ids))
+            read_kernel(tlb, read_phys, read_bytes, cr3, at(field), &mut ids)
+                .map(|_| u32::from_le_bytes(ids))
         };
         (read_u32(off.pid)?, read_u32(off.tgid)?)
     };
@@ -289,10 +282,7 @@ pub fn read_task_u64(
 ) -> Option<u64> {
     let mut word = [0u8; 8];
     let at = task.wrapping_add(u64::from(offset));
-    [cr3 & ADDR_MASK & !0x1000, cr3 & ADDR_MASK]
-        .into_iter()
-        .any(|root| read_virt(tlb, read_phys, read_bytes, root, at, &mut word))
-        .then(|| u64::from_le_bytes(word))
+    read_kernel(tlb, read_phys, read_bytes, cr3, at, &mut word).map(|_| u64::from_le_bytes(word))
 }
 
 /// The name (`comm`) of the task at `task`.
@@ -306,10 +296,24 @@ pub fn read_task_comm(
 ) -> Option<[u8; 16]> {
     let mut comm = [0u8; 16];
     let at = task.wrapping_add(u64::from(off.comm));
+    read_kernel(tlb, read_phys, read_bytes, cr3, at, &mut comm).map(|_| comm)
+}
+
+/// Reads kernel memory at `gva` into `buf` under a guest CR3, returning the page-table root that
+/// mapped it: the kernel's PGD of a page-table-isolation pair first (CR3 bit 12 clear: a user
+/// PGD may not map all of the kernel half), then the CR3 as it is (a kernel without the pair
+/// may have a PGD with bit 12 set); the low 12 bits (the PCID) masked in both.
+fn read_kernel(
+    tlb: &mut Tlb,
+    read_phys: &impl Fn(u64) -> Option<u64>,
+    read_bytes: &impl Fn(u64, &mut [u8]) -> bool,
+    cr3: u64,
+    gva: u64,
+    buf: &mut [u8],
+) -> Option<u64> {
     [cr3 & ADDR_MASK & !0x1000, cr3 & ADDR_MASK]
         .into_iter()
-        .any(|root| read_virt(tlb, read_phys, read_bytes, root, at, &mut comm))
-        .then_some(comm)
+        .find(|&root| read_virt(tlb, read_phys, read_bytes, root, gva, buf))
 }
 
 /// One guest address space (a CR3) read through its own page tables and the VM's memory, as
