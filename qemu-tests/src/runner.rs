@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::emulator::{Emulator, RunFiles};
-use crate::iso::{IsoModule, IsoSpec, build_iso};
+use crate::iso::{IsoModule, IsoSpec, build_iso, link_or_copy};
 use crate::log::SerialLog;
 use crate::process::{self, Launch, RunEnd};
 
@@ -358,6 +358,7 @@ pub fn calibrate(config: &RunnerConfig) -> Result<Calibration> {
                 .ok()
         })
         .context("the calibration boot's power-off line has no TSC")?;
+    let _ = fs::remove_file(&files.iso);
     Ok(Calibration {
         instructions,
         cpu: outcome.cpu,
@@ -461,13 +462,11 @@ fn materialize_modules(
         .map(|m| {
             let path = dir.join(&m.file_name);
             match &m.source {
-                ModuleSource::HypervisorCopy => fs::copy(hypervisor, &path)
-                    .map(drop)
+                ModuleSource::HypervisorCopy => link_or_copy(hypervisor, &path)
                     .with_context(|| format!("cannot copy {}", hypervisor.display()))?,
                 ModuleSource::Bytes(bytes) => fs::write(&path, bytes)
                     .with_context(|| format!("cannot write {}", path.display()))?,
-                ModuleSource::File(src) => fs::copy(src, &path)
-                    .map(drop)
+                ModuleSource::File(src) => link_or_copy(src, &path)
                     .with_context(|| format!("cannot copy {}", src.display()))?,
                 ModuleSource::UnwindTable(program) => {
                     let elf = fs::read(program)
@@ -479,7 +478,7 @@ fn materialize_modules(
                 }
                 ModuleSource::Guest(name) => {
                     let src = guest_dir.join(name);
-                    fs::copy(&src, &path).map(drop).with_context(|| {
+                    link_or_copy(&src, &path).with_context(|| {
                         format!(
                             "cannot copy the test guest {} (built by xtask?)",
                             src.display()
@@ -646,6 +645,11 @@ pub fn run_scenario(scenario: &Scenario, config: &RunnerConfig) -> (ScenarioResu
         Verdict::Fail(_) => failure_details(scenario, &files, &outcome.serial),
         _ => String::new(),
     };
+    // A failed scenario keeps its ISO, to boot again by hand; a passed one keeps its logs and
+    // captures only (a Linux scenario's ISO is about 45 MB: the whole run's would be gigabytes).
+    if verdict == Verdict::Pass {
+        let _ = fs::remove_file(&files.iso);
+    }
     (finish(verdict), details)
 }
 

@@ -1115,7 +1115,7 @@ impl Plan {
     }
 
     /// The ISO's modules, each VM's module followed by its data modules: checks that every file
-    /// exists, copies the renamed ones into `staging` and makes the unwind tables there.
+    /// exists, places the renamed ones into `staging` (linked where it can) and makes the unwind tables there.
     pub fn iso_modules(&self, staging: &Path) -> Result<Vec<IsoModule>> {
         self.check_images()?;
         let in_staging = |name: &str| -> Result<PathBuf> {
@@ -1128,7 +1128,7 @@ impl Plan {
                 return Ok(path.to_path_buf());
             }
             let copy = in_staging(name)?;
-            std::fs::copy(path, &copy)
+            qemu_tests::iso::link_or_copy(path, &copy)
                 .with_context(|| format!("cannot copy {} to {}", path.display(), copy.display()))?;
             Ok(copy)
         };

@@ -105,9 +105,56 @@ fn checks(tally: &mut Tally) {
     });
 }
 
+/// What a whole run from a clean clone writes under target/ at its peak, with `.ci/run`'s
+/// settings (no incremental builds, line tables only in the test builds), rounded up: the
+/// builds and the Linux images, the scenarios' logs and captures, and the ISO of the scenarios
+/// running. Measured by sampling `du -sm target` through such a run (docs/TESTING.md).
+const CLEAN_RUN_DISK_MB: u64 = 4_000;
+
+/// The space free for an unprivileged writer on the file system that holds `path`, in MiB.
+fn free_disk_mb(path: &std::path::Path) -> Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .with_context(|| format!("{} holds a NUL byte", path.display()))?;
+    // SAFETY: `statvfs` is plain old data, for which all zeroes is a valid value.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c_path` is a NUL-terminated string alive for the call, and `stat` a valid,
+    // writable `statvfs` the call fills in.
+    let r = unsafe { libc::statvfs(c_path.as_ptr(), &mut stat) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("cannot read the free space of {}", path.display()));
+    }
+    let bytes = u128::from(stat.f_bavail) * u128::from(stat.f_frsize);
+    Ok(u64::try_from(bytes >> 20).unwrap_or(u64::MAX))
+}
+
+/// Says how much disk the run has, and warns when a run from a clean clone might not fit: a full
+/// disk fails scenarios with "No space left on device" midway, which this line explains first.
+fn report_disk() {
+    let target = target_dir();
+    let mut probe = target.as_path();
+    // target/ may not exist yet: its nearest existing folder is on the same file system.
+    while !probe.exists() {
+        match probe.parent() {
+            Some(p) => probe = p,
+            None => return,
+        }
+    }
+    match free_disk_mb(probe) {
+        Ok(free) if free < CLEAN_RUN_DISK_MB => println!(
+            "warning: {free} MB free on the disk of {}; a run from a clean clone writes up to about {CLEAN_RUN_DISK_MB} MB there (less when it holds earlier builds): free some space if stages fail with \"No space left on device\"",
+            target.display()
+        ),
+        Ok(free) => println!("disk: {free} MB free on the disk of {}", target.display()),
+        Err(e) => println!("disk: {e:#}"),
+    }
+}
+
 /// `cargo xtask test [--filter S] [--no-e2e | --e2e-only]`.
 pub fn test(filter: Option<&str>, no_e2e: bool, e2e_only: bool) -> Result<ExitCode> {
     let mut tally = Tally::default();
+    report_disk();
     // The bare-metal lint and build need the target; a fresh machine may lack it.
     ensure_rust_target()?;
     // Emulators, ISO tools, valgrind and Chromium (the HTML report's browser check among the
@@ -207,4 +254,21 @@ pub fn test(filter: Option<&str>, no_e2e: bool, e2e_only: bool) -> Result<ExitCo
     } else {
         ExitCode::FAILURE
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_disk_is_read_and_a_missing_path_is_an_error() {
+        let here = std::env::current_dir().unwrap();
+        let free = free_disk_mb(&here).unwrap();
+        // The same file system, asked twice, gives about the same answer (other writers aside).
+        let again = free_disk_mb(&here.join(".")).unwrap();
+        assert!(free.abs_diff(again) < 1024, "{free} then {again} MB");
+        let err = free_disk_mb(&here.join("no-such-folder-here")).unwrap_err();
+        assert!(format!("{err:#}").contains("cannot read the free space"));
+        assert!(free_disk_mb(std::path::Path::new("a\0b")).is_err());
+    }
 }
