@@ -1115,7 +1115,8 @@ impl Plan {
     }
 
     /// The ISO's modules, each VM's module followed by its data modules: checks that every file
-    /// exists, places the renamed ones into `staging` (linked where it can) and makes the unwind tables there.
+    /// exists, places the renamed ones into `staging` (linked where it can) and makes the unwind
+    /// tables there.
     pub fn iso_modules(&self, staging: &Path) -> Result<Vec<IsoModule>> {
         self.check_images()?;
         let in_staging = |name: &str| -> Result<PathBuf> {
