@@ -2,7 +2,7 @@
 //! on one of two pCPUs, then out for good, so every later sample of its pCPU is its steal: the
 //! case that made the timeline quadratic), for doubling K. Each view's time should double too.
 //!
-//! `cargo test --release -p hvprof-analyze --test scaling -- --ignored --nocapture`
+//! `cargo test --release -p hvprof-analyze --test integration scaling -- --ignored --nocapture`
 
 use std::time::Instant;
 
