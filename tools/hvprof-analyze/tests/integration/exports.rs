@@ -22,11 +22,7 @@ use hvprof_analyze::symbols::Images;
 use hvprof_analyze::symbols::Symbols;
 use serde_json::Value;
 
-fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name)
-}
+use crate::data;
 
 /// A fixture capture and the symbol files for it.
 struct Capture {

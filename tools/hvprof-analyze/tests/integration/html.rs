@@ -4,17 +4,13 @@
 //! `target/tmp/hvprof-analyze/report.png`. Skipped, with a message, where Chromium is not
 //! installed (`cargo xtask test` installs it as root: package `chromium`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const CHROMIUM: &str = "/usr/bin/chromium";
+use crate::data;
 
-fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name)
-}
+const CHROMIUM: &str = "/usr/bin/chromium";
 
 /// Runs Chromium headless on `page` with `args`; (stdout, stderr).
 fn chromium(page: &Path, profile: &Path, args: &[String]) -> (String, String) {

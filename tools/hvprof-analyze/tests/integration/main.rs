@@ -14,3 +14,11 @@ mod preemption;
 mod scaling;
 mod stacks;
 mod window;
+
+/// A fixture in `tests/data`: end-to-end captures and symbol-only copies of the ELF files that
+/// made them.
+fn data(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}

@@ -4,19 +4,13 @@
 //! places a vCPU is preempted in follow its time: work_a about 80 % of its preemptions. Every
 //! preemption that ended is counted once, with the exact ticks out from its events.
 
-use std::path::{Path, PathBuf};
-
 use hvprof_analyze::preemption;
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
 use hvprof_analyze::symbols::{Images, Symbols};
 use hvprof_samplelog::{EventKind, OutReason};
 
-fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name)
-}
+use crate::data;
 
 fn profile() -> Profile {
     let images = Images {

@@ -3,8 +3,6 @@
 //! of the samples after it), and each vCPU's scheduling events are cut to it, so its exact
 //! split is of the stretch's ticks and agrees with its samples.
 
-use std::path::{Path, PathBuf};
-
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
 use hvprof_analyze::script;
@@ -12,11 +10,7 @@ use hvprof_analyze::symbols::Images;
 use hvprof_analyze::window::TimeRange;
 use hvprof_samplelog::synth::{self, CaptureOptions, SynthConfig};
 
-fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name)
-}
+use crate::data;
 
 fn profile(bytes: &[u8], time: Option<&str>) -> Profile {
     profile_keeping(bytes, time, false)
