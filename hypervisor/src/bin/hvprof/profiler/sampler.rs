@@ -99,7 +99,7 @@ pub struct CpuProfiler {
 const STACK_PAGES: usize = 4;
 
 /// Slots of `CpuProfiler::ordinary_code` (direct-mapped by the RIP's low bits).
-const ORDINARY_CODE: usize = 16;
+const ORDINARY_CODE: usize = 64;
 
 /// `CpuProfiler::ordinary_code` for one address space (`cr3`; the kernel half is every
 /// process's). Written by this pCPU's sample paths only; an NMI sample that lands between a
