@@ -329,6 +329,16 @@ impl CurrentVmcs {
             _not_send: PhantomData,
         }
     }
+
+    /// [`vmread_fast`] of a field of this VMCS: no error decoding. A failed VMREAD (an encoding
+    /// the processor does not have) yields 0, which the caller must accept as a possible value;
+    /// for the fields of every VMCS (SDM Vol. 3C, Appendix B) it cannot fail, the VMCS being
+    /// current. For the paths taken at every sample and every exit.
+    #[inline(always)]
+    pub fn read_fast(&self, encoding: u32) -> u64 {
+        // SAFETY: `CurrentVmcs::new`'s contract: we are in VMX operation on this CPU.
+        unsafe { vmread_fast(encoding) }
+    }
 }
 
 impl VmcsAccess for CurrentVmcs {

@@ -619,10 +619,9 @@ impl CpuProfiler {
     pub fn sample_guest(&self, vmcs: &CurrentVmcs, now: u64) -> u64 {
         let t0 = rdtsc();
         let (vm, vcpu, vpid, exit) = self.current();
-        let _ = vmcs;
-        // SAFETY: the caller is the run loop right after a VM exit, in VMX operation with this
+        // The caller is the run loop right after a VM exit (or the NMI exit's handler), with this
         // vCPU's VMCS current; every encoding below exists in every VMCS.
-        let read = |field: u32| unsafe { hvprof_vmx::instructions::vmread_fast(field) };
+        let read = |field: u32| vmcs.read_fast(field);
         let rip = read(GuestNatural::Rip as u32);
         let cr3 = read(GuestNatural::Cr3 as u32);
         let ss_ar = read(Guest32::SsAccessRights as u32) as u32;
@@ -662,7 +661,8 @@ impl CpuProfiler {
                 let mut buf = [MaybeUninit::uninit(); MAX_CHAIN_DEPTH];
                 let t = rdtsc();
                 let long = mode == hvprof_samplelog::MODE_LONG;
-                // SAFETY: as for `read` above (the run loop, this vCPU's VMCS current).
+                // SAFETY: as for `read` above (this vCPU's VMCS current); not through `vmcs`, so
+                // that the closure passed to the walk holds nothing.
                 let rsp =
                     || unsafe { hvprof_vmx::instructions::vmread_fast(GuestNatural::Rsp as u32) };
                 let (chain, frames) = self.walk_guest(cr3, cpl, long, rip, rsp, depth, &mut buf);

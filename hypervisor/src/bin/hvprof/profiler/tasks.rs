@@ -40,13 +40,12 @@ pub fn after_guest_sample(
 #[inline(never)]
 fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffsets, tsc: u64) {
     use hvprof_vmx::vmcs::{Guest32, GuestNatural};
-    let _ = vmcs;
-    // SAFETY: called right after a guest sample, in the run loop or the NMI exit's handler: in
-    // VMX operation, with this vCPU's VMCS current (so the fields are its guest's). A failed read
-    // would yield 0, which the reads below take as any other value: every guest read is bounded
-    // to the VM's memory. (Unchecked, as the sample's own: a checked read costs a `Result` per
-    // field, on a path taken at every sample of a Linux guest.)
-    let read = |field: u32| unsafe { hvprof_vmx::instructions::vmread_fast(field) };
+    // Called right after a guest sample, in the run loop or the NMI exit's handler, with this
+    // vCPU's VMCS current (so the fields are its guest's). A failed read would yield 0, which the
+    // reads below take as any other value: every guest read is bounded to the VM's memory.
+    // (Unchecked, as the sample's own: a checked read costs a `Result` per field, on a path
+    // taken at every sample of a Linux guest.)
+    let read = |field: u32| vmcs.read_fast(field);
     let cr3 = read(GuestNatural::Cr3 as u32);
     let cpl =
         hvprof_vmx::guest::cpl_from_ss_access_rights(read(Guest32::SsAccessRights as u32) as u32);

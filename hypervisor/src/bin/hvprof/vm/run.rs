@@ -274,11 +274,9 @@ fn run_loaded(
         // without a current VMCS or for a field the processor does not have (SDM Vol. 3C §32.3,
         // "VMREAD", Operation); here the VM exit just stored this VMCS's exit reason (§28.2.1),
         // a field of every VMCS (Appendix B.3.2).
-        // SAFETY: VMX root operation with this vCPU's VMCS current (what `vmcs` stands for);
-        // VMREAD to a register touches no memory.
-        let reason = hvprof_vmx::exit::ExitReason(unsafe {
-            instructions::vmread_fast(hvprof_vmx::vmcs::ReadOnly32::ExitReason as u32)
-        } as u32);
+        let reason = hvprof_vmx::exit::ExitReason(
+            vmcs.read_fast(hvprof_vmx::vmcs::ReadOnly32::ExitReason as u32) as u32,
+        );
         if reason.entry_failure() {
             let qual = vmcs.exit_qualification().unwrap_or(0);
             let detail = hvprof_vmx::errors::EntryFailure::decode(reason, qual)
