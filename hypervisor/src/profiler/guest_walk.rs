@@ -585,7 +585,8 @@ mod tests {
         assert_eq!(ids_now(&mut tlb, percpu_b, &OFF), None);
         current(percpu_b, 0x31_0000, task_b);
         assert_eq!(ids_now(&mut tlb, percpu_b, &OFF), Some((task_b, 300, 299)));
-        // pid and tgid across a page boundary (read word by word, kept nowhere): still right.
+        // pid and tgid across a page boundary (one read across the page end, never kept):
+        // still right.
         let straddle = TaskOffsets {
             pid: 0xffc,
             tgid: 0x1000,
