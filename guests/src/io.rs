@@ -26,3 +26,15 @@ pub unsafe fn outb(port: u16, value: u8) {
             options(nomem, nostack, preserves_flags));
     }
 }
+
+/// Writes a 16-bit word to an I/O port.
+///
+/// # Safety
+/// Writing a device register can have any effect that device has.
+pub unsafe fn outw(port: u16, value: u16) {
+    // SAFETY: the caller accepts the device's side effects; OUT touches no memory.
+    unsafe {
+        core::arch::asm!("out dx, ax", in("dx") port, in("ax") value,
+            options(nomem, nostack, preserves_flags));
+    }
+}

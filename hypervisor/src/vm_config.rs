@@ -75,9 +75,10 @@ pub struct VmConfig<'a> {
     /// programs built without frame pointers (`hvprof-analyze unwind-table`), for their call
     /// chains (`stacks=`); at most `UNWIND_MAX`, see `unwind_modules`.
     pub unwind: Option<&'a str>,
-    /// `apic=on|emulated|off` (Linux guests; default off): a local APIC per vCPU (xAPIC), the
-    /// I/O APIC and ACPI tables describing them (docs/LINUX-GUESTS.md). Off, the guest has the
-    /// 8259 pair and the PIT only and must boot with `acpi=off nolapic`.
+    /// `apic=on|emulated|off` (Linux and 64-bit test guests; default off): a local APIC per vCPU
+    /// (xAPIC), the I/O APIC, ACPI PM1 and ACPI tables describing them (docs/LINUX-GUESTS.md,
+    /// docs/GUEST-ABI.md). Off, a Linux guest has the 8259 pair and the PIT only and must boot
+    /// with `acpi=off nolapic`.
     pub apic: bool,
     /// With `apic=on`, the CPU's APIC virtualization where it has it (TPR shadow, APIC-register
     /// virtualization, virtual-interrupt delivery); `apic=emulated` traps and emulates every

@@ -12,7 +12,7 @@ use crate::log::SerialLog;
 use crate::profile::{ProfileRun, num, vm};
 use crate::runner::{ModuleSource, Scenario};
 use crate::scenarios::HASWELL;
-use crate::vm_scenarios::{all_of, check_exit_code};
+use crate::vm_scenarios::{all_of, check_exit_code, exit_count};
 
 const HOSTILE: ModuleSource = ModuleSource::Guest("hostile");
 const MIX: ModuleSource = ModuleSource::Guest("mix");
@@ -105,6 +105,58 @@ fn check_task_changes(log: &SerialLog, min: u64) -> Result<(), String> {
         return Err(format!(
             "expected at least {min} task changes recorded and none dropped: {line:?}"
         ));
+    }
+    Ok(())
+}
+
+/// IPIs a guest sends to itself in a loop (by its APIC ID, each an exit) interrupt no other
+/// pCPU: each victim VM, pinned to its own pCPU while the sender moves between them, takes at
+/// most `max` external-interrupt exits (kicks and the profiler's timer alike) in all, against one
+/// per IPI when every IPI kicked every other pCPU.
+fn check_ipi_storm(log: &SerialLog, sent: u64, max: u64) -> Result<(), String> {
+    log.expect_containing("vm stormer: local APICs: ", &format!("{sent} IPIs sent"))?;
+    let mut errors = Vec::new();
+    for victim in ["victim0", "victim1"] {
+        check_exit_code(log, victim, 0, "port 0xf4")?;
+        let n = exit_count(log, victim, "EXTERNAL_INTERRUPT")?;
+        if n > max {
+            errors.push(Err(format!(
+                "VM {victim} took {n} external-interrupt exits while another VM sent {sent} IPIs to itself (at most {max} expected)"
+            )));
+        }
+    }
+    all_of(errors)
+}
+
+/// Requests for a sleep state the VM does not have (each refused with a line about the VM) stay
+/// within the VM's console rate: at most `max` of them reach the console, the rest is counted,
+/// and the sample log loses nothing.
+fn check_pm1_flood(log: &SerialLog, rounds: u64, max: usize) -> Result<(), String> {
+    let printed = log.all("vm pm1: ACPI sleep type 1 requested").len();
+    let dropped =
+        log.expect_containing("vm pm1: ", "of the hypervisor's lines about the VM dropped")?;
+    let n: u64 = dropped
+        .trim_start_matches("vm pm1: ")
+        .split_whitespace()
+        .next()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(0);
+    if printed > max || printed as u64 + n != rounds {
+        return Err(format!(
+            "{printed} refusal lines printed and {n} counted as dropped for {rounds} requests (at most {max} printed expected, all counted)"
+        ));
+    }
+    Ok(())
+}
+
+/// The sample log lost nothing.
+fn check_nothing_lost(run: &ProfileRun) -> Result<(), String> {
+    let report = run.report(None)?;
+    for what in ["blocks", "samples", "dropped", "damaged_frames"] {
+        let n = num(&report, &format!("/lost/{what}"))?;
+        if n != 0.0 {
+            return Err(format!("the log lost {n} {what}"));
+        }
     }
     Ok(())
 }
@@ -262,5 +314,34 @@ pub fn all() -> Vec<Scenario> {
                     .map(drop)
             })
             .profile(|run| check_flood(run, 40.0)),
+        // Guests against guests, 1: a VM that sends IPIs to itself in a loop (not pinned, so it
+        // moves between the pCPUs) beside two VMs pinned one to each pCPU.
+        Scenario::new("bochs-attack-ipi-storm", bochs())
+            .cpus(2)
+            .cmdline("export=end")
+            .module("victim0.elf", MIX, "vm=victim0 pin=0 mix=80,20 rounds=400")
+            .module("victim1.elf", MIX, "vm=victim1 pin=1 mix=80,20 rounds=400")
+            .module(
+                "stormer.elf",
+                HOSTILE,
+                "vm=stormer apic=on hostile=ipi-storm rounds=30000",
+            )
+            .check(|log| {
+                hostile_ok(log, "stormer", "ipi-storm")?;
+                check_ipi_storm(log, 30000, 300)
+            }),
+        // Guests against guests, 2: a VM that asks for a sleep state it does not have in a
+        // loop (a console line each) beside a busy VM on one pCPU, the sample log streamed on
+        // the same serial line.
+        Scenario::new("bochs-attack-pm1-flood", bochs())
+            .module("victim.elf", MIX, "vm=victim mix=80,20 rounds=20")
+            .module("pm1.elf", HOSTILE, "vm=pm1 apic=on hostile=pm1-flood rounds=4000")
+            .check(|log| {
+                check_exit_code(log, "victim", 0, "port 0xf4")?;
+                log.expect("[victim] mix: done")?;
+                hostile_ok(log, "pm1", "pm1-flood")?;
+                check_pm1_flood(log, 4000, 400)
+            })
+            .profile(check_nothing_lost),
     ]
 }

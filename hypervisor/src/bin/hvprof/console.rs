@@ -260,6 +260,23 @@ pub fn try_print_guest_line(name: &str, line: &[u8]) -> Result<(), QueueFull> {
     Ok(())
 }
 
+/// Queues the hypervisor's `line` (and a line break) unless the queue lacks the room, under the
+/// same terms as a guest's line (`vm_report!`: lines a guest can cause): never waits for the
+/// console line, and never takes the share kept for the hypervisor's own messages.
+pub fn try_print_line(line: &str) -> Result<(), QueueFull> {
+    let need = line.len() + 2;
+    let mut console = CONSOLE.lock();
+    if console.queue.free() < need + RESERVED_FOR_HYPERVISOR {
+        drop(console);
+        pump();
+        return Err(QueueFull);
+    }
+    console.put_text(line.as_bytes());
+    console.put_text(b"\n");
+    console.pump();
+    Ok(())
+}
+
 /// Sends what is queued and waits until the UART has sent every byte (LSR.TEMT): powering off
 /// earlier loses the tail.
 pub fn drain() {

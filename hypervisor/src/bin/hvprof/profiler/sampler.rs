@@ -93,6 +93,9 @@ pub struct CpuProfiler {
     ordinary_code: [[AtomicU64; 2]; ORDINARY_CODE],
     /// Another pCPU kicked this one since it last looked (`kick_cpu`).
     kicked: AtomicBool,
+    /// A kick's interrupt is on its way here and not taken yet (`on_kick` clears it): another
+    /// kick meanwhile sends none.
+    kick_in_flight: AtomicBool,
 }
 
 /// Entries of `StackPages`.
@@ -324,6 +327,7 @@ impl CpuProfiler {
             cost_max: AtomicU64::new(0),
             lapic: spin::Once::new(),
             kicked: AtomicBool::new(false),
+            kick_in_flight: AtomicBool::new(false),
             idle: AtomicBool::new(false),
             pushing: AtomicBool::new(false),
             costs: Costs::new(),
@@ -395,33 +399,47 @@ pub fn cpu(index: usize) -> &'static CpuProfiler {
 
 /// Interrupts pCPU `target` (a kick, `KICK_VECTOR`): a vCPU it runs leaves the guest and looks
 /// at its IPIs; a pCPU idling in `halt_until` wakes and looks at its run queue. Nothing when
-/// `target` is this pCPU or has no local APIC.
+/// `target` is this pCPU or has no local APIC, and no second interrupt while one is on its way
+/// there (`kick_in_flight`): a guest that makes kicks in a loop costs a pCPU at most one exit
+/// per look at its vCPUs, whatever the rate.
 pub fn kick_cpu(target: usize) {
     let here = this_cpu();
     if target == here.pcpu() || target >= MAX_CPUS {
         return;
     }
-    if let (Some(from), Some(to)) = (here.lapic.get(), CPUS[target].lapic.get()) {
-        CPUS[target].kicked.store(true, Ordering::Release);
+    let to_cpu = &CPUS[target];
+    if let (Some(from), Some(to)) = (here.lapic.get(), to_cpu.lapic.get()) {
+        to_cpu.kicked.store(true, Ordering::Release);
+        // AcqRel: pairs with `on_kick`'s swap, so that what the sender published before the kick
+        // (a vCPU's kick bit) is seen by the target after it took the interrupt in flight.
+        if to_cpu.kick_in_flight.swap(true, Ordering::AcqRel) {
+            return;
+        }
         // Fixed delivery, physical destination, edge (SDM Vol. 3A, "Interrupt Command
         // Register").
         from.send_ipi(to.id(), u32::from(crate::arch::lapic::KICK_VECTOR));
     }
 }
 
-/// Every other pCPU with a local APIC (a vCPU free to move may be on any of them).
-pub fn kick_others() {
-    for (i, c) in CPUS.iter().enumerate() {
-        if c.lapic.get().is_some() {
-            kick_cpu(i);
-        }
+/// A pCPU that idles and may run a vCPU pinned to `pin` (any pCPU for `None`), other than this
+/// one: the one to wake for a vCPU that no pCPU runs now.
+pub fn idle_cpu_for(pin: Option<usize>) -> Option<usize> {
+    let here = this_cpu().pcpu();
+    let idle = |i: usize| {
+        i != here && CPUS[i].lapic.get().is_some() && CPUS[i].idle.load(Ordering::Relaxed)
+    };
+    match pin {
+        Some(p) => (p < MAX_CPUS && idle(p)).then_some(p),
+        None => (0..MAX_CPUS).find(|&i| idle(i)),
     }
 }
 
 /// The kick's interrupt on this pCPU (from the IDT, or from an external-interrupt exit, which
-/// acknowledged it already: the EOI is due either way).
+/// acknowledged it already: the EOI is due either way). The next kick sends an interrupt again.
 pub fn on_kick() {
-    this_cpu().eoi();
+    let here = this_cpu();
+    here.kick_in_flight.swap(false, Ordering::AcqRel);
+    here.eoi();
 }
 
 impl CpuProfiler {

@@ -230,6 +230,29 @@ fn resolve(vms: &[Vm], t: Target) -> Result<AttackTarget, String> {
     })
 }
 
+/// Writes the ACPI tables of an `apic=on` VM into its memory at `guest_acpi::ACPI_GPA` (a MADT
+/// with a local APIC per vCPU and the I/O APIC, a FADT with the PM1 blocks); returns the RSDP's
+/// guest-physical address.
+fn acpi_tables(mem: &mut [u8], config: &vm_config::VmConfig) -> Result<u64, String> {
+    use hvprof_hypervisor::guest_acpi::{self, ACPI_GPA, ACPI_SIZE, IOAPIC_BASE, LAPIC_BASE};
+    let ids: Vec<u8> = (0..config.vcpus).map(|i| i as u8).collect();
+    let at = ACPI_GPA as usize;
+    let page: &mut [u8; ACPI_SIZE] = mem
+        .get_mut(at..at + ACPI_SIZE)
+        .and_then(|p| p.try_into().ok())
+        .ok_or("no room for the ACPI tables")?;
+    let rsdp =
+        guest_acpi::build(&ids, true, ACPI_GPA, page).map_err(|e| format!("ACPI tables: {e}"))?;
+    println!(
+        "vm {}: local APIC (xAPIC at {LAPIC_BASE:#x}) per vCPU; ACPI tables at GPA {rsdp:#x}: MADT with {} vCPU{} and the I/O APIC (ID {}, at {IOAPIC_BASE:#x}; IRQ 0 on pin 2)",
+        config.name,
+        ids.len(),
+        if ids.len() == 1 { "" } else { "s" },
+        ids.len(),
+    );
+    Ok(rsdp)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn build(
     caps: &VmxCaps,
@@ -251,8 +274,9 @@ fn build(
     // SAFETY: the range was just allocated for this VM (zeroed, identity-mapped).
     let mem = unsafe { core::slice::from_raw_parts_mut(mem_hpa as *mut u8, config.mem as usize) };
     let linux = config.format == vm_config::Format::Linux || linux_boot::is_bzimage(image);
-    // A local APIC and ACPI tables: Linux guests that ask for them (`apic=on`).
-    let apic = linux && config.apic;
+    // A local APIC per vCPU, the I/O APIC, ACPI PM1 and ACPI tables describing them (`apic=on`):
+    // Linux guests and 64-bit test guests (a real-mode image has no room for them).
+    let apic = config.apic && config.format != vm_config::Format::Real16;
     let boot = if linux {
         let cmdline = vm_config::guest_args(config.args)
             .collect::<Vec<_>>()
@@ -260,29 +284,8 @@ fn build(
         let (boot, l) =
             linux_boot::load(mem, image, initrd, &cmdline).map_err(|e| format!("{e}"))?;
         if apic {
-            let ids: Vec<u8> = (0..config.vcpus).map(|i| i as u8).collect();
-            let at = hvprof_hypervisor::guest_acpi::ACPI_GPA as usize;
-            let page: &mut [u8; hvprof_hypervisor::guest_acpi::ACPI_SIZE] = mem
-                .get_mut(at..at + hvprof_hypervisor::guest_acpi::ACPI_SIZE)
-                .and_then(|p| p.try_into().ok())
-                .ok_or("no room for the ACPI tables")?;
-            let rsdp = hvprof_hypervisor::guest_acpi::build(
-                &ids,
-                true,
-                hvprof_hypervisor::guest_acpi::ACPI_GPA,
-                page,
-            )
-            .map_err(|e| format!("ACPI tables: {e}"))?;
+            let rsdp = acpi_tables(mem, config)?;
             linux_boot::set_acpi_rsdp(mem, rsdp).map_err(|e| format!("{e}"))?;
-            println!(
-                "vm {}: local APIC (xAPIC at {:#x}) per vCPU; ACPI tables at GPA {rsdp:#x}: MADT with {} vCPU{} and the I/O APIC (ID {}, at {:#x}; IRQ 0 on pin 2)",
-                config.name,
-                hvprof_hypervisor::guest_acpi::LAPIC_BASE,
-                ids.len(),
-                if ids.len() == 1 { "" } else { "s" },
-                ids.len(),
-                hvprof_hypervisor::guest_acpi::IOAPIC_BASE,
-            );
         }
         println!(
             "vm {}: Linux kernel ({} bytes) at GPA {:#x}, entry {:#x}; initrd ({} bytes) at GPA {:#x}; boot_params at {:#x}; command line \"{cmdline}\"",
@@ -296,11 +299,17 @@ fn build(
         );
         boot
     } else {
-        match config.format {
+        let boot = match config.format {
             vm_config::Format::Real16 => guest_image::load_real16(mem, image, &args),
             _ => guest_image::load(mem, image, &args),
         }
-        .map_err(|e| format!("{e}"))?
+        .map_err(|e| format!("{e}"))?;
+        if apic {
+            // The RSDP sits in the BIOS area (0xE0000-0xFFFFF), where a guest finds it by its
+            // signature (ACPI 6.5 §5.2.5.1).
+            acpi_tables(mem, config)?;
+        }
+        boot
     };
 
     let ept_caps = EptCaps {
@@ -407,6 +416,10 @@ fn build(
         apic,
         apic_access,
         kicks: AtomicU64::new(0),
+        console: Mutex::new(GuestConsole::new(crate::tsc::hz(), rdtsc())),
+        running_on: (0..config.vcpus)
+            .map(|_| core::sync::atomic::AtomicU8::new(super::NOT_RUNNING))
+            .collect(),
         sipi: (0..config.vcpus)
             .map(|_| core::sync::atomic::AtomicU16::new(0))
             .collect(),
@@ -430,7 +443,6 @@ fn build(
             } else {
                 Vec::new()
             },
-            console: GuestConsole::new(crate::tsc::hz(), rdtsc()),
             pm: Default::default(),
             ipis: 0,
             inits: 0,

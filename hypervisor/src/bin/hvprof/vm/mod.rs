@@ -16,10 +16,10 @@ pub mod run;
 pub mod virtual_interrupts;
 
 use crate::memory;
-use crate::println;
 use crate::vcpu::Vcpu;
 use alloc::string::String;
 use alloc::vec::Vec;
+use core::fmt::{self, Write};
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use hvprof_ept::{Ept, FrameSource, PhysMem};
 use hvprof_hypervisor::devices::board::Board;
@@ -93,7 +93,7 @@ pub struct Vm {
     pub module_layout: Option<hvprof_linux_walk::ModuleLayout>,
     /// Where its kernel's ORC tables are (`orc-layout=`), to walk its kernel call chains.
     pub orc_layout: Option<hvprof_linux_walk::OrcLayout>,
-    /// A local APIC per vCPU and ACPI tables (`apic=on`, Linux guests).
+    /// A local APIC per vCPU, the I/O APIC, ACPI PM1 and ACPI tables (`apic=on`).
     pub apic: bool,
     /// Host address of its APIC-access page, where EPT maps the guest's xAPIC page, when its
     /// vCPUs use the CPU's APIC virtualization (`vcpu/virtual_apic.rs`); 0: every APIC access
@@ -102,6 +102,8 @@ pub struct Vm {
     /// Bit i: something another vCPU sent vCPU i (an IPI, a SIPI) that its run loop or, while
     /// it halts or waits for a SIPI, the scheduler must look at.
     pub kicks: AtomicU64,
+    /// Per vCPU: the pCPU that runs it now (`run_slice` sets it for the slice), or `NOT_RUNNING`.
+    pub running_on: Vec<core::sync::atomic::AtomicU8>,
     /// Per vCPU: a start-up IPI's vector waiting to start it (`SIPI_PENDING | vector`), or 0.
     pub sipi: Vec<core::sync::atomic::AtomicU16>,
     /// Unwind tables of its programs built without frame pointers (`unwind=`).
@@ -110,6 +112,9 @@ pub struct Vm {
     pub maps: Mutex<hvprof_hypervisor::profiler::guest_maps::ProcessMaps>,
     /// Its legacy devices (the UART, the PICs, the PIT, the CMOS clock) and the once-only logs.
     pub devices: Mutex<VmDevices>,
+    /// Its share of the console: the guest's lines and the hypervisor's lines about it that the
+    /// guest can cause (`vm_report!`). A leaf lock: taken under `devices`, never the other way.
+    pub console: Mutex<GuestConsole>,
     pub budget: u64,
     /// `wall-budget=`: how long after its start the VM is stopped, running or not.
     pub wall_budget: u64,
@@ -141,8 +146,6 @@ pub struct VmDevices {
     /// Interrupt messages the I/O APIC sent.
     pub io_apic_messages: u64,
     pub logged_ipis: Vec<hvprof_hypervisor::devices::lapic::Delivery>,
-    /// Its lines on the hypervisor's console.
-    pub console: GuestConsole,
     /// MSRs and ports already reported once.
     logged_msrs: Vec<u32>,
     logged_ports: Vec<u16>,
@@ -152,8 +155,13 @@ pub struct VmDevices {
 /// line's rate with a burst of `GuestConsole::BURST` bytes; what is over is dropped and counted.
 pub struct GuestConsole {
     bucket: TokenBucket,
+    /// The rate of the hypervisor's lines about the VM that its guest can cause (`vm_report!`),
+    /// in lines: `REPORT_BURST` at once, then `REPORTS_PER_SECOND`.
+    reports: TokenBucket,
     pub lines_dropped: u64,
     pub bytes_dropped: u64,
+    /// The hypervisor's lines about the VM (`vm_report!`) over its rate, not printed.
+    pub reports_dropped: u64,
 }
 
 impl GuestConsole {
@@ -161,12 +169,18 @@ impl GuestConsole {
     pub const BURST: u64 = 8 * 1024;
     /// The console's line rate: 115,200 baud, 10 bits per byte.
     pub const LINE_BYTES_PER_SECOND: u64 = 11_520;
+    /// Lines about the VM (`vm_report!`) printed at once before their rate applies, and their
+    /// rate: a guest that causes one at every exit gets a few lines a second, not the console.
+    pub const REPORT_BURST: u64 = 16;
+    pub const REPORTS_PER_SECOND: u64 = 10;
 
     fn new(tsc_hz: u64, now: u64) -> Self {
         GuestConsole {
             bucket: TokenBucket::new(Self::BURST, tsc_hz / Self::LINE_BYTES_PER_SECOND, now),
+            reports: TokenBucket::new(Self::REPORT_BURST, tsc_hz / Self::REPORTS_PER_SECOND, now),
             lines_dropped: 0,
             bytes_dropped: 0,
+            reports_dropped: 0,
         }
     }
 
@@ -179,6 +193,34 @@ impl GuestConsole {
             self.bytes_dropped += line.len() as u64;
         }
     }
+
+    /// Queues the hypervisor's line `vm <name>: <text>` about a VM, as `vm_report!` asks,
+    /// within the VM's rate of such lines (`REPORT_BURST`, `REPORTS_PER_SECOND`); over it, or
+    /// when the console queue is full, it is counted as dropped. Never waits for the console.
+    pub fn report(&mut self, vm: &str, text: fmt::Arguments, now: u64) {
+        if !self.reports.take(1, now) {
+            self.reports_dropped += 1;
+            return;
+        }
+        let mut line = String::new();
+        let _ = write!(line, "vm {vm}: {text}");
+        if crate::console::try_print_line(&line).is_err() {
+            self.reports_dropped += 1;
+        }
+    }
+}
+
+/// A line on the console about VM `vm` that its guest can cause (anything an exit handler or
+/// a device model reports): `vm_report!(vm, "format", args...)` prints `vm <name>: ...` within
+/// the VM's console rate, never waiting for the console, so that no guest can flood the console
+/// or stall another VM's exits through it; what is over the rate is counted and its number
+/// printed when the VM stops. Exit handlers print through it only (xtask's `handlers_print`
+/// test keeps `println!` out of `vmexit/` and the device paths).
+#[macro_export]
+macro_rules! vm_report {
+    ($vm:expr, $($arg:tt)*) => {
+        $vm.report(format_args!($($arg)*))
+    };
 }
 
 /// `Vm::sipi`'s flags: a SIPI's vector waits (in the low byte); an INIT waits for a vCPU that
@@ -188,6 +230,9 @@ const SIPI_PENDING: u16 = 0x100;
 const INIT_PENDING: u16 = 0x200;
 const STARTED: u16 = 0x400;
 
+/// `Vm::running_on` of a vCPU no pCPU runs.
+pub const NOT_RUNNING: u8 = u8::MAX;
+
 impl Vm {
     /// Tells vCPU `index` that something waits for it (see `kicks`); whether it was not told
     /// already (only then does its pCPU need an interrupt: a guest that sends IPIs in a loop
@@ -195,6 +240,52 @@ impl Vm {
     pub fn kick(&self, index: usize) -> bool {
         let bit = 1 << (index % 64);
         self.kicks.fetch_or(bit, Ordering::Release) & bit == 0
+    }
+
+    /// Tells vCPU `index` that something waits for it (an IPI, an INIT, a SIPI, an interrupt
+    /// the I/O APIC routed to it) and makes sure a pCPU looks soon, at the cost of no one else:
+    /// the pCPU that runs it now gets a host interrupt (a kick), unless that is this pCPU (its
+    /// run loop looks before the next VM entry) or a kick is on its way there already; a vCPU
+    /// that no pCPU runs wakes an idle pCPU that may run it (its pinned one, or any), and
+    /// otherwise waits for the next pCPU to look at the run queue. No pCPU that runs another
+    /// VM's vCPU is ever interrupted for it (docs/SECURITY.md, "Local APIC").
+    pub fn notify(&self, index: usize) {
+        if !self.kick(index) {
+            // Told already and not looked yet: the kick that told it is on its way.
+            return;
+        }
+        match self.running_on(index) {
+            Some(cpu) => crate::profiler::sampler::kick_cpu(cpu),
+            None => {
+                let pin = self
+                    .pin
+                    .as_ref()
+                    .and_then(|p| p.get(index))
+                    .map(usize::from);
+                if let Some(cpu) = crate::profiler::sampler::idle_cpu_for(pin) {
+                    crate::profiler::sampler::kick_cpu(cpu);
+                }
+            }
+        }
+    }
+
+    /// The pCPU that runs vCPU `index` now, if any.
+    pub fn running_on(&self, index: usize) -> Option<usize> {
+        self.running_on
+            .get(index)
+            .map(|r| r.load(Ordering::Acquire))
+            .filter(|&c| c != NOT_RUNNING)
+            .map(usize::from)
+    }
+
+    /// Records that pCPU `cpu` runs vCPU `index` from now on (`None`: it stopped running it).
+    pub fn set_running_on(&self, index: usize, cpu: Option<usize>) {
+        if let Some(r) = self.running_on.get(index) {
+            r.store(
+                cpu.map_or(NOT_RUNNING, |c| c.min(usize::from(NOT_RUNNING - 1)) as u8),
+                Ordering::Release,
+            );
+        }
     }
 
     /// Whether vCPU `index` was kicked since the last call (and clears it).
@@ -211,7 +302,7 @@ impl Vm {
             let _ = s.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
                 (v & (STARTED | SIPI_PENDING) == 0).then_some(v | SIPI_PENDING | u16::from(vector))
             });
-            let _ = self.kick(index);
+            self.notify(index);
         }
     }
 
@@ -220,7 +311,7 @@ impl Vm {
     pub fn send_init(&self, index: usize) {
         if let Some(s) = self.sipi.get(index) {
             s.store(INIT_PENDING, Ordering::Release);
-            let _ = self.kick(index);
+            self.notify(index);
         }
     }
 
@@ -276,26 +367,42 @@ impl Vm {
         }
     }
 
+    /// `vm_report!`'s work: a line about this VM, within its console rate.
+    pub fn report(&self, text: fmt::Arguments) {
+        self.console
+            .lock()
+            .report(&self.name, text, crate::tsc::rdtsc());
+    }
+
     /// Logs `what` the first time `msr` is seen.
     pub fn log_msr_once(&self, msr: u32, what: &str) {
-        let mut c = self.devices.lock();
-        if !c.logged_msrs.contains(&msr) && c.logged_msrs.len() < 64 {
-            c.logged_msrs.push(msr);
-            println!(
-                "vm {}: {what} MSR {msr:#x}: #GP injected (reported once)",
-                self.name
-            );
+        let first = {
+            let mut c = self.devices.lock();
+            let first = !c.logged_msrs.contains(&msr) && c.logged_msrs.len() < 64;
+            if first {
+                c.logged_msrs.push(msr);
+            }
+            first
+        };
+        if first {
+            crate::vm_report!(self, "{what} MSR {msr:#x}: #GP injected (reported once)");
         }
     }
 
     pub fn log_port_once(&self, port: u16, write: bool) {
-        let mut c = self.devices.lock();
-        if !c.logged_ports.contains(&port) && c.logged_ports.len() < 64 {
-            c.logged_ports.push(port);
+        let first = {
+            let mut c = self.devices.lock();
+            let first = !c.logged_ports.contains(&port) && c.logged_ports.len() < 64;
+            if first {
+                c.logged_ports.push(port);
+            }
+            first
+        };
+        if first {
             let access = if write { "write to" } else { "read from" };
-            println!(
-                "vm {}: {access} unhandled I/O port {port:#x} (reads all ones, writes dropped; reported once)",
-                self.name
+            crate::vm_report!(
+                self,
+                "{access} unhandled I/O port {port:#x} (reads all ones, writes dropped; reported once)"
             );
         }
     }

@@ -2,7 +2,7 @@
 //! target's page checksum, the guest's IA32_LSTAR, and (at the end of the run) its exit
 //! statistics.
 
-use super::{GuestConsole, Stop, Vm, VmDevices, page_checksum};
+use super::{GuestConsole, Stop, Vm, page_checksum};
 use crate::profiler;
 use crate::tsc::rdtsc;
 use crate::vcpu::LSTAR_SLOT;
@@ -14,14 +14,26 @@ use hvprof_vmx::exit::BasicExit;
 /// After a VM's stop (all its vCPUs stopped): the rest of its console line, then why it stopped
 /// (`exit_stats` follows at the end of the run).
 pub fn finish(vm: &Vm, stop: &Stop) {
-    let (lines, bytes) = {
+    let (lines, bytes, reports) = {
         let mut guard = vm.devices.lock();
-        let VmDevices { board, console, .. } = &mut *guard;
-        if let Some(rest) = board.uart.flush() {
+        let mut console = vm.console.lock();
+        if let Some(rest) = guard.board.uart.flush() {
             console.emit(&vm.name, rest, rdtsc());
         }
-        (console.lines_dropped, console.bytes_dropped)
+        (
+            console.lines_dropped,
+            console.bytes_dropped,
+            console.reports_dropped,
+        )
     };
+    if reports > 0 {
+        println!(
+            "vm {}: {reports} of the hypervisor's lines about the VM dropped: the guest caused them faster than {} a second (bursts of {})",
+            vm.name,
+            GuestConsole::REPORTS_PER_SECOND,
+            GuestConsole::REPORT_BURST
+        );
+    }
     if lines > 0 {
         println!(
             "vm {}: {lines} console lines ({bytes} bytes) dropped: the guest printed faster than the console line carries ({} bytes/s, bursts of {} bytes)",

@@ -47,7 +47,11 @@ pub fn run_slice(
         Ok(v) => v,
         Err(e) => return SliceEnd::Stopped(Stop::Fault(e)),
     };
+    // From here to the end of the slice an IPI for this vCPU kicks this pCPU and no other.
+    let index = usize::from(vcpu.index);
+    vm.set_running_on(index, Some(cpu));
     let end = run_loaded(vm, vcpu, &mut vmcs, caps, slice_end);
+    vm.set_running_on(index, None);
     if release {
         // SAFETY: VMX root operation; the VMCS is active on this CPU. VMCLEAR writes its state
         // to memory and makes it inactive, so another CPU may VMPTRLD it (SDM Vol. 3C §25.11.1).
@@ -177,7 +181,7 @@ fn run_loaded(
         // With the CPU's APIC virtualization, the local APIC's state taken back at an exit goes
         // back to the CPU before the guest runs again (vcpu/virtual_apic.rs).
         let apic_taken = vcpu.virtual_apic != 0 && !vcpu.apic_handed;
-        if vm.linux
+        if (vm.linux || vm.apic)
             && (devices_touched
                 || kicked
                 || apic_taken

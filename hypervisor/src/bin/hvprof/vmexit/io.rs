@@ -51,10 +51,9 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
             }
             let claimed = {
                 let mut dev = vm.devices.lock();
-                let crate::vm::VmDevices { board, console, .. } = &mut *dev;
-                match board.write(io.port, value as u8, now) {
+                match dev.board.write(io.port, value as u8, now) {
                     Access::Line(line) => {
-                        console.emit(&vm.name, line, now);
+                        vm.console.lock().emit(&vm.name, line, now);
                         true
                     }
                     Access::Done(_) => true,
@@ -110,9 +109,9 @@ fn acpi_pm(
                         how: "ACPI S5 power-off",
                     });
                 }
-                PmEffect::SleepRefused(typ) => crate::println!(
-                    "vm {}: ACPI sleep type {typ} requested: only S5 (power-off) is offered; ignored",
-                    vm.name
+                PmEffect::SleepRefused(typ) => crate::vm_report!(
+                    vm,
+                    "ACPI sleep type {typ} requested: only S5 (power-off) is offered; ignored"
                 ),
                 PmEffect::None => {}
             }

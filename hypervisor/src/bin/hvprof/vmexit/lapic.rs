@@ -209,9 +209,9 @@ pub fn route_io_apic(vm: &Vm, dev: &mut VmDevices) {
             other => {
                 if !dev.logged_ipis.contains(&other) {
                     dev.logged_ipis.push(other);
-                    crate::println!(
-                        "vm {}: I/O APIC pin {} in {other:?} mode not delivered (reported once)",
-                        vm.name,
+                    crate::vm_report!(
+                        vm,
+                        "I/O APIC pin {} in {other:?} mode not delivered (reported once)",
                         m.pin
                     );
                 }
@@ -236,9 +236,7 @@ fn deliver_to_targets(vm: &Vm, dev: &mut VmDevices, ipi: &Ipi) {
         } else {
             l.accept(ipi.vector, ipi.level_triggered);
         }
-        if vm.kick(i) {
-            kick_pcpu(vm, i);
-        }
+        vm.notify(i);
         if ipi.delivery == Delivery::LowestPriority {
             break;
         }
@@ -261,7 +259,6 @@ fn deliver(vm: &Vm, dev: &mut VmDevices, ipi: &Ipi) {
                 if l.is_target(ipi) && i != usize::from(ipi.source) {
                     l.init();
                     vm.send_init(i);
-                    kick_pcpu(vm, i);
                     dev.inits += 1;
                 }
             }
@@ -270,7 +267,6 @@ fn deliver(vm: &Vm, dev: &mut VmDevices, ipi: &Ipi) {
             for (i, l) in dev.lapics.iter().enumerate() {
                 if l.is_target(ipi) && i != usize::from(ipi.source) {
                     vm.send_sipi(i, ipi.vector);
-                    kick_pcpu(vm, i);
                     dev.sipis += 1;
                 }
             }
@@ -278,22 +274,12 @@ fn deliver(vm: &Vm, dev: &mut VmDevices, ipi: &Ipi) {
         other => {
             if !dev.logged_ipis.contains(&other) {
                 dev.logged_ipis.push(other);
-                crate::println!(
-                    "vm {}: {other:?} IPI not delivered (not emulated yet; reported once)",
-                    vm.name
+                crate::vm_report!(
+                    vm,
+                    "{other:?} IPI not delivered (not emulated yet; reported once)"
                 );
             }
         }
-    }
-}
-
-/// Interrupts the pCPU that runs or keeps vCPU `index` (its pinned one; a vCPU free to move
-/// may be on any), so that it looks at the IPI now rather than at its next sampling deadline or
-/// idle poll.
-fn kick_pcpu(vm: &Vm, index: usize) {
-    match vm.pin.as_ref().and_then(|p| p.get(index)) {
-        Some(cpu) => crate::profiler::sampler::kick_cpu(usize::from(cpu)),
-        None => crate::profiler::sampler::kick_others(),
     }
 }
 

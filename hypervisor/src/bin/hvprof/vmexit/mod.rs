@@ -115,9 +115,9 @@ fn handle_exit(
                 return None;
             }
             if vector != crate::arch::lapic::TIMER_VECTOR {
-                crate::println!(
-                    "vm {}: note: external interrupt vector {vector} while the guest ran",
-                    vm.name
+                crate::vm_report!(
+                    vm,
+                    "note: external interrupt vector {vector} while the guest ran"
                 );
             }
             if vector != crate::arch::lapic::SPURIOUS_VECTOR {
@@ -136,9 +136,9 @@ fn handle_exit(
                     let prof = crate::profiler::this_cpu();
                     crate::profiler::tasks::after_guest_sample(prof, vm, vcpu, vmcs, now);
                 } else {
-                    crate::println!(
-                        "vm {}: note: an NMI not from the profiler's counter hit the guest",
-                        vm.name
+                    crate::vm_report!(
+                        vm,
+                        "note: an NMI not from the profiler's counter hit the guest"
                     );
                 }
                 None

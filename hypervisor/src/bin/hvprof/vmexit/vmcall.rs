@@ -51,10 +51,9 @@ fn print(vm: &Vm, gpa: u64, len: u64) -> u64 {
     }
     let now = crate::tsc::rdtsc();
     let mut devices = vm.devices.lock();
-    let crate::vm::VmDevices { board, console, .. } = &mut *devices;
     for &byte in buf.iter() {
-        if let Some(line) = board.uart.send(byte) {
-            console.emit(&vm.name, line, now);
+        if let Some(line) = devices.board.uart.send(byte) {
+            vm.console.lock().emit(&vm.name, line, now);
         }
     }
     0
