@@ -110,12 +110,27 @@ fn check_task_changes(log: &SerialLog, min: u64) -> Result<(), String> {
 }
 
 /// IPIs a guest sends to itself in a loop (by its APIC ID, each an exit) interrupt no other
-/// pCPU: each victim VM, pinned to its own pCPU while the sender moves between them, takes at
-/// most `max` external-interrupt exits (kicks and the profiler's timer alike) in all, against one
-/// per IPI when every IPI kicked every other pCPU.
+/// pCPU: the pCPUs, each running a victim VM pinned to it while the sender moves between them,
+/// take at most `max` kicks in all (`hvprof: pCPU <i>: <n> kicks taken`), against one per IPI
+/// when every IPI kicked every other pCPU; and each victim takes at most `max`
+/// external-interrupt exits (kicks and the profiler's timer alike).
 fn check_ipi_storm(log: &SerialLog, sent: u64, max: u64) -> Result<(), String> {
     log.expect_containing("vm stormer: local APICs: ", &format!("{sent} IPIs sent"))?;
     let mut errors = Vec::new();
+    let mut kicks = 0;
+    for cpu in 0..2 {
+        let line = log.expect(&format!("hvprof: pCPU {cpu}: "))?;
+        kicks += line
+            .split_whitespace()
+            .nth(3)
+            .and_then(|w| w.parse::<u64>().ok())
+            .ok_or_else(|| format!("no kick count in {line:?}"))?;
+    }
+    if kicks > max {
+        errors.push(Err(format!(
+            "the pCPUs took {kicks} kicks while a VM sent {sent} IPIs to itself (at most {max} expected)"
+        )));
+    }
     for victim in ["victim0", "victim1"] {
         check_exit_code(log, victim, 0, "port 0xf4")?;
         let n = exit_count(log, victim, "EXTERNAL_INTERRUPT")?;
@@ -319,8 +334,8 @@ pub fn all() -> Vec<Scenario> {
         Scenario::new("bochs-attack-ipi-storm", bochs())
             .cpus(2)
             .cmdline("export=end")
-            .module("victim0.elf", MIX, "vm=victim0 pin=0 mix=80,20 rounds=400")
-            .module("victim1.elf", MIX, "vm=victim1 pin=1 mix=80,20 rounds=400")
+            .module("victim0.elf", MIX, "vm=victim0 pin=0 mix=80,20 rounds=400 interrupts=on")
+            .module("victim1.elf", MIX, "vm=victim1 pin=1 mix=80,20 rounds=400 interrupts=on")
             .module(
                 "stormer.elf",
                 HOSTILE,

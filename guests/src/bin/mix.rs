@@ -11,6 +11,10 @@
 //! With `idle=N` (a whole number), the guest then halts for N times as long as its work took
 //! (measured with RDTSC), woken by its virtual timer (the SET_TIMER hypercall), before it exits:
 //! `idle=2` makes it busy for the first third of its life and halted for the other two.
+//!
+//! With `interrupts=on` it runs with RFLAGS.IF set, as an operating system does (nothing
+//! interrupts it but the host: a host interrupt then stops it at once with an
+//! external-interrupt exit, SDM Vol. 3C §26.2; under Bochs a guest with IF clear exits for none).
 #![no_std]
 #![no_main]
 
@@ -54,6 +58,11 @@ fn main(args: &str) -> u8 {
             return exit_code::BAD_ARGS;
         }
     };
+    if arg(args, "interrupts") == Some("on") {
+        // SAFETY: this guest has no virtual interrupt source (no local APIC, no devices that
+        // raise lines): STI lets only the host's interrupts stop it, as VM exits.
+        unsafe { core::arch::asm!("sti", options(nomem, nostack)) };
+    }
     let start = hvprof_guests::cpu::rdtsc();
     for _ in 0..rounds {
         for (f, w) in WORK.iter().zip(&weights[..n]) {

@@ -736,6 +736,14 @@ fn report(ex: &Exporter, totals: &[hvprof_samplelog::PcpuTotals]) {
         );
     }
     if pcpus > 1 {
+        for cpu in 0..pcpus {
+            let p = sampler::cpu(cpu);
+            println!(
+                "hvprof: pCPU {cpu}: {} kicks taken, {} sent (interrupts between pCPUs for the vCPUs' IPIs)",
+                p.kicks_taken.load(Ordering::Relaxed),
+                p.kicks_sent.load(Ordering::Relaxed)
+            );
+        }
         for (cpu, t) in totals.iter().enumerate() {
             let p = sampler::cpu(cpu);
             let (n, mean, min, max) = p.cost();

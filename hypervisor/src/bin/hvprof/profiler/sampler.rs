@@ -96,6 +96,9 @@ pub struct CpuProfiler {
     /// A kick's interrupt is on its way here and not taken yet (`on_kick` clears it): another
     /// kick meanwhile sends none.
     kick_in_flight: AtomicBool,
+    /// Kicks this pCPU took (`on_kick`), and kicks it sent others.
+    pub kicks_taken: AtomicU64,
+    pub kicks_sent: AtomicU64,
 }
 
 /// Entries of `StackPages`.
@@ -328,6 +331,8 @@ impl CpuProfiler {
             lapic: spin::Once::new(),
             kicked: AtomicBool::new(false),
             kick_in_flight: AtomicBool::new(false),
+            kicks_taken: AtomicU64::new(0),
+            kicks_sent: AtomicU64::new(0),
             idle: AtomicBool::new(false),
             pushing: AtomicBool::new(false),
             costs: Costs::new(),
@@ -415,6 +420,7 @@ pub fn kick_cpu(target: usize) {
         if to_cpu.kick_in_flight.swap(true, Ordering::AcqRel) {
             return;
         }
+        here.kicks_sent.fetch_add(1, Ordering::Relaxed);
         // Fixed delivery, physical destination, edge (SDM Vol. 3A, "Interrupt Command
         // Register").
         from.send_ipi(to.id(), u32::from(crate::arch::lapic::KICK_VECTOR));
@@ -439,6 +445,7 @@ pub fn idle_cpu_for(pin: Option<usize>) -> Option<usize> {
 pub fn on_kick() {
     let here = this_cpu();
     here.kick_in_flight.swap(false, Ordering::AcqRel);
+    here.kicks_taken.fetch_add(1, Ordering::Relaxed);
     here.eoi();
 }
 
