@@ -828,7 +828,11 @@ impl Lapic {
 }
 
 #[cfg(test)]
+mod cpu_vapic;
+
+#[cfg(test)]
 mod tests {
+    use super::cpu_vapic::CpuVapic;
     use super::*;
 
     fn enabled(id: u8) -> Lapic {
@@ -837,39 +841,13 @@ mod tests {
         l
     }
 
-    /// A virtual-APIC page: the 32-bit words at the offsets written.
-    fn page_of(v: &VirtualState) -> std::collections::HashMap<u32, u32> {
-        let mut page = std::collections::HashMap::new();
-        page.insert(reg::TPR, v.tpr);
-        page.insert(reg::ICR_HIGH, 0);
-        for i in 0..8u32 {
-            page.insert(reg::IRR + 0x10 * i, v.irr[i as usize]);
-            page.insert(reg::ISR + 0x10 * i, v.isr[i as usize]);
-        }
-        page
-    }
-
-    /// What the CPU does when it delivers virtual interrupt `v` (SDM Vol. 3C §29.2.2) or
-    /// virtualizes an EOI (§29.1.4), on a page and a guest interrupt status.
-    fn cpu_delivers(page: &mut std::collections::HashMap<u32, u32>, status: &mut u16, v: u8) {
-        let at = |base: u32| base + 0x10 * (u32::from(v) / 32);
-        *page.get_mut(&at(reg::IRR)).unwrap() &= !(1 << (v % 32));
-        *page.get_mut(&at(reg::ISR)).unwrap() |= 1 << (v % 32);
-        let highest = |base: u32| {
-            (0..256u32)
-                .rev()
-                .find(|&x| page[&(base + 0x10 * (x / 32))] & (1 << (x % 32)) != 0)
-                .unwrap_or(0) as u16
-        };
-        *status = highest(reg::IRR) | highest(reg::ISR) << 8;
-    }
-
     #[test]
     fn virtual_interrupt_delivery_hands_the_state_over_and_back() {
         let mut l = enabled(0);
         l.accept(0x31, false);
         l.accept(0x50, true);
-        let (given, _) = l.hand_over().expect("new state");
+        let mut cpu = CpuVapic::new();
+        let (given, _) = cpu.enter(&mut l).expect("new state");
         assert!(l.handed_over());
         assert_eq!(given.status, 0x50, "RVI 0x50, SVI 0");
         assert_eq!(given.irr[1], 1 << 17, "0x31 in VIRR's second word");
@@ -879,34 +857,34 @@ mod tests {
             1 << (0x50 - 64),
             "the level vector's EOI exits"
         );
-        // Nothing delivered: RVI and SVI as given, the page is not read, and a vector that
-        // came meanwhile is kept.
+        // Nothing delivered (the guest runs with interrupts disabled), and a vector that came
+        // meanwhile is kept. The guest wrote ICR's high half, which exits only with the low
+        // half's write.
         l.accept(0x40, false);
-        // The guest wrote ICR's high half, which exits only with the low half's write.
-        let icr_only = |o| match o {
-            reg::ICR_HIGH => 0x0100_0000,
-            _ => panic!("page read at {o:#x}"),
-        };
-        assert!(!l.take_back(given.status, 0, icr_only));
+        cpu.write_icr_high(0x0100_0000);
+        assert!(!cpu.exit(&mut l), "the CPU changed neither IRR nor ISR");
         assert_eq!(l.read(reg::ICR_HIGH, 0), 0x0100_0000);
         assert!(!l.handed_over());
         assert_eq!(l.pending(), Some(0x50));
-        // The CPU delivers 0x50 and 0x31; meanwhile another 0x31 arrives (an IPI from the
-        // other vCPU): it waits behind the one in service.
-        let (given, _) = l.hand_over().expect("new state");
-        let mut page = page_of(&given);
-        let mut status = given.status;
-        cpu_delivers(&mut page, &mut status, 0x50);
-        assert_eq!(status, 0x50 << 8 | 0x40);
+        // The CPU delivers 0x50; meanwhile another 0x31 arrives (an IPI from the other vCPU):
+        // it waits behind the one in service. The guest raises its TPR.
+        cpu.enter(&mut l).expect("new state");
+        assert_eq!(cpu.deliver(), Some(0x50));
+        assert_eq!(cpu.status, 0x50 << 8 | 0x40);
         l.accept(0x31, false);
-        assert!(l.take_back(status, 0x20, |o| page[&o]));
+        cpu.write_tpr(0x20);
+        assert!(cpu.exit(&mut l));
         assert_eq!(l.read(reg::TPR, 0), 0x20, "VTPR taken back");
         assert_eq!(l.read(reg::ISR + 0x20, 0), 1 << 16, "0x50 in service");
         assert_eq!(l.read(reg::IRR + 0x10, 0), 1 << 17, "0x31 waits");
         assert_eq!(l.read(reg::IRR + 0x20, 0), 1, "0x40 waits, 0x50 went");
         assert_eq!(l.ppr(), 0x50);
         assert_eq!(l.pending(), None, "both below the one in service");
-        // Its EOI, virtualized: the CPU clears VISR, the exit tells the I/O APIC.
+        // Its EOI, virtualized: the CPU clears VISR and exits (a level vector), the exit tells
+        // the I/O APIC. (The second 0x31 merged into the first in VIRR: nothing to write.)
+        assert_eq!(cpu.enter(&mut l), None);
+        assert_eq!(cpu.eoi(), (0x50, true));
+        assert!(cpu.exit(&mut l));
         let before = l.generation();
         assert_eq!(l.virtual_eoi(0x50), Effect::LevelEoi(0x50));
         assert!(
@@ -918,23 +896,25 @@ mod tests {
             Effect::None,
             "an edge vector's EOI has no effect"
         );
+        assert_eq!(l.read(reg::ISR + 0x20, 0), 0);
+        assert_eq!(l.pending(), Some(0x40));
     }
 
     #[test]
     fn an_unchanged_state_is_not_handed_over_again() {
         let mut l = enabled(0);
         l.accept(0x31, false);
-        let (given, before) = l.hand_over().expect("first");
+        let mut cpu = CpuVapic::new();
+        let (_, before) = cpu.enter(&mut l).expect("first");
         assert_eq!(before, None, "the page unknown: all of it written");
-        let page = page_of(&given);
         // An exit that changed nothing: nothing to write at the next entry.
-        assert!(!l.take_back(given.status, given.tpr, |o| page[&o]));
-        assert_eq!(l.hand_over(), None);
+        assert!(!cpu.exit(&mut l));
+        assert_eq!(cpu.enter(&mut l), None);
         assert!(l.handed_over());
         // A vector from another vCPU: written.
         l.accept(0x41, false);
-        assert!(!l.take_back(given.status, given.tpr, |o| page[&o]));
-        let (given, before) = l.hand_over().expect("a new vector");
+        assert!(!cpu.exit(&mut l));
+        let (given, before) = cpu.enter(&mut l).expect("a new vector");
         let before = before.expect("the page as the last entry left it");
         assert_eq!(
             (before.irr[2], given.irr[2]),
@@ -944,14 +924,11 @@ mod tests {
         // The CPU delivers 0x41, the guest ends it, and 0x41 comes again: the model is as it
         // was given, but the page is not (VIRR lost 0x41): it is handed over again, against
         // the page as the CPU left it.
-        let mut page = page_of(&given);
-        let mut status = given.status;
-        cpu_delivers(&mut page, &mut status, 0x41);
-        *page.get_mut(&(reg::ISR + 0x20)).unwrap() = 0;
-        status &= 0xff;
+        assert_eq!(cpu.deliver(), Some(0x41));
+        assert_eq!(cpu.eoi(), (0x41, false));
         l.accept(0x41, false);
-        assert!(l.take_back(status, given.tpr, |o| page[&o]));
-        let (again, before) = l.hand_over().expect("VIRR lost 0x41");
+        assert!(cpu.exit(&mut l));
+        let (again, before) = cpu.enter(&mut l).expect("VIRR lost 0x41");
         assert_eq!(again, given);
         assert_eq!(
             before.map(|b| b.irr[2]),
