@@ -390,14 +390,16 @@ impl Lapic {
 
     /// Takes back what `hand_over` gave the CPU, after a VM exit: `status` is the guest
     /// interrupt status and `tpr` VTPR now; `page(offset)` reads a word of the virtual-APIC
-    /// page: ICR's high half (which the guest writes there without an exit), and IRR and ISR
-    /// only where the CPU delivered or ended an interrupt (RVI or SVI moved: an interrupt
-    /// delivered takes the highest vector out of RVI, an EOI the highest out of SVI, and neither
-    /// can come back to its old value without the other moving), and then only the words that
-    /// held a requested or in-service vector (the CPU moves a vector from VIRR to VISR in its
-    /// own word, and clears VISR bits only). Vectors accepted meanwhile are added to the CPU's
-    /// IRR. Nothing to do when nothing was handed over. Returns whether the CPU changed IRR or
-    /// ISR.
+    /// page. While the guest ran, the CPU may have changed VIRR and VISR without an exit in
+    /// every way SDM Vol. 3C §29.1-29.2 lets it: a virtual-interrupt delivery moves a vector
+    /// from VIRR to VISR (§29.2.2), an EOI virtualization clears VISR's highest (§29.1.4), a
+    /// self-IPI virtualization sets any VIRR bit (§29.1.5: the guest's `ICR` write of a fixed,
+    /// edge self-IPI; RVI moves only if the vector is above it, so that RVI and SVI may be as
+    /// they were with VIRR and VISR changed). So all 8 words of each are read back, whatever
+    /// the status says; the model's IRR is the CPU's with the vectors accepted meanwhile
+    /// (`accept`) added, its ISR the CPU's. Also read back: ICR's high half, which the guest
+    /// writes there without an exit (§29.4.3.2: only the low half's write sends). Nothing to do
+    /// when nothing was handed over. Returns whether the CPU changed IRR or ISR.
     pub fn take_back(&mut self, status: u16, tpr: u32, page: impl Fn(u32) -> u32) -> bool {
         if !core::mem::take(&mut self.handed) {
             return false;
@@ -407,34 +409,29 @@ impl Lapic {
         };
         self.tpr = tpr & 0xff;
         p.tpr = self.tpr;
-        // The CPU keeps a write of ICR's high half in the page without an exit (SDM Vol. 3C
-        // §29.4.3.2: only the low half's write sends): the model's is the page's.
+        // The CPU clears the bytes below the destination (§29.4.3.2); masked all the same.
         self.icr_high = page(reg::ICR_HIGH) & 0xff00_0000;
-        let moved = status != p.status;
-        if moved {
-            for w in 0..8 {
-                if p.irr[w] | p.isr[w] != 0 {
-                    let at = 0x10 * w as u32;
-                    p.irr[w] = page(reg::IRR + at);
-                    p.isr[w] = page(reg::ISR + at);
-                }
-            }
-            p.status = status;
-            let mut irr = Bits::default();
-            let mut isr = Bits::default();
-            for i in 0..8 {
-                let (w, shift) = (i / 2, (i % 2) * 32);
-                irr.0[w] |= u64::from(p.irr[i]) << shift;
-                isr.0[w] |= u64::from(p.isr[i]) << shift;
-            }
-            for w in 0..4 {
-                irr.0[w] |= self.fresh.0[w];
-            }
-            self.irr = irr;
-            self.isr = isr;
+        let mut changed = false;
+        let mut irr = Bits::default();
+        let mut isr = Bits::default();
+        for i in 0..8 {
+            let at = 0x10 * i as u32;
+            let (r, s) = (page(reg::IRR + at), page(reg::ISR + at));
+            changed |= r != p.irr[i] || s != p.isr[i];
+            p.irr[i] = r;
+            p.isr[i] = s;
+            let (w, shift) = (i / 2, (i % 2) * 32);
+            irr.0[w] |= u64::from(r) << shift;
+            isr.0[w] |= u64::from(s) << shift;
         }
+        p.status = status;
+        for w in 0..4 {
+            irr.0[w] |= self.fresh.0[w];
+        }
+        self.irr = irr;
+        self.isr = isr;
         self.page = Some(p);
-        moved
+        changed
     }
 
     /// Whether the CPU holds this APIC's interrupt state now (between `hand_over` and
@@ -935,6 +932,90 @@ mod tests {
             Some(0),
             "the page as the CPU left it"
         );
+    }
+
+    /// Self-IPIs the CPU virtualizes (SDM Vol. 3C §29.1.5) set a VIRR bit without an exit,
+    /// in any word, and move RVI only when above it: `take_back` finds them all.
+    #[test]
+    fn self_ipis_the_cpu_virtualizes_are_taken_back() {
+        let mut l = enabled(0);
+        l.accept(0x80, false);
+        let mut cpu = CpuVapic::new();
+        cpu.enter(&mut l).expect("new state");
+        // The guest runs with interrupts disabled and sends itself 0x42, below RVI: neither
+        // RVI nor SVI moves.
+        let status = cpu.status;
+        assert!(cpu.self_ipi(0x42));
+        assert_eq!(cpu.status, status);
+        assert!(cpu.exit(&mut l), "the CPU changed VIRR");
+        assert_eq!(l.read(reg::IRR + 0x20, 0), 1 << 2, "0x42 taken back");
+        assert_eq!(l.read(reg::IRR + 0x40, 0), 1, "0x80 still waits");
+        // Next time the CPU delivers 0x80 and the guest sends itself 0x23, in a VIRR word
+        // that held nothing when the state was handed over.
+        cpu.enter(&mut l);
+        assert_eq!(cpu.deliver(), Some(0x80));
+        assert!(cpu.self_ipi(0x23));
+        assert!(cpu.exit(&mut l));
+        assert_eq!(l.read(reg::IRR + 0x10, 0), 1 << 3, "0x23 taken back");
+        assert_eq!(l.read(reg::IRR + 0x20, 0), 1 << 2, "0x42 still waits");
+        assert_eq!(l.read(reg::ISR + 0x40, 0), 1, "0x80 in service");
+        assert_eq!(l.pending(), None, "both below the one in service");
+        // Handed over again with a vector from another vCPU (`enter` checks that the page
+        // and the status are the model's state), both are delivered, highest first, as the
+        // guest ends each.
+        l.accept(0x21, false);
+        let (given, _) = cpu.enter(&mut l).expect("0x21 is new to the CPU");
+        assert_eq!(given.status, 0x80 << 8 | 0x42);
+        assert_eq!(cpu.deliver(), None);
+        assert_eq!(cpu.eoi(), (0x80, false));
+        assert_eq!(cpu.deliver(), Some(0x42));
+        assert_eq!(cpu.eoi(), (0x42, false));
+        assert_eq!(cpu.deliver(), Some(0x23));
+        assert_eq!(cpu.eoi(), (0x23, false));
+        assert_eq!(cpu.deliver(), Some(0x21));
+        assert_eq!(cpu.eoi(), (0x21, false));
+        assert_eq!(cpu.deliver(), None);
+        assert!(cpu.exit(&mut l));
+        for i in 0..8 {
+            assert_eq!(l.read(reg::IRR + 0x10 * i, 0), 0);
+            assert_eq!(l.read(reg::ISR + 0x10 * i, 0), 0);
+        }
+    }
+
+    /// Deliveries, EOIs and self-IPIs can leave RVI and SVI as they were with VISR changed:
+    /// the guest interrupt status alone does not say whether the CPU changed anything.
+    #[test]
+    fn an_unchanged_interrupt_status_does_not_mean_an_unchanged_state() {
+        let mut l = enabled(0);
+        l.accept(0x50, false);
+        l.accept(0x60, false);
+        l.acknowledge(0x60);
+        let mut cpu = CpuVapic::new();
+        cpu.enter(&mut l).expect("new state");
+        let status = cpu.status;
+        assert_eq!(status, 0x60 << 8 | 0x50, "RVI 0x50, SVI 0x60");
+        // The guest ends 0x60 and takes 0x50; in its handler it sends itself 0x60 and 0x50
+        // again, and takes 0x60.
+        assert_eq!(cpu.eoi(), (0x60, false));
+        assert_eq!(cpu.deliver(), Some(0x50));
+        assert!(cpu.self_ipi(0x60));
+        assert!(cpu.self_ipi(0x50));
+        assert_eq!(cpu.deliver(), Some(0x60));
+        assert_eq!(cpu.status, status, "RVI 0x50, SVI 0x60 again");
+        assert!(cpu.exit(&mut l));
+        assert_eq!(
+            l.read(reg::ISR + 0x20, 0),
+            1 << 16,
+            "0x50 in service under 0x60"
+        );
+        assert_eq!(l.read(reg::ISR + 0x30, 0), 1, "0x60 in service");
+        assert_eq!(l.read(reg::IRR + 0x20, 0), 1 << 16, "the second 0x50 waits");
+        // Handed over again, the second 0x50 waits for the first's EOI.
+        cpu.enter(&mut l);
+        assert_eq!(cpu.eoi(), (0x60, false));
+        assert_eq!(cpu.deliver(), None, "0x50 is in service");
+        assert_eq!(cpu.eoi(), (0x50, false));
+        assert_eq!(cpu.deliver(), Some(0x50));
     }
 
     #[test]
