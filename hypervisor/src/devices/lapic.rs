@@ -828,6 +828,9 @@ impl Lapic {
 mod cpu_vapic;
 
 #[cfg(test)]
+mod proptests;
+
+#[cfg(test)]
 mod tests {
     use super::cpu_vapic::CpuVapic;
     use super::*;
