@@ -397,9 +397,10 @@ impl Lapic {
     /// edge self-IPI; RVI moves only if the vector is above it, so that RVI and SVI may be as
     /// they were with VIRR and VISR changed). So all 8 words of each are read back, whatever
     /// the status says; the model's IRR is the CPU's with the vectors accepted meanwhile
-    /// (`accept`) added, its ISR the CPU's. Also read back: ICR's high half, which the guest
-    /// writes there without an exit (§29.4.3.2: only the low half's write sends). Nothing to do
-    /// when nothing was handed over. Returns whether the CPU changed IRR or ISR.
+    /// (`accept`) added, its ISR the CPU's. Also read back: ICR, whose halves the guest writes
+    /// there without an exit (§29.4.3.2: the high half's write never exits, the low half's not
+    /// when it is a self-IPI the CPU virtualizes), and reads there. Nothing to do when nothing
+    /// was handed over. Returns whether the CPU changed IRR or ISR.
     pub fn take_back(&mut self, status: u16, tpr: u32, page: impl Fn(u32) -> u32) -> bool {
         if !core::mem::take(&mut self.handed) {
             return false;
@@ -411,6 +412,8 @@ impl Lapic {
         p.tpr = self.tpr;
         // The CPU clears the bytes below the destination (§29.4.3.2); masked all the same.
         self.icr_high = page(reg::ICR_HIGH) & 0xff00_0000;
+        // Delivery status (bit 12) is 0 in a self-IPI the CPU virtualizes; sends are immediate.
+        self.icr_low = page(reg::ICR_LOW) & !(1 << 12);
         let mut changed = false;
         let mut irr = Bits::default();
         let mut isr = Bits::default();
@@ -1019,6 +1022,23 @@ mod tests {
         assert_eq!(cpu.deliver(), None, "0x50 is in service");
         assert_eq!(cpu.eoi(), (0x50, false));
         assert_eq!(cpu.deliver(), Some(0x50));
+    }
+
+    /// A self-IPI the CPU virtualizes leaves the guest's command in the page's ICR (SDM Vol.
+    /// 3C §29.4.3.1: the write is done there), where the guest reads it: the model takes it
+    /// back, and the page keeps it when its registers are written again.
+    #[test]
+    fn a_virtualized_self_ipi_leaves_its_command_in_icr() {
+        let mut l = enabled(0);
+        let mut cpu = CpuVapic::new();
+        cpu.enter(&mut l);
+        assert!(cpu.self_ipi(0x42));
+        cpu.exit(&mut l);
+        assert_eq!(l.read(reg::ICR_LOW, 0), 1 << 18 | 0x42);
+        // An APIC-write exit for another register: the page's registers are written again.
+        l.write(reg::LVT_TIMER, 0xec, 0);
+        cpu.enter(&mut l);
+        assert_eq!(cpu.word(reg::ICR_LOW), 1 << 18 | 0x42);
     }
 
     #[test]

@@ -18,9 +18,10 @@
 //! It writes the page at VM entry as `vcpu/virtual_apic.rs` does (`enter`: the page registers
 //! after a generation change, then only the words `hand_over` says differ) and takes the state
 //! back as it does (`exit`); and it checks, at each entry, that what the model believes the page
-//! and the VMCS hold is what they hold.
+//! and the VMCS hold is what they hold, and that the page then shows the model's state and
+//! registers.
 
-use super::{Lapic, VirtualState, reg};
+use super::{Lapic, PAGE_REGISTERS, VirtualState, reg};
 
 /// VICR_LO bits that must be 0 for self-IPI virtualization (§29.4.3.2): reserved bits 31:20,
 /// 17:16 and 13, and bit 12 (delivery status).
@@ -174,6 +175,13 @@ impl CpuVapic {
             lapic.image(),
             "after an entry, the page and the VMCS hold the model's state"
         );
+        for o in PAGE_REGISTERS {
+            assert_eq!(
+                self.word(o),
+                lapic.read(o, 0),
+                "after an entry, the page shows the model's register at {o:#x}"
+            );
+        }
         self.ppr_virtualization();
         given
     }

@@ -18,10 +18,10 @@
 //! time: before a VM entry it hands its TPR, IRR and ISR over (`Lapic::hand_over`: what differs
 //! from what the page and the guest interrupt status hold is written here, nothing after an
 //! exit that touched no interrupt), and the first look at the model after an exit takes them
-//! back (`Lapic::take_back`: a VMREAD of the guest interrupt status and 18 reads of the page,
-//! VTPR, ICR's high half and every word of VIRR and VISR: besides delivering and ending
-//! interrupts, the CPU sets a VIRR bit for each self-IPI the guest sends (§29.1.5), in any word,
-//! without an exit and without moving RVI when the vector is below it).
+//! back (`Lapic::take_back`: a VMREAD of the guest interrupt status and 19 reads of the page,
+//! VTPR, ICR and every word of VIRR and VISR: besides delivering and ending interrupts, the CPU
+//! sets a VIRR bit for each self-IPI the guest sends (§29.1.5), in any word, without an exit
+//! and without moving RVI when the vector is below it).
 //! The other registers are written to the page only after they changed (`Lapic::generation`).
 //! Without all four controls every access is an EPT violation, decoded and emulated
 //! (`vmexit::lapic::mmio`), as with `apic=emulated`.
