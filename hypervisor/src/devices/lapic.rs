@@ -651,10 +651,13 @@ impl Lapic {
         }
     }
 
-    /// Reads the 32-bit register at `offset` (16-byte aligned; other offsets read 0) at TSC
-    /// `now`.
+    /// Reads the 32-bit register at page offset `offset` at TSC `now`. The registers are at
+    /// 16-byte boundaries: other offsets, as reserved ones, read 0.
     #[must_use]
     pub fn read(&self, offset: u32, now: u64) -> u32 {
+        if !offset.is_multiple_of(16) {
+            return 0;
+        }
         match offset {
             reg::ID => u32::from(self.id) << 24,
             reg::VERSION => VERSION,
@@ -681,8 +684,12 @@ impl Lapic {
         }
     }
 
-    /// Writes the 32-bit register at `offset` at TSC `now`; what the caller must do next.
+    /// Writes the 32-bit register at page offset `offset` at TSC `now`; what the caller must do
+    /// next. A write at an offset that is not a register's 16-byte boundary is ignored.
     pub fn write(&mut self, offset: u32, value: u32, now: u64) -> Effect {
+        if !offset.is_multiple_of(16) {
+            return Effect::None;
+        }
         self.generation += 1;
         self.dirty = true;
         match offset {
@@ -1077,6 +1084,36 @@ mod tests {
         assert_eq!(l.generation(), g);
         l.write(reg::TPR, 0x10, 0);
         assert!(l.generation() > g);
+    }
+
+    /// The registers are 32 bits at 16-byte boundaries: an offset within one's 16 bytes is
+    /// no register (it reads 0, a write there changes nothing), within the ranges of IRR, ISR,
+    /// TMR and the LVT too.
+    #[test]
+    fn only_16_byte_boundaries_are_registers() {
+        let mut l = enabled(0);
+        l.accept(0x21, true);
+        l.write(reg::LVT_TIMER, 0xec, 0);
+        for o in [
+            reg::IRR + 0x10,
+            reg::TMR + 0x10,
+            reg::LVT_TIMER,
+            reg::VERSION,
+        ] {
+            assert_ne!(l.read(o, 0), 0, "{o:#x}");
+            for d in 1..16 {
+                assert_eq!(l.read(o + d, 0), 0, "{:#x}", o + d);
+            }
+        }
+        let before = l.clone();
+        for d in 1..16 {
+            l.write(reg::LVT_TIMER + d, 0x1_00fe, 0);
+            l.write(reg::SVR + d, 0, 0);
+            l.write(reg::EOI + d, 0, 0);
+        }
+        assert_eq!(l.read(reg::LVT_TIMER, 0), 0xec);
+        assert!(l.software_enabled());
+        assert_eq!(l.generation(), before.generation(), "nothing written");
     }
 
     #[test]
