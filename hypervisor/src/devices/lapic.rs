@@ -29,6 +29,8 @@
 //! - Error status: only "illegal vector" (vectors 0-15 sent or received) and "send illegal
 //!   vector" are raised.
 
+use crate::mmio_decode::Op;
+
 /// Register offsets (the APIC page's byte offsets).
 pub mod reg {
     pub const ID: u32 = 0x20;
@@ -165,6 +167,15 @@ pub enum Effect {
     LevelEoi(u8),
     /// The timer changed: its next event is `next_event`.
     Timer,
+}
+
+/// What a guest's instruction did at the local APIC's page ([`Lapic::mmio`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mmio {
+    /// A load: general register `reg` (0-15) gets `value`, zero-extended (a 32-bit load).
+    Load { reg: u8, value: u32 },
+    /// A store, and what it asks of the caller.
+    Store(Effect),
 }
 
 /// A 256-bit vector register (ISR, IRR, TMR).
@@ -758,6 +769,24 @@ impl Lapic {
         Effect::None
     }
 
+    /// A guest's access at byte `offset` of the APIC page (0-0xfff), by the instruction
+    /// `mmio_decode` decoded as `op`, at TSC `now`: an EPT violation at the page, or an
+    /// APIC-access exit (SDM Vol. 3C §29.4.4) for an access the CPU does not virtualize.
+    /// `gpr(r)` is general register `r`, for a store from a register (the low 32 bits are
+    /// stored). An access where no register is behind it reads 0 or is ignored (`read`,
+    /// `write`). The caller completes a load into the register and carries out a store's
+    /// effect, and moves RIP past the instruction.
+    pub fn mmio(&mut self, offset: u32, op: Op, gpr: impl FnOnce(u8) -> u64, now: u64) -> Mmio {
+        match op {
+            Op::Read { reg } => Mmio::Load {
+                reg,
+                value: self.read(offset, now),
+            },
+            Op::Write { reg } => Mmio::Store(self.write(offset, gpr(reg) as u32, now)),
+            Op::WriteImm { imm } => Mmio::Store(self.write(offset, imm, now)),
+        }
+    }
+
     /// IA32_TSC_DEADLINE written (TSC-deadline mode only; 0 disarms).
     pub fn write_deadline(&mut self, tsc: u64) -> Effect {
         if self.timer_mode() != TimerMode::TscDeadline {
@@ -1114,6 +1143,50 @@ mod tests {
         assert_eq!(l.read(reg::LVT_TIMER, 0), 0xec);
         assert!(l.software_enabled());
         assert_eq!(l.generation(), before.generation(), "nothing written");
+    }
+
+    /// Linux's moves, decoded, reach the registers as the exit handlers pass them on.
+    #[test]
+    fn decoded_moves_reach_the_registers() {
+        use crate::mmio_decode::decode;
+        let mut l = enabled(0);
+        let none = |_| panic!("no register is stored");
+        // mov 0xffffffffff5fc0f0,%eax: SVR into EAX.
+        let a = decode(&[0x8b, 0x04, 0x25, 0xf0, 0xc0, 0x5f, 0xff], true).unwrap();
+        assert_eq!(
+            l.mmio(reg::SVR, a.op, none, 0),
+            Mmio::Load {
+                reg: 0,
+                value: SVR_ENABLE | 0xff
+            }
+        );
+        // movl $0x10000,0xffffffffff5fc380: the timer's initial count.
+        let a = decode(
+            &[0xc7, 0x04, 0x25, 0x80, 0xc3, 0x5f, 0xff, 0, 0, 1, 0],
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            l.mmio(reg::TIMER_INITIAL, a.op, none, 5),
+            Mmio::Store(Effect::Timer)
+        );
+        assert_eq!(l.read(reg::TIMER_INITIAL, 0), 0x10000);
+        // mov %r8d,(%rax) at ICR's low half: a self-IPI, R8's low 32 bits.
+        let a = decode(&[0x44, 0x89, 0x00], true).unwrap();
+        let r8 = |r| {
+            assert_eq!(r, 8);
+            0xdead_0000_0004_00f3
+        };
+        let Mmio::Store(Effect::Ipi(ipi)) = l.mmio(reg::ICR_LOW, a.op, r8, 0) else {
+            panic!("no IPI")
+        };
+        assert_eq!((ipi.vector, ipi.destination), (0xf3, Destination::ToSelf));
+        // mov 0x10(%rbx),%ecx between two registers.
+        let a = decode(&[0x8b, 0x4b, 0x10], true).unwrap();
+        assert_eq!(
+            l.mmio(reg::SVR + 4, a.op, none, 0),
+            Mmio::Load { reg: 1, value: 0 }
+        );
     }
 
     #[test]
