@@ -74,6 +74,10 @@ const TIMER_MODE_SHIFT: u32 = 17;
 const DELIVERY_SHIFT: u32 = 8;
 /// SVR bit 8: APIC software enable.
 const SVR_ENABLE: u32 = 1 << 8;
+/// SVR's writable bits: the spurious vector, software enable, focus processor checking (bit 9).
+/// Bit 12 (EOI-broadcast suppression) is reserved to 0, as `VERSION` does not offer it (SDM Vol.
+/// 3A, "Spurious-Interrupt Vector Register", "EOI-Broadcast Suppression").
+const SVR_WRITABLE: u32 = 0x3ff;
 /// ICR bit 12: delivery status (send pending); never set here, sends are immediate.
 const ICR_DEST_LOGICAL: u32 = 1 << 11;
 const ICR_LEVEL_ASSERT: u32 = 1 << 14;
@@ -710,7 +714,7 @@ impl Lapic {
             reg::LDR => self.ldr = value & 0xff00_0000,
             reg::DFR => self.dfr = value | 0x0fff_ffff,
             reg::SVR => {
-                self.svr = value & 0x13ff;
+                self.svr = value & SVR_WRITABLE;
                 if !self.software_enabled() {
                     // Software-disabled: every LVT masked.
                     for l in &mut self.lvt {
@@ -1238,6 +1242,16 @@ mod tests {
         assert_eq!(l.read(reg::ESR, 0), 0);
         l.write(reg::ESR, 0, 0);
         assert_eq!(l.read(reg::ESR, 0), ESR_RECEIVE_ILLEGAL);
+    }
+
+    /// SVR keeps what this APIC has: no EOI-broadcast suppression (version bit 24 clear), so
+    /// SVR bit 12 stays 0, as the other reserved bits.
+    #[test]
+    fn svr_has_no_eoi_broadcast_suppression() {
+        let mut l = Lapic::new(0);
+        assert_eq!(VERSION & 1 << 24, 0);
+        l.write(reg::SVR, 0xffff_ffff, 0);
+        assert_eq!(l.read(reg::SVR, 0), 0x3ff);
     }
 
     #[test]
