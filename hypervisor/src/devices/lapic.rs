@@ -700,10 +700,18 @@ impl Lapic {
     }
 
     /// Writes the 32-bit register at page offset `offset` at TSC `now`; what the caller must do
-    /// next. A write at an offset that is not a register's 16-byte boundary is ignored.
+    /// next. A write at an offset that is not a register's 16-byte boundary is ignored. A write
+    /// that changes the timer (its LVT, counts, divider, or SVR, which masks it) finds an
+    /// expiry due by `now` raised already, as it was on time.
     pub fn write(&mut self, offset: u32, value: u32, now: u64) -> Effect {
         if !offset.is_multiple_of(16) {
             return Effect::None;
+        }
+        if matches!(
+            offset,
+            reg::LVT_TIMER | reg::TIMER_INITIAL | reg::TIMER_DIVIDE | reg::SVR
+        ) {
+            self.run_timer(now);
         }
         self.generation += 1;
         self.dirty = true;
@@ -791,11 +799,13 @@ impl Lapic {
         }
     }
 
-    /// IA32_TSC_DEADLINE written (TSC-deadline mode only; 0 disarms).
-    pub fn write_deadline(&mut self, tsc: u64) -> Effect {
+    /// IA32_TSC_DEADLINE written at TSC `now` (TSC-deadline mode only; 0 disarms). A deadline
+    /// that passed by `now` has raised its interrupt already, as it did on time.
+    pub fn write_deadline(&mut self, tsc: u64, now: u64) -> Effect {
         if self.timer_mode() != TimerMode::TscDeadline {
             return Effect::None;
         }
+        self.run_timer(now);
         self.deadline = tsc;
         Effect::Timer
     }
@@ -1285,26 +1295,65 @@ mod tests {
         assert_eq!(l.pending(), None);
     }
 
+    /// A write to the timer's registers (or the deadline's MSR) after an expiry the timer
+    /// has not been run to yet finds the interrupt raised, as it was on time: the write does
+    /// not lose it.
+    #[test]
+    fn a_timer_write_after_an_expiry_keeps_its_interrupt() {
+        let one_shot = |l: &mut Lapic| {
+            l.write(reg::TIMER_DIVIDE, 0xb, 0); // divide by 1
+            l.write(reg::LVT_TIMER, 0xec, 0);
+            l.write(reg::TIMER_INITIAL, 1000, 0);
+        };
+        let rearm: [(u32, u32); 4] = [
+            (reg::TIMER_INITIAL, 1000),
+            (reg::TIMER_DIVIDE, 0),
+            (reg::LVT_TIMER, MASKED | 0xec),
+            (reg::SVR, 0xff),
+        ];
+        for (o, v) in rearm {
+            let mut l = enabled(0);
+            one_shot(&mut l);
+            // Due at 1000; the guest writes at 1500, before the timer is run.
+            l.write(o, v, 1500);
+            assert_eq!(l.pending(), Some(0xec), "a write at {o:#x}");
+        }
+        // Masked at expiry: no interrupt, unmasked after.
+        let mut l = enabled(0);
+        l.write(reg::TIMER_DIVIDE, 0xb, 0);
+        l.write(reg::LVT_TIMER, MASKED | 0xec, 0);
+        l.write(reg::TIMER_INITIAL, 1000, 0);
+        l.write(reg::LVT_TIMER, 0xec, 1500);
+        assert_eq!(l.pending(), None);
+        // The deadline's MSR: a deadline that passed fires before the next one is set.
+        let mut l = enabled(0);
+        l.write(reg::LVT_TIMER, (2 << TIMER_MODE_SHIFT) | 0xef, 0);
+        l.write_deadline(1000, 0);
+        assert_eq!(l.write_deadline(5000, 1100), Effect::Timer);
+        assert_eq!(l.pending(), Some(0xef));
+        assert_eq!(l.next_event(), Some(5000));
+    }
+
     #[test]
     fn tsc_deadline_mode() {
         let mut l = enabled(0);
         // Not in deadline mode: the MSR is ignored.
-        assert_eq!(l.write_deadline(500), Effect::None);
+        assert_eq!(l.write_deadline(500, 0), Effect::None);
         l.write(reg::LVT_TIMER, (2 << TIMER_MODE_SHIFT) | 0xef, 0);
         assert_eq!(l.timer_mode(), TimerMode::TscDeadline);
         // The initial count is ignored in this mode.
         assert_eq!(l.write(reg::TIMER_INITIAL, 10, 0), Effect::None);
-        assert_eq!(l.write_deadline(5000), Effect::Timer);
+        assert_eq!(l.write_deadline(5000, 0), Effect::Timer);
         assert_eq!(l.deadline(), 5000);
         assert!(!l.run_timer(4999));
         assert!(l.run_timer(5000));
         assert_eq!(l.deadline(), 0);
         assert_eq!(l.pending(), Some(0xef));
         // A deadline at the end of time never comes.
-        l.write_deadline(u64::MAX);
+        l.write_deadline(u64::MAX, 5000);
         assert!(!l.run_timer(100));
         // A mode change disarms.
-        l.write_deadline(9000);
+        l.write_deadline(9000, 5000);
         assert_eq!(l.write(reg::LVT_TIMER, 0xef, 0), Effect::Timer);
         assert_eq!(l.next_event(), None);
     }
