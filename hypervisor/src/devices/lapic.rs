@@ -1,10 +1,13 @@
 //! A vCPU's local APIC in xAPIC mode: the register file a guest reads and writes at
 //! 0xfee00000, the timer, interrupt acceptance and priorities, EOI, and the IPIs its ICR sends.
-//! Pure logic: the caller decodes the guest's access (an APIC-access exit or an EPT violation)
-//! into [`Lapic::read`] / [`Lapic::write`], carries out the [`Effect`] a write returns (an IPI to
-//! other vCPUs, an EOI to broadcast to the I/O APIC), injects [`Lapic::pending`]'s vector when the
-//! vCPU can take it and calls [`Lapic::acknowledge`] then, and wakes the vCPU at
-//! [`Lapic::next_event`] (the timer).
+//! Pure logic: the caller decodes the guest's access (an APIC-access exit or an EPT violation,
+//! `mmio_decode`) and applies it with [`Lapic::mmio`] (an APIC-write exit's with
+//! [`Lapic::write`]), carries out the [`Effect`] a write returns (an IPI to other vCPUs, an EOI
+//! to broadcast to the I/O APIC), injects [`Lapic::pending`]'s vector when the vCPU can take it
+//! and calls [`Lapic::acknowledge`] then, and wakes the vCPU at [`Lapic::next_event`] (the
+//! timer). With the CPU's virtual-interrupt delivery, the CPU delivers the vectors instead:
+//! [`Lapic::hand_over`] gives it TPR, IRR and ISR before a VM entry, [`Lapic::take_back`] takes
+//! back what it made of them after the exit.
 //!
 //! Why xAPIC and not x2APIC: Debian's 6.1 kernel turns x2APIC on without interrupt remapping only
 //! where `x86_init.hyper.x2apic_available()` says so, which is true for hypervisors it knows (KVM,
