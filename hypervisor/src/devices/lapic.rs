@@ -1,10 +1,13 @@
 //! A vCPU's local APIC in xAPIC mode: the register file a guest reads and writes at
 //! 0xfee00000, the timer, interrupt acceptance and priorities, EOI, and the IPIs its ICR sends.
-//! Pure logic: the caller decodes the guest's access (an APIC-access exit or an EPT violation)
-//! into [`Lapic::read`] / [`Lapic::write`], carries out the [`Effect`] a write returns (an IPI to
-//! other vCPUs, an EOI to broadcast to the I/O APIC), injects [`Lapic::pending`]'s vector when the
-//! vCPU can take it and calls [`Lapic::acknowledge`] then, and wakes the vCPU at
-//! [`Lapic::next_event`] (the timer).
+//! Pure logic: the caller decodes the guest's access (an APIC-access exit or an EPT violation,
+//! `mmio_decode`) and applies it with [`Lapic::mmio`] (an APIC-write exit's with
+//! [`Lapic::write`]), carries out the [`Effect`] a write returns (an IPI to other vCPUs, an EOI
+//! to broadcast to the I/O APIC), injects [`Lapic::pending`]'s vector when the vCPU can take it
+//! and calls [`Lapic::acknowledge`] then, and wakes the vCPU at [`Lapic::next_event`] (the
+//! timer). With the CPU's virtual-interrupt delivery, the CPU delivers the vectors instead:
+//! [`Lapic::hand_over`] gives it TPR, IRR and ISR before a VM entry, [`Lapic::take_back`] takes
+//! back what it made of them after the exit.
 //!
 //! Why xAPIC and not x2APIC: Debian's 6.1 kernel turns x2APIC on without interrupt remapping only
 //! where `x86_init.hyper.x2apic_available()` says so, which is true for hypervisors it knows (KVM,
@@ -28,6 +31,8 @@
 //!   arbitration be model-specific; Linux uses physical fixed delivery).
 //! - Error status: only "illegal vector" (vectors 0-15 sent or received) and "send illegal
 //!   vector" are raised.
+
+use crate::mmio_decode::Op;
 
 /// Register offsets (the APIC page's byte offsets).
 pub mod reg {
@@ -72,6 +77,10 @@ const TIMER_MODE_SHIFT: u32 = 17;
 const DELIVERY_SHIFT: u32 = 8;
 /// SVR bit 8: APIC software enable.
 const SVR_ENABLE: u32 = 1 << 8;
+/// SVR's writable bits: the spurious vector, software enable, focus processor checking (bit 9).
+/// Bit 12 (EOI-broadcast suppression) is reserved to 0, as `VERSION` does not offer it (SDM Vol.
+/// 3A, "Spurious-Interrupt Vector Register", "EOI-Broadcast Suppression").
+const SVR_WRITABLE: u32 = 0x3ff;
 /// ICR bit 12: delivery status (send pending); never set here, sends are immediate.
 const ICR_DEST_LOGICAL: u32 = 1 << 11;
 const ICR_LEVEL_ASSERT: u32 = 1 << 14;
@@ -165,6 +174,15 @@ pub enum Effect {
     LevelEoi(u8),
     /// The timer changed: its next event is `next_event`.
     Timer,
+}
+
+/// What a guest's instruction did at the local APIC's page ([`Lapic::mmio`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mmio {
+    /// A load: general register `reg` (0-15) gets `value`, zero-extended (a 32-bit load).
+    Load { reg: u8, value: u32 },
+    /// A store, and what it asks of the caller.
+    Store(Effect),
 }
 
 /// A 256-bit vector register (ISR, IRR, TMR).
@@ -390,14 +408,17 @@ impl Lapic {
 
     /// Takes back what `hand_over` gave the CPU, after a VM exit: `status` is the guest
     /// interrupt status and `tpr` VTPR now; `page(offset)` reads a word of the virtual-APIC
-    /// page: ICR's high half (which the guest writes there without an exit), and IRR and ISR
-    /// only where the CPU delivered or ended an interrupt (RVI or SVI moved: an interrupt
-    /// delivered takes the highest vector out of RVI, an EOI the highest out of SVI, and neither
-    /// can come back to its old value without the other moving), and then only the words that
-    /// held a requested or in-service vector (the CPU moves a vector from VIRR to VISR in its
-    /// own word, and clears VISR bits only). Vectors accepted meanwhile are added to the CPU's
-    /// IRR. Nothing to do when nothing was handed over. Returns whether the CPU changed IRR or
-    /// ISR.
+    /// page. While the guest ran, the CPU may have changed VIRR and VISR without an exit in
+    /// every way SDM Vol. 3C §29.1-29.2 lets it: a virtual-interrupt delivery moves a vector
+    /// from VIRR to VISR (§29.2.2), an EOI virtualization clears VISR's highest (§29.1.4), a
+    /// self-IPI virtualization sets any VIRR bit (§29.1.5: the guest's `ICR` write of a fixed,
+    /// edge self-IPI; RVI moves only if the vector is above it, so that RVI and SVI may be as
+    /// they were with VIRR and VISR changed). So all 8 words of each are read back, whatever
+    /// the status says; the model's IRR is the CPU's with the vectors accepted meanwhile
+    /// (`accept`) added, its ISR the CPU's. Also read back: ICR, whose halves the guest writes
+    /// there without an exit (§29.4.3.2: the high half's write never exits, the low half's not
+    /// when it is a self-IPI the CPU virtualizes), and reads there. Nothing to do when nothing
+    /// was handed over. Returns whether the CPU changed IRR or ISR.
     pub fn take_back(&mut self, status: u16, tpr: u32, page: impl Fn(u32) -> u32) -> bool {
         if !core::mem::take(&mut self.handed) {
             return false;
@@ -407,34 +428,31 @@ impl Lapic {
         };
         self.tpr = tpr & 0xff;
         p.tpr = self.tpr;
-        // The CPU keeps a write of ICR's high half in the page without an exit (SDM Vol. 3C
-        // §29.4.3.2: only the low half's write sends): the model's is the page's.
+        // The CPU clears the bytes below the destination (§29.4.3.2); masked all the same.
         self.icr_high = page(reg::ICR_HIGH) & 0xff00_0000;
-        let moved = status != p.status;
-        if moved {
-            for w in 0..8 {
-                if p.irr[w] | p.isr[w] != 0 {
-                    let at = 0x10 * w as u32;
-                    p.irr[w] = page(reg::IRR + at);
-                    p.isr[w] = page(reg::ISR + at);
-                }
-            }
-            p.status = status;
-            let mut irr = Bits::default();
-            let mut isr = Bits::default();
-            for i in 0..8 {
-                let (w, shift) = (i / 2, (i % 2) * 32);
-                irr.0[w] |= u64::from(p.irr[i]) << shift;
-                isr.0[w] |= u64::from(p.isr[i]) << shift;
-            }
-            for w in 0..4 {
-                irr.0[w] |= self.fresh.0[w];
-            }
-            self.irr = irr;
-            self.isr = isr;
+        // Delivery status (bit 12) is 0 in a self-IPI the CPU virtualizes; sends are immediate.
+        self.icr_low = page(reg::ICR_LOW) & !(1 << 12);
+        let mut changed = false;
+        let mut irr = Bits::default();
+        let mut isr = Bits::default();
+        for i in 0..8 {
+            let at = 0x10 * i as u32;
+            let (r, s) = (page(reg::IRR + at), page(reg::ISR + at));
+            changed |= r != p.irr[i] || s != p.isr[i];
+            p.irr[i] = r;
+            p.isr[i] = s;
+            let (w, shift) = (i / 2, (i % 2) * 32);
+            irr.0[w] |= u64::from(r) << shift;
+            isr.0[w] |= u64::from(s) << shift;
         }
+        p.status = status;
+        for w in 0..4 {
+            irr.0[w] |= self.fresh.0[w];
+        }
+        self.irr = irr;
+        self.isr = isr;
         self.page = Some(p);
-        moved
+        changed
     }
 
     /// Whether the CPU holds this APIC's interrupt state now (between `hand_over` and
@@ -651,10 +669,13 @@ impl Lapic {
         }
     }
 
-    /// Reads the 32-bit register at `offset` (16-byte aligned; other offsets read 0) at TSC
-    /// `now`.
+    /// Reads the 32-bit register at page offset `offset` at TSC `now`. The registers are at
+    /// 16-byte boundaries: other offsets, as reserved ones, read 0.
     #[must_use]
     pub fn read(&self, offset: u32, now: u64) -> u32 {
+        if !offset.is_multiple_of(16) {
+            return 0;
+        }
         match offset {
             reg::ID => u32::from(self.id) << 24,
             reg::VERSION => VERSION,
@@ -681,8 +702,20 @@ impl Lapic {
         }
     }
 
-    /// Writes the 32-bit register at `offset` at TSC `now`; what the caller must do next.
+    /// Writes the 32-bit register at page offset `offset` at TSC `now`; what the caller must do
+    /// next. A write at an offset that is not a register's 16-byte boundary is ignored. A write
+    /// that changes the timer (its LVT, counts, divider, or SVR, which masks it) finds an
+    /// expiry due by `now` raised already, as it was on time.
     pub fn write(&mut self, offset: u32, value: u32, now: u64) -> Effect {
+        if !offset.is_multiple_of(16) {
+            return Effect::None;
+        }
+        if matches!(
+            offset,
+            reg::LVT_TIMER | reg::TIMER_INITIAL | reg::TIMER_DIVIDE | reg::SVR
+        ) {
+            self.run_timer(now);
+        }
         self.generation += 1;
         self.dirty = true;
         match offset {
@@ -692,7 +725,7 @@ impl Lapic {
             reg::LDR => self.ldr = value & 0xff00_0000,
             reg::DFR => self.dfr = value | 0x0fff_ffff,
             reg::SVR => {
-                self.svr = value & 0x13ff;
+                self.svr = value & SVR_WRITABLE;
                 if !self.software_enabled() {
                     // Software-disabled: every LVT masked.
                     for l in &mut self.lvt {
@@ -751,11 +784,31 @@ impl Lapic {
         Effect::None
     }
 
-    /// IA32_TSC_DEADLINE written (TSC-deadline mode only; 0 disarms).
-    pub fn write_deadline(&mut self, tsc: u64) -> Effect {
+    /// A guest's access at byte `offset` of the APIC page (0-0xfff), by the instruction
+    /// `mmio_decode` decoded as `op`, at TSC `now`: an EPT violation at the page, or an
+    /// APIC-access exit (SDM Vol. 3C §29.4.4) for an access the CPU does not virtualize.
+    /// `gpr(r)` is general register `r`, for a store from a register (the low 32 bits are
+    /// stored). An access where no register is behind it reads 0 or is ignored (`read`,
+    /// `write`). The caller completes a load into the register and carries out a store's
+    /// effect, and moves RIP past the instruction.
+    pub fn mmio(&mut self, offset: u32, op: Op, gpr: impl FnOnce(u8) -> u64, now: u64) -> Mmio {
+        match op {
+            Op::Read { reg } => Mmio::Load {
+                reg,
+                value: self.read(offset, now),
+            },
+            Op::Write { reg } => Mmio::Store(self.write(offset, gpr(reg) as u32, now)),
+            Op::WriteImm { imm } => Mmio::Store(self.write(offset, imm, now)),
+        }
+    }
+
+    /// IA32_TSC_DEADLINE written at TSC `now` (TSC-deadline mode only; 0 disarms). A deadline
+    /// that passed by `now` has raised its interrupt already, as it did on time.
+    pub fn write_deadline(&mut self, tsc: u64, now: u64) -> Effect {
         if self.timer_mode() != TimerMode::TscDeadline {
             return Effect::None;
         }
+        self.run_timer(now);
         self.deadline = tsc;
         Effect::Timer
     }
@@ -828,7 +881,14 @@ impl Lapic {
 }
 
 #[cfg(test)]
+mod cpu_vapic;
+
+#[cfg(test)]
+mod proptests;
+
+#[cfg(test)]
 mod tests {
+    use super::cpu_vapic::CpuVapic;
     use super::*;
 
     fn enabled(id: u8) -> Lapic {
@@ -837,39 +897,13 @@ mod tests {
         l
     }
 
-    /// A virtual-APIC page: the 32-bit words at the offsets written.
-    fn page_of(v: &VirtualState) -> std::collections::HashMap<u32, u32> {
-        let mut page = std::collections::HashMap::new();
-        page.insert(reg::TPR, v.tpr);
-        page.insert(reg::ICR_HIGH, 0);
-        for i in 0..8u32 {
-            page.insert(reg::IRR + 0x10 * i, v.irr[i as usize]);
-            page.insert(reg::ISR + 0x10 * i, v.isr[i as usize]);
-        }
-        page
-    }
-
-    /// What the CPU does when it delivers virtual interrupt `v` (SDM Vol. 3C §29.2.2) or
-    /// virtualizes an EOI (§29.1.4), on a page and a guest interrupt status.
-    fn cpu_delivers(page: &mut std::collections::HashMap<u32, u32>, status: &mut u16, v: u8) {
-        let at = |base: u32| base + 0x10 * (u32::from(v) / 32);
-        *page.get_mut(&at(reg::IRR)).unwrap() &= !(1 << (v % 32));
-        *page.get_mut(&at(reg::ISR)).unwrap() |= 1 << (v % 32);
-        let highest = |base: u32| {
-            (0..256u32)
-                .rev()
-                .find(|&x| page[&(base + 0x10 * (x / 32))] & (1 << (x % 32)) != 0)
-                .unwrap_or(0) as u16
-        };
-        *status = highest(reg::IRR) | highest(reg::ISR) << 8;
-    }
-
     #[test]
     fn virtual_interrupt_delivery_hands_the_state_over_and_back() {
         let mut l = enabled(0);
         l.accept(0x31, false);
         l.accept(0x50, true);
-        let (given, _) = l.hand_over().expect("new state");
+        let mut cpu = CpuVapic::new();
+        let (given, _) = cpu.enter(&mut l).expect("new state");
         assert!(l.handed_over());
         assert_eq!(given.status, 0x50, "RVI 0x50, SVI 0");
         assert_eq!(given.irr[1], 1 << 17, "0x31 in VIRR's second word");
@@ -879,34 +913,34 @@ mod tests {
             1 << (0x50 - 64),
             "the level vector's EOI exits"
         );
-        // Nothing delivered: RVI and SVI as given, the page is not read, and a vector that
-        // came meanwhile is kept.
+        // Nothing delivered (the guest runs with interrupts disabled), and a vector that came
+        // meanwhile is kept. The guest wrote ICR's high half, which exits only with the low
+        // half's write.
         l.accept(0x40, false);
-        // The guest wrote ICR's high half, which exits only with the low half's write.
-        let icr_only = |o| match o {
-            reg::ICR_HIGH => 0x0100_0000,
-            _ => panic!("page read at {o:#x}"),
-        };
-        assert!(!l.take_back(given.status, 0, icr_only));
+        cpu.write_icr_high(0x0100_0000);
+        assert!(!cpu.exit(&mut l), "the CPU changed neither IRR nor ISR");
         assert_eq!(l.read(reg::ICR_HIGH, 0), 0x0100_0000);
         assert!(!l.handed_over());
         assert_eq!(l.pending(), Some(0x50));
-        // The CPU delivers 0x50 and 0x31; meanwhile another 0x31 arrives (an IPI from the
-        // other vCPU): it waits behind the one in service.
-        let (given, _) = l.hand_over().expect("new state");
-        let mut page = page_of(&given);
-        let mut status = given.status;
-        cpu_delivers(&mut page, &mut status, 0x50);
-        assert_eq!(status, 0x50 << 8 | 0x40);
+        // The CPU delivers 0x50; meanwhile another 0x31 arrives (an IPI from the other vCPU):
+        // it waits behind the one in service. The guest raises its TPR.
+        cpu.enter(&mut l).expect("new state");
+        assert_eq!(cpu.deliver(), Some(0x50));
+        assert_eq!(cpu.status, 0x50 << 8 | 0x40);
         l.accept(0x31, false);
-        assert!(l.take_back(status, 0x20, |o| page[&o]));
+        cpu.write_tpr(0x20);
+        assert!(cpu.exit(&mut l));
         assert_eq!(l.read(reg::TPR, 0), 0x20, "VTPR taken back");
         assert_eq!(l.read(reg::ISR + 0x20, 0), 1 << 16, "0x50 in service");
         assert_eq!(l.read(reg::IRR + 0x10, 0), 1 << 17, "0x31 waits");
         assert_eq!(l.read(reg::IRR + 0x20, 0), 1, "0x40 waits, 0x50 went");
         assert_eq!(l.ppr(), 0x50);
         assert_eq!(l.pending(), None, "both below the one in service");
-        // Its EOI, virtualized: the CPU clears VISR, the exit tells the I/O APIC.
+        // Its EOI, virtualized: the CPU clears VISR and exits (a level vector), the exit tells
+        // the I/O APIC. (The second 0x31 merged into the first in VIRR: nothing to write.)
+        assert_eq!(cpu.enter(&mut l), None);
+        assert_eq!(cpu.eoi(), (0x50, true));
+        assert!(cpu.exit(&mut l));
         let before = l.generation();
         assert_eq!(l.virtual_eoi(0x50), Effect::LevelEoi(0x50));
         assert!(
@@ -918,23 +952,25 @@ mod tests {
             Effect::None,
             "an edge vector's EOI has no effect"
         );
+        assert_eq!(l.read(reg::ISR + 0x20, 0), 0);
+        assert_eq!(l.pending(), Some(0x40));
     }
 
     #[test]
     fn an_unchanged_state_is_not_handed_over_again() {
         let mut l = enabled(0);
         l.accept(0x31, false);
-        let (given, before) = l.hand_over().expect("first");
+        let mut cpu = CpuVapic::new();
+        let (_, before) = cpu.enter(&mut l).expect("first");
         assert_eq!(before, None, "the page unknown: all of it written");
-        let page = page_of(&given);
         // An exit that changed nothing: nothing to write at the next entry.
-        assert!(!l.take_back(given.status, given.tpr, |o| page[&o]));
-        assert_eq!(l.hand_over(), None);
+        assert!(!cpu.exit(&mut l));
+        assert_eq!(cpu.enter(&mut l), None);
         assert!(l.handed_over());
         // A vector from another vCPU: written.
         l.accept(0x41, false);
-        assert!(!l.take_back(given.status, given.tpr, |o| page[&o]));
-        let (given, before) = l.hand_over().expect("a new vector");
+        assert!(!cpu.exit(&mut l));
+        let (given, before) = cpu.enter(&mut l).expect("a new vector");
         let before = before.expect("the page as the last entry left it");
         assert_eq!(
             (before.irr[2], given.irr[2]),
@@ -944,20 +980,118 @@ mod tests {
         // The CPU delivers 0x41, the guest ends it, and 0x41 comes again: the model is as it
         // was given, but the page is not (VIRR lost 0x41): it is handed over again, against
         // the page as the CPU left it.
-        let mut page = page_of(&given);
-        let mut status = given.status;
-        cpu_delivers(&mut page, &mut status, 0x41);
-        *page.get_mut(&(reg::ISR + 0x20)).unwrap() = 0;
-        status &= 0xff;
+        assert_eq!(cpu.deliver(), Some(0x41));
+        assert_eq!(cpu.eoi(), (0x41, false));
         l.accept(0x41, false);
-        assert!(l.take_back(status, given.tpr, |o| page[&o]));
-        let (again, before) = l.hand_over().expect("VIRR lost 0x41");
+        assert!(cpu.exit(&mut l));
+        let (again, before) = cpu.enter(&mut l).expect("VIRR lost 0x41");
         assert_eq!(again, given);
         assert_eq!(
             before.map(|b| b.irr[2]),
             Some(0),
             "the page as the CPU left it"
         );
+    }
+
+    /// Self-IPIs the CPU virtualizes (SDM Vol. 3C §29.1.5) set a VIRR bit without an exit,
+    /// in any word, and move RVI only when above it: `take_back` finds them all.
+    #[test]
+    fn self_ipis_the_cpu_virtualizes_are_taken_back() {
+        let mut l = enabled(0);
+        l.accept(0x80, false);
+        let mut cpu = CpuVapic::new();
+        cpu.enter(&mut l).expect("new state");
+        // The guest runs with interrupts disabled and sends itself 0x42, below RVI: neither
+        // RVI nor SVI moves.
+        let status = cpu.status;
+        assert!(cpu.self_ipi(0x42));
+        assert_eq!(cpu.status, status);
+        assert!(cpu.exit(&mut l), "the CPU changed VIRR");
+        assert_eq!(l.read(reg::IRR + 0x20, 0), 1 << 2, "0x42 taken back");
+        assert_eq!(l.read(reg::IRR + 0x40, 0), 1, "0x80 still waits");
+        // Next time the CPU delivers 0x80 and the guest sends itself 0x23, in a VIRR word
+        // that held nothing when the state was handed over.
+        cpu.enter(&mut l);
+        assert_eq!(cpu.deliver(), Some(0x80));
+        assert!(cpu.self_ipi(0x23));
+        assert!(cpu.exit(&mut l));
+        assert_eq!(l.read(reg::IRR + 0x10, 0), 1 << 3, "0x23 taken back");
+        assert_eq!(l.read(reg::IRR + 0x20, 0), 1 << 2, "0x42 still waits");
+        assert_eq!(l.read(reg::ISR + 0x40, 0), 1, "0x80 in service");
+        assert_eq!(l.pending(), None, "both below the one in service");
+        // Handed over again with a vector from another vCPU (`enter` checks that the page
+        // and the status are the model's state), both are delivered, highest first, as the
+        // guest ends each.
+        l.accept(0x21, false);
+        let (given, _) = cpu.enter(&mut l).expect("0x21 is new to the CPU");
+        assert_eq!(given.status, 0x80 << 8 | 0x42);
+        assert_eq!(cpu.deliver(), None);
+        assert_eq!(cpu.eoi(), (0x80, false));
+        assert_eq!(cpu.deliver(), Some(0x42));
+        assert_eq!(cpu.eoi(), (0x42, false));
+        assert_eq!(cpu.deliver(), Some(0x23));
+        assert_eq!(cpu.eoi(), (0x23, false));
+        assert_eq!(cpu.deliver(), Some(0x21));
+        assert_eq!(cpu.eoi(), (0x21, false));
+        assert_eq!(cpu.deliver(), None);
+        assert!(cpu.exit(&mut l));
+        for i in 0..8 {
+            assert_eq!(l.read(reg::IRR + 0x10 * i, 0), 0);
+            assert_eq!(l.read(reg::ISR + 0x10 * i, 0), 0);
+        }
+    }
+
+    /// Deliveries, EOIs and self-IPIs can leave RVI and SVI as they were with VISR changed:
+    /// the guest interrupt status alone does not say whether the CPU changed anything.
+    #[test]
+    fn an_unchanged_interrupt_status_does_not_mean_an_unchanged_state() {
+        let mut l = enabled(0);
+        l.accept(0x50, false);
+        l.accept(0x60, false);
+        l.acknowledge(0x60);
+        let mut cpu = CpuVapic::new();
+        cpu.enter(&mut l).expect("new state");
+        let status = cpu.status;
+        assert_eq!(status, 0x60 << 8 | 0x50, "RVI 0x50, SVI 0x60");
+        // The guest ends 0x60 and takes 0x50; in its handler it sends itself 0x60 and 0x50
+        // again, and takes 0x60.
+        assert_eq!(cpu.eoi(), (0x60, false));
+        assert_eq!(cpu.deliver(), Some(0x50));
+        assert!(cpu.self_ipi(0x60));
+        assert!(cpu.self_ipi(0x50));
+        assert_eq!(cpu.deliver(), Some(0x60));
+        assert_eq!(cpu.status, status, "RVI 0x50, SVI 0x60 again");
+        assert!(cpu.exit(&mut l));
+        assert_eq!(
+            l.read(reg::ISR + 0x20, 0),
+            1 << 16,
+            "0x50 in service under 0x60"
+        );
+        assert_eq!(l.read(reg::ISR + 0x30, 0), 1, "0x60 in service");
+        assert_eq!(l.read(reg::IRR + 0x20, 0), 1 << 16, "the second 0x50 waits");
+        // Handed over again, the second 0x50 waits for the first's EOI.
+        cpu.enter(&mut l);
+        assert_eq!(cpu.eoi(), (0x60, false));
+        assert_eq!(cpu.deliver(), None, "0x50 is in service");
+        assert_eq!(cpu.eoi(), (0x50, false));
+        assert_eq!(cpu.deliver(), Some(0x50));
+    }
+
+    /// A self-IPI the CPU virtualizes leaves the guest's command in the page's ICR (SDM Vol.
+    /// 3C §29.4.3.1: the write is done there), where the guest reads it: the model takes it
+    /// back, and the page keeps it when its registers are written again.
+    #[test]
+    fn a_virtualized_self_ipi_leaves_its_command_in_icr() {
+        let mut l = enabled(0);
+        let mut cpu = CpuVapic::new();
+        cpu.enter(&mut l);
+        assert!(cpu.self_ipi(0x42));
+        cpu.exit(&mut l);
+        assert_eq!(l.read(reg::ICR_LOW, 0), 1 << 18 | 0x42);
+        // An APIC-write exit for another register: the page's registers are written again.
+        l.write(reg::LVT_TIMER, 0xec, 0);
+        cpu.enter(&mut l);
+        assert_eq!(cpu.word(reg::ICR_LOW), 1 << 18 | 0x42);
     }
 
     #[test]
@@ -996,6 +1130,80 @@ mod tests {
         assert_eq!(l.generation(), g);
         l.write(reg::TPR, 0x10, 0);
         assert!(l.generation() > g);
+    }
+
+    /// The registers are 32 bits at 16-byte boundaries: an offset within one's 16 bytes is
+    /// no register (it reads 0, a write there changes nothing), within the ranges of IRR, ISR,
+    /// TMR and the LVT too.
+    #[test]
+    fn only_16_byte_boundaries_are_registers() {
+        let mut l = enabled(0);
+        l.accept(0x21, true);
+        l.write(reg::LVT_TIMER, 0xec, 0);
+        for o in [
+            reg::IRR + 0x10,
+            reg::TMR + 0x10,
+            reg::LVT_TIMER,
+            reg::VERSION,
+        ] {
+            assert_ne!(l.read(o, 0), 0, "{o:#x}");
+            for d in 1..16 {
+                assert_eq!(l.read(o + d, 0), 0, "{:#x}", o + d);
+            }
+        }
+        let before = l.clone();
+        for d in 1..16 {
+            l.write(reg::LVT_TIMER + d, 0x1_00fe, 0);
+            l.write(reg::SVR + d, 0, 0);
+            l.write(reg::EOI + d, 0, 0);
+        }
+        assert_eq!(l.read(reg::LVT_TIMER, 0), 0xec);
+        assert!(l.software_enabled());
+        assert_eq!(l.generation(), before.generation(), "nothing written");
+    }
+
+    /// Linux's moves, decoded, reach the registers as the exit handlers pass them on.
+    #[test]
+    fn decoded_moves_reach_the_registers() {
+        use crate::mmio_decode::decode;
+        let mut l = enabled(0);
+        let none = |_| panic!("no register is stored");
+        // mov 0xffffffffff5fc0f0,%eax: SVR into EAX.
+        let a = decode(&[0x8b, 0x04, 0x25, 0xf0, 0xc0, 0x5f, 0xff], true).unwrap();
+        assert_eq!(
+            l.mmio(reg::SVR, a.op, none, 0),
+            Mmio::Load {
+                reg: 0,
+                value: SVR_ENABLE | 0xff
+            }
+        );
+        // movl $0x10000,0xffffffffff5fc380: the timer's initial count.
+        let a = decode(
+            &[0xc7, 0x04, 0x25, 0x80, 0xc3, 0x5f, 0xff, 0, 0, 1, 0],
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            l.mmio(reg::TIMER_INITIAL, a.op, none, 5),
+            Mmio::Store(Effect::Timer)
+        );
+        assert_eq!(l.read(reg::TIMER_INITIAL, 0), 0x10000);
+        // mov %r8d,(%rax) at ICR's low half: a self-IPI, R8's low 32 bits.
+        let a = decode(&[0x44, 0x89, 0x00], true).unwrap();
+        let r8 = |r| {
+            assert_eq!(r, 8);
+            0xdead_0000_0004_00f3
+        };
+        let Mmio::Store(Effect::Ipi(ipi)) = l.mmio(reg::ICR_LOW, a.op, r8, 0) else {
+            panic!("no IPI")
+        };
+        assert_eq!((ipi.vector, ipi.destination), (0xf3, Destination::ToSelf));
+        // mov 0x10(%rbx),%ecx between two registers.
+        let a = decode(&[0x8b, 0x4b, 0x10], true).unwrap();
+        assert_eq!(
+            l.mmio(reg::SVR + 4, a.op, none, 0),
+            Mmio::Load { reg: 1, value: 0 }
+        );
     }
 
     #[test]
@@ -1049,6 +1257,16 @@ mod tests {
         assert_eq!(l.read(reg::ESR, 0), ESR_RECEIVE_ILLEGAL);
     }
 
+    /// SVR keeps what this APIC has: no EOI-broadcast suppression (version bit 24 clear), so
+    /// SVR bit 12 stays 0, as the other reserved bits.
+    #[test]
+    fn svr_has_no_eoi_broadcast_suppression() {
+        let mut l = Lapic::new(0);
+        assert_eq!(VERSION & 1 << 24, 0);
+        l.write(reg::SVR, 0xffff_ffff, 0);
+        assert_eq!(l.read(reg::SVR, 0), 0x3ff);
+    }
+
     #[test]
     fn one_shot_and_periodic_timers_count_tsc_ticks() {
         let mut l = enabled(0);
@@ -1080,26 +1298,65 @@ mod tests {
         assert_eq!(l.pending(), None);
     }
 
+    /// A write to the timer's registers (or the deadline's MSR) after an expiry the timer
+    /// has not been run to yet finds the interrupt raised, as it was on time: the write does
+    /// not lose it.
+    #[test]
+    fn a_timer_write_after_an_expiry_keeps_its_interrupt() {
+        let one_shot = |l: &mut Lapic| {
+            l.write(reg::TIMER_DIVIDE, 0xb, 0); // divide by 1
+            l.write(reg::LVT_TIMER, 0xec, 0);
+            l.write(reg::TIMER_INITIAL, 1000, 0);
+        };
+        let rearm: [(u32, u32); 4] = [
+            (reg::TIMER_INITIAL, 1000),
+            (reg::TIMER_DIVIDE, 0),
+            (reg::LVT_TIMER, MASKED | 0xec),
+            (reg::SVR, 0xff),
+        ];
+        for (o, v) in rearm {
+            let mut l = enabled(0);
+            one_shot(&mut l);
+            // Due at 1000; the guest writes at 1500, before the timer is run.
+            l.write(o, v, 1500);
+            assert_eq!(l.pending(), Some(0xec), "a write at {o:#x}");
+        }
+        // Masked at expiry: no interrupt, unmasked after.
+        let mut l = enabled(0);
+        l.write(reg::TIMER_DIVIDE, 0xb, 0);
+        l.write(reg::LVT_TIMER, MASKED | 0xec, 0);
+        l.write(reg::TIMER_INITIAL, 1000, 0);
+        l.write(reg::LVT_TIMER, 0xec, 1500);
+        assert_eq!(l.pending(), None);
+        // The deadline's MSR: a deadline that passed fires before the next one is set.
+        let mut l = enabled(0);
+        l.write(reg::LVT_TIMER, (2 << TIMER_MODE_SHIFT) | 0xef, 0);
+        l.write_deadline(1000, 0);
+        assert_eq!(l.write_deadline(5000, 1100), Effect::Timer);
+        assert_eq!(l.pending(), Some(0xef));
+        assert_eq!(l.next_event(), Some(5000));
+    }
+
     #[test]
     fn tsc_deadline_mode() {
         let mut l = enabled(0);
         // Not in deadline mode: the MSR is ignored.
-        assert_eq!(l.write_deadline(500), Effect::None);
+        assert_eq!(l.write_deadline(500, 0), Effect::None);
         l.write(reg::LVT_TIMER, (2 << TIMER_MODE_SHIFT) | 0xef, 0);
         assert_eq!(l.timer_mode(), TimerMode::TscDeadline);
         // The initial count is ignored in this mode.
         assert_eq!(l.write(reg::TIMER_INITIAL, 10, 0), Effect::None);
-        assert_eq!(l.write_deadline(5000), Effect::Timer);
+        assert_eq!(l.write_deadline(5000, 0), Effect::Timer);
         assert_eq!(l.deadline(), 5000);
         assert!(!l.run_timer(4999));
         assert!(l.run_timer(5000));
         assert_eq!(l.deadline(), 0);
         assert_eq!(l.pending(), Some(0xef));
         // A deadline at the end of time never comes.
-        l.write_deadline(u64::MAX);
+        l.write_deadline(u64::MAX, 5000);
         assert!(!l.run_timer(100));
         // A mode change disarms.
-        l.write_deadline(9000);
+        l.write_deadline(9000, 5000);
         assert_eq!(l.write(reg::LVT_TIMER, 0xef, 0), Effect::Timer);
         assert_eq!(l.next_event(), None);
     }

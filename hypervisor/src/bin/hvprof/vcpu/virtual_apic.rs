@@ -11,14 +11,17 @@
 //! - **virtual-interrupt delivery** (§29.2): the CPU delivers the vCPU's interrupts itself from
 //!   its VIRR (at VM entry, and whenever the guest's TPR or EOI lets one through), and
 //!   virtualizes EOI (§29.1.4) except for level-triggered vectors, whose EOI exits for the I/O
-//!   APIC (EOI-exit bitmap). No interrupt-window exits, no EOI exits for edge vectors.
+//!   APIC (EOI-exit bitmap), and self-IPIs (§29.1.5: a fixed, edge IPI to self goes into VIRR).
+//!   No interrupt-window exits, no EOI exits for edge vectors, no exits for self-IPIs.
 //!
 //! The local APIC model (`hvprof_hypervisor::devices::lapic`) stays the one truth outside guest
 //! time: before a VM entry it hands its TPR, IRR and ISR over (`Lapic::hand_over`: what differs
 //! from what the page and the guest interrupt status hold is written here, nothing after an
 //! exit that touched no interrupt), and the first look at the model after an exit takes them
-//! back (`Lapic::take_back`: a VMREAD and two reads of the page when the CPU delivered and ended
-//! nothing, and only the words that held a vector when it did).
+//! back (`Lapic::take_back`: a VMREAD of the guest interrupt status and 19 reads of the page,
+//! VTPR, ICR and every word of VIRR and VISR: besides delivering and ending interrupts, the CPU
+//! sets a VIRR bit for each self-IPI the guest sends (§29.1.5), in any word, without an exit
+//! and without moving RVI when the vector is below it).
 //! The other registers are written to the page only after they changed (`Lapic::generation`).
 //! Without all four controls every access is an EPT violation, decoded and emulated
 //! (`vmexit::lapic::mmio`), as with `apic=emulated`.

@@ -14,7 +14,7 @@ use crate::vm::{Stop, Vm, VmDevices};
 use alloc::format;
 use core::fmt::Write;
 use hvprof_hypervisor::devices::lapic::Destination;
-use hvprof_hypervisor::devices::lapic::{Delivery, Effect, Ipi};
+use hvprof_hypervisor::devices::lapic::{Delivery, Effect, Ipi, Mmio};
 use hvprof_hypervisor::guest_acpi::{IOAPIC_BASE, LAPIC_BASE};
 use hvprof_hypervisor::mmio_decode::{self, MAX_LEN, Op};
 use hvprof_vmx::instructions::CurrentVmcs;
@@ -55,7 +55,8 @@ pub fn mmio(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, gpa: u64) -> Optio
             ));
         }
     };
-    // The registers are 32 bits at 16-byte boundaries; other offsets read 0 and ignore writes.
+    // The registers are 32 bits at 16-byte boundaries; other offsets read 0 and ignore writes
+    // (the local APIC's model sees to that itself).
     let offset = (gpa & 0xfff) as u32;
     let aligned = offset & 0xf == 0;
     let now = rdtsc();
@@ -88,28 +89,10 @@ pub fn mmio(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, gpa: u64) -> Optio
         }
     } else {
         let mut dev = vm.devices.lock();
-        match access.op {
-            Op::Read { reg } => {
-                let value = if aligned {
-                    dev.lapics[index].read(offset, now)
-                } else {
-                    0
-                };
-                set_gpr(vcpu, vmcs, reg, u64::from(value));
-            }
-            Op::Write { reg } => {
-                let value = get_gpr(vcpu, vmcs, reg) as u32;
-                if aligned {
-                    let effect = dev.lapics[index].write(offset, value, now);
-                    carry_out(vm, &mut dev, effect);
-                }
-            }
-            Op::WriteImm { imm } => {
-                if aligned {
-                    let effect = dev.lapics[index].write(offset, imm, now);
-                    carry_out(vm, &mut dev, effect);
-                }
-            }
+        let done = dev.lapics[index].mmio(offset, access.op, |r| get_gpr(vcpu, vmcs, r), now);
+        match done {
+            Mmio::Load { reg, value } => set_gpr(vcpu, vmcs, reg, u64::from(value)),
+            Mmio::Store(effect) => carry_out(vm, &mut dev, effect),
         }
     }
     vcpu.apic_accesses += 1;

@@ -66,7 +66,8 @@ pub fn wrmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         IA32_APIC_BASE if value == apic_base(vcpu.index) => {}
         // The timer's deadline (SDM Vol. 3A, "TSC-Deadline Mode"); the next VM entry arms it.
         IA32_TSC_DEADLINE if vm.apic => {
-            vm.devices.lock().lapics[usize::from(vcpu.index)].write_deadline(value);
+            vm.devices.lock().lapics[usize::from(vcpu.index)]
+                .write_deadline(value, crate::tsc::rdtsc());
         }
         // Writing 0 before reading the revision is how the revision is read (SDM Vol. 3A
         // §10.11.7.1); loading microcode is not offered. MISC_ENABLE writes change nothing.
