@@ -85,7 +85,30 @@ pub(crate) fn init() {
     };
 }
 
+/// Handlers of interrupt vectors (32-255) a guest installed with [`on_interrupt`]: a `fn(u8)`
+/// as a `usize`, 0 for none.
+static HANDLERS: [core::sync::atomic::AtomicUsize; 256] =
+    [const { core::sync::atomic::AtomicUsize::new(0) }; 256];
+
+/// Calls `handler(vector)` when interrupt `vector` (32-255) arrives, instead of treating it as
+/// unexpected; the handler runs with interrupts off and returns to the interrupted code.
+pub fn on_interrupt(vector: u8, handler: fn(u8)) {
+    if vector >= 32 {
+        HANDLERS[usize::from(vector)]
+            .store(handler as usize, core::sync::atomic::Ordering::Release);
+    }
+}
+
 extern "C" fn dispatch(frame: &mut TrapFrame) {
+    if let Some(h) = HANDLERS.get(frame.vector as usize) {
+        let h = h.load(core::sync::atomic::Ordering::Acquire);
+        if h != 0 {
+            // SAFETY: only `on_interrupt` stores here, and it stores a `fn(u8)`.
+            let handler: fn(u8) = unsafe { core::mem::transmute::<usize, fn(u8)>(h) };
+            handler(frame.vector as u8);
+            return;
+        }
+    }
     if hvprof_x86_trap::resolve_fixup(frame) {
         return;
     }

@@ -20,7 +20,7 @@ pub mod cpu;
 #[cfg(target_os = "none")]
 pub mod hypercall;
 #[cfg(target_os = "none")]
-mod idt;
+pub mod idt;
 #[cfg(target_os = "none")]
 pub mod io;
 #[cfg(target_os = "none")]

@@ -358,5 +358,17 @@ pub fn all() -> Vec<Scenario> {
                 check_pm1_flood(log, 4000, 400)
             })
             .profile(check_nothing_lost),
+        // Guests against guests, 3: self-IPIs the CPU's APIC virtualization delivers without an
+        // exit (into the virtual IRR), mixed with one that exits, beside a busy VM on one pCPU:
+        // every one reaches the guest (none lost from the hypervisor's APIC model, whose next
+        // hand-over would otherwise rewrite the virtual IRR without them).
+        Scenario::new("bochs-attack-self-ipi", bochs())
+            .cmdline("export=end slice=2ms")
+            .module("victim.elf", MIX, "vm=victim mix=80,20 rounds=100")
+            .module("selfipi.elf", HOSTILE, "vm=selfipi apic=on hostile=self-ipi rounds=3000")
+            .check(|log| {
+                check_exit_code(log, "victim", 0, "port 0xf4")?;
+                hostile_ok(log, "selfipi", "self-ipi")
+            }),
     ]
 }
