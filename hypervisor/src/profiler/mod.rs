@@ -7,3 +7,4 @@ pub mod guest_walk;
 pub mod ring;
 pub mod slots;
 pub mod stack_walk;
+pub mod walk_cache;

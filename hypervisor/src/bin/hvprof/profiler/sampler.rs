@@ -10,6 +10,7 @@ use hvprof_hypervisor::profiler::guest_walk;
 use hvprof_hypervisor::profiler::ring::Ring;
 use hvprof_hypervisor::profiler::slots;
 use hvprof_hypervisor::profiler::stack_walk::{self, Bounds, FrameMemory};
+use hvprof_hypervisor::profiler::walk_cache::{OrdinaryCodeSlots, WalkCache};
 use hvprof_linux_walk::UnwindTable;
 use hvprof_samplelog::{
     Chain, ChainEnd, Event, EventKind, MAX_CHAIN_DEPTH, NO_EXIT, NO_VCPU, NO_VM, OutReason,
@@ -86,11 +87,9 @@ pub struct CpuProfiler {
     orc_entries: OrcEntries,
     /// That vCPU's RBP at its last VM exit.
     guest_rbp: AtomicU64,
-    /// Guest stack pages translated by earlier walks.
-    stack_pages: StackPages,
-    /// Guest code addresses whose instruction needs no look by a frame-pointer walk
-    /// (`stack_walk::OrdinaryCode`): per slot, the RIP and its address space's tag.
-    ordinary_code: [[AtomicU64; 2]; ORDINARY_CODE],
+    /// Guest pages translated and code found ordinary by earlier walks, of the VM this pCPU
+    /// runs (`walk_cache`).
+    walk_cache: WalkCache,
     /// Another pCPU kicked this one since it last looked (`kick_cpu`).
     kicked: AtomicBool,
     /// A kick's interrupt is on its way here and not taken yet (`on_kick` clears it): another
@@ -99,128 +98,6 @@ pub struct CpuProfiler {
     /// Kicks this pCPU took (`on_kick`), and kicks it sent others.
     pub kicks_taken: AtomicU64,
     pub kicks_sent: AtomicU64,
-}
-
-/// Entries of `StackPages`.
-const STACK_PAGES: usize = 4;
-
-/// Slots of `CpuProfiler::ordinary_code` (direct-mapped by the RIP's low bits).
-const ORDINARY_CODE: usize = 64;
-
-/// `CpuProfiler::ordinary_code` for one address space (`cr3`; the kernel half is every
-/// process's). Written by this pCPU's sample paths only; an NMI sample that lands between a
-/// slot's two stores reads a RIP with another's tag, which at worst spares one look at the code
-/// (a caller missed at a prologue, as without the look).
-struct OrdinaryCodeSlots<'a> {
-    slots: &'a [[AtomicU64; 2]; ORDINARY_CODE],
-    cr3: u64,
-}
-
-impl OrdinaryCodeSlots<'_> {
-    fn slot(&self, rip: u64) -> (&[AtomicU64; 2], u64) {
-        let i = ((rip ^ rip >> 4 ^ rip >> 8) as usize) % ORDINARY_CODE;
-        (&self.slots[i], StackPages::tag(self.cr3, rip))
-    }
-}
-
-impl stack_walk::OrdinaryCode for OrdinaryCodeSlots<'_> {
-    fn is_ordinary(&self, rip: u64) -> bool {
-        let (s, tag) = self.slot(rip);
-        s[0].load(Ordering::Relaxed) == rip && s[1].load(Ordering::Relaxed) == tag
-    }
-
-    fn remember(&self, rip: u64) {
-        let (s, tag) = self.slot(rip);
-        s[0].store(rip, Ordering::Relaxed);
-        s[1].store(tag, Ordering::Relaxed);
-    }
-}
-
-/// What `StackPages` keys a kernel-half translation by, in place of a CR3.
-const ANY_CR3: u64 = u64::MAX - 1;
-
-/// The guest pages the last walks translated, so that the next walk on the same pages skips
-/// the guest page walk: each entry is checked before use by reading again the paging entry
-/// that mapped it (`guest_walk::Leaf`), so a page the guest has unmapped or moved since is
-/// translated anew. An entry covers its whole page, as the guest mapped it: a Linux kernel's
-/// image (its ORC tables) lies in a few 2 MiB pages. Kernel-half entries hold for every CR3
-/// (every process maps the kernel half alike, as `guest_walk::Tlb` assumes). (A guest that
-/// rewrites the levels above an entry, or maps its kernel half differently per process, can
-/// have one chain read from the page it mapped before: still its own memory.) A seqlock: `seq`
-/// is odd while an entry is written, and an NMI sample that lands then translates without it.
-struct StackPages {
-    seq: AtomicU64,
-    next: AtomicU64,
-    /// Per entry: CR3 (or `ANY_CR3`), guest-virtual base and offset mask of the page, entry
-    /// address, entry value, guest-physical base.
-    entries: [[AtomicU64; 6]; STACK_PAGES],
-}
-
-impl StackPages {
-    const fn new() -> Self {
-        StackPages {
-            seq: AtomicU64::new(0),
-            next: AtomicU64::new(0),
-            entries: [const { [const { AtomicU64::new(u64::MAX) }; 6] }; STACK_PAGES],
-        }
-    }
-
-    fn tag(cr3: u64, va: u64) -> u64 {
-        if va >= stack_walk::UPPER_HALF.lo {
-            ANY_CR3
-        } else {
-            cr3
-        }
-    }
-
-    /// The guest-physical address of the 4 KiB page at `page` under `cr3`, if an entry has it
-    /// and still holds.
-    fn find(&self, cr3: u64, page: u64, ram: crate::memory::GuestRam) -> Option<u64> {
-        let before = self.seq.load(Ordering::Acquire);
-        if before % 2 == 1 {
-            return None;
-        }
-        let tag = Self::tag(cr3, page);
-        // The tag first: a walk's other entries are not loaded further.
-        let hit = self.entries.iter().find_map(|e| {
-            let v = |i: usize| e[i].load(Ordering::Relaxed);
-            if v(0) != tag {
-                return None;
-            }
-            let mask = v(2);
-            (page & !mask == v(1)).then(|| (v(3), v(4), v(5) + (page & mask)))
-        });
-        core::sync::atomic::fence(Ordering::Acquire);
-        if self.seq.load(Ordering::Relaxed) != before {
-            return None;
-        }
-        let (entry_gpa, entry, gpa) = hit?;
-        (ram.read_u64(entry_gpa) == Some(entry)).then_some(gpa)
-    }
-
-    fn remember(&self, cr3: u64, va: u64, leaf: guest_walk::Leaf) {
-        let slot = (self.next.fetch_add(1, Ordering::Relaxed) as usize) % STACK_PAGES;
-        let seq = self.seq.fetch_add(1, Ordering::Acquire);
-        if seq % 2 == 1 {
-            // Another write is under way below us (we interrupted it): leave it alone.
-            self.seq.fetch_sub(1, Ordering::Release);
-            return;
-        }
-        let mask = leaf.size - 1;
-        let e = &self.entries[slot];
-        let values = [
-            Self::tag(cr3, va),
-            va & !mask,
-            mask,
-            leaf.entry_gpa,
-            leaf.entry,
-            leaf.gpa & !mask,
-        ];
-        for (i, v) in values.into_iter().enumerate() {
-            e[i].store(v, Ordering::Relaxed);
-        }
-        self.seq.fetch_add(1, Ordering::Release);
-    }
 }
 
 /// A count of events and the TSC ticks they took.
@@ -346,8 +223,7 @@ impl CpuProfiler {
             kernel_orc: AtomicOrcTables::new(),
             orc_entries: OrcEntries::new(),
             guest_rbp: AtomicU64::new(0),
-            stack_pages: StackPages::new(),
-            ordinary_code: [const { [const { AtomicU64::new(u64::MAX) }; 2] }; ORDINARY_CODE],
+            walk_cache: WalkCache::new(),
         }
     }
 }
@@ -803,13 +679,7 @@ impl CpuProfiler {
             return (Chain::NOT_WALKED, &[]);
         }
         let fp = self.guest_rbp.load(Ordering::Relaxed);
-        let mut mem = GuestStack::new(
-            ram,
-            cr3,
-            &self.stack_pages,
-            &self.ordinary_code,
-            &self.costs,
-        );
+        let mut mem = GuestStack::new(ram, cr3, &self.walk_cache, &self.costs);
         if cpl == 3 {
             let (vm, ..) = self.current();
             let max = depth.min(MAX_CHAIN_DEPTH).min(out.len());
@@ -897,19 +767,23 @@ impl CpuProfiler {
         (Chain::new(1 + callers.depth(), end), cr3)
     }
 
-    /// The memory of the VM whose vCPU this pCPU runs now (`None`: none), and how its
+    /// The VM whose vCPU this pCPU runs now and its memory (`None`: none), and how its
     /// kernel-mode chains are walked (`orc`: where its kernel's ORC tables are, for
     /// `KernelStacks::Orc`).
     pub fn set_guest_memory(
         &self,
-        ram: Option<crate::memory::GuestRam>,
+        ram: Option<(u16, crate::memory::GuestRam)>,
         kernel: KernelStacks,
         orc: Option<hvprof_linux_walk::OrcLayout>,
     ) {
-        let (hpa, size) = ram.map_or((0, 0), |r| (r.hpa, r.size));
+        let (hpa, size) = ram.map_or((0, 0), |(_, r)| (r.hpa, r.size));
         // No walk reads the fields while the size is 0: a sample that interrupts this sees
         // either the old VM or the new one whole.
         self.guest_size.store(0, Ordering::Relaxed);
+        if let Some((vm, _)) = ram {
+            // What another VM's walks left here is not this one's (walk_cache.rs).
+            self.walk_cache.enter_vm(vm);
+        }
         let kernel = match (kernel, orc) {
             (KernelStacks::Orc, Some(l)) => {
                 self.kernel_orc.store(&l);
@@ -1052,36 +926,25 @@ impl FrameMemory for HostStack {
 struct GuestStack<'a> {
     ram: crate::memory::GuestRam,
     cr3: u64,
-    pages: &'a StackPages,
-    /// This pCPU's `ordinary_code`.
-    ordinary: &'a [[AtomicU64; 2]; ORDINARY_CODE],
+    /// This pCPU's walk caches (the running VM's).
+    cache: &'a WalkCache,
     /// Where its page counts go.
     costs: &'a Costs,
 }
 
 impl<'a> GuestStack<'a> {
-    fn new(
-        ram: crate::memory::GuestRam,
-        cr3: u64,
-        pages: &'a StackPages,
-        ordinary: &'a [[AtomicU64; 2]; ORDINARY_CODE],
-        costs: &'a Costs,
-    ) -> Self {
+    fn new(ram: crate::memory::GuestRam, cr3: u64, cache: &'a WalkCache, costs: &'a Costs) -> Self {
         GuestStack {
             ram,
             cr3,
-            pages,
-            ordinary,
+            cache,
             costs,
         }
     }
 
     /// The code addresses of this address space a frame-pointer walk need not look at.
     fn ordinary_code(&self) -> OrdinaryCodeSlots<'a> {
-        OrdinaryCodeSlots {
-            slots: self.ordinary,
-            cr3: self.cr3,
-        }
+        self.cache.ordinary_code(self.cr3)
     }
 }
 
@@ -1091,12 +954,16 @@ impl GuestStack<'_> {
     #[inline(always)]
     fn host_page(&self, page: u64) -> Option<u64> {
         let ram = self.ram;
-        let gpa = match self.pages.find(self.cr3, page, ram) {
+        let gpa = match self
+            .cache
+            .pages
+            .find(self.cr3, page, |gpa| ram.read_u64(gpa))
+        {
             Some(gpa) => gpa,
             None => {
                 self.costs.page_walks.fetch_add(1, Ordering::Relaxed);
                 let leaf = guest_walk::translate_leaf(&|gpa| ram.read_u64(gpa), self.cr3, page)?;
-                self.pages.remember(self.cr3, page, leaf);
+                self.cache.pages.remember(self.cr3, page, leaf);
                 leaf.gpa & !0xfff
             }
         };

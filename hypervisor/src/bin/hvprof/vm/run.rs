@@ -157,7 +157,7 @@ fn run_loaded(
     } else {
         profiler::KernelStacks::FramePointers
     };
-    prof.set_guest_memory(Some(vm.ram()), kernel_stacks, vm.orc_layout);
+    prof.set_guest_memory(Some((vm.index, vm.ram())), kernel_stacks, vm.orc_layout);
     prof.event(EventKind::VcpuIn, OutReason::Preempted);
     // A Linux guest's devices need a look before an entry when an exit may have changed them
     // (any exit but the VMX-preemption timer's), when their next event has come, or while an
