@@ -384,5 +384,24 @@ pub fn all() -> Vec<Scenario> {
                 check_exit_code(log, "victim", 0, "port 0xf4")?;
                 hostile_ok(log, "selfipi", "self-ipi")
             }),
+        // The same with every APIC access trapped and emulated (`apic=emulated`): CR8 exits and
+        // reaches the model's TPR.
+        Scenario::new("bochs-attack-self-ipi-emulated", bochs())
+            .cmdline("export=end slice=2ms")
+            .module("victim.elf", MIX, "vm=victim mix=80,20 rounds=100")
+            .module(
+                "selfipi.elf",
+                HOSTILE,
+                "vm=selfipi apic=emulated hostile=self-ipi rounds=1000",
+            )
+            .check(|log| {
+                check_exit_code(log, "victim", 0, "port 0xf4")?;
+                hostile_ok(log, "selfipi", "self-ipi")?;
+                // Both CR8 writes and the read exited.
+                match exit_count(log, "selfipi", "CR_ACCESS")? {
+                    3 => Ok(()),
+                    n => Err(format!("{n} CR_ACCESS exits, expected 3 (two CR8 writes, a read)")),
+                }
+            }),
     ]
 }

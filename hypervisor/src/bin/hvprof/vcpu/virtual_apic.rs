@@ -68,8 +68,19 @@ pub fn missing(caps: &VmxCaps) -> Option<&'static str> {
 /// Virtualization"): its virtual-APIC page `virtual_apic` (4 KiB, zeroed, its own) and the VM's
 /// APIC-access page `access` (where EPT maps the guest's xAPIC page). TPR threshold 0, RVI and
 /// SVI 0, no EOI exits: the model's state reaches them at the first entry (`hand_over`).
-pub fn enable(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, virtual_apic: u64, access: u64) {
-    vcpu.proc1 |= CONTROLS.0;
+pub fn enable(
+    caps: &VmxCaps,
+    vcpu: &mut Vcpu,
+    vmcs: &mut CurrentVmcs,
+    virtual_apic: u64,
+    access: u64,
+) {
+    // With a TPR shadow, MOV to and from CR8 use the virtual TPR (§29.3) when CR8 exiting is
+    // off: the guest's CR8 is its APIC's TPR, with no exit (where the CPU lets the controls be
+    // 0; otherwise the CR8 exits go to the model, vmexit/mod.rs).
+    let cr8 =
+        (proc1::CR8_LOAD_EXITING | proc1::CR8_STORE_EXITING) & !caps.procbased().must_be_one();
+    vcpu.proc1 = (vcpu.proc1 | CONTROLS.0) & !cr8;
     must(
         vmcs.write32(Control32::PrimaryProcBasedControls, vcpu.proc1),
         "VMWRITE primary controls",

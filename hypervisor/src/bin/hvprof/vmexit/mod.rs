@@ -189,7 +189,7 @@ fn handle_exit(
             vmcs.inject_exception(6, None);
             None
         }
-        Some(BasicExit::CrAccess) => cr_access(vcpu, vmcs),
+        Some(BasicExit::CrAccess) => cr_access(vm, vcpu, vmcs),
         Some(BasicExit::TripleFault) => Some(fatal(vcpu, vmcs, String::from("triple fault"))),
         // With the CPU's APIC virtualization (vcpu/virtual_apic.rs, SDM Vol. 3C §29.4-29.1.4).
         Some(BasicExit::ApicAccess) => lapic::apic_access(vm, vcpu, vmcs),
@@ -261,12 +261,12 @@ fn xsetbv(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
 
 /// MOV to CR0/CR4 touching bits the host owns (SDM Vol. 3C §28.2.1 Table 28-3, §25.6.6): the guest
 /// sees what it wrote (read shadow); the CPU runs with the VMX fixed bits forced.
-fn cr_access(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
+fn cr_access(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     use hvprof_vmx::exit::{CrAccess, CrAccessType};
     use hvprof_vmx::vmcs::ControlNatural;
     let q = CrAccess::decode(vmcs.exit_qualification().unwrap_or(0));
     if q.cr == 8 {
-        return cr8_access(vcpu, vmcs, &q);
+        return cr8_access(vm, vcpu, vmcs, &q);
     }
     if q.access != CrAccessType::MovToCr {
         return Some(fatal(
@@ -327,12 +327,18 @@ fn cr_source(vcpu: &Vcpu, vmcs: &CurrentVmcs, gpr: hvprof_vmx::regs::Gpr) -> u64
 /// MOV to and from CR8 (CR8-load and CR8-store exiting): the guest's own task-priority register,
 /// which never reaches the physical one (where it would mask the hypervisor's timer interrupt,
 /// and stay set for the next VM). Bits 63:4 are reserved: MOV to CR8 of a value with any of them
-/// set is #GP (SDM Vol. 3A §11.8.6.5, Vol. 2B MOV).
+/// set is #GP (SDM Vol. 3A §11.8.6.5, Vol. 2B MOV). With a local APIC (`apic=on`) CR8 is its
+/// TPR's bits 7:4 (§11.8.6.5: CR8[3:0] = TPR[7:4], TPR[3:0] = 0 on a write), so a write
+/// changes which interrupts the vCPU takes; with the CPU's APIC virtualization the CPU serves
+/// CR8 from the virtual TPR without an exit (vcpu/virtual_apic.rs), and an exit here means it
+/// could not turn CR8 exiting off.
 fn cr8_access(
+    vm: &Vm,
     vcpu: &mut Vcpu,
     vmcs: &mut CurrentVmcs,
     q: &hvprof_vmx::exit::CrAccess,
 ) -> Option<Stop> {
+    use hvprof_hypervisor::devices::lapic::reg;
     use hvprof_vmx::exit::CrAccessType;
     use hvprof_vmx::regs::Gpr;
     match q.access {
@@ -342,16 +348,32 @@ fn cr8_access(
                 vmcs.inject_exception(13, Some(0));
                 return None;
             }
-            vcpu.cr8 = value;
+            if vm.apic {
+                let mut dev = vm.devices.lock();
+                let lapic = &mut dev.lapics[usize::from(vcpu.index)];
+                crate::vcpu::virtual_apic::take_back(vcpu, vmcs, lapic);
+                // A TPR write has no effect to carry out (no IPI, no EOI, no timer change).
+                let _ = lapic.write(reg::TPR, (value as u32) << 4, crate::tsc::rdtsc());
+            } else {
+                vcpu.cr8 = value;
+            }
         }
         CrAccessType::MovFromCr => {
+            let cr8 = if vm.apic {
+                let mut dev = vm.devices.lock();
+                let lapic = &mut dev.lapics[usize::from(vcpu.index)];
+                crate::vcpu::virtual_apic::take_back(vcpu, vmcs, lapic);
+                u64::from(lapic.read(reg::TPR, crate::tsc::rdtsc()) >> 4)
+            } else {
+                vcpu.cr8
+            };
             if q.gpr == Gpr::Rsp {
                 must(
-                    vmcs.write_natural(GuestNatural::Rsp, vcpu.cr8),
+                    vmcs.write_natural(GuestNatural::Rsp, cr8),
                     "VMWRITE guest RSP",
                 );
             } else if let Some(r) = vcpu.regs.get_mut(q.gpr) {
-                *r = vcpu.cr8;
+                *r = cr8;
             }
         }
         other => {
