@@ -7,6 +7,7 @@ mod linux;
 mod live;
 #[cfg(test)]
 mod modgraph;
+mod rules;
 mod run;
 mod spread;
 mod test;
