@@ -84,6 +84,60 @@ fn vm_samples(d: &Decoded, vm: u16) -> impl Iterator<Item = (&Sample, &[u64])> {
         .map(|(s, c)| (s, c.guest))
 }
 
+/// Samples of the known tree's VM `tree` at the instructions where a frame-pointer walk must
+/// look at the code (a prologue's `push rbp` and `mov rbp, rsp`, the `ret` after `pop rbp`) of
+/// `deep_leaf` and `leaf`: every one with its exact callers, whatever another VM running the same
+/// image found at those addresses (`stacks plant=`, which runs NOPs there). At least `min` such
+/// samples.
+fn check_boundary_chains(run: &ProfileRun, min: u64) -> Result<(), String> {
+    let d = hvprof_samplelog::decode(&run.capture);
+    let vm = vm_index(&d, "tree")?;
+    let syms = Symbols::read(&run.guest_dir.join("stacks"))?;
+    let bounds = |name: &str| {
+        syms.0
+            .iter()
+            .find(|(_, _, n)| n == name)
+            .map(|&(start, end, _)| [start, start + 1, end - 1])
+            .ok_or_else(|| format!("no symbol {name} in the stacks guest"))
+    };
+    let (deep, leaf) = (bounds("deep_leaf")?, bounds("leaf")?);
+    let (mut all, mut wrong) = (0u64, Vec::new());
+    for (s, frames) in vm_samples(&d, vm) {
+        if s.kind != SampleKind::Guest {
+            continue;
+        }
+        let callers = syms.chain(frames, false);
+        let right = if deep.contains(&s.guest_rip) {
+            callers.iter().take_while(|f| *f == "recurse").count() == DEPTH
+                && callers.get(DEPTH).map(String::as_str) == Some("round")
+        } else if leaf.contains(&s.guest_rip) {
+            matches!(
+                callers.first().map(String::as_str),
+                Some("parent_a" | "parent_b")
+            ) && callers.get(1).map(String::as_str) == Some("round")
+        } else {
+            continue;
+        };
+        all += 1;
+        if !right {
+            wrong.push(format!("{:#x}: {}", s.guest_rip, callers.join(" <- ")));
+        }
+    }
+    if all < min {
+        return Err(format!(
+            "only {all} samples at deep_leaf's and leaf's prologues and returns (at least {min} wanted)"
+        ));
+    }
+    if !wrong.is_empty() {
+        return Err(format!(
+            "{} of {all} samples at a prologue or return have wrong callers, e.g. {}",
+            wrong.len(),
+            wrong.iter().take(3).cloned().collect::<Vec<_>>().join("; ")
+        ));
+    }
+    Ok(())
+}
+
 /// The known tree, from the decoded capture and the guest's symbols.
 fn check_tree_decoded(run: &ProfileRun) -> Result<(), String> {
     let d = hvprof_samplelog::decode(&run.capture);
@@ -360,6 +414,26 @@ pub fn all() -> Vec<Scenario> {
                 Ok(())
             })
             .profile(|run| all_of([check_tree_decoded(run), check_tree_report(run)])),
+        // Guests against guests, 4: a VM running the same image at the same CR3 with NOPs where
+        // the known tree has its prologues and returns (its walks find that code ordinary),
+        // taking turns with it on one pCPU.
+        Scenario::new("bochs-attack-walk-cache", Emulator::bochs(HASWELL))
+            .cmdline("export=end stacks=16 slice=1ms")
+            .module(
+                "stacks.elf",
+                ModuleSource::Guest("stacks"),
+                // Short calls (one iteration per weight point), so that a tenth of the
+                // samples fall on a prologue or a return.
+                &format!("vm=tree rounds=150000 unit=1 depth={DEPTH} cpuid=0"),
+            )
+            .module(
+                "planter.elf",
+                ModuleSource::Guest("stacks"),
+                "vm=planter plant=300000",
+            )
+            .check(|log| check_exit_code(log, "tree", 0, "port 0xf4"))
+            .check(|log| check_exit_code(log, "planter", 0, "port 0xf4"))
+            .profile(|run| check_boundary_chains(run, 20)),
         Scenario::new("bochs-attack-stack", Emulator::bochs(HASWELL))
             .cmdline("export=end stacks=16")
             .module(

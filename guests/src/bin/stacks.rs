@@ -17,6 +17,13 @@
 //! instructions (`dec`, `jnz`). `tree=A,B,R,N` (default `7,3,2,1`) changes the weights of
 //! `parent_a`, `parent_b`, `recurse` and `nofp_caller` (the benchmark's `tree=0,0,1,0 depth=20`
 //! puts nearly every sample 20 frames deep). Prints `stacks: done rounds=R` and exits with 0.
+//!
+//! With `plant=N` it runs no tree: it overwrites `deep_leaf` and `leaf`, in its own memory at
+//! their own addresses, with a loop of one-byte NOPs and runs it N times, so that its samples
+//! find ordinary code where another VM running `stacks` has its prologues and epilogues (same
+//! image, same addresses, same CR3): that VM's call chains must not be walked by what this one's
+//! walks found (docs/SECURITY.md, "Call chains across VMs"). Prints `stacks: planted N` and
+//! exits with 0.
 #![no_std]
 #![no_main]
 
@@ -105,7 +112,57 @@ pub extern "C" fn round(w: &[u64; 4], depth: u64, cpuids: u64) {
     core::hint::black_box(w);
 }
 
+/// The loop of `plant=`: NOPs from `deep_leaf` on, then `dec rcx; jnz <deep_leaf>; ret` ending
+/// where `nofp_caller` begins; run `loops` times.
+fn plant(loops: u64) -> u8 {
+    let start = deep_leaf as *const () as usize;
+    let middle = leaf as *const () as usize;
+    let end = nofp_caller as *const () as usize;
+    if !(start < middle && middle < end && (16..=120).contains(&(end - start))) {
+        println!(
+            "stacks: plant: deep_leaf {start:#x}, leaf {middle:#x}, nofp_caller {end:#x}: not the layout the loop needs"
+        );
+        return exit_code::BAD_ARGS;
+    }
+    // dec rcx (REX.W FF /1); jnz rel8 (75 cb); ret (C3).
+    let tail_at = end - 6;
+    let rel = start as isize - (tail_at + 5) as isize;
+    let tail = [0x48, 0xff, 0xc9, 0x75, rel as i8 as u8, 0xc3];
+    let code = start as *mut u8;
+    for i in 0..end - start {
+        let byte = if i < tail_at - start {
+            0x90
+        } else {
+            tail[i - (tail_at - start)]
+        };
+        // SAFETY: the bytes from `deep_leaf` to `nofp_caller` are this VM's own memory,
+        // identity-mapped writable and executable; in this mode nothing calls `deep_leaf` or
+        // `leaf` (they are rewritten as a whole), and x86 sees the stores before the call below
+        // (SDM Vol. 3A §10.6, self-modifying code).
+        unsafe { code.add(i).write_volatile(byte) };
+    }
+    // Runs of 50 to 62 turns, so that the sampling deadlines fall on every byte of the loop
+    // (a loop of a fixed length sampled at a fixed period would show a few of them only).
+    let mut left = loops;
+    let mut i = 0u64;
+    while left > 0 {
+        let turns = (50 + i % 13).min(left);
+        // SAFETY: the loop just written: NOPs, then `dec rcx; jnz; ret`, which clobbers only
+        // RCX and the flags and returns to here.
+        unsafe {
+            core::arch::asm!("call {f}", f = in(reg) start, inout("rcx") turns => _, clobber_abi("C"));
+        }
+        left -= turns;
+        i += 1;
+    }
+    println!("stacks: planted {loops}");
+    0
+}
+
 fn main(args: &str) -> u8 {
+    if let Ok(n @ 1..) = arg_num(args, "plant", 0) {
+        return plant(n);
+    }
     let mut values = [0u64; 4];
     for (v, (key, default)) in
         values
