@@ -203,6 +203,17 @@ pub unsafe fn vmread_fast(encoding: u32) -> u64 {
     value
 }
 
+/// [`vmread_fast`] of a typed field: the encoding comes from the field's type, so no caller
+/// casts one.
+///
+/// # Safety
+/// In VMX operation (else #UD).
+#[inline(always)]
+pub unsafe fn vmread_field_fast<F: crate::vmcs::VmcsField>(field: F) -> u64 {
+    // SAFETY: the caller's contract is `vmread_fast`'s.
+    unsafe { vmread_fast(field.encoding()) }
+}
+
 /// VMWRITE of a field of the current VMCS (SDM Vol. 3C §32.3 "VMWRITE"). Fails with error 12 for
 /// an unsupported encoding and 13 for a read-only one.
 ///
@@ -335,9 +346,9 @@ impl CurrentVmcs {
     /// for the fields of every VMCS (SDM Vol. 3C, Appendix B) it cannot fail, the VMCS being
     /// current. For the paths taken at every sample and every exit.
     #[inline(always)]
-    pub fn read_fast(&self, encoding: u32) -> u64 {
+    pub fn read_fast<F: crate::vmcs::VmcsField>(&self, field: F) -> u64 {
         // SAFETY: `CurrentVmcs::new`'s contract: we are in VMX operation on this CPU.
-        unsafe { vmread_fast(encoding) }
+        unsafe { vmread_field_fast(field) }
     }
 }
 

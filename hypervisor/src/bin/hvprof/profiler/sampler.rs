@@ -522,13 +522,12 @@ impl CpuProfiler {
         let (vm, vcpu, vpid, exit) = self.current();
         // The caller is the run loop right after a VM exit (or the NMI exit's handler), with this
         // vCPU's VMCS current; every encoding below exists in every VMCS.
-        let read = |field: u32| vmcs.read_fast(field);
-        let rip = read(GuestNatural::Rip as u32);
-        let cr3 = read(GuestNatural::Cr3 as u32);
-        let ss_ar = read(Guest32::SsAccessRights as u32) as u32;
-        let cs_ar = read(Guest32::CsAccessRights as u32) as u32;
-        let cr0 = read(GuestNatural::Cr0 as u32);
-        let efer = read(Guest64::Ia32Efer as u32);
+        let rip = vmcs.read_fast(GuestNatural::Rip);
+        let cr3 = vmcs.read_fast(GuestNatural::Cr3);
+        let ss_ar = vmcs.read_fast(Guest32::SsAccessRights) as u32;
+        let cs_ar = vmcs.read_fast(Guest32::CsAccessRights) as u32;
+        let cr0 = vmcs.read_fast(GuestNatural::Cr0);
+        let efer = vmcs.read_fast(Guest64::Ia32Efer);
         let cpl = hvprof_vmx::guest::cpl_from_ss_access_rights(ss_ar);
         // Mode: real (CR0.PE = 0), long 64-bit (EFER.LMA and CS.L), else protected.
         let mode = if cr0 & CR0_PE == 0 {
@@ -565,7 +564,7 @@ impl CpuProfiler {
                 // SAFETY: as for `read` above (this vCPU's VMCS current); not through `vmcs`, so
                 // that the closure passed to the walk holds nothing.
                 let rsp =
-                    || unsafe { hvprof_vmx::instructions::vmread_fast(GuestNatural::Rsp as u32) };
+                    || unsafe { hvprof_vmx::instructions::vmread_field_fast(GuestNatural::Rsp) };
                 let (chain, frames) = self.walk_guest(cr3, cpl, long, rip, rsp, depth, &mut buf);
                 let c = &self.costs;
                 walked_since(t, frames.len(), &c.guest_walks, &c.guest_frames);
@@ -746,17 +745,22 @@ impl CpuProfiler {
         // one on this pCPU; VMREAD changes no state the interrupted code relies on (RFLAGS and
         // the destination register are saved by the interrupt entry). Every encoding below
         // exists in every VMCS.
-        let read = |field: u32| unsafe { hvprof_vmx::instructions::vmread_fast(field) };
-        let rip = read(GuestNatural::Rip as u32);
-        let cr3 = read(GuestNatural::Cr3 as u32);
-        let ss_ar = read(Guest32::SsAccessRights as u32) as u32;
-        let cs_ar = read(Guest32::CsAccessRights as u32) as u32;
+        let rip = unsafe { hvprof_vmx::instructions::vmread_field_fast(GuestNatural::Rip) };
+        // SAFETY: as above.
+        let cr3 = unsafe { hvprof_vmx::instructions::vmread_field_fast(GuestNatural::Cr3) };
+        // SAFETY: as above.
+        let ss_ar =
+            unsafe { hvprof_vmx::instructions::vmread_field_fast(Guest32::SsAccessRights) } as u32;
+        // SAFETY: as above.
+        let cs_ar =
+            unsafe { hvprof_vmx::instructions::vmread_field_fast(Guest32::CsAccessRights) } as u32;
         let cpl = hvprof_vmx::guest::cpl_from_ss_access_rights(ss_ar);
         let Some((first, rest)) = out.split_first_mut() else {
             return (Chain::NOT_WALKED, 0);
         };
         first.write(rip);
-        let rsp = || read(GuestNatural::Rsp as u32);
+        // SAFETY: as above.
+        let rsp = || unsafe { hvprof_vmx::instructions::vmread_field_fast(GuestNatural::Rsp) };
         let long = cs_ar & CS_AR_L != 0;
         let (callers, _) = self.walk_guest(cr3, cpl, long, rip, rsp, depth - 1, rest);
         let end = match callers.end() {

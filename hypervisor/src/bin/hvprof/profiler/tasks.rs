@@ -45,15 +45,15 @@ fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffsets, t
     // reads below take as any other value: every guest read is bounded to the VM's memory.
     // (Unchecked, as the sample's own: a checked read costs a `Result` per field, on a path
     // taken at every sample of a Linux guest.)
-    let read = |field: u32| vmcs.read_fast(field);
-    let cr3 = read(GuestNatural::Cr3 as u32);
-    let cpl =
-        hvprof_vmx::guest::cpl_from_ss_access_rights(read(Guest32::SsAccessRights as u32) as u32);
-    let rip = read(GuestNatural::Rip as u32);
+    let cr3 = vmcs.read_fast(GuestNatural::Cr3);
+    let cpl = hvprof_vmx::guest::cpl_from_ss_access_rights(
+        vmcs.read_fast(Guest32::SsAccessRights) as u32
+    );
+    let rip = vmcs.read_fast(GuestNatural::Rip);
     // The kernel's per-CPU base: GS base in kernel mode, IA32_KERNEL_GS_BASE (the guest's
     // value, live on this CPU while the vCPU is loaded) in user mode.
     let base = if cpl == 0 {
-        read(GuestNatural::GsBase as u32)
+        vmcs.read_fast(GuestNatural::GsBase)
     } else {
         crate::arch::msr::read_safe(0xc000_0102).unwrap_or(0)
     };

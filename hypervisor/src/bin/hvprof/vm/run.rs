@@ -279,7 +279,7 @@ fn run_loaded(
         // "VMREAD", Operation); here the VM exit just stored this VMCS's exit reason (§28.2.1),
         // a field of every VMCS (Appendix B.3.2).
         let reason = hvprof_vmx::exit::ExitReason(
-            vmcs.read_fast(hvprof_vmx::vmcs::ReadOnly32::ExitReason as u32) as u32,
+            vmcs.read_fast(hvprof_vmx::vmcs::ReadOnly32::ExitReason) as u32,
         );
         if reason.entry_failure() {
             let qual = vmcs.exit_qualification().unwrap_or(0);
