@@ -348,16 +348,16 @@ pub fn all() -> Vec<Scenario> {
         Scenario::new("bochs-attack-ipi-storm", bochs())
             .cpus(2)
             .cmdline("export=end")
-            .module("victim0.elf", MIX, "vm=victim0 pin=0 mix=80,20 rounds=400 interrupts=on")
-            .module("victim1.elf", MIX, "vm=victim1 pin=1 mix=80,20 rounds=400 interrupts=on")
+            .module("victim0.elf", MIX, "vm=victim0 pin=0 mix=80,20 rounds=200 interrupts=on")
+            .module("victim1.elf", MIX, "vm=victim1 pin=1 mix=80,20 rounds=200 interrupts=on")
             .module(
                 "stormer.elf",
                 HOSTILE,
-                "vm=stormer apic=on hostile=ipi-storm rounds=30000",
+                "vm=stormer apic=on hostile=ipi-storm rounds=15000",
             )
             .check(|log| {
                 hostile_ok(log, "stormer", "ipi-storm")?;
-                check_ipi_storm(log, 30000, 300)
+                check_ipi_storm(log, 15000, 150)
             }),
         // Guests against guests, 2: a VM that asks for a sleep state it does not have in a
         // loop (a console line each) beside a busy VM on one pCPU, the sample log streamed on
