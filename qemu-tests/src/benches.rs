@@ -95,7 +95,7 @@ fn exit_row(
 ) -> Result<hvprof_samplelog::ReasonStats, String> {
     exits
         .reasons()
-        .find(|(r, _)| hvprof_analyze::naming::exit_name(*r) == reason)
+        .find(|(r, _)| hvprof_analyze::naming::namer::exit_name(*r) == reason)
         .map(|(_, s)| *s)
         .ok_or_else(|| format!("no {reason} exit in the VM end frame"))
 }

@@ -41,7 +41,8 @@ use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
 
 use crate::calls::{CallStack, truncated_name};
-use crate::naming::{exit_name, printable};
+use crate::naming::escape::printable;
+use crate::naming::namer::exit_name;
 use crate::profile::{ChainEnd, Profile, What};
 
 /// One level of the call graph and its samples.

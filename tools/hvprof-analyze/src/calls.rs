@@ -18,7 +18,7 @@ use std::borrow::Cow;
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::interner::Interner;
-use crate::naming::{Namer, ProcessKey, address_space};
+use crate::naming::namer::{Namer, ProcessKey, address_space};
 use crate::profile::{ChainEnd, Frame, Profile, Samples, Stack, What};
 
 /// A function of a call chain, named.
@@ -153,7 +153,7 @@ fn site_keys(namer: &Namer, s: &Stack, samples: &Samples) -> (Vec<SiteKey>, Vec<
             .enumerate()
             .map(|(i, &addr)| {
                 let user = if linux {
-                    !crate::linux::is_kernel_address(addr)
+                    !crate::naming::linux::is_kernel_address(addr)
                 } else {
                     s.what == What::GuestUser
                 };
@@ -308,7 +308,7 @@ pub fn truncated_name(end: ChainEnd) -> Option<&'static str> {
 
 /// The frame between an exit cause's guest frames and the hypervisor's: `[exit: CPUID]`.
 pub fn exit_frame_name(exit: u16) -> String {
-    format!("[exit: {}]", crate::naming::exit_name(exit))
+    format!("[exit: {}]", crate::naming::namer::exit_name(exit))
 }
 
 /// One frame of a sample's whole stack (see [`whole_stack`]).

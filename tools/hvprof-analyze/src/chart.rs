@@ -18,7 +18,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use hvprof_samplelog::{NO_EXIT, NO_VM};
 
-use crate::naming::exit_name;
+use crate::naming::namer::exit_name;
 use crate::profile::{Profile, Sampled, What};
 use crate::report::LossRange;
 use crate::timeline::{Class, time_runs};
@@ -585,9 +585,9 @@ pub fn write(p: &Profile, bins: usize, title: &str, out: &mut dyn std::io::Write
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::naming::symbols::Images;
     use crate::profile::LoadOptions;
     use crate::progress::Progress;
-    use crate::symbols::Images;
     use crate::timeline::{Owner, Slot, naive_classify};
     use hvprof_samplelog::{
         Event, EventKind, OutReason, Record, Sample, SampleKind, guest_mode, synth,

@@ -25,7 +25,7 @@ pub fn esc(s: &str) -> String {
             '\'' => o.push_str("&#39;"),
             // Control characters are not allowed in HTML text (nor in the inline SVG's XML).
             c if c.is_control() && c != '\n' => {
-                o.push_str(&crate::naming::printable(&c.to_string()))
+                o.push_str(&crate::naming::escape::printable(&c.to_string()))
             }
             c => o.push(c),
         }

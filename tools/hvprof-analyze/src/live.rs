@@ -26,8 +26,8 @@ use hvprof_samplelog::{
     SampleKind,
 };
 
-use crate::naming::Namer;
-use crate::symbols::Images;
+use crate::naming::namer::Namer;
+use crate::naming::symbols::Images;
 
 /// What a stream held so far: counts of frames, records and damage, and the losses known so
 /// far (sequence gaps; after the end frame, exact and equal to a whole decode's).
@@ -628,7 +628,7 @@ impl Live {
                             user,
                             addr: s.guest_rip,
                             cr3: if user {
-                                crate::naming::address_space(s.guest_cr3)
+                                crate::naming::namer::address_space(s.guest_cr3)
                             } else {
                                 0
                             },

@@ -29,11 +29,11 @@ use hvprof_samplelog::{
 pub use crate::calls::Calls;
 use crate::capture::Capture;
 use crate::merge::{merge_all, sort_events};
-use crate::naming::{Namer, ProcessKey, Processes, TaskMemo, VmMeta, exit_name};
+use crate::naming::namer::{Namer, ProcessKey, Processes, TaskMemo, VmMeta, exit_name};
+use crate::naming::symbols::Images;
 use crate::progress::Progress;
 use crate::report::Report;
 use crate::stack_table::{self, StackTable};
-use crate::symbols::Images;
 use crate::timeline::{Owner, Segment, Segments};
 use crate::window::Window;
 
@@ -1291,7 +1291,7 @@ impl Samples {
                         s.vm,
                         0,
                         s.process,
-                        crate::naming::address_space(s.cr3),
+                        crate::naming::namer::address_space(s.cr3),
                     ),
                     s.addr,
                 ),

@@ -48,9 +48,9 @@ use rustc_hash::FxHashMap as HashMap;
 use hvprof_samplelog::Decoded;
 use serde::Serialize;
 
-use crate::naming::{Namer, function_name as name};
+use crate::naming::namer::{Namer, function_name as name};
+use crate::naming::symbols::{Images, Symbols, hex};
 use crate::profile::{CostSum, Frame, Samples, Stack, What, is_guest};
-use crate::symbols::{Images, Symbols, hex};
 use crate::timeline::Blanks;
 
 /// What the report's tables need besides the samples: each vCPU's blank slots (`[idle]`,
@@ -813,7 +813,7 @@ impl PendingRows<'_> {
             RowAt::Named(j) => self.named[j].function.as_bytes(),
             RowAt::Id(j) => self.id_name(self.ids[j].0).0.as_bytes(),
             RowAt::Unnamed(j) => {
-                let (b, n) = crate::naming::unknown_bytes(self.unnamed[j].0);
+                let (b, n) = crate::naming::namer::unknown_bytes(self.unnamed[j].0);
                 *buf = b;
                 &buf[..n]
             }
@@ -1495,7 +1495,7 @@ mod tests {
     /// the sum of theirs; every other row is a frame's.
     #[test]
     fn named_rows_are_counted_by_name_whatever_their_frames() {
-        use crate::naming::ProcessKey;
+        use crate::naming::namer::ProcessKey;
         use hvprof_samplelog::{FixedStr, Task};
         let task = |pid, tgid, comm: &str| Task {
             tsc: 0,

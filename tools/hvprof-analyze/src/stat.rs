@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use hvprof_samplelog::{ExitStats, HISTOGRAM_BUCKETS, NO_VM, VmEnd, histogram_bucket_start};
 
-use crate::naming::exit_name;
+use crate::naming::namer::exit_name;
 use crate::profile::{Profile, What};
 
 /// One exit reason in the hypervisor's own table.
@@ -353,7 +353,7 @@ pub fn render(s: &Stat) -> String {
         let _ = writeln!(
             out,
             "Analyze events for VM {} (vm {}):",
-            crate::naming::printable(&vm.name),
+            crate::naming::escape::printable(&vm.name),
             vm.id
         );
         match &vm.exact {

@@ -6,7 +6,7 @@ use comfy_table::presets::NOTHING;
 use comfy_table::{CellAlignment, Table};
 use hvprof_samplelog::{Decoded, PcpuLog, Record};
 
-use crate::naming::printable;
+use crate::naming::escape::printable;
 use crate::report::{Level, Report, Section, cells};
 
 fn table(section: &Section, top: usize) -> String {
@@ -146,7 +146,7 @@ pub fn write_decode_summary(
             out,
             "header: format v{}, build id {}, TSC {} Hz, {} pCPUs, skew {} ticks, period {} ticks, {} VMs",
             h.version,
-            crate::symbols::hex(h.build_id.as_bytes()),
+            crate::naming::symbols::hex(h.build_id.as_bytes()),
             h.tsc_hz,
             h.pcpus,
             h.tsc_skew,
@@ -161,7 +161,7 @@ pub fn write_decode_summary(
                 printable(v.name.as_str()),
                 v.vcpus,
                 printable(v.image.as_str()),
-                crate::symbols::hex(v.image_build_id.as_bytes())
+                crate::naming::symbols::hex(v.image_build_id.as_bytes())
             )?;
         }
     }
@@ -229,7 +229,7 @@ pub fn write_decode_summary(
             if m.build_id.is_none() {
                 "none".to_owned()
             } else {
-                crate::symbols::hex(m.build_id.as_bytes())
+                crate::naming::symbols::hex(m.build_id.as_bytes())
             }
         )?;
     }

@@ -26,9 +26,9 @@ use ratatui::widgets::{Block, Cell, Paragraph, Row, Table};
 use hvprof_samplelog::StreamDecoder;
 
 use crate::live::{Live, Snapshot, grouped};
-use crate::naming::Namer;
+use crate::naming::namer::Namer;
+use crate::naming::symbols::Images;
 use crate::source::{Chunk, Reader};
-use crate::symbols::Images;
 
 /// How often the screen is refreshed.
 pub const REFRESH: Duration = Duration::from_secs(1);

@@ -10,7 +10,7 @@
 use hvprof_analyze::chart::Timeline;
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
-use hvprof_analyze::symbols::Images;
+use hvprof_analyze::naming::symbols::Images;
 use hvprof_analyze::{callgraph, firefox, flame, html, pprof, script, stat, text};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;

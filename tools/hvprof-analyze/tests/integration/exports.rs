@@ -16,10 +16,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use hvprof_analyze::chart::Timeline;
+use hvprof_analyze::naming::symbols::Images;
+use hvprof_analyze::naming::symbols::Symbols;
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
-use hvprof_analyze::symbols::Images;
-use hvprof_analyze::symbols::Symbols;
 use serde_json::Value;
 
 use crate::data;

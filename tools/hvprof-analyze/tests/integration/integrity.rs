@@ -3,10 +3,10 @@
 //! JSON; and names the guest chose (VM names, process `comm`s, console text) never reach a text
 //! or HTML output with their control characters.
 
+use hvprof_analyze::naming::symbols::Images;
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
 use hvprof_analyze::report::{self, Integrity};
-use hvprof_analyze::symbols::Images;
 use hvprof_analyze::{html, script, text};
 use hvprof_samplelog::{
     BlockEncoder, BuildId, FixedStr, Header, PcpuTotals, Record, Sample, SampleKind, Task, VmInfo,

@@ -12,11 +12,11 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use hvprof_analyze::live::Live;
+use hvprof_analyze::naming::symbols::Images;
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
 use hvprof_analyze::record::{self, RecordOptions, Recorded, Stop};
 use hvprof_analyze::source::{Reader, Source};
-use hvprof_analyze::symbols::Images;
 use hvprof_analyze::top;
 use hvprof_samplelog::synth::{self, Capture, CaptureOptions, FrameKind, Rng, SynthConfig};
 use hvprof_samplelog::{

@@ -5,9 +5,9 @@
 //! `[lost]` frame.
 
 use hvprof_analyze::chart::{LOST_COLOR, Timeline};
+use hvprof_analyze::naming::symbols::Images;
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
-use hvprof_analyze::symbols::Images;
 use hvprof_analyze::{firefox, flame, html, pprof, text};
 use hvprof_samplelog::{
     BlockHeader, Header, MAX_HEADER_FRAME_LEN, PcpuTotals, Record, Sample, SampleKind,

@@ -7,9 +7,9 @@
 use std::time::Instant;
 
 use hvprof_analyze::chart::Timeline;
+use hvprof_analyze::naming::symbols::Images;
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
-use hvprof_analyze::symbols::Images;
 use hvprof_analyze::{firefox, flame, html, pprof, script, stat, text};
 use hvprof_samplelog::{Event, EventKind, OutReason, Record, Sample, guest_mode, synth};
 

@@ -22,9 +22,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use hvprof_analyze::naming::symbols::{Images, Symbols};
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
-use hvprof_analyze::symbols::{Images, Symbols};
 use hvprof_analyze::{flame, pprof};
 use hvprof_samplelog::{
     BlockEncoder, BuildId, Chain, ChainEnd, FixedStr, Header, MAX_HEADER_FRAME_LEN, NO_VM,

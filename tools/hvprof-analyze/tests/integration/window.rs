@@ -3,10 +3,10 @@
 //! of the samples after it), and each vCPU's scheduling events are cut to it, so its exact
 //! split is of the stretch's ticks and agrees with its samples.
 
+use hvprof_analyze::naming::symbols::Images;
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
 use hvprof_analyze::script;
-use hvprof_analyze::symbols::Images;
 use hvprof_analyze::window::TimeRange;
 use hvprof_samplelog::synth::{self, CaptureOptions, SynthConfig};
 

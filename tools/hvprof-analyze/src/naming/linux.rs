@@ -84,11 +84,15 @@ pub const fn is_kernel_address(addr: u64) -> bool {
 /// A process as the report names it: `comm[tgid]`, the pid when it differs (a thread).
 pub fn process_label(t: &Task) -> String {
     if t.pid == t.tgid {
-        format!("{}[{}]", crate::naming::printable(t.comm.as_str()), t.tgid)
+        format!(
+            "{}[{}]",
+            crate::naming::escape::printable(t.comm.as_str()),
+            t.tgid
+        )
     } else {
         format!(
             "{}[{}/{}]",
-            crate::naming::printable(t.comm.as_str()),
+            crate::naming::escape::printable(t.comm.as_str()),
             t.tgid,
             t.pid
         )

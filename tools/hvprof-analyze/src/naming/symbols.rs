@@ -129,7 +129,7 @@ impl Symbols {
         );
         add_unnamed_functions(
             &mut functions,
-            &crate::eh_frame::function_ranges(&file),
+            &crate::naming::eh_frame::function_ranges(&file),
             &module,
         );
         let build_id = file
@@ -157,7 +157,7 @@ impl Symbols {
         })
     }
 
-    /// A kernel module's functions (`crate::modules::parse_module`): (offset in the module's
+    /// A kernel module's functions (`crate::naming::modules::parse_module`): (offset in the module's
     /// core, size, whether the symbol had no size, name). At one offset a sized function is
     /// kept over an unsized label, else the first in the file's order.
     pub(crate) fn from_module_functions(
@@ -325,7 +325,7 @@ fn add_unnamed_functions(
 /// Demangles a Rust (or C++-less) symbol, dropping the hash suffix.
 pub fn demangle(name: &str) -> String {
     // A guest image's symbol names are the guest author's: no control characters in outputs.
-    crate::naming::printable(&format!("{:#}", rustc_demangle::demangle(name))).into_owned()
+    crate::naming::escape::printable(&format!("{:#}", rustc_demangle::demangle(name))).into_owned()
 }
 
 /// The descriptor of a GNU build-id note (`namesz`, `descsz`, `type`, "GNU\0", desc).

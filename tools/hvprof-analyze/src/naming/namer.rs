@@ -6,41 +6,13 @@
 //! guests), else by its address space: `cr3:0x...`. [`ProcessKey`] is what identifies it, so a
 //! later source of names (another frame type, a symbol file) only changes [`Namer::process`].
 
-use std::borrow::Cow;
-
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use hvprof_samplelog::Decoded;
 
-use crate::linux::{GuestKernel, KERNEL_MODULE, TaskTimeline};
-use crate::symbols::{Images, Symbols, hex};
-
-/// `s` with every control character (C0, DEL, C1: newline, ESC, ...) and every bidirectional
-/// formatting character escaped (`\n`, `\t`, `\r`, `\x1b`, `\u{202e}`): the form in which a name
-/// from the log or from a guest image (a VM's name, a guest process's `comm`, a symbol) reaches
-/// any output, so that a guest cannot start a line, move the cursor or reorder text in a
-/// report. Idempotent (the result holds no such character).
-pub fn printable(s: &str) -> Cow<'_, str> {
-    let bad = |c: char| {
-        c.is_control()
-            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    };
-    if !s.chars().any(bad) {
-        return Cow::Borrowed(s);
-    }
-    let mut o = String::with_capacity(s.len() + 8);
-    for c in s.chars() {
-        match c {
-            '\n' => o.push_str("\\n"),
-            '\t' => o.push_str("\\t"),
-            '\r' => o.push_str("\\r"),
-            c if bad(c) && (c as u32) < 0x100 => o.push_str(&format!("\\x{:02x}", c as u32)),
-            c if bad(c) => o.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => o.push(c),
-        }
-    }
-    Cow::Owned(o)
-}
+use crate::naming::escape::printable;
+use crate::naming::linux::{GuestKernel, KERNEL_MODULE, TaskTimeline};
+use crate::naming::symbols::{Images, Symbols, hex};
 
 /// One VM of the capture's header.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -257,7 +229,7 @@ impl<'a> Namer<'a> {
     /// kernel at its KASLR slide; says in `warnings` what stays unnamed.
     pub fn new(decoded: &Decoded, images: &'a Images, warnings: &mut Vec<String>) -> Self {
         let vms = vm_table(decoded);
-        let lstars = crate::linux::lstars(&decoded.vm_ends);
+        let lstars = crate::naming::linux::lstars(&decoded.vm_ends);
         let mut linux: HashSet<u16> = decoded.tasks.iter().map(|t| t.vm).collect();
         linux.extend(
             vms.iter()
@@ -516,7 +488,8 @@ impl<'a> Namer<'a> {
                 offset,
             }
         } else {
-            let (function, offset) = crate::linux::kernel_symbol(self.kernels.get(&vm), rip);
+            let (function, offset) =
+                crate::naming::linux::kernel_symbol(self.kernels.get(&vm), rip);
             Symbol {
                 function,
                 module: KERNEL_MODULE.into(),
@@ -665,12 +638,12 @@ fn kernel_modules(
     {
         let mut names: Vec<String> = frames
             .iter()
-            .map(|m| crate::modules::module_key(m.path.as_str()))
+            .map(|m| crate::naming::modules::module_key(m.path.as_str()))
             .collect();
         names.sort();
         names.dedup();
         let release = images.kernel.as_ref().and_then(|k| k.release());
-        let files = crate::modules::find_module_files(root, release, &names);
+        let files = crate::naming::modules::find_module_files(root, release, &names);
         let mut missing = Vec::new();
         for name in names {
             let loaded = match files.get(&name) {
@@ -680,7 +653,7 @@ fn kernel_modules(
                 }
                 Some(path) => match std::fs::read(path)
                     .map_err(anyhow::Error::from)
-                    .and_then(|data| crate::modules::parse_module(&data, path))
+                    .and_then(|data| crate::naming::modules::parse_module(&data, path))
                 {
                     Ok(m) => {
                         symbols.push(m.symbols);
@@ -712,7 +685,7 @@ fn kernel_modules(
     for m in frames {
         let name = printable(m.path.as_str()).into_owned();
         let found = by_key
-            .get(&crate::modules::module_key(m.path.as_str()))
+            .get(&crate::naming::modules::module_key(m.path.as_str()))
             .copied()
             .flatten();
         let usable = found.filter(|&(i, text_size)| {
@@ -769,11 +742,11 @@ mod module_tests {
 
     #[test]
     fn kernel_modules_are_named_from_their_ko_files_under_the_guest_root() {
-        let root = crate::symbols::tests::scratch("koroot");
+        let root = crate::naming::symbols::tests::scratch("koroot");
         let dir = root.join("lib/modules/6.1.0-48-cloud-amd64/kernel");
         std::fs::create_dir_all(dir.join("crypto")).unwrap();
         std::fs::create_dir_all(dir.join("arch")).unwrap();
-        let ko = crate::modules::tests::synthetic_ko();
+        let ko = crate::naming::modules::tests::synthetic_ko();
         std::fs::write(dir.join("crypto/wp512.ko"), &ko).unwrap();
         // The file's name has a dash, the kernel's module name an underscore.
         std::fs::write(dir.join("arch/crc32c-intel.ko"), &ko).unwrap();
@@ -920,7 +893,7 @@ mod mapping_tests {
             ..Decoded::default()
         };
         let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
-        let root = crate::symbols::tests::scratch("instances");
+        let root = crate::naming::symbols::tests::scratch("instances");
         for (dir, elf) in [("opt/v1", "mix.elf"), ("opt/v2", "busy.elf")] {
             std::fs::create_dir_all(root.join(dir)).unwrap();
             std::fs::copy(data.join(elf), root.join(dir).join("job")).unwrap();

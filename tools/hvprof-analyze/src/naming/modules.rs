@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use object::{Object, ObjectSection, ObjectSymbol, SectionFlags, SymbolKind};
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::symbols::Symbols;
+use crate::naming::symbols::Symbols;
 
 const SHF_ALLOC: u64 = object::elf::SHF_ALLOC.0;
 const SHF_EXECINSTR: u64 = object::elf::SHF_EXECINSTR.0;
@@ -374,7 +374,7 @@ pub(crate) mod tests {
 
     #[test]
     fn the_real_wp512_module_is_named_by_function() {
-        let dir = crate::symbols::tests::scratch("wp512");
+        let dir = crate::naming::symbols::tests::scratch("wp512");
         let Some((ko, release)) = real_wp512(&dir) else {
             return;
         };
@@ -432,7 +432,7 @@ pub(crate) mod tests {
 
     #[test]
     fn module_files_are_found_by_name_in_the_kernels_release_first() {
-        let root = crate::symbols::tests::scratch("modroot");
+        let root = crate::naming::symbols::tests::scratch("modroot");
         for (rel, file) in [
             ("6.1.0-40-amd64", "kernel/crypto/wp512.ko"),
             ("6.1.0-48-cloud-amd64", "kernel/crypto/wp512.ko"),
