@@ -20,15 +20,12 @@ pub mod pprof;
 pub mod preemption;
 pub mod profile;
 pub mod progress;
-pub mod record;
 pub mod report;
 pub mod script;
-pub mod source;
 mod stack_table;
 pub mod stat;
 pub mod text;
 pub mod timeline;
-pub mod top;
 pub mod window;
 
 /// The threads the analyzer runs its work on: the machine's cores, at most 8.

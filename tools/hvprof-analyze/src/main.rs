@@ -22,12 +22,12 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 
+use hvprof_analyze::live::{record, source, top};
 use hvprof_analyze::naming::symbols::Images;
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
 use hvprof_analyze::{
-    callgraph, chart, firefox, flame, html, pprof, preemption, record, script, source, stat, text,
-    top,
+    callgraph, chart, firefox, flame, html, pprof, preemption, script, stat, text,
 };
 
 #[derive(Parser)]

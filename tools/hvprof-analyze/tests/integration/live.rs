@@ -11,13 +11,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use hvprof_analyze::live::Live;
+use hvprof_analyze::live::record::{self, RecordOptions, Recorded, Stop};
+use hvprof_analyze::live::source::{Reader, Source};
+use hvprof_analyze::live::top;
+use hvprof_analyze::live::window::Live;
 use hvprof_analyze::naming::symbols::Images;
 use hvprof_analyze::profile::{LoadOptions, Profile};
 use hvprof_analyze::progress::Progress;
-use hvprof_analyze::record::{self, RecordOptions, Recorded, Stop};
-use hvprof_analyze::source::{Reader, Source};
-use hvprof_analyze::top;
 use hvprof_samplelog::synth::{self, Capture, CaptureOptions, FrameKind, Rng, SynthConfig};
 use hvprof_samplelog::{
     Event, EventKind, FixedStr, Header, MAX_HEADER_FRAME_LEN, NO_VM, OutReason, Record, Sample,
@@ -489,8 +489,8 @@ fn a_replay_gives_the_capture_back() {
     let mut got = Vec::new();
     loop {
         match reader.recv_timeout(HANG_GUARD) {
-            Some(hvprof_analyze::source::Chunk::Data(d)) => got.extend(d),
-            Some(hvprof_analyze::source::Chunk::End) => break,
+            Some(hvprof_analyze::live::source::Chunk::Data(d)) => got.extend(d),
+            Some(hvprof_analyze::live::source::Chunk::End) => break,
             other => panic!("{other:?}"),
         }
     }

@@ -1,5 +1,5 @@
 //! `hvprof-analyze top`: a live terminal view of a stream (ratatui with crossterm), refreshed
-//! every second like `perf top`, over the last N seconds of host time ([`crate::live`]): the host
+//! every second like `perf top`, over the last N seconds of host time ([`crate::live::window`]): the host
 //! level (each VM, the hypervisor's functions, `[idle]`), each VM's hottest guest functions,
 //! each vCPU's idle and steal (exact, from the scheduling events), and what was lost so far.
 //! [`draw`] renders a [`Snapshot`] into a frame (tests render into ratatui's `TestBackend`);
@@ -25,10 +25,10 @@ use ratatui::widgets::{Block, Cell, Paragraph, Row, Table};
 
 use hvprof_samplelog::StreamDecoder;
 
-use crate::live::{Live, Snapshot, grouped};
+use crate::live::source::{Chunk, Reader};
+use crate::live::window::{Live, Snapshot, grouped};
 use crate::naming::namer::Namer;
 use crate::naming::symbols::Images;
-use crate::source::{Chunk, Reader};
 
 /// How often the screen is refreshed.
 pub const REFRESH: Duration = Duration::from_secs(1);
@@ -90,7 +90,7 @@ pub fn draw(f: &mut Frame, s: &Snapshot, title: &str) {
         Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(middle);
     // With call graphs a first column: the children share (samples whose stack holds the row).
     let cg = s.call_graph;
-    let children = |r: &crate::live::Row| {
+    let children = |r: &crate::live::window::Row| {
         cg.then(|| Cell::from(Line::from(percent(r.children_percent)).right_aligned()))
     };
     let with_children = |widths: &[Constraint]| -> Vec<Constraint> {

@@ -1,4 +1,4 @@
-//! `hvprof-analyze record`: writes a live stream ([`crate::source`]) to a capture file verbatim,
+//! `hvprof-analyze record`: writes a live stream ([`crate::live::source`]) to a capture file verbatim,
 //! every byte as it arrives (console text, damaged frames and all), so that every other
 //! command reads the capture, while decoding it as it comes for a status line: bytes, frames,
 //! samples, events, what was lost and damaged so far, the rate.
@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use hvprof_samplelog::{Collector, Decoded, StreamDecoder};
 
-use crate::live::{StreamStats, Totals, grouped};
-use crate::source::{Chunk, Reader};
+use crate::live::source::{Chunk, Reader};
+use crate::live::window::{StreamStats, Totals, grouped};
 
 /// How often the status is refreshed (and the capture flushed).
 pub const REFRESH: Duration = Duration::from_millis(250);
