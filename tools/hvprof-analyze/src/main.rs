@@ -23,10 +23,10 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 
 use hvprof_analyze::live::{record, source, top};
+use hvprof_analyze::model::profile::{LoadOptions, Profile};
+use hvprof_analyze::model::progress::Progress;
 use hvprof_analyze::naming::symbols::Images;
-use hvprof_analyze::profile::{LoadOptions, Profile};
-use hvprof_analyze::progress::Progress;
-use hvprof_analyze::{
+use hvprof_analyze::views::{
     callgraph, chart, firefox, flame, html, pprof, preemption, script, stat, text,
 };
 
@@ -74,7 +74,7 @@ struct Input {
     /// scheduling events are cut to it, so steal and idle are of the stretch; exit statistics
     /// and the profiler's cost stay whole-run figures.
     #[arg(long, value_name = "START,END")]
-    time: Option<hvprof_analyze::window::TimeRange>,
+    time: Option<hvprof_analyze::model::window::TimeRange>,
 }
 
 /// What names a live stream's addresses (`top`): the options of [`Input`].
@@ -331,7 +331,7 @@ fn load_images(input: &Input) -> Result<Images> {
 /// (the exports do not, and then keep no per-sample data).
 fn load_options(input: &Input, tables: bool) -> LoadOptions {
     LoadOptions {
-        threads: hvprof_analyze::cores(),
+        threads: hvprof_analyze::model::par::cores(),
         // A Linux guest's samples by function and process, as every view names them (`report`
         // named them by address without `--kernel` until 2026-11, user addresses under the
         // kernel's image).
@@ -462,7 +462,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             preemptions,
         } => {
             let log = &input.log;
-            let bytes = hvprof_analyze::capture::Capture::open(log)?;
+            let bytes = hvprof_analyze::model::capture::Capture::open(log)?;
             let imgs = load_images(&input)?;
             // A capture without samples still gets its report (what was lost, the warnings).
             // The call graph needs every stack and chain named, the preemptions every guest
@@ -720,7 +720,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             Ok(())
         }
         Cmd::Decode { log, text, records } => {
-            let bytes = hvprof_analyze::capture::Capture::open(&log)?;
+            let bytes = hvprof_analyze::model::capture::Capture::open(&log)?;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             if records {
                 // Every record, each pCPU's in order: the capture decoded whole.
@@ -731,7 +731,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
                 // Its description, and each pCPU's records counted (on every core), not kept.
                 let (d, parts) = hvprof_samplelog::decode_parallel(
                     &bytes,
-                    hvprof_analyze::cores(),
+                    hvprof_analyze::model::par::cores(),
                     std::collections::BTreeMap::<u16, u64>::new,
                     |counts, at, records: &[hvprof_samplelog::Record], _| {
                         *counts.entry(at.header.pcpu).or_default() += records.len() as u64;
@@ -883,7 +883,7 @@ fn bench_synthetic(
         top_rows: None,
         keep_samples: false,
     };
-    for threads in [1, hvprof_analyze::cores()] {
+    for threads in [1, hvprof_analyze::model::par::cores()] {
         let t = Instant::now();
         let p = Profile::from_bytes(
             &cap.bytes,
@@ -903,7 +903,7 @@ fn bench_synthetic(
         let p = Profile::from_bytes(
             &cap.bytes,
             &Images::default(),
-            options(hvprof_analyze::cores(), false),
+            options(hvprof_analyze::model::par::cores(), false),
             &Progress::hidden(),
         );
         println!(
@@ -937,7 +937,7 @@ fn bench_synthetic(
             &Images::default(),
             LoadOptions {
                 keep_samples: true,
-                ..options(hvprof_analyze::cores(), false)
+                ..options(hvprof_analyze::model::par::cores(), false)
             },
             &Progress::hidden(),
         );

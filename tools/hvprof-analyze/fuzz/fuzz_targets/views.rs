@@ -7,11 +7,11 @@
 //! whether the report's tables are made.
 #![no_main]
 
-use hvprof_analyze::chart::Timeline;
-use hvprof_analyze::profile::{LoadOptions, Profile};
-use hvprof_analyze::progress::Progress;
+use hvprof_analyze::views::chart::Timeline;
+use hvprof_analyze::model::profile::{LoadOptions, Profile};
+use hvprof_analyze::model::progress::Progress;
 use hvprof_analyze::naming::symbols::Images;
-use hvprof_analyze::{callgraph, firefox, flame, html, pprof, script, stat, text};
+use hvprof_analyze::views::{callgraph, firefox, flame, html, pprof, script, stat, text};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 

@@ -3,11 +3,11 @@
 //! JSON; and names the guest chose (VM names, process `comm`s, console text) never reach a text
 //! or HTML output with their control characters.
 
+use hvprof_analyze::model::profile::{LoadOptions, Profile};
+use hvprof_analyze::model::progress::Progress;
 use hvprof_analyze::naming::symbols::Images;
-use hvprof_analyze::profile::{LoadOptions, Profile};
-use hvprof_analyze::progress::Progress;
-use hvprof_analyze::report::{self, Integrity};
-use hvprof_analyze::{html, script, text};
+use hvprof_analyze::views::report::{self, Integrity};
+use hvprof_analyze::views::{html, script, text};
 use hvprof_samplelog::{
     BlockEncoder, BuildId, FixedStr, Header, PcpuTotals, Record, Sample, SampleKind, Task, VmInfo,
     encode_end, encode_header, encode_task, guest_mode,
@@ -233,7 +233,7 @@ fn guest_chosen_names_are_escaped() {
         &String::from_utf8(perf).unwrap(),
         &['\n', '\t'],
     );
-    let folded = hvprof_analyze::flame::folded(&p).join("\n");
+    let folded = hvprof_analyze::views::flame::folded(&p).join("\n");
     assert_printable("folded stacks", &folded, &['\n']);
     assert!(folded.contains(r"evil\n\x1b[2J[100]"), "{folded}");
 }
@@ -257,9 +257,12 @@ fn names_like_json_keys_do_not_move_the_firefox_tables() {
             &Progress::hidden(),
         );
         let mut written = Vec::new();
-        hvprof_analyze::firefox::write(&p, &mut written, &Progress::hidden()).unwrap();
-        let reference =
-            serde_json::to_vec(&hvprof_analyze::firefox::build(&p, &Progress::hidden())).unwrap();
+        hvprof_analyze::views::firefox::write(&p, &mut written, &Progress::hidden()).unwrap();
+        let reference = serde_json::to_vec(&hvprof_analyze::views::firefox::build(
+            &p,
+            &Progress::hidden(),
+        ))
+        .unwrap();
         assert!(written == reference, "forged: {forged}");
         let v: Value = serde_json::from_slice(&written).unwrap();
         let samples: u64 = v["threads"]

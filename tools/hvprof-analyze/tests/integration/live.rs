@@ -15,9 +15,9 @@ use hvprof_analyze::live::record::{self, RecordOptions, Recorded, Stop};
 use hvprof_analyze::live::source::{Reader, Source};
 use hvprof_analyze::live::top;
 use hvprof_analyze::live::window::Live;
+use hvprof_analyze::model::profile::{LoadOptions, Profile};
+use hvprof_analyze::model::progress::Progress;
 use hvprof_analyze::naming::symbols::Images;
-use hvprof_analyze::profile::{LoadOptions, Profile};
-use hvprof_analyze::progress::Progress;
 use hvprof_samplelog::synth::{self, Capture, CaptureOptions, FrameKind, Rng, SynthConfig};
 use hvprof_samplelog::{
     Event, EventKind, FixedStr, Header, MAX_HEADER_FRAME_LEN, NO_VM, OutReason, Record, Sample,

@@ -4,11 +4,11 @@
 //! Firefox profile has a marker per range, pprof a `[lost]` sample and the flame graph a
 //! `[lost]` frame.
 
-use hvprof_analyze::chart::{LOST_COLOR, Timeline};
+use hvprof_analyze::model::profile::{LoadOptions, Profile};
+use hvprof_analyze::model::progress::Progress;
 use hvprof_analyze::naming::symbols::Images;
-use hvprof_analyze::profile::{LoadOptions, Profile};
-use hvprof_analyze::progress::Progress;
-use hvprof_analyze::{firefox, flame, html, pprof, text};
+use hvprof_analyze::views::chart::{LOST_COLOR, Timeline};
+use hvprof_analyze::views::{firefox, flame, html, pprof, text};
 use hvprof_samplelog::{
     BlockHeader, Header, MAX_HEADER_FRAME_LEN, PcpuTotals, Record, Sample, SampleKind,
     encode_block, encode_end, encode_header, max_block_frame_len, max_end_frame_len,

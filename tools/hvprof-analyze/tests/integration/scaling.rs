@@ -6,11 +6,11 @@
 
 use std::time::Instant;
 
-use hvprof_analyze::chart::Timeline;
+use hvprof_analyze::model::profile::{LoadOptions, Profile};
+use hvprof_analyze::model::progress::Progress;
 use hvprof_analyze::naming::symbols::Images;
-use hvprof_analyze::profile::{LoadOptions, Profile};
-use hvprof_analyze::progress::Progress;
-use hvprof_analyze::{firefox, flame, html, pprof, script, stat, text};
+use hvprof_analyze::views::chart::Timeline;
+use hvprof_analyze::views::{firefox, flame, html, pprof, script, stat, text};
 use hvprof_samplelog::{Event, EventKind, OutReason, Record, Sample, guest_mode, synth};
 
 fn log(k: u64) -> Vec<u8> {

@@ -3,11 +3,11 @@
 //! of the samples after it), and each vCPU's scheduling events are cut to it, so its exact
 //! split is of the stretch's ticks and agrees with its samples.
 
+use hvprof_analyze::model::profile::{LoadOptions, Profile};
+use hvprof_analyze::model::progress::Progress;
+use hvprof_analyze::model::window::TimeRange;
 use hvprof_analyze::naming::symbols::Images;
-use hvprof_analyze::profile::{LoadOptions, Profile};
-use hvprof_analyze::progress::Progress;
-use hvprof_analyze::script;
-use hvprof_analyze::window::TimeRange;
+use hvprof_analyze::views::script;
 use hvprof_samplelog::synth::{self, CaptureOptions, SynthConfig};
 
 use crate::data;

@@ -10,16 +10,16 @@
 //! as it is), then its callers.
 //!
 //! [`whole_stack`] lays a sample's stack out, outermost first, the one way the flame graph,
-//! `perf script`, pprof and the Firefox profile draw it; [`crate::callgraph`] counts callers and
+//! `perf script`, pprof and the Firefox profile draw it; [`crate::views::callgraph`] counts callers and
 //! callees from it.
 
 use std::borrow::Cow;
 
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::interner::Interner;
+use crate::model::interner::Interner;
+use crate::model::profile::{ChainEnd, Frame, Profile, Samples, Stack, What};
 use crate::naming::namer::{Namer, ProcessKey, address_space};
-use crate::profile::{ChainEnd, Frame, Profile, Samples, Stack, What};
 
 /// A function of a call chain, named.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -240,7 +240,7 @@ pub fn name(
         }
     }
     let chunks: Vec<&[SiteKey]> = distinct.chunks(4096).collect();
-    let named: Vec<(CallFrame, Option<u64>)> = crate::par_map(chunks, |c| {
+    let named: Vec<(CallFrame, Option<u64>)> = crate::model::par::par_map(chunks, |c| {
         c.iter().map(|k| name_site(namer, k)).collect::<Vec<_>>()
     })
     .into_iter()

@@ -38,11 +38,11 @@ use rustc_hash::FxHashMap as HashMap;
 
 use hvprof_samplelog::{EventKind, OutReason};
 
-use crate::calls::{Part, part_name, whole_stack};
-use crate::interner::Interner;
-use crate::profile::{Profile, Stack, What};
-use crate::progress::Progress;
-use crate::script::ids;
+use crate::model::calls::{Part, part_name, whole_stack};
+use crate::model::interner::Interner;
+use crate::model::profile::{Profile, Stack, What};
+use crate::model::progress::Progress;
+use crate::views::script::ids;
 
 /// A vCPU's scheduling interval.
 struct VcpuMarker {
@@ -533,7 +533,7 @@ fn columns(
             const AHEAD: usize = 16;
             for (k, &(tsc, stack)) in run.iter().enumerate() {
                 if let Some(&(_, next)) = run.get(k + AHEAD) {
-                    crate::stack_table::prefetch(&slot_of[next as usize]);
+                    crate::model::stack_table::prefetch(&slot_of[next as usize]);
                 }
                 // A sample's stack counts it, so it has a thread.
                 if let Some((stacks, nanos)) = out.threads.get_mut(slot_of[stack as usize] as usize)
@@ -940,7 +940,7 @@ fn skeleton_and_tables(
     work.sort_by_key(|(_, slot, _)| {
         std::cmp::Reverse(slot.map_or(0, |s| stacks_of[s as usize].len()))
     });
-    let tables = crate::par_map_queue(work, |(k, slot, strings)| {
+    let tables = crate::model::par::par_map_queue(work, |(k, slot, strings)| {
         let slot = slot?;
         let mine = &stacks_of[slot as usize];
         let mut t = Tables::new(strings, mine.len());
@@ -957,12 +957,12 @@ fn skeleton_and_tables(
             .enumerate()
             .map(|(k, &i)| {
                 if let Some(f) = frame(k + AHEAD) {
-                    crate::stack_table::prefetch(f);
+                    crate::model::stack_table::prefetch(f);
                 }
                 if let Some(f) = frame(k + AHEAD / 2) {
-                    crate::stack_table::prefetch(f.function.as_bytes());
-                    crate::stack_table::prefetch(f.process.as_bytes());
-                    crate::stack_table::prefetch(f.module.as_bytes());
+                    crate::model::stack_table::prefetch(f.function.as_bytes());
+                    crate::model::stack_table::prefetch(f.process.as_bytes());
+                    crate::model::stack_table::prefetch(f.module.as_bytes());
                 }
                 let st = &stacks[i as usize];
                 let frames = frames_of(p, st)
@@ -1264,7 +1264,7 @@ fn chunked(
     // The buffers are the writer's, kept from column to column (a chunk's is some 2 MB).
     let mut bufs = std::mem::take(&mut w.chunks);
     if bufs.is_empty() {
-        bufs = vec![(Vec::new(), 0..0); crate::cores()];
+        bufs = vec![(Vec::new(), 0..0); crate::model::par::cores()];
     }
     let threads = bufs.len();
     let format = &format;

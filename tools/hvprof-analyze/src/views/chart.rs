@@ -18,10 +18,10 @@ use rustc_hash::FxHashMap as HashMap;
 
 use hvprof_samplelog::{NO_EXIT, NO_VM};
 
+use crate::model::profile::{Profile, Sampled, What};
+use crate::model::timeline::{Class, time_runs};
 use crate::naming::namer::exit_name;
-use crate::profile::{Profile, Sampled, What};
-use crate::report::LossRange;
-use crate::timeline::{Class, time_runs};
+use crate::views::report::LossRange;
 
 /// [`State::Hypervisor`] of every exit reason that is not one (128 and above).
 pub const INVALID_EXIT: u16 = 0xfffe;
@@ -585,10 +585,10 @@ pub fn write(p: &Profile, bins: usize, title: &str, out: &mut dyn std::io::Write
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::profile::LoadOptions;
+    use crate::model::progress::Progress;
+    use crate::model::timeline::{Owner, Slot, naive_classify};
     use crate::naming::symbols::Images;
-    use crate::profile::LoadOptions;
-    use crate::progress::Progress;
-    use crate::timeline::{Owner, Slot, naive_classify};
     use hvprof_samplelog::{
         Event, EventKind, OutReason, Record, Sample, SampleKind, guest_mode, synth,
     };

@@ -24,7 +24,7 @@
 //!   "cost": { "mean": f64, "min": u64, "max": u64, "percent_of_period": f64 }, // sample path
 //!   "whole_cost": null | { "percent": f64,         // the profiler's whole cost, all pCPUs,
 //!       "pcpus": [ { "pcpu", "percent", "span_ticks", "samples", // as the hypervisor measured
-//!         "sampling_exits", "sampling_exit_mean", "sampling_exit_percent", // it (crate::cost)
+//!         "sampling_exits", "sampling_exit_mean", "sampling_exit_percent", // it (crate::model::cost)
 //!         "timer_interrupts", "timer_interrupt_mean", "timer_percent",
 //!         "other_sample_ticks", "other_sample_percent", "export_ticks", "export_percent",
 //!         "task_reads", "task_read_mean" } ] },
@@ -35,7 +35,7 @@
 //!              "rows": [ row ], "vcpus": [ { "vcpu": u16, "samples", "os", "user", "idle",
 //!              "steal", "rows": [ row ] } ] } ] },
 //!   "warnings": [ string ],    // losses first (one per range, up to 20), integrity, the others
-//!   "call_graph": { ... } }    // with --call-graph only: see crate::callgraph
+//!   "call_graph": { ... } }    // with --call-graph only: see crate::views::callgraph
 //! ```
 //! Rows are sorted by samples (descending), then function name, module and process.
 //! Percentages are of the table's total; they are not rounded.
@@ -48,14 +48,14 @@ use rustc_hash::FxHashMap as HashMap;
 use hvprof_samplelog::Decoded;
 use serde::Serialize;
 
+use crate::model::profile::{CostSum, Frame, Samples, Stack, What, is_guest};
+use crate::model::timeline::Blanks;
 use crate::naming::namer::{Namer, function_name as name};
 use crate::naming::symbols::{Images, Symbols, hex};
-use crate::profile::{CostSum, Frame, Samples, Stack, What, is_guest};
-use crate::timeline::Blanks;
 
 /// What the report's tables need besides the samples: each vCPU's blank slots (`[idle]`,
 /// `[steal]`) on the common time axis, counted beforehand from the scheduling events
-/// ([`crate::timeline::segment_blanks`]; `None` without events: an old or partial log).
+/// ([`crate::model::timeline::segment_blanks`]; `None` without events: an old or partial log).
 pub struct Tables {
     pub blanks: Option<HashMap<(u16, u16), Blanks>>,
 }
@@ -348,22 +348,22 @@ pub struct Report {
     pub integrity: Integrity,
     pub cost: Cost,
     /// The profiler's whole cost, from the hypervisor's closing lines (`None` without them).
-    pub whole_cost: Option<crate::cost::WholeCost>,
+    pub whole_cost: Option<crate::model::cost::WholeCost>,
     pub host: Host,
     pub vms: Vec<VmReport>,
     /// Warnings for the reader: first where records were lost, then signs of a forged log
     /// (`integrity`), then missing symbols, mismatched build ids, truncation.
     pub warnings: Vec<String>,
-    /// The call graph (`report --call-graph`; see `crate::callgraph`).
+    /// The call graph (`report --call-graph`; see `crate::views::callgraph`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub call_graph: Option<crate::callgraph::CallGraph>,
+    pub call_graph: Option<crate::views::callgraph::CallGraph>,
     /// Where each vCPU was when it lost its pCPU (`report --preemptions`; see
-    /// `crate::preemption`).
+    /// `crate::views::preemption`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub preemptions: Option<Vec<crate::preemption::VcpuPreemptions>>,
+    pub preemptions: Option<Vec<crate::views::preemption::VcpuPreemptions>>,
     /// The stretch of host time shown (`--time START,END`, seconds), when not the whole run.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub time: Option<crate::window::TimeRange>,
+    pub time: Option<crate::model::window::TimeRange>,
 }
 
 /// One table of the report as every renderer shows it (`text.rs`, `html.rs`): which level, its
@@ -558,12 +558,13 @@ impl<'a> NamedRows<'a> {
             }
         }
         // Their names hashed on every core, then numbered on one (hashing no string).
-        let hashes: Vec<u64> = crate::par_map(wanted.chunks(4096).collect(), |c: &[u32]| {
-            c.iter().map(|&f| row_hash(&name_of(f))).collect::<Vec<_>>()
-        })
-        .into_iter()
-        .flatten()
-        .collect();
+        let hashes: Vec<u64> =
+            crate::model::par::par_map(wanted.chunks(4096).collect(), |c: &[u32]| {
+                c.iter().map(|&f| row_hash(&name_of(f))).collect::<Vec<_>>()
+            })
+            .into_iter()
+            .flatten()
+            .collect();
         let mut rows: Vec<(u32, u64)> = Vec::with_capacity(wanted.len());
         let mut index = hashbrown::HashTable::with_capacity(wanted.len());
         for (&f, hash) in wanted.iter().zip(hashes) {
@@ -958,7 +959,7 @@ impl PendingRows<'_> {
 /// The exact split of the vCPUs' lifetimes from their scheduling events, beside `table`.
 fn exact_of<'a>(
     table: &GuestTable,
-    blanks: impl Iterator<Item = &'a crate::timeline::Blanks>,
+    blanks: impl Iterator<Item = &'a crate::model::timeline::Blanks>,
 ) -> Option<Exact> {
     let (mut run, mut out, mut halted) = (0u64, 0u64, 0u64);
     let mut hypervisor_out = 0u64;
@@ -1086,7 +1087,7 @@ pub fn build(
                 100.0 * mean / header.period_ticks as f64
             },
         },
-        whole_cost: crate::cost::from_frames(&decoded.costs),
+        whole_cost: crate::model::cost::from_frames(&decoded.costs),
         host,
         vms,
         warnings,
@@ -1275,7 +1276,7 @@ fn host_level(
 fn guest_level(
     namer: &Namer,
     mut g: Guests,
-    exact: &HashMap<(u16, u16), crate::timeline::Blanks>,
+    exact: &HashMap<(u16, u16), crate::model::timeline::Blanks>,
     keep: Option<usize>,
 ) -> Vec<VmReport> {
     // Each VM's counts, and its vCPUs' (sorted), then every table made on every core.
@@ -1311,7 +1312,7 @@ fn guest_level(
             )
         })
         .collect();
-    let mut tables = crate::par_map(jobs, |(c, symbols, image)| {
+    let mut tables = crate::model::par::par_map(jobs, |(c, symbols, image)| {
         c.table(symbols, image, keep, &g.rows)
     })
     .into_iter();
@@ -1606,11 +1607,11 @@ mod tests {
 
     /// The report of a capture, decoded on `threads` threads.
     fn report_with(bytes: &[u8], threads: usize) -> Report {
-        crate::profile::Profile::from_bytes(
+        crate::model::profile::Profile::from_bytes(
             bytes,
             &Images::default(),
-            crate::profile::LoadOptions::all(threads),
-            &crate::progress::Progress::hidden(),
+            crate::model::profile::LoadOptions::all(threads),
+            &crate::model::progress::Progress::hidden(),
         )
         .report
     }

@@ -23,10 +23,10 @@ use flate2::write::GzEncoder;
 use prost::Message;
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::calls::{Part, WholeKey, part_name, whole_key, whole_stack};
-use crate::interner::Interner;
-use crate::profile::{Profile, What};
-use crate::progress::Progress;
+use crate::model::calls::{Part, WholeKey, part_name, whole_key, whole_stack};
+use crate::model::interner::Interner;
+use crate::model::profile::{Profile, What};
+use crate::model::progress::Progress;
 
 /// The messages of profile.proto.
 pub mod proto {

@@ -7,7 +7,7 @@ use comfy_table::{CellAlignment, Table};
 use hvprof_samplelog::{Decoded, PcpuLog, Record};
 
 use crate::naming::escape::printable;
-use crate::report::{Level, Report, Section, cells};
+use crate::views::report::{Level, Report, Section, cells};
 
 fn table(section: &Section, top: usize) -> String {
     let mut t = Table::new();

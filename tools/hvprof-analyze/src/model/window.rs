@@ -188,7 +188,7 @@ pub fn clip_events(events: Vec<(u16, Event)>, w: Window) -> Vec<(u16, Event)> {
             }
         }
     }
-    crate::merge::sort_events(&mut out);
+    crate::model::merge::sort_events(&mut out);
     out
 }
 

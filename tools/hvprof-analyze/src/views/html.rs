@@ -7,11 +7,11 @@ use std::fmt::Write;
 
 use anyhow::Result;
 
-use crate::callgraph::CallGraph;
-use crate::chart::Timeline;
-use crate::profile::Profile;
-use crate::report::{Level, Section, cells};
-use crate::stat::{SampledTable, Stat};
+use crate::model::profile::Profile;
+use crate::views::callgraph::CallGraph;
+use crate::views::chart::Timeline;
+use crate::views::report::{Level, Section, cells};
+use crate::views::stat::{SampledTable, Stat};
 
 /// Escapes text for HTML.
 pub fn esc(s: &str) -> String {
@@ -96,7 +96,7 @@ fn section(out: &mut String, s: &Section, top: usize) {
 }
 
 /// The call graph: per level its functions by children, with self; the exit causes; the cut
-/// chains (`crate::callgraph`).
+/// chains (`crate::views::callgraph`).
 fn call_graph_section(out: &mut String, g: &CallGraph, top: usize) {
     out.push_str("<h2 id=calls>Call graph</h2>\n<p class=note>Children: the samples whose stack holds the function; Self: those whose leaf it is (as perf report --children). Host level: every sample as the pCPUs saw it (a guest sample is its VM); VM level: its guest samples with their guest callers.</p>\n");
     let pct = |n: u64, total: u64| {
@@ -255,12 +255,12 @@ pub fn render(p: &Profile, source: &str, bins: usize, top: usize) -> Result<Stri
     let r = &p.report;
     let timeline = Timeline::build(p, bins).svg(&format!("Timeline: {source}"))?;
     let mut flame = Vec::new();
-    crate::flame::write(p, &format!("Flame graph: {source}"), false, &mut flame)?;
+    crate::views::flame::write(p, &format!("Flame graph: {source}"), false, &mut flame)?;
     // Its style sheet would apply to the whole page: keep it to the flame graph.
     let flame = inline_svg(&String::from_utf8_lossy(&flame))
         .replacen("<svg ", "<svg class=\"flame\" ", 1)
         .replacen("\ntext {", "\nsvg.flame text {", 1);
-    let stat = crate::stat::build(p);
+    let stat = crate::views::stat::build(p);
     let mut out = String::new();
     let _ = write!(
         out,
@@ -274,7 +274,10 @@ pub fn render(p: &Profile, source: &str, bins: usize, top: usize) -> Result<Stri
     for w in &r.warnings {
         let _ = writeln!(out, "<p class=warn>warning: {}</p>", esc(w));
     }
-    let calls = p.samples.has_chains().then(|| crate::callgraph::build(p));
+    let calls = p
+        .samples
+        .has_chains()
+        .then(|| crate::views::callgraph::build(p));
     out.push_str("<nav><a href=#timeline>Timeline</a><a href=#flame>Flame graph</a><a href=#host>Host level</a><a href=#guests>Guest level</a>");
     if calls.is_some() {
         out.push_str("<a href=#calls>Call graph</a>");

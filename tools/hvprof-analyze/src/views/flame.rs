@@ -17,15 +17,15 @@ use anyhow::{Context, Result};
 use inferno::flamegraph::{self, Options};
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::calls::{WholeKey, part_name, whole_key, whole_stack};
-use crate::profile::Profile;
+use crate::model::calls::{WholeKey, part_name, whole_key, whole_stack};
+use crate::model::profile::Profile;
 
 /// Samples the log lost, over every loss range.
 fn lost(p: &Profile) -> u64 {
     p.report
         .losses
         .iter()
-        .map(crate::report::LossRange::samples_missing)
+        .map(crate::views::report::LossRange::samples_missing)
         .fold(0u64, u64::saturating_add)
 }
 
@@ -56,7 +56,9 @@ pub fn folded(p: &Profile) -> Vec<String> {
     }
     let lost = lost(p);
     if lost > 0 {
-        *by_stack.entry(crate::pprof::LOST.to_owned()).or_default() += lost;
+        *by_stack
+            .entry(crate::views::pprof::LOST.to_owned())
+            .or_default() += lost;
     }
     let mut lines: Vec<String> = by_stack
         .into_iter()

@@ -144,7 +144,7 @@ fn tracks(events: &[(u16, Event)]) -> Vec<((u16, u16), Track)> {
 }
 
 /// Per pCPU, its samples in TSC order, each with its TSC and owner: what the virtual streams are
-/// made of. The report reads the profile's own lists ([`crate::profile::Slot`], the owner from
+/// made of. The report reads the profile's own lists ([`crate::model::profile::Slot`], the owner from
 /// the stack); the chart and the tests give (TSC, owner) pairs.
 pub trait Lists {
     type Item: Sync;
@@ -586,7 +586,7 @@ pub fn blanks<L: Lists + Sync>(
     events: &[(u16, Event)],
 ) -> HashMap<(u16, u16), Blanks> {
     let mut out = exact_ticks(events);
-    let index: HashMap<u16, PcpuIndex> = crate::par_map(samples.pcpus(), |p| {
+    let index: HashMap<u16, PcpuIndex> = crate::model::par::par_map(samples.pcpus(), |p| {
         samples.list(p).map(|l| (p, PcpuIndex::of_list(samples, l)))
     })
     .into_iter()
@@ -732,7 +732,7 @@ fn blanks_counting(
     // Per pCPU: its segments, each VM's vCPUs among their owners, and (made for the first run
     // over many segments, on the core that meets it) their index by owner and their samples.
     let index: HashMap<u16, PcpuSegments> =
-        crate::par_map(segments.pcpus.iter().collect(), |(p, segs)| {
+        crate::model::par::par_map(segments.pcpus.iter().collect(), |(p, segs)| {
             // Its owners, each once (found per change of owner: a forged capture may have
             // more owners than a pCPU has segments).
             let mut present: HashSet<u32> = HashSet::default();
@@ -758,7 +758,7 @@ fn blanks_counting(
         .collect();
     // Each vCPU's slots (its events in order), the vCPUs on every core, then added to their
     // exact ticks.
-    let slots = crate::par_map(tracks(events), |(vcpu, track)| {
+    let slots = crate::model::par::par_map(tracks(events), |(vcpu, track)| {
         let mut b = Blanks::default();
         // The window's partial segments, kept from event to event.
         let mut parts = Vec::new();

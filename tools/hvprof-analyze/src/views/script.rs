@@ -40,10 +40,10 @@ use std::io::{self, Write};
 use rustc_hash::FxHashMap as HashMap;
 use strength_reduce::StrengthReducedU64;
 
-use crate::calls::{Part, whole_stack};
-use crate::profile::{Frame, Profile, Stack, What};
-use crate::progress::Progress;
-use crate::stack_table::prefetch;
+use crate::model::calls::{Part, whole_stack};
+use crate::model::profile::{Frame, Profile, Stack, What};
+use crate::model::progress::Progress;
+use crate::model::stack_table::prefetch;
 
 /// The module of the guest-process frames.
 pub const PROCESS_MODULE: &str = "guest.process";
@@ -156,7 +156,7 @@ fn chain_lines(
                     format!(
                         "\t{:>16x} {} ({HYPERVISOR_MODULE})\n",
                         0,
-                        crate::calls::exit_frame_name(*r)
+                        crate::model::calls::exit_frame_name(*r)
                     ),
                     lines,
                 ));
@@ -171,7 +171,7 @@ fn chain_lines(
                     format!(
                         "\t{:>16x} {} ({module})\n",
                         0,
-                        crate::calls::truncated_name(*end).unwrap_or("[truncated]")
+                        crate::model::calls::truncated_name(*end).unwrap_or("[truncated]")
                     ),
                     lines,
                 ));
@@ -196,35 +196,36 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Resul
     // and its outer frames' lines at `arena[m..e]` for `spans[f] = (a, m, e)`: the loop below
     // reads them at random, and prefetches them a few samples ahead. Hundreds of thousands of
     // frames: each core writes a share into an arena of its own, and the shares are joined.
-    let shares: Vec<(Vec<u8>, Vec<Span>)> = crate::par_map(p.frames.chunks(4096).collect(), |c| {
-        let mut arena: Vec<u8> = Vec::with_capacity(c.len() * 96);
-        let spans = c
-            .iter()
-            .map(|f| {
-                let a = arena.len();
-                // Into a vector: cannot fail.
-                let _ = writeln!(arena, " {} ({})", frame_name(&f.function), script_module(f));
-                let m = arena.len();
-                let _ = match f.what {
-                    What::GuestKernel | What::GuestUser => writeln!(
-                        arena,
-                        "\t{:>16x} {} ({PROCESS_MODULE})",
-                        0,
-                        frame_name(&f.process)
-                    ),
-                    What::Hypervisor => writeln!(
-                        arena,
-                        "\t{:>16x} {} ({HYPERVISOR_MODULE})",
-                        0,
-                        frame_name(&f.process)
-                    ),
-                    What::Idle => Ok(()),
-                };
-                (a, m, arena.len())
-            })
-            .collect();
-        (arena, spans)
-    });
+    let shares: Vec<(Vec<u8>, Vec<Span>)> =
+        crate::model::par::par_map(p.frames.chunks(4096).collect(), |c| {
+            let mut arena: Vec<u8> = Vec::with_capacity(c.len() * 96);
+            let spans = c
+                .iter()
+                .map(|f| {
+                    let a = arena.len();
+                    // Into a vector: cannot fail.
+                    let _ = writeln!(arena, " {} ({})", frame_name(&f.function), script_module(f));
+                    let m = arena.len();
+                    let _ = match f.what {
+                        What::GuestKernel | What::GuestUser => writeln!(
+                            arena,
+                            "\t{:>16x} {} ({PROCESS_MODULE})",
+                            0,
+                            frame_name(&f.process)
+                        ),
+                        What::Hypervisor => writeln!(
+                            arena,
+                            "\t{:>16x} {} ({HYPERVISOR_MODULE})",
+                            0,
+                            frame_name(&f.process)
+                        ),
+                        What::Idle => Ok(()),
+                    };
+                    (a, m, arena.len())
+                })
+                .collect();
+            (arena, spans)
+        });
     let mut arena: Vec<u8> = Vec::with_capacity(shares.iter().map(|(a, _)| a.len()).sum());
     let mut spans: Vec<Span> = Vec::with_capacity(p.frames.len());
     for (share, share_spans) in shares {

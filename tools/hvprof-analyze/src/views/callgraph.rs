@@ -40,10 +40,10 @@ use hvprof_samplelog::NO_VM;
 use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
 
-use crate::calls::{CallStack, truncated_name};
+use crate::model::calls::{CallStack, truncated_name};
+use crate::model::profile::{ChainEnd, Profile, What};
 use crate::naming::escape::printable;
 use crate::naming::namer::exit_name;
-use crate::profile::{ChainEnd, Profile, What};
 
 /// One level of the call graph and its samples.
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -26,16 +26,16 @@ use hvprof_samplelog::{
     BlockAt, BlockReader, Chain, Decoded, Event, NO_VM, Record, Sample, SampleKind,
 };
 
-pub use crate::calls::Calls;
-use crate::capture::Capture;
-use crate::merge::{merge_all, sort_events};
+pub use crate::model::calls::Calls;
+use crate::model::capture::Capture;
+use crate::model::merge::{merge_all, sort_events};
+use crate::model::progress::Progress;
+use crate::model::stack_table::{self, StackTable};
+use crate::model::timeline::{Owner, Segment, Segments};
+use crate::model::window::Window;
 use crate::naming::namer::{Namer, ProcessKey, Processes, TaskMemo, VmMeta, exit_name};
 use crate::naming::symbols::Images;
-use crate::progress::Progress;
-use crate::report::Report;
-use crate::stack_table::{self, StackTable};
-use crate::timeline::{Owner, Segment, Segments};
-use crate::window::Window;
+use crate::views::report::Report;
 
 /// What a pCPU was doing at a sample. (`Idle` stays last: a table by `What` has
 /// `What::Idle as usize + 1` entries.)
@@ -399,8 +399,8 @@ pub struct LoadOptions {
     pub keep_guest: bool,
     pub tables: bool,
     pub report_only: bool,
-    /// Only the samples of this stretch of host time (`--time`, [`crate::window`]).
-    pub time: Option<crate::window::TimeRange>,
+    /// Only the samples of this stretch of host time (`--time`, [`crate::model::window`]).
+    pub time: Option<crate::model::window::TimeRange>,
     /// Only the first rows of each guest table of the report (the text report shows no more;
     /// the others are counted, and only the rows kept are named): `None` for every row.
     pub top_rows: Option<usize>,
@@ -1338,7 +1338,7 @@ impl Samples {
         let mut named: Vec<(Frame, u64)> = Vec::new();
         named.resize_with(distinct.len(), || (Frame::placeholder(), 0));
         let chunks: Vec<_> = distinct.chunks(4096).zip(named.chunks_mut(4096)).collect();
-        crate::par_map(chunks, |(c, out)| {
+        crate::model::par::par_map(chunks, |(c, out)| {
             for (&i, slot) in c.iter().zip(out) {
                 let f = make_frame(namer, &stacks[i]);
                 let hash = rustc_hash::FxBuildHasher.hash_one(&f);
@@ -1727,7 +1727,7 @@ impl Profile {
         let mut warnings = Vec::new();
         let window = match options.time {
             None => Window::ALL,
-            Some(range) => match crate::window::tsc_hz(&bytes) {
+            Some(range) => match crate::model::window::tsc_hz(&bytes) {
                 Some(hz) => range.ticks(hz),
                 None => {
                     warnings.push(format!(
@@ -1781,7 +1781,7 @@ impl Profile {
                 None => format!("--time {range}: no samples in this stretch, nor in the capture"),
             });
         }
-        let mut events = crate::window::clip_events(events, window);
+        let mut events = crate::model::window::clip_events(events, window);
         let replay = Replay {
             bytes,
             blocks,
@@ -1808,8 +1808,9 @@ impl Profile {
                     let partial = |pcpu: u16, i: usize, lo: u64, hi: Option<u64>| {
                         replay.partial(axis, pcpu, i, lo, hi)
                     };
-                    (!events.is_empty())
-                        .then(|| crate::timeline::segment_blanks(&axis.segments, events, &partial))
+                    (!events.is_empty()).then(|| {
+                        crate::model::timeline::segment_blanks(&axis.segments, events, &partial)
+                    })
                 })
             });
             let frames = samples.name(&namer, needed);
@@ -1817,19 +1818,19 @@ impl Profile {
             let calls = if options.report_only {
                 Calls::default()
             } else {
-                let (calls, ids) = crate::calls::name(&samples, &namer, needed);
+                let (calls, ids) = crate::model::calls::name(&samples, &namer, needed);
                 for (s, id) in samples.stacks.iter_mut().zip(ids) {
                     s.calls = id;
                 }
                 calls
             };
-            let tables = blanks.map(|b| crate::report::Tables {
+            let tables = blanks.map(|b| crate::views::report::Tables {
                 blanks: b.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
             });
             (frames, calls, tables)
         });
         progress.phase("report", None, "stacks");
-        let mut report = crate::report::build(
+        let mut report = crate::views::report::build(
             &decoded,
             &samples,
             &events,
@@ -1943,7 +1944,7 @@ impl Profile {
             .enumerate()
             .map(|(i, &lo)| (lo, cuts.get(i + 1).copied()))
             .collect();
-        let threads = crate::cores().min(runs.len()).max(1);
+        let threads = crate::model::par::cores().min(runs.len()).max(1);
         let work = &work;
         let sources = &sources;
         let runs = &runs;
@@ -2002,7 +2003,7 @@ impl Profile {
         let stacks = &self.samples.stacks;
         for (i, &(tsc, stack)) in merged.iter().enumerate() {
             if let Some(&(_, next)) = merged.get(i + AHEAD) {
-                crate::stack_table::prefetch(&stacks[next as usize]);
+                crate::model::stack_table::prefetch(&stacks[next as usize]);
             }
             out.push(self.samples.sampled(tsc, stack));
         }
@@ -2322,10 +2323,13 @@ mod tests {
         );
         assert_eq!(kept.samples_in_order(), three.samples_in_order());
         // Decoded in parts, the same stacks.
-        assert_eq!(crate::flame::folded(&one), crate::flame::folded(&three));
         assert_eq!(
-            crate::callgraph::build(&one),
-            crate::callgraph::build(&three)
+            crate::views::flame::folded(&one),
+            crate::views::flame::folded(&three)
+        );
+        assert_eq!(
+            crate::views::callgraph::build(&one),
+            crate::views::callgraph::build(&three)
         );
         // Each stack's chains are its samples': counted per (kind, VM, address, chains) from
         // the decoder's records and frames.
@@ -2612,14 +2616,14 @@ mod tests {
             for l in lists.values_mut() {
                 l.sort_by_key(|s| s.0);
             }
-            let want = crate::timeline::blanks(&lists, &p.events);
+            let want = crate::model::timeline::blanks(&lists, &p.events);
             let classified =
                 Classified::decode(&bytes, 2, None, Window::ALL, Keep { segments: true, samples: false }, &Progress::hidden()).1;
             let axis = p.replay.time_axis(classified.segments, &p.samples.stacks);
             let partial = |pcpu: u16, i: usize, lo: u64, hi: Option<u64>| {
                 p.replay.partial(&axis, pcpu, i, lo, hi)
             };
-            let got = crate::timeline::segment_blanks(&axis.segments, &p.events, &partial);
+            let got = crate::model::timeline::segment_blanks(&axis.segments, &p.events, &partial);
             prop_assert_eq!(got, want);
         }
     }
