@@ -7,18 +7,18 @@
 //! whether the report's tables are made.
 #![no_main]
 
-use hvprof_analyze::views::chart::Timeline;
 use hvprof_analyze::model::profile::{LoadOptions, Profile};
 use hvprof_analyze::model::progress::Progress;
 use hvprof_analyze::naming::symbols::Images;
-use hvprof_analyze::views::{callgraph, firefox, flame, html, pprof, script, stat, text};
+use hvprof_analyze::views::chart::Timeline;
+use hvprof_analyze::views::{callgraph, firefox, flame, html, pprof, report, script, stat, text};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 
 fuzz_target!(|data: &[u8]| {
     let opt = data.first().copied().unwrap_or(0);
     let progress = Progress::hidden();
-    let p = Profile::from_bytes(
+    let (p, r) = report::from_bytes(
         data,
         &Images::default(),
         LoadOptions {
@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
         },
         &progress,
     );
-    let r = &p.report;
+    let r = &r;
     assert_eq!(p.samples.len() as u64, r.total_samples);
     // The samples read again are every sample, in TSC order (then pCPU).
     let all = p.samples_in_order();
@@ -86,7 +86,7 @@ fuzz_target!(|data: &[u8]| {
     // the rows and states it gets: one input in four draws the HTML page, which holds the
     // timeline's SVG and the flame graph's.
     if opt & 0x0c == 0 {
-        if let Ok(page) = html::render(&p, "fuzz", bins, 10) {
+        if let Ok(page) = html::render(&p, r, "fuzz", bins, 10) {
             printable(&page, &['\n']);
         }
         let mut sink = Vec::new();

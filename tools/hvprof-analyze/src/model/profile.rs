@@ -28,14 +28,18 @@ use hvprof_samplelog::{
 
 pub use crate::model::calls::Calls;
 use crate::model::capture::Capture;
+use crate::model::cost::WholeCost;
+use crate::model::integrity::Integrity;
+use crate::model::losses::{LossRange, Lost, losses};
 use crate::model::merge::{merge_all, sort_events};
 use crate::model::progress::Progress;
 use crate::model::stack_table::{self, StackTable};
+use crate::model::timeline::Blanks;
 use crate::model::timeline::{Owner, Segment, Segments};
+use crate::model::window::TimeRange;
 use crate::model::window::Window;
 use crate::naming::namer::{Namer, ProcessKey, Processes, TaskMemo, VmMeta, exit_name};
-use crate::naming::symbols::Images;
-use crate::views::report::Report;
+use crate::naming::symbols::{Images, hex};
 
 /// What a pCPU was doing at a sample. (`Idle` stays last: a table by `What` has
 /// `What::Idle as usize + 1` entries.)
@@ -359,7 +363,6 @@ impl Samples {
 
 /// A whole capture, named.
 pub struct Profile {
-    pub report: Report,
     pub tsc_hz: u64,
     pub period_ticks: u64,
     pub pcpus: u16,
@@ -380,6 +383,31 @@ pub struct Profile {
     pub vm_ends: Vec<hvprof_samplelog::VmEnd>,
     /// The frames found in the capture, whole (0: no hvprof frame at all, whatever the file is).
     pub frames_found: u64,
+    /// The sample source the header names: `deadline` or `pmu`.
+    pub source: &'static str,
+    /// The hypervisor's build id in the header, in hex.
+    pub hypervisor_build_id: String,
+    /// Whether the `--hypervisor` ELF has that build id (`None` without one).
+    pub hypervisor_build_id_matches: Option<bool>,
+    /// What the capture lost, in all.
+    pub lost: Lost,
+    /// Where records are missing, per pCPU, in host time.
+    pub losses: Vec<LossRange>,
+    /// Signs of a forged or damaged capture.
+    pub integrity: Integrity,
+    /// The sample path's cost over the samples.
+    pub cost: CostSum,
+    /// The profiler's whole cost, from the hypervisor's cost frames (`None` without them).
+    pub whole_cost: Option<WholeCost>,
+    /// Warnings for the reader: first where records were lost, then signs of a forged log
+    /// (`integrity`), then missing symbols, mismatched build ids, truncation.
+    pub warnings: Vec<String>,
+    /// The stretch of host time shown (`--time START,END`), when not the whole run.
+    pub time: Option<TimeRange>,
+    /// Each vCPU's blank slots (`[idle]`, `[steal]`) on the common time axis, counted from the
+    /// scheduling events ([`crate::model::timeline::segment_blanks`]): with
+    /// [`LoadOptions::tables`], when the capture has events (`None` otherwise).
+    pub blanks: Option<HashMap<(u16, u16), Blanks>>,
     /// What reads the samples again in order: the capture and where its blocks are.
     replay: Replay,
 }
@@ -1656,16 +1684,25 @@ impl Profile {
         options: LoadOptions,
         progress: &Progress,
     ) -> Result<Profile> {
+        Self::load_with_namer(path, images, options, progress).map(|(p, _)| p)
+    }
+
+    /// [`Profile::load`], and the namer that named it (see [`Profile::from_capture_with_namer`]).
+    pub fn load_with_namer<'i>(
+        path: &std::path::Path,
+        images: &'i Images,
+        options: LoadOptions,
+        progress: &Progress,
+    ) -> Result<(Profile, Namer<'i>)> {
         let bytes = Capture::open(path)?;
         let len = bytes.len();
-        let profile = Self::from_capture(bytes, images, options, progress);
+        let (profile, namer) = Self::from_capture_with_namer(bytes, images, options, progress);
         profile.is_capture(path)?;
         if profile.samples.is_empty()
             && let Some(range) = options.time
         {
             // The capture has samples, outside the stretch (the warning says where they are).
             let why = profile
-                .report
                 .warnings
                 .iter()
                 .find(|w| w.starts_with("--time "))
@@ -1678,14 +1715,14 @@ impl Profile {
                 "{}: no samples in this capture ({} bytes{}): is it an hvprof serial log?",
                 path.display(),
                 len,
-                if profile.report.lost.truncated {
+                if profile.lost.truncated {
                     ", no end frame"
                 } else {
                     ""
                 }
             );
         }
-        Ok(profile)
+        Ok((profile, namer))
     }
 
     /// An error unless the file at `path` held at least one hvprof frame: a capture whose
@@ -1715,15 +1752,24 @@ impl Profile {
         Self::from_capture(bytes.to_vec().into(), images, options, progress)
     }
 
-    /// Decodes (on `options.threads` threads) and classifies a capture, names its stacks and
-    /// builds the report from them. A capture with Linux guests is decoded twice: their
-    /// samples' processes are known once every task frame is.
+    /// Decodes (on `options.threads` threads) and classifies a capture, and names its stacks.
     pub fn from_capture(
         bytes: Capture,
         images: &Images,
         options: LoadOptions,
         progress: &Progress,
     ) -> Profile {
+        Self::from_capture_with_namer(bytes, images, options, progress).0
+    }
+
+    /// [`Profile::from_capture`], and the namer that named it: the report's tables name with it
+    /// what the profile leaves unnamed (`LoadOptions::report_only`).
+    pub fn from_capture_with_namer<'i>(
+        bytes: Capture,
+        images: &'i Images,
+        options: LoadOptions,
+        progress: &Progress,
+    ) -> (Profile, Namer<'i>) {
         let mut warnings = Vec::new();
         let window = match options.time {
             None => Window::ALL,
@@ -1801,7 +1847,7 @@ impl Profile {
         let axis = options
             .tables
             .then(|| replay.time_axis(segments, &samples.stacks));
-        let (frames, calls, tables) = std::thread::scope(|sc| {
+        let (frames, calls, blanks) = std::thread::scope(|sc| {
             let blanks = axis.as_ref().map(|axis| {
                 let (events, replay) = (&events, &replay);
                 sc.spawn(move || {
@@ -1824,32 +1870,45 @@ impl Profile {
                 }
                 calls
             };
-            let tables = blanks.map(|b| crate::views::report::Tables {
-                blanks: b.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
-            });
-            (frames, calls, tables)
+            let blanks =
+                blanks.and_then(|b| b.join().unwrap_or_else(|e| std::panic::resume_unwind(e)));
+            (frames, calls, blanks)
         });
-        progress.phase("report", None, "stacks");
-        let mut report = crate::views::report::build(
-            &decoded,
-            &samples,
-            &events,
-            cost,
-            tables,
-            &frames,
-            &namer,
-            images,
-            options.keep_guest,
-            options.top_rows,
-            warnings,
-        );
+        let header = decoded.header.clone().unwrap_or_default();
+        if decoded.header.is_none() {
+            warnings.insert(
+                0,
+                "no header frame: VM names and the period are unknown".into(),
+            );
+        }
+        let hv_id = header.build_id.as_bytes().to_vec();
+        let hv_matches = images
+            .hypervisor
+            .as_ref()
+            .map(|s| s.build_id.as_deref() == Some(hv_id.as_slice()));
+        if hv_matches == Some(false) {
+            warnings.push(
+                "the hypervisor ELF given does not have the build id in the log: its names may be wrong"
+                    .into(),
+            );
+        }
+        let lost = Lost::of(&decoded);
+        if lost.truncated {
+            warnings.push(
+                "no end frame: the capture is truncated (losses after the last block are unknown)"
+                    .into(),
+            );
+        }
+        // What was lost and the signs of a forged log open the warnings.
+        let first_tsc = (!samples.is_empty()).then(|| samples.span().0);
+        let (losses, mut first_lines) = losses(&decoded, first_tsc, header.tsc_hz);
+        let integrity = Integrity::of(&decoded);
+        first_lines.extend(integrity.warnings());
+        warnings.splice(0..0, first_lines);
         if !options.report_only {
             sort_events(&mut events);
         }
-        report.time = options.time.filter(|_| !window.is_all());
-        let header = decoded.header.clone().unwrap_or_default();
-        Profile {
-            report,
+        let profile = Profile {
             tsc_hz: header.tsc_hz,
             period_ticks: header.period_ticks,
             pcpus: header.pcpus,
@@ -1861,8 +1920,24 @@ impl Profile {
             text: decoded.text_joined(),
             vm_ends: decoded.vm_ends.clone(),
             frames_found: decoded.frames,
+            source: if header.source == hvprof_samplelog::SOURCE_PMU {
+                "pmu"
+            } else {
+                "deadline"
+            },
+            hypervisor_build_id: hex(&hv_id),
+            hypervisor_build_id_matches: hv_matches,
+            lost,
+            losses,
+            integrity,
+            cost,
+            whole_cost: crate::model::cost::from_frames(&decoded.costs),
+            warnings,
+            time: options.time.filter(|_| !window.is_all()),
+            blanks,
             replay,
-        }
+        };
+        (profile, namer)
     }
 
     /// Reads every sample again, in TSC order (then pCPU): consecutive runs of them go to
@@ -2257,8 +2332,7 @@ mod tests {
             LoadOptions::all(2),
             &Progress::hidden(),
         );
-        assert_eq!(p.samples.len() as u64, p.report.total_samples);
-        assert_eq!(p.report.total_samples, cap.samples);
+        assert_eq!(p.samples.len() as u64, cap.samples);
         let all: Vec<Sampled> = p.samples_in_order();
         assert_eq!(all.len(), p.samples.len());
         assert!(
@@ -2322,15 +2396,6 @@ mod tests {
                 .all(|b| b.kept.is_some())
         );
         assert_eq!(kept.samples_in_order(), three.samples_in_order());
-        // Decoded in parts, the same stacks.
-        assert_eq!(
-            crate::views::flame::folded(&one),
-            crate::views::flame::folded(&three)
-        );
-        assert_eq!(
-            crate::views::callgraph::build(&one),
-            crate::views::callgraph::build(&three)
-        );
         // Each stack's chains are its samples': counted per (kind, VM, address, chains) from
         // the decoder's records and frames.
         type ChainKey = (bool, u16, u64, Vec<u64>, ChainEnd, Vec<u64>, ChainEnd);

@@ -521,3 +521,39 @@ pub fn render(g: &CallGraph, top: usize, only_vm: Option<&str>) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::model::profile::{LoadOptions, Profile};
+    use crate::model::progress::Progress;
+    use crate::naming::symbols::Images;
+    use hvprof_samplelog::synth;
+
+    /// A capture with call chains decoded in parts (on one thread, on three) draws the same
+    /// flame graph stacks and call graph.
+    #[test]
+    fn chains_decoded_in_parts_draw_the_same_graphs() {
+        let cfg = synth::SynthConfig {
+            pcpus: 2,
+            samples_per_pcpu: 3000,
+            chains: true,
+            ..synth::SynthConfig::default()
+        };
+        let cap = synth::capture(&cfg, &synth::CaptureOptions::default());
+        let load = |threads| {
+            Profile::from_bytes(
+                &cap.bytes,
+                &Images::default(),
+                LoadOptions::all(threads),
+                &Progress::hidden(),
+            )
+        };
+        let (one, three) = (load(1), load(3));
+        assert!(one.samples.has_chains());
+        assert_eq!(
+            crate::views::flame::folded(&one),
+            crate::views::flame::folded(&three)
+        );
+        assert_eq!(super::build(&one), super::build(&three));
+    }
+}

@@ -18,10 +18,10 @@ use rustc_hash::FxHashMap as HashMap;
 
 use hvprof_samplelog::{NO_EXIT, NO_VM};
 
+use crate::model::losses::LossRange;
 use crate::model::profile::{Profile, Sampled, What};
 use crate::model::timeline::{Class, time_runs};
 use crate::naming::namer::exit_name;
-use crate::views::report::LossRange;
 
 /// [`State::Hypervisor`] of every exit reason that is not one (128 and above).
 pub const INVALID_EXIT: u16 = 0xfffe;
@@ -388,7 +388,7 @@ impl Timeline {
             states: colors(&states, &totals),
             rows,
             pcpus,
-            losses: p.report.losses.clone(),
+            losses: p.losses.clone(),
         }
     }
 
@@ -594,13 +594,18 @@ mod tests {
     };
     use proptest::prelude::*;
 
-    fn profile(records: &[Vec<Record>]) -> Profile {
+    /// A capture of each pCPU's `records`.
+    fn capture(records: &[Vec<Record>]) -> Vec<u8> {
         let mut bytes = Vec::new();
         for (pcpu, r) in records.iter().enumerate() {
             bytes.extend(synth::encode_blocks(pcpu as u16, r, 10, 64));
         }
+        bytes
+    }
+
+    fn profile(records: &[Vec<Record>]) -> Profile {
         Profile::from_bytes(
-            &bytes,
+            &capture(records),
             &Images::default(),
             LoadOptions::all(2),
             &Progress::hidden(),
@@ -748,7 +753,12 @@ mod tests {
             }));
             r.push(ev(t + OWN + 1, EventKind::VcpuOut));
         }
-        let p = profile(&records);
+        let (p, report) = crate::views::report::from_bytes(
+            &capture(&records),
+            &Images::default(),
+            LoadOptions::all(2),
+            &Progress::hidden(),
+        );
         assert_eq!(p.samples.len() as u64, K * OWN);
         let t = Timeline::build(&p, BINS);
         assert_eq!(t.rows.len(), 2 + K as usize);
@@ -772,7 +782,7 @@ mod tests {
             assert_eq!(row.bins, want, "vCPU {k}");
         }
         // The report's steal agrees: per vCPU, the later vCPUs of the same pCPU.
-        let vm0 = p.report.vms.iter().find(|v| v.id == 0).unwrap();
+        let vm0 = report.vms.iter().find(|v| v.id == 0).unwrap();
         let steal: u64 = vm0
             .table
             .rows

@@ -6,7 +6,7 @@
 //! "records lost" marker over each range where the pCPU's records are missing.
 //! pids and tids are those of the `perf script` output.
 //!
-//! A sample with call chains has its whole stack (`calls::whole_stack`) as its frames: guest
+//! A sample with call chains has its whole stack (`whole_stack::whole_stack`) as its frames: guest
 //! samples their process, their callers and their function; the hypervisor's whom it worked
 //! for, its callers and its function; on a vCPU's exit with its guest chain, the VM, the guest's
 //! frames, `[exit: REASON]`, the hypervisor's frames, its function (on its pCPU's thread). The
@@ -38,10 +38,10 @@ use rustc_hash::FxHashMap as HashMap;
 
 use hvprof_samplelog::{EventKind, OutReason};
 
-use crate::model::calls::{Part, part_name, whole_stack};
 use crate::model::interner::Interner;
 use crate::model::profile::{Profile, Stack, What};
 use crate::model::progress::Progress;
+use crate::model::whole_stack::{Part, part_name, whole_stack};
 use crate::views::script::ids;
 
 /// A vCPU's scheduling interval.
@@ -233,7 +233,7 @@ fn skeleton(p: &Profile, sampled: &[(bool, u16, u16)]) -> Skeleton {
     let mut fx = FxProfile::new(
         &format!(
             "hvprof ({} pCPU(s), {} source, period {} TSC ticks)",
-            p.pcpus, p.report.source, p.period_ticks
+            p.pcpus, p.source, p.period_ticks
         ),
         ReferenceTimestamp::from_millis_since_unix_epoch(0.0),
         SamplingInterval::from_nanos(period_ns),
@@ -311,7 +311,7 @@ fn skeleton(p: &Profile, sampled: &[(bool, u16, u16)]) -> Skeleton {
     // the first after (the profile's ends when there is none).
     let lost_cat = fx.add_category("Lost records", CategoryColor::Red);
     let lost = fx.intern_string("records lost");
-    for l in &p.report.losses {
+    for l in &p.losses {
         let (t, _) = threads.get(&mut fx, p, false, l.pcpu, 0);
         let why = fx.intern_string(&l.describe());
         let (from, to) = (l.from_tsc.unwrap_or(start), l.to_tsc.unwrap_or(end));

@@ -3,7 +3,7 @@
 //! whom it worked for, and `[idle]` alone. Samples the log lost (the loss ranges of the report:
 //! blocks lost on the way, ring drops) are one frame `[lost]` as wide as they were.
 //!
-//! A sample with call chains is its whole stack instead (`calls::whole_stack`):
+//! A sample with call chains is its whole stack instead (`whole_stack::whole_stack`):
 //! `VM;process;[guest frames];function` for guest code, `[hypervisor];whom;[hypervisor
 //! frames];function` for the hypervisor's, `VM;[guest frames];[exit: REASON];[hypervisor
 //! frames];function` for the hypervisor's work on a vCPU's exit whose guest chain was walked
@@ -17,15 +17,14 @@ use anyhow::{Context, Result};
 use inferno::flamegraph::{self, Options};
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::model::calls::{WholeKey, part_name, whole_key, whole_stack};
 use crate::model::profile::Profile;
+use crate::model::whole_stack::{WholeKey, part_name, whole_key, whole_stack};
 
 /// Samples the log lost, over every loss range.
 fn lost(p: &Profile) -> u64 {
-    p.report
-        .losses
+    p.losses
         .iter()
-        .map(crate::views::report::LossRange::samples_missing)
+        .map(crate::model::losses::LossRange::samples_missing)
         .fold(0u64, u64::saturating_add)
 }
 

@@ -10,7 +10,7 @@ use anyhow::Result;
 use crate::model::profile::Profile;
 use crate::views::callgraph::CallGraph;
 use crate::views::chart::Timeline;
-use crate::views::report::{Level, Section, cells};
+use crate::views::report::{Level, Report, Section, cells};
 use crate::views::stat::{SampledTable, Stat};
 
 /// Escapes text for HTML.
@@ -250,9 +250,8 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}\
 figure{margin:0;overflow-x:auto}svg{max-width:100%;height:auto}\
 nav a{margin-right:1em}";
 
-/// Renders the page.
-pub fn render(p: &Profile, source: &str, bins: usize, top: usize) -> Result<String> {
-    let r = &p.report;
+/// Renders the page: `r` is `p`'s report.
+pub fn render(p: &Profile, r: &Report, source: &str, bins: usize, top: usize) -> Result<String> {
     let timeline = Timeline::build(p, bins).svg(&format!("Timeline: {source}"))?;
     let mut flame = Vec::new();
     crate::views::flame::write(p, &format!("Flame graph: {source}"), false, &mut flame)?;

@@ -10,7 +10,7 @@
 //! labelled `pcpu`, `lost_from_tsc` and `lost_to_tsc`, and a comment line per loss range.
 //!
 //! A sample with call chains has one location per frame of its whole stack, leaf first
-//! (`calls::whole_stack`): its function, its callers (each a function of its module), a cut
+//! (`whole_stack::whole_stack`): its function, its callers (each a function of its module), a cut
 //! chain's `[truncated: ...]`, then the outer frames; a hypervisor sample on a vCPU's exit has
 //! the hypervisor's frames, `[exit: REASON]`, the guest's frames from the exit's RIP out, then
 //! its VM.
@@ -23,10 +23,10 @@ use flate2::write::GzEncoder;
 use prost::Message;
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::model::calls::{Part, WholeKey, part_name, whole_key, whole_stack};
 use crate::model::interner::Interner;
 use crate::model::profile::{Profile, What};
 use crate::model::progress::Progress;
+use crate::model::whole_stack::{Part, WholeKey, part_name, whole_key, whole_stack};
 
 /// The messages of profile.proto.
 pub mod proto {
@@ -380,7 +380,7 @@ fn build_with(
     // labelled with its pCPU and TSC range, and a comment line.
     let lost_keys = [strings.get("lost_from_tsc"), strings.get("lost_to_tsc")];
     let mut lost_comments = Vec::new();
-    for l in &p.report.losses {
+    for l in &p.losses {
         lost_comments.push(strings.get(&format!("records lost: {}", l.describe())));
         let n = l.samples_missing().min(i64::MAX as u64) as i64;
         if n == 0 {
@@ -413,7 +413,7 @@ fn build_with(
         "hvprof: {} samples, {} pCPU(s), {} source, period {} TSC ticks, TSC {} Hz",
         p.samples.len(),
         p.pcpus,
-        p.report.source,
+        p.source,
         p.period_ticks,
         p.tsc_hz
     ))];

@@ -45,20 +45,16 @@ use std::hash::BuildHasher;
 
 use rustc_hash::FxHashMap as HashMap;
 
-use hvprof_samplelog::Decoded;
 use serde::Serialize;
 
-use crate::model::profile::{CostSum, Frame, Samples, Stack, What, is_guest};
+use crate::model::capture::Capture;
+use crate::model::integrity::Integrity;
+use crate::model::losses::{LossRange, Lost};
+use crate::model::profile::{Frame, LoadOptions, Profile, Stack, What, is_guest};
+use crate::model::progress::Progress;
 use crate::model::timeline::Blanks;
 use crate::naming::namer::{Namer, function_name as name};
-use crate::naming::symbols::{Images, Symbols, hex};
-
-/// What the report's tables need besides the samples: each vCPU's blank slots (`[idle]`,
-/// `[steal]`) on the common time axis, counted beforehand from the scheduling events
-/// ([`crate::model::timeline::segment_blanks`]; `None` without events: an old or partial log).
-pub struct Tables {
-    pub blanks: Option<HashMap<(u16, u16), Blanks>>,
-}
+use crate::naming::symbols::{Images, Symbols};
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Row {
@@ -70,197 +66,6 @@ pub struct Row {
     pub samples: u64,
     pub percent: f64,
 }
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Lost {
-    pub blocks: u64,
-    pub samples: u64,
-    pub events: u64,
-    pub dropped: u64,
-    pub damaged_frames: u64,
-    pub truncated: bool,
-}
-
-/// Signs that the log was tampered with (or badly damaged): a guest that could write to the
-/// capture channel might forge frames.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
-pub struct Integrity {
-    /// Header frames that differ from the first one (the first is used).
-    pub header_conflicts: u64,
-    /// Blocks received twice (same pCPU and sequence number; later copies are ignored).
-    pub duplicate_blocks: u64,
-    /// Task frames naming a VM the header does not list.
-    pub tasks_of_unknown_vms: u64,
-    /// Those VMs.
-    pub unknown_task_vms: Vec<u16>,
-}
-
-impl Integrity {
-    fn of(decoded: &Decoded) -> Self {
-        let listed = |vm: u16| {
-            decoded
-                .header
-                .as_ref()
-                .is_some_and(|h| h.vms.iter().any(|v| v.id == vm))
-        };
-        let mut unknown: Vec<u16> = Vec::new();
-        let mut tasks = 0u64;
-        for t in decoded.tasks.iter().filter(|t| !listed(t.vm)) {
-            tasks += 1;
-            unknown.push(t.vm);
-        }
-        unknown.sort_unstable();
-        unknown.dedup();
-        Integrity {
-            header_conflicts: decoded.header_conflicts,
-            duplicate_blocks: decoded
-                .pcpus
-                .values()
-                .fold(0, |n, p| n.saturating_add(p.duplicate_blocks)),
-            tasks_of_unknown_vms: tasks,
-            unknown_task_vms: unknown,
-        }
-    }
-
-    /// The warnings, one per kind of sign.
-    fn warnings(&self) -> Vec<String> {
-        let mut w = Vec::new();
-        if self.header_conflicts > 0 {
-            w.push(format!(
-                "log integrity: {} header frame(s) differ from the first one (forged or corrupted; the first is used)",
-                self.header_conflicts
-            ));
-        }
-        if self.duplicate_blocks > 0 {
-            w.push(format!(
-                "log integrity: {} duplicate block(s), a pCPU's sequence number sent twice (replayed or forged; later copies ignored)",
-                self.duplicate_blocks
-            ));
-        }
-        if self.tasks_of_unknown_vms > 0 {
-            const SHOWN: usize = 10;
-            let mut vms: Vec<String> = self
-                .unknown_task_vms
-                .iter()
-                .take(SHOWN)
-                .map(|v| format!("vm{v}"))
-                .collect();
-            if self.unknown_task_vms.len() > SHOWN {
-                vms.push(format!("{} more", self.unknown_task_vms.len() - SHOWN));
-            }
-            w.push(format!(
-                "log integrity: {} task frame(s) name VMs the header does not list ({}): forged or corrupted",
-                self.tasks_of_unknown_vms,
-                vms.join(", ")
-            ));
-        }
-        w
-    }
-}
-
-/// Where a pCPU's records are missing, in host time (one per decoder `Gap`).
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct LossRange {
-    pub pcpu: u16,
-    /// TSC of the last record received before the loss (`None`: from the start of the log).
-    pub from_tsc: Option<u64>,
-    /// TSC of the first record received after it (`None`: until the end of the log).
-    pub to_tsc: Option<u64>,
-    /// The same in seconds since the capture's first sample (`None` also when the TSC
-    /// frequency is unknown).
-    pub from_seconds: Option<f64>,
-    pub to_seconds: Option<f64>,
-    /// Blocks lost on the way, and the samples and events they held.
-    pub blocks: u64,
-    pub samples: u64,
-    pub events: u64,
-    /// Samples the hypervisor dropped (ring full).
-    pub dropped: u64,
-    /// The log ends here without an end frame: what followed is unknown.
-    pub truncated: bool,
-}
-
-impl LossRange {
-    /// Samples missing here (lost in blocks and dropped), saturating.
-    pub fn samples_missing(&self) -> u64 {
-        self.samples.saturating_add(self.dropped)
-    }
-
-    /// One line for the reader: how many samples, on which pCPU, over which host time.
-    pub fn describe(&self) -> String {
-        let at = |tsc: Option<u64>, s: Option<f64>, none: &str| match (tsc, s) {
-            (Some(t), Some(s)) => format!("TSC {t} ({s:.6} s)"),
-            (Some(t), None) => format!("TSC {t}"),
-            (None, _) => none.to_owned(),
-        };
-        let from = at(self.from_tsc, self.from_seconds, "the start of the log");
-        let to = at(self.to_tsc, self.to_seconds, "the end of the log");
-        let mut what = Vec::new();
-        if self.blocks > 0 || self.samples > 0 {
-            what.push(format!(
-                "{} samples and {} events lost in {} block(s)",
-                self.samples, self.events, self.blocks
-            ));
-        }
-        if self.dropped > 0 {
-            what.push(format!(
-                "{} samples dropped by the hypervisor (ring full)",
-                self.dropped
-            ));
-        }
-        if self.truncated {
-            what.push("no end frame: what it recorded is unknown".into());
-        }
-        format!(
-            "pCPU {}: {} from {from} to {to}",
-            self.pcpu,
-            what.join("; ")
-        )
-    }
-}
-
-/// The capture's losses, in host time, and the warnings that open the report: one per range
-/// (the first `MAX_LOSS_LINES`, then their total).
-fn losses(decoded: &Decoded, first_tsc: Option<u64>, tsc_hz: u64) -> (Vec<LossRange>, Vec<String>) {
-    let seconds = |tsc: Option<u64>| {
-        let (t, first) = (tsc?, first_tsc?);
-        (tsc_hz > 0).then(|| t.saturating_sub(first) as f64 / tsc_hz as f64)
-    };
-    let ranges: Vec<LossRange> = decoded
-        .gaps()
-        .map(|g| LossRange {
-            pcpu: g.pcpu,
-            from_tsc: g.after_tsc,
-            to_tsc: g.before_tsc,
-            from_seconds: seconds(g.after_tsc),
-            to_seconds: seconds(g.before_tsc),
-            blocks: g.blocks,
-            samples: g.samples,
-            events: g.events,
-            dropped: g.dropped,
-            truncated: g.truncated,
-        })
-        .collect();
-    let mut lines: Vec<String> = ranges
-        .iter()
-        .take(MAX_LOSS_LINES)
-        .map(|l| format!("records lost: {}", l.describe()))
-        .collect();
-    if ranges.len() > MAX_LOSS_LINES {
-        let rest = &ranges[MAX_LOSS_LINES..];
-        let n = rest
-            .iter()
-            .fold(0u64, |n, l| n.saturating_add(l.samples_missing()));
-        lines.push(format!(
-            "records lost: {} more ranges ({n} samples): see the JSON report's \"losses\"",
-            rest.len()
-        ));
-    }
-    (ranges, lines)
-}
-
-/// Loss ranges the report's warnings list one by one.
-pub const MAX_LOSS_LINES: usize = 20;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Cost {
@@ -990,72 +795,26 @@ fn exact_of<'a>(
     })
 }
 
-/// Builds the report from a capture's description and its classified, named samples: the
-/// host level, each VM's and vCPU's guest level with the exact split from the scheduling
-/// events, then the losses and the warnings. `keep_guest` names Linux guests' samples by
-/// process; `top_rows` keeps only the first rows of each guest table (the others counted);
-/// `warnings` holds what naming found missing.
-#[allow(clippy::too_many_arguments)]
-pub fn build(
-    decoded: &Decoded,
-    samples: &Samples,
-    events: &[(u16, hvprof_samplelog::Event)],
-    cost: CostSum,
-    tables: Option<Tables>,
-    frames: &[Frame],
-    namer: &Namer,
-    images: &Images,
-    keep_guest: bool,
-    top_rows: Option<usize>,
-    mut warnings: Vec<String>,
-) -> Report {
-    let header = decoded.header.clone().unwrap_or_default();
-    if decoded.header.is_none() {
-        warnings.insert(
-            0,
-            "no header frame: VM names and the period are unknown".into(),
-        );
-    }
-    let hv_id = header.build_id.as_bytes().to_vec();
-    let hv_matches = images
-        .hypervisor
-        .as_ref()
-        .map(|s| s.build_id.as_deref() == Some(hv_id.as_slice()));
-    if hv_matches == Some(false) {
-        warnings.push(
-            "the hypervisor ELF given does not have the build id in the log: its names may be wrong"
-                .into(),
-        );
-    }
+/// Builds the report from a capture's profile and the namer that named it: the host level,
+/// each VM's and vCPU's guest level with the exact split from the scheduling events (with
+/// `options.tables`), and what the profile found (losses, integrity, warnings). The namer names
+/// what the profile left unnamed (`LoadOptions::report_only`); `options.keep_guest` names Linux
+/// guests' samples by process; `options.top_rows` keeps only the first rows of each guest table
+/// (the others counted).
+pub fn build(p: &Profile, namer: &Namer, options: LoadOptions) -> Report {
+    let samples = &p.samples;
     let total = samples.len() as u64;
-    let (host, vms) = if let Some(Tables { blanks }) = tables {
-        let mut guests = guest_counts(samples.stacks(), frames, namer, keep_guest);
-        let exact = add_blanks(blanks, &mut guests);
-        let host = host_level(samples.stacks(), frames, namer, &guests.per_vm, total);
-        (host, guest_level(namer, guests, &exact, top_rows))
+    let (host, vms) = if options.tables {
+        let mut guests = guest_counts(samples.stacks(), &p.frames, namer, options.keep_guest);
+        let none = HashMap::default();
+        let exact = p.blanks.as_ref().unwrap_or(&none);
+        add_blanks(p.blanks.as_ref(), &mut guests);
+        let host = host_level(samples.stacks(), &p.frames, namer, &guests.per_vm, total);
+        (host, guest_level(namer, guests, exact, options.top_rows))
     } else {
         (Host::default(), Vec::new())
     };
-
-    let lost = Lost {
-        blocks: decoded.blocks_lost(),
-        samples: decoded.samples_lost(),
-        events: decoded.events_lost(),
-        dropped: decoded.ring_drops(),
-        damaged_frames: decoded.damaged.len() as u64,
-        truncated: !decoded.end_seen(),
-    };
-    if lost.truncated {
-        warnings.push(
-            "no end frame: the capture is truncated (losses after the last block are unknown)"
-                .into(),
-        );
-    }
-    let first_tsc = (!samples.is_empty()).then(|| samples.span().0);
-    let (losses, mut first_lines) = losses(decoded, first_tsc, header.tsc_hz);
-    let integrity = Integrity::of(decoded);
-    first_lines.extend(integrity.warnings());
-    warnings.splice(0..0, first_lines);
+    let cost = p.cost;
     let mean = if total == 0 {
         0.0
     } else {
@@ -1063,38 +822,72 @@ pub fn build(
     };
     Report {
         total_samples: total,
-        events: events.len() as u64,
-        period_ticks: header.period_ticks,
-        tsc_hz: header.tsc_hz,
-        pcpus: header.pcpus,
-        source: if header.source == hvprof_samplelog::SOURCE_PMU {
-            "pmu"
-        } else {
-            "deadline"
-        },
-        hypervisor_build_id: hex(&hv_id),
-        hypervisor_build_id_matches: hv_matches,
-        lost,
-        losses,
-        integrity,
+        events: p.events.len() as u64,
+        period_ticks: p.period_ticks,
+        tsc_hz: p.tsc_hz,
+        pcpus: p.pcpus,
+        source: p.source,
+        hypervisor_build_id: p.hypervisor_build_id.clone(),
+        hypervisor_build_id_matches: p.hypervisor_build_id_matches,
+        lost: p.lost.clone(),
+        losses: p.losses.clone(),
+        integrity: p.integrity.clone(),
         cost: Cost {
             mean,
             min: if total == 0 { 0 } else { cost.min },
             max: cost.max,
-            percent_of_period: if header.period_ticks == 0 {
+            percent_of_period: if p.period_ticks == 0 {
                 0.0
             } else {
-                100.0 * mean / header.period_ticks as f64
+                100.0 * mean / p.period_ticks as f64
             },
         },
-        whole_cost: crate::model::cost::from_frames(&decoded.costs),
+        whole_cost: p.whole_cost.clone(),
         host,
         vms,
-        warnings,
+        warnings: p.warnings.clone(),
         call_graph: None,
         preemptions: None,
-        time: None,
+        time: p.time,
     }
+}
+
+/// A capture read into its profile ([`Profile::from_capture_with_namer`]) and its report
+/// built.
+pub fn from_capture(
+    bytes: Capture,
+    images: &Images,
+    options: LoadOptions,
+    progress: &Progress,
+) -> (Profile, Report) {
+    let (p, namer) = Profile::from_capture_with_namer(bytes, images, options, progress);
+    progress.phase("report", None, "stacks");
+    let r = build(&p, &namer, options);
+    (p, r)
+}
+
+/// [`from_capture`] of a copy of `bytes`.
+pub fn from_bytes(
+    bytes: &[u8],
+    images: &Images,
+    options: LoadOptions,
+    progress: &Progress,
+) -> (Profile, Report) {
+    from_capture(bytes.to_vec().into(), images, options, progress)
+}
+
+/// A capture file read into its profile ([`Profile::load_with_namer`]: the same errors) and
+/// its report built.
+pub fn load(
+    path: &std::path::Path,
+    images: &Images,
+    options: LoadOptions,
+    progress: &Progress,
+) -> anyhow::Result<(Profile, Report)> {
+    let (p, namer) = Profile::load_with_namer(path, images, options, progress)?;
+    progress.phase("report", None, "stacks");
+    let r = build(&p, &namer, options);
+    Ok((p, r))
 }
 
 /// Guest-level counts per VM and per vCPU, and the hypervisor's samples on each vCPU's behalf.
@@ -1171,13 +964,10 @@ fn counts_by<K: std::hash::Hash + Eq>(
 }
 
 /// Adds each vCPU's blank slots (`[idle]`, `[steal]`) on the common time axis, counted from
-/// the scheduling events (`timeline::segment_blanks`), and returns them (for the exact split).
+/// the scheduling events (`timeline::segment_blanks`).
 /// Without events (`None`: an old or partial log) the hypervisor's samples on a vCPU's behalf
 /// are all that can be called its steal.
-fn add_blanks(
-    blanks: Option<HashMap<(u16, u16), Blanks>>,
-    g: &mut Guests,
-) -> HashMap<(u16, u16), Blanks> {
+fn add_blanks(blanks: Option<&HashMap<(u16, u16), Blanks>>, g: &mut Guests) {
     let Some(exact) = blanks else {
         for (&(vm, vcpu), &n) in &g.hypervisor {
             for counts in [
@@ -1187,9 +977,9 @@ fn add_blanks(
                 *counts.steal.entry(HYPERVISOR_STEAL.into()).or_default() += n;
             }
         }
-        return HashMap::default();
+        return;
     };
-    for (&(vm, vcpu), b) in &exact {
+    for (&(vm, vcpu), b) in exact {
         let add = |g: &mut GuestCounts| {
             g.idle += b.idle;
             if b.steal_outside > 0 {
@@ -1209,7 +999,6 @@ fn add_blanks(
         add(g.per_vm.entry(vm).or_default());
         add(g.per_vcpu.entry((vm, vcpu)).or_default());
     }
-    exact
 }
 
 /// The host level: each VM as one row, the hypervisor's functions, `[idle]`.
@@ -1607,13 +1396,13 @@ mod tests {
 
     /// The report of a capture, decoded on `threads` threads.
     fn report_with(bytes: &[u8], threads: usize) -> Report {
-        crate::model::profile::Profile::from_bytes(
+        from_bytes(
             bytes,
             &Images::default(),
-            crate::model::profile::LoadOptions::all(threads),
-            &crate::model::progress::Progress::hidden(),
+            LoadOptions::all(threads),
+            &Progress::hidden(),
         )
-        .report
+        .1
     }
 
     fn report_of(bytes: &[u8]) -> Report {

@@ -40,10 +40,10 @@ use std::io::{self, Write};
 use rustc_hash::FxHashMap as HashMap;
 use strength_reduce::StrengthReducedU64;
 
-use crate::model::calls::{Part, whole_stack};
 use crate::model::profile::{Frame, Profile, Stack, What};
 use crate::model::progress::Progress;
 use crate::model::stack_table::prefetch;
+use crate::model::whole_stack::{Part, whole_stack};
 
 /// The module of the guest-process frames.
 pub const PROCESS_MODULE: &str = "guest.process";
@@ -186,7 +186,7 @@ type Span = (usize, usize, usize);
 
 /// Writes every sample of `p` as `perf script` text.
 pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> io::Result<()> {
-    let event = if p.report.source == "pmu" {
+    let event = if p.source == "pmu" {
         "ref-cycles"
     } else {
         "cpu-clock"

@@ -3,10 +3,11 @@
 //! JSON; and names the guest chose (VM names, process `comm`s, console text) never reach a text
 //! or HTML output with their control characters.
 
+use hvprof_analyze::model::integrity::Integrity;
 use hvprof_analyze::model::profile::{LoadOptions, Profile};
 use hvprof_analyze::model::progress::Progress;
 use hvprof_analyze::naming::symbols::Images;
-use hvprof_analyze::views::report::{self, Integrity};
+use hvprof_analyze::views::report;
 use hvprof_analyze::views::{html, script, text};
 use hvprof_samplelog::{
     BlockEncoder, BuildId, FixedStr, Header, PcpuTotals, Record, Sample, SampleKind, Task, VmInfo,
@@ -106,7 +107,7 @@ fn capture_named(forged: bool, names: [&str; 2], comm: &str) -> Vec<u8> {
 }
 
 fn report(bytes: &[u8]) -> report::Report {
-    Profile::from_bytes(
+    report::from_bytes(
         bytes,
         &Images::default(),
         LoadOptions {
@@ -120,7 +121,7 @@ fn report(bytes: &[u8]) -> report::Report {
         },
         &Progress::hidden(),
     )
-    .report
+    .1
 }
 
 #[test]
@@ -209,7 +210,7 @@ fn guest_chosen_names_are_escaped() {
     assert!(summary.contains(r"boot \x1b[31mred\x1b[0m"), "{summary}");
     assert!(summary.contains(r"vm 1: vm\x1b]0;pwned\x07"), "{summary}");
     // Every view of the profile.
-    let p = Profile::from_bytes(
+    let (p, r) = report::from_bytes(
         &bytes,
         &Images::default(),
         LoadOptions {
@@ -223,7 +224,7 @@ fn guest_chosen_names_are_escaped() {
         },
         &Progress::hidden(),
     );
-    let page = html::render(&p, "t", 10, 10).unwrap();
+    let page = html::render(&p, &r, "t", 10, 10).unwrap();
     assert_printable("html", &page, &['\n']);
     assert!(page.contains(r"evil\n\x1b[2J[100]"));
     let mut perf = Vec::new();

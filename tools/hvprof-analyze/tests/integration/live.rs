@@ -15,7 +15,7 @@ use hvprof_analyze::live::record::{self, RecordOptions, Recorded, Stop};
 use hvprof_analyze::live::source::{Reader, Source};
 use hvprof_analyze::live::top;
 use hvprof_analyze::live::window::Live;
-use hvprof_analyze::model::profile::{LoadOptions, Profile};
+use hvprof_analyze::model::profile::LoadOptions;
 use hvprof_analyze::model::progress::Progress;
 use hvprof_analyze::naming::symbols::Images;
 use hvprof_samplelog::synth::{self, Capture, CaptureOptions, FrameKind, Rng, SynthConfig};
@@ -80,7 +80,7 @@ fn record_from(source: &Source, options: &RecordOptions, name: &str) -> (Vec<u8>
 }
 
 fn total_samples(bytes: &[u8]) -> u64 {
-    Profile::from_bytes(
+    hvprof_analyze::views::report::from_bytes(
         bytes,
         &Images::default(),
         LoadOptions {
@@ -94,7 +94,7 @@ fn total_samples(bytes: &[u8]) -> u64 {
         },
         &Progress::hidden(),
     )
-    .report
+    .1
     .total_samples
 }
 
