@@ -14,7 +14,7 @@
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::model::interner::Interner;
-use crate::model::profile::{ChainEnd, Samples, Stack, What};
+use crate::model::samples::{ChainEnd, Samples, Stack, What};
 use crate::naming::namer::{Namer, ProcessKey, address_space};
 
 /// A function of a call chain, named.

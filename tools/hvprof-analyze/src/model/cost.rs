@@ -1,4 +1,5 @@
-//! The profiler's whole cost, as the hypervisor measured it and sent it at the end of the run in
+//! The sample path's cost over the samples ([`CostSum`]), and the profiler's whole cost, as the
+//! hypervisor measured it and sent it at the end of the run in
 //! one pCPU cost frame per pCPU: the VM exits that exist only to take samples, the LAPIC timer
 //! interrupts, the export during the run and the task reads of Linux guests, per pCPU, as a
 //! share of its time. (The console's `profiler: pCPU <i> cost: ...` lines say the same for
@@ -8,6 +9,40 @@ use std::collections::BTreeMap;
 
 use hvprof_samplelog::PcpuCost as CostFrame;
 use serde::Serialize;
+
+/// The sample path's cost over the samples: sum, min, max (TSC ticks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CostSum {
+    pub sum: u64,
+    pub min: u64,
+    pub max: u64,
+}
+
+impl Default for CostSum {
+    fn default() -> Self {
+        CostSum {
+            sum: 0,
+            min: u64::MAX,
+            max: 0,
+        }
+    }
+}
+
+impl CostSum {
+    /// One more sample path's cost.
+    #[inline]
+    pub(super) fn add(&mut self, cost: u64) {
+        self.sum = self.sum.saturating_add(cost);
+        self.min = self.min.min(cost);
+        self.max = self.max.max(cost);
+    }
+
+    pub(super) fn merge(&mut self, o: CostSum) {
+        self.sum = self.sum.saturating_add(o.sum);
+        self.min = self.min.min(o.min);
+        self.max = self.max.max(o.max);
+    }
+}
 
 /// One pCPU's whole cost.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -3,7 +3,11 @@
 
 pub mod calls;
 pub mod capture;
+pub mod chains;
+pub mod classify;
 pub mod cost;
+pub mod first_pass;
+pub mod first_pass_part;
 pub mod integrity;
 pub mod interner;
 pub mod losses;
@@ -11,7 +15,11 @@ pub(crate) mod merge;
 pub mod par;
 pub mod profile;
 pub mod progress;
+pub mod replay;
+pub mod samples;
+pub mod stack_names;
 pub(crate) mod stack_table;
 pub mod timeline;
+pub mod units;
 pub mod whole_stack;
 pub mod window;

@@ -5,7 +5,8 @@
 use std::borrow::Cow;
 
 use crate::model::calls::{exit_frame_name, truncated_name};
-use crate::model::profile::{ChainEnd, Frame, Profile, Stack, What};
+use crate::model::profile::Profile;
+use crate::model::samples::{ChainEnd, Frame, Stack, What};
 
 /// One frame of a sample's whole stack (see [`whole_stack`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

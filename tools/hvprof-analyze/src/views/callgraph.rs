@@ -41,7 +41,8 @@ use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
 
 use crate::model::calls::{CallStack, truncated_name};
-use crate::model::profile::{ChainEnd, Profile, What};
+use crate::model::profile::Profile;
+use crate::model::samples::{ChainEnd, What};
 use crate::naming::escape::printable;
 use crate::naming::namer::exit_name;
 

@@ -19,7 +19,8 @@ use rustc_hash::FxHashMap as HashMap;
 use hvprof_samplelog::{NO_EXIT, NO_VM};
 
 use crate::model::losses::LossRange;
-use crate::model::profile::{Profile, Sampled, What};
+use crate::model::profile::Profile;
+use crate::model::samples::{Sampled, What};
 use crate::model::timeline::{Class, time_runs};
 use crate::naming::namer::exit_name;
 

@@ -39,8 +39,9 @@ use rustc_hash::FxHashMap as HashMap;
 use hvprof_samplelog::{EventKind, OutReason};
 
 use crate::model::interner::Interner;
-use crate::model::profile::{Profile, Stack, What};
+use crate::model::profile::Profile;
 use crate::model::progress::Progress;
+use crate::model::samples::{Stack, What};
 use crate::model::whole_stack::{Part, part_name, whole_stack};
 use crate::views::script::ids;
 

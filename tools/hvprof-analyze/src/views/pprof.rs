@@ -24,8 +24,9 @@ use prost::Message;
 use rustc_hash::FxHashMap as HashMap;
 
 use crate::model::interner::Interner;
-use crate::model::profile::{Profile, What};
+use crate::model::profile::Profile;
 use crate::model::progress::Progress;
+use crate::model::samples::What;
 use crate::model::whole_stack::{Part, WholeKey, part_name, whole_key, whole_stack};
 
 /// The messages of profile.proto.

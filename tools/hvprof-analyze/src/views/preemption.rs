@@ -16,7 +16,8 @@ use hvprof_samplelog::{EventKind, OutReason};
 use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
 
-use crate::model::profile::{Profile, Sampled, What};
+use crate::model::profile::Profile;
+use crate::model::samples::{Sampled, What};
 
 /// One place a vCPU was preempted in.
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -40,8 +40,9 @@ use std::io::{self, Write};
 use rustc_hash::FxHashMap as HashMap;
 use strength_reduce::StrengthReducedU64;
 
-use crate::model::profile::{Frame, Profile, Stack, What};
+use crate::model::profile::Profile;
 use crate::model::progress::Progress;
+use crate::model::samples::{Frame, Stack, What};
 use crate::model::stack_table::prefetch;
 use crate::model::whole_stack::{Part, whole_stack};
 

@@ -18,7 +18,8 @@ use serde::Serialize;
 
 use hvprof_samplelog::{ExitStats, HISTOGRAM_BUCKETS, NO_VM, VmEnd, histogram_bucket_start};
 
-use crate::model::profile::{Profile, What};
+use crate::model::profile::Profile;
+use crate::model::samples::What;
 use crate::naming::namer::exit_name;
 
 /// One exit reason in the hypervisor's own table.
