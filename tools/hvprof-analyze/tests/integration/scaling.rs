@@ -69,7 +69,9 @@ fn views_scale_linearly() {
         time("script", &mut || {
             script::write(&p, &mut std::io::sink(), &progress).unwrap()
         });
-        time("firefox", &mut || drop(firefox::build(&p, &progress)));
+        time("firefox", &mut || {
+            firefox::write(&p, &mut std::io::sink(), &progress).unwrap()
+        });
         time("pprof", &mut || drop(pprof::build(&p, &progress)));
         time("html (SVGs)", &mut || {
             drop(html::render(&p, &r, "t", 120, 25).unwrap())

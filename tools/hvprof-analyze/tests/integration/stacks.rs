@@ -614,20 +614,6 @@ fn pprof_file_with_chains_is_the_whole_profile_encoded() {
     assert!(raw == whole);
 }
 
-/// With call chains too, `export --firefox` writes what fxprof-processed-profile writes.
-#[test]
-fn firefox_file_with_chains_is_what_fxprof_writes() {
-    let p = files("firefox-bytes", true).profile();
-    let mut written = Vec::new();
-    hvprof_analyze::views::firefox::write(&p, &mut written, &Progress::hidden()).unwrap();
-    let reference = serde_json::to_vec(&hvprof_analyze::views::firefox::build(
-        &p,
-        &Progress::hidden(),
-    ))
-    .unwrap();
-    assert!(written == reference);
-}
-
 #[test]
 fn firefox_and_html_carry_the_frames() {
     let f = files("firefox", true);
