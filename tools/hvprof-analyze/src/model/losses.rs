@@ -16,6 +16,25 @@ pub struct Lost {
 }
 
 impl Lost {
+    /// The line that says what the capture lost, in all (the text report's and the HTML page's):
+    /// `Lost: N blocks (N samples, N events), N samples dropped in the hypervisor (ring or buffer
+    /// full), N damaged frames`, and `; TRUNCATED (no end frame)` without its end frame.
+    pub fn line(&self) -> String {
+        format!(
+            "Lost: {} blocks ({} samples, {} events), {} samples dropped in the hypervisor (ring or buffer full), {} damaged frames{}",
+            self.blocks,
+            self.samples,
+            self.events,
+            self.dropped,
+            self.damaged_frames,
+            if self.truncated {
+                "; TRUNCATED (no end frame)"
+            } else {
+                ""
+            }
+        )
+    }
+
     /// What a decoded capture lost.
     pub(crate) fn of(decoded: &Decoded) -> Lost {
         Lost {

@@ -299,21 +299,7 @@ pub fn render(p: &Profile, r: &Report, source: &str, bins: usize, top: usize) ->
         r.cost.max,
         r.cost.percent_of_period
     );
-    let l = &r.lost;
-    let _ = writeln!(
-        out,
-        "<p>Lost: {} blocks ({} samples, {} events), {} samples dropped in the hypervisor, {} damaged frames{}.</p>",
-        l.blocks,
-        l.samples,
-        l.events,
-        l.dropped,
-        l.damaged_frames,
-        if l.truncated {
-            "; TRUNCATED (no end frame)"
-        } else {
-            ""
-        }
-    );
+    let _ = writeln!(out, "<p>{}</p>", esc(&r.lost.line()));
     let _ = writeln!(
         out,
         "<h2 id=timeline>Timeline</h2><p class=note>Stacked bars over host time: per pCPU its samples, per vCPU its virtual stream (steal: another VM or vCPU held its pCPU; hypervisor: the work on its exits, by exit reason). Red bands over a pCPU: records lost.</p><figure>{}</figure>",

@@ -92,21 +92,7 @@ pub fn render(r: &Report, top: usize, only_vm: Option<&str>) -> String {
             let _ = writeln!(out);
         }
     }
-    let l = &r.lost;
-    let _ = writeln!(
-        out,
-        "Lost: {} blocks ({} samples, {} events), {} samples dropped in the hypervisor (ring or buffer full), {} damaged frames{}",
-        l.blocks,
-        l.samples,
-        l.events,
-        l.dropped,
-        l.damaged_frames,
-        if l.truncated {
-            "; TRUNCATED (no end frame)"
-        } else {
-            ""
-        }
-    );
+    let _ = writeln!(out, "{}", r.lost.line());
     out
 }
 

@@ -198,6 +198,20 @@ fn html_warns_before_the_tables() {
     assert!(timeline.contains("records lost"));
 }
 
+/// The text report and the HTML page say what was lost in the same words.
+#[test]
+fn text_and_html_give_one_loss_line() {
+    let (p, r) = report(&capture(false));
+    let text = text::render(&r, 20, None);
+    let line = text.lines().find(|l| l.starts_with("Lost: ")).unwrap();
+    assert_eq!(
+        line,
+        "Lost: 1 blocks (2 samples, 0 events), 3 samples dropped in the hypervisor (ring or buffer full), 0 damaged frames; TRUNCATED (no end frame)"
+    );
+    let page = html::render(&p, &r, "t", 10, 5).unwrap();
+    assert!(page.contains(&format!("<p>{line}</p>\n")), "{page}");
+}
+
 #[test]
 fn firefox_profile_has_a_marker_per_range() {
     let p = profile(&capture(true));
