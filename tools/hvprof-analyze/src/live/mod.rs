@@ -1,6 +1,6 @@
 //! The live commands over a stream as it arrives: where the bytes come from ([`source`]),
 //! `record` writing them to a capture, `top` drawing the last seconds, and the counts both keep
-//! ([`window`]). They use the naming, never the capture's model or its views.
+//! ([`window`]). They use `naming` (and may use `model`), never `views`.
 
 pub mod record;
 pub mod source;

@@ -1,5 +1,6 @@
-//! The capture's model: its samples decoded, classified and counted, their stacks named, read
-//! again in time order.
+//! The capture's model, where a sample is attributed: the capture decoded, every sample
+//! classified and counted on every core, the stacks named, the samples read again in time order,
+//! the common time axis, what the capture lost. Uses `naming`, never `views` or `live`.
 
 pub mod calls;
 pub mod capture;

@@ -1,4 +1,6 @@
-//! Every output of the profile: the report (text, JSON, HTML), the charts, the exports.
+//! Where each output of the profile is written: the report (text, JSON, HTML), the call graph,
+//! the preemptions, the exit statistics, the charts, `perf script`, pprof and Firefox. Uses
+//! `model` and `naming`.
 
 pub mod callgraph;
 pub mod chart;
