@@ -95,7 +95,7 @@ fn exit_row(
 ) -> Result<hvprof_samplelog::ReasonStats, String> {
     exits
         .reasons()
-        .find(|(r, _)| hvprof_analyze::naming::exit_name(*r) == reason)
+        .find(|(r, _)| hvprof_analyze::naming::namer::exit_name(*r) == reason)
         .map(|(_, s)| *s)
         .ok_or_else(|| format!("no {reason} exit in the VM end frame"))
 }
@@ -351,12 +351,12 @@ mod profile_tests {
 /// analyzer's report reads it.
 pub fn whole_costs(log: &SerialLog) -> Result<(Vec<PcpuCost>, f64), String> {
     let decoded = hvprof_samplelog::decode(log.raw());
-    let cost = hvprof_analyze::cost::from_frames(&decoded.costs)
+    let cost = hvprof_analyze::model::cost::from_frames(&decoded.costs)
         .ok_or("no pCPU cost frame in the capture")?;
     Ok((cost.pcpus, cost.percent))
 }
 
-pub use hvprof_analyze::cost::PcpuCost;
+pub use hvprof_analyze::model::cost::PcpuCost;
 
 /// The rows of `whole_costs` as a Markdown table, each labelled with `what`.
 pub fn whole_cost_rows(what: &str, rows: &[PcpuCost]) -> String {

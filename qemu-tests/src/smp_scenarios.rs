@@ -29,7 +29,7 @@ struct ScriptSample {
     process: String,
 }
 
-/// `script`'s samples (see `tools/hvprof-analyze/src/script.rs` for the layout).
+/// `script`'s samples (see `tools/hvprof-analyze/src/views/script.rs` for the layout).
 fn script_samples(run: &ProfileRun) -> Result<Vec<ScriptSample>, String> {
     let mut args: Vec<OsString> = vec!["script".into()];
     args.extend(linux_args());

@@ -1,12 +1,15 @@
-//! The hypervisor's module graph: which source file uses which (`crate::`, `super::`, `self::`
-//! paths and paths through a child module), and the import cycles in it. Its test keeps the
+//! A crate's module graph: which source file uses which (`crate::`, `super::`, `self::` paths
+//! and paths through a child module), the import cycles in it, and the same graph by folder
+//! (each file collapsed to its top-level folder under the crate's root). Its tests keep the
 //! hypervisor's flow one way (run loop → exit handling → VM model), as docs/PROFILER.md and the
-//! README's layout describe.
+//! README's layout describe, and the analyzer's folders one way (views and live → model →
+//! naming), as docs/ANALYZER.md describes.
 //!
 //! A text scan, not a parser: comments are skipped, `mod name;` declarations (with `#[path]`)
 //! give the files, and a path resolves to the deepest module it names. Macros exported at the
 //! crate root (`println!`) resolve to the file that defines them. Declaring a child module is
-//! containment, not a use: only paths make edges.
+//! containment, not a use: only paths make edges. Test modules are scanned like the rest: a
+//! test that uses another module is an edge too.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -261,22 +264,28 @@ pub fn crate_graph(root: &Path) -> std::io::Result<Graph> {
 /// The import cycles: every strongly connected set of more than one file (Tarjan's algorithm),
 /// each sorted.
 pub fn cycles(g: &Graph) -> Vec<Vec<PathBuf>> {
-    struct Tarjan<'a> {
-        g: &'a Graph,
-        index: BTreeMap<&'a PathBuf, usize>,
-        low: BTreeMap<&'a PathBuf, usize>,
-        stack: Vec<&'a PathBuf>,
-        on_stack: Vec<&'a PathBuf>,
-        out: Vec<Vec<PathBuf>>,
+    strongly_connected(&g.edges)
+}
+
+/// Every strongly connected set of more than one node of `edges` (Tarjan's algorithm), each
+/// sorted.
+fn strongly_connected<N: Ord + Clone>(edges: &BTreeMap<N, Vec<N>>) -> Vec<Vec<N>> {
+    struct Tarjan<'a, N> {
+        edges: &'a BTreeMap<N, Vec<N>>,
+        index: BTreeMap<&'a N, usize>,
+        low: BTreeMap<&'a N, usize>,
+        stack: Vec<&'a N>,
+        on_stack: Vec<&'a N>,
+        out: Vec<Vec<N>>,
     }
-    impl<'a> Tarjan<'a> {
-        fn visit(&mut self, v: &'a PathBuf) {
+    impl<'a, N: Ord + Clone> Tarjan<'a, N> {
+        fn visit(&mut self, v: &'a N) {
             let n = self.index.len();
             self.index.insert(v, n);
             self.low.insert(v, n);
             self.stack.push(v);
             self.on_stack.push(v);
-            for w in self.g.edges.get(v).into_iter().flatten() {
+            for w in self.edges.get(v).into_iter().flatten() {
                 if !self.index.contains_key(w) {
                     self.visit(w);
                     let lw = self.low[w];
@@ -305,19 +314,96 @@ pub fn cycles(g: &Graph) -> Vec<Vec<PathBuf>> {
         }
     }
     let mut t = Tarjan {
-        g,
+        edges,
         index: BTreeMap::new(),
         low: BTreeMap::new(),
         stack: Vec::new(),
         on_stack: Vec::new(),
         out: Vec::new(),
     };
-    for v in g.edges.keys() {
+    for v in edges.keys() {
         if !t.index.contains_key(v) {
             t.visit(v);
         }
     }
     t.out
+}
+
+/// A crate's graph by folder: each file is its top-level folder under the crate's root
+/// directory (`model` for `model/replay.rs` and `model/mod.rs`), a file directly in the root
+/// directory is itself (`lib.rs`, `main.rs`). Each edge between two folders keeps the file
+/// edges that make it, to name them.
+#[derive(Debug, Default)]
+pub struct FolderGraph {
+    /// Folder → the folders it uses (not itself) → the file edges (from, to) behind that.
+    pub edges: BTreeMap<String, BTreeMap<String, Vec<(PathBuf, PathBuf)>>>,
+}
+
+/// The folder of `file` under `root_dir`: its first component (a file directly in `root_dir`
+/// is its own folder).
+fn folder_of(file: &Path, root_dir: &Path) -> String {
+    file.strip_prefix(root_dir)
+        .unwrap_or(file)
+        .components()
+        .next()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// `g` collapsed to the top-level folders under `root_dir` (the directory of the crate's root
+/// file): any crate, the hypervisor's too.
+pub fn folder_graph(g: &Graph, root_dir: &Path) -> FolderGraph {
+    let mut fg = FolderGraph::default();
+    for (from, targets) in &g.edges {
+        let a = folder_of(from, root_dir);
+        let uses = fg.edges.entry(a.clone()).or_default();
+        for to in targets {
+            let b = folder_of(to, root_dir);
+            if b != a {
+                uses.entry(b).or_default().push((from.clone(), to.clone()));
+            }
+        }
+    }
+    fg
+}
+
+/// The cycles between folders: every strongly connected set of more than one folder, each
+/// sorted. A folder cycle need not be a file cycle (`a/x.rs` uses `b/y.rs`, `b/z.rs` uses
+/// `a/w.rs`).
+pub fn folder_cycles(fg: &FolderGraph) -> Vec<Vec<String>> {
+    let edges: BTreeMap<String, Vec<String>> = fg
+        .edges
+        .iter()
+        .map(|(a, uses)| (a.clone(), uses.keys().cloned().collect()))
+        .collect();
+    strongly_connected(&edges)
+}
+
+/// Each use between folders that `allowed` (folder → folder) does not list, as
+/// "from -> to (a -> b)", the two files first; `top` are the folders that may use any other
+/// (the crate's root files). A use of a `top` folder from another is never allowed.
+pub fn folder_rule_breaks(
+    fg: &FolderGraph,
+    root_dir: &Path,
+    allowed: &[(&str, &str)],
+    top: &[&str],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (a, uses) in &fg.edges {
+        if top.contains(&a.as_str()) {
+            continue;
+        }
+        for (b, files) in uses {
+            if allowed.contains(&(a.as_str(), b.as_str())) {
+                continue;
+            }
+            for (from, to) in files {
+                let rel = |p: &Path| p.strip_prefix(root_dir).unwrap_or(p).display().to_string();
+                out.push(format!("{} -> {} ({a} -> {b})", rel(from), rel(to)));
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -387,6 +473,49 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
     }
 
+    #[test]
+    fn finds_a_folder_cycle_that_is_no_file_cycle_and_names_the_files_that_break_the_rule() {
+        let dir = std::env::temp_dir().join(format!("modgraph-folders-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        write(
+            &dir,
+            &[
+                ("lib.rs", "pub mod a;\npub mod b;\npub use a::x::X;\n"),
+                ("a/mod.rs", "pub mod w;\npub mod x;\n"),
+                ("a/x.rs", "use crate::b::y::Y;\npub struct X;\n"),
+                ("a/w.rs", "pub struct W;\n"),
+                ("b/mod.rs", "pub mod y;\npub mod z;\n"),
+                ("b/y.rs", "pub struct Y;\n"),
+                ("b/z.rs", "use crate::a::w::W;\n"),
+            ],
+        );
+        let g = crate_graph(&dir.join("lib.rs")).unwrap();
+        assert!(cycles(&g).is_empty(), "{:?}", cycles(&g));
+        let fg = folder_graph(&g, &dir);
+        assert_eq!(folder_cycles(&fg), vec![vec!["a", "b"]]);
+        // a may use b, not the other way; the root file may use anything.
+        assert_eq!(
+            folder_rule_breaks(&fg, &dir, &[("a", "b")], &["lib.rs"]),
+            vec!["b/z.rs -> a/w.rs (b -> a)"]
+        );
+
+        // W moves to b: one way, no folder cycle.
+        write(
+            &dir,
+            &[
+                ("a/mod.rs", "pub mod x;\n"),
+                ("b/mod.rs", "pub mod w;\npub mod y;\npub mod z;\n"),
+                ("b/w.rs", "pub struct W;\n"),
+                ("b/z.rs", "use crate::b::w::W;\n"),
+            ],
+        );
+        let g = crate_graph(&dir.join("lib.rs")).unwrap();
+        let fg = folder_graph(&g, &dir);
+        assert!(folder_cycles(&fg).is_empty(), "{:?}", folder_cycles(&fg));
+        assert!(folder_rule_breaks(&fg, &dir, &[("a", "b")], &["lib.rs"]).is_empty());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
     /// The hypervisor's binary and library have no import cycle between their modules.
     #[test]
     fn hypervisor_modules_have_no_import_cycle() {
@@ -409,5 +538,76 @@ mod tests {
                     .join("\n")
             );
         }
+    }
+
+    /// The analyzer's source directory.
+    fn analyzer_src() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/hvprof-analyze/src")
+    }
+
+    /// The analyzer's one-way rule (docs/ANALYZER.md): the folders each may use. `naming` uses
+    /// none; `main.rs` and `lib.rs` at the top use any, and none uses them.
+    const ANALYZER_ALLOWED: [(&str, &str); 5] = [
+        ("views", "model"),
+        ("views", "naming"),
+        ("live", "model"),
+        ("live", "naming"),
+        ("model", "naming"),
+    ];
+    const ANALYZER_TOP: [&str; 2] = ["lib.rs", "main.rs"];
+
+    /// The analyzer's library and binary have no import cycle between their files.
+    #[test]
+    fn analyzer_modules_have_no_import_cycle() {
+        let src = analyzer_src();
+        for root in [src.join("lib.rs"), src.join("main.rs")] {
+            let g = crate_graph(&root).unwrap();
+            let found = cycles(&g);
+            assert!(
+                found.is_empty(),
+                "import cycles among the modules of {root:?}:\n{}",
+                found
+                    .iter()
+                    .map(|c| rel(&src, c).join(" <-> "))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+        let g = crate_graph(&src.join("lib.rs")).unwrap();
+        assert!(g.modules.len() > 20, "{} modules", g.modules.len());
+    }
+
+    /// The analyzer's folders have no cycle between them.
+    #[test]
+    fn analyzer_folders_have_no_cycle() {
+        let src = analyzer_src();
+        let fg = folder_graph(&crate_graph(&src.join("lib.rs")).unwrap(), &src);
+        for folder in ["model", "naming", "views", "live"] {
+            assert!(fg.edges.contains_key(folder), "no folder {folder}");
+        }
+        let found = folder_cycles(&fg);
+        assert!(
+            found.is_empty(),
+            "cycles between the analyzer's folders:\n{}",
+            found
+                .iter()
+                .map(|c| c.join(" <-> "))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+
+    /// The analyzer's folders use one another one way only: views and live use model and
+    /// naming, model uses naming, naming uses none of them.
+    #[test]
+    fn analyzer_folders_keep_the_one_way_rule() {
+        let src = analyzer_src();
+        let fg = folder_graph(&crate_graph(&src.join("lib.rs")).unwrap(), &src);
+        let breaks = folder_rule_breaks(&fg, &src, &ANALYZER_ALLOWED, &ANALYZER_TOP);
+        assert!(
+            breaks.is_empty(),
+            "uses against the analyzer's one-way rule (allowed: {ANALYZER_ALLOWED:?}):\n{}",
+            breaks.join("\n")
+        );
     }
 }

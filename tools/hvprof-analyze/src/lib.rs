@@ -1,118 +1,18 @@
-//! `hvprof-analyze` as a library: the decoder's results turned into the unified profile (the
-//! report's tables), and every view of it: the timeline chart, the flame graph, the exit
-//! statistics, `perf script` text, pprof and Firefox Profiler files, the HTML page; and the live
-//! commands over a stream as it arrives (`record`, `top`).
-//! The binary (`main.rs`) is the command line over it.
+//! `hvprof-analyze` as a library: a serial capture turned into the unified profile of the machine
+//! and every output of it, and the live commands over a stream as it arrives. The binary
+//! (`main.rs`) is the command line over it.
+//!
+//! Four folders, whose uses go one way (`cargo test -p xtask modgraph` checks it):
+//! - [`naming`]: what a sample is called (symbol files, a Linux guest's kernel, tasks and
+//!   modules, every name decided in one place); uses none of the others;
+//! - [`model`]: the capture's model, where a sample is attributed: decoded, classified and
+//!   counted, its stacks named, read again in time order, with what the capture lost; uses
+//!   `naming`;
+//! - [`views`]: where each output is written (the report, text, HTML, charts, exports); uses
+//!   `model` and `naming`;
+//! - [`live`]: `record` and `top` over a stream; uses `model` and `naming`.
 
-pub mod callgraph;
-pub mod calls;
-pub mod capture;
-pub mod chart;
-pub mod cost;
-pub mod eh_frame;
-pub mod firefox;
-pub mod flame;
-pub mod html;
-pub mod interner;
-pub mod linux;
 pub mod live;
-mod merge;
-pub mod modules;
+pub mod model;
 pub mod naming;
-pub mod pprof;
-pub mod preemption;
-pub mod profile;
-pub mod progress;
-pub mod record;
-pub mod report;
-pub mod script;
-pub mod source;
-mod stack_table;
-pub mod stat;
-pub mod symbols;
-pub mod text;
-pub mod timeline;
-pub mod top;
-pub mod window;
-
-/// The threads the analyzer runs its work on: the machine's cores, at most 8.
-pub fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(8))
-}
-
-/// `f` over `items` on the machine's cores (at most 8 threads, each a contiguous share of the
-/// items), the results in the items' order: the per-pCPU work after decoding (joining the
-/// lists, indexing them), which would otherwise run on one core.
-pub fn par_map<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
-    let threads = cores().min(items.len());
-    if threads <= 1 {
-        return items.into_iter().map(f).collect();
-    }
-    let per = items.len().div_ceil(threads);
-    let mut groups: Vec<Vec<T>> = Vec::with_capacity(threads);
-    let mut items = items.into_iter();
-    loop {
-        let group: Vec<T> = items.by_ref().take(per).collect();
-        if group.is_empty() {
-            break;
-        }
-        groups.push(group);
-    }
-    let f = &f;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = groups
-            .into_iter()
-            .map(|g| s.spawn(move || g.into_iter().map(f).collect::<Vec<R>>()))
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .collect()
-    })
-}
-
-/// `f` over `items` on the machine's cores (at most 8 threads), each thread taking the next item
-/// as it becomes free, the results in the items' order: for items of uneven sizes (a contiguous
-/// share each, as [`par_map`] gives, leaves one thread with the large ones). The caller puts
-/// the largest first.
-pub fn par_map_queue<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Vec<R> {
-    use std::sync::Mutex;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let threads = cores().min(items.len());
-    if threads <= 1 {
-        return items.into_iter().map(f).collect();
-    }
-    let items: Vec<Mutex<Option<T>>> = items.into_iter().map(|t| Mutex::new(Some(t))).collect();
-    let results: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
-    let next = AtomicUsize::new(0);
-    let work = || {
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            let Some(item) = items.get(i) else { break };
-            // Each item is taken once (its number is handed out once), so no lock is contended;
-            // a poisoned lock means a panic, which the scope passes on.
-            let item = item.lock().ok().and_then(|mut t| t.take());
-            if let Some(item) = item {
-                let r = f(item);
-                if let Ok(mut slot) = results[i].lock() {
-                    *slot = Some(r);
-                }
-            }
-        }
-    };
-    std::thread::scope(|s| {
-        for _ in 1..threads {
-            s.spawn(work);
-        }
-        work();
-    });
-    results
-        .into_iter()
-        .map(|r| {
-            r.into_inner()
-                .ok()
-                .flatten()
-                .expect("every item was mapped (a worker's panic is passed on by the scope)")
-        })
-        .collect()
-}
+pub mod views;

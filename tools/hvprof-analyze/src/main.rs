@@ -22,12 +22,13 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 
-use hvprof_analyze::profile::{LoadOptions, Profile};
-use hvprof_analyze::progress::Progress;
-use hvprof_analyze::symbols::Images;
-use hvprof_analyze::{
-    callgraph, chart, firefox, flame, html, pprof, preemption, record, script, source, stat, text,
-    top,
+use hvprof_analyze::live::{record, source, top};
+use hvprof_analyze::model::profile::{LoadOptions, Profile};
+use hvprof_analyze::model::progress::Progress;
+use hvprof_analyze::naming::symbols::Images;
+use hvprof_analyze::views::report::{self, Report};
+use hvprof_analyze::views::{
+    callgraph, chart, firefox, flame, html, pprof, preemption, script, stat, text,
 };
 
 #[derive(Parser)]
@@ -74,7 +75,7 @@ struct Input {
     /// scheduling events are cut to it, so steal and idle are of the stretch; exit statistics
     /// and the profiler's cost stay whole-run figures.
     #[arg(long, value_name = "START,END")]
-    time: Option<hvprof_analyze::window::TimeRange>,
+    time: Option<hvprof_analyze::model::window::TimeRange>,
 }
 
 /// What names a live stream's addresses (`top`): the options of [`Input`].
@@ -331,7 +332,7 @@ fn load_images(input: &Input) -> Result<Images> {
 /// (the exports do not, and then keep no per-sample data).
 fn load_options(input: &Input, tables: bool) -> LoadOptions {
     LoadOptions {
-        threads: hvprof_analyze::cores(),
+        threads: hvprof_analyze::model::par::cores(),
         // A Linux guest's samples by function and process, as every view names them (`report`
         // named them by address without `--kernel` until 2026-11, user addresses under the
         // kernel's image).
@@ -353,10 +354,27 @@ fn load_profile(input: &Input, tables: bool, progress: &Progress) -> Result<Prof
 fn load_profile_with(input: &Input, options: LoadOptions, progress: &Progress) -> Result<Profile> {
     let images = load_images(input)?;
     let p = Profile::load(&input.log, &images, options, progress)?;
-    for w in &p.report.warnings {
+    warn(&p, progress);
+    Ok(p)
+}
+
+/// [`load_profile_with`], and the report built from the profile.
+fn load_report_with(
+    input: &Input,
+    options: LoadOptions,
+    progress: &Progress,
+) -> Result<(Profile, Report)> {
+    let images = load_images(input)?;
+    let (p, r) = report::load(&input.log, &images, options, progress)?;
+    warn(&p, progress);
+    Ok((p, r))
+}
+
+/// The profile's warnings, on stderr.
+fn warn(p: &Profile, progress: &Progress) {
+    for w in &p.warnings {
         progress.warn(&format!("hvprof-analyze: warning: {w}"));
     }
-    Ok(p)
 }
 
 /// Standard output, or a file created for writing.
@@ -462,7 +480,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             preemptions,
         } => {
             let log = &input.log;
-            let bytes = hvprof_analyze::capture::Capture::open(log)?;
+            let bytes = hvprof_analyze::model::capture::Capture::open(log)?;
             let imgs = load_images(&input)?;
             // A capture without samples still gets its report (what was lost, the warnings).
             // The call graph needs every stack and chain named, the preemptions every guest
@@ -474,12 +492,12 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
                 top_rows: (!json).then_some(top),
                 ..load_options(&input, true)
             };
-            let mut p = Profile::from_capture(bytes, &imgs, options, progress);
+            let (p, mut r) = report::from_capture(bytes, &imgs, options, progress);
             p.is_capture(log)?;
             if let Some(name) = vm.as_deref()
-                && !p.report.vms.iter().any(|v| v.name == name)
+                && !r.vms.iter().any(|v| v.name == name)
             {
-                let names: Vec<&str> = p.report.vms.iter().map(|v| v.name.as_str()).collect();
+                let names: Vec<&str> = r.vms.iter().map(|v| v.name.as_str()).collect();
                 bail!(
                     "--vm {name}: no VM of that name in {} (its VMs: {})",
                     log.display(),
@@ -491,23 +509,22 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
                 );
             }
             progress.phase("tables", None, "rows");
-            p.report.call_graph = call_graph.then(|| callgraph::build(&p));
+            r.call_graph = call_graph.then(|| callgraph::build(&p));
             if preemptions {
-                p.report.preemptions = Some(preemption::build(&p)?);
+                r.preemptions = Some(preemption::build(&p)?);
             }
-            let r = &p.report;
             if json {
                 // Written as it is made: with every row of every table (a capture without
                 // symbols has one per address), the text can be larger than the report.
                 let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-                serde_json::to_writer_pretty(&mut out, r).map_err(std::io::Error::from)?;
+                serde_json::to_writer_pretty(&mut out, &r).map_err(std::io::Error::from)?;
                 writeln!(out)?;
                 out.flush()?;
             } else {
                 // Through a writer, so that a reader that stops early (`| head`) ends it
                 // quietly (print! panics on a closed pipe).
                 let mut out = std::io::stdout().lock();
-                out.write_all(text::render(r, top, vm.as_deref()).as_bytes())?;
+                out.write_all(text::render(&r, top, vm.as_deref()).as_bytes())?;
                 if let Some(g) = &r.call_graph {
                     write!(out, "\n{}", callgraph::render(g, top, vm.as_deref()))?;
                 }
@@ -516,7 +533,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
                 }
                 out.flush()?;
             }
-            exiting(p);
+            exiting((p, r));
             Ok(())
         }
         Cmd::Timeline {
@@ -624,8 +641,8 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
                 top_rows: Some(top),
                 ..load_options(&input, true)
             };
-            let p = load_profile_with(&input, options, progress)?;
-            let page = html::render(&p, &source_name(&input.log), bins, top)?;
+            let (p, r) = load_report_with(&input, options, progress)?;
+            let page = html::render(&p, &r, &source_name(&input.log), bins, top)?;
             let mut out = output(path.as_deref())?;
             out.write_all(page.as_bytes())?;
             finish(out, path.as_deref())
@@ -720,7 +737,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             Ok(())
         }
         Cmd::Decode { log, text, records } => {
-            let bytes = hvprof_analyze::capture::Capture::open(&log)?;
+            let bytes = hvprof_analyze::model::capture::Capture::open(&log)?;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             if records {
                 // Every record, each pCPU's in order: the capture decoded whole.
@@ -731,7 +748,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
                 // Its description, and each pCPU's records counted (on every core), not kept.
                 let (d, parts) = hvprof_samplelog::decode_parallel(
                     &bytes,
-                    hvprof_analyze::cores(),
+                    hvprof_analyze::model::par::cores(),
                     std::collections::BTreeMap::<u16, u64>::new,
                     |counts, at, records: &[hvprof_samplelog::Record], _| {
                         *counts.entry(at.header.pcpu).or_default() += records.len() as u64;
@@ -883,9 +900,9 @@ fn bench_synthetic(
         top_rows: None,
         keep_samples: false,
     };
-    for threads in [1, hvprof_analyze::cores()] {
+    for threads in [1, hvprof_analyze::model::par::cores()] {
         let t = Instant::now();
-        let p = Profile::from_bytes(
+        let (_, r) = report::from_bytes(
             &cap.bytes,
             &Images::default(),
             options(threads, true),
@@ -896,14 +913,14 @@ fn bench_synthetic(
             "report on {threads} thread(s): {:.2?} for decoding, classifying, naming and the tables: {:.1} M samples/s ({} samples reported)",
             took,
             n / took.as_secs_f64() / 1e6,
-            p.report.total_samples
+            r.total_samples
         );
     }
     if exports {
         let p = Profile::from_bytes(
             &cap.bytes,
             &Images::default(),
-            options(hvprof_analyze::cores(), false),
+            options(hvprof_analyze::model::par::cores(), false),
             &Progress::hidden(),
         );
         println!(
@@ -937,7 +954,7 @@ fn bench_synthetic(
             &Images::default(),
             LoadOptions {
                 keep_samples: true,
-                ..options(hvprof_analyze::cores(), false)
+                ..options(hvprof_analyze::model::par::cores(), false)
             },
             &Progress::hidden(),
         );
@@ -1020,7 +1037,7 @@ impl Write for Counting {
 /// The profile of a command that ends next, not dropped: the process's memory goes back to
 /// the system at once when it exits, instead of its hundreds of thousands of strings (frames,
 /// table rows) being freed one by one first.
-fn exiting(p: Profile) {
+fn exiting<T>(p: T) {
     std::mem::forget(p);
 }
 

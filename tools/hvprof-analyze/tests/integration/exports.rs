@@ -15,11 +15,11 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use hvprof_analyze::chart::Timeline;
-use hvprof_analyze::profile::{LoadOptions, Profile};
-use hvprof_analyze::progress::Progress;
-use hvprof_analyze::symbols::Images;
-use hvprof_analyze::symbols::Symbols;
+use hvprof_analyze::model::profile::{LoadOptions, Profile};
+use hvprof_analyze::model::progress::Progress;
+use hvprof_analyze::naming::symbols::Images;
+use hvprof_analyze::naming::symbols::Symbols;
+use hvprof_analyze::views::chart::Timeline;
 use serde_json::Value;
 
 use crate::data;
@@ -238,7 +238,7 @@ fn pprof_decodes_and_its_totals_equal_the_report() {
         analyze("export", c, &["--pprof", path.to_str().unwrap()]);
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[..2], &[0x1f, 0x8b], "gzipped");
-        let p = hvprof_analyze::pprof::read(&bytes).unwrap();
+        let p = hvprof_analyze::views::pprof::read(&bytes).unwrap();
         let s = |i: i64| p.string_table[i as usize].as_str();
         assert_eq!(s(0), "");
         let types: Vec<(&str, &str)> = p
@@ -638,24 +638,6 @@ fn bad_input_gets_a_clear_error() {
     }
 }
 
-/// `export --firefox` writes the samples itself, beside fxprof-processed-profile's tables: the
-/// bytes are those fxprof-processed-profile writes for the whole profile.
-#[test]
-fn firefox_file_is_what_fxprof_writes() {
-    for c in &CAPTURES {
-        let p = c.profile();
-        let mut written = Vec::new();
-        hvprof_analyze::firefox::write(&p, &mut written, &Progress::hidden()).unwrap();
-        let reference =
-            serde_json::to_vec(&hvprof_analyze::firefox::build(&p, &Progress::hidden())).unwrap();
-        assert!(
-            written == reference,
-            "{}: the Firefox profile differs",
-            c.log
-        );
-    }
-}
-
 /// `export --pprof` encodes the samples as they are made: the file holds the encoding of the
 /// whole profile `pprof::build` makes.
 #[test]
@@ -664,14 +646,14 @@ fn pprof_file_is_the_whole_profile_encoded() {
     for c in &CAPTURES {
         let p = c.profile();
         let mut written = Vec::new();
-        hvprof_analyze::pprof::write(&p, &mut written, &Progress::hidden()).unwrap();
+        hvprof_analyze::views::pprof::write(&p, &mut written, &Progress::hidden()).unwrap();
         let mut raw = Vec::new();
         std::io::Read::read_to_end(
             &mut flate2::read::GzDecoder::new(written.as_slice()),
             &mut raw,
         )
         .unwrap();
-        let whole = hvprof_analyze::pprof::build(&p, &Progress::hidden()).encode_to_vec();
+        let whole = hvprof_analyze::views::pprof::build(&p, &Progress::hidden()).encode_to_vec();
         assert!(raw == whole, "{}: the pprof profile differs", c.log);
     }
 }

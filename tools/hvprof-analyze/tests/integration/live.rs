@@ -11,13 +11,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use hvprof_analyze::live::Live;
-use hvprof_analyze::profile::{LoadOptions, Profile};
-use hvprof_analyze::progress::Progress;
-use hvprof_analyze::record::{self, RecordOptions, Recorded, Stop};
-use hvprof_analyze::source::{Reader, Source};
-use hvprof_analyze::symbols::Images;
-use hvprof_analyze::top;
+use hvprof_analyze::live::record::{self, RecordOptions, Recorded, Stop};
+use hvprof_analyze::live::source::{Reader, Source};
+use hvprof_analyze::live::top;
+use hvprof_analyze::live::window::Live;
+use hvprof_analyze::model::profile::LoadOptions;
+use hvprof_analyze::model::progress::Progress;
+use hvprof_analyze::naming::symbols::Images;
 use hvprof_samplelog::synth::{self, Capture, CaptureOptions, FrameKind, Rng, SynthConfig};
 use hvprof_samplelog::{
     Event, EventKind, FixedStr, Header, MAX_HEADER_FRAME_LEN, NO_VM, OutReason, Record, Sample,
@@ -80,7 +80,7 @@ fn record_from(source: &Source, options: &RecordOptions, name: &str) -> (Vec<u8>
 }
 
 fn total_samples(bytes: &[u8]) -> u64 {
-    Profile::from_bytes(
+    hvprof_analyze::views::report::from_bytes(
         bytes,
         &Images::default(),
         LoadOptions {
@@ -94,7 +94,7 @@ fn total_samples(bytes: &[u8]) -> u64 {
         },
         &Progress::hidden(),
     )
-    .report
+    .1
     .total_samples
 }
 
@@ -489,8 +489,8 @@ fn a_replay_gives_the_capture_back() {
     let mut got = Vec::new();
     loop {
         match reader.recv_timeout(HANG_GUARD) {
-            Some(hvprof_analyze::source::Chunk::Data(d)) => got.extend(d),
-            Some(hvprof_analyze::source::Chunk::End) => break,
+            Some(hvprof_analyze::live::source::Chunk::Data(d)) => got.extend(d),
+            Some(hvprof_analyze::live::source::Chunk::End) => break,
             other => panic!("{other:?}"),
         }
     }

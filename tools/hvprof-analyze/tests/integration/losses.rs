@@ -4,11 +4,12 @@
 //! Firefox profile has a marker per range, pprof a `[lost]` sample and the flame graph a
 //! `[lost]` frame.
 
-use hvprof_analyze::chart::{LOST_COLOR, Timeline};
-use hvprof_analyze::profile::{LoadOptions, Profile};
-use hvprof_analyze::progress::Progress;
-use hvprof_analyze::symbols::Images;
-use hvprof_analyze::{firefox, flame, html, pprof, text};
+use hvprof_analyze::model::profile::{LoadOptions, Profile};
+use hvprof_analyze::model::progress::Progress;
+use hvprof_analyze::naming::symbols::Images;
+use hvprof_analyze::views::chart::{LOST_COLOR, Timeline};
+use hvprof_analyze::views::report::{self, Report};
+use hvprof_analyze::views::{firefox, flame, html, pprof, text};
 use hvprof_samplelog::{
     BlockHeader, Header, MAX_HEADER_FRAME_LEN, PcpuTotals, Record, Sample, SampleKind,
     encode_block, encode_end, encode_header, max_block_frame_len, max_end_frame_len,
@@ -86,7 +87,12 @@ fn capture(end: bool) -> Vec<u8> {
 }
 
 fn profile(bytes: &[u8]) -> Profile {
-    Profile::from_bytes(
+    report(bytes).0
+}
+
+/// The profile and its report.
+fn report(bytes: &[u8]) -> (Profile, Report) {
+    report::from_bytes(
         bytes,
         &Images::default(),
         LoadOptions::all(2),
@@ -99,15 +105,15 @@ const LOST_1: &str = "records lost: pCPU 1: 3 samples dropped by the hypervisor 
 
 #[test]
 fn text_report_opens_with_the_losses() {
-    let p = profile(&capture(true));
-    let out = text::render(&p.report, 20, None);
+    let (_, r) = report(&capture(true));
+    let out = text::render(&r, 20, None);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], format!("warning: {LOST_0}"));
     assert_eq!(lines[1], format!("warning: {LOST_1}"));
     assert!(lines[2].is_empty() && lines[3].starts_with("Host level"));
     // Truncated: each pCPU's end is unknown, until the end of the log.
-    let p = profile(&capture(false));
-    let out = text::render(&p.report, 20, None);
+    let (_, r) = report(&capture(false));
+    let out = text::render(&r, 20, None);
     let warnings: Vec<&str> = out
         .lines()
         .take_while(|l| l.starts_with("warning: "))
@@ -128,8 +134,8 @@ fn text_report_opens_with_the_losses() {
 
 #[test]
 fn json_report_lists_the_ranges() {
-    let p = profile(&capture(true));
-    let v: Value = serde_json::to_value(&p.report).unwrap();
+    let (_, r) = report(&capture(true));
+    let v: Value = serde_json::to_value(&r).unwrap();
     let l = v["losses"].as_array().unwrap();
     assert_eq!(l.len(), 2);
     assert_eq!(
@@ -179,8 +185,8 @@ fn timeline_draws_the_losses_over_their_pcpu() {
 
 #[test]
 fn html_warns_before_the_tables() {
-    let p = profile(&capture(true));
-    let page = html::render(&p, "t", 10, 5).unwrap();
+    let (p, r) = report(&capture(true));
+    let page = html::render(&p, &r, "t", 10, 5).unwrap();
     let warn = page
         .find(&format!("<p class=warn>warning: {LOST_0}</p>"))
         .unwrap();
@@ -192,10 +198,26 @@ fn html_warns_before_the_tables() {
     assert!(timeline.contains("records lost"));
 }
 
+/// The text report and the HTML page say what was lost in the same words.
+#[test]
+fn text_and_html_give_one_loss_line() {
+    let (p, r) = report(&capture(false));
+    let text = text::render(&r, 20, None);
+    let line = text.lines().find(|l| l.starts_with("Lost: ")).unwrap();
+    assert_eq!(
+        line,
+        "Lost: 1 blocks (2 samples, 0 events), 3 samples dropped in the hypervisor (ring or buffer full), 0 damaged frames; TRUNCATED (no end frame)"
+    );
+    let page = html::render(&p, &r, "t", 10, 5).unwrap();
+    assert!(page.contains(&format!("<p>{line}</p>\n")), "{page}");
+}
+
 #[test]
 fn firefox_profile_has_a_marker_per_range() {
     let p = profile(&capture(true));
-    let v: Value = serde_json::to_value(firefox::build(&p, &Progress::hidden())).unwrap();
+    let mut written = Vec::new();
+    firefox::write(&p, &mut written, &Progress::hidden()).unwrap();
+    let v: Value = serde_json::from_slice(&written).unwrap();
     let mut found = Vec::new();
     for t in v["threads"].as_array().unwrap() {
         let strings = t["stringArray"].as_array().unwrap();

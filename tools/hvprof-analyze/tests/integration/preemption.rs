@@ -4,10 +4,10 @@
 //! places a vCPU is preempted in follow its time: work_a about 80 % of its preemptions. Every
 //! preemption that ended is counted once, with the exact ticks out from its events.
 
-use hvprof_analyze::preemption;
-use hvprof_analyze::profile::{LoadOptions, Profile};
-use hvprof_analyze::progress::Progress;
-use hvprof_analyze::symbols::{Images, Symbols};
+use hvprof_analyze::model::profile::{LoadOptions, Profile};
+use hvprof_analyze::model::progress::Progress;
+use hvprof_analyze::naming::symbols::{Images, Symbols};
+use hvprof_analyze::views::preemption;
 use hvprof_samplelog::{EventKind, OutReason};
 
 use crate::data;

@@ -6,11 +6,11 @@
 
 use std::time::Instant;
 
-use hvprof_analyze::chart::Timeline;
-use hvprof_analyze::profile::{LoadOptions, Profile};
-use hvprof_analyze::progress::Progress;
-use hvprof_analyze::symbols::Images;
-use hvprof_analyze::{firefox, flame, html, pprof, script, stat, text};
+use hvprof_analyze::model::profile::LoadOptions;
+use hvprof_analyze::model::progress::Progress;
+use hvprof_analyze::naming::symbols::Images;
+use hvprof_analyze::views::chart::Timeline;
+use hvprof_analyze::views::{firefox, flame, html, pprof, report, script, stat, text};
 use hvprof_samplelog::{Event, EventKind, OutReason, Record, Sample, guest_mode, synth};
 
 fn log(k: u64) -> Vec<u8> {
@@ -54,7 +54,7 @@ fn views_scale_linearly() {
         let bytes = log(k);
         let progress = Progress::hidden();
         let t = Instant::now();
-        let p = Profile::from_bytes(&bytes, &Images::default(), LoadOptions::all(1), &progress);
+        let (p, r) = report::from_bytes(&bytes, &Images::default(), LoadOptions::all(1), &progress);
         let load = t.elapsed();
         let mut times = vec![("decode+report+names", load)];
         let mut time = |name: &'static str, f: &mut dyn FnMut()| {
@@ -62,17 +62,19 @@ fn views_scale_linearly() {
             f();
             times.push((name, t.elapsed()));
         };
-        time("text", &mut || drop(text::render(&p.report, 20, None)));
+        time("text", &mut || drop(text::render(&r, 20, None)));
         time("timeline", &mut || drop(Timeline::build(&p, 120)));
         time("folded", &mut || drop(flame::folded(&p)));
         time("stat", &mut || drop(stat::render(&stat::build(&p))));
         time("script", &mut || {
             script::write(&p, &mut std::io::sink(), &progress).unwrap()
         });
-        time("firefox", &mut || drop(firefox::build(&p, &progress)));
+        time("firefox", &mut || {
+            firefox::write(&p, &mut std::io::sink(), &progress).unwrap()
+        });
         time("pprof", &mut || drop(pprof::build(&p, &progress)));
         time("html (SVGs)", &mut || {
-            drop(html::render(&p, "t", 120, 25).unwrap())
+            drop(html::render(&p, &r, "t", 120, 25).unwrap())
         });
         let list: Vec<String> = times
             .iter()

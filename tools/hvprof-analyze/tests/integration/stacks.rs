@@ -22,10 +22,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use hvprof_analyze::profile::{LoadOptions, Profile};
-use hvprof_analyze::progress::Progress;
-use hvprof_analyze::symbols::{Images, Symbols};
-use hvprof_analyze::{flame, pprof};
+use hvprof_analyze::model::profile::{LoadOptions, Profile};
+use hvprof_analyze::model::progress::Progress;
+use hvprof_analyze::naming::symbols::{Images, Symbols};
+use hvprof_analyze::views::{flame, pprof};
 use hvprof_samplelog::{
     BlockEncoder, BuildId, Chain, ChainEnd, FixedStr, Header, MAX_HEADER_FRAME_LEN, NO_VM,
     PcpuTotals, Record, Sample, SampleKind, VmInfo, encode_end, encode_header, max_block_frame_len,
@@ -532,7 +532,7 @@ fn flame_graph_and_script_draw_the_stacks() {
 fn pprof_totals_equal_the_call_graph() {
     let f = files("pprof", true);
     let p = f.profile();
-    let g = hvprof_analyze::callgraph::build(&p);
+    let g = hvprof_analyze::views::callgraph::build(&p);
     let prof = pprof::build(&p, &Progress::hidden());
     let s = |i: i64| prof.string_table[i as usize].as_str();
     let name: HashMap<u64, &str> = prof
@@ -612,17 +612,6 @@ fn pprof_file_with_chains_is_the_whole_profile_encoded() {
     .unwrap();
     let whole = pprof::build(&p, &Progress::hidden()).encode_to_vec();
     assert!(raw == whole);
-}
-
-/// With call chains too, `export --firefox` writes what fxprof-processed-profile writes.
-#[test]
-fn firefox_file_with_chains_is_what_fxprof_writes() {
-    let p = files("firefox-bytes", true).profile();
-    let mut written = Vec::new();
-    hvprof_analyze::firefox::write(&p, &mut written, &Progress::hidden()).unwrap();
-    let reference =
-        serde_json::to_vec(&hvprof_analyze::firefox::build(&p, &Progress::hidden())).unwrap();
-    assert!(written == reference);
 }
 
 #[test]

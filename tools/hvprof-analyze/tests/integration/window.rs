@@ -3,11 +3,11 @@
 //! of the samples after it), and each vCPU's scheduling events are cut to it, so its exact
 //! split is of the stretch's ticks and agrees with its samples.
 
-use hvprof_analyze::profile::{LoadOptions, Profile};
-use hvprof_analyze::progress::Progress;
-use hvprof_analyze::script;
-use hvprof_analyze::symbols::Images;
-use hvprof_analyze::window::TimeRange;
+use hvprof_analyze::model::profile::{LoadOptions, Profile};
+use hvprof_analyze::model::progress::Progress;
+use hvprof_analyze::model::window::TimeRange;
+use hvprof_analyze::naming::symbols::Images;
+use hvprof_analyze::views::script;
 use hvprof_samplelog::synth::{self, CaptureOptions, SynthConfig};
 
 use crate::data;
@@ -78,9 +78,9 @@ fn a_stretch_holds_the_samples_inside_it_chains_and_all() {
 
     let whole = profile(&cap.bytes, None);
     let part = profile(&cap.bytes, Some(&window));
-    assert_eq!(part.report.total_samples, inside);
-    assert_eq!(part.report.time, Some(range));
-    assert_eq!(whole.report.time, None);
+    assert_eq!(part.samples.len() as u64, inside);
+    assert_eq!(part.time, Some(range));
+    assert_eq!(whole.time, None);
 
     // The same events as the whole capture's inside the stretch, chains and all (away from its
     // ends, where the printed time's rounding could not tell).
@@ -110,8 +110,8 @@ fn a_stretch_holds_the_samples_inside_it_chains_and_all() {
 
     // The whole capture as a stretch is the whole capture.
     let all = profile(&cap.bytes, Some(","));
-    assert_eq!(all.report.total_samples, whole.report.total_samples);
-    assert_eq!(all.report.time, None);
+    assert_eq!(all.samples.len(), whole.samples.len());
+    assert_eq!(all.time, None);
 }
 
 #[test]
@@ -128,8 +128,18 @@ fn each_vcpus_exact_split_is_of_the_stretch() {
     let (from, to) = (lo + 0.25 * (hi - lo), lo + 0.5 * (hi - lo));
     let range: TimeRange = format!("{from},{to}").parse().unwrap();
     let w = range.ticks(whole.tsc_hz);
-    let part = profile(&bytes, Some(&range.to_string()));
-    let vm = &part.report.vms[0];
+    let (part, report) = hvprof_analyze::views::report::from_bytes(
+        &bytes,
+        &Images::default(),
+        LoadOptions {
+            time: Some(range.to_string().parse().unwrap()),
+            top_rows: None,
+            keep_samples: false,
+            ..LoadOptions::all(2)
+        },
+        &Progress::hidden(),
+    );
+    let vm = &report.vms[0];
     assert_eq!(vm.vcpus.len(), 2);
     for v in &vm.vcpus {
         let exact = v.table.exact.as_ref().expect("exact split");
@@ -156,16 +166,16 @@ fn each_vcpus_exact_split_is_of_the_stretch() {
         .filter(|s| w.contains(s.tsc))
         .count() as u64;
     assert!(n > 0);
-    assert_eq!(part.report.total_samples, n);
+    assert_eq!(part.samples.len() as u64, n);
 }
 
 #[test]
 fn a_stretch_without_samples_says_where_they_are() {
     let bytes = std::fs::read(data("sched-2vcpus-1pcpu.log")).unwrap();
     let p = profile(&bytes, Some("1000,2000"));
-    assert_eq!(p.report.total_samples, 0);
+    assert_eq!(p.samples.len(), 0);
     // The reader learns where the samples are.
-    let w = &p.report.warnings;
+    let w = &p.warnings;
     assert!(
         w.iter().any(|w| w
             .starts_with("--time 1000,2000: no samples in this stretch; the capture's run from ")),
