@@ -244,34 +244,31 @@ pub struct QueueFull;
 pub fn try_print_guest_line(name: &str, line: &[u8]) -> Result<(), QueueFull> {
     let escaped_len = hvprof_hypervisor::escape::escaped_len(line);
     // "[" name "] " line "\r\n"
-    let need = name.len() + 3 + escaped_len + 2;
-    let mut console = CONSOLE.lock();
-    if console.queue.free() < need + RESERVED_FOR_HYPERVISOR {
-        drop(console);
-        pump();
-        return Err(QueueFull);
-    }
-    console.put(b'[');
-    console.put_text(name.as_bytes());
-    console.put_text(b"] ");
-    hvprof_hypervisor::escape::escape(line, |b| console.put(b));
-    console.put_text(b"\n");
-    console.pump();
-    Ok(())
+    try_queue(name.len() + 3 + escaped_len + 2, |console| {
+        console.put(b'[');
+        console.put_text(name.as_bytes());
+        console.put_text(b"] ");
+        hvprof_hypervisor::escape::escape(line, |b| console.put(b));
+    })
 }
 
 /// Queues the hypervisor's `line` (and a line break) unless the queue lacks the room, under the
 /// same terms as a guest's line (`vm_report!`: lines a guest can cause): never waits for the
 /// console line, and never takes the share kept for the hypervisor's own messages.
 pub fn try_print_line(line: &str) -> Result<(), QueueFull> {
-    let need = line.len() + 2;
+    try_queue(line.len() + 2, |console| console.put_text(line.as_bytes()))
+}
+
+/// Queues a line that `write` puts (its `need` bytes with the line break), then the line break,
+/// when the queue has that room beyond the hypervisor's reserved share; else nothing.
+fn try_queue(need: usize, write: impl FnOnce(&mut Console)) -> Result<(), QueueFull> {
     let mut console = CONSOLE.lock();
     if console.queue.free() < need + RESERVED_FOR_HYPERVISOR {
         drop(console);
         pump();
         return Err(QueueFull);
     }
-    console.put_text(line.as_bytes());
+    write(&mut console);
     console.put_text(b"\n");
     console.pump();
     Ok(())

@@ -561,8 +561,8 @@ impl CpuProfiler {
                 let mut buf = [MaybeUninit::uninit(); MAX_CHAIN_DEPTH];
                 let t = rdtsc();
                 let long = mode == hvprof_samplelog::MODE_LONG;
-                // SAFETY: as for `read` above (this vCPU's VMCS current); not through `vmcs`, so
-                // that the closure passed to the walk holds nothing.
+                // SAFETY: as for the reads above (this vCPU's VMCS current); not through `vmcs`,
+                // so that the closure passed to the walk holds nothing.
                 let rsp =
                     || unsafe { hvprof_vmx::instructions::vmread_field_fast(GuestNatural::Rsp) };
                 let (chain, frames) = self.walk_guest(cr3, cpl, long, rip, rsp, depth, &mut buf);
@@ -745,15 +745,15 @@ impl CpuProfiler {
         // one on this pCPU; VMREAD changes no state the interrupted code relies on (RFLAGS and
         // the destination register are saved by the interrupt entry). Every encoding below
         // exists in every VMCS.
-        let rip = unsafe { hvprof_vmx::instructions::vmread_field_fast(GuestNatural::Rip) };
-        // SAFETY: as above.
-        let cr3 = unsafe { hvprof_vmx::instructions::vmread_field_fast(GuestNatural::Cr3) };
-        // SAFETY: as above.
-        let ss_ar =
-            unsafe { hvprof_vmx::instructions::vmread_field_fast(Guest32::SsAccessRights) } as u32;
-        // SAFETY: as above.
-        let cs_ar =
-            unsafe { hvprof_vmx::instructions::vmread_field_fast(Guest32::CsAccessRights) } as u32;
+        let (rip, cr3, ss_ar, cs_ar) = unsafe {
+            use hvprof_vmx::instructions::vmread_field_fast as read;
+            (
+                read(GuestNatural::Rip),
+                read(GuestNatural::Cr3),
+                read(Guest32::SsAccessRights) as u32,
+                read(Guest32::CsAccessRights) as u32,
+            )
+        };
         let cpl = hvprof_vmx::guest::cpl_from_ss_access_rights(ss_ar);
         let Some((first, rest)) = out.split_first_mut() else {
             return (Chain::NOT_WALKED, 0);

@@ -376,29 +376,13 @@ impl Vm {
 
     /// Logs `what` the first time `msr` is seen.
     pub fn log_msr_once(&self, msr: u32, what: &str) {
-        let first = {
-            let mut c = self.devices.lock();
-            let first = !c.logged_msrs.contains(&msr) && c.logged_msrs.len() < 64;
-            if first {
-                c.logged_msrs.push(msr);
-            }
-            first
-        };
-        if first {
+        if first_time(&mut self.devices.lock().logged_msrs, msr) {
             crate::vm_report!(self, "{what} MSR {msr:#x}: #GP injected (reported once)");
         }
     }
 
     pub fn log_port_once(&self, port: u16, write: bool) {
-        let first = {
-            let mut c = self.devices.lock();
-            let first = !c.logged_ports.contains(&port) && c.logged_ports.len() < 64;
-            if first {
-                c.logged_ports.push(port);
-            }
-            first
-        };
-        if first {
+        if first_time(&mut self.devices.lock().logged_ports, port) {
             let access = if write { "write to" } else { "read from" };
             crate::vm_report!(
                 self,
@@ -407,6 +391,20 @@ impl Vm {
         }
     }
 }
+
+/// Whether `item` is reported for the first time (and notes it in `seen`): each once, and at most
+/// `REPORTED_ONCE_MAX` of a kind per VM, so that a guest that tries every MSR or port fills no
+/// memory.
+pub fn first_time<T: PartialEq>(seen: &mut Vec<T>, item: T) -> bool {
+    let first = !seen.contains(&item) && seen.len() < REPORTED_ONCE_MAX;
+    if first {
+        seen.push(item);
+    }
+    first
+}
+
+/// The most items of a kind reported once per VM (`first_time`).
+const REPORTED_ONCE_MAX: usize = 64;
 
 /// FNV-1a over the 4 KiB host page at `hpa` (RAM only).
 pub fn page_checksum(hpa: u64) -> u64 {

@@ -190,8 +190,7 @@ pub fn route_io_apic(vm: &Vm, dev: &mut VmDevices) {
             // ExtINT (the 8259 through the I/O APIC) and the rest: the 8259 reaches vCPU 0
             // through its LINT0 instead.
             other => {
-                if !dev.logged_ipis.contains(&other) {
-                    dev.logged_ipis.push(other);
+                if crate::vm::first_time(&mut dev.logged_ipis, other) {
                     crate::vm_report!(
                         vm,
                         "I/O APIC pin {} in {other:?} mode not delivered (reported once)",
@@ -255,8 +254,7 @@ fn deliver(vm: &Vm, dev: &mut VmDevices, ipi: &Ipi) {
             }
         }
         other => {
-            if !dev.logged_ipis.contains(&other) {
-                dev.logged_ipis.push(other);
+            if crate::vm::first_time(&mut dev.logged_ipis, other) {
                 crate::vm_report!(
                     vm,
                     "{other:?} IPI not delivered (not emulated yet; reported once)"

@@ -349,21 +349,19 @@ fn cr8_access(
                 return None;
             }
             if vm.apic {
-                let mut dev = vm.devices.lock();
-                let lapic = &mut dev.lapics[usize::from(vcpu.index)];
-                crate::vcpu::virtual_apic::take_back(vcpu, vmcs, lapic);
                 // A TPR write has no effect to carry out (no IPI, no EOI, no timer change).
-                let _ = lapic.write(reg::TPR, (value as u32) << 4, crate::tsc::rdtsc());
+                let _ = with_lapic(vm, vcpu, vmcs, |l, now| {
+                    l.write(reg::TPR, (value as u32) << 4, now)
+                });
             } else {
                 vcpu.cr8 = value;
             }
         }
         CrAccessType::MovFromCr => {
             let cr8 = if vm.apic {
-                let mut dev = vm.devices.lock();
-                let lapic = &mut dev.lapics[usize::from(vcpu.index)];
-                crate::vcpu::virtual_apic::take_back(vcpu, vmcs, lapic);
-                u64::from(lapic.read(reg::TPR, crate::tsc::rdtsc()) >> 4)
+                with_lapic(vm, vcpu, vmcs, |l, now| {
+                    u64::from(l.read(reg::TPR, now) >> 4)
+                })
             } else {
                 vcpu.cr8
             };
@@ -386,6 +384,20 @@ fn cr8_access(
     }
     vmcs.skip_instruction();
     None
+}
+
+/// `f` on vCPU `vcpu`'s local APIC model, under the VM's device lock, after the model took back
+/// what the CPU's APIC virtualization held (a no-op without it), at TSC `now`.
+fn with_lapic<R>(
+    vm: &Vm,
+    vcpu: &mut Vcpu,
+    vmcs: &CurrentVmcs,
+    f: impl FnOnce(&mut hvprof_hypervisor::devices::lapic::Lapic, u64) -> R,
+) -> R {
+    let mut dev = vm.devices.lock();
+    let lapic = &mut dev.lapics[usize::from(vcpu.index)];
+    crate::vcpu::virtual_apic::take_back(vcpu, vmcs, lapic);
+    f(lapic, crate::tsc::rdtsc())
 }
 
 /// The guest's view of its control registers (host-owned bits from the read shadows, SDM Vol. 3C
