@@ -135,7 +135,10 @@ impl Scenario {
         mut self,
         check: impl Fn(&crate::profile::ProfileRun) -> Result<(), String> + Send + Sync + 'static,
     ) -> Self {
-        self.profile = Some(Box::new(check));
+        self.profile = Some(match self.profile.take() {
+            None => Box::new(check),
+            Some(before) => Box::new(move |run| before(run).and_then(|()| check(run))),
+        });
         self
     }
 
@@ -188,13 +191,15 @@ impl Scenario {
         self
     }
 
-    /// Sets the check.
+    /// Adds a check of the serial log: every check given runs, in order, and the first that
+    /// fails is the verdict.
     #[must_use]
     pub fn check(
         mut self,
         check: impl Fn(&SerialLog) -> Result<(), String> + Send + Sync + 'static,
     ) -> Self {
-        self.check = Box::new(check);
+        let before = self.check;
+        self.check = Box::new(move |log| before(log).and_then(|()| check(log)));
         self
     }
 }
@@ -704,6 +709,23 @@ mod tests {
             .cmdline("a=1")
             .module("m.elf", ModuleSource::Bytes(vec![1]), "vm=m");
         assert_eq!((s.cpus, s.cmdline.as_str(), s.modules.len()), (2, "a=1", 1));
+    }
+
+    /// Every check given runs: an earlier one that fails is the verdict, a later one too.
+    #[test]
+    fn checks_add_up() {
+        let s = Scenario::new("x", Emulator::QemuTcgBios)
+            .check(|log| log.expect("a").map(drop))
+            .check(|log| log.expect("b").map(drop));
+        assert!((s.check)(&SerialLog::new("a\nb\n")).is_ok());
+        assert!(
+            (s.check)(&SerialLog::new("b\n")).is_err(),
+            "the first check was dropped"
+        );
+        assert!(
+            (s.check)(&SerialLog::new("a\n")).is_err(),
+            "the second check was dropped"
+        );
     }
 
     #[test]
