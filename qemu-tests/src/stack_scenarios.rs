@@ -5,6 +5,7 @@
 //! the analyzer), and through `hvprof-analyze report --json --call-graph` (what users see).
 
 use crate::emulator::Emulator;
+use crate::log::SerialLog;
 use crate::profile::{ProfileRun, within};
 use crate::profile_scenarios::TOLERANCE;
 use crate::runner::{ModuleSource, Scenario};
@@ -457,7 +458,64 @@ pub fn all() -> Vec<Scenario> {
                 }
             })
             .profile(check_attack),
+        // A kernel whose ORC tables (its own memory, `orc-layout=` given as for Linux) make a
+        // walk read 23 words a frame, beside a victim on the same pCPU: the profiler stops
+        // each walk at its read budget, well before the 32 frames `stacks=32` allows.
+        Scenario::new("bochs-attack-walk-budget", Emulator::bochs(HASWELL))
+            .cmdline("export=end stacks=32 period=200000ticks")
+            .module(
+                "victim.elf",
+                ModuleSource::Guest("mix"),
+                "vm=victim mix=50,50 rounds=10",
+            )
+            .module(
+                "orcattack.elf",
+                ModuleSource::Guest("orcattack"),
+                &format!("vm=attacker mem=64M orc-layout={ORC_ATTACK_LAYOUT} rounds=40"),
+            )
+            .check(|log| check_exit_code(log, "victim", 0, "port 0xf4"))
+            .check(|log| check_exit_code(log, "attacker", 0, "port 0xf4"))
+            .check(|log| check_walk_budget(log, 50)),
     ]
+}
+
+/// `orcattack`'s tables and text (`guests/src/bin/orcattack.rs`).
+const ORC_ATTACK_LAYOUT: &str = "0xffffffff80001000:0xffffffff81f80000:0xffffffff81f80100:0xffffffff80000000:0xffffffff81000000:0xffffffff81000000:0xffffffff81800000:1048576:0xffffffff81f00000:2";
+
+/// The kernel walks' read budget (`KERNEL_WALK_READS` in the sampler).
+const KERNEL_WALK_READS: u32 = 640;
+
+/// The hypervisor's closing line on the walks' read budgets: no kernel walk read more than
+/// `KERNEL_WALK_READS`, and at least `stopped` walks were stopped there.
+fn check_walk_budget(log: &SerialLog, stopped: u64) -> Result<(), String> {
+    let line =
+        log.expect("profiler: read budgets of walks by unwind tables: kernel (ORC) at most ")?;
+    let rest = line
+        .split_once("kernel (ORC) at most ")
+        .map(|(_, r)| r)
+        .unwrap_or_default();
+    let words: Vec<&str> = rest.split_whitespace().collect();
+    let (Some(most), Some(n)) = (
+        words.first().and_then(|w| w.parse::<u32>().ok()),
+        words
+            .iter()
+            .position(|w| *w == "walks")
+            .and_then(|i| i.checked_sub(1))
+            .and_then(|i| words[i].trim_start_matches(',').parse::<u64>().ok()),
+    ) else {
+        return Err(format!("cannot read the budget line: {line}"));
+    };
+    if most > KERNEL_WALK_READS {
+        return Err(format!(
+            "a kernel walk read {most} words, over the budget of {KERNEL_WALK_READS}: {line}"
+        ));
+    }
+    if n < stopped {
+        return Err(format!(
+            "{n} kernel walks stopped at the budget, expected at least {stopped} (the attacker's samples): {line}"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -667,6 +667,22 @@ fn report_chains(pcpus: usize) {
         "profiler: call-chain reads: {} guest pages not remembered (walked in the guest's page tables); unwind entries (kernel ORC and user tables) {orc_hits} remembered, {orc_searches} searched in the tables",
         sum(|c| &c.page_walks),
     );
+    let budget = |f: fn(&sampler::Costs) -> &sampler::BudgetUse| {
+        let (most, stopped) = (0..pcpus).fold((0, 0), |(m, s), cpu| {
+            let b = f(&sampler::cpu(cpu).costs);
+            (
+                m.max(b.most.load(Ordering::Relaxed)),
+                s + b.stopped.load(Ordering::Relaxed),
+            )
+        });
+        let limit = f(&sampler::cpu(0).costs).limit;
+        alloc::format!("at most {most} of {limit} reads in one walk, {stopped} walks stopped there")
+    };
+    println!(
+        "profiler: read budgets of walks by unwind tables: kernel (ORC) {}; user {}",
+        budget(|c| &c.kernel_walk_reads),
+        budget(|c| &c.user_walk_reads),
+    );
 }
 
 /// The closing lines on the console: what was sent and lost, per pCPU when several.

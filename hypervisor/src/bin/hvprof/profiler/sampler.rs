@@ -154,6 +154,10 @@ pub struct Costs {
     pub page_walks: AtomicU64,
     pub orc_hits: AtomicU64,
     pub orc_searches: AtomicU64,
+    /// How close the walks by unwind tables came to their read budgets: kernel walks by ORC
+    /// (`KERNEL_WALK_READS`) and user walks by the VM's unwind tables (`USER_WALK_READS`).
+    pub kernel_walk_reads: BudgetUse,
+    pub user_walk_reads: BudgetUse,
     /// Samples whose path took more than half a period, after which the next deadline was
     /// moved to half a period after it ended (see `push`).
     pub stretched: AtomicU64,
@@ -178,8 +182,43 @@ impl Costs {
             page_walks: AtomicU64::new(0),
             orc_hits: AtomicU64::new(0),
             orc_searches: AtomicU64::new(0),
+            kernel_walk_reads: BudgetUse::new(KERNEL_WALK_READS),
+            user_walk_reads: BudgetUse::new(USER_WALK_READS),
             export: Tally::new(),
             inside: AtomicU64::new(0),
+        }
+    }
+}
+
+/// The reads that walks by unwind tables took against their budget: the most one walk took, and
+/// how many walks the budget stopped (a guest's tables or stack that would make a walk read more
+/// are cut there: its chain ends as a bad frame).
+pub struct BudgetUse {
+    pub limit: u32,
+    pub most: AtomicU32,
+    pub stopped: AtomicU64,
+}
+
+impl BudgetUse {
+    const fn new(limit: u32) -> Self {
+        BudgetUse {
+            limit,
+            most: AtomicU32::new(0),
+            stopped: AtomicU64::new(0),
+        }
+    }
+
+    /// A walk that began with `limit` reads ended with `budget` left; `stopped`: at the budget.
+    fn record(&self, budget: hvprof_linux_walk::Budget, stopped: bool) {
+        let used = self.limit - budget.left();
+        // Only this pCPU's walks write here: a plain load and store keep the maximum (a walk in
+        // an NMI's sample between them could at worst have its figure overwritten by a smaller
+        // one; no count is lost).
+        if used > self.most.load(Ordering::Relaxed) {
+            self.most.store(used, Ordering::Relaxed);
+        }
+        if stopped {
+            self.stopped.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -1295,6 +1334,13 @@ fn walk_kernel<'a>(
         };
         hvprof_linux_walk::unwind_kernel(&kernel, tables, cache, start, &mut budget, &mut sink)
     };
+    cache.costs.kernel_walk_reads.record(
+        budget,
+        matches!(
+            end,
+            hvprof_linux_walk::KernelEnd::Bad(hvprof_linux_walk::Stop::Budget)
+        ),
+    );
     let end = match end {
         hvprof_linux_walk::KernelEnd::Complete => ChainEnd::Complete,
         hvprof_linux_walk::KernelEnd::Full => ChainEnd::DepthLimit,
@@ -1382,6 +1428,13 @@ fn walk_user(
         };
         hvprof_linux_walk::unwind_user(&memory, tables, cache, start, &mut budget, &mut sink)
     };
+    cache.costs.user_walk_reads.record(
+        budget,
+        matches!(
+            end,
+            hvprof_linux_walk::UserEnd::Bad(hvprof_linux_walk::Stop::Budget)
+        ),
+    );
     let end = match end {
         hvprof_linux_walk::UserEnd::Complete => ChainEnd::Complete,
         hvprof_linux_walk::UserEnd::Full => ChainEnd::DepthLimit,

@@ -150,9 +150,9 @@ fn run_loaded(
     let mut short_path = false;
     prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
     // Test guests keep frame pointers in kernel mode; Linux's kernel does not: its chains are
-    // walked by its ORC tables, where the host gave them (`orc-layout=`), once the kernel has
-    // set IA32_LSTAR (which gives the KASLR slide).
-    let kernel_stacks = if vm.linux {
+    // walked by its ORC tables, where the host gave them (`orc-layout=`, which any VM may be
+    // given), once the kernel has set IA32_LSTAR (which gives the KASLR slide).
+    let kernel_stacks = if vm.linux || vm.orc_layout.is_some() {
         profiler::KernelStacks::Orc
     } else {
         profiler::KernelStacks::FramePointers
