@@ -58,7 +58,14 @@ mod tests {
         let mut files = Vec::new();
         rust_files(&hv.join("bin/hvprof/vmexit"), &mut files);
         rust_files(&hv.join("devices"), &mut files);
-        files.push(hv.join("bin/hvprof/vm/virtual_interrupts.rs"));
+        for file in [
+            "virtual_interrupts.rs",
+            "apic_bus.rs",
+            "virtual_apic.rs",
+            "linux_tasks.rs",
+        ] {
+            files.push(hv.join("bin/hvprof/vm").join(file));
+        }
         assert!(files.len() > 10, "{} files", files.len());
         let mut found = Vec::new();
         for f in &files {

@@ -1,10 +1,18 @@
-//! The profiler's host-tested parts: the per-pCPU sample ring and its slots, the frame-pointer
-//! walk of call chains (`stack_walk`) and the walk of a Linux guest's memory that names its running task. The
-//! sample path, the sampling clocks and the export are the binary's (`bin/hvprof/profiler/`).
+//! The profiler's host-tested parts: the per-pCPU sample ring and its slots, the deadline clock's
+//! arithmetic (`deadline`), the cost tallies (`costs`), kicks between pCPUs (`kicks`), the
+//! frame-pointer walk of call chains (`stack_walk`), the walks by unwind tables with their read
+//! budgets (`table_walk`), the walks' caches (`walk_cache`) and the walk of a Linux guest's memory
+//! that names its running task (`guest_walk`). The sample path, which reads the VMCS, the TSC and
+//! the hypervisor's own stack, the timers and the export are the binary's
+//! (`bin/hvprof/profiler/`).
 
+pub mod costs;
+pub mod deadline;
 pub mod guest_maps;
 pub mod guest_walk;
+pub mod kicks;
 pub mod ring;
 pub mod slots;
 pub mod stack_walk;
+pub mod table_walk;
 pub mod walk_cache;

@@ -16,6 +16,7 @@ mod acpi;
 mod arch;
 mod channel_test;
 mod console;
+mod interrupts;
 mod isolation;
 mod memory;
 mod parallel;
@@ -24,6 +25,7 @@ mod percpu;
 mod platform;
 mod power;
 mod profiler;
+mod run;
 mod scheduler;
 mod smp;
 mod tsc;
@@ -57,7 +59,7 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     mask_pic();
     // The boot CPU is pCPU 0.
     percpu::init(0, arch::gdt::init_bsp());
-    arch::idt::init();
+    interrupts::init();
     {
         unsafe extern "C" {
             /// The top of the boot stack (`boot/src/entry.rs`), which stays the boot CPU's.
@@ -143,7 +145,7 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     vcpu::fpu::init();
     println!("{}", vcpu::fpu::describe());
     println!("{}", isolation::init());
-    let lapic = arch::lapic::Lapic::init();
+    let lapic = arch::host_apic::Lapic::init();
     match &lapic {
         Some(l) => println!(
             "profiler: deadline clock: VMX-preemption timer in guests, LAPIC timer ({:?}) in the hypervisor; period {period} ticks",
@@ -222,7 +224,7 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
         vm::report::exit_stats(vm);
     }
     profiler::export::finish();
-    arch::idt::STRAY.report();
+    interrupts::STRAY.report();
     println!("hvprof: all VMs stopped");
     power::off()
 }

@@ -15,8 +15,8 @@
 //! guest runs or while anything is printed.
 
 use crate::percpu::MAX_CPUS;
+use crate::run::{self, SliceEnd};
 use crate::tsc::rdtsc;
-use crate::vm::run::SliceEnd;
 use crate::vm::{self, Stop, Vm};
 use crate::{println, profiler};
 use alloc::vec::Vec;
@@ -175,7 +175,7 @@ pub fn run_cpu(cpu: usize) {
                 let slice_end = rdtsc().saturating_add(len);
                 let (end, wake_at) = {
                     let mut vcpu = vm.vcpus[c].lock();
-                    let end = vm::run::run_slice(vm, &mut vcpu, cpu, release, m.caps, slice_end);
+                    let end = run::run_slice(vm, &mut vcpu, cpu, release, m.caps, slice_end);
                     // The virtual timer belongs to the vCPU until it halts: a slice that ends
                     // otherwise keeps it armed for the HLT to come.
                     let wake_at = match end {

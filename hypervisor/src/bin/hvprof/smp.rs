@@ -4,10 +4,10 @@
 //! check across CPUs. Each AP then waits for the boot CPU to build the VMs (`release`), enters
 //! VMX operation, starts its own sampler and runs the scheduler until every VM has stopped.
 
-use crate::arch::lapic::Lapic;
+use crate::arch::host_apic::Lapic;
 use crate::percpu::MAX_CPUS;
 use crate::tsc::rdtsc;
-use crate::{arch, memory, println, profiler, scheduler, vmx_root};
+use crate::{arch, interrupts, memory, println, profiler, scheduler, vmx_root};
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use hvprof_boot::ap::{self, Params};
 
@@ -170,7 +170,7 @@ pub fn wait_for_aps() {
 extern "C" fn ap_main(index: u64) -> ! {
     let cpu = index as usize;
     crate::percpu::init(cpu, arch::gdt::init_ap());
-    arch::idt::init();
+    interrupts::init();
     ONLINE.fetch_add(1, Ordering::AcqRel);
     answer_tsc();
     if let Some(work) = WORK.wait() {

@@ -15,7 +15,7 @@
 //! - §27.3.2.5 (VM entry with virtual-interrupt delivery performs PPR virtualization and
 //!   evaluates pending virtual interrupts).
 //!
-//! It writes the page at VM entry as `vcpu/virtual_apic.rs` does (`enter`: the page registers
+//! It writes the page at VM entry as `vm/virtual_apic.rs` does (`enter`: the page registers
 //! after a generation change, then only the words `hand_over` says differ) and takes the state
 //! back as it does (`exit`); and it checks, at each entry, that what the model believes the page
 //! and the VMCS hold is what they hold, and that the page then shows the model's state and

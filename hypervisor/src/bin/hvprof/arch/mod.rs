@@ -1,5 +1,4 @@
-//! x86-64 platform pieces: descriptor tables, exception entry, fault-tolerant MSR access.
+//! x86-64 platform pieces: descriptor tables, the hypervisor's own local APIC, fault-tolerant MSR access.
 pub mod gdt;
-pub mod idt;
-pub mod lapic;
+pub mod host_apic;
 pub mod msr;

@@ -4,7 +4,7 @@
 //! exist. The accessors are `hvprof_x86_trap`'s (`shared/x86-trap`), the same the test guests
 //! use: each records its instruction's address in the `.fixup` section; when it raises #GP (a
 //! reserved or unimplemented MSR, SDM Vol. 2 RDMSR and WRMSR, "64-Bit Mode Exceptions") or #UD,
-//! the exception dispatcher (`idt::dispatch`) resumes at the next instruction and the accessor
+//! the exception dispatcher (`interrupts::dispatch`) resumes at the next instruction and the accessor
 //! returns the fault. Here a fault becomes the PMU probe's `MsrFault`, which names the MSR.
 
 use hvprof_pmu::probe::{MsrAccess, MsrFault};

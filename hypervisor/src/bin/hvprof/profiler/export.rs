@@ -756,7 +756,7 @@ fn report(ex: &Exporter, totals: &[hvprof_samplelog::PcpuTotals]) {
             let p = sampler::cpu(cpu);
             println!(
                 "hvprof: pCPU {cpu}: {} kicks taken, {} sent (interrupts between pCPUs for the vCPUs' IPIs)",
-                p.kicks_taken.load(Ordering::Relaxed),
+                p.kicks.interrupts_taken(),
                 p.kicks_sent.load(Ordering::Relaxed)
             );
         }

@@ -4,7 +4,7 @@
 //! Sampling follows the paper's Key Technique 1: everything is sampled centrally by the
 //! hypervisor, with no delegation to guests and no virtual interrupt injected. Where no PMU
 //! counts (Bochs, QEMU TCG) the source is a per-pCPU deadline clock: while a guest runs, the
-//! VMX-preemption timer stops it exactly at the deadline (`vm::run` programs it); while the
+//! VMX-preemption timer stops it exactly at the deadline (`run.rs` programs it); while the
 //! hypervisor runs, the LAPIC timer interrupts it there (`on_timer`). On real hardware with a
 //! counting PMU, counter overflows arrive as NMIs instead (`hvprof-pmu`'s sampler).
 //!
@@ -16,11 +16,10 @@
 pub mod export;
 pub mod pmu;
 pub mod sampler;
-pub mod tasks;
 
 pub use sampler::{KernelStacks, on_timer, this_cpu};
 
-use crate::arch::lapic::Lapic;
+use crate::arch::host_apic::Lapic;
 
 /// The sampling source in use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,7 +6,7 @@
 //! (`on_nmi_host`). The counter logic (arming, overflow detection, re-arm and unmask) is
 //! `hvprof_pmu::sampler`, unit-tested on the host against a model of the MSRs.
 
-use crate::arch::lapic::{self, Lapic};
+use crate::arch::host_apic::{self, Lapic};
 use crate::arch::msr::SafeMsrs;
 use crate::percpu::{self, MAX_CPUS};
 use hvprof_pmu::percpu::PerCpuSamplers;
@@ -19,10 +19,10 @@ struct LvtPmi(Lapic);
 
 impl sampler::Lapic for LvtPmi {
     fn write_lvt_pmi(&mut self, value: u32) {
-        self.0.write(lapic::REG_LVT_PMI, value);
+        self.0.write(host_apic::REG_LVT_PMI, value);
     }
     fn read_lvt_pmi(&self) -> u32 {
-        self.0.read(lapic::REG_LVT_PMI)
+        self.0.read(host_apic::REG_LVT_PMI)
     }
 }
 

@@ -1,15 +1,19 @@
 //! One pCPU's profiler: its state (every field atomic: the run loop, the timer interrupt and the
 //! PMU's NMI of the same pCPU share it), the sample path, and the deadline clock's arithmetic.
 
-use crate::arch::lapic::Lapic;
+use crate::arch::host_apic::Lapic;
 use crate::percpu::MAX_CPUS;
 use crate::tsc::rdtsc;
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering, compiler_fence};
+pub use hvprof_hypervisor::profiler::costs::{BudgetUse, Costs, PathCost, Tally};
+use hvprof_hypervisor::profiler::deadline::DeadlineClock;
 use hvprof_hypervisor::profiler::guest_walk;
+use hvprof_hypervisor::profiler::kicks::KickState;
 use hvprof_hypervisor::profiler::ring::Ring;
 use hvprof_hypervisor::profiler::slots;
 use hvprof_hypervisor::profiler::stack_walk::{self, Bounds, FrameMemory};
+use hvprof_hypervisor::profiler::table_walk::{self, KERNEL_WALK_READS, USER_WALK_READS};
 use hvprof_hypervisor::profiler::walk_cache::{OrdinaryCodeSlots, WalkCache};
 use hvprof_linux_walk::UnwindTable;
 use hvprof_samplelog::{
@@ -53,16 +57,13 @@ pub struct CpuProfiler {
     pub ring: Ring<Slot, RING_RECORDS>,
     /// Task changes of Linux guests read at samples (rare: only when the task differs).
     pub tasks: Ring<hvprof_samplelog::Task, TASK_RECORDS>,
-    enabled: AtomicBool,
-    period: AtomicU64,
-    next_tick: AtomicU64,
+    /// The sampling deadlines (`DeadlineClock`: the one place that decides a deadline sample is
+    /// due).
+    clock: DeadlineClock,
     /// (vm, vcpu, vpid, last exit reason) of what this pCPU runs, packed in 16-bit fields.
     current: AtomicU64,
-    /// Samples taken, and the total, smallest and largest cost of the sample path (TSC ticks).
-    pub samples_taken: AtomicU64,
-    cost_total: AtomicU64,
-    cost_min: AtomicU64,
-    cost_max: AtomicU64,
+    /// The sample path's own cost: samples taken, total, smallest and largest (TSC ticks).
+    path: PathCost,
     lapic: spin::Once<Lapic>,
     /// This pCPU runs its idle loop.
     idle: AtomicBool,
@@ -90,137 +91,9 @@ pub struct CpuProfiler {
     /// Guest pages translated and code found ordinary by earlier walks, of the VM this pCPU
     /// runs (`walk_cache`).
     walk_cache: WalkCache,
-    /// Another pCPU kicked this one since it last looked (`kick_cpu`).
-    kicked: AtomicBool,
-    /// A kick's interrupt is on its way here and not taken yet (`on_kick` clears it): another
-    /// kick meanwhile sends none.
-    kick_in_flight: AtomicBool,
-    /// Kicks this pCPU took (`on_kick`), and kicks it sent others.
-    pub kicks_taken: AtomicU64,
+    /// Kicks for this pCPU (`kick_cpu`, `on_kick`), and kicks it sent others.
+    pub kicks: KickState,
     pub kicks_sent: AtomicU64,
-}
-
-/// A count of events and the TSC ticks they took.
-pub struct Tally {
-    count: AtomicU64,
-    ticks: AtomicU64,
-}
-
-impl Tally {
-    const fn new() -> Self {
-        Tally {
-            count: AtomicU64::new(0),
-            ticks: AtomicU64::new(0),
-        }
-    }
-
-    /// One more event that took `ticks`.
-    pub fn add(&self, ticks: u64) {
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.ticks.fetch_add(ticks, Ordering::Relaxed);
-    }
-
-    /// (events, ticks).
-    pub fn get(&self) -> (u64, u64) {
-        (
-            self.count.load(Ordering::Relaxed),
-            self.ticks.load(Ordering::Relaxed),
-        )
-    }
-}
-
-/// What profiling costs one pCPU besides the sample path (whose cost every sample measures), each
-/// measured from TSC to TSC where it happens.
-pub struct Costs {
-    /// VM exits that exist only to take a sample (the VMX-preemption timer at a sampling deadline
-    /// that nothing else needed): VM exit to the next VM entry, their sample and task read
-    /// included, any export they did excluded. Samples never see this time: a sampling exit
-    /// begins with its sample, and the next deadline is a period later.
-    pub sampling_exits: Tally,
-    /// The LAPIC timer's interrupts in the hypervisor and idle loop (handler entry to exit, their
-    /// sample included).
-    pub timer_interrupts: Tally,
-    /// Reading a Linux guest's running task at its samples.
-    pub task_reads: Tally,
-    /// Walking call chains (inside the sample path's cost) and the frames found: at guest
-    /// samples (the guest chain), and at hypervisor samples (the host chain, and the guest's
-    /// exit-cause chain during a vCPU's exit).
-    pub guest_walks: Tally,
-    pub guest_frames: AtomicU64,
-    pub host_walks: Tally,
-    pub host_frames: AtomicU64,
-    /// Guest pages the walks found by a walk of the guest's page tables (not remembered in
-    /// `StackPages`), and ORC entries found in `OrcEntries` or by a search of the tables.
-    pub page_walks: AtomicU64,
-    pub orc_hits: AtomicU64,
-    pub orc_searches: AtomicU64,
-    /// How close the walks by unwind tables came to their read budgets: kernel walks by ORC
-    /// (`KERNEL_WALK_READS`) and user walks by the VM's unwind tables (`USER_WALK_READS`).
-    pub kernel_walk_reads: BudgetUse,
-    pub user_walk_reads: BudgetUse,
-    /// Samples whose path took more than half a period, after which the next deadline was
-    /// moved to half a period after it ended (see `push`).
-    pub stretched: AtomicU64,
-    /// Draining the rings, encoding and sending the log.
-    pub export: Tally,
-    /// Sample-path and task-read ticks spent inside the sampling exits and timer interrupts (so
-    /// that the whole cost counts them once).
-    inside: AtomicU64,
-}
-
-impl Costs {
-    const fn new() -> Self {
-        Costs {
-            sampling_exits: Tally::new(),
-            timer_interrupts: Tally::new(),
-            task_reads: Tally::new(),
-            guest_walks: Tally::new(),
-            guest_frames: AtomicU64::new(0),
-            host_walks: Tally::new(),
-            host_frames: AtomicU64::new(0),
-            stretched: AtomicU64::new(0),
-            page_walks: AtomicU64::new(0),
-            orc_hits: AtomicU64::new(0),
-            orc_searches: AtomicU64::new(0),
-            kernel_walk_reads: BudgetUse::new(KERNEL_WALK_READS),
-            user_walk_reads: BudgetUse::new(USER_WALK_READS),
-            export: Tally::new(),
-            inside: AtomicU64::new(0),
-        }
-    }
-}
-
-/// The reads that walks by unwind tables took against their budget: the most one walk took, and
-/// how many walks the budget stopped (a guest's tables or stack that would make a walk read more
-/// are cut there: its chain ends as a bad frame).
-pub struct BudgetUse {
-    pub limit: u32,
-    pub most: AtomicU32,
-    pub stopped: AtomicU64,
-}
-
-impl BudgetUse {
-    const fn new(limit: u32) -> Self {
-        BudgetUse {
-            limit,
-            most: AtomicU32::new(0),
-            stopped: AtomicU64::new(0),
-        }
-    }
-
-    /// A walk that began with `limit` reads ended with `budget` left; `stopped`: at the budget.
-    fn record(&self, budget: hvprof_linux_walk::Budget, stopped: bool) {
-        let used = self.limit - budget.left();
-        // Only this pCPU's walks write here: a plain load and store keep the maximum (a walk in
-        // an NMI's sample between them could at worst have its figure overwritten by a smaller
-        // one; no count is lost).
-        if used > self.most.load(Ordering::Relaxed) {
-            self.most.store(used, Ordering::Relaxed);
-        }
-        if stopped {
-            self.stopped.fetch_add(1, Ordering::Relaxed);
-        }
-    }
 }
 
 /// CR0.PE (SDM Vol. 3A §2.5): protected mode.
@@ -236,22 +109,15 @@ impl CpuProfiler {
         CpuProfiler {
             ring: Ring::new(),
             tasks: Ring::new(),
-            enabled: AtomicBool::new(false),
-            period: AtomicU64::new(u64::MAX),
-            next_tick: AtomicU64::new(u64::MAX),
+            clock: DeadlineClock::new(),
             current: AtomicU64::new(pack(NO_VM, NO_VCPU, 0, NO_EXIT)),
-            samples_taken: AtomicU64::new(0),
-            cost_total: AtomicU64::new(0),
-            cost_min: AtomicU64::new(u64::MAX),
-            cost_max: AtomicU64::new(0),
+            path: PathCost::new(),
             lapic: spin::Once::new(),
-            kicked: AtomicBool::new(false),
-            kick_in_flight: AtomicBool::new(false),
-            kicks_taken: AtomicU64::new(0),
+            kicks: KickState::new(),
             kicks_sent: AtomicU64::new(0),
             idle: AtomicBool::new(false),
             pushing: AtomicBool::new(false),
-            costs: Costs::new(),
+            costs: Costs::new(KERNEL_WALK_READS, USER_WALK_READS),
             started_at: AtomicU64::new(0),
             stopped_at: AtomicU64::new(0),
             stack_lo: AtomicU64::new(0),
@@ -329,16 +195,13 @@ pub fn kick_cpu(target: usize) {
     }
     let to_cpu = &CPUS[target];
     if let (Some(from), Some(to)) = (here.lapic.get(), to_cpu.lapic.get()) {
-        to_cpu.kicked.store(true, Ordering::Release);
-        // AcqRel: pairs with `on_kick`'s swap, so that what the sender published before the kick
-        // (a vCPU's kick bit) is seen by the target after it took the interrupt in flight.
-        if to_cpu.kick_in_flight.swap(true, Ordering::AcqRel) {
+        if !to_cpu.kicks.request() {
             return;
         }
         here.kicks_sent.fetch_add(1, Ordering::Relaxed);
         // Fixed delivery, physical destination, edge (SDM Vol. 3A, "Interrupt Command
         // Register").
-        from.send_ipi(to.id(), u32::from(crate::arch::lapic::KICK_VECTOR));
+        from.send_ipi(to.id(), u32::from(crate::arch::host_apic::KICK_VECTOR));
     }
 }
 
@@ -359,8 +222,7 @@ pub fn idle_cpu_for(pin: Option<usize>) -> Option<usize> {
 /// acknowledged it already: the EOI is due either way). The next kick sends an interrupt again.
 pub fn on_kick() {
     let here = this_cpu();
-    here.kick_in_flight.swap(false, Ordering::AcqRel);
-    here.kicks_taken.fetch_add(1, Ordering::Relaxed);
+    here.kicks.taken();
     here.eoi();
 }
 
@@ -368,33 +230,13 @@ impl CpuProfiler {
     /// A sampling exit that began at TSC `start` ends at `end`; `inside` of its ticks were its
     /// sample path and task read (counted there too).
     pub fn sampling_exit_done(&self, start: u64, end: u64, inside: u64) {
-        self.costs.sampling_exits.add(end.saturating_sub(start));
-        self.costs.inside.fetch_add(inside, Ordering::Relaxed);
+        self.costs.sampling_exit_done(start, end, inside);
     }
 
     /// The whole cost so far, in disjoint parts (as the pCPU cost frame carries it).
     pub fn cost_report(&self) -> PcpuCost {
-        let (sampling_exits, sampling_exit_ticks) = self.costs.sampling_exits.get();
-        let (timer_interrupts, timer_ticks) = self.costs.timer_interrupts.get();
-        let (task_reads, task_read_ticks) = self.costs.task_reads.get();
-        let (_, export_ticks) = self.costs.export.get();
-        let sampled = self
-            .cost_total
-            .load(Ordering::Relaxed)
-            .saturating_add(self.costs.task_reads.ticks.load(Ordering::Relaxed));
-        PcpuCost {
-            pcpu: self.pcpu() as u16,
-            span_ticks: self.span(),
-            samples: self.samples_taken.load(Ordering::Relaxed),
-            other_sample_ticks: sampled.saturating_sub(self.costs.inside.load(Ordering::Relaxed)),
-            sampling_exits,
-            sampling_exit_ticks,
-            timer_interrupts,
-            timer_ticks,
-            task_reads,
-            task_read_ticks,
-            export_ticks,
-        }
+        self.costs
+            .report(self.pcpu() as u16, self.span(), &self.path)
     }
 
     /// TSC ticks from the start of sampling on this pCPU to its end (or to now, while running).
@@ -407,42 +249,18 @@ impl CpuProfiler {
     }
 
     pub fn enabled(&self) -> bool {
-        self.enabled.load(Ordering::Acquire)
+        self.clock.enabled()
     }
 
     /// The sampling period, TSC ticks.
     pub fn period(&self) -> u64 {
-        self.period.load(Ordering::Relaxed)
+        self.clock.period()
     }
 
     /// The next sampling deadline (u64::MAX when off).
+    #[inline(always)]
     pub fn next_tick(&self) -> u64 {
-        if self.enabled() {
-            self.next_tick.load(Ordering::Relaxed)
-        } else {
-            u64::MAX
-        }
-    }
-
-    /// Whether a sample is due at `now`; if so, moves the deadline past `now` (ticks missed while
-    /// the sample could not be taken are skipped, not bunched: one sample per elapsed deadline
-    /// would fake time the CPU did not spend there).
-    fn take_due(&self, now: u64) -> bool {
-        if !self.enabled() {
-            return false;
-        }
-        let next = self.next_tick.load(Ordering::Relaxed);
-        if now < next {
-            return false;
-        }
-        // At least 1 whenever sampling is on (`begin`).
-        let period = self.period.load(Ordering::Relaxed);
-        let late = now - next;
-        // Usually the deadline is less than a period ago: no division on the sample path.
-        let missed = if late < period { 0 } else { late / period };
-        self.next_tick
-            .store(next + (missed + 1) * period, Ordering::Relaxed);
-        true
+        self.clock.next_tick()
     }
 
     /// Sets what this pCPU runs now (the run loop calls it on every VM exit).
@@ -510,49 +328,25 @@ impl CpuProfiler {
     fn push(&self, mut s: Sample, frames: &[u64], t0: u64) -> u64 {
         let cost = rdtsc() - t0;
         s.cost = cost.min(u32::MAX as u64) as u32;
-        // A sample path longer than half a period (a deep chain through memory the walk has not
-        // seen yet) must not leave the sampled code no time: the deadline it moved past its
-        // start may have come already, and the next entry would exit at once, sample, and so on.
-        // The next deadline is then half a period after this path's end at the earliest.
-        let period = self.period.load(Ordering::Relaxed);
-        if cost > period / 2 {
-            let floor = t0 + cost + period / 2;
-            if self.next_tick.load(Ordering::Relaxed) < floor {
-                self.next_tick.store(floor, Ordering::Relaxed);
-                self.costs.stretched.fetch_add(1, Ordering::Relaxed);
-            }
+        if self.clock.stretch(t0, cost) {
+            self.costs.stretched.fetch_add(1, Ordering::Relaxed);
         }
         self.offer(Record::Sample(s), frames);
-        self.samples_taken.fetch_add(1, Ordering::Relaxed);
-        self.cost_total.fetch_add(cost, Ordering::Relaxed);
-        // Plain compare-and-store, not a CAS loop: only this pCPU writes them (an NMI sample that
-        // lands in between can lose a new minimum or maximum, never corrupt it).
-        if cost < self.cost_min.load(Ordering::Relaxed) {
-            self.cost_min.store(cost, Ordering::Relaxed);
-        }
-        if cost > self.cost_max.load(Ordering::Relaxed) {
-            self.cost_max.store(cost, Ordering::Relaxed);
-        }
+        self.path.record(cost);
         rdtsc() - t0
     }
 
     /// (samples, mean, min, max) of the sample path's own cost in TSC ticks.
     pub fn cost(&self) -> (u64, u64, u64, u64) {
-        let n = self.samples_taken.load(Ordering::Relaxed);
-        let total = self.cost_total.load(Ordering::Relaxed);
-        let min = self.cost_min.load(Ordering::Relaxed);
-        (
-            n,
-            total.checked_div(n).unwrap_or(0),
-            if n == 0 { 0 } else { min },
-            self.cost_max.load(Ordering::Relaxed),
-        )
+        self.path.summary()
     }
 
     /// The deadline clock's guest sample, at a VM exit taken at `now` (the VMX-preemption
     /// timer's, or any exit that finds the deadline passed); its cost in ticks if it was due.
     pub fn sample_guest_if_due(&self, vmcs: &CurrentVmcs, now: u64) -> Option<u64> {
-        self.take_due(now).then(|| self.sample_guest(vmcs, now))
+        self.clock
+            .take_due(now)
+            .then(|| self.sample_guest(vmcs, now))
     }
 
     /// The sample path for a guest: reads its state from the current VMCS. Returns its cost.
@@ -623,7 +417,8 @@ impl CpuProfiler {
 
     /// `sample_host_if_due` with the TSC already read (`now`).
     pub fn sample_host_at(&self, rip: u64, fp: u64, idle: bool, now: u64) -> Option<u64> {
-        self.take_due(now)
+        self.clock
+            .take_due(now)
             .then(|| self.sample_host(rip, fp, idle, now))
     }
 
@@ -780,7 +575,7 @@ impl CpuProfiler {
             return (Chain::NOT_WALKED, 0);
         }
         // SAFETY: `current()` names a vCPU only between `set_current` after its VMPTRLD and
-        // `set_current(NO_VM, ..)` before its VMCLEAR (`vm::run`), so its VMCS is the current
+        // `set_current(NO_VM, ..)` before its VMCLEAR (`run.rs`), so its VMCS is the current
         // one on this pCPU; VMREAD changes no state the interrupted code relies on (RFLAGS and
         // the destination register are saved by the interrupt entry). Every encoding below
         // exists in every VMCS.
@@ -872,7 +667,7 @@ impl CpuProfiler {
     /// Without a LAPIC timer, returns at once: the caller polls.
     /// Whether another pCPU kicked this one since the last call (and clears it).
     pub fn take_kicked(&self) -> bool {
-        self.kicked.swap(false, Ordering::Acquire)
+        self.kicks.take()
     }
 
     pub fn halt_until(&self, t: u64) {
@@ -1304,12 +1099,10 @@ impl hvprof_linux_walk::orc::OrcCache for VmOrcEntries<'_> {
     }
 }
 
-/// Reads at most this many guest words and table slots per kernel walk.
-const KERNEL_WALK_READS: u32 = 640;
-
 /// A Linux guest's kernel chain by ORC (`start`: the interrupted kernel code), then, where it
 /// ends in user mode's `pt_regs`, the user's RIP and its callers (by the VM's unwind tables
-/// `user`, where they cover the code, else by frame pointers), into `out`.
+/// `user`, where they cover the code, else by frame pointers), into `out`
+/// (`hvprof_hypervisor::profiler::table_walk`).
 fn walk_kernel<'a>(
     mem: &mut GuestStack<'_>,
     tables: &hvprof_linux_walk::OrcLayout,
@@ -1320,56 +1113,18 @@ fn walk_kernel<'a>(
     out: &'a mut [MaybeUninit<u64>],
 ) -> (Chain, &'a [u64]) {
     let max = depth.min(MAX_CHAIN_DEPTH).min(out.len());
-    let mut n = 0;
-    let mut budget = hvprof_linux_walk::Budget::new(KERNEL_WALK_READS);
-    let end = {
-        let kernel = WalkMemory::new(mem);
-        let mut sink = |ip: u64| {
-            if n == max {
-                return false;
-            }
-            out[n].write(ip);
-            n += 1;
-            n < max
-        };
-        hvprof_linux_walk::unwind_kernel(&kernel, tables, cache, start, &mut budget, &mut sink)
-    };
-    cache.costs.kernel_walk_reads.record(
-        budget,
-        matches!(
-            end,
-            hvprof_linux_walk::KernelEnd::Bad(hvprof_linux_walk::Stop::Budget)
-        ),
-    );
-    let end = match end {
-        hvprof_linux_walk::KernelEnd::Complete => ChainEnd::Complete,
-        hvprof_linux_walk::KernelEnd::Full => ChainEnd::DepthLimit,
-        hvprof_linux_walk::KernelEnd::Bad(_) => ChainEnd::BadFrame,
-        hvprof_linux_walk::KernelEnd::User(user) => {
-            if n == max {
-                ChainEnd::DepthLimit
-            } else {
-                out[n].write(user.ip);
-                n += 1;
-                match user.bp {
-                    Some(bp) if n < max => {
-                        let start = (user.ip, || user.sp, bp);
-                        let (chain, k) =
-                            walk_user(mem, user_tables, cache, start, &mut out[n..max]);
-                        n += k;
-                        chain.end()
-                    }
-                    Some(_) => ChainEnd::DepthLimit,
-                    None => ChainEnd::BadFrame,
-                }
-            }
-        }
-    };
-    // SAFETY: the first `n` slots of `out` were written above (by the sink, the user RIP and
-    // the user walk, which writes the start of the part it is given); `MaybeUninit<u64>` has the
-    // layout of `u64`.
+    let reads = &cache.costs.kernel_walk_reads;
+    let kernel =
+        table_walk::kernel_frames(&WalkMemory::new(mem), tables, cache, start, reads, max, out);
+    let chain = table_walk::after_kernel(kernel, max, out, |(ip, sp, bp), rest| {
+        walk_user(mem, user_tables, cache, (ip, || sp, bp), rest)
+    });
+    let n = chain.depth();
+    // SAFETY: the first `n` slots of `out` were written (by the kernel walk, the user RIP and
+    // the user walk, which writes the start of the part it is given: `after_kernel`);
+    // `MaybeUninit<u64>` has the layout of `u64`.
     let frames = unsafe { &*(&out[..n] as *const [MaybeUninit<u64>] as *const [u64]) };
-    (Chain::new(n, end), frames)
+    (chain, frames)
 }
 
 /// The same cache for a user walk's unwind-table entries: keyed by the IP tagged with the
@@ -1391,9 +1146,6 @@ fn user_key(table: usize, ip: u64) -> u64 {
     (ip & (hvprof_linux_walk::cfi::TABLE_END - 1)) | ((table as u64 + 1) & 7) << 44
 }
 
-/// Reads at most this many guest words per user walk by unwind tables.
-const USER_WALK_READS: u32 = 160;
-
 /// A user chain from `(ip, sp, bp)` (RSP read only where a table is walked, or where the
 /// sampled function has no frame record: `stack_walk::walk_from`) by the unwind
 /// tables where they cover the code and the process runs their program, else by frame
@@ -1414,33 +1166,8 @@ fn walk_user(
         return (chain, chain.depth());
     }
     let start = hvprof_linux_walk::UserStart { ip, sp: sp(), bp };
-    let mut n = 0;
-    let mut budget = hvprof_linux_walk::Budget::new(USER_WALK_READS);
-    let end = {
-        let memory = WalkMemory::new(mem);
-        let mut sink = |ip: u64| {
-            if n == max {
-                return false;
-            }
-            out[n].write(ip);
-            n += 1;
-            n < max
-        };
-        hvprof_linux_walk::unwind_user(&memory, tables, cache, start, &mut budget, &mut sink)
-    };
-    cache.costs.user_walk_reads.record(
-        budget,
-        matches!(
-            end,
-            hvprof_linux_walk::UserEnd::Bad(hvprof_linux_walk::Stop::Budget)
-        ),
-    );
-    let end = match end {
-        hvprof_linux_walk::UserEnd::Complete => ChainEnd::Complete,
-        hvprof_linux_walk::UserEnd::Full => ChainEnd::DepthLimit,
-        hvprof_linux_walk::UserEnd::Bad(_) => ChainEnd::BadFrame,
-    };
-    (Chain::new(n, end), n)
+    let reads = &cache.costs.user_walk_reads;
+    table_walk::user_frames(&WalkMemory::new(mem), tables, cache, start, reads, max, out)
 }
 
 /// The LAPIC timer interrupt (vector `TIMER_VECTOR`): a hypervisor (or idle) sample at the
@@ -1464,24 +1191,17 @@ impl CpuProfiler {
     /// in the hypervisor (none when the PMU samples), `deadline` whether the deadline clock is
     /// the source.
     pub fn begin(&self, period: u64, lapic: Option<Lapic>, deadline: bool) {
-        let period = period.max(1);
-        self.period.store(period, Ordering::Relaxed);
         if let Some(l) = lapic {
             self.lapic.call_once(|| l);
         }
-        let next = if deadline {
-            rdtsc().saturating_add(period)
-        } else {
-            u64::MAX
-        };
-        self.next_tick.store(next, Ordering::Relaxed);
-        self.started_at.store(rdtsc(), Ordering::Relaxed);
-        self.enabled.store(true, Ordering::Release);
+        let now = rdtsc();
+        self.started_at.store(now, Ordering::Relaxed);
+        self.clock.begin(period, now, deadline);
     }
 
     /// Stops sampling on this pCPU.
     pub fn end(&self) {
-        self.enabled.store(false, Ordering::Release);
+        self.clock.stop();
         self.stopped_at.store(rdtsc(), Ordering::Relaxed);
         if let Some(l) = self.lapic.get() {
             l.disarm();

@@ -5,7 +5,6 @@
 pub mod entry;
 pub mod fpu;
 pub mod guest_ops;
-pub mod virtual_apic;
 
 use crate::arch::msr;
 use fpu::FpuState;

@@ -334,7 +334,7 @@ fn build(
     // CPU recognizes accesses by the address EPT translates them to).
     let apic_access = if apic {
         let why_not = if config.apic_virtualization {
-            crate::vcpu::virtual_apic::missing(caps)
+            crate::vm::virtual_apic::missing(caps)
         } else {
             Some("apic=emulated")
         };
@@ -390,7 +390,7 @@ fn build(
         if apic_access != 0 {
             let page = memory::alloc_zeroed(0x1000, 0x1000)
                 .ok_or_else(|| format!("vCPU {i}: no memory for its virtual-APIC page"))?;
-            crate::vcpu::virtual_apic::enable(caps, &mut vcpu, &mut vmcs, page, apic_access);
+            crate::vm::virtual_apic::enable(caps, &mut vcpu, &mut vmcs, page, apic_access);
         }
         // Made on the boot CPU, it may run on any pCPU: clear it (SDM Vol. 3C §25.11.3), so the
         // pCPU that runs it first loads it and writes its own host state.

@@ -10,9 +10,11 @@
 //! their own lock, taken only by the exits that use them; the rest is fixed after `build` or
 //! atomic.
 
+pub mod apic_bus;
 pub mod build;
+pub mod linux_tasks;
 pub mod report;
-pub mod run;
+pub mod virtual_apic;
 pub mod virtual_interrupts;
 
 use crate::memory;
@@ -96,7 +98,7 @@ pub struct Vm {
     /// A local APIC per vCPU, the I/O APIC, ACPI PM1 and ACPI tables (`apic=on`).
     pub apic: bool,
     /// Host address of its APIC-access page, where EPT maps the guest's xAPIC page, when its
-    /// vCPUs use the CPU's APIC virtualization (`vcpu/virtual_apic.rs`); 0: every APIC access
+    /// vCPUs use the CPU's APIC virtualization (`vm/virtual_apic.rs`); 0: every APIC access
     /// is an EPT violation, emulated.
     pub apic_access: u64,
     /// Bit i: something another vCPU sent vCPU i (an IPI, a SIPI) that its run loop or, while

@@ -153,7 +153,7 @@ pub fn exit_stats(vm: &Vm) {
     if let Some(layout) = &vm.module_layout {
         // The list now, added to those read during the run (at samples in a module not known
         // yet): every module the run saw, each once.
-        let (now, whole) = profiler::tasks::read_modules(vm, layout, lstar);
+        let (now, whole) = super::linux_tasks::read_modules(vm, layout, lstar);
         let mut maps = vm.maps.lock();
         for m in now {
             maps.modules.add(m);

@@ -8,9 +8,10 @@
 //! before them all, when the guest is not blocking NMIs; else "NMI-window exiting" stops it when
 //! it stops blocking them (§26.7.6, with "virtual NMIs", which track the guest's blocking).
 
+use super::virtual_apic;
 use super::{Vm, VmDevices};
+use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::must;
-use crate::vcpu::{Vcpu, virtual_apic};
 use hvprof_vmx::caps::{VmxCaps, pin, proc1};
 use hvprof_vmx::exit::{InterruptionInfo, InterruptionType};
 use hvprof_vmx::instructions::CurrentVmcs;
@@ -97,7 +98,7 @@ fn waiting(
 /// Before a VM entry of a Linux guest: brings its devices up to `now`, then injects the vector
 /// its local APIC or the PICs have for it, or asks for an exit as soon as it can take one; with
 /// the CPU's virtual-interrupt delivery, hands the local APIC's state to the CPU instead, which
-/// delivers its vectors itself (`vcpu/virtual_apic.rs`). Returns the TSC of the devices' next
+/// delivers its vectors itself (`vm/virtual_apic.rs`). Returns the TSC of the devices' next
 /// event (the guest must stop then, to raise it), and whether an interrupt is still waiting
 /// after this entry (the devices must be looked at again at the next exit).
 pub fn before_entry(
@@ -134,7 +135,7 @@ fn inject(
 ) -> (Option<u64>, bool) {
     dev.board.update(now);
     if vm.apic {
-        crate::vmexit::lapic::route_io_apic(vm, dev);
+        super::apic_bus::route_io_apic(vm, dev);
     }
     let index = usize::from(vcpu.index);
     let (vector, pic, apic_next) = waiting(dev, index, now, by_cpu);
@@ -228,7 +229,7 @@ pub fn on_halt(vm: &Vm, index: u16, vmcs: &CurrentVmcs, now: u64) -> Result<(), 
     let dev = &mut *guard;
     dev.board.update(now);
     if vm.apic {
-        crate::vmexit::lapic::route_io_apic(vm, dev);
+        super::apic_bus::route_io_apic(vm, dev);
     }
     let (vector, pic, apic_next) = waiting(dev, usize::from(index), now, false);
     // An NMI wakes a halted CPU whatever RFLAGS.IF says.

@@ -6,10 +6,10 @@
 //! (`Some(Stop)`); a guest can never stop the hypervisor or another VM. HLT blocks the vCPU
 //! ([`Flow::Halt`]).
 
+pub mod apic_access;
 mod cpuid;
 mod fatal;
 mod io;
-pub mod lapic;
 mod msr;
 mod vmcall;
 
@@ -56,7 +56,7 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, reason: ExitReas
             )
         )
     {
-        crate::vcpu::virtual_apic::take_back_locked(vm, vcpu, vmcs);
+        crate::vm::virtual_apic::take_back_locked(vm, vcpu, vmcs);
     }
     if kind == Some(BasicExit::Hlt) {
         // HLT blocks the vCPU until an event: the scheduler runs something else and resumes it
@@ -109,18 +109,18 @@ fn handle_exit(
             // kicks. Anything else is noted.
             let info = InterruptionInfo(vmcs.read32(ReadOnly32::ExitInterruptionInfo).unwrap_or(0));
             let vector = info.vector();
-            if vector == crate::arch::lapic::KICK_VECTOR {
+            if vector == crate::arch::host_apic::KICK_VECTOR {
                 // Another pCPU's kick: the run loop looks at this vCPU's IPIs before the entry.
                 crate::profiler::sampler::on_kick();
                 return None;
             }
-            if vector != crate::arch::lapic::TIMER_VECTOR {
+            if vector != crate::arch::host_apic::TIMER_VECTOR {
                 crate::vm_report!(
                     vm,
                     "note: external interrupt vector {vector} while the guest ran"
                 );
             }
-            if vector != crate::arch::lapic::SPURIOUS_VECTOR {
+            if vector != crate::arch::host_apic::SPURIOUS_VECTOR {
                 crate::profiler::this_cpu().eoi();
             }
             None
@@ -134,7 +134,7 @@ fn handle_exit(
                 if crate::profiler::pmu::on_nmi_exit(vmcs, now) {
                     // A Linux guest's sample is followed by its task, as at a deadline's exit.
                     let prof = crate::profiler::this_cpu();
-                    crate::profiler::tasks::after_guest_sample(prof, vm, vcpu, vmcs, now);
+                    crate::vm::linux_tasks::after_guest_sample(prof, vm, vcpu, vmcs, now);
                 } else {
                     crate::vm_report!(
                         vm,
@@ -191,18 +191,18 @@ fn handle_exit(
         }
         Some(BasicExit::CrAccess) => cr_access(vm, vcpu, vmcs),
         Some(BasicExit::TripleFault) => Some(fatal(vcpu, vmcs, String::from("triple fault"))),
-        // With the CPU's APIC virtualization (vcpu/virtual_apic.rs, SDM Vol. 3C §29.4-29.1.4).
-        Some(BasicExit::ApicAccess) => lapic::apic_access(vm, vcpu, vmcs),
-        Some(BasicExit::ApicWrite) => lapic::apic_write(vm, vcpu, vmcs),
-        Some(BasicExit::VirtualizedEoi) => lapic::virtualized_eoi(vm, vcpu, vmcs),
+        // With the CPU's APIC virtualization (vm/virtual_apic.rs, SDM Vol. 3C §29.4-29.1.4).
+        Some(BasicExit::ApicAccess) => apic_access::apic_access(vm, vcpu, vmcs),
+        Some(BasicExit::ApicWrite) => apic_access::apic_write(vm, vcpu, vmcs),
+        Some(BasicExit::VirtualizedEoi) => apic_access::virtualized_eoi(vm, vcpu, vmcs),
         Some(BasicExit::EptViolation)
-            if lapic::is_apic_page(
+            if apic_access::is_apic_page(
                 vm,
                 vmcs.read64(ReadOnly64::GuestPhysicalAddress).unwrap_or(0),
             ) =>
         {
             let gpa = vmcs.read64(ReadOnly64::GuestPhysicalAddress).unwrap_or(0);
-            lapic::mmio(vm, vcpu, vmcs, gpa)
+            apic_access::mmio(vm, vcpu, vmcs, gpa)
         }
         Some(BasicExit::EptViolation) => {
             let v = EptViolation::new(
@@ -330,7 +330,7 @@ fn cr_source(vcpu: &Vcpu, vmcs: &CurrentVmcs, gpr: hvprof_vmx::regs::Gpr) -> u64
 /// set is #GP (SDM Vol. 3A §11.8.6.5, Vol. 2B MOV). With a local APIC (`apic=on`) CR8 is its
 /// TPR's bits 7:4 (§11.8.6.5: CR8[3:0] = TPR[7:4], TPR[3:0] = 0 on a write), so a write
 /// changes which interrupts the vCPU takes; with the CPU's APIC virtualization the CPU serves
-/// CR8 from the virtual TPR without an exit (vcpu/virtual_apic.rs), and an exit here means it
+/// CR8 from the virtual TPR without an exit (vm/virtual_apic.rs), and an exit here means it
 /// could not turn CR8 exiting off.
 fn cr8_access(
     vm: &Vm,
@@ -396,7 +396,7 @@ fn with_lapic<R>(
 ) -> R {
     let mut dev = vm.devices.lock();
     let lapic = &mut dev.lapics[usize::from(vcpu.index)];
-    crate::vcpu::virtual_apic::take_back(vcpu, vmcs, lapic);
+    crate::vm::virtual_apic::take_back(vcpu, vmcs, lapic);
     f(lapic, crate::tsc::rdtsc())
 }
 

@@ -5,16 +5,15 @@
 //! (`hvprof_hypervisor::mmio_decode`), the register is read or written in the vCPU's model
 //! (`hvprof_hypervisor::devices::lapic`) or the VM's (`devices::ioapic`), and the guest goes on
 //! after the instruction. What a write asks for next (an IPI, an EOI of a level-triggered
-//! vector, an interrupt the I/O APIC now sends) is done here.
+//! vector, an interrupt the I/O APIC now sends) goes on the VM's APIC bus (`vm/apic_bus.rs`).
 
 use crate::tsc::rdtsc;
 use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::must;
-use crate::vm::{Stop, Vm, VmDevices};
+use crate::vm::{Stop, Vm, apic_bus};
 use alloc::format;
 use core::fmt::Write;
-use hvprof_hypervisor::devices::lapic::Destination;
-use hvprof_hypervisor::devices::lapic::{Delivery, Effect, Ipi, Mmio};
+use hvprof_hypervisor::devices::lapic::Mmio;
 use hvprof_hypervisor::guest_acpi::{IOAPIC_BASE, LAPIC_BASE};
 use hvprof_hypervisor::mmio_decode::{self, MAX_LEN, Op};
 use hvprof_vmx::instructions::CurrentVmcs;
@@ -77,13 +76,13 @@ pub fn mmio(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, gpa: u64) -> Optio
                     let value = get_gpr(vcpu, vmcs, reg) as u32;
                     dev.board.ioapic.write(offset, value);
                     // An entry unmasked while its line is up sends now.
-                    route_io_apic(vm, &mut dev);
+                    apic_bus::route_io_apic(vm, &mut dev);
                 }
             }
             Op::WriteImm { imm } => {
                 if aligned {
                     dev.board.ioapic.write(offset, imm);
-                    route_io_apic(vm, &mut dev);
+                    apic_bus::route_io_apic(vm, &mut dev);
                 }
             }
         }
@@ -92,7 +91,7 @@ pub fn mmio(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, gpa: u64) -> Optio
         let done = dev.lapics[index].mmio(offset, access.op, |r| get_gpr(vcpu, vmcs, r), now);
         match done {
             Mmio::Load { reg, value } => set_gpr(vcpu, vmcs, reg, u64::from(value)),
-            Mmio::Store(effect) => carry_out(vm, &mut dev, effect),
+            Mmio::Store(effect) => apic_bus::carry_out(vm, &mut dev, effect),
         }
     }
     vcpu.apic_accesses += 1;
@@ -128,12 +127,12 @@ pub fn apic_access(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<S
 /// and the model takes the write as from an emulated access.
 pub fn apic_write(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     let offset = (must(vmcs.exit_qualification(), "VMREAD exit qualification") & 0xffc) as u32;
-    let value = crate::vcpu::virtual_apic::page_read(vcpu, offset);
+    let value = crate::vm::virtual_apic::page_read(vcpu, offset);
     let mut dev = vm.devices.lock();
     // Registers are 32 bits at 16-byte boundaries; a write elsewhere on the page is ignored.
     if offset & 0xf == 0 {
         let effect = dev.lapics[usize::from(vcpu.index)].write(offset, value, rdtsc());
-        carry_out(vm, &mut dev, effect);
+        apic_bus::carry_out(vm, &mut dev, effect);
     }
     vcpu.apic_accesses += 1;
     None
@@ -146,122 +145,8 @@ pub fn virtualized_eoi(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Opti
     let vector = must(vmcs.exit_qualification(), "VMREAD exit qualification") as u8;
     let mut dev = vm.devices.lock();
     let effect = dev.lapics[usize::from(vcpu.index)].virtual_eoi(vector);
-    carry_out(vm, &mut dev, effect);
+    apic_bus::carry_out(vm, &mut dev, effect);
     None
-}
-
-/// What a register write asks for.
-fn carry_out(vm: &Vm, dev: &mut VmDevices, effect: Effect) {
-    match effect {
-        Effect::Ipi(ipi) => deliver(vm, dev, &ipi),
-        // The I/O APIC's entries of that vector may send again (their remote IRR clears).
-        Effect::LevelEoi(vector) => {
-            dev.board.ioapic.eoi(vector);
-            route_io_apic(vm, dev);
-        }
-        // The timer's new deadline is taken at the next VM entry.
-        Effect::Timer | Effect::None => {}
-    }
-}
-
-/// Sends the interrupts the I/O APIC has (its pins as the guest programmed them) to the local
-/// APICs they name, as an IPI of the same delivery mode would go (82093AA §2.3: the I/O APIC
-/// sends interrupt messages on the APIC bus).
-pub fn route_io_apic(vm: &Vm, dev: &mut VmDevices) {
-    while let Some(m) = dev.board.ioapic.next_message() {
-        dev.io_apic_messages += 1;
-        let ipi = Ipi {
-            delivery: m.delivery,
-            vector: m.vector,
-            destination: if m.logical {
-                Destination::Logical(m.destination)
-            } else {
-                Destination::Physical(m.destination)
-            },
-            // No sender: the shorthands (the only users of it) are not in an entry.
-            source: 0xff,
-            level_triggered: m.level,
-            assert: true,
-        };
-        match m.delivery {
-            Delivery::Fixed | Delivery::LowestPriority | Delivery::Nmi => {
-                deliver_to_targets(vm, dev, &ipi);
-            }
-            // ExtINT (the 8259 through the I/O APIC) and the rest: the 8259 reaches vCPU 0
-            // through its LINT0 instead.
-            other => {
-                if crate::vm::first_time(&mut dev.logged_ipis, other) {
-                    crate::vm_report!(
-                        vm,
-                        "I/O APIC pin {} in {other:?} mode not delivered (reported once)",
-                        m.pin
-                    );
-                }
-            }
-        }
-    }
-}
-
-/// A fixed, lowest-priority or NMI interrupt (an IPI's or the I/O APIC's) to the vCPUs it
-/// names; they take it at their next VM entry. Lowest priority goes to one of them: the first
-/// (SDM Vol. 3A §11.6.2.4 lets the choice be the model's; all vCPUs run at TPR 0 under Linux).
-fn deliver_to_targets(vm: &Vm, dev: &mut VmDevices, ipi: &Ipi) {
-    for (i, l) in dev.lapics.iter_mut().enumerate() {
-        if !l.is_target(ipi) {
-            continue;
-        }
-        if ipi.delivery == Delivery::Nmi {
-            // SDM Vol. 3A §11.6.1, delivery mode 100B: latched at the target, injected at its
-            // next VM entry when it is not blocking NMIs (vm/virtual_interrupts.rs).
-            l.accept_nmi();
-            dev.nmis += 1;
-        } else {
-            l.accept(ipi.vector, ipi.level_triggered);
-        }
-        vm.notify(i);
-        if ipi.delivery == Delivery::LowestPriority {
-            break;
-        }
-    }
-}
-
-/// An IPI to the vCPUs it names (they take it at their next VM entry).
-fn deliver(vm: &Vm, dev: &mut VmDevices, ipi: &Ipi) {
-    dev.ipis += 1;
-    match ipi.delivery {
-        Delivery::Fixed | Delivery::LowestPriority | Delivery::Nmi => {
-            deliver_to_targets(vm, dev, ipi);
-        }
-        // INIT level de-assert is a no-op on every APIC since the Pentium 4.
-        Delivery::Init if ipi.is_init_deassert() => {}
-        // INIT: the target's APIC goes back to its state after INIT, and the vCPU to
-        // wait-for-SIPI (one that runs at its next look, one not started yet is there already).
-        Delivery::Init => {
-            for (i, l) in dev.lapics.iter_mut().enumerate() {
-                if l.is_target(ipi) && i != usize::from(ipi.source) {
-                    l.init();
-                    vm.send_init(i);
-                    dev.inits += 1;
-                }
-            }
-        }
-        Delivery::StartUp => {
-            for (i, l) in dev.lapics.iter().enumerate() {
-                if l.is_target(ipi) && i != usize::from(ipi.source) {
-                    vm.send_sipi(i, ipi.vector);
-                    dev.sipis += 1;
-                }
-            }
-        }
-        other => {
-            if crate::vm::first_time(&mut dev.logged_ipis, other) {
-                crate::vm_report!(
-                    vm,
-                    "{other:?} IPI not delivered (not emulated yet; reported once)"
-                );
-            }
-        }
-    }
 }
 
 /// Copies the guest's code at linear address `rip` into `out`, as far as it is readable; the

@@ -24,7 +24,7 @@
 //! and without moving RVI when the vector is below it).
 //! The other registers are written to the page only after they changed (`Lapic::generation`).
 //! Without all four controls every access is an EPT violation, decoded and emulated
-//! (`vmexit::lapic::mmio`), as with `apic=emulated`.
+//! (`vmexit::apic_access::mmio`), as with `apic=emulated`.
 
 use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::must;

@@ -1,11 +1,11 @@
 //! The run loop: one slice of a vCPU on this pCPU, from VM entry to VM exit and back, with the
 //! profiler's sampling clock (the VMX-preemption timer) and the exits handed to `crate::vmexit`.
 
-use super::virtual_interrupts;
-use super::{Stop, Vm};
-use crate::profiler::{self, tasks};
+use crate::profiler;
 use crate::tsc::rdtsc;
 use crate::vcpu::Vcpu;
+use crate::vm::virtual_interrupts;
+use crate::vm::{Stop, Vm, linux_tasks as tasks};
 use crate::vmexit;
 use alloc::format;
 use alloc::string::String;
@@ -101,7 +101,9 @@ fn activate(vcpu: &mut Vcpu, cpu: usize, caps: &VmxCaps) -> Result<CurrentVmcs, 
     Ok(vmcs)
 }
 
-/// The run loop of `run_slice`, with the VMCS current.
+/// The run loop of `run_slice`, with the VMCS current: each turn prepares the entry, enters the
+/// guest and gets its exit decoded, runs the profiler's hooks on the exit, then hands the exit to
+/// its handler (`vmexit::handle`), unless it was only the sampling clock's.
 fn run_loaded(
     vm: &Vm,
     vcpu: &mut Vcpu,
@@ -109,155 +111,245 @@ fn run_loaded(
     caps: &VmxCaps,
     slice_end: u64,
 ) -> SliceEnd {
-    let prof = profiler::this_cpu();
-    // An INIT sends a vCPU that ran back to wait-for-SIPI (a CPU taken offline and brought back
-    // online: Linux's CPU hotplug).
+    if let Some(end) = start_up(vm, vcpu, vmcs) {
+        return end;
+    }
+    let mut slice = Slice::begin(vm, vcpu, caps, slice_end);
+    let end = loop {
+        if let Err(end) = slice.prepare_entry(vm, vcpu, vmcs) {
+            break end;
+        }
+        let exit = match slice.enter(vcpu, vmcs) {
+            Ok(exit) => exit,
+            Err(end) => break end,
+        };
+        slice.after_exit(vm, vcpu, vmcs, &exit);
+        if slice.sampling_clock_only(&exit) {
+            continue;
+        }
+        if let Err(end) = slice.handle(vm, vcpu, vmcs, exit) {
+            break end;
+        }
+    };
+    slice.end(vm, vcpu, end)
+}
+
+/// INIT and SIPI: an INIT sends a vCPU that ran back to wait-for-SIPI (a CPU taken offline and
+/// brought back online: Linux's CPU hotplug); an application processor starts at its SIPI's
+/// vector (the scheduler runs it only then). `Some`: the slice ends before it began.
+fn start_up(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<SliceEnd> {
     if vm.apic && vm.take_init(usize::from(vcpu.index)) {
         vcpu.wait_for_sipi = true;
     }
-    // An application processor starts at its SIPI's vector (the scheduler runs it only then).
     if vcpu.wait_for_sipi {
         match vm.take_sipi(usize::from(vcpu.index)) {
             Some(vector) => {
                 if let Err(e) = start_at_sipi(vcpu, vmcs, vector) {
-                    return SliceEnd::Stopped(Stop::Fault(e));
+                    return Some(SliceEnd::Stopped(Stop::Fault(e)));
                 }
             }
             None => {
                 vcpu.wake_at = None;
-                return SliceEnd::Halted;
+                return Some(SliceEnd::Halted);
             }
         }
     }
-    vcpu.load_state();
-    let shift = caps.preemption_timer_shift();
-    let start = rdtsc();
-    // The budget counts the VM's own running time (all its vCPUs').
-    let budget_end = start.saturating_add(
-        vm.budget
-            .saturating_sub(vm.run_ticks.load(Ordering::Relaxed)),
-    );
-    let wall_end = vm.wall_deadline.load(Ordering::Relaxed);
-    let deadline = budget_end.min(wall_end);
-    let mut exit_at: Option<(u16, u64)> = None;
-    // An exit for a sampling deadline (its cost is the profiler's): the TSC it began at, moved on
-    // by any export done inside it (counted as export), and its sample path and task read ticks.
-    let mut sampling_exit: Option<(u64, u64)> = None;
-    // The LAPIC timer samples the hypervisor while it handles an exit; a sampling exit leaves it
-    // unarmed (nothing runs but the path back into the guest).
-    let mut host_clock_armed = true;
-    // The last exit took the sampling clock's short path (no handler ran).
-    let mut short_path = false;
-    prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
-    // Test guests keep frame pointers in kernel mode; Linux's kernel does not: its chains are
-    // walked by its ORC tables, where the host gave them (`orc-layout=`, which any VM may be
-    // given), once the kernel has set IA32_LSTAR (which gives the KASLR slide).
-    let kernel_stacks = if vm.linux || vm.orc_layout.is_some() {
-        profiler::KernelStacks::Orc
-    } else {
-        profiler::KernelStacks::FramePointers
-    };
-    prof.set_guest_memory(Some((vm.index, vm.ram())), kernel_stacks, vm.orc_layout);
-    prof.event(EventKind::VcpuIn, OutReason::Preempted);
-    // A Linux guest's devices need a look before an entry when an exit may have changed them
-    // (any exit but the VMX-preemption timer's), when their next event has come, or while an
-    // interrupt waits: not at the sampling clock's exits in between.
-    let mut devices_touched = true;
-    let mut device_event: Option<u64> = None;
-    // The end of the guest's run before the next sampling deadline: the end of the slice, of
-    // the budget, or its devices' next event (kept as they change, not made at each entry).
-    let slice_or_budget = deadline.min(slice_end);
-    let mut other = slice_or_budget;
-    let end = loop {
-        // A Linux guest's devices: raise what is due, inject what the guest can take now (with
-        // interrupts on, so the sampling clock sees this work for what it is).
+    None
+}
+
+/// A VM exit, decoded: its reason and the TSC right after it.
+struct Exit {
+    reason: hvprof_vmx::exit::ExitReason,
+    tsc: u64,
+    /// The VMX-preemption timer's (the sampling clock's, or the slice's, budget's or devices'
+    /// deadline).
+    preemption: bool,
+}
+
+/// One slice's state across the turns of the run loop.
+struct Slice<'a> {
+    prof: &'static profiler::sampler::CpuProfiler,
+    caps: &'a VmxCaps,
+    shift: u8,
+    start: u64,
+    slice_end: u64,
+    /// The end of the VM's budget (its own running time, all its vCPUs') and the earlier of it
+    /// and its wall budget.
+    budget_end: u64,
+    deadline: u64,
+    /// The end of the slice or the budget, and that or the devices' next event: the guest's run
+    /// ends there if no sampling deadline comes first (kept as they change, not made at each
+    /// entry).
+    slice_or_budget: u64,
+    other: u64,
+    /// The timer of this entry was set for a sampling deadline that nothing else needed.
+    timer_for_sampling: bool,
+    /// The last exit's reason and TSC, booked in the exit statistics at the next entry.
+    exit_at: Option<(u16, u64)>,
+    /// An exit for a sampling deadline (its cost is the profiler's): the TSC it began at, moved
+    /// on by any export done inside it (counted as export), and its sample path and task read
+    /// ticks.
+    sampling_exit: Option<(u64, u64)>,
+    /// The LAPIC timer samples the hypervisor while it handles an exit; a sampling exit leaves
+    /// it unarmed (nothing runs but the path back into the guest).
+    host_clock_armed: bool,
+    /// The last exit took the sampling clock's short path (no handler ran).
+    short_path: bool,
+    /// A Linux guest's devices need a look before an entry when an exit may have changed them
+    /// (any exit but the VMX-preemption timer's), when their next event has come, or while an
+    /// interrupt waits: not at the sampling clock's exits in between.
+    devices_touched: bool,
+    device_event: Option<u64>,
+}
+
+impl<'a> Slice<'a> {
+    fn begin(vm: &Vm, vcpu: &mut Vcpu, caps: &'a VmxCaps, slice_end: u64) -> Slice<'a> {
+        let prof = profiler::this_cpu();
+        vcpu.load_state();
+        let start = rdtsc();
+        let budget_end = start.saturating_add(
+            vm.budget
+                .saturating_sub(vm.run_ticks.load(Ordering::Relaxed)),
+        );
+        let deadline = budget_end.min(vm.wall_deadline.load(Ordering::Relaxed));
+        prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
+        // Test guests keep frame pointers in kernel mode; Linux's kernel does not: its chains
+        // are walked by its ORC tables, where the host gave them (`orc-layout=`, which any VM
+        // may be given), once the kernel has set IA32_LSTAR (which gives the KASLR slide).
+        let kernel_stacks = if vm.linux || vm.orc_layout.is_some() {
+            profiler::KernelStacks::Orc
+        } else {
+            profiler::KernelStacks::FramePointers
+        };
+        prof.set_guest_memory(Some((vm.index, vm.ram())), kernel_stacks, vm.orc_layout);
+        prof.event(EventKind::VcpuIn, OutReason::Preempted);
+        let slice_or_budget = deadline.min(slice_end);
+        Slice {
+            prof,
+            caps,
+            shift: caps.preemption_timer_shift(),
+            start,
+            slice_end,
+            budget_end,
+            deadline,
+            slice_or_budget,
+            other: slice_or_budget,
+            timer_for_sampling: false,
+            exit_at: None,
+            sampling_exit: None,
+            host_clock_armed: true,
+            short_path: false,
+            devices_touched: true,
+            device_event: None,
+        }
+    }
+
+    /// Before a VM entry: the guest's devices and interrupts, the hypervisor's sample if its
+    /// deadline passed, the reasons to end the slice, and the VMX-preemption timer.
+    #[inline(always)]
+    fn prepare_entry(
+        &mut self,
+        vm: &Vm,
+        vcpu: &mut Vcpu,
+        vmcs: &mut CurrentVmcs,
+    ) -> Result<(), SliceEnd> {
+        let prof = self.prof;
         // Another vCPU's IPI for this one: its local APIC has something new.
         let kicked = vm.apic && vm.take_kick(usize::from(vcpu.index));
         if kicked && vm.take_init(usize::from(vcpu.index)) {
             vcpu.wait_for_sipi = true;
             vcpu.wake_at = None;
-            break SliceEnd::Halted;
+            return Err(SliceEnd::Halted);
         }
         // With the CPU's APIC virtualization, the local APIC's state taken back at an exit goes
-        // back to the CPU before the guest runs again (vcpu/virtual_apic.rs).
+        // back to the CPU before the guest runs again (vm/virtual_apic.rs).
         let apic_taken = vcpu.virtual_apic != 0 && !vcpu.apic_handed;
+        // A Linux guest's devices: raise what is due, inject what the guest can take now (with
+        // interrupts on, so the sampling clock sees this work for what it is).
         if (vm.linux || vm.apic)
-            && (devices_touched
+            && (self.devices_touched
                 || kicked
                 || apic_taken
-                || device_event.is_some_and(|t| rdtsc() >= t))
+                || self.device_event.is_some_and(|t| rdtsc() >= t))
         {
-            if !host_clock_armed {
+            if !self.host_clock_armed {
                 prof.arm_host_clock();
                 x86_64::instructions::interrupts::enable();
-                host_clock_armed = true;
+                self.host_clock_armed = true;
             }
-            let (next, waiting) = virtual_interrupts::before_entry(vm, vcpu, vmcs, caps, rdtsc());
-            device_event = next;
-            other = slice_or_budget.min(next.unwrap_or(u64::MAX));
-            devices_touched = waiting;
+            let (next, waiting) =
+                virtual_interrupts::before_entry(vm, vcpu, vmcs, self.caps, rdtsc());
+            self.device_event = next;
+            self.other = self.slice_or_budget.min(next.unwrap_or(u64::MAX));
+            self.devices_touched = waiting;
         }
         // Interrupts stay off from here to the VM exit: a tick that falls in this window is
         // taken as a hypervisor sample right here.
         x86_64::instructions::interrupts::disable();
-        if host_clock_armed {
+        if self.host_clock_armed {
             prof.disarm_host_clock();
-            host_clock_armed = false;
+            self.host_clock_armed = false;
         }
         let now = rdtsc();
         // A deadline that passed while the hypervisor worked is its sample, taken here; after a
         // sampling exit's short path none can have (the guest sample just moved the deadline a
         // period on).
-        if !short_path {
+        if !self.short_path {
             let here = x86_64::instructions::read_rip().as_u64();
             let _ = prof.sample_host_at(here, profiler::sampler::frame_pointer(), false, now);
         }
-        short_path = false;
+        self.short_path = false;
         if vm.stopping.load(Ordering::Acquire) {
-            break SliceEnd::Stopped(Stop::WithVm);
+            return Err(SliceEnd::Stopped(Stop::WithVm));
         }
-        if now >= deadline {
-            break SliceEnd::Stopped(if now >= budget_end {
+        if now >= self.deadline {
+            return Err(SliceEnd::Stopped(if now >= self.budget_end {
                 Stop::Budget
             } else {
                 Stop::WallBudget
-            });
+            }));
         }
-        if now >= slice_end {
-            break SliceEnd::Preempted;
+        if now >= self.slice_end {
+            return Err(SliceEnd::Preempted);
         }
         // The VMX-preemption timer stops the guest at the next sampling deadline, the end of the
         // slice, the end of the budget or its devices' next event, whichever comes first (SDM
         // Vol. 3C §26.5.1).
         let tick = prof.next_tick();
-        // The timer is set for a sampling deadline that nothing else needed.
-        let timer_for_sampling = tick < other;
-        let mut until = tick.min(other).saturating_sub(now);
+        self.timer_for_sampling = tick < self.other;
+        let mut until = tick.min(self.other).saturating_sub(now);
         // The guest runs at least a quarter of a period at each entry the sampling clock ends:
         // with a period shorter than the exits it causes, it would otherwise never run at all.
-        if timer_for_sampling {
+        if self.timer_for_sampling {
             until = until.max(prof.period() / 4);
         }
-        let timer = (until >> shift).min(u32::MAX as u64) as u32;
+        let timer = (until >> self.shift).min(u32::MAX as u64) as u32;
         if let Err(e) = vmcs.write32(Guest32::PreemptionTimerValue, timer) {
-            break SliceEnd::Stopped(Stop::Fault(format!(
+            return Err(SliceEnd::Stopped(Stop::Fault(format!(
                 "VMWRITE of the preemption timer failed: {e}"
-            )));
+            ))));
         }
-        if let Some((reason, t)) = exit_at.take() {
+        if let Some((reason, t)) = self.exit_at.take() {
             vcpu.stats.record(reason, rdtsc() - t);
         }
+        Ok(())
+    }
+
+    /// VM entry (VMLAUNCH or VMRESUME) to VM exit, and the exit's reason; a failed entry ends
+    /// the slice.
+    #[inline(always)]
+    fn enter(&mut self, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Result<Exit, SliceEnd> {
         // A sampling exit ends at the entry: it is booked after it, so that the booking is the
         // only part of it left out.
-        let ending = sampling_exit.take();
+        let ending = self.sampling_exit.take();
         let t_entry = rdtsc();
         // SAFETY: the VMCS is current and complete (host state is this pCPU's); `launched`
         // tracks VMLAUNCH since the last VMCLEAR.
         let flags = unsafe { crate::vcpu::entry::vmx_run(&mut vcpu.regs, vcpu.launched as u64) };
-        let t_exit = rdtsc();
-        prof.set_guest_rbp(vcpu.regs.rbp);
+        let tsc = rdtsc();
+        self.prof.set_guest_rbp(vcpu.regs.rbp);
         if let Some((t, inside)) = ending {
-            prof.sampling_exit_done(t, t_entry, inside);
+            self.prof.sampling_exit_done(t, t_entry, inside);
         }
         if flags != 0 {
             let why = hvprof_vmx::errors::VmFail::from_rflags(flags, || {
@@ -269,10 +361,10 @@ fn run_loaded(
             } else {
                 "VMLAUNCH"
             };
-            break SliceEnd::Stopped(Stop::Fault(match why {
+            return Err(SliceEnd::Stopped(Stop::Fault(match why {
                 Err(e) => format!("{what} failed: {e}"),
                 Ok(()) => format!("{what} returned with RFLAGS {flags:#x}"),
-            }));
+            })));
         }
         // The exit reason, read without decoding an error, on every exit. VMREAD fails only
         // without a current VMCS or for a field the processor does not have (SDM Vol. 3C §32.3,
@@ -286,81 +378,122 @@ fn run_loaded(
             let detail = hvprof_vmx::errors::EntryFailure::decode(reason, qual)
                 .map(|f| format!("{f}"))
                 .unwrap_or_default();
-            break SliceEnd::Stopped(Stop::Fault(format!("VM entry failed: {reason} {detail}")));
+            return Err(SliceEnd::Stopped(Stop::Fault(format!(
+                "VM entry failed: {reason} {detail}"
+            ))));
         }
         vcpu.launched = true;
         if vcpu.mode_switching {
             follow_long_mode(vcpu, vmcs);
         }
-        let preemption = reason.basic() == BasicExit::PreemptionTimer as u16;
+        Ok(Exit {
+            reason,
+            tsc,
+            preemption: reason.basic() == BasicExit::PreemptionTimer as u16,
+        })
+    }
+
+    /// What every exit does before its handler: an event it interrupted put back, the guest
+    /// sample if the deadline has come (the preemption timer's exit, or any exit that found it
+    /// passed; it carries the previous exit reason, and a Linux guest's running task is read
+    /// after it), then this exit becomes the last one.
+    #[inline(always)]
+    fn after_exit(&mut self, vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, exit: &Exit) {
         // A VMX-preemption timer exit happens between instructions, never while an event is being
         // delivered (SDM Vol. 3C §26.5.1 and §28.2.4: only exits that the delivery itself causes
         // leave valid IDT-vectoring information), so the sampling clock's exits skip the check.
-        if !preemption {
+        if !exit.preemption {
             virtual_interrupts::redeliver_interrupted_event(vmcs);
         }
-        // The guest sample (if the deadline has come: the preemption timer's exit, or any exit
-        // that found it passed) carries the previous exit reason; then this exit becomes the
-        // last one.
         let mut inside = 0;
-        if let Some(cost) = prof.sample_guest_if_due(vmcs, t_exit) {
-            inside = cost + tasks::after_guest_sample(prof, vm, vcpu, vmcs, t_exit);
+        if let Some(cost) = self.prof.sample_guest_if_due(vmcs, exit.tsc) {
+            inside = cost + tasks::after_guest_sample(self.prof, vm, vcpu, vmcs, exit.tsc);
         }
-        if vcpu.last_exit != reason.basic() {
-            vcpu.last_exit = reason.basic();
-            prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
+        let basic = exit.reason.basic();
+        if vcpu.last_exit != basic {
+            vcpu.last_exit = basic;
+            self.prof
+                .set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
         }
-        exit_at = Some((reason.basic(), t_exit));
-        if preemption && timer_for_sampling {
-            sampling_exit = Some((t_exit, inside));
+        self.exit_at = Some((basic, exit.tsc));
+        if exit.preemption && self.timer_for_sampling {
+            self.sampling_exit = Some((exit.tsc, inside));
         }
-        // The sampling clock's exit: nothing to handle. Straight back into the guest, unless the
-        // ring or the console has something to move on (done below, where it is sampled).
-        if preemption && !profiler::export::wants_drain(prof) && !crate::console::pump_due(t_exit) {
-            short_path = matches!(sampling_exit, Some((_, sampled)) if sampled > 0);
-            continue;
+    }
+
+    /// The sampling clock's exit with nothing else to do: straight back into the guest, unless
+    /// the ring or the console has something to move on (done in `handle`, where it is
+    /// sampled).
+    #[inline(always)]
+    fn sampling_clock_only(&mut self, exit: &Exit) -> bool {
+        if exit.preemption
+            && !profiler::export::wants_drain(self.prof)
+            && !crate::console::pump_due(exit.tsc)
+        {
+            self.short_path = matches!(self.sampling_exit, Some((_, sampled)) if sampled > 0);
+            return true;
         }
-        devices_touched |= !preemption;
-        prof.arm_host_clock();
-        host_clock_armed = true;
+        false
+    }
+
+    /// The exit's handler, with interrupts on (the LAPIC timer samples it), then the export and
+    /// the console moved on.
+    #[inline(always)]
+    fn handle(
+        &mut self,
+        vm: &Vm,
+        vcpu: &mut Vcpu,
+        vmcs: &mut CurrentVmcs,
+        exit: Exit,
+    ) -> Result<(), SliceEnd> {
+        self.devices_touched |= !exit.preemption;
+        self.prof.arm_host_clock();
+        self.host_clock_armed = true;
         x86_64::instructions::interrupts::enable();
-        let flow = vmexit::handle(vm, vcpu, vmcs, reason);
+        let flow = vmexit::handle(vm, vcpu, vmcs, exit.reason);
         x86_64::instructions::interrupts::disable();
         match flow {
             vmexit::Flow::Resume => {}
-            vmexit::Flow::Halt => break SliceEnd::Halted,
-            vmexit::Flow::Stop(stop) => break SliceEnd::Stopped(stop),
+            vmexit::Flow::Halt => return Err(SliceEnd::Halted),
+            vmexit::Flow::Stop(stop) => return Err(SliceEnd::Stopped(stop)),
         }
         x86_64::instructions::interrupts::enable();
-        let export = profiler::export::drain_if_full(prof);
-        if let Some((t, _)) = &mut sampling_exit {
+        let export = profiler::export::drain_if_full(self.prof);
+        if let Some((t, _)) = &mut self.sampling_exit {
             *t += export;
         }
         crate::console::pump();
-    };
-    x86_64::instructions::interrupts::disable();
-    if let Some((reason, t)) = exit_at.take() {
-        vcpu.stats.record(reason, rdtsc() - t);
+        Ok(())
     }
-    if let Some((t, inside)) = sampling_exit.take() {
-        prof.sampling_exit_done(t, rdtsc(), inside);
+
+    /// The slice's end: the last exit booked, the vCPU's out event, the VM's running time.
+    fn end(mut self, vm: &Vm, vcpu: &mut Vcpu, end: SliceEnd) -> SliceEnd {
+        let prof = self.prof;
+        x86_64::instructions::interrupts::disable();
+        if let Some((reason, t)) = self.exit_at.take() {
+            vcpu.stats.record(reason, rdtsc() - t);
+        }
+        if let Some((t, inside)) = self.sampling_exit.take() {
+            prof.sampling_exit_done(t, rdtsc(), inside);
+        }
+        if self.host_clock_armed {
+            prof.disarm_host_clock();
+        }
+        prof.event(
+            EventKind::VcpuOut,
+            match end {
+                SliceEnd::Preempted => OutReason::Preempted,
+                SliceEnd::Halted => OutReason::Halted,
+                SliceEnd::Stopped(_) => OutReason::Stopped,
+            },
+        );
+        prof.set_current(NO_VM, NO_VCPU, 0, NO_EXIT);
+        prof.set_guest_memory(None, profiler::KernelStacks::None, None);
+        vm.run_ticks
+            .fetch_add(rdtsc() - self.start, Ordering::Relaxed);
+        vcpu.save_state();
+        end
     }
-    if host_clock_armed {
-        prof.disarm_host_clock();
-    }
-    prof.event(
-        EventKind::VcpuOut,
-        match end {
-            SliceEnd::Preempted => OutReason::Preempted,
-            SliceEnd::Halted => OutReason::Halted,
-            SliceEnd::Stopped(_) => OutReason::Stopped,
-        },
-    );
-    prof.set_current(NO_VM, NO_VCPU, 0, NO_EXIT);
-    prof.set_guest_memory(None, profiler::KernelStacks::None, None);
-    vm.run_ticks.fetch_add(rdtsc() - start, Ordering::Relaxed);
-    vcpu.save_state();
-    end
 }
 
 /// Puts a vCPU that waited for a SIPI in the state the SIPI gives it (SDM Vol. 3A, "MP

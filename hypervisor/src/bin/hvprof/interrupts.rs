@@ -10,7 +10,7 @@
 //! listed continuation with the vector reported in R8: that is how RDMSR/WRMSR probe MSRs that
 //! may not exist. Every other exception prints a register dump and powers the machine off.
 
-use super::gdt;
+use crate::arch::gdt;
 use crate::console::emergency_writer;
 use core::fmt::Write;
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -145,15 +145,15 @@ extern "C" fn dispatch(frame: &mut TrapFrame) {
         }
         return;
     }
-    if frame.vector == super::lapic::TIMER_VECTOR as u64 {
+    if frame.vector == crate::arch::host_apic::TIMER_VECTOR as u64 {
         crate::profiler::on_timer(frame.rip, frame.rbp);
         return;
     }
-    if frame.vector == super::lapic::KICK_VECTOR as u64 {
+    if frame.vector == crate::arch::host_apic::KICK_VECTOR as u64 {
         crate::profiler::sampler::on_kick();
         return;
     }
-    if frame.vector == super::lapic::SPURIOUS_VECTOR as u64 {
+    if frame.vector == crate::arch::host_apic::SPURIOUS_VECTOR as u64 {
         // A spurious interrupt needs no EOI (SDM Vol. 3A §12.9).
         return;
     }

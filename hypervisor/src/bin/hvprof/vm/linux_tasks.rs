@@ -1,8 +1,7 @@
 //! Task tracking: after a sample of a Linux guest, the task its vCPU runs, read from guest memory
 //! (`hvprof_hypervisor::profiler::guest_walk`), and a task-change record when it is another one.
 
-use super::sampler::CpuProfiler;
-use crate::println;
+use crate::profiler::sampler::CpuProfiler;
 use crate::tsc::rdtsc;
 use crate::vcpu::Vcpu;
 use crate::vm::Vm;
@@ -127,7 +126,7 @@ fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffsets, t
     }
     let len = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
     let name = core::str::from_utf8(&comm[..len]).unwrap_or("?");
-    super::sampler::this_cpu().task_changed(hvprof_samplelog::Task {
+    crate::profiler::sampler::this_cpu().task_changed(hvprof_samplelog::Task {
         pcpu: crate::percpu::index() as u16,
         tsc,
         vm: vm.index,
@@ -265,27 +264,27 @@ fn read_mappings(
         true
     });
     let mut maps = vm.maps.lock();
-    if let Some(stop) = walk.stop {
+    // The first few cut walks, so that a layout that does not fit the kernel shows why: told
+    // after the lock is let go, through the VM's rate-limited reports (the guest shapes its
+    // maps).
+    let cut = walk.stop.map(|stop| {
         maps.walk_cut(process);
-        // The first few, so that a layout that does not fit the kernel shows why.
-        if maps.walks_cut <= 3 {
-            println!(
-                "vm {}: the memory map of process {tgid} could not be read whole: {stop:?} after {} mappings{}",
-                vm.name,
-                walk.mappings,
-                if maps.walks_cut == 3 {
-                    " (not reported again)"
-                } else {
-                    ""
-                }
-            );
-        }
-    }
+        (stop, maps.walks_cut)
+    });
     let missing_id = found.iter().any(|m| m.build_id.is_none());
     for m in found {
         maps.add(process, m);
     }
     maps.read_done(process, missing_id);
+    drop(maps);
+    if let Some((stop, n)) = cut.filter(|&(_, n)| n <= 3) {
+        crate::vm_report!(
+            vm,
+            "the memory map of process {tgid} could not be read whole: {stop:?} after {} mappings{}",
+            walk.mappings,
+            if n == 3 { " (not reported again)" } else { "" }
+        );
+    }
 }
 
 /// The kernel modules loaded in the VM now, from its module list (at the `modules` symbol moved
