@@ -126,6 +126,29 @@ pub struct IsoSpec<'a> {
 }
 
 /// Writes the ISO tree into `tree` (replacing what was there) and makes `iso` from it.
+/// Copies the hypervisor's ELF into the ISO without its debug sections (`objcopy
+/// --strip-debug`): GRUB reads the whole file it loads, about 10 emulated instructions a byte,
+/// and the debug sections are 60 % of it (13.9 MB of which 8.6 MB, 91 M of a small scenario's
+/// 300 M Bochs instructions). The loaded segments, the symbols and the build-id note stay, so the
+/// image runs the same and the analyzer, given the full ELF, still matches it by build id.
+fn strip_debug(elf: &Path, dest: &Path) -> Result<()> {
+    let output = Command::new("objcopy")
+        .arg("--strip-debug")
+        .arg(elf)
+        .arg(dest)
+        .output()
+        .context("cannot run objcopy (is binutils installed?)")?;
+    if !output.status.success() {
+        bail!(
+            "objcopy --strip-debug {} failed ({}): {}",
+            elf.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
 pub fn build_iso(spec: &IsoSpec<'_>, tree: &Path, iso: &Path) -> Result<()> {
     if tree.exists() {
         fs::remove_dir_all(tree)
@@ -139,12 +162,7 @@ pub fn build_iso(spec: &IsoSpec<'_>, tree: &Path, iso: &Path) -> Result<()> {
         .with_context(|| format!("cannot create {}", modules_dir.display()))?;
 
     let hv_dest = tree.join(HYPERVISOR_ISO_PATH.trim_start_matches('/'));
-    link_or_copy(spec.hypervisor, &hv_dest).with_context(|| {
-        format!(
-            "cannot copy the hypervisor {} into the ISO tree",
-            spec.hypervisor.display()
-        )
-    })?;
+    strip_debug(spec.hypervisor, &hv_dest)?;
 
     let mut entries = Vec::with_capacity(spec.modules.len());
     for module in spec.modules {

@@ -17,6 +17,7 @@ pub const APT_PACKAGES: &[&str] = &[
     "grub-common",
     "xorriso",
     "mtools",
+    "binutils",
     "qemu-system-x86",
     "ovmf",
     "valgrind",
@@ -51,6 +52,8 @@ pub const REQUIREMENTS: &[(Requirement, &str)] = &[
     ),
     (Requirement::Program("xorriso"), "xorriso"),
     (Requirement::Program("mformat"), "mtools"),
+    // The ISO's copy of the hypervisor without its debug sections (`iso::build_iso`).
+    (Requirement::Program("objcopy"), "binutils"),
     (
         Requirement::Program("qemu-system-x86_64"),
         "qemu-system-x86",

@@ -14,6 +14,7 @@ pub struct Tally {
 }
 
 impl Tally {
+    #[inline]
     pub const fn new() -> Self {
         Tally {
             count: AtomicU64::new(0),
@@ -28,6 +29,7 @@ impl Tally {
         self.ticks.fetch_add(ticks, Ordering::Relaxed);
     }
 
+    #[inline]
     /// (events, ticks).
     pub fn get(&self) -> (u64, u64) {
         (
@@ -53,6 +55,7 @@ pub struct BudgetUse {
 }
 
 impl BudgetUse {
+    #[inline]
     pub const fn new(limit: u32) -> Self {
         BudgetUse {
             limit,
@@ -61,6 +64,7 @@ impl BudgetUse {
         }
     }
 
+    #[inline]
     /// A walk that began with `limit` reads ended with `left`; `stopped`: at the budget.
     pub fn record(&self, left: u32, stopped: bool) {
         let used = self.limit.saturating_sub(left);
@@ -86,6 +90,7 @@ pub struct PathCost {
 }
 
 impl PathCost {
+    #[inline]
     pub const fn new() -> Self {
         PathCost {
             samples: AtomicU64::new(0),
@@ -110,11 +115,13 @@ impl PathCost {
         }
     }
 
+    #[inline]
     /// Samples taken.
     pub fn samples(&self) -> u64 {
         self.samples.load(Ordering::Relaxed)
     }
 
+    #[inline]
     /// (samples, mean, min, max) in ticks; all 0 before the first sample.
     pub fn summary(&self) -> (u64, u64, u64, u64) {
         let n = self.samples();
@@ -178,6 +185,7 @@ pub struct Costs {
 }
 
 impl Costs {
+    #[inline]
     /// `kernel_reads` and `user_reads`: the walks' read budgets.
     pub const fn new(kernel_reads: u32, user_reads: u32) -> Self {
         Costs {
@@ -199,6 +207,7 @@ impl Costs {
         }
     }
 
+    #[inline]
     /// A sampling exit that began at TSC `start` ends at `end`; `inside` of its ticks were its
     /// sample path and task read (counted there too).
     pub fn sampling_exit_done(&self, start: u64, end: u64, inside: u64) {
@@ -206,6 +215,7 @@ impl Costs {
         self.inside.fetch_add(inside, Ordering::Relaxed);
     }
 
+    #[inline]
     /// The whole cost of pCPU `pcpu` over `span` ticks, in disjoint parts: the sampling exits,
     /// the timer interrupts, the export, and the sample paths and task reads of samples taken
     /// elsewhere (those inside the first two are theirs already).

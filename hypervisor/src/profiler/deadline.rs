@@ -14,6 +14,7 @@ pub struct DeadlineClock {
 }
 
 impl DeadlineClock {
+    #[inline]
     pub const fn new() -> Self {
         DeadlineClock {
             enabled: AtomicBool::new(false),
@@ -22,6 +23,7 @@ impl DeadlineClock {
         }
     }
 
+    #[inline]
     /// Starts at TSC `now` with `period` ticks (at least 1). `deadlines`: the clock's own
     /// deadlines are the sampling source; without, no deadline ever comes (the PMU samples) but
     /// the period still paces what depends on it.
@@ -37,15 +39,18 @@ impl DeadlineClock {
         self.enabled.store(true, Ordering::Release);
     }
 
+    #[inline]
     /// Stops: no sample is due any more.
     pub fn stop(&self) {
         self.enabled.store(false, Ordering::Release);
     }
 
+    #[inline]
     pub fn enabled(&self) -> bool {
         self.enabled.load(Ordering::Acquire)
     }
 
+    #[inline]
     /// The period in TSC ticks.
     pub fn period(&self) -> u64 {
         self.period.load(Ordering::Relaxed)

@@ -16,6 +16,7 @@ pub struct KickState {
 }
 
 impl KickState {
+    #[inline]
     pub const fn new() -> Self {
         KickState {
             kicked: AtomicBool::new(false),
@@ -24,6 +25,7 @@ impl KickState {
         }
     }
 
+    #[inline]
     /// A kick for this pCPU: remembered for its next look. Returns whether the sender must send
     /// the interrupt (none is on its way).
     pub fn request(&self) -> bool {
@@ -33,17 +35,20 @@ impl KickState {
         !self.in_flight.swap(true, Ordering::AcqRel)
     }
 
+    #[inline]
     /// The kick's interrupt arrived here: the next kick sends one again.
     pub fn taken(&self) {
         self.in_flight.swap(false, Ordering::AcqRel);
         self.taken.fetch_add(1, Ordering::Relaxed);
     }
 
+    #[inline]
     /// Whether a kick came since the last call (and forgets it).
     pub fn take(&self) -> bool {
         self.kicked.swap(false, Ordering::Acquire)
     }
 
+    #[inline]
     /// Kick interrupts taken.
     pub fn interrupts_taken(&self) -> u64 {
         self.taken.load(Ordering::Relaxed)
