@@ -240,8 +240,9 @@ enum Cmd {
     /// the sources `record` reads, or replays a capture at its recorded speed (--replay). Quit
     /// with q, Esc or Ctrl-C.
     ///
-    /// Not yet live: Linux guests' processes (task frames) and user functions, which are
-    /// shown as addresses; `report` on a recorded capture names them.
+    /// A Linux guest's functions are per process (its task frames, as they arrive), its user
+    /// functions named through the process (`--image` named like it, or `--guest-root` once
+    /// the mapping frames arrive at the end of a run).
     Top {
         /// Where the stream comes from (as for `record`), or the capture to --replay.
         source: String,
@@ -329,8 +330,9 @@ fn load_images(input: &Input) -> Result<Images> {
 }
 
 /// The options every command decodes with; `tables` for those that show the report's tables
-/// (the exports do not, and then keep no per-sample data).
-fn load_options(input: &Input, tables: bool) -> LoadOptions {
+/// (the exports do not, and then keep no segments), `in_time_order` for those that read the
+/// samples again in TSC order (the first pass keeps each sample's TSC and key for them).
+fn load_options(input: &Input, tables: bool, in_time_order: bool) -> LoadOptions {
     LoadOptions {
         threads: hvprof_analyze::model::par::cores(),
         // A Linux guest's samples by function and process, as every view names them (`report`
@@ -341,13 +343,14 @@ fn load_options(input: &Input, tables: bool) -> LoadOptions {
         report_only: false,
         time: input.time,
         top_rows: None,
-        keep_samples: false,
+        keep_samples: in_time_order,
     }
 }
 
-/// Decodes and names the capture, with a progress bar on a terminal.
-fn load_profile(input: &Input, tables: bool, progress: &Progress) -> Result<Profile> {
-    load_profile_with(input, load_options(input, tables), progress)
+/// Decodes and names the capture for a view without the report's tables, with a progress bar
+/// on a terminal (see [`load_options`]).
+fn load_profile(input: &Input, in_time_order: bool, progress: &Progress) -> Result<Profile> {
+    load_profile_with(input, load_options(input, false, in_time_order), progress)
 }
 
 /// [`load_profile`] with `options`.
@@ -490,7 +493,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             let options = LoadOptions {
                 report_only: !call_graph && !preemptions,
                 top_rows: (!json).then_some(top),
-                ..load_options(&input, true)
+                ..load_options(&input, true, preemptions)
             };
             let (p, mut r) = report::from_capture(bytes, &imgs, options, progress);
             p.is_capture(log)?;
@@ -544,7 +547,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             if bins == 0 {
                 bail!("--bins must be at least 1");
             }
-            let p = load_profile(&input, false, progress)?;
+            let p = load_profile(&input, true, progress)?;
             let mut out = output(path.as_deref())?;
             chart::write(
                 &p,
@@ -586,7 +589,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             input,
             output: path,
         } => {
-            let p = load_profile(&input, false, progress)?;
+            let p = load_profile(&input, true, progress)?;
             let mut out = output(path.as_deref())?;
             script::write(&p, &mut out, progress)
                 .with_context(|| "cannot write the perf script text")?;
@@ -601,11 +604,8 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             if pprof_path.is_none() && firefox_path.is_none() {
                 bail!("export: say what to write: --pprof FILE and/or --firefox FILE");
             }
-            // The Firefox profile holds every sample: the first pass keeps them for it.
-            let options = LoadOptions {
-                keep_samples: firefox_path.is_some(),
-                ..load_options(&input, false)
-            };
+            // The Firefox profile holds every sample in time order.
+            let options = load_options(&input, false, firefox_path.is_some());
             let p = load_profile_with(&input, options, progress)?;
             // Each file is created (an old one emptied) while its export is computed.
             let opening = |path: &Option<PathBuf>| -> Result<Option<Box<dyn Write>>> {
@@ -639,7 +639,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             // The page shows the first `top` rows of each table: only those are made.
             let options = LoadOptions {
                 top_rows: Some(top),
-                ..load_options(&input, true)
+                ..load_options(&input, true, true)
             };
             let (p, r) = load_report_with(&input, options, progress)?;
             let page = html::render(&p, &r, &source_name(&input.log), bins, top)?;
@@ -917,10 +917,15 @@ fn bench_synthetic(
         );
     }
     if exports {
+        // As the exports read it: with each sample kept by the first pass (`script` and the
+        // Firefox profile read them again in time order).
         let p = Profile::from_bytes(
             &cap.bytes,
             &Images::default(),
-            options(hvprof_analyze::model::par::cores(), false),
+            LoadOptions {
+                keep_samples: true,
+                ..options(hvprof_analyze::model::par::cores(), false)
+            },
             &Progress::hidden(),
         );
         println!(
@@ -946,17 +951,6 @@ fn bench_synthetic(
             "pprof: {took:.2?}, {:.1} M samples/s, {:.2} MB gzipped",
             rate(took),
             sink.0 as f64 / 1e6
-        );
-        // As `export --firefox` reads it: with each sample kept by the first pass.
-        drop(p);
-        let p = Profile::from_bytes(
-            &cap.bytes,
-            &Images::default(),
-            LoadOptions {
-                keep_samples: true,
-                ..options(hvprof_analyze::model::par::cores(), false)
-            },
-            &Progress::hidden(),
         );
         let mut sink = Counting(0);
         let t = Instant::now();

@@ -1,7 +1,8 @@
 //! `hvprof-analyze top`: a live terminal view of a stream (ratatui with crossterm), refreshed
 //! every second like `perf top`, over the last N seconds of host time ([`crate::live::window`]): the host
-//! level (each VM, the hypervisor's functions, `[idle]`), each VM's hottest guest functions,
-//! each vCPU's idle and steal (exact, from the scheduling events), and what was lost so far.
+//! level (each VM, the hypervisor's functions, `[idle]`), each VM's hottest guest functions (a
+//! Linux guest's per process), each vCPU's idle and steal (exact, from the scheduling events),
+//! and what was lost so far.
 //! [`draw`] renders a [`Snapshot`] into a frame (tests render into ratatui's `TestBackend`);
 //! [`run`] reads the source, keeps the terminal (`q`, Esc or Ctrl-C quit), or with `batch`
 //! prints each screen as text instead.
@@ -100,9 +101,11 @@ pub fn draw(f: &mut Frame, s: &Snapshot, title: &str) {
             .collect()
     };
     // The headings: "%" is the self share, beside the children share.
-    let header = |names: [&'static str; 4]| {
+    let header = |names: &[&'static str]| {
         let children = cg.then_some("children");
-        let names = names.map(|n| if cg && n == "%" { "self" } else { n });
+        let names = names
+            .iter()
+            .map(|&n| if cg && n == "%" { "self" } else { n });
         Row::new(children.into_iter().chain(names)).style(bold)
     };
     let host_rows = s.host.iter().map(|r| {
@@ -121,7 +124,7 @@ pub fn draw(f: &mut Frame, s: &Snapshot, title: &str) {
     ]);
     f.render_widget(
         Table::new(host_rows, widths)
-            .header(header(["%", "samples", "host level", "module"]))
+            .header(header(&["%", "samples", "host level", "module"]))
             .block(Block::bordered().title(if cg {
                 "Host level (% of the window's samples; children: with callees)"
             } else {
@@ -152,7 +155,16 @@ pub fn draw(f: &mut Frame, s: &Snapshot, title: &str) {
         right,
     );
 
-    // The rows that fit, shared among the VMs (each has its heading row).
+    // The rows that fit, shared among the VMs (each has its heading row). A Linux guest's
+    // functions are per process: a process column then follows the module.
+    let processes = s
+        .vms
+        .iter()
+        .flat_map(|v| &v.rows)
+        .any(|r| r.process.is_some());
+    let process_cell = |r: Option<&crate::live::window::Row>| {
+        processes.then(|| Cell::from(r.and_then(|r| r.process.clone()).unwrap_or_default()))
+    };
     let fit = usize::from(bottom.height.saturating_sub(3));
     let n = s.vms.len().max(1);
     let budget = fit.saturating_sub(s.vms.len());
@@ -168,28 +180,39 @@ pub fn draw(f: &mut Frame, s: &Snapshot, title: &str) {
                         Cell::from(Line::from(grouped(vm.samples)).right_aligned()),
                         Cell::from(format!("[{}] (vm {})", vm.name, vm.vm)),
                         Cell::from(""),
-                    ]),
+                    ])
+                    .chain(process_cell(None)),
             )
             .style(bold),
         );
         for r in vm.rows.iter().take(per_vm) {
-            rows.push(Row::new(children(r).into_iter().chain([
-                Cell::from(Line::from(percent(r.percent)).right_aligned()),
-                Cell::from(Line::from(grouped(r.samples)).right_aligned()),
-                Cell::from(format!("  {}", r.name)),
-                Cell::from(r.module.clone()),
-            ])));
+            rows.push(Row::new(
+                children(r)
+                    .into_iter()
+                    .chain([
+                        Cell::from(Line::from(percent(r.percent)).right_aligned()),
+                        Cell::from(Line::from(grouped(r.samples)).right_aligned()),
+                        Cell::from(format!("  {}", r.name)),
+                        Cell::from(r.module.clone()),
+                    ])
+                    .chain(process_cell(Some(r))),
+            ));
         }
     }
-    let widths = with_children(&[
+    let mut widths = with_children(&[
         Constraint::Length(6),
         Constraint::Length(9),
         Constraint::Min(30),
         Constraint::Length(24),
     ]);
+    let mut headings = vec!["%", "samples", "function", "module"];
+    if processes {
+        widths.push(Constraint::Length(20));
+        headings.push("process");
+    }
     f.render_widget(
         Table::new(rows, widths)
-            .header(header(["%", "samples", "function", "module"]))
+            .header(header(&headings))
             .block(Block::bordered().title(
                 "Hottest guest functions per VM (a VM: % of the window's samples; a function: % of its VM's)",
             )),

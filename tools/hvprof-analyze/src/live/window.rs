@@ -11,6 +11,10 @@
 //! and steal are exact: the time each spent out halted (idle) and out otherwise (steal, runnable
 //! but not running), from its scheduling events, as fractions of the window's span.
 //!
+//! Each sample is classified as every command classifies it ([`classify`]: its key, a Linux
+//! guest's process included, from the task frames received so far: the hypervisor sends a
+//! vCPU's task change before the samples that follow it), and the window counts keys.
+//!
 //! With call graphs ([`Live::with_call_graph`]) each sample is counted with its call chain (the
 //! guest's callers at a guest sample, the hypervisor's at a hypervisor or idle sample), each
 //! distinct chain numbered once; a snapshot then gives every function on the window's stacks
@@ -23,10 +27,11 @@ use rustc_hash::FxHashMap as HashMap;
 
 use hvprof_samplelog::{
     Chains, Decoded, Event, EventKind, Header, Item, OutReason, PcpuTotals, Record, Sample,
-    SampleKind,
 };
 
-use crate::naming::namer::Namer;
+use crate::model::classify::{Key, classify};
+use crate::model::samples::What;
+use crate::naming::namer::{Namer, ProcessKey, Processes, TaskMemo, address_space};
 use crate::naming::symbols::Images;
 
 /// What a stream held so far: counts of frames, records and damage, and the losses known so
@@ -186,8 +191,15 @@ impl StreamStats {
 pub trait Names {
     /// A VM's name.
     fn vm_name(&self, vm: u16) -> String;
-    /// A guest address's function and module.
-    fn guest_function(&self, vm: u16, user: bool, addr: u64, cr3: u64) -> (String, String);
+    /// A guest address's function and module; `process` is a Linux guest's task label.
+    fn guest_function(
+        &self,
+        vm: u16,
+        user: bool,
+        addr: u64,
+        cr3: u64,
+        process: Option<&str>,
+    ) -> (String, String);
     /// A hypervisor address's function.
     fn hypervisor_function(&self, addr: u64) -> String;
 }
@@ -197,10 +209,15 @@ impl Names for Namer<'_> {
         Namer::vm_name(self, vm)
     }
 
-    /// Without the task of the sample (not followed live): a Linux guest's user functions are
-    /// addresses.
-    fn guest_function(&self, vm: u16, user: bool, addr: u64, cr3: u64) -> (String, String) {
-        Namer::guest_function(self, vm, user, addr, cr3, None)
+    fn guest_function(
+        &self,
+        vm: u16,
+        user: bool,
+        addr: u64,
+        cr3: u64,
+        process: Option<&str>,
+    ) -> (String, String) {
+        Namer::guest_function(self, vm, user, addr, cr3, process)
     }
 
     fn hypervisor_function(&self, addr: u64) -> String {
@@ -208,62 +225,33 @@ impl Names for Namer<'_> {
     }
 }
 
-/// A row of the host level: a VM (its guest samples), a hypervisor function, or idle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum HostKey {
-    Vm(u16),
-    Hypervisor(u64),
-    Idle,
-}
-
-/// A guest address: what a guest function is named from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct GuestKey {
-    vm: u16,
-    user: bool,
-    addr: u64,
-    /// The address space (user samples; 0 for kernel ones).
-    cr3: u64,
-}
-
 /// A distinct call chain (the callers' return addresses, innermost first) of the window's
 /// samples: its number in [`Live`]'s list; 0 is the empty chain.
 type StackId = u32;
 
-/// Sample counts of one second, or of the whole window: per leaf and the chain of its callers
-/// (the hypervisor's at the host level, the guest's at a guest function; 0 without call graphs).
+/// Sample counts of one second, or of the whole window: per key and the chain of its callers
+/// (the guest's at a guest sample, the hypervisor's at a hypervisor or idle sample; 0 without
+/// call graphs).
 #[derive(Debug, Clone, Default)]
 struct Counts {
     samples: u64,
-    host: HashMap<(HostKey, StackId), u64>,
-    guest: HashMap<(GuestKey, StackId), u64>,
+    keys: HashMap<(Key, StackId), u64>,
 }
 
 impl Counts {
-    fn add(&mut self, host: (HostKey, StackId), guest: Option<(GuestKey, StackId)>) {
+    fn add(&mut self, key: (Key, StackId)) {
         self.samples += 1;
-        *self.host.entry(host).or_default() += 1;
-        if let Some(g) = guest {
-            *self.guest.entry(g).or_default() += 1;
-        }
+        *self.keys.entry(key).or_default() += 1;
     }
 
     /// Removes `other` (a part of these counts).
     fn remove(&mut self, other: &Counts) {
         self.samples -= other.samples;
-        for (k, n) in &other.host {
-            if let Some(c) = self.host.get_mut(k) {
+        for (k, n) in &other.keys {
+            if let Some(c) = self.keys.get_mut(k) {
                 *c -= n;
                 if *c == 0 {
-                    self.host.remove(k);
-                }
-            }
-        }
-        for (k, n) in &other.guest {
-            if let Some(c) = self.guest.get_mut(k) {
-                *c -= n;
-                if *c == 0 {
-                    self.guest.remove(k);
+                    self.keys.remove(k);
                 }
             }
         }
@@ -352,6 +340,8 @@ pub struct Row {
     pub name: String,
     /// Its module: the guest image, `hvprof`, `(vm N)`, `(idle)`.
     pub module: String,
+    /// A Linux guest's function: the process (`comm[tgid]`) it ran in.
+    pub process: Option<String>,
     /// Samples in the window.
     pub samples: u64,
     /// Percent of the table's total.
@@ -447,6 +437,12 @@ pub struct Live {
     /// The distinct chains, by number (the first is the empty chain), and their numbers.
     stacks: Vec<Box<[u64]>>,
     stack_ids: HashMap<Box<[u64]>, StackId>,
+    /// Who ran in the Linux guests: every task frame received that samples of the window
+    /// (or later) fall in.
+    processes: Processes,
+    /// The task the last guest sample's vCPU ran, and until when (emptied when the tasks
+    /// change).
+    task_memo: TaskMemo,
     /// What naming needs: the header, a task per VM (which VMs are Linux guests), the VM end
     /// frames, the mapping frames.
     meta: Decoded,
@@ -468,6 +464,8 @@ impl Live {
             call_graph: false,
             stacks: vec![Box::default()],
             stack_ids: HashMap::default(),
+            processes: Processes::default(),
+            task_memo: TaskMemo::default(),
             meta: Decoded::default(),
             meta_version: 0,
         }
@@ -520,7 +518,10 @@ impl Live {
                 }
             }
             Item::Block {
-                records, frames, ..
+                header,
+                records,
+                frames,
+                ..
             } => {
                 // Without the header's TSC frequency nothing can be placed in host time.
                 if self.tsc_hz == 0 {
@@ -528,12 +529,16 @@ impl Live {
                 }
                 for (r, chains) in hvprof_samplelog::with_chains(records, frames) {
                     match r {
-                        Record::Sample(s) => self.sample(s, chains),
+                        Record::Sample(s) => self.sample(header.pcpu, s, chains),
                         Record::Event(e) => self.event(e),
                     }
                 }
             }
             Item::Task { task, .. } => {
+                self.processes.add_task(&task);
+                self.task_memo = TaskMemo::default();
+                // The namer needs a VM's first task frame alone (it is a Linux guest): the
+                // processes are named from `processes`.
                 if !self.meta.tasks.iter().any(|t| t.vm == task.vm) {
                     self.meta.tasks.push(task);
                     self.meta_version += 1;
@@ -589,6 +594,8 @@ impl Live {
                 for v in self.vcpus.values_mut() {
                     v.evict(start);
                 }
+                self.processes.forget_before(start);
+                self.task_memo = TaskMemo::default();
             }
         }
         tsc >= self.start()
@@ -612,37 +619,17 @@ impl Live {
         id
     }
 
-    fn sample(&mut self, s: &Sample, chains: Chains<'_>) {
+    fn sample(&mut self, pcpu: u16, s: &Sample, chains: Chains<'_>) {
         if !self.advance(s.tsc) {
             return;
         }
         let second = s.tsc / self.tsc_hz;
-        let (host, guest) = match s.kind {
-            SampleKind::Guest => {
-                let user = s.cpl() == 3;
-                (
-                    (HostKey::Vm(s.vm), 0),
-                    Some((
-                        GuestKey {
-                            vm: s.vm,
-                            user,
-                            addr: s.guest_rip,
-                            cr3: if user {
-                                crate::naming::namer::address_space(s.guest_cr3)
-                            } else {
-                                0
-                            },
-                        },
-                        self.stack(chains.guest),
-                    )),
-                )
-            }
-            SampleKind::Hypervisor => (
-                (HostKey::Hypervisor(s.host_rip), self.stack(chains.host)),
-                None,
-            ),
-            SampleKind::Idle => ((HostKey::Idle, self.stack(chains.host)), None),
+        let key = classify(pcpu, s, Some(&self.processes), &mut self.task_memo);
+        let chain = match key.what {
+            What::GuestKernel | What::GuestUser => chains.guest,
+            What::Hypervisor | What::Idle => chains.host,
         };
+        let counted = (key, self.stack(chain));
         // Mostly the last second; a lagging pCPU's samples go further back.
         let i = match self.buckets.iter().rposition(|(b, _)| *b <= second) {
             Some(i) if self.buckets[i].0 == second => i,
@@ -652,8 +639,8 @@ impl Live {
                 at
             }
         };
-        self.buckets[i].1.add(host, guest);
-        self.counts.add(host, guest);
+        self.buckets[i].1.add(counted);
+        self.counts.add(counted);
     }
 
     fn event(&mut self, e: &Event) {
@@ -685,51 +672,70 @@ impl Live {
                 100.0 * n as f64 / of as f64
             }
         };
-        // The host level, merged by name; a caller (a return address: its call, `addr - 1`, as
-        // perf names it) is a hypervisor function.
+        // The host level (each VM one row), merged by name; a caller (a return address: its
+        // call, `addr - 1`, as perf names it) is a hypervisor function. Each VM's functions,
+        // merged by name and process; callers named in the leaf's context.
         let mut host = Tally::default();
-        let mut hv_names: HashMap<u64, String> = HashMap::default();
-        let (mut vm_samples, mut hv_samples, mut idle_samples) = (0u64, 0u64, 0u64);
-        for (&(k, stack), &n) in &self.counts.host {
-            let key = match k {
-                HostKey::Vm(vm) => {
-                    vm_samples += n;
-                    (format!("[{}]", names.vm_name(vm)), format!("(vm {vm})"))
-                }
-                HostKey::Hypervisor(addr) => {
-                    hv_samples += n;
-                    (names.hypervisor_function(addr), "hvprof".to_owned())
-                }
-                HostKey::Idle => {
-                    idle_samples += n;
-                    ("[idle]".to_owned(), "(idle)".to_owned())
-                }
-            };
-            let callers = self.stacks[stack as usize].iter().map(|&ret| {
-                let call = ret.saturating_sub(1);
-                let name = hv_names
-                    .entry(call)
-                    .or_insert_with(|| names.hypervisor_function(call));
-                (name.clone(), "hvprof".to_owned())
-            });
-            host.add(key, callers, n);
-        }
-        // Each VM's functions, merged by name; callers named in the leaf's context.
         let mut per_vm: BTreeMap<u16, Tally> = BTreeMap::new();
-        let mut guest_names: HashMap<GuestKey, (String, String)> = HashMap::default();
-        for (&(k, stack), &n) in &self.counts.guest {
-            let named = names.guest_function(k.vm, k.user, k.addr, k.cr3);
-            let callers = self.stacks[stack as usize].iter().map(|&ret| {
-                let call = GuestKey {
-                    addr: ret.saturating_sub(1),
-                    ..k
-                };
-                guest_names
-                    .entry(call)
-                    .or_insert_with(|| names.guest_function(k.vm, k.user, call.addr, k.cr3))
-                    .clone()
-            });
-            per_vm.entry(k.vm).or_default().add(named, callers, n);
+        let mut vm_rows: BTreeMap<u16, u64> = BTreeMap::new();
+        let mut hv_names: HashMap<u64, String> = HashMap::default();
+        let mut guest_names: HashMap<GuestName, (String, String)> = HashMap::default();
+        let (mut hv_samples, mut idle_samples) = (0u64, 0u64);
+        for (&(k, stack), &n) in &self.counts.keys {
+            let chain = &self.stacks[stack as usize];
+            let mut hypervisor = |addr: u64| -> RowName {
+                let name = hv_names
+                    .entry(addr)
+                    .or_insert_with(|| names.hypervisor_function(addr));
+                (name.clone(), "hvprof".to_owned(), None)
+            };
+            match k.what {
+                What::GuestKernel | What::GuestUser => {
+                    *vm_rows.entry(k.vm).or_default() += n;
+                    let user = k.what == What::GuestUser;
+                    let process = k.process.and_then(|p| self.processes.label(p));
+                    let mut guest = |addr: u64| -> RowName {
+                        let at = GuestName {
+                            vm: k.vm,
+                            user,
+                            addr,
+                            cr3: if user { address_space(k.cr3) } else { 0 },
+                            process: k.process,
+                        };
+                        let (function, module) = guest_names.entry(at).or_insert_with(|| {
+                            names.guest_function(k.vm, user, addr, k.cr3, process)
+                        });
+                        (function.clone(), module.clone(), process.map(str::to_owned))
+                    };
+                    let leaf = guest(k.addr);
+                    let callers: Vec<RowName> = chain
+                        .iter()
+                        .map(|&ret| guest(ret.saturating_sub(1)))
+                        .collect();
+                    per_vm.entry(k.vm).or_default().add(leaf, callers, n);
+                }
+                What::Hypervisor => {
+                    hv_samples += n;
+                    let leaf = hypervisor(k.addr);
+                    let callers = chain.iter().map(|&ret| hypervisor(ret.saturating_sub(1)));
+                    host.add(leaf, callers.collect(), n);
+                }
+                What::Idle => {
+                    idle_samples += n;
+                    let leaf = ("[idle]".to_owned(), "(idle)".to_owned(), None);
+                    let callers = chain.iter().map(|&ret| hypervisor(ret.saturating_sub(1)));
+                    host.add(leaf, callers.collect(), n);
+                }
+            }
+        }
+        let vm_samples = vm_rows.values().sum();
+        for (vm, n) in vm_rows {
+            let row = (
+                format!("[{}]", names.vm_name(vm)),
+                format!("(vm {vm})"),
+                None,
+            );
+            host.add(row, Vec::new(), n);
         }
         let vms = per_vm
             .into_iter()
@@ -799,24 +805,33 @@ impl Live {
     }
 }
 
-/// A table's rows being summed: per (name, module), its samples as a leaf (self) and those
-/// whose stack holds it (children).
+/// A row's names: function (or `[vm name]`, `[idle]`), module, process.
+type RowName = (String, String, Option<String>);
+
+/// What names a guest address the same way: the VM, the mode, the address, the address space
+/// (user addresses) and the process.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct GuestName {
+    vm: u16,
+    user: bool,
+    addr: u64,
+    cr3: u64,
+    process: Option<ProcessKey>,
+}
+
+/// A table's rows being summed: per row, its samples as a leaf (self) and those whose stack
+/// holds it (children).
 #[derive(Default)]
 struct Tally {
     samples: u64,
-    rows: HashMap<(String, String), (u64, u64)>,
+    rows: HashMap<RowName, (u64, u64)>,
 }
 
 impl Tally {
     /// `n` samples of `leaf` called by `callers`: each function on the stack counts them once.
-    fn add(
-        &mut self,
-        leaf: (String, String),
-        callers: impl Iterator<Item = (String, String)>,
-        n: u64,
-    ) {
+    fn add(&mut self, leaf: RowName, callers: Vec<RowName>, n: u64) {
         self.samples += n;
-        let mut seen: Vec<(String, String)> = Vec::new();
+        let mut seen: Vec<RowName> = Vec::new();
         for f in callers {
             if f != leaf && !seen.contains(&f) {
                 seen.push(f);
@@ -844,9 +859,10 @@ impl Tally {
         let mut rows: Vec<Row> = self
             .rows
             .into_iter()
-            .map(|((name, module), (samples, children))| Row {
+            .map(|((name, module, process), (samples, children))| Row {
                 name,
                 module,
+                process,
                 samples,
                 percent: pct(samples),
                 children,
@@ -863,6 +879,7 @@ impl Tally {
                 .then_with(|| b.samples.cmp(&a.samples))
                 .then_with(|| a.name.cmp(&b.name))
                 .then_with(|| a.module.cmp(&b.module))
+                .then_with(|| a.process.cmp(&b.process))
         });
         rows.truncate(top);
         rows
@@ -885,7 +902,7 @@ pub fn grouped(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hvprof_samplelog::{BlockHeader, Header};
+    use hvprof_samplelog::{BlockHeader, Header, SampleKind};
 
     const HZ: u64 = 1_000_000;
 
@@ -896,7 +913,14 @@ mod tests {
         fn vm_name(&self, vm: u16) -> String {
             format!("vm{vm}")
         }
-        fn guest_function(&self, _: u16, _: bool, addr: u64, _: u64) -> (String, String) {
+        fn guest_function(
+            &self,
+            _: u16,
+            _: bool,
+            addr: u64,
+            _: u64,
+            _: Option<&str>,
+        ) -> (String, String) {
             (format!("{addr:#x}"), String::new())
         }
         fn hypervisor_function(&self, addr: u64) -> String {
@@ -989,6 +1013,82 @@ mod tests {
         assert!((s.vcpus[0].idle - 8.0 / 9.5).abs() < 1e-9);
         assert!((s.vcpus[0].running - 1.5 / 9.5).abs() < 1e-9);
         assert_eq!(s.vcpus[0].steal, 0.0);
+    }
+
+    /// A Linux guest's samples are classified as every command classifies them: by the task
+    /// their vCPU ran at their time, from the task frames received so far. Its functions are
+    /// rows per process; a VM without task frames has no process. Task changes older than the
+    /// window are forgotten, the last one before it kept.
+    #[test]
+    fn a_linux_guests_rows_are_per_process() {
+        use hvprof_samplelog::{FixedStr, Task, guest_mode};
+        let mut l = live(2);
+        let task = |tsc: u64, pid: u32, comm: &str| Task {
+            tsc,
+            vm: 0,
+            vcpu: 0,
+            pid,
+            tgid: pid,
+            comm: FixedStr::truncated(comm),
+            ..Task::default()
+        };
+        let user_at = |vm: u16, tsc: u64| {
+            Record::Sample(Sample {
+                tsc,
+                kind: SampleKind::Guest,
+                vm,
+                guest_mode: guest_mode(3, 2),
+                guest_rip: 0x1000,
+                guest_cr3: 0x5000,
+                ..Sample::default()
+            })
+        };
+        // Task a from 0, three samples in it; task b from 0.5 s, two; VM 1 has no tasks.
+        l.push(Item::Task {
+            offset: 0,
+            task: task(0, 10, "a"),
+        });
+        feed(
+            &mut l,
+            0,
+            &[
+                user_at(0, 1000),
+                user_at(0, 2000),
+                user_at(0, 3000),
+                user_at(1, 0),
+            ],
+        );
+        l.push(Item::Task {
+            offset: 0,
+            task: task(HZ / 2, 20, "b"),
+        });
+        feed(
+            &mut l,
+            1,
+            &[
+                user_at(0, HZ / 2),
+                user_at(0, HZ / 2 + 1000),
+                user_at(1, HZ / 2),
+            ],
+        );
+        let s = l.snapshot(&Plain, 10);
+        let rows = |s: &Snapshot, vm: usize| -> Vec<(Option<String>, u64)> {
+            s.vms[vm]
+                .rows
+                .iter()
+                .map(|r| (r.process.clone(), r.samples))
+                .collect()
+        };
+        assert_eq!(
+            rows(&s, 0),
+            [(Some("a[10]".to_owned()), 3), (Some("b[20]".to_owned()), 2)]
+        );
+        assert_eq!(rows(&s, 1), [(None, 2)]);
+        // Three seconds on: the window holds 2..3 s, whose samples ran b, the last task before it.
+        feed(&mut l, 2, &[user_at(0, 3 * HZ + HZ / 5)]);
+        assert_eq!(l.processes.label(ProcessKey::Task(1)), Some("b[20]"));
+        let s = l.snapshot(&Plain, 10);
+        assert_eq!(rows(&s, 0), [(Some("b[20]".to_owned()), 1)]);
     }
 
     /// Losses are the sequence gaps so far; a duplicate counts once; the end frame adds what

@@ -116,8 +116,4 @@ impl ChainIds {
         self.ids.insert(a, id);
         id
     }
-
-    pub(super) fn get(&self, packed: &[u64]) -> Option<u32> {
-        self.ids.get(packed).copied()
-    }
 }

@@ -8,7 +8,7 @@ use hvprof_samplelog::Event;
 
 use crate::model::cost::CostSum;
 use crate::model::first_pass_part::{
-    BlockSpan, KeptPart, KeyCounts, Located, Part, PartKeys, PartTimes, StackIndex, StreamSegments,
+    BlockSpan, KeptAt, KeptPart, KeyCounts, Located, Part, PartKeys, PartTimes, StreamSegments,
     Tally,
 };
 use crate::model::progress::Progress;
@@ -29,7 +29,6 @@ pub struct Classified {
     pub cost: CostSum,
     /// Every sample's owner, as segments per pCPU in stream order, and where each starts.
     pub(super) segments: StreamSegments,
-    pub(super) index: StackIndex,
     /// Per decoding thread, the samples it kept (none unless [`Keep::samples`]).
     pub(super) kept: Vec<KeptPart>,
     /// Per pCPU (ascending), its blocks that hold samples, in stream order.
@@ -98,6 +97,7 @@ impl PartKeys {
         if let Some(k) = base.kept.take() {
             kept.push(KeptPart {
                 samples: k.samples,
+                wide: k.wide,
                 remap: Vec::new(),
             });
         }
@@ -142,6 +142,7 @@ impl PartKeys {
             if let Some(k) = part.kept {
                 kept.push(KeptPart {
                     samples: k.samples,
+                    wide: k.wide,
                     remap: key_ids,
                 });
             }
@@ -199,7 +200,7 @@ impl PartTimes {
             // Its kept samples are the part's by its number.
             base.blocks
                 .extend(part.blocks.into_iter().map(|b| BlockSpan {
-                    kept: b.kept.map(|(_, at)| (number, at)),
+                    kept: b.kept.map(|k| KeptAt { part: number, ..k }),
                     ..b
                 }));
             base.tally.merge(part.tally);
@@ -277,14 +278,13 @@ impl Classified {
         Classified {
             samples: Samples {
                 stacks,
-                chains: counts.index.chains.list.clone(),
+                chains: counts.index.chains.list,
                 len,
                 span: if len == 0 { (0, 0) } else { (first, last) },
             },
             events,
             cost,
             segments,
-            index: counts.index,
             kept,
             blocks,
             seen: (seen.0 <= seen.1).then_some(seen),

@@ -10,13 +10,13 @@ use rustc_hash::FxHashMap as HashMap;
 use hvprof_samplelog::{BlockAt, Event, Record, Sample};
 
 use crate::model::chains::{ChainCursor, ChainIds, has_chains};
-use crate::model::classify::{Key, classify, exit_cause};
+use crate::model::classify::{Key, classify};
 use crate::model::cost::CostSum;
 use crate::model::samples::{What, owner};
 use crate::model::stack_table::{self, StackTable};
 use crate::model::timeline::{Owner, Segment, Segments};
 use crate::model::window::Window;
-use crate::naming::namer::{ProcessKey, Processes, TaskMemo};
+use crate::naming::namer::{Processes, TaskMemo};
 
 /// Finds a key's stack in two steps, so that the per-sample table stays small (it is the one
 /// random access per sample): its context (all but the address, with its chains' number;
@@ -41,30 +41,45 @@ pub(super) struct BlockSpan {
     pub(super) last: u64,
     pub(super) samples: u32,
     pub(super) sorted: bool,
-    /// Where the first pass kept its samples (see [`Kept`]): the decoding thread's number and
-    /// the first one's place in its list; `None` when not kept.
-    pub(super) kept: Option<(u32, u32)>,
+    /// Where the first pass kept its samples; `None` when not kept.
+    pub(super) kept: Option<KeptAt>,
 }
 
-/// Each sample of a decoding thread as the first pass classified it, for a view that reads
-/// them all again ([`crate::model::profile::LoadOptions::keep_samples`]): its TSC as an offset from its block's first
-/// and its key's number, 8 bytes a sample, so that [`crate::model::replay::Replay::block`] copies them instead of
-/// decoding and classifying the block again. A block whose samples span more than 2^32 ticks
-/// is not kept (it is read again).
+/// Where the first pass kept a block's samples ([`Kept`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct KeptAt {
+    /// The decoding thread's number.
+    pub(super) part: u32,
+    /// The first sample's place in its list: [`Kept::samples`], or [`Kept::wide`] for a
+    /// block whose samples span more than 2^32 ticks.
+    pub(super) at: usize,
+    pub(super) wide: bool,
+}
+
+/// Each sample of a decoding thread as the first pass classified it, for the views that read
+/// them all again in time order ([`crate::model::profile::LoadOptions::keep_samples`]): its
+/// TSC as an offset from its block's first and its key's number, 8 bytes a sample, which
+/// [`crate::model::replay::Replay`] copies: no sample is decoded or classified twice. A block
+/// whose samples span more than 2^32 ticks (64 records over 4.3 s at 1 GHz) keeps each TSC
+/// whole, 16 bytes a sample.
 #[derive(Debug, Default)]
 pub(super) struct Kept {
     pub(super) samples: Vec<(u32, u32)>,
+    /// The samples of blocks that span more than 2^32 ticks: TSC and key.
+    pub(super) wide: Vec<(u64, u32)>,
     /// The block being classified: each sample's TSC and its run in [`Part::pending`].
     block: Vec<(u64, u32)>,
     /// The key of each run of the block.
     ids: Vec<u32>,
 }
 
-/// The samples a decoding thread kept ([`Kept::samples`]) and its keys' numbers in the
-/// capture's table, by the thread's number (none for the first thread's, whose table it is).
+/// The samples a decoding thread kept ([`Kept::samples`], [`Kept::wide`]) and its keys'
+/// numbers in the capture's table, by the thread's number (none for the first thread's,
+/// whose table it is).
 #[derive(Debug, Default)]
 pub(super) struct KeptPart {
     pub(super) samples: Vec<(u32, u32)>,
+    pub(super) wide: Vec<(u64, u32)>,
     pub(super) remap: Vec<u32>,
 }
 
@@ -210,33 +225,20 @@ struct ChainScratch {
 }
 
 impl ChainScratch {
-    /// A sample with chains (of kind `what`): their number in `ids`, read from `cursor`, and
-    /// the guest context of its key when it is an exit cause ([`exit_cause`]). Out of line, so
-    /// that the loop over a capture without chains stays as it was.
+    /// A sample with chains: their number in `ids`, read from `cursor` (0: none). Out of
+    /// line, so that the loop over a capture without chains stays as it was.
     #[inline(never)]
-    fn walked(
-        &mut self,
-        ids: &mut ChainIds,
-        what: What,
-        s: &Sample,
-        cursor: &mut ChainCursor,
-        processes: Option<&Processes>,
-        memo: &mut TaskMemo,
-    ) -> Walked {
+    fn walked(&mut self, ids: &mut ChainIds, s: &Sample, cursor: &mut ChainCursor) -> u32 {
         if !cursor.next(s, &mut self.packed) {
-            return Walked::default();
+            return 0;
         }
-        let chain = if self.last.1 != 0 && self.last.0 == self.packed {
+        if self.last.1 != 0 && self.last.0 == self.packed {
             self.last.1
         } else {
             let id = ids.id(&self.packed);
             std::mem::swap(&mut self.last.0, &mut self.packed);
             self.last.1 = id;
             id
-        };
-        Walked {
-            chain,
-            exit_cause: exit_cause(what, s, processes, memo),
         }
     }
 }
@@ -247,14 +249,6 @@ struct Pending {
     ctx: u32,
     hash: u64,
     n: u64,
-}
-
-/// What [`ChainScratch::walked`] found.
-#[derive(Default)]
-struct Walked {
-    chain: u32,
-    /// An exit cause's guest CR3 and process.
-    exit_cause: Option<(u64, ProcessKey)>,
 }
 
 impl Part {
@@ -306,23 +300,13 @@ impl Part {
             span.samples += 1;
             span.first = span.first.min(s.tsc);
             span.last = span.last.max(s.tsc);
-            let mut key = classify(pcpu, s, processes, &mut self.task_memo);
-            let mut chain = 0;
-            if has_chains(s) {
-                let w = self.chain_scratch.walked(
-                    &mut self.keys.counts.index.chains,
-                    key.what,
-                    s,
-                    &mut cursor,
-                    processes,
-                    &mut self.task_memo,
-                );
-                chain = w.chain;
-                if let Some((cr3, process)) = w.exit_cause {
-                    key.cr3 = cr3;
-                    key.process = Some(process);
-                }
-            }
+            let key = classify(pcpu, s, processes, &mut self.task_memo);
+            let chain = if has_chains(s) {
+                self.chain_scratch
+                    .walked(&mut self.keys.counts.index.chains, s, &mut cursor)
+            } else {
+                0
+            };
             let context = (key.context(), chain);
             let memo = &mut last_ctx[key.what as usize];
             let ctx = match *memo {
@@ -377,26 +361,31 @@ impl Part {
             }
         }
         if let Some(k) = &mut self.keys.kept {
-            // Its samples' TSCs as offsets from the first (the part numbers its blocks when
-            // the parts are merged).
-            if let Ok(at) = u32::try_from(k.samples.len())
-                && span.samples > 0
-                && span.last - span.first <= u64::from(u32::MAX)
-            {
-                span.kept = Some((0, at));
-                let Kept {
-                    samples,
-                    block,
-                    ids,
-                } = k;
-                samples.extend(
-                    block
-                        .iter()
-                        .map(|&(tsc, run)| ((tsc - span.first) as u32, ids[run as usize])),
-                );
+            // Its samples' TSCs as offsets from the first, or whole (the part numbers its
+            // blocks when the parts are merged).
+            let Kept {
+                samples,
+                wide,
+                block,
+                ids,
+            } = k;
+            if span.samples > 0 {
+                let whole = span.last - span.first > u64::from(u32::MAX);
+                let list = if whole { wide.len() } else { samples.len() };
+                span.kept = Some(KeptAt {
+                    part: 0,
+                    at: list,
+                    wide: whole,
+                });
+                let keyed = block.iter().map(|&(tsc, run)| (tsc, ids[run as usize]));
+                if whole {
+                    wide.extend(keyed);
+                } else {
+                    samples.extend(keyed.map(|(tsc, id)| ((tsc - span.first) as u32, id)));
+                }
             }
-            k.block.clear();
-            k.ids.clear();
+            block.clear();
+            ids.clear();
         }
         if span.samples > 0 {
             tally.len += span.samples as usize;

@@ -104,9 +104,10 @@ pub struct LoadOptions {
     /// Only the first rows of each guest table of the report (the text report shows no more;
     /// the others are counted, and only the rows kept are named): `None` for every row.
     pub top_rows: Option<usize>,
-    /// Keep each sample's TSC and stack from the first pass (8 bytes a sample), so that the
-    /// views that read the samples again in TSC order ([`Profile::replay`]) copy them instead
-    /// of decoding the capture again: for the Firefox profile, which holds every sample anyway.
+    /// Keep each sample's TSC and stack from the first pass (8 bytes a sample): what the views
+    /// that read the samples again in TSC order ([`Profile::replay`]: `script`, the timeline,
+    /// the Firefox profile, `--preemptions`) read, so that no sample is decoded or classified
+    /// twice. Without it the profile's samples cannot be read again (its replay is an error).
     pub keep_samples: bool,
 }
 
@@ -122,7 +123,7 @@ impl LoadOptions {
             report_only: false,
             time: None,
             top_rows: None,
-            keep_samples: false,
+            keep_samples: true,
         }
     }
 }
@@ -259,7 +260,6 @@ impl Profile {
             events,
             cost,
             segments,
-            index,
             kept,
             blocks,
             seen,
@@ -282,9 +282,7 @@ impl Profile {
         let replay = Replay {
             bytes,
             blocks,
-            index,
             kept,
-            processes,
             window,
         };
         let needed = |s: &Stack| {
@@ -295,9 +293,7 @@ impl Profile {
         // The time axis (made before naming: it reads no name), and each vCPU's blank slots
         // on it, counted on another core while the stacks are named (neither reads what the
         // other makes).
-        let axis = options
-            .tables
-            .then(|| replay.time_axis(segments, &samples.stacks));
+        let axis = options.tables.then(|| replay.time_axis(segments));
         let (frames, calls, blanks) = std::thread::scope(|sc| {
             let blanks = axis.as_ref().map(|axis| {
                 let (events, replay) = (&events, &replay);
@@ -393,12 +389,13 @@ impl Profile {
 }
 
 impl Profile {
-    /// Reads every sample again, in TSC order (then pCPU): consecutive runs of them go to
+    /// Reads every sample again, in TSC order (then pCPU), as the first pass kept it
+    /// ([`LoadOptions::keep_samples`]; an error without): consecutive runs of them go to
     /// `work` on every core, a few runs at a time, which fills an `R` (the one a previous run
     /// filled and `consume` emptied: `work` clears it first), and `consume` gets each run's
-    /// `R` in order. Memory holds a few runs, never every sample (but for a pCPU whose blocks
-    /// are out of TSC order, a damaged capture's, whose samples are read and sorted first),
-    /// and is reused from run to run.
+    /// `R` in order. Memory holds a few runs besides the kept samples (and, for a pCPU whose
+    /// blocks are out of TSC order, a damaged capture's, its samples sorted), and is reused
+    /// from run to run.
     pub fn replay<R: Send + Default>(
         &self,
         work: impl Fn(&[Sampled], &mut R) + Sync,
@@ -418,15 +415,15 @@ impl Profile {
         self.replay.replay_stacks(work, consume)
     }
 
-    /// Every sample in TSC order (then pCPU), one by one on this thread.
-    pub fn for_each_sample(&self, mut f: impl FnMut(&Sampled)) {
-        self.for_each_run(|run| run.iter().for_each(&mut f));
+    /// Every sample in TSC order (then pCPU), one by one on this thread ([`Profile::replay`]).
+    pub fn for_each_sample(&self, mut f: impl FnMut(&Sampled)) -> Result<()> {
+        self.for_each_run(|run| run.iter().for_each(&mut f))
     }
 
     /// Every sample in TSC order (then pCPU), a run of them at a time on this thread (the
     /// caller may look ahead in a run, to prefetch).
-    pub fn for_each_run(&self, mut f: impl FnMut(&[Sampled])) {
-        let _ = self.replay(
+    pub fn for_each_run(&self, mut f: impl FnMut(&[Sampled])) -> Result<()> {
+        self.replay(
             |run, out: &mut Vec<Sampled>| {
                 out.clear();
                 out.extend_from_slice(run);
@@ -435,14 +432,14 @@ impl Profile {
                 f(run);
                 Ok(())
             },
-        );
+        )
     }
 
     /// Every sample in TSC order (then pCPU), in memory (tests, small captures).
-    pub fn samples_in_order(&self) -> Vec<Sampled> {
+    pub fn samples_in_order(&self) -> Result<Vec<Sampled>> {
         let mut all = Vec::with_capacity(self.samples.len());
-        self.for_each_sample(|s| all.push(*s));
-        all
+        self.for_each_sample(|s| all.push(*s))?;
+        Ok(all)
     }
 
     /// The VM's name (`vm<N>` when the header does not list it).
@@ -507,8 +504,8 @@ mod tests {
             &Progress::hidden(),
         );
         assert_eq!(p.samples.len() as u64, cap.samples);
-        let all: Vec<Sampled> = p.samples_in_order();
-        assert_eq!(all.len(), p.samples.len());
+        let all: Vec<Sampled> = p.samples_in_order().unwrap();
+        assert_eq!(replayed(&all), decoded(&cap.bytes));
         assert!(
             all.windows(2)
                 .all(|w| (w[0].tsc, w[0].pcpu) <= (w[1].tsc, w[1].pcpu))
@@ -550,26 +547,11 @@ mod tests {
         let (one, three) = (load(1), load(3));
         assert!(one.samples.has_chains());
         assert_eq!(one.samples.len() as u64, cap.samples);
-        // Read again, every sample is found (its chain too).
-        assert_eq!(three.samples_in_order().len(), three.samples.len());
-        // Kept by the first pass on three threads, the same samples are read again.
-        let kept = Profile::from_bytes(
-            &cap.bytes,
-            &Images::default(),
-            LoadOptions {
-                keep_samples: true,
-                ..LoadOptions::all(3)
-            },
-            &Progress::hidden(),
-        );
-        assert!(
-            kept.replay
-                .blocks
-                .iter()
-                .flat_map(|(_, b)| b)
-                .all(|b| b.kept.is_some())
-        );
-        assert_eq!(kept.samples_in_order(), three.samples_in_order());
+        // Kept by the first pass on one thread and on three (each thread's keys numbered in
+        // the first one's table), every sample is read again, in the same order.
+        let all = three.samples_in_order().unwrap();
+        assert_eq!(replayed(&all), decoded(&cap.bytes));
+        assert_eq!(one.samples_in_order().unwrap(), all);
         // Each stack's chains are its samples': counted per (kind, VM, address, chains) from
         // the decoder's records and frames.
         type ChainKey = (bool, u16, u64, Vec<u64>, ChainEnd, Vec<u64>, ChainEnd);
@@ -628,7 +610,7 @@ mod tests {
     }
 
     #[test]
-    fn a_block_longer_than_32_bits_of_ticks_is_read_again_not_kept() {
+    fn a_block_longer_than_32_bits_of_ticks_keeps_its_tscs_whole() {
         use hvprof_samplelog::Sample;
         // Ten samples a block; 2^33 ticks between the 15th and 16th, so inside the second.
         let records: Vec<Record> = (0..30u64)
@@ -653,15 +635,47 @@ mod tests {
                 &Progress::hidden(),
             )
         };
-        let (kept, read) = (load(true), load(false));
-        let spans: Vec<bool> = kept.replay.blocks[0]
+        let kept = load(true);
+        let wide: Vec<Option<bool>> = kept.replay.blocks[0]
             .1
             .iter()
-            .map(|b| b.kept.is_some())
+            .map(|b| b.kept.map(|k| k.wide))
             .collect();
-        assert_eq!(spans, [true, false, true]);
-        assert_eq!(kept.samples_in_order().len(), 30);
-        assert_eq!(kept.samples_in_order(), read.samples_in_order());
+        assert_eq!(wide, [Some(false), Some(true), Some(false)]);
+        let all = kept.samples_in_order().unwrap();
+        assert_eq!(all.len(), 30);
+        assert_eq!(replayed(&all), decoded(&bytes));
+        // Not kept, the samples cannot be read again.
+        assert!(load(false).samples_in_order().is_err());
+    }
+
+    /// Every sample of a capture as the decoder gives it (TSC, pCPU, VM, vCPU, address, a
+    /// guest's or not), sorted.
+    fn decoded(bytes: &[u8]) -> Vec<(u64, u16, u16, u16, u64, bool)> {
+        let d = hvprof_samplelog::decode(bytes);
+        let mut all: Vec<_> = d
+            .pcpus
+            .iter()
+            .flat_map(|(&pcpu, log)| {
+                log.samples().map(move |s| {
+                    let guest = s.kind == SampleKind::Guest;
+                    let addr = if guest { s.guest_rip } else { s.host_rip };
+                    (s.tsc, pcpu, s.vm, s.vcpu, addr, guest)
+                })
+            })
+            .collect();
+        all.sort_unstable();
+        all
+    }
+
+    /// The samples read again, as [`decoded`] gives them.
+    fn replayed(all: &[Sampled]) -> Vec<(u64, u16, u16, u16, u64, bool)> {
+        let mut out: Vec<_> = all
+            .iter()
+            .map(|s| (s.tsc, s.pcpu, s.vm, s.vcpu, s.addr, is_guest(s.what)))
+            .collect();
+        out.sort_unstable();
+        out
     }
 
     /// Random records on a few pCPUs: samples of a few owners in runs (as a pCPU's samples
@@ -751,16 +765,8 @@ mod tests {
                 LoadOptions::all(2),
                 &Progress::hidden(),
             );
-            let all = p.samples_in_order();
-            prop_assert_eq!(all.len(), p.samples.len());
-            // Kept by the first pass, the same samples are read again.
-            let kept = Profile::from_bytes(
-                &bytes,
-                &Images::default(),
-                LoadOptions { keep_samples: true, ..LoadOptions::all(2) },
-                &Progress::hidden(),
-            );
-            prop_assert_eq!(kept.samples_in_order(), all.clone());
+            let all = p.samples_in_order().unwrap();
+            prop_assert_eq!(replayed(&all), decoded(&bytes));
             prop_assert!(all.windows(2).all(|w| (w[0].tsc, w[0].pcpu) <= (w[1].tsc, w[1].pcpu)));
             let mut lists: HashMap<u16, Vec<(u64, Owner)>> = HashMap::default();
             for s in &all {
@@ -772,7 +778,7 @@ mod tests {
             let want = crate::model::timeline::blanks(&lists, &p.events);
             let classified =
                 Classified::decode(&bytes, 2, None, Window::ALL, Keep { segments: true, samples: false }, &Progress::hidden()).1;
-            let axis = p.replay.time_axis(classified.segments, &p.samples.stacks);
+            let axis = p.replay.time_axis(classified.segments);
             let partial = |pcpu: u16, i: usize, lo: u64, hi: Option<u64>| {
                 p.replay.partial(&axis, pcpu, i, lo, hi)
             };

@@ -1,26 +1,23 @@
 //! The samples read again, in TSC order (then pCPU), for the views that read them in time
-//! ([`crate::model::profile::Profile::replay`]): each block decoded again from where the first pass found it (or copied
-//! from the first pass's copy of its samples), in runs on every core, the pCPUs merged by TSC; a
-//! pCPU whose blocks are out of TSC order (a damaged or forged capture) read and sorted once.
-//! Also the report's time axis ([`TimeAxis`]): the first pass's segments in TSC order, and the
-//! samples of a segment read again where a scheduling event falls inside it.
+//! ([`crate::model::profile::Profile::replay`]): each block's samples copied from the first
+//! pass's copy of them (each sample's TSC and key: none is decoded or classified again), in
+//! runs on every core, the pCPUs merged by TSC; a pCPU whose blocks are out of TSC order (a
+//! damaged or forged capture) read and sorted once. Also the report's time axis
+//! ([`TimeAxis`]): the first pass's segments in TSC order, and the samples of a segment read
+//! again (their TSCs alone) where a scheduling event falls inside it.
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use rustc_hash::FxHashMap as HashMap;
 
 use hvprof_samplelog::{BlockReader, Record};
 
 use crate::model::capture::Capture;
-use crate::model::chains::ChainCursor;
-use crate::model::classify::{Key, classify, exit_cause};
-use crate::model::first_pass_part::{BlockSpan, KeptPart, Located, StackIndex, StreamSegments};
+use crate::model::first_pass_part::{BlockSpan, KeptPart, Located, StreamSegments};
 use crate::model::merge::merge_all;
 
-use crate::model::samples::{Sampled, Samples, Stack, owner};
-use crate::model::stack_table;
+use crate::model::samples::{Sampled, Samples};
 use crate::model::timeline::Segments;
 use crate::model::window::Window;
-use crate::naming::namer::{Processes, TaskMemo};
 
 /// Samples per run [`crate::model::profile::Profile::replay`] hands its work (≈ 32 K: each run's samples and what
 /// the work makes of them are in memory at once, a few runs per core; small enough that the
@@ -30,24 +27,21 @@ const RUN_SAMPLES: u64 = 1 << 15;
 /// Runs each [`crate::model::profile::Profile::replay`] worker may have made and not yet handed to its consumer.
 const RUNS_AHEAD: usize = 1;
 
-/// What reads a capture's samples again, in TSC order: the capture, its blocks per pCPU, the
-/// stack of each key, and who ran in Linux guests.
+/// What reads a capture's samples again, in TSC order: the capture, its blocks per pCPU, and
+/// the samples the first pass kept.
 #[derive(Default)]
 pub(super) struct Replay {
     pub(super) bytes: Capture,
     pub(super) blocks: Vec<(u16, Vec<BlockSpan>)>,
-    pub(super) index: StackIndex,
     /// The samples the first pass kept, per decoding thread (see [`crate::model::first_pass::Classified::kept`]).
     pub(super) kept: Vec<KeptPart>,
-    pub(super) processes: Option<Processes>,
-    /// The samples the first pass kept (`--time`): the same are read again.
+    /// The samples the first pass counted (`--time`): the same are read again.
     pub(super) window: Window,
 }
 
 /// What a [`crate::model::profile::Profile::replay`] worker reuses from run to run.
 #[derive(Default)]
 struct RunScratch {
-    block: BlockScratch,
     lists: Vec<Vec<(u64, u32)>>,
     /// Lists to reuse (merging makes new ones of the old).
     pool: Vec<Vec<(u64, u32)>>,
@@ -64,139 +58,112 @@ enum Source<'a> {
     Sorted(&'a [(u64, u32)]),
 }
 
-/// What [`Replay::block`] reuses from block to block.
-#[derive(Default)]
-struct BlockScratch {
-    reader: BlockReader,
-    /// The block's samples found so far: TSC, address, context, hash of the two.
-    pending: Vec<(u64, u64, u32, u64)>,
-    packed: Vec<u64>,
-    task_memo: TaskMemo,
-}
-
 impl Replay {
-    /// A block's samples: (TSC, stack). Each sample's slot in the stack table is prefetched
-    /// before any is looked up (so that the table's cache misses overlap).
-    fn block(&self, scratch: &mut BlockScratch, b: &BlockSpan, out: &mut Vec<(u64, u32)>) {
-        if let Some((part, at)) = b.kept
-            && let Some(KeptPart { samples, remap }) = self.kept.get(part as usize)
-            && let Some(kept) = samples.get(at as usize..at as usize + b.samples as usize)
-        {
-            let tsc = |offset: u32| b.first + u64::from(offset);
-            if remap.is_empty() {
-                out.extend(kept.iter().map(|&(offset, id)| (tsc(offset), id)));
-            } else {
-                out.extend(
-                    kept.iter()
-                        .map(|&(offset, id)| (tsc(offset), remap[id as usize])),
-                );
-            }
-            return;
-        }
-        let BlockScratch {
-            reader,
-            pending,
-            packed,
-            task_memo,
-        } = scratch;
-        let Some((header, records, frames)) = reader.block_at(&self.bytes, b.offset) else {
-            debug_assert!(false, "block at {} not read again", b.offset);
+    /// A block's samples, (TSC, stack), as the first pass kept them.
+    fn block(&self, b: &BlockSpan, out: &mut Vec<(u64, u32)>) {
+        let Some(at) = b.kept else {
+            debug_assert!(false, "block at {} not kept", b.offset);
             return;
         };
-        let processes = self.processes.as_ref();
-        let mut last: Option<((Key, u32), Option<u32>)> = None;
-        let mut cursor = ChainCursor::new(frames);
-        pending.clear();
-        for r in records {
-            let Record::Sample(s) = r else { continue };
-            if !self.window.contains(s.tsc) {
-                cursor.skip(s);
-                continue;
-            }
-            let mut key = classify(header.pcpu, s, processes, task_memo);
-            let chain = if cursor.next(s, packed) {
-                match self.index.chains.get(packed) {
-                    Some(c) => c,
-                    None => continue,
-                }
-            } else {
-                0
-            };
-            if chain != 0
-                && let Some((cr3, process)) = exit_cause(key.what, s, processes, task_memo)
-            {
-                key.cr3 = cr3;
-                key.process = Some(process);
-            }
-            let context = (key.context(), chain);
-            let ctx = match last {
-                Some((c, i)) if c == context => i,
-                _ => {
-                    let i = self.index.contexts.get(&context).copied();
-                    last = Some((context, i));
-                    i
+        let KeptPart {
+            samples,
+            wide,
+            remap,
+        } = &self.kept[at.part as usize];
+        let range = at.at..at.at + b.samples as usize;
+        if at.wide {
+            let stack = |id: u32| {
+                if remap.is_empty() {
+                    id
+                } else {
+                    remap[id as usize]
                 }
             };
-            if let Some(c) = ctx {
-                let hash = stack_table::hash(key.addr, c);
-                self.index.ids.prefetch(hash);
-                pending.push((s.tsc, key.addr, c, hash));
-            }
+            out.extend(wide[range].iter().map(|&(tsc, id)| (tsc, stack(id))));
+            return;
         }
-        out.extend(pending.iter().filter_map(|&(tsc, addr, ctx, hash)| {
-            self.index.ids.get(hash, addr, ctx).map(|id| (tsc, id))
-        }));
+        let tsc = |offset: u32| b.first + u64::from(offset);
+        if remap.is_empty() {
+            out.extend(samples[range].iter().map(|&(offset, id)| (tsc(offset), id)));
+        } else {
+            out.extend(
+                samples[range]
+                    .iter()
+                    .map(|&(offset, id)| (tsc(offset), remap[id as usize])),
+            );
+        }
     }
 
     /// Each pCPU's samples in stream order, sorted by TSC, for pCPUs whose blocks are not.
     fn sorted_lists(&self) -> Vec<(u16, Vec<(u64, u32)>)> {
-        let mut scratch = BlockScratch::default();
         self.blocks
             .iter()
             .filter(|(_, bs)| !in_order(bs))
             .map(|(c, bs)| {
                 let mut l = Vec::new();
                 for b in bs {
-                    self.block(&mut scratch, b, &mut l);
+                    self.block(b, &mut l);
                 }
                 l.sort_by_key(|&(t, _)| t);
                 (*c, l)
             })
             .collect()
     }
+
+    /// The TSCs of the samples of `blocks` the first pass counted (`--time`), in stream
+    /// order, given to `f` until it returns false.
+    fn tscs(&self, blocks: &[BlockSpan], mut f: impl FnMut(u64) -> bool) {
+        let mut reader = BlockReader::new();
+        for b in blocks {
+            let Some((_, records, _)) = reader.block_at(&self.bytes, b.offset) else {
+                return;
+            };
+            for r in records {
+                if let Record::Sample(s) = r
+                    && self.window.contains(s.tsc)
+                    && !f(s.tsc)
+                {
+                    return;
+                }
+            }
+        }
+    }
 }
 
 /// The common time axis: every pCPU's samples' owners as segments in TSC order, where each
-/// segment starts, and the samples of pCPUs whose blocks are out of TSC order, sorted.
+/// segment starts, and the TSCs of pCPUs whose blocks are out of TSC order, sorted.
 pub(super) struct TimeAxis {
     pub(super) segments: Segments,
     located: Vec<Vec<Located>>,
-    sorted: HashMap<u16, Vec<(u64, u32)>>,
+    sorted: HashMap<u16, Vec<u64>>,
 }
 
 impl Replay {
     /// The time axis from the segments the first pass made (in stream order): those of a pCPU
     /// whose blocks are out of TSC order (a damaged or forged capture) are made again from
-    /// its samples, read and sorted.
-    pub(super) fn time_axis(
-        &self,
-        (mut owners, lists): StreamSegments,
-        stacks: &[Stack],
-    ) -> TimeAxis {
-        let sorted: HashMap<u16, Vec<(u64, u32)>> = self.sorted_lists().into_iter().collect();
+    /// its samples' TSCs, read again, each with its owner from the segments, sorted.
+    pub(super) fn time_axis(&self, (owners, lists): StreamSegments) -> TimeAxis {
+        let mut sorted: HashMap<u16, Vec<u64>> = HashMap::default();
         let mut pcpus = Vec::with_capacity(lists.len());
         let mut located = Vec::with_capacity(lists.len());
         for (pcpu, segs, at) in lists {
-            match sorted.get(&pcpu) {
-                None => {
-                    pcpus.push((pcpu, segs));
-                    located.push(at);
-                }
-                Some(list) => {
+            let blocks = self
+                .blocks
+                .binary_search_by_key(&pcpu, |(c, _)| *c)
+                .map(|b| &self.blocks[b].1[..]);
+            match blocks {
+                Ok(bs) if !in_order(bs) => {
+                    let mut owner = segs
+                        .iter()
+                        .flat_map(|s| std::iter::repeat_n(s.owner, s.count as usize));
+                    let mut list: Vec<(u64, u32)> = Vec::new();
+                    self.tscs(bs, |tsc| {
+                        list.extend(owner.next().map(|o| (tsc, o)));
+                        true
+                    });
+                    list.sort_by_key(|&(t, _)| t);
                     let (mut segs, mut at) = (Vec::new(), Vec::new());
-                    for (i, &(tsc, stack)) in list.iter().enumerate() {
-                        let s = &stacks[stack as usize];
-                        let o = owners.id(owner(s.what, s.vm, s.vcpu));
+                    for (i, &(tsc, o)) in list.iter().enumerate() {
                         let before = segs.len();
                         Segments::push_sample(&mut segs, tsc, o);
                         if segs.len() > before {
@@ -206,6 +173,11 @@ impl Replay {
                             });
                         }
                     }
+                    pcpus.push((pcpu, segs));
+                    located.push(at);
+                    sorted.insert(pcpu, list.into_iter().map(|(t, _)| t).collect());
+                }
+                _ => {
                     pcpus.push((pcpu, segs));
                     located.push(at);
                 }
@@ -242,7 +214,7 @@ impl Replay {
             let from = at.skip as usize;
             return list[from..(from + want).min(list.len())]
                 .iter()
-                .filter(|(t, _)| inside(*t))
+                .filter(|&&t| inside(t))
                 .count() as u64;
         }
         let Ok(b) = self.blocks.binary_search_by_key(&pcpu, |(c, _)| *c) else {
@@ -252,29 +224,19 @@ impl Replay {
         let Ok(first) = blocks.binary_search_by_key(&at.offset, |b| b.offset) else {
             return 0;
         };
-        let mut reader = BlockReader::new();
-        let (mut seen, mut n) = (0usize, 0u64);
-        let mut skip = at.skip as usize;
-        for b in &blocks[first..] {
-            let Some((_, records, _)) = reader.block_at(&self.bytes, b.offset) else {
-                break;
-            };
-            for r in records {
-                let Record::Sample(s) = r else { continue };
-                if !self.window.contains(s.tsc) {
-                    continue;
-                }
-                if skip > 0 {
-                    skip -= 1;
-                    continue;
-                }
-                if seen == want {
-                    return n;
-                }
-                seen += 1;
-                n += u64::from(inside(s.tsc));
+        let (mut skip, mut seen, mut n) = (at.skip as usize, 0usize, 0u64);
+        self.tscs(&blocks[first..], |tsc| {
+            if skip > 0 {
+                skip -= 1;
+                return true;
             }
-        }
+            if seen == want {
+                return false;
+            }
+            seen += 1;
+            n += u64::from(inside(tsc));
+            true
+        });
         n
     }
 }
@@ -321,6 +283,16 @@ impl Replay {
         work: impl Fn(&mut RunScratch, &[(u16, Source<'_>)], u64, Option<u64>, &mut R) + Sync,
         mut consume: impl FnMut(&mut R) -> Result<()>,
     ) -> Result<()> {
+        if self
+            .blocks
+            .iter()
+            .flat_map(|(_, bs)| bs)
+            .any(|b| b.kept.is_none())
+        {
+            bail!(
+                "the samples cannot be read again: the profile was loaded without them (LoadOptions::keep_samples)"
+            );
+        }
         let sorted = self.sorted_lists();
         let sources: Vec<(u16, Source<'_>)> = self
             .blocks
@@ -435,7 +407,6 @@ impl Replay {
     ) -> &'s [(u64, u32)] {
         let below = |t: u64| hi.is_none_or(|h| t < h);
         let RunScratch {
-            block,
             lists,
             pool,
             merged,
@@ -449,7 +420,7 @@ impl Replay {
                     let from = bs.partition_point(|b| b.last < lo);
                     let to = bs.partition_point(|b| below(b.first));
                     for b in &bs[from..to.max(from)] {
-                        self.block(block, b, l);
+                        self.block(b, l);
                     }
                     l.retain(|&(t, _)| t >= lo && below(t));
                 }

@@ -173,7 +173,6 @@ mod tests {
     use super::*;
     use crate::model::cost::CostSum;
     use crate::model::first_pass::Classified;
-    use crate::model::first_pass_part::StackIndex;
     use crate::naming::symbols::Images;
 
     #[test]
@@ -236,7 +235,6 @@ mod tests {
             events: Vec::new(),
             cost: CostSum::default(),
             segments: Default::default(),
-            index: StackIndex::default(),
             kept: Vec::new(),
             blocks: Vec::new(),
             seen: Some((10, 2000)),

@@ -115,22 +115,6 @@ impl StackTable {
         (next, true)
     }
 
-    /// The number of (`addr`, `ctx`), whose hash is `hash`.
-    #[inline]
-    pub fn get(&self, hash: u64, addr: u64, ctx: u32) -> Option<u32> {
-        let mut i = hash as usize & self.mask;
-        loop {
-            let s = &self.slots[i];
-            if empty(s) {
-                return None;
-            }
-            if s[0] == addr && s[1] as u32 == ctx {
-                return Some(id(s));
-            }
-            i = (i + 1) & self.mask;
-        }
-    }
-
     /// Every entry: (address, context, number, samples), in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, u32, u32, u64)> + '_ {
         self.slots
@@ -187,10 +171,6 @@ mod tests {
             e.1 += n;
         }
         assert_eq!((t.len, t.iter().count()), (want.len(), want.len()));
-        for (&(addr, ctx), &(id, _)) in &want {
-            assert_eq!(t.get(hash(addr, ctx), addr, ctx), Some(id));
-        }
-        assert_eq!(t.get(hash(1, 99), 1, 99), None);
         let got: HashMap<(u64, u32), (u32, u64)> =
             t.iter().map(|(a, c, id, n)| ((a, c), (id, n))).collect();
         assert_eq!(got, want);

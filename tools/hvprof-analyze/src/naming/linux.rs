@@ -111,15 +111,7 @@ impl TaskTimeline {
     pub fn new(tasks: &[Task]) -> Self {
         let mut t = TaskTimeline::default();
         for task in tasks {
-            let label = process_label(task);
-            let id = match t.index.get(&label) {
-                Some(&i) => i,
-                None => {
-                    t.labels.push(label.clone());
-                    t.index.insert(label, t.labels.len() - 1);
-                    t.labels.len() - 1
-                }
-            };
+            let id = t.label_id(task);
             t.per_vcpu
                 .entry((task.vm, task.vcpu))
                 .or_default()
@@ -129,6 +121,41 @@ impl TaskTimeline {
             list.sort_by_key(|&(tsc, _)| tsc);
         }
         t
+    }
+
+    /// The number of a task's label, numbered in the order first seen.
+    fn label_id(&mut self, task: &Task) -> usize {
+        let label = process_label(task);
+        match self.index.get(&label) {
+            Some(&i) => i,
+            None => {
+                self.labels.push(label.clone());
+                self.index.insert(label, self.labels.len() - 1);
+                self.labels.len() - 1
+            }
+        }
+    }
+
+    /// Adds a task frame that arrives after the others (a live stream's), as [`TaskTimeline::new`]
+    /// would have placed it: after its vCPU's frames at or before its TSC.
+    pub fn push(&mut self, task: &Task) {
+        let id = self.label_id(task);
+        let list = self.per_vcpu.entry((task.vm, task.vcpu)).or_default();
+        // Task frames mostly arrive in TSC order: searched from the back.
+        let at = list
+            .iter()
+            .rposition(|&(t, _)| t <= task.tsc)
+            .map_or(0, |i| i + 1);
+        list.insert(at, (task.tsc, id));
+    }
+
+    /// Forgets each vCPU's task changes that no sample at or after `tsc` falls in: those
+    /// before its last one at or before `tsc` (the labels stay, with their numbers).
+    pub fn forget_before(&mut self, tsc: u64) {
+        for list in self.per_vcpu.values_mut() {
+            let n = list.partition_point(|&(t, _)| t <= tsc);
+            list.drain(..n.saturating_sub(1));
+        }
     }
 
     /// The task vCPU `vcpu` of VM `vm` ran at `tsc` (`None` before its first task frame).
@@ -195,6 +222,28 @@ mod tests {
         assert_eq!(t.task_at(0, 0, 5000), Some("sh[58]"));
         assert_eq!(t.task_at(0, 1, 400), Some("w41[57/60]"));
         assert_eq!(t.task_at(1, 0, 400), None);
+        // Pushed one by one as a stream brings them (one out of TSC order), the same answers.
+        let mut pushed = TaskTimeline::default();
+        for task in [tasks[1], tasks[0], tasks[2], tasks[3]] {
+            pushed.push(&task);
+        }
+        for (vcpu, tsc) in [
+            (0, 99),
+            (0, 100),
+            (0, 499),
+            (0, 500),
+            (0, 5000),
+            (1, 299),
+            (1, 300),
+        ] {
+            assert_eq!(pushed.task_at(0, vcpu, tsc), t.task_at(0, vcpu, tsc));
+        }
+        // What no sample from TSC 600 on falls in is forgotten; the rest stays.
+        pushed.forget_before(600);
+        assert_eq!(pushed.per_vcpu[&(0, 0)], [(500, 0), (900, 2)]);
+        assert_eq!(pushed.task_at(0, 0, 600), Some("w41[57]"));
+        assert_eq!(pushed.task_at(0, 0, 5000), Some("sh[58]"));
+        assert_eq!(pushed.task_at(0, 1, 600), Some("w41[57/60]"));
     }
 
     #[test]

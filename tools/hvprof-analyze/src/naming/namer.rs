@@ -8,7 +8,7 @@
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use hvprof_samplelog::Decoded;
+use hvprof_samplelog::{Decoded, Task};
 
 use crate::naming::escape::printable;
 use crate::naming::linux::{GuestKernel, KERNEL_MODULE, TaskTimeline};
@@ -91,8 +91,8 @@ pub enum ProcessKey {
     Cr3(u64),
 }
 
-/// Who ran in each guest sample: what [`Namer::process_key`] needs, owned (a second pass over
-/// the capture classifies its samples as the first did).
+/// Who ran in each guest sample: what [`Namer::process_key`] needs, owned (the classifier
+/// reads it on every core; `top` adds the task frames as the stream brings them).
 #[derive(Clone, Default)]
 pub struct Processes {
     linux: HashSet<u16>,
@@ -160,6 +160,27 @@ impl Processes {
     /// Whether any VM is a Linux guest (its samples' processes depend on the time).
     pub fn any_linux(&self) -> bool {
         !self.linux.is_empty()
+    }
+
+    /// Adds a task frame that arrives after the others (a live stream's): its VM is a Linux
+    /// guest. A [`TaskMemo`] filled before may no longer hold.
+    pub fn add_task(&mut self, task: &Task) {
+        self.linux.insert(task.vm);
+        self.tasks.push(task);
+    }
+
+    /// Forgets the task changes that no sample at or after `tsc` falls in. A [`TaskMemo`]
+    /// filled before may no longer hold.
+    pub fn forget_before(&mut self, tsc: u64) {
+        self.tasks.forget_before(tsc);
+    }
+
+    /// The task's label (`comm[tgid]`) when the process is a task.
+    pub fn label(&self, key: ProcessKey) -> Option<&str> {
+        match key {
+            ProcessKey::Task(i) => Some(self.tasks.label(i as usize)),
+            ProcessKey::Cr3(_) => None,
+        }
     }
 }
 

@@ -228,8 +228,9 @@ impl Sweep {
 }
 
 impl Timeline {
-    /// Bins a profile's samples into `bins` bars per row.
-    pub fn build(p: &Profile, bins: usize) -> Timeline {
+    /// Bins a profile's samples into `bins` bars per row (read again: the profile keeps them,
+    /// `LoadOptions::keep_samples`).
+    pub fn build(p: &Profile, bins: usize) -> Result<Timeline> {
         let bins = bins.max(1);
         let (start, end) = p.span();
         let bin_ticks = ((end - start) / bins as u64 + 1).max(1);
@@ -290,7 +291,7 @@ impl Timeline {
                 *row[b].entry(st).or_default() += 1;
                 *totals.entry(st).or_default() += 1;
             }
-        });
+        })?;
         for sw in &mut sweeps {
             while let Some(&t) = sw.ends.get(sw.before.len()) {
                 sw.note_end(end_bin(t));
@@ -378,7 +379,7 @@ impl Timeline {
         }
         let mut states: Vec<State> = totals.keys().copied().collect();
         states.sort_unstable();
-        Timeline {
+        Ok(Timeline {
             start,
             bin_ticks,
             ms_per_tick: if p.tsc_hz == 0 {
@@ -390,7 +391,7 @@ impl Timeline {
             rows,
             pcpus,
             losses: p.losses.clone(),
-        }
+        })
     }
 
     /// Where a TSC falls on the time axis, in `per_ms` units (clamped to the axis).
@@ -578,7 +579,7 @@ fn draw_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 
 /// Writes the timeline SVG of a profile.
 pub fn write(p: &Profile, bins: usize, title: &str, out: &mut dyn std::io::Write) -> Result<()> {
-    let t = Timeline::build(p, bins);
+    let t = Timeline::build(p, bins)?;
     out.write_all(t.svg(title)?.as_bytes())
         .context("cannot write the timeline")
 }
@@ -619,7 +620,8 @@ mod tests {
         let bin_ticks = ((end - start) / bins as u64 + 1).max(1);
         let bin = |tsc: u64| (((tsc - start) / bin_ticks) as usize).min(bins - 1);
         let mut per_pcpu: HashMap<u16, Vec<Sampled>> = HashMap::default();
-        p.for_each_sample(|s| per_pcpu.entry(s.pcpu).or_default().push(*s));
+        p.for_each_sample(|s| per_pcpu.entry(s.pcpu).or_default().push(*s))
+            .unwrap();
         let lists: HashMap<u16, Vec<(u64, Owner)>> = per_pcpu
             .iter()
             .map(|(&c, idx)| {
@@ -713,7 +715,7 @@ mod tests {
             let records: Vec<Vec<Record>> = pcpus.into_iter().map(with_tsc).collect();
             let p = profile(&records);
             prop_assume!(!p.samples.is_empty() && !p.events.is_empty());
-            let t = Timeline::build(&p, bins);
+            let t = Timeline::build(&p, bins).unwrap();
             let pcpu_rows = p.pcpu_list().len();
             let naive = naive_vcpu_rows(&p, bins);
             prop_assert_eq!(&t.rows[pcpu_rows..], naive.as_slice());
@@ -761,7 +763,7 @@ mod tests {
             &Progress::hidden(),
         );
         assert_eq!(p.samples.len() as u64, K * OWN);
-        let t = Timeline::build(&p, BINS);
+        let t = Timeline::build(&p, BINS).unwrap();
         assert_eq!(t.rows.len(), 2 + K as usize);
         let (start, end) = p.span();
         let bin_ticks = (end - start) / BINS as u64 + 1;

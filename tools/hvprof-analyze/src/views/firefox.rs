@@ -1404,7 +1404,8 @@ mod tests {
                 .map(|(n, c)| (n.into_owned(), category(c).to_owned()))
                 .collect();
             want[slot_of[s.stack as usize] as usize].push((frames, p.ticks_to_ns(s.tsc - start)));
-        });
+        })
+        .unwrap();
         // Each thread with samples by its tid (the threads are in the file in the order of their
         // processes).
         let tid = |&(guest, a, b): &(bool, u16, u16)| {
@@ -1432,8 +1433,8 @@ mod tests {
         assert_eq!(samples, p.samples.len());
     }
 
-    /// Synthetic captures (with call chains or without, the samples read again or kept by the
-    /// first pass) and the end-to-end captures of `tests/data` with their symbols.
+    /// Synthetic captures (with call chains or without) and the end-to-end captures of
+    /// `tests/data` with their symbols.
     #[test]
     fn written_threads_hold_each_sample_with_its_frames() {
         use hvprof_samplelog::synth;
@@ -1445,19 +1446,14 @@ mod tests {
                 ..synth::SynthConfig::default()
             };
             let cap = synth::capture(&cfg, &synth::CaptureOptions::default());
-            for keep_samples in [false, true] {
-                let p = Profile::from_bytes(
-                    &cap.bytes,
-                    &Images::default(),
-                    LoadOptions {
-                        keep_samples,
-                        ..LoadOptions::all(2)
-                    },
-                    &Progress::hidden(),
-                );
-                assert!(!p.losses.is_empty() && p.samples.has_chains() == chains);
-                written_threads_hold_each_sample(&p);
-            }
+            let p = Profile::from_bytes(
+                &cap.bytes,
+                &Images::default(),
+                LoadOptions::all(2),
+                &Progress::hidden(),
+            );
+            assert!(!p.losses.is_empty() && p.samples.has_chains() == chains);
+            written_threads_hold_each_sample(&p);
         }
         let data = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
         for (log, hypervisor, image) in [

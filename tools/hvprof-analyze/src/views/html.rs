@@ -252,7 +252,7 @@ nav a{margin-right:1em}";
 
 /// Renders the page: `r` is `p`'s report.
 pub fn render(p: &Profile, r: &Report, source: &str, bins: usize, top: usize) -> Result<String> {
-    let timeline = Timeline::build(p, bins).svg(&format!("Timeline: {source}"))?;
+    let timeline = Timeline::build(p, bins)?.svg(&format!("Timeline: {source}"))?;
     let mut flame = Vec::new();
     crate::views::flame::write(p, &format!("Flame graph: {source}"), false, &mut flame)?;
     // Its style sheet would apply to the whole page: keep it to the flame graph.

@@ -389,7 +389,7 @@ fn timeline_svg_holds_one_bar_series_per_state() {
             .filter_map(|n| n.text().map(|t| t.trim().to_owned()))
             .collect();
         let fills = rects_by_fill(&doc);
-        let t = Timeline::build(&c.profile(), 120);
+        let t = Timeline::build(&c.profile(), 120).unwrap();
         let bars = t.bars_per_state();
         assert!(t.states.len() >= 3, "{}: {:?}", c.log, t.states);
         let mut colors = HashSet::new();
@@ -426,7 +426,7 @@ fn timeline_states_match_the_report() {
     // hypervisor segments the report's [steal] (hypervisor) (the scheduler's too).
     let c = &CAPTURES[0];
     let r = report(c);
-    let t = Timeline::build(&c.profile(), 50);
+    let t = Timeline::build(&c.profile(), 50).unwrap();
     for vm in r["vms"].as_array().unwrap() {
         let name = vm["name"].as_str().unwrap();
         let row = t

@@ -220,7 +220,7 @@ fn guest_chosen_names_are_escaped() {
             report_only: false,
             time: None,
             top_rows: None,
-            keep_samples: false,
+            keep_samples: true,
         },
         &Progress::hidden(),
     );

@@ -154,7 +154,7 @@ fn json_report_lists_the_ranges() {
 #[test]
 fn timeline_draws_the_losses_over_their_pcpu() {
     let p = profile(&capture(true));
-    let t = Timeline::build(&p, 10);
+    let t = Timeline::build(&p, 10).unwrap();
     assert_eq!(t.pcpus, [0, 1]);
     // Milliseconds since the first sample (TSC 1000): 1 ms per 1000 ticks.
     let x_max = 10.0;

@@ -63,7 +63,7 @@ fn views_scale_linearly() {
             times.push((name, t.elapsed()));
         };
         time("text", &mut || drop(text::render(&r, 20, None)));
-        time("timeline", &mut || drop(Timeline::build(&p, 120)));
+        time("timeline", &mut || drop(Timeline::build(&p, 120).unwrap()));
         time("folded", &mut || drop(flame::folded(&p)));
         time("stat", &mut || drop(stat::render(&stat::build(&p))));
         time("script", &mut || {

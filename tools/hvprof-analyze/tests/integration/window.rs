@@ -13,18 +13,12 @@ use hvprof_samplelog::synth::{self, CaptureOptions, SynthConfig};
 use crate::data;
 
 fn profile(bytes: &[u8], time: Option<&str>) -> Profile {
-    profile_keeping(bytes, time, false)
-}
-
-/// [`profile`], the first pass keeping each sample for the replay (`export --firefox`) or not.
-fn profile_keeping(bytes: &[u8], time: Option<&str>, keep_samples: bool) -> Profile {
     Profile::from_bytes(
         bytes,
         &Images::default(),
         LoadOptions {
             time: time.map(|t| t.parse::<TimeRange>().unwrap()),
             top_rows: None,
-            keep_samples,
             ..LoadOptions::all(2)
         },
         &Progress::hidden(),
@@ -103,10 +97,6 @@ fn a_stretch_holds_the_samples_inside_it_chains_and_all() {
             .iter()
             .all(|(t, _)| *t >= from - 1e-6 && *t <= to + 1e-6)
     );
-
-    // Kept by the first pass, the stretch's samples are read again the same.
-    let kept = profile_keeping(&cap.bytes, Some(&window), true);
-    assert_eq!(script_events(&kept), script_events(&part));
 
     // The whole capture as a stretch is the whole capture.
     let all = profile(&cap.bytes, Some(","));
