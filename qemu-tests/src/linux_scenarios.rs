@@ -1237,7 +1237,8 @@ pub fn all() -> Vec<Scenario> {
         // (`apic=on`): the second vCPU started by the guest's INIT-SIPI-SIPI; then COM1's
         // interrupt bound to each vCPU in turn.
         linux_apic_module(
-            // Bochs runs both CPUs in one thread: twice a uniprocessor boot's time (136 s here).
+            // Bochs runs both CPUs in one thread: about twice a uniprocessor run's time (105 s
+            // here against w41's 67 s).
             linux_machine("bochs-linux-smp-boot")
                 .cpus(2)
                 .cmdline(&format!("export=end channel=lpt {LINUX_PERIOD}"))
@@ -1289,8 +1290,8 @@ pub fn all() -> Vec<Scenario> {
         .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
         .profile(check_shared_lib),
         linux_vm_with(
-            // It loads three kernel modules and hashes with them: 241-250 s of Bochs CPU time
-            // here (2026-11-28, calibration x1.04-1.07), past `boot`'s 240 s.
+            // It loads three kernel modules and hashes with them: the longest Linux scenario
+            // (200 s here at calibration x1.03, against w41's 67 s).
             boot("bochs-linux-module").budget(Duration::from_secs(360)),
             "linux",
             "hashload",
