@@ -159,9 +159,9 @@ fn main(args: &str) -> u8 {
             }
         }
     }
-    // SAFETY: as above; the lookup table (two blocks) covers the one-block `_stext` range,
-    // where no IP falls.
-    unsafe { (LOOKUP as *mut [u32; 3]).write_volatile([0, 0, 0]) };
+    // SAFETY: as above; the lookup table's two entries (`blocks` = 2) cover the one-block
+    // `_stext` range, where no IP falls.
+    unsafe { (LOOKUP as *mut [u32; 2]).write_volatile([0, 0]) };
     // SAFETY: IA32_LSTAR only says where SYSCALL would enter; this guest never executes it.
     if let Err(f) = unsafe { cpu::wrmsr_safe(0xc000_0082, KB + ENTRY_SYSCALL_64) } {
         println!("orcattack: cannot set IA32_LSTAR: {f:?}");

@@ -20,21 +20,31 @@ pub const KERNEL_WALK_READS: u32 = 640;
 /// Reads at most this many guest words per user walk by unwind tables.
 pub const USER_WALK_READS: u32 = 160;
 
-/// Writes `ip` into the next of `out`'s first `max` slots; false once they are full.
+/// Runs `walk` with a read budget of `reads.limit` and a sink that writes each return address
+/// into the next of `out`'s first `max` slots (false once they are full); records the reads it
+/// took in `reads` (`stopped`: the walk's end says the budget stopped it). Returns the slots
+/// written and the walk's end.
 #[inline(always)]
-fn sink<'o>(
-    out: &'o mut [MaybeUninit<u64>],
-    n: &'o mut usize,
+fn budgeted<E>(
+    reads: &BudgetUse,
     max: usize,
-) -> impl FnMut(u64) -> bool + 'o {
-    move |ip| {
-        if *n == max {
+    out: &mut [MaybeUninit<u64>],
+    walk: impl FnOnce(&mut Budget, &mut dyn FnMut(u64) -> bool) -> E,
+    stopped: impl FnOnce(&E) -> bool,
+) -> (usize, E) {
+    let max = max.min(out.len());
+    let mut n = 0;
+    let mut budget = Budget::new(reads.limit);
+    let end = walk(&mut budget, &mut |ip| {
+        if n == max {
             return false;
         }
-        out[*n].write(ip);
-        *n += 1;
-        *n < max
-    }
+        out[n].write(ip);
+        n += 1;
+        n < max
+    });
+    reads.record(budget.left(), stopped(&end));
+    (n, end)
 }
 
 /// Where a kernel walk ended, with the frames it wrote: complete, cut, or in user mode's
@@ -46,8 +56,8 @@ pub struct KernelFrames {
 
 /// A kernel chain by the ORC tables `tables` from `start` (the interrupted kernel code): its
 /// return addresses written to the start of `out`, at most `max` (and `out`'s length) of them,
-/// the walk's reads counted in `reads` (a walk stopped at [`KERNEL_WALK_READS`] ends as a bad
-/// frame).
+/// the walk's reads counted in `reads`, whose limit is its budget ([`KERNEL_WALK_READS`] in the
+/// hypervisor; a walk stopped there ends as a bad frame).
 #[inline(always)]
 pub fn kernel_frames<M: GuestMemory + ?Sized, C: OrcCache>(
     mem: &M,
@@ -58,19 +68,14 @@ pub fn kernel_frames<M: GuestMemory + ?Sized, C: OrcCache>(
     max: usize,
     out: &mut [MaybeUninit<u64>],
 ) -> KernelFrames {
-    let max = max.min(out.len());
-    let mut n = 0;
-    let mut budget = Budget::new(KERNEL_WALK_READS);
-    let end = hvprof_linux_walk::unwind_kernel(
-        mem,
-        tables,
-        cache,
-        start,
-        &mut budget,
-        &mut sink(out, &mut n, max),
+    let (written, end) = budgeted(
+        reads,
+        max,
+        out,
+        |budget, sink| hvprof_linux_walk::unwind_kernel(mem, tables, cache, start, budget, sink),
+        |end| matches!(end, KernelEnd::Bad(Stop::Budget)),
     );
-    reads.record(budget.left(), matches!(end, KernelEnd::Bad(Stop::Budget)));
-    KernelFrames { written: n, end }
+    KernelFrames { written, end }
 }
 
 /// The chain of a kernel walk that wrote `k.written` of `out`'s first `max` slots: where it
@@ -109,8 +114,8 @@ pub fn after_kernel(
 }
 
 /// A user chain by the unwind tables `tables` from `start`: its return addresses written to the
-/// start of `out` (at most `max` and its length), the walk's reads counted in `reads` (a walk
-/// stopped at [`USER_WALK_READS`] ends as a bad frame). Returns the chain and the slots written.
+/// start of `out` (at most `max` and its length), the walk's reads counted in `reads`, whose limit
+/// is its budget ([`USER_WALK_READS`] in the hypervisor; a walk stopped there ends as a bad frame). Returns the chain and the slots written.
 #[inline(always)]
 pub fn user_frames<M: GuestMemory + ?Sized, C: EntryCache>(
     mem: &M,
@@ -121,18 +126,13 @@ pub fn user_frames<M: GuestMemory + ?Sized, C: EntryCache>(
     max: usize,
     out: &mut [MaybeUninit<u64>],
 ) -> (Chain, usize) {
-    let max = max.min(out.len());
-    let mut n = 0;
-    let mut budget = Budget::new(USER_WALK_READS);
-    let end = hvprof_linux_walk::unwind_user(
-        mem,
-        tables,
-        cache,
-        start,
-        &mut budget,
-        &mut sink(out, &mut n, max),
+    let (n, end) = budgeted(
+        reads,
+        max,
+        out,
+        |budget, sink| hvprof_linux_walk::unwind_user(mem, tables, cache, start, budget, sink),
+        |end| matches!(end, UserEnd::Bad(Stop::Budget)),
     );
-    reads.record(budget.left(), matches!(end, UserEnd::Bad(Stop::Budget)));
     let end = match end {
         UserEnd::Complete => ChainEnd::Complete,
         UserEnd::Full => ChainEnd::DepthLimit,
