@@ -651,8 +651,9 @@ pub fn run_scenario(scenario: &Scenario, config: &RunnerConfig) -> (ScenarioResu
         _ => String::new(),
     };
     // A failed scenario keeps its ISO, to boot again by hand; a passed one keeps its logs and
-    // captures only (a Linux scenario's ISO is about 45 MB: the whole run's would be gigabytes).
-    if verdict == Verdict::Pass {
+    // captures only (a Linux scenario's ISO is about 45 MB: the whole run's would be gigabytes),
+    // unless HVPROF_KEEP_ISO is set (to trace a passing run in Bochs' debugger, say).
+    if verdict == Verdict::Pass && std::env::var_os("HVPROF_KEEP_ISO").is_none() {
         let _ = fs::remove_file(&files.iso);
     }
     (finish(verdict), details)

@@ -352,6 +352,38 @@ impl CpuProfiler {
     /// The sample path for a guest: reads its state from the current VMCS. Returns its cost.
     pub fn sample_guest(&self, vmcs: &CurrentVmcs, now: u64) -> u64 {
         let t0 = rdtsc();
+        match stack_depth() {
+            // Without a chain (the default): pushed where the compiler knows there are no
+            // frames, so that the record goes straight into the ring (with a chain's frames
+            // possible, it was built on the stack first and copied from there).
+            0 => self.push(self.guest_sample(vmcs, now).0, &[], t0),
+            depth => self.sample_guest_walked(vmcs, now, depth, t0),
+        }
+    }
+
+    /// `sample_guest` with a call chain of at most `depth` frames. Out of line, so that its
+    /// buffer and registers do not weigh on the path without chains.
+    #[inline(never)]
+    fn sample_guest_walked(&self, vmcs: &CurrentVmcs, now: u64, depth: usize, t0: u64) -> u64 {
+        let (mut s, cpl, mode) = self.guest_sample(vmcs, now);
+        let mut buf = [MaybeUninit::uninit(); MAX_CHAIN_DEPTH];
+        let t = rdtsc();
+        let long = mode == hvprof_samplelog::MODE_LONG;
+        // SAFETY: called by `sample_guest`, with this vCPU's VMCS current (GUEST_RSP exists in
+        // every VMCS); not through `vmcs`, so that the closure passed to the walk holds nothing.
+        let rsp = || unsafe { hvprof_vmx::instructions::vmread_field_fast(GuestNatural::Rsp) };
+        let (rip, cr3) = (s.guest_rip, s.guest_cr3);
+        let (chain, frames) = self.walk_guest(cr3, cpl, long, rip, rsp, depth, &mut buf);
+        let c = &self.costs;
+        walked_since(t, frames.len(), &c.guest_walks, &c.guest_frames);
+        s.guest_chain = chain;
+        self.push(s, frames, t0)
+    }
+
+    /// A guest sample at `now` (no chain yet), read from the current VMCS, with the guest's CPL
+    /// and mode.
+    #[inline(always)]
+    fn guest_sample(&self, vmcs: &CurrentVmcs, now: u64) -> (Sample, u8, u8) {
         let (vm, vcpu, vpid, exit) = self.current();
         // The caller is the run loop right after a VM exit (or the NMI exit's handler), with this
         // vCPU's VMCS current; every encoding below exists in every VMCS.
@@ -370,7 +402,7 @@ impl CpuProfiler {
         } else {
             hvprof_samplelog::MODE_PROTECTED
         };
-        let mut s = Sample {
+        let s = Sample {
             tsc: now,
             kind: SampleKind::Guest,
             vm,
@@ -385,26 +417,7 @@ impl CpuProfiler {
             host_chain: Chain::NOT_WALKED,
             guest_chain: Chain::NOT_WALKED,
         };
-        match stack_depth() {
-            // Without a chain (the default): pushed where the compiler knows there are no
-            // frames, so that the record goes straight into the ring (with a chain's frames
-            // possible, it was built on the stack first and copied from there).
-            0 => self.push(s, &[], t0),
-            depth => {
-                let mut buf = [MaybeUninit::uninit(); MAX_CHAIN_DEPTH];
-                let t = rdtsc();
-                let long = mode == hvprof_samplelog::MODE_LONG;
-                // SAFETY: as for the reads above (this vCPU's VMCS current); not through `vmcs`,
-                // so that the closure passed to the walk holds nothing.
-                let rsp =
-                    || unsafe { hvprof_vmx::instructions::vmread_field_fast(GuestNatural::Rsp) };
-                let (chain, frames) = self.walk_guest(cr3, cpl, long, rip, rsp, depth, &mut buf);
-                let c = &self.costs;
-                walked_since(t, frames.len(), &c.guest_walks, &c.guest_frames);
-                s.guest_chain = chain;
-                self.push(s, frames, t0)
-            }
-        }
+        (s, cpl, mode)
     }
 
     /// The deadline clock's hypervisor sample, from the LAPIC timer's interrupt frame, or at a
