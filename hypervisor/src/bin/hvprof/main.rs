@@ -117,6 +117,17 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
         channel_test::run(records, options.channel, BuildId::bytes(), tsc.hz);
     }
 
+    // The TSC's rate and the local APIC first: from here on the console halts while its UART
+    // sends, instead of spinning through the line time (the platform report below is most of
+    // the boot's text).
+    let tsc = tsc::calibrate();
+    console::set_tsc_hz(tsc.hz);
+    let lapic = arch::host_apic::Lapic::init();
+    if let Some(l) = lapic {
+        profiler::sampler::this_cpu().set_lapic(l);
+        console::halt_while_sending();
+    }
+
     let cpu = match platform::report() {
         Ok(report) => report,
         Err(refusal) => {
@@ -126,8 +137,6 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     };
 
     selftest(&options);
-    let tsc = tsc::calibrate();
-    console::set_tsc_hz(tsc.hz);
     let period = options.period.to_tsc_ticks(tsc.hz).max(1);
     profiler::sampler::set_stack_depth(options.stacks);
     println!(
@@ -145,7 +154,6 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     vcpu::fpu::init();
     println!("{}", vcpu::fpu::describe());
     println!("{}", isolation::init());
-    let lapic = arch::host_apic::Lapic::init();
     match &lapic {
         Some(l) => println!(
             "profiler: deadline clock: VMX-preemption timer in guests, LAPIC timer ({:?}) in the hypervisor; period {period} ticks",
