@@ -7,7 +7,7 @@
 //! bzImage               the kernel as Debian ships it (linux-image-*-cloud-amd64)
 //! vmlinux               its decompressed ELF (stripped, with kallsyms and .BTF inside)
 //! config                the kernel's .config
-//! bin/                  w41, w41-fp and zeroread (frame pointers), shor, hvexit, lockholder: static
+//! bin/                  w41, w41-fp and zeroread (frame pointers), shor, hvexit, hvrun, lockholder: static
 //!                       non-PIE workloads built with the host gcc
 //! bin/                  shor-dyn, hashload: dynamic PIE workloads against Debian's libraries
 //! root/                 the guest's file tree (the initramfs is made of it, less
@@ -54,12 +54,13 @@ pub const MODULES: [&str; 3] = [
 const DEBUG_DIR: &str = "usr/lib/debug";
 
 /// The programs built into the guest's /bin.
-const GUEST_PROGRAMS: [&str; 8] = [
+const GUEST_PROGRAMS: [&str; 9] = [
     "w41",
     "w41-fp",
     "zeroread",
     "shor",
     "hvexit",
+    "hvrun",
     "shor-dyn",
     "hashload",
     "lockholder",
@@ -487,6 +488,8 @@ pub fn image(refresh: bool) -> Result<()> {
         &["-fno-omit-frame-pointer"],
     )?;
     gcc(&bin.join("hvexit"), &[&src.join("hvexit.c")], &[])?;
+    // The runner of `cargo xtask profile`'s command (argv, environment and directory exactly).
+    gcc(&bin.join("hvrun"), &[&src.join("hvrun.c")], &[])?;
     // Two threads taking turns at a spinlock, for lock-holder preemption.
     gcc(
         &bin.join("lockholder"),
@@ -518,7 +521,7 @@ pub fn image(refresh: bool) -> Result<()> {
     gcc_pie(&bin.join("hashload"), &[&src.join("hashload.c")], &[])?;
 
     // The rest of the tree: /init, busybox, the workloads.
-    for d in ["bin", "dev", "proc", "sys", "tmp"] {
+    for d in ["bin", "dev", "proc", "sys", "tmp", "root"] {
         std::fs::create_dir_all(root.join(d))?;
     }
     copy_executable(&src.join("init"), &root.join("init"))?;
@@ -554,6 +557,7 @@ pub fn image(refresh: bool) -> Result<()> {
         "bin/zeroread",
         "bin/shor",
         "bin/hvexit",
+        "bin/hvrun",
         "bin/shor-dyn",
         "bin/hashload",
         "bin/lockholder",

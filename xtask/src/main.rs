@@ -7,6 +7,7 @@ mod linux;
 mod live;
 #[cfg(test)]
 mod modgraph;
+mod profile;
 mod rules;
 mod run;
 mod spread;
@@ -40,6 +41,9 @@ enum Cmd {
     Run(RunArgs),
     /// Run with the best emulator here and summarize the platform report.
     Demo,
+    /// Profile one command in the Linux guest under hvprof, then print its report:
+    /// `cargo xtask profile [OPTIONS] -- COMMAND [ARGS...]`.
+    Profile(profile::ProfileArgs),
     /// fmt, clippy, unit tests, hypervisor build, end-to-end scenarios.
     Test {
         /// Run only the scenarios whose name contains this.
@@ -163,6 +167,7 @@ fn main() -> ExitCode {
         }),
         Cmd::Run(args) => run::run(&args),
         Cmd::Demo => run::demo(),
+        Cmd::Profile(args) => profile::profile(&args),
         Cmd::Test {
             filter,
             no_e2e,

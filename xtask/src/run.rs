@@ -76,7 +76,7 @@ fn make_iso(args: &IsoArgs, plan: Option<&Plan>) -> Result<PathBuf> {
 }
 
 /// The emulator `--emulator` names, or the best one here.
-fn choose_emulator(arg: Option<EmulatorArg>, cpu_model: &str) -> Result<Emulator> {
+pub(crate) fn choose_emulator(arg: Option<EmulatorArg>, cpu_model: &str) -> Result<Emulator> {
     Ok(match arg {
         Some(EmulatorArg::Bochs) => Emulator::bochs(cpu_model),
         Some(EmulatorArg::QemuTcg) => Emulator::QemuTcgBios,

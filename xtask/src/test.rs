@@ -153,6 +153,11 @@ fn report_disk() {
     }
 }
 
+/// Whether `--filter` selects the check of `cargo xtask profile` (named `xtask-profile`).
+fn profile_check_selected(filter: Option<&str>) -> bool {
+    filter.is_none_or(|f| "xtask-profile".contains(f))
+}
+
 /// `cargo xtask test [--filter S] [--no-e2e | --e2e-only]`.
 pub fn test(filter: Option<&str>, no_e2e: bool, e2e_only: bool) -> Result<ExitCode> {
     let mut tally = Tally::default();
@@ -191,7 +196,7 @@ pub fn test(filter: Option<&str>, no_e2e: bool, e2e_only: bool) -> Result<ExitCo
     if !no_e2e {
         println!("--- end-to-end scenarios");
         let all = scenarios::all();
-        if select(&all, filter).is_empty() {
+        if select(&all, filter).is_empty() && !profile_check_selected(filter) {
             println!(
                 "FAIL e2e: no scenario name contains {:?}",
                 filter.unwrap_or("")
@@ -245,6 +250,15 @@ pub fn test(filter: Option<&str>, no_e2e: bool, e2e_only: bool) -> Result<ExitCo
         } else {
             println!("e2e scenarios not run: the hypervisor did not build");
         }
+    }
+
+    // `cargo xtask profile` end to end: it boots its own runs (two at once), after the
+    // scenarios.
+    if !no_e2e && profile_check_selected(filter) {
+        tally.stage(
+            "xtask-profile (cargo xtask profile end to end)",
+            crate::profile::check,
+        );
     }
 
     println!(

@@ -1,0 +1,1007 @@
+//! `cargo xtask profile [OPTIONS] -- COMMAND [ARGS...]`: one command, profiled in the Linux guest
+//! under hvprof, then its report (docs/LINUX-GUESTS.md, "Profile your own program").
+//!
+//! The guest is the project's Linux image (`cargo xtask linux-image`, built here when missing).
+//! What this run adds to it goes into a small initramfs appended to the image's (the kernel
+//! unpacks both, the second over the first), so the image is never rebuilt for a run:
+//!
+//! - `/hvprof/run/argv`, `env`, `cwd`: the command exactly as given, read by the guest's
+//!   `/bin/hvrun` (guests/linux/hvrun.c), which /init runs for `hvprof.run=@`;
+//! - the files and folders of `--add`.
+//!
+//! Everything lands in `target/profile/`: the ISO, the serial log, `capture.log`, the guest root
+//! the analyzer reads (the image's, hard-linked, with the added files), `report.html` and
+//! `perf-script.txt`.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use linux_guest::initramfs::Initramfs;
+use qemu_tests::emulator::{BOCHS_IPS_REALISTIC, Emulator, RunFiles};
+use qemu_tests::iso::{IsoModule, IsoSpec, build_iso};
+use qemu_tests::linux_scenarios::{KERNEL_CMDLINE, linux_dir};
+use qemu_tests::process::{Launch, Limit, RunEnd, launch};
+use qemu_tests::runner::DEFAULT_END_MARKER;
+
+use crate::EmulatorArg;
+use crate::build::{build_analyzer, build_hypervisor};
+use crate::target_dir;
+use crate::tools::ensure_tools;
+
+/// `cargo xtask profile`'s options.
+#[derive(clap::Args, Clone, Debug)]
+#[command(after_help = "Examples:
+  cargo xtask profile -- /bin/w41 400
+  cargo xtask profile --add ./myprog --env OMP_NUM_THREADS=2 -- ./myprog --size 'a b'
+  cargo xtask profile --vcpus 2 --cpus 1 --stacks 16 -- /bin/shor 35 2 1
+
+The command runs in the guest as root, with its arguments exactly as given, in --cwd (default
+/root, where --add puts files unless told otherwise). Its output is shown as it comes; the
+exit status is the command's (127: it could not be started; 128+N: signal N; 124: stopped by
+the budget).")]
+pub struct ProfileArgs {
+    /// vCPUs of the Linux VM.
+    #[arg(long, default_value_t = 1)]
+    pub vcpus: u16,
+    /// CPUs of the emulated machine (pCPUs; default: one per vCPU).
+    #[arg(long)]
+    pub cpus: Option<u32>,
+    /// The pCPU of each vCPU, comma-separated (default: vCPU i on pCPU i modulo --cpus).
+    #[arg(long, value_name = "LIST")]
+    pub pin: Option<String>,
+    /// Sampling period: <n>ticks, <n>ns, <n>us or <n>ms (the Bochs clock is 1 GHz).
+    #[arg(long, default_value = "8000ticks")]
+    pub period: String,
+    /// Call chains of at most N frames per sample (off: none).
+    #[arg(long, default_value = "off", value_name = "N")]
+    pub stacks: String,
+    /// An environment variable for the command, KEY=VALUE. Repeatable.
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// The command's working directory in the guest.
+    #[arg(long, default_value = "/root", value_name = "DIR")]
+    pub cwd: String,
+    /// A file or folder to put in the guest: HOST, or HOST:GUEST (an absolute guest path;
+    /// default: --cwd/<its name>). Repeatable.
+    #[arg(long = "add", value_name = "HOST[:GUEST]")]
+    pub add: Vec<String>,
+    /// The VM's memory.
+    #[arg(long, default_value = "256M")]
+    pub memory: String,
+    /// Stop the VM after this many seconds of guest time (at the 1 GHz clock; boot included).
+    #[arg(long, default_value_t = 100.0, value_name = "SECONDS")]
+    pub budget: f64,
+    /// The emulator (default: qemu-kvm where nested VMX works, else bochs).
+    #[arg(long, value_enum)]
+    pub emulator: Option<EmulatorArg>,
+    /// Show the hypervisor's and the kernel's console lines too.
+    #[arg(long)]
+    pub verbose: bool,
+    /// The run's folder (ISO, logs, capture, guest root, reports).
+    #[arg(long, value_name = "DIR", default_value = "target/profile")]
+    pub out: PathBuf,
+    /// The command and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    pub command: Vec<OsString>,
+}
+
+/// A file or folder `--add` puts in the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Addition {
+    host: PathBuf,
+    guest: String,
+}
+
+/// `HOST` or `HOST:GUEST` (GUEST absolute); the host path must exist.
+fn parse_addition(spec: &str, cwd: &str) -> Result<Addition> {
+    let (host, guest) = match spec.rsplit_once(':') {
+        Some((h, g)) if g.starts_with('/') && !h.is_empty() => (h, Some(g.to_owned())),
+        _ => (spec, None),
+    };
+    let host = PathBuf::from(host);
+    if std::fs::symlink_metadata(&host).is_err() {
+        bail!("--add {spec}: {} does not exist", host.display());
+    }
+    let guest = match guest {
+        Some(g) => g,
+        None => {
+            let name = host
+                .canonicalize()
+                .ok()
+                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .with_context(|| format!("--add {spec}: no file name"))?;
+            format!("{}/{name}", cwd.trim_end_matches('/'))
+        }
+    };
+    if guest.split('/').any(|c| c == "..") {
+        bail!("--add {spec}: the guest path {guest} has \"..\" in it");
+    }
+    Ok(Addition { host, guest })
+}
+
+/// The argv file: each argument followed by a NUL byte. An argument cannot hold a NUL (no
+/// command line can).
+fn argv_bytes(command: &[OsString]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for a in command {
+        out.extend_from_slice(a.as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+/// The environment file: `KEY=VALUE` entries, each followed by a NUL byte.
+fn env_bytes(env: &[String]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    for e in env {
+        match e.split_once('=') {
+            Some((k, _)) if !k.is_empty() => {}
+            _ => bail!("--env {e:?}: expected KEY=VALUE"),
+        }
+        out.extend_from_slice(e.as_bytes());
+        out.push(0);
+    }
+    Ok(out)
+}
+
+/// Adds `path`'s folders (not itself) to `fs`, each once.
+fn add_parents(fs: &mut Initramfs, added: &mut Vec<String>, path: &str) -> Result<()> {
+    let path = path.trim_start_matches('/');
+    let mut at = String::new();
+    let parts: Vec<&str> = path.split('/').collect();
+    for part in &parts[..parts.len().saturating_sub(1)] {
+        if !at.is_empty() {
+            at.push('/');
+        }
+        at.push_str(part);
+        if !added.contains(&at) {
+            fs.dir(&at)?;
+            added.push(at.clone());
+        }
+    }
+    Ok(())
+}
+
+/// Adds the host file or folder `host` at guest path `guest` (folders whole, symbolic links as
+/// links).
+fn add_host(fs: &mut Initramfs, added: &mut Vec<String>, host: &Path, guest: &str) -> Result<()> {
+    add_parents(fs, added, guest)?;
+    let meta = std::fs::symlink_metadata(host)
+        .with_context(|| format!("cannot read {}", host.display()))?;
+    let path = guest.trim_start_matches('/');
+    if meta.file_type().is_symlink() {
+        let target = std::fs::read_link(host)?;
+        fs.symlink(path, &target.to_string_lossy())?;
+    } else if meta.is_dir() {
+        if !added.iter().any(|a| a == path) {
+            fs.dir(path)?;
+            added.push(path.to_owned());
+        }
+        let mut entries: Vec<_> = std::fs::read_dir(host)?.collect::<Result<_, _>>()?;
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let name = e.file_name();
+            let name = name.to_str().with_context(|| {
+                format!("{}: a file name that is not UTF-8", e.path().display())
+            })?;
+            add_host(fs, added, &e.path(), &format!("{path}/{name}"))?;
+        }
+    } else {
+        let data =
+            std::fs::read(host).with_context(|| format!("cannot read {}", host.display()))?;
+        fs.file(path, meta.permissions().mode(), data)?;
+    }
+    Ok(())
+}
+
+/// The run's own initramfs: the command and the added files.
+fn overlay(args: &ProfileArgs, additions: &[Addition]) -> Result<Vec<u8>> {
+    let mut fs = Initramfs::new();
+    let mut added = Vec::new();
+    for d in ["hvprof", "hvprof/run"] {
+        fs.dir(d)?;
+        added.push(d.to_owned());
+    }
+    fs.file("hvprof/run/argv", 0o644, argv_bytes(&args.command))?;
+    fs.file("hvprof/run/env", 0o644, env_bytes(&args.env)?)?;
+    fs.file("hvprof/run/cwd", 0o644, args.cwd.as_bytes().to_vec())?;
+    for a in additions {
+        add_host(&mut fs, &mut added, &a.host, &a.guest)?;
+    }
+    Ok(fs.to_cpio()?)
+}
+
+/// The image's initramfs with `overlay` after it. The kernel reads concatenated archives, each
+/// starting at a multiple of 4 bytes (zero bytes between them are skipped).
+fn joined_initramfs(base: &[u8], overlay: &[u8]) -> Vec<u8> {
+    let mut out = base.to_vec();
+    out.resize(base.len().next_multiple_of(4), 0);
+    out.extend_from_slice(overlay);
+    out
+}
+
+/// The analyzer's guest root: the image's tree hard-linked (copied where links fail), with the
+/// added files over it.
+fn guest_root(image_root: &Path, to: &Path, additions: &[Addition]) -> Result<()> {
+    if to.exists() {
+        std::fs::remove_dir_all(to).with_context(|| format!("cannot remove {}", to.display()))?;
+    }
+    link_tree(image_root, to)?;
+    for a in additions {
+        let dest = to.join(a.guest.trim_start_matches('/'));
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        copy_tree(&a.host, &dest)?;
+    }
+    Ok(())
+}
+
+fn link_tree(from: &Path, to: &Path) -> Result<()> {
+    let meta = std::fs::symlink_metadata(from)?;
+    if meta.file_type().is_symlink() {
+        std::os::unix::fs::symlink(std::fs::read_link(from)?, to)?;
+    } else if meta.is_dir() {
+        std::fs::create_dir_all(to)?;
+        for e in std::fs::read_dir(from)? {
+            let e = e?;
+            link_tree(&e.path(), &to.join(e.file_name()))?;
+        }
+    } else if std::fs::hard_link(from, to).is_err() {
+        std::fs::copy(from, to)?;
+    }
+    Ok(())
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    let meta = std::fs::symlink_metadata(from)?;
+    if to.exists() && !meta.is_dir() {
+        std::fs::remove_file(to)?;
+    }
+    if meta.file_type().is_symlink() {
+        std::os::unix::fs::symlink(std::fs::read_link(from)?, to)?;
+    } else if meta.is_dir() {
+        std::fs::create_dir_all(to)?;
+        for e in std::fs::read_dir(from)? {
+            let e = e?;
+            copy_tree(&e.path(), &to.join(e.file_name()))?;
+        }
+    } else {
+        std::fs::copy(from, to)?;
+    }
+    Ok(())
+}
+
+/// What the guest's console says about the command, line by line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum GuestLine<'a> {
+    /// A line (or, `cut`, a piece of a long line) of its stdout or stderr.
+    Out {
+        text: &'a str,
+        stderr: bool,
+        cut: bool,
+    },
+    /// How it ended: `exit N`, `signal N NAME`, `error: ...`.
+    End(&'a str),
+    /// /init's other lines (`start`, `done`, `aslr`, ...).
+    Other(&'a str),
+}
+
+/// A console line of the guest's /init or hvrun (`[vm] [time] hvprof-guest: ...`), or None.
+fn guest_line(line: &str) -> Option<GuestLine<'_>> {
+    let (_, rest) = line.split_once("hvprof-guest: ")?;
+    let rest = rest.trim_end_matches('\r');
+    for (kind, stderr, cut) in [
+        ("out+ ", false, true),
+        ("err+ ", true, true),
+        ("out ", false, false),
+        ("err ", true, false),
+    ] {
+        if let Some(text) = rest.strip_prefix(kind) {
+            return Some(GuestLine::Out { text, stderr, cut });
+        }
+    }
+    if rest == "out" || rest == "err" {
+        return Some(GuestLine::Out {
+            text: "",
+            stderr: rest == "err",
+            cut: false,
+        });
+    }
+    if rest.starts_with("exit ") || rest.starts_with("signal ") || rest.starts_with("error: ") {
+        return Some(GuestLine::End(rest));
+    }
+    Some(GuestLine::Other(rest))
+}
+
+/// How the run ended, from the whole serial log: the command's exit status and what to say.
+fn outcome(serial: &str) -> (u8, String) {
+    let mut end = None;
+    let mut rc = None;
+    for line in serial.lines() {
+        match guest_line(line) {
+            Some(GuestLine::End(e)) => end = Some(e.to_owned()),
+            Some(GuestLine::Other(o)) => {
+                if let Some(n) = o.strip_prefix("done @ rc=") {
+                    rc = n.trim().parse::<u8>().ok();
+                }
+            }
+            _ => {}
+        }
+    }
+    let stopped = serial.lines().find_map(|l| {
+        l.split_once("vm linux: stopped: ")
+            .map(|(_, r)| r.trim().to_owned())
+    });
+    match (rc, end) {
+        (Some(rc), Some(end)) => (rc, end),
+        (Some(rc), None) => (rc, format!("exit {rc}")),
+        (None, _) => match stopped {
+            Some(s) if s.contains("budget") => (
+                124,
+                format!(
+                    "stopped by the budget before the command ended ({s}); the profile is of what ran"
+                ),
+            ),
+            Some(s) => (125, format!("the VM stopped before the command ended: {s}")),
+            None => (125, "the run ended before the VM stopped".to_owned()),
+        },
+    }
+}
+
+/// Shows the command's output as it comes (stdout and stderr apart) and, with `verbose`, every
+/// other console line on stderr. The serial line carries text only: the sample log goes to the
+/// parallel port (`channel=lpt`).
+struct Echo {
+    partial: Vec<u8>,
+    verbose: bool,
+    started: Option<Instant>,
+}
+
+impl Echo {
+    fn feed(&mut self, bytes: &[u8]) {
+        self.partial.extend_from_slice(bytes);
+        while let Some(i) = self.partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=i).collect();
+            // The hypervisor escapes what guests print; still, nothing that could drive the
+            // terminal reaches it.
+            let text: String = String::from_utf8_lossy(&line)
+                .chars()
+                .filter(|&c| c == '\t' || !c.is_control())
+                .collect();
+            self.line(&text);
+        }
+    }
+
+    fn line(&mut self, line: &str) {
+        match guest_line(line) {
+            Some(GuestLine::Out { text, stderr, cut }) => {
+                let end = if cut { "" } else { "\n" };
+                if stderr {
+                    eprint!("{text}{end}");
+                } else {
+                    print!("{text}{end}");
+                    let _ = std::io::stdout().flush();
+                }
+            }
+            Some(GuestLine::Other("start @")) => {
+                self.started = Some(Instant::now());
+                eprintln!("xtask: the command starts");
+            }
+            _ if self.verbose => eprintln!("{line}"),
+            _ => {}
+        }
+    }
+}
+
+/// The pin list: `--pin`, else vCPU i on pCPU i modulo the CPUs.
+fn pin_list(args: &ProfileArgs, cpus: u32) -> String {
+    args.pin.clone().unwrap_or_else(|| {
+        (0..u32::from(args.vcpus))
+            .map(|i| (i % cpus.max(1)).to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    })
+}
+
+/// Builds the Linux guest image when it is missing, or older than `hvrun`.
+fn ensure_image() -> Result<()> {
+    let image = linux_dir();
+    if !["bzImage", "vmlinux", "initramfs.cpio", "root/bin/hvrun"]
+        .iter()
+        .all(|f| image.join(f).exists())
+    {
+        eprintln!("xtask: building the Linux guest image first (cargo xtask linux-image)");
+        crate::linux::image(false)?;
+    }
+    Ok(())
+}
+
+/// The name the guest's kernel gives the command's process: its file name, cut to the 15 bytes
+/// of a task's `comm`.
+fn command_comm(command: &OsString) -> String {
+    let bytes = command.as_bytes();
+    let name = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);
+    String::from_utf8_lossy(&name[..name.len().min(15)]).into_owned()
+}
+
+/// The first and last sample times (seconds, as `script` prints them) of the processes named
+/// one of `names` in `script`'s text.
+fn command_window(script: &str, names: &[&str]) -> Option<(f64, f64)> {
+    let mut window: Option<(f64, f64)> = None;
+    for event in script.split("\n\n") {
+        let mut lines = event.lines();
+        let Some(head) = lines.next() else { continue };
+        let Some(time) = head
+            .split_whitespace()
+            .nth(3)
+            .and_then(|t| t.trim_end_matches(':').parse::<f64>().ok())
+        else {
+            continue;
+        };
+        let ours = lines.any(|l| {
+            l.trim().strip_suffix(" (guest.process)").is_some_and(|p| {
+                let process = p.trim().rsplit_once(' ').map_or(p, |(_, name)| name);
+                names
+                    .iter()
+                    .any(|n| process.strip_prefix(n).is_some_and(|r| r.starts_with('[')))
+            })
+        });
+        if ours {
+            window = Some(window.map_or((time, time), |(a, b)| (a.min(time), b.max(time))));
+        }
+    }
+    window
+}
+
+/// `cargo xtask profile`.
+pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
+    let started = Instant::now();
+    // Bad input is refused before anything is built or booted.
+    if args.vcpus == 0 {
+        bail!("--vcpus must be at least 1");
+    }
+    if !args.cwd.starts_with('/') {
+        bail!("--cwd {}: an absolute guest path", args.cwd);
+    }
+    if !args.budget.is_finite() || args.budget <= 0.0 {
+        bail!("--budget must be a positive number of seconds");
+    }
+    let additions = args
+        .add
+        .iter()
+        .map(|a| parse_addition(a, &args.cwd))
+        .collect::<Result<Vec<_>>>()?;
+    env_bytes(&args.env)?;
+
+    let image = linux_dir();
+    ensure_image()?;
+    ensure_tools()?;
+    let hypervisor = build_hypervisor(false)?;
+    let analyzer = build_analyzer()?;
+
+    let dir = if args.out == Path::new("target/profile") {
+        target_dir().join("profile")
+    } else {
+        args.out.clone()
+    };
+    std::fs::create_dir_all(&dir)?;
+    let base = std::fs::read(image.join("initramfs.cpio"))
+        .with_context(|| format!("cannot read {}", image.join("initramfs.cpio").display()))?;
+    let initrd = dir.join("linux.cpio");
+    std::fs::write(
+        &initrd,
+        joined_initramfs(&base, &overlay(args, &additions)?),
+    )?;
+    let root = dir.join("root");
+    guest_root(&image.join("root"), &root, &additions)?;
+
+    let cpus = args.cpus.unwrap_or(u32::from(args.vcpus));
+    let keys = linux_guest::KernelImage::from_vmlinux(image.join("vmlinux"))?
+        .module_keys()
+        .words()
+        .join(" ");
+    let budget = (args.budget * BOCHS_IPS_REALISTIC as f64) as u64;
+    let kernel_args = format!(
+        "vm=linux mem={} budget={budget} initrd=linux.cpio apic=on vcpus={} pin={} {keys} {} printk.devkmsg=on hvprof.run=@",
+        args.memory,
+        args.vcpus,
+        pin_list(args, cpus),
+        KERNEL_CMDLINE.replace(" acpi=off nolapic", ""),
+    );
+    let cmdline = format!(
+        "export=end channel=lpt period={} stacks={}",
+        args.period, args.stacks
+    );
+    let iso = dir.join("hvprof.iso");
+    build_iso(
+        &IsoSpec {
+            hypervisor: &hypervisor,
+            cmdline: &cmdline,
+            modules: &[
+                IsoModule::with_args(image.join("bzImage"), &kernel_args)?,
+                IsoModule::with_args(initrd.clone(), "")?,
+            ],
+        },
+        &dir.join("iso"),
+        &iso,
+    )?;
+    let emulator = match crate::run::choose_emulator(
+        args.emulator,
+        qemu_tests::emulator::DEFAULT_BOCHS_MODEL,
+    )? {
+        e @ Emulator::Bochs { .. } => e.with_ips(BOCHS_IPS_REALISTIC),
+        e => e,
+    };
+    let files = RunFiles::in_dir(&dir, &iso, &emulator);
+    eprintln!(
+        "xtask: booting the Linux guest on {} ({cpus} CPU(s), {} vCPU(s)), {:.1} s after the start; console log in {}",
+        emulator.label(),
+        args.vcpus,
+        started.elapsed().as_secs_f64(),
+        files.serial_log.display()
+    );
+    let mut echo = Echo {
+        partial: Vec::new(),
+        verbose: args.verbose,
+        started: None,
+    };
+    let run = launch(
+        &Launch {
+            emulator: &emulator,
+            cpus,
+            files: &files,
+            end_marker: DEFAULT_END_MARKER,
+            // The VM's budget stops the guest; this only stops an emulator that hangs.
+            limit: Some(Limit {
+                cpu: Duration::from_secs_f64(args.budget * 60.0 + 600.0),
+                wall: Duration::from_secs_f64(args.budget * 120.0 + 1200.0),
+            }),
+        },
+        &mut |bytes| echo.feed(bytes),
+    )?;
+    let boot_to_start = echo.started.map(|t| t.duration_since(started));
+    let capture = dir.join("capture.log");
+    std::fs::write(
+        &capture,
+        files.capture().context("cannot read the capture")?,
+    )?;
+    let serial = run.serial.text();
+    let (status, said) = match run.end {
+        RunEnd::Marker => outcome(serial),
+        RunEnd::Interrupted => (130, "interrupted".to_owned()),
+        ref other => (
+            125,
+            format!(
+                "the emulator run ended early: {}",
+                other.describe(DEFAULT_END_MARKER)
+            ),
+        ),
+    };
+    eprintln!(
+        "xtask: {said} (status {status}); {:.1} s in all{}",
+        run.elapsed.as_secs_f64(),
+        boot_to_start
+            .map(|d| format!(
+                ", the command started {:.1} s after `cargo xtask profile`",
+                d.as_secs_f64()
+            ))
+            .unwrap_or_default()
+    );
+
+    // `perf script`'s text, then the report and the HTML page of the command's stretch (the
+    // boot before it is the kernel's, not the command's), with every file that names addresses.
+    let input = |cmd: &mut Command| {
+        cmd.arg(&capture)
+            .arg("--hypervisor")
+            .arg(&hypervisor)
+            .arg("--kernel")
+            .arg(image.join("vmlinux"))
+            .arg("--guest-root")
+            .arg(&root);
+    };
+    let script = dir.join("perf-script.txt");
+    let mut s = Command::new(&analyzer);
+    s.arg("script");
+    input(&mut s);
+    s.arg("-o").arg(&script);
+    let scripted = s.status().context("cannot run hvprof-analyze")?.success();
+    let comm = command_comm(&args.command[0]);
+    let window = scripted
+        .then(|| std::fs::read_to_string(&script).ok())
+        .flatten()
+        .and_then(|text| command_window(&text, &["hvrun", &comm]));
+    let stretch = |cmd: &mut Command| {
+        if let Some((first, last)) = window {
+            cmd.arg("--time")
+                .arg(format!("{first:.6},{:.6}", last + 0.000_001));
+        }
+    };
+    match window {
+        Some((first, last)) => eprintln!(
+            "xtask: the report is of the command's stretch, {first:.3} s to {last:.3} s of the run (its first sample to its last: `--time`)"
+        ),
+        None => eprintln!("xtask: no sample of the command: the report is of the whole run"),
+    }
+    let mut report = Command::new(&analyzer);
+    report.arg("report");
+    input(&mut report);
+    stretch(&mut report);
+    let reported = report.status()?.success();
+    let html = dir.join("report.html");
+    let mut h = Command::new(&analyzer);
+    h.arg("html");
+    input(&mut h);
+    stretch(&mut h);
+    h.arg("-o").arg(&html);
+    let written = h.status()?.success();
+    if reported && written && scripted {
+        eprintln!(
+            "xtask: capture {}; HTML report {}; perf script text {} (the whole run)",
+            capture.display(),
+            html.display(),
+            script.display()
+        );
+    } else {
+        eprintln!(
+            "xtask: the analyzer failed on {} (see above)",
+            capture.display()
+        );
+    }
+    Ok(ExitCode::from(status))
+}
+
+/// The test program of [`check`]: a dynamic PIE without frame pointers, written and compiled
+/// here. It prints each argument in hex (so the check sees every byte), one line to stderr,
+/// then runs `heavy` for three quarters of its loop iterations and `light` for one quarter (the
+/// same instructions per iteration: 75 % / 25 % of its user time), and exits with status 3.
+const TEST_PROGRAM: &str = r#"#include <stdio.h>
+static volatile unsigned long sink;
+__attribute__((noinline)) static void heavy(unsigned long n)
+{
+    for (unsigned long i = 0; i < n; i++)
+        sink += i + 3;
+}
+__attribute__((noinline)) static void light(unsigned long n)
+{
+    for (unsigned long i = 0; i < n; i++)
+        sink += i + 5;
+}
+int main(int argc, char **argv)
+{
+    for (int i = 0; i < argc; i++) {
+        printf("argv[%d]=", i);
+        for (const unsigned char *p = (const unsigned char *)argv[i]; *p; p++)
+            printf("%02x", *p);
+        printf("\n");
+    }
+    fprintf(stderr, "a line to stderr\n");
+    fflush(NULL);
+    for (int r = 0; r < 40; r++) {
+        heavy(300000);
+        light(100000);
+    }
+    return 3;
+}
+"#;
+
+/// The arguments [`check`] passes: spaces, an empty one, commas, `=`, quotes, a backslash,
+/// non-ASCII, a leading dash.
+const TEST_ARGS: [&str; 7] = ["a b", "", "x=y,z", "'\"", "back\\slash", "é ü", "-n"];
+
+/// `cargo xtask test`'s stage for `cargo xtask profile`: each run is a child `cargo xtask
+/// profile` (two at once, one per core), and each check reads what a user would see: its
+/// output, its exit status and its report.
+/// - a program written and compiled here (PIE, no frame pointers): its arguments arrive byte
+///   for byte, its stdout and stderr come out apart, the status is its own (3), and the report
+///   gives `heavy` 75 % and `light` 25 % of its user samples within 3 points;
+/// - a command that does not exist: status 127 and the reason;
+/// - `--add` of a missing file: refused before anything boots, naming it.
+pub fn check() -> Result<()> {
+    // Built once here, not by both runs at once.
+    ensure_image()?;
+    build_hypervisor(false)?;
+    build_analyzer()?;
+    let dir = target_dir().join("profile-check");
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    let src = dir.join("known.c");
+    std::fs::write(&src, TEST_PROGRAM)?;
+    let prog = dir.join("known");
+    let status = Command::new("gcc")
+        .args(["-O1", "-fPIE", "-pie", "-fomit-frame-pointer", "-o"])
+        .arg(&prog)
+        .arg(&src)
+        .status()
+        .context("cannot run gcc")?;
+    if !status.success() {
+        bail!("gcc failed on {}", src.display());
+    }
+    let xtask = std::env::current_exe()?;
+    let run = |out: &str, extra: &[&str], command: &[&str]| {
+        let mut c = Command::new(&xtask);
+        c.arg("profile")
+            .arg("--out")
+            .arg(dir.join(out))
+            .args(extra)
+            .arg("--")
+            .args(command)
+            .stdin(std::process::Stdio::null());
+        c
+    };
+    let mut known = run(
+        "run-known",
+        &["--add", &prog.display().to_string()],
+        &[&["./known"], &TEST_ARGS[..]].concat(),
+    );
+    let mut missing = run("run-missing", &[], &["/no/such/program", "x"]);
+    // Two boots at once, one per core.
+    let spawn = |c: &mut Command| {
+        c.stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .context("cannot run cargo xtask profile")
+    };
+    let (known, missing) = (spawn(&mut known)?, spawn(&mut missing)?);
+    let known = known.wait_with_output()?;
+    let missing = missing.wait_with_output()?;
+    let refused = run("run-refused", &["--add", "/no/such/file"], &["/bin/true"])
+        .output()
+        .context("cannot run cargo xtask profile")?;
+
+    let mut errors = Vec::new();
+    // The known program.
+    let stdout = String::from_utf8_lossy(&known.stdout);
+    let want: Vec<String> = std::iter::once("./known")
+        .chain(TEST_ARGS)
+        .enumerate()
+        .map(|(i, a)| {
+            let hex: String = a.bytes().map(|b| format!("{b:02x}")).collect();
+            format!("argv[{i}]={hex}")
+        })
+        .collect();
+    let got: Vec<&str> = stdout.lines().filter(|l| l.starts_with("argv[")).collect();
+    if got != want {
+        errors.push(format!("arguments: got {got:?}, want {want:?}"));
+    }
+    if !String::from_utf8_lossy(&known.stderr).contains("a line to stderr") {
+        errors.push("the program's stderr line was not shown on stderr".to_owned());
+    }
+    if stdout.contains("a line to stderr") {
+        errors.push("the program's stderr line was shown on stdout".to_owned());
+    }
+    if known.status.code() != Some(3) {
+        errors.push(format!("status {:?}, want 3", known.status.code()));
+    }
+    match known_shares(&dir.join("run-known")) {
+        Ok((heavy, light, samples)) => {
+            for (f, got, want) in [("heavy", heavy, 75.0), ("light", light, 25.0)] {
+                if (got - want).abs() > 3.0 {
+                    errors.push(format!("{f}: {got:.2} % of known's user samples, want {want} ± 3 ({samples} samples)"));
+                }
+            }
+            println!(
+                "profile check: known's user samples {samples}: heavy {heavy:.2} %, light {light:.2} %"
+            );
+        }
+        Err(e) => errors.push(format!("report: {e:#}")),
+    }
+    // The missing command.
+    let said = String::from_utf8_lossy(&missing.stderr);
+    if missing.status.code() != Some(127)
+        || !said.contains("cannot run \"/no/such/program\": No such file or directory")
+    {
+        errors.push(format!(
+            "a missing command: status {:?}, stderr {:?}",
+            missing.status.code(),
+            said.lines()
+                .filter(|l| l.contains("cannot"))
+                .collect::<Vec<_>>()
+        ));
+    }
+    // The missing file.
+    let said = String::from_utf8_lossy(&refused.stderr);
+    if refused.status.success()
+        || !said.contains("--add /no/such/file: /no/such/file does not exist")
+        || dir.join("run-refused/hvprof.iso").exists()
+    {
+        errors.push(format!(
+            "--add of a missing file: status {:?}, stderr {said:?}",
+            refused.status.code()
+        ));
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        bail!("{}", errors.join("; "))
+    }
+}
+
+/// `heavy`'s and `light`'s shares of the `known` process's user-mode samples in the run at
+/// `dir`, and those samples.
+fn known_shares(dir: &Path) -> Result<(f64, f64, f64)> {
+    let out = Command::new(build_analyzer()?)
+        .arg("report")
+        .arg(dir.join("capture.log"))
+        .arg("--kernel")
+        .arg(linux_dir().join("vmlinux"))
+        .arg("--guest-root")
+        .arg(dir.join("root"))
+        .arg("--json")
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "hvprof-analyze report failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let rows = report
+        .get("vms")
+        .and_then(|v| v.as_array())
+        .and_then(|vms| {
+            vms.iter()
+                .find(|v| v.get("name").and_then(|n| n.as_str()) == Some("linux"))
+        })
+        .and_then(|v| v.get("rows"))
+        .and_then(|r| r.as_array())
+        .context("no rows for VM linux")?;
+    let mine: Vec<_> = rows
+        .iter()
+        .filter(|r| {
+            r.get("process")
+                .and_then(|p| p.as_str())
+                .is_some_and(|p| p.starts_with("known["))
+        })
+        .filter(|r| r.get("module").and_then(|m| m.as_str()) == Some("known"))
+        .collect();
+    let samples = |f: &str| {
+        mine.iter()
+            .filter(|r| r.get("function").and_then(|x| x.as_str()) == Some(f))
+            .filter_map(|r| r.get("samples").and_then(|s| s.as_f64()))
+            .sum::<f64>()
+    };
+    let total: f64 = mine
+        .iter()
+        .filter_map(|r| r.get("samples").and_then(|s| s.as_f64()))
+        .sum();
+    if total < 1000.0 {
+        bail!("only {total} user samples of known in its own file: {mine:?}");
+    }
+    Ok((
+        100.0 * samples("heavy") / total,
+        100.0 * samples("light") / total,
+        total,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argv_keeps_every_byte_but_nul() {
+        let args: Vec<OsString> = ["a b", "", "x=y,z", "'\"", "é"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        assert_eq!(argv_bytes(&args), b"a b\0\0x=y,z\0'\"\0\xc3\xa9\0");
+    }
+
+    #[test]
+    fn env_entries_need_a_key() {
+        assert_eq!(
+            env_bytes(&["A=1".into(), "B==".into()]).unwrap(),
+            b"A=1\0B==\0"
+        );
+        assert!(env_bytes(&["=1".into()]).is_err());
+        assert!(env_bytes(&["NOVALUE".into()]).is_err());
+    }
+
+    #[test]
+    fn additions_go_to_cwd_unless_told() {
+        let a = parse_addition("Cargo.toml", "/root").unwrap();
+        assert_eq!(a.guest, "/root/Cargo.toml");
+        let a = parse_addition("Cargo.toml:/opt/x.toml", "/root").unwrap();
+        assert_eq!(a.guest, "/opt/x.toml");
+        let e = parse_addition("no-such-file", "/root")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no-such-file does not exist"), "{e}");
+    }
+
+    #[test]
+    fn guest_lines_are_told_apart() {
+        assert_eq!(
+            guest_line("[linux] [    1.5] hvprof-guest: out a b"),
+            Some(GuestLine::Out {
+                text: "a b",
+                stderr: false,
+                cut: false
+            })
+        );
+        assert_eq!(
+            guest_line("[linux] [    1.5] hvprof-guest: err+ xx"),
+            Some(GuestLine::Out {
+                text: "xx",
+                stderr: true,
+                cut: true
+            })
+        );
+        assert_eq!(
+            guest_line("[linux] [    1.5] hvprof-guest: out"),
+            Some(GuestLine::Out {
+                text: "",
+                stderr: false,
+                cut: false
+            })
+        );
+        assert_eq!(
+            guest_line("[linux] [ 2.0] hvprof-guest: signal 11 Segmentation fault"),
+            Some(GuestLine::End("signal 11 Segmentation fault"))
+        );
+        assert_eq!(guest_line("vm linux: stopped"), None);
+    }
+
+    #[test]
+    fn the_status_is_the_commands() {
+        let log = "[linux] [1] hvprof-guest: start @\n[linux] [2] hvprof-guest: error: cannot run \"x\": No such file or directory\n[linux] [2] hvprof-guest: done @ rc=127\nvm linux: stopped: exit code 127 (port 0xf4)\n";
+        let (rc, said) = outcome(log);
+        assert_eq!(rc, 127);
+        assert!(said.contains("cannot run"), "{said}");
+        let log =
+            "[linux] [1] hvprof-guest: start @\nvm linux: stopped: budget of 100 ticks used\n";
+        assert_eq!(outcome(log).0, 124);
+    }
+
+    #[test]
+    fn output_lines_are_split_and_cleaned() {
+        let mut e = Echo {
+            partial: Vec::new(),
+            verbose: false,
+            started: None,
+        };
+        e.feed(b"[linux] [ 1] hvprof-guest: start @\r\n[linux] [ 1] hvprof-guest: out a");
+        assert!(e.started.is_some());
+        assert_eq!(e.partial, b"[linux] [ 1] hvprof-guest: out a");
+        e.feed(b"b\x1b[2J\n");
+        assert!(e.partial.is_empty());
+    }
+
+    #[test]
+    fn the_commands_stretch_is_its_processes_first_to_last_sample() {
+        let script = "linux 100000/100001 [000] 1.000000: cpu-clock:\n\tffffffff81000000 f ([guest.kallsyms])\n\t               0 swapper[0] (guest.process)\n\n\
+                      linux 100000/100001 [000] 1.500000: cpu-clock:\n\t    5555 main (known)\n\t               0 known[90] (guest.process)\n\n\
+                      linux 100000/100001 [000] 1.250000: cpu-clock:\n\t    5555 x (hvrun)\n\t               0 hvrun[89] (guest.process)\n\n\
+                      linux 100000/100001 [000] 2.000000: cpu-clock:\n\t    5555 y (other)\n\t               0 knownx[91] (guest.process)\n";
+        assert_eq!(
+            command_window(script, &["hvrun", "known"]),
+            Some((1.25, 1.5))
+        );
+        assert_eq!(command_window(script, &["nothing"]), None);
+        assert_eq!(
+            command_comm(&OsString::from("./a/very-long-program-name")),
+            "very-long-progr"
+        );
+    }
+
+    #[test]
+    fn the_overlay_follows_the_image_at_a_multiple_of_four() {
+        let joined = joined_initramfs(b"12345", b"070701");
+        assert_eq!(&joined[..8], b"12345\0\0\0");
+        assert_eq!(&joined[8..], b"070701");
+    }
+}
