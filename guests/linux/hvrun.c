@@ -7,6 +7,8 @@
  *          commas, '=', empty arguments, non-ASCII)
  *   env    KEY=VALUE entries, each ending in a NUL byte, set on top of /init's environment
  *   cwd    the working directory (its bytes, no NUL)
+ *   copies how many copies to run at once (default 1); copy i is bound to CPU i modulo the
+ *          CPUs online, and each of its lines starts with "[copy i] "
  *
  * The command's stdout and stderr go to /dev/kmsg as they come, one record per line:
  * "hvprof-guest: out LINE" and "hvprof-guest: err LINE" (a line longer than LINE_MAX bytes is
@@ -18,6 +20,9 @@
  *   hvprof-guest: error: cannot run ...     it could not be started (status 127): not found,
  *                                           not executable, or not a program this CPU runs
  *
+ * With several copies each one's end is said ("copy I ended with status N"), and the status is
+ * the first copy's that is not 0.
+ *
  * hvrun exits with that status, which /init passes on to the hypervisor's exit port.
  *
  * Build: gcc -static -no-pie -O2 -o hvrun hvrun.c
@@ -26,6 +31,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -117,6 +123,8 @@ static char **split(char *buf, size_t len, size_t *count)
 struct stream {
     int fd;
     const char *kind, *cont;
+    /* Put before each line ("[copy N] " with several copies). */
+    char prefix[24];
     char line[LINE_MAX_BYTES];
     size_t len;
 };
@@ -124,6 +132,10 @@ struct stream {
 static void feed(struct stream *s, const char *data, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
+        if (s->len == 0 && s->prefix[0]) {
+            s->len = strlen(s->prefix);
+            memcpy(s->line, s->prefix, s->len);
+        }
         if (data[i] == '\n') {
             record(s->kind, s->line, s->len);
             s->len = 0;
@@ -142,6 +154,97 @@ static void flush_stream(struct stream *s)
     if (s->len > 0)
         record(s->kind, s->line, s->len);
     s->len = 0;
+}
+
+
+/* At most this many copies of the command at once (`--copies`). */
+#define MAX_COPIES 64
+
+/* One running copy of the command: its pid, its stdout and stderr pipes, and the pipe that
+ * says why it could not start. */
+struct copy {
+    pid_t pid;
+    int pipes[2];
+    int why;
+};
+
+/* Starts a copy (bound to CPU `cpu` unless it is -1). */
+static int start(struct copy *c, long index, long cpu, char **argv, char **env, size_t envc,
+                 const char *cwd, size_t cwd_len)
+{
+    int out[2], err[2], status_pipe[2];
+    if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(status_pipe, O_CLOEXEC)) {
+        say("error: pipe: %s", strerror(errno));
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        say("error: fork: %s", strerror(errno));
+        return -1;
+    }
+    if (pid == 0) {
+        dup2(out[1], 1);
+        dup2(err[1], 2);
+        if (cpu >= 0) {
+            cpu_set_t set;
+            CPU_ZERO(&set);
+            CPU_SET((int)cpu, &set);
+            if (sched_setaffinity(0, sizeof set, &set) != 0)
+                fprintf(stderr, "hvrun: copy %ld: cannot bind to cpu %ld: %s\n", index, cpu,
+                        strerror(errno));
+        }
+        for (size_t i = 0; i < envc; i++) {
+            char *eq = strchr(env[i], '=');
+            if (eq == NULL)
+                continue;
+            *eq = 0;
+            setenv(env[i], eq + 1, 1);
+        }
+        /* Why it could not start goes to the parent through a pipe exec would have closed:
+         * which step failed and its errno. */
+        int why[2] = {0, 0};
+        if (cwd != NULL && cwd_len > 0 && chdir(cwd) != 0) {
+            why[1] = errno;
+        } else {
+            execvp(argv[0], argv);
+            why[0] = 1;
+            why[1] = errno;
+        }
+        if (write(status_pipe[1], why, sizeof why) < 0) {
+            /* The parent then reports status 127 without a reason. */
+        }
+        _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    close(status_pipe[1]);
+    c->pid = pid;
+    c->pipes[0] = out[0];
+    c->pipes[1] = err[0];
+    c->why = status_pipe[0];
+    return 0;
+}
+
+/* Waits for a copy; says why it could not start, if it could not; returns its status, or minus
+ * the signal that ended it. */
+static int finish(struct copy *c, const char *command, const char *cwd)
+{
+    int why[2];
+    ssize_t why_len = read(c->why, why, sizeof why);
+    close(c->why);
+    int status = 0;
+    while (waitpid(c->pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (why_len == (ssize_t)sizeof why) {
+        if (why[0] == 0)
+            say("error: cannot enter the working directory \"%s\": %s", cwd, strerror(why[1]));
+        else
+            say("error: cannot run \"%s\": %s", command, strerror(why[1]));
+        return 127;
+    }
+    if (WIFSIGNALED(status))
+        return -WTERMSIG(status);
+    return WEXITSTATUS(status);
 }
 
 /* `hvrun [DIR]`: DIR instead of /hvprof/run, and the records on stdout instead of /dev/kmsg
@@ -169,63 +272,49 @@ int main(int hv_argc, char **hv_argv)
     snprintf(path, sizeof path, "%s/cwd", dir);
     char *cwd = slurp(path, &cwd_len);
 
-    int out[2], err[2], status_pipe[2];
-    if (pipe2(out, O_CLOEXEC) || pipe2(err, O_CLOEXEC) || pipe2(status_pipe, O_CLOEXEC)) {
-        say("error: pipe: %s", strerror(errno));
+    snprintf(path, sizeof path, "%s/copies", dir);
+    size_t copies_len = 0;
+    char *copies_text = slurp(path, &copies_len);
+    long copies = copies_text ? strtol(copies_text, NULL, 10) : 1;
+    if (copies < 1 || copies > MAX_COPIES) {
+        say("error: %ld copies: 1 to %d", copies, MAX_COPIES);
         return 126;
     }
-    pid_t pid = fork();
-    if (pid < 0) {
-        say("error: fork: %s", strerror(errno));
-        return 126;
-    }
-    if (pid == 0) {
-        dup2(out[1], 1);
-        dup2(err[1], 2);
-        for (size_t i = 0; i < envc; i++) {
-            char *eq = strchr(env[i], '=');
-            if (eq == NULL)
-                continue;
-            *eq = 0;
-            setenv(env[i], eq + 1, 1);
-        }
-        /* Why it could not start goes to the parent through a pipe exec would have closed:
-         * which step failed and its errno. */
-        int why[2] = {0, 0};
-        if (cwd != NULL && cwd_len > 0 && chdir(cwd) != 0) {
-            why[1] = errno;
-        } else {
-            execvp(argv[0], argv);
-            why[0] = 1;
-            why[1] = errno;
-        }
-        if (write(status_pipe[1], why, sizeof why) < 0) {
-            /* The parent then reports status 127 without a reason. */
-        }
-        _exit(127);
-    }
-    close(out[1]);
-    close(err[1]);
-    close(status_pipe[1]);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cpus < 1)
+        cpus = 1;
 
-    struct stream streams[2] = {
-        {.fd = out[0], .kind = "out", .cont = "out+"},
-        {.fd = err[0], .kind = "err", .cont = "err+"},
-    };
-    int open_streams = 2;
+    struct copy run[MAX_COPIES];
+    struct stream streams[2 * MAX_COPIES];
+    for (long c = 0; c < copies; c++) {
+        if (start(&run[c], c, copies > 1 ? c % cpus : -1, argv, env, envc, cwd, cwd_len) != 0)
+            return 126;
+        for (int k = 0; k < 2; k++) {
+            struct stream *st = &streams[2 * c + k];
+            memset(st, 0, sizeof *st);
+            st->fd = run[c].pipes[k];
+            st->kind = k ? "err" : "out";
+            st->cont = k ? "err+" : "out+";
+            if (copies > 1)
+                snprintf(st->prefix, sizeof st->prefix, "[copy %ld] ", c);
+        }
+    }
+
+    /* Every copy's output as it comes, line by line. */
+    int n = (int)(2 * copies), open_streams = n;
     char buf[4096];
     while (open_streams > 0) {
-        struct pollfd fds[2];
-        for (int i = 0; i < 2; i++) {
+        struct pollfd fds[2 * MAX_COPIES];
+        for (int i = 0; i < n; i++) {
             fds[i].fd = streams[i].fd;
             fds[i].events = POLLIN;
         }
-        if (poll(fds, 2, -1) < 0) {
+        if (poll(fds, (nfds_t)n, -1) < 0) {
             if (errno == EINTR)
                 continue;
             break;
         }
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < n; i++) {
             if (streams[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR)))
                 continue;
             ssize_t r = read(streams[i].fd, buf, sizeof buf);
@@ -242,24 +331,20 @@ int main(int hv_argc, char **hv_argv)
         }
     }
 
-    int why[2];
-    ssize_t why_len = read(status_pipe[0], why, sizeof why);
+    /* How each copy ended; the status is the first copy's that failed (else 0). */
     int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    for (long c = 0; c < copies; c++) {
+        int code = finish(&run[c], argv[0], cwd);
+        if (copies > 1)
+            say("copy %ld ended with status %d", c, code < 0 ? 128 - code : code);
+        if (status == 0)
+            status = code;
     }
-    if (why_len == (ssize_t)sizeof why) {
-        if (why[0] == 0)
-            say("error: cannot enter the working directory \"%s\": %s", cwd, strerror(why[1]));
-        else
-            say("error: cannot run \"%s\": %s", argv[0], strerror(why[1]));
-        return 127;
+    if (status < 0) {
+        say("signal %d %s", -status, strsignal(-status));
+        return 128 - status;
     }
-    if (WIFSIGNALED(status)) {
-        int sig = WTERMSIG(status);
-        say("signal %d %s", sig, strsignal(sig));
-        return 128 + sig;
-    }
-    int code = WEXITSTATUS(status);
-    say("exit %d", code);
-    return code;
+    if (status != 127)
+        say("exit %d", status);
+    return status;
 }

@@ -71,6 +71,10 @@ pub struct ProfileArgs {
     /// default: --cwd/<its name>). Repeatable.
     #[arg(long = "add", value_name = "HOST[:GUEST]")]
     pub add: Vec<String>,
+    /// Run this many copies of the command at once, copy i bound to vCPU i modulo --vcpus
+    /// (each output line starts with "[copy i] "; the status is the first that is not 0).
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub copies: u32,
     /// The VM's memory.
     #[arg(long, default_value = "256M")]
     pub memory: String,
@@ -216,6 +220,11 @@ fn overlay(args: &ProfileArgs, additions: &[Addition]) -> Result<Vec<u8>> {
     fs.file("hvprof/run/argv", 0o644, argv_bytes(&args.command))?;
     fs.file("hvprof/run/env", 0o644, env_bytes(&args.env)?)?;
     fs.file("hvprof/run/cwd", 0o644, args.cwd.as_bytes().to_vec())?;
+    fs.file(
+        "hvprof/run/copies",
+        0o644,
+        args.copies.to_string().into_bytes(),
+    )?;
     for a in additions {
         add_host(&mut fs, &mut added, &a.host, &a.guest)?;
     }
@@ -415,17 +424,109 @@ fn pin_list(args: &ProfileArgs, cpus: u32) -> String {
     })
 }
 
-/// Builds the Linux guest image when it is missing, or older than `hvrun`.
+/// Builds the Linux guest image when it is missing, or older than the guest's side of this
+/// command (`guests/linux/hvrun.c`, `guests/linux/init`).
 fn ensure_image() -> Result<()> {
     let image = linux_dir();
-    if !["bzImage", "vmlinux", "initramfs.cpio", "root/bin/hvrun"]
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let built = modified(&image.join("initramfs.cpio"));
+    let sources = crate::workspace_root().join("guests/linux");
+    let stale = ["hvrun.c", "init"]
         .iter()
-        .all(|f| image.join(f).exists())
+        .any(|f| modified(&sources.join(f)) > built);
+    if stale
+        || !["bzImage", "vmlinux", "initramfs.cpio", "root/bin/hvrun"]
+            .iter()
+            .all(|f| image.join(f).exists())
     {
         eprintln!("xtask: building the Linux guest image first (cargo xtask linux-image)");
         crate::linux::image(false)?;
     }
     Ok(())
+}
+
+/// The guest's PATH for the command (/init's).
+const GUEST_PATH: [&str; 3] = ["/usr/local/bin", "/usr/bin", "/bin"];
+
+/// `path` (a guest path) in the guest tree at `root`, symbolic links followed inside the tree.
+fn in_guest(root: &Path, path: &str) -> Result<PathBuf, &'static str> {
+    let mut parts: Vec<String> = Vec::new();
+    let mut todo: Vec<String> = path.split('/').rev().map(str::to_owned).collect();
+    let mut links = 0;
+    while let Some(part) = todo.pop() {
+        match part.as_str() {
+            "" | "." => continue,
+            ".." => {
+                parts.pop();
+                continue;
+            }
+            _ => {}
+        }
+        parts.push(part);
+        let here = root.join(parts.join("/"));
+        if let Ok(target) = std::fs::read_link(&here) {
+            links += 1;
+            if links > 40 {
+                return Err("Too many levels of symbolic links");
+            }
+            parts.pop();
+            let target = target.to_string_lossy().into_owned();
+            if target.starts_with('/') {
+                parts.clear();
+            }
+            todo.extend(target.split('/').rev().map(str::to_owned));
+        }
+    }
+    Ok(root.join(parts.join("/")))
+}
+
+/// Where the guest would find `command` (relative to `cwd`, or in its PATH), and that it could
+/// start it: it exists, is an executable file, and is not an ELF for another machine (a file
+/// that is not an ELF runs through its `#!` line or the shell, as execvp does). The error is
+/// what the guest's execvp would say.
+fn resolve_command(root: &Path, cwd: &str, command: &OsString) -> Result<PathBuf, String> {
+    let name = command.to_string_lossy();
+    if name.is_empty() {
+        return Err("No such file or directory".to_owned());
+    }
+    let candidates: Vec<String> = if name.contains('/') {
+        vec![if name.starts_with('/') {
+            name.into_owned()
+        } else {
+            format!("{cwd}/{name}")
+        }]
+    } else {
+        GUEST_PATH.iter().map(|d| format!("{d}/{name}")).collect()
+    };
+    let mut why = "No such file or directory".to_owned();
+    for c in candidates {
+        let Ok(path) = in_guest(root, &c) else {
+            why = "Too many levels of symbolic links".to_owned();
+            continue;
+        };
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+            why = "Permission denied".to_owned();
+            continue;
+        }
+        let mut head = [0u8; 20];
+        let n = std::fs::File::open(&path)
+            .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+            .unwrap_or(0);
+        if n >= 20 && head[..4] == *b"\x7fELF" {
+            let machine = u16::from_le_bytes([head[18], head[19]]);
+            // x86-64, and i386 (the kernel runs 32-bit programs).
+            if machine != 62 && machine != 3 {
+                return Err(format!(
+                    "Exec format error (an ELF file for machine {machine}, not x86: {c})"
+                ));
+            }
+        }
+        return Ok(path);
+    }
+    Err(why)
 }
 
 /// The name the guest's kernel gives the command's process: its file name, cut to the 15 bytes
@@ -484,6 +585,9 @@ pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
         .map(|a| parse_addition(a, &args.cwd))
         .collect::<Result<Vec<_>>>()?;
     env_bytes(&args.env)?;
+    if !(1..=64).contains(&args.copies) {
+        bail!("--copies {}: 1 to 64", args.copies);
+    }
 
     let image = linux_dir();
     ensure_image()?;
@@ -506,6 +610,17 @@ pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
     )?;
     let root = dir.join("root");
     guest_root(&image.join("root"), &root, &additions)?;
+
+    // A command the guest could not start is refused now, as the guest would refuse it, not
+    // after a boot.
+    if let Err(why) = resolve_command(&root, &args.cwd, &args.command[0]) {
+        eprintln!(
+            "xtask: error: cannot run \"{}\": {why} (in the guest's files: {})",
+            args.command[0].to_string_lossy(),
+            root.display()
+        );
+        return Ok(ExitCode::from(127));
+    }
 
     let cpus = args.cpus.unwrap_or(u32::from(args.vcpus));
     let keys = linux_guest::KernelImage::from_vmlinux(image.join("vmlinux"))?
@@ -701,12 +816,15 @@ int main(int argc, char **argv)
 const TEST_ARGS: [&str; 7] = ["a b", "", "x=y,z", "'\"", "back\\slash", "é ü", "-n"];
 
 /// `cargo xtask test`'s stage for `cargo xtask profile`: each run is a child `cargo xtask
-/// profile` (two at once, one per core), and each check reads what a user would see: its
-/// output, its exit status and its report.
+/// profile` (the two that boot at once, one per core), and each check reads what a user would
+/// see: its output, its exit status and its report.
 /// - a program written and compiled here (PIE, no frame pointers): its arguments arrive byte
 ///   for byte, its stdout and stderr come out apart, the status is its own (3), and the report
 ///   gives `heavy` 75 % and `light` 25 % of its user samples within 3 points;
-/// - a command that does not exist: status 127 and the reason;
+/// - the same with `--vcpus 2 --cpus 1 --copies 2`: two processes, each 75/25, each copy's
+///   lines marked;
+/// - a command that does not exist, and an ELF for another machine: status 127 and the
+///   reason, before anything boots;
 /// - `--add` of a missing file: refused before anything boots, naming it.
 pub fn check() -> Result<()> {
     // Built once here, not by both runs at once.
@@ -730,6 +848,16 @@ pub fn check() -> Result<()> {
     if !status.success() {
         bail!("gcc failed on {}", src.display());
     }
+    // An ELF header for AArch64 (e_machine 183), executable.
+    let arm = dir.join("arm-program");
+    let mut header = vec![0u8; 64];
+    header[..4].copy_from_slice(b"\x7fELF");
+    header[4] = 2;
+    header[5] = 1;
+    header[18] = 183;
+    std::fs::write(&arm, header)?;
+    std::fs::set_permissions(&arm, std::fs::Permissions::from_mode(0o755))?;
+
     let xtask = std::env::current_exe()?;
     let run = |out: &str, extra: &[&str], command: &[&str]| {
         let mut c = Command::new(&xtask);
@@ -742,12 +870,16 @@ pub fn check() -> Result<()> {
             .stdin(std::process::Stdio::null());
         c
     };
-    let mut known = run(
-        "run-known",
-        &["--add", &prog.display().to_string()],
-        &[&["./known"], &TEST_ARGS[..]].concat(),
+    let prog_arg = prog.display().to_string();
+    let known_argv = [&["./known"], &TEST_ARGS[..]].concat();
+    let mut known = run("run-known", &["--add", &prog_arg], &known_argv);
+    let mut copies = run(
+        "run-copies",
+        &[
+            "--vcpus", "2", "--cpus", "1", "--copies", "2", "--add", &prog_arg,
+        ],
+        &["./known"],
     );
-    let mut missing = run("run-missing", &[], &["/no/such/program", "x"]);
     // Two boots at once, one per core.
     let spawn = |c: &mut Command| {
         c.stdout(std::process::Stdio::piped())
@@ -755,18 +887,24 @@ pub fn check() -> Result<()> {
             .spawn()
             .context("cannot run cargo xtask profile")
     };
-    let (known, missing) = (spawn(&mut known)?, spawn(&mut missing)?);
+    let (known, copies) = (spawn(&mut known)?, spawn(&mut copies)?);
     let known = known.wait_with_output()?;
-    let missing = missing.wait_with_output()?;
-    let refused = run("run-refused", &["--add", "/no/such/file"], &["/bin/true"])
-        .output()
-        .context("cannot run cargo xtask profile")?;
+    let copies = copies.wait_with_output()?;
+    let output = |mut c: Command| c.output().context("cannot run cargo xtask profile");
+    let missing = output(run("run-missing", &[], &["/no/such/program", "x"]))?;
+    let arm_arg = format!("{}:/root/arm-program", arm.display());
+    let foreign = output(run("run-foreign", &["--add", &arm_arg], &["./arm-program"]))?;
+    let refused = output(run(
+        "run-refused",
+        &["--add", "/no/such/file"],
+        &["/bin/true"],
+    ))?;
 
     let mut errors = Vec::new();
     // The known program.
     let stdout = String::from_utf8_lossy(&known.stdout);
-    let want: Vec<String> = std::iter::once("./known")
-        .chain(TEST_ARGS)
+    let want: Vec<String> = known_argv
+        .iter()
         .enumerate()
         .map(|(i, a)| {
             let hex: String = a.bytes().map(|b| format!("{b:02x}")).collect();
@@ -783,45 +921,81 @@ pub fn check() -> Result<()> {
     if stdout.contains("a line to stderr") {
         errors.push("the program's stderr line was shown on stdout".to_owned());
     }
-    if known.status.code() != Some(3) {
-        errors.push(format!("status {:?}, want 3", known.status.code()));
+    for (what, out) in [("known", &known), ("two copies", &copies)] {
+        if out.status.code() != Some(3) {
+            errors.push(format!("{what}: status {:?}, want 3", out.status.code()));
+        }
     }
-    match known_shares(&dir.join("run-known")) {
-        Ok((heavy, light, samples)) => {
-            for (f, got, want) in [("heavy", heavy, 75.0), ("light", light, 25.0)] {
-                if (got - want).abs() > 3.0 {
-                    errors.push(format!("{f}: {got:.2} % of known's user samples, want {want} ± 3 ({samples} samples)"));
+    let mut check_shares = |run: &str, processes: usize| match known_shares(&dir.join(run)) {
+        Ok(found) => {
+            if found.len() != processes {
+                errors.push(format!(
+                    "{run}: {} processes named known, want {processes}",
+                    found.len()
+                ));
+            }
+            for (process, heavy, light, samples) in found {
+                println!(
+                    "profile check: {run}: {process}: {samples} user samples in its file, heavy {heavy:.2} %, light {light:.2} %"
+                );
+                for (f, got, want) in [("heavy", heavy, 75.0), ("light", light, 25.0)] {
+                    if (got - want).abs() > 3.0 {
+                        errors.push(format!(
+                            "{run}: {process}: {f} {got:.2} % of its user samples, want {want} ± 3 ({samples} samples)"
+                        ));
+                    }
                 }
             }
-            println!(
-                "profile check: known's user samples {samples}: heavy {heavy:.2} %, light {light:.2} %"
-            );
         }
-        Err(e) => errors.push(format!("report: {e:#}")),
+        Err(e) => errors.push(format!("{run}: report: {e:#}")),
+    };
+    check_shares("run-known", 1);
+    check_shares("run-copies", 2);
+    let copies_out = String::from_utf8_lossy(&copies.stdout);
+    for c in 0..2 {
+        if !copies_out.contains(&format!("[copy {c}] argv[0]=")) {
+            errors.push(format!("two copies: no line of copy {c} on stdout"));
+        }
     }
-    // The missing command.
-    let said = String::from_utf8_lossy(&missing.stderr);
-    if missing.status.code() != Some(127)
-        || !said.contains("cannot run \"/no/such/program\": No such file or directory")
-    {
-        errors.push(format!(
-            "a missing command: status {:?}, stderr {:?}",
-            missing.status.code(),
-            said.lines()
-                .filter(|l| l.contains("cannot"))
-                .collect::<Vec<_>>()
-        ));
-    }
-    // The missing file.
-    let said = String::from_utf8_lossy(&refused.stderr);
-    if refused.status.success()
-        || !said.contains("--add /no/such/file: /no/such/file does not exist")
-        || dir.join("run-refused/hvprof.iso").exists()
-    {
-        errors.push(format!(
-            "--add of a missing file: status {:?}, stderr {said:?}",
-            refused.status.code()
-        ));
+    // Refused before anything boots.
+    for (what, out, run, want, status) in [
+        (
+            "a missing command",
+            &missing,
+            "run-missing",
+            "cannot run \"/no/such/program\": No such file or directory",
+            Some(127),
+        ),
+        (
+            "an ELF for another machine",
+            &foreign,
+            "run-foreign",
+            "cannot run \"./arm-program\": Exec format error (an ELF file for machine 183",
+            Some(127),
+        ),
+        (
+            "--add of a missing file",
+            &refused,
+            "run-refused",
+            "--add /no/such/file: /no/such/file does not exist",
+            Some(1),
+        ),
+    ] {
+        let said = String::from_utf8_lossy(&out.stderr);
+        if out.status.code() != status || !said.contains(want) {
+            errors.push(format!(
+                "{what}: status {:?} (want {status:?}), stderr without {want:?}: {:?}",
+                out.status.code(),
+                said.lines()
+                    .filter(|l| l.starts_with("xtask"))
+                    .collect::<Vec<_>>()
+            ));
+        }
+        if dir.join(run).join("hvprof.iso").exists() {
+            errors.push(format!(
+                "{what}: an ISO was made: it should be refused before that"
+            ));
+        }
     }
     if errors.is_empty() {
         Ok(())
@@ -830,9 +1004,9 @@ pub fn check() -> Result<()> {
     }
 }
 
-/// `heavy`'s and `light`'s shares of the `known` process's user-mode samples in the run at
-/// `dir`, and those samples.
-fn known_shares(dir: &Path) -> Result<(f64, f64, f64)> {
+/// Per process named `known` in the run at `dir`: its name, `heavy`'s and `light`'s shares of
+/// its user-mode samples in its own file, and those samples.
+fn known_shares(dir: &Path) -> Result<Vec<(String, f64, f64, f64)>> {
     let out = Command::new(build_analyzer()?)
         .arg("report")
         .arg(dir.join("capture.log"))
@@ -841,6 +1015,8 @@ fn known_shares(dir: &Path) -> Result<(f64, f64, f64)> {
         .arg("--guest-root")
         .arg(dir.join("root"))
         .arg("--json")
+        .arg("--top")
+        .arg("1000")
         .output()?;
     if !out.status.success() {
         bail!(
@@ -859,33 +1035,39 @@ fn known_shares(dir: &Path) -> Result<(f64, f64, f64)> {
         .and_then(|v| v.get("rows"))
         .and_then(|r| r.as_array())
         .context("no rows for VM linux")?;
-    let mine: Vec<_> = rows
+    let field =
+        |r: &serde_json::Value, k: &str| r.get(k).and_then(|x| x.as_str()).unwrap_or("").to_owned();
+    let mut processes: Vec<String> = rows
         .iter()
-        .filter(|r| {
-            r.get("process")
-                .and_then(|p| p.as_str())
-                .is_some_and(|p| p.starts_with("known["))
-        })
-        .filter(|r| r.get("module").and_then(|m| m.as_str()) == Some("known"))
+        .map(|r| field(r, "process"))
+        .filter(|p| p.starts_with("known["))
         .collect();
-    let samples = |f: &str| {
-        mine.iter()
-            .filter(|r| r.get("function").and_then(|x| x.as_str()) == Some(f))
-            .filter_map(|r| r.get("samples").and_then(|s| s.as_f64()))
-            .sum::<f64>()
-    };
-    let total: f64 = mine
-        .iter()
-        .filter_map(|r| r.get("samples").and_then(|s| s.as_f64()))
-        .sum();
-    if total < 1000.0 {
-        bail!("only {total} user samples of known in its own file: {mine:?}");
+    processes.sort();
+    processes.dedup();
+    let mut found = Vec::new();
+    for p in processes {
+        let mine: Vec<_> = rows
+            .iter()
+            .filter(|r| field(r, "process") == p && field(r, "module") == "known")
+            .collect();
+        let samples = |f: &str| {
+            mine.iter()
+                .filter(|r| f.is_empty() || field(r, "function") == f)
+                .filter_map(|r| r.get("samples").and_then(|s| s.as_f64()))
+                .sum::<f64>()
+        };
+        let total = samples("");
+        if total < 1000.0 {
+            bail!("only {total} user samples of {p} in its own file");
+        }
+        found.push((
+            p,
+            100.0 * samples("heavy") / total,
+            100.0 * samples("light") / total,
+            total,
+        ));
     }
-    Ok((
-        100.0 * samples("heavy") / total,
-        100.0 * samples("light") / total,
-        total,
-    ))
+    Ok(found)
 }
 
 #[cfg(test)]
@@ -996,6 +1178,42 @@ mod tests {
             command_comm(&OsString::from("./a/very-long-program-name")),
             "very-long-progr"
         );
+    }
+
+    #[test]
+    fn commands_are_found_as_the_guest_would() {
+        let root = std::env::temp_dir().join(format!("hvprof-resolve-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        std::fs::create_dir_all(root.join("root")).unwrap();
+        let exe = |p: &Path, data: &[u8]| {
+            std::fs::write(p, data).unwrap();
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        let mut elf = vec![0u8; 64];
+        elf[..4].copy_from_slice(b"\x7fELF");
+        elf[18] = 62;
+        exe(&root.join("bin/busybox"), &elf);
+        std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
+        std::os::unix::fs::symlink("/bin/busybox", root.join("root/abs")).unwrap();
+        elf[18] = 183;
+        exe(&root.join("root/arm"), &elf);
+        std::fs::write(root.join("root/data"), b"x").unwrap();
+        exe(&root.join("root/script"), b"echo hi\n");
+        let r = |c: &str| resolve_command(&root, "/root", &OsString::from(c));
+        assert_eq!(r("sh").unwrap(), root.join("bin/busybox"));
+        assert_eq!(r("./abs").unwrap(), root.join("bin/busybox"));
+        assert_eq!(r("/root/../bin/sh").unwrap(), root.join("bin/busybox"));
+        assert!(r("./script").is_ok());
+        assert_eq!(r("nothing").unwrap_err(), "No such file or directory");
+        assert_eq!(r("./data").unwrap_err(), "Permission denied");
+        assert!(
+            r("./arm")
+                .unwrap_err()
+                .starts_with("Exec format error (an ELF file for machine 183")
+        );
+        assert_eq!(r("").unwrap_err(), "No such file or directory");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
