@@ -86,7 +86,7 @@ const TRUTH_ARGS: [(&str, &[&str]); 2] = [("w41", &["20000"]), ("shor", &["35", 
 /// 1.5 s (measured on 6.1.0-56); `cryptomgr.notests` alone saves about 7 s of boot in Bochs.
 pub const BASE_CMDLINE: &str = "console=ttyS0 quiet nokaslr mitigations=off cryptomgr.notests";
 
-fn linux_dir() -> PathBuf {
+pub fn linux_dir() -> PathBuf {
     crate::target_dir().join("linux")
 }
 

@@ -62,6 +62,9 @@ enum Cmd {
         /// report`): no emulator.
         #[arg(long)]
         host_only: bool,
+        /// Only the time from `cargo xtask profile` to its command, cold and warm.
+        #[arg(long, conflicts_with = "host_only")]
+        profile_only: bool,
     },
     /// Build the Linux guest under target/linux from Debian packages (docs/LINUX-GUESTS.md).
     LinuxImage {
@@ -173,7 +176,10 @@ fn main() -> ExitCode {
             no_e2e,
             e2e_only,
         } => test::test(filter.as_deref(), no_e2e, e2e_only),
-        Cmd::Bench { host_only } => bench::bench(host_only),
+        Cmd::Bench {
+            host_only,
+            profile_only,
+        } => bench::bench(host_only, profile_only),
         Cmd::LinuxImage { refresh } => linux::image(refresh).map(|()| ExitCode::SUCCESS),
         Cmd::LinuxTruth => linux::truth().map(|()| ExitCode::SUCCESS),
         Cmd::LinuxQemu { run, arg, timeout } => linux::qemu(&run, arg.as_deref(), timeout),

@@ -499,8 +499,8 @@ fn resolve_command(root: &Path, cwd: &str, command: &OsString) -> Result<PathBuf
         GUEST_PATH.iter().map(|d| format!("{d}/{name}")).collect()
     };
     let mut why = "No such file or directory".to_owned();
-    for c in candidates {
-        let Ok(path) = in_guest(root, &c) else {
+    for c in &candidates {
+        let Ok(path) = in_guest(root, c) else {
             why = "Too many levels of symbolic links".to_owned();
             continue;
         };
@@ -526,7 +526,39 @@ fn resolve_command(root: &Path, cwd: &str, command: &OsString) -> Result<PathBuf
         }
         return Ok(path);
     }
+    // /init links busybox's applets into /bin when it starts (`busybox --install -s /bin`): a
+    // command there is found then. Where the applets cannot be listed here, the guest decides.
+    if why == "No such file or directory" {
+        let in_bin = |c: &String| c.strip_prefix("/bin/").map(str::to_owned);
+        match busybox_applets(root) {
+            Some(applets) => {
+                if let Some(applet) = candidates
+                    .iter()
+                    .filter_map(in_bin)
+                    .find(|a| applets.contains(a))
+                {
+                    return Ok(root.join("bin").join(applet));
+                }
+            }
+            None => return Ok(PathBuf::from(&candidates[0])),
+        }
+    }
     Err(why)
+}
+
+/// The applets of the guest's busybox (`/bin/busybox --list`, a static x86-64 program run
+/// here), or None when it cannot run here.
+fn busybox_applets(root: &Path) -> Option<Vec<String>> {
+    let out = Command::new(root.join("bin/busybox"))
+        .arg("--list")
+        .output()
+        .ok()?;
+    out.status.success().then(|| {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    })
 }
 
 /// The name the guest's kernel gives the command's process: its file name, cut to the 15 bytes
@@ -1190,10 +1222,10 @@ mod tests {
             std::fs::write(p, data).unwrap();
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
         };
+        // Stands in for busybox: lists its applets.
+        exe(&root.join("bin/busybox"), b"#!/bin/sh\nprintf 'true\\nls\\n'\n");
         let mut elf = vec![0u8; 64];
         elf[..4].copy_from_slice(b"\x7fELF");
-        elf[18] = 62;
-        exe(&root.join("bin/busybox"), &elf);
         std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();
         std::os::unix::fs::symlink("/bin/busybox", root.join("root/abs")).unwrap();
         elf[18] = 183;
@@ -1206,6 +1238,10 @@ mod tests {
         assert_eq!(r("/root/../bin/sh").unwrap(), root.join("bin/busybox"));
         assert!(r("./script").is_ok());
         assert_eq!(r("nothing").unwrap_err(), "No such file or directory");
+        // Busybox's applets, linked into /bin when /init starts.
+        assert_eq!(r("true").unwrap(), root.join("bin/true"));
+        assert_eq!(r("/bin/ls").unwrap(), root.join("bin/ls"));
+        assert!(r("/usr/bin/ls").is_err());
         assert_eq!(r("./data").unwrap_err(), "Permission denied");
         assert!(
             r("./arm")
