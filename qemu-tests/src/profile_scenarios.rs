@@ -112,8 +112,45 @@ fn shares_scenario(
             if let Err(e) = crate::profile::check_console_is_not_read(run, &[]) {
                 errors.push(e);
             }
+            if let Err(e) = check_found_by_build_id(run) {
+                errors.push(e);
+            }
             all_of(errors.into_iter().map(Err))
         })
+}
+
+/// `report` given only the capture names the guest's and the hypervisor's functions from the
+/// ELF files its build ids find (the scenario's `modules/` copy of `mix.elf`, the hypervisor in
+/// the target folder above), and says which file named what.
+fn check_found_by_build_id(run: &ProfileRun) -> Result<(), String> {
+    let out = std::process::Command::new(&run.analyzer)
+        .arg("report")
+        .arg(run.dir.join(crate::profile::CAPTURE))
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", run.analyzer.display()))?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    let mut errors = Vec::new();
+    for said in [
+        "hvprof-analyze: the hypervisor named from ",
+        "hvprof-analyze: VM mix named from ",
+    ] {
+        if !stderr.contains(said) {
+            errors.push(format!(
+                "report without symbol options did not say {said:?}: {stderr:?}"
+            ));
+        }
+    }
+    for name in ["work_a", "hvprof::"] {
+        if !stdout.contains(name) {
+            errors.push(format!(
+                "report without symbol options does not name {name}"
+            ));
+        }
+    }
+    all_of(errors.into_iter().map(Err))
 }
 
 /// The report carries the profiler's whole cost as the hypervisor measured it: one pCPU, a

@@ -1223,7 +1223,10 @@ mod tests {
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
         };
         // Stands in for busybox: lists its applets.
-        exe(&root.join("bin/busybox"), b"#!/bin/sh\nprintf 'true\\nls\\n'\n");
+        exe(
+            &root.join("bin/busybox"),
+            b"#!/bin/sh\nprintf 'true\\nls\\n'\n",
+        );
         let mut elf = vec![0u8; 64];
         elf[..4].copy_from_slice(b"\x7fELF");
         std::os::unix::fs::symlink("busybox", root.join("bin/sh")).unwrap();

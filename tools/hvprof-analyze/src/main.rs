@@ -53,6 +53,16 @@ struct Input {
     /// A guest image (ELF), matched to VMs by build id, else by file name. Repeatable.
     #[arg(long = "image")]
     images: Vec<PathBuf>,
+    /// A folder to look in for the hypervisor's and the guests' ELF files by the build ids the
+    /// capture carries, when --hypervisor or --image does not name them (files in it, and the
+    /// layouts DIR/.build-id/ab/cdef….debug and DIR/<build id>/executable). Repeatable; also
+    /// HVPROF_SEARCH_PATH (colon-separated). The capture's folder and the target/ folders above
+    /// it and the working directory are looked in too.
+    #[arg(long = "search", value_name = "DIR")]
+    search: Vec<PathBuf>,
+    /// Do not look for ELF files that --hypervisor and --image do not name.
+    #[arg(long)]
+    no_search: bool,
     /// The Linux guests' kernel (decompressed vmlinux, or the bzImage): kernel functions by
     /// name under [guest.kallsyms], processes by name from the task frames, user functions
     /// from the `--image` named like the process.
@@ -319,11 +329,48 @@ fn main() -> ExitCode {
     }
 }
 
-/// Reads the symbol files `input` names (`symbols::Images::load`).
+/// Reads the symbol files `input` names (`symbols::Images::load`), and those the capture's build
+/// ids find where it does not name them (`naming::discover`), saying which file named what.
 fn load_images(input: &Input) -> Result<Images> {
+    let mut hypervisor = input.hypervisor.clone();
+    let mut images = input.images.clone();
+    if !input.no_search
+        && let Some(header) = hvprof_analyze::naming::discover::header_of(&input.log)
+    {
+        let have: Vec<Vec<u8>> = images
+            .iter()
+            .filter_map(|p| {
+                hvprof_analyze::naming::symbols::Symbols::load(p)
+                    .ok()
+                    .and_then(|s| s.build_id)
+            })
+            .collect();
+        let wanted = header.vms.as_slice().iter().any(|v| {
+            !v.image_build_id.is_none() && !have.contains(&v.image_build_id.as_bytes().to_vec())
+        });
+        if hypervisor.is_none() || wanted {
+            let dirs = hvprof_analyze::naming::discover::search_dirs(&input.log, &input.search);
+            let found =
+                hvprof_analyze::naming::discover::find(&header, &dirs, hypervisor.is_none(), &have);
+            if let Some(h) = found.hypervisor {
+                eprintln!(
+                    "hvprof-analyze: the hypervisor named from {} (its build id)",
+                    h.display()
+                );
+                hypervisor = Some(h);
+            }
+            for (vm, path) in found.images {
+                eprintln!(
+                    "hvprof-analyze: VM {vm} named from {} (its build id)",
+                    path.display()
+                );
+                images.push(path);
+            }
+        }
+    }
     Images::load(
-        input.hypervisor.as_deref(),
-        &input.images,
+        hypervisor.as_deref(),
+        &images,
         input.kernel.as_deref(),
         input.guest_root.as_deref(),
     )

@@ -2,6 +2,7 @@
 //! escaping every name from the log or a guest image goes through, and the one place that
 //! decides every name ([`namer`]). Uses nothing else of the analyzer.
 
+pub mod discover;
 pub mod eh_frame;
 pub mod escape;
 pub mod linux;
