@@ -30,6 +30,26 @@ pub struct LiveEcho<W: Write> {
     /// Per pCPU: the next block number expected, and its drop count.
     pcpus: BTreeMap<u16, (u64, u64)>,
     status: Option<Status>,
+    /// The last item was a frame (its trailing line break is not shown).
+    after_frame: bool,
+}
+
+/// `t` without the line break the hypervisor sends after each frame (so that the console stays
+/// readable around them), which would show as a blank line where the frame was, when the item
+/// before was a frame (`after_frame`, cleared once the break is past). The text may come in
+/// pieces: "\r" in one, "\n" in the next.
+fn after_break<'t>(mut t: &'t str, after_frame: &mut bool) -> &'t str {
+    if *after_frame && let Some(rest) = t.strip_prefix('\r') {
+        t = rest;
+    }
+    if *after_frame && let Some(rest) = t.strip_prefix('\n') {
+        t = rest;
+        *after_frame = false;
+    }
+    if !t.is_empty() {
+        *after_frame = false;
+    }
+    t
 }
 
 /// The live status line on a terminal (stderr).
@@ -46,6 +66,7 @@ impl<W: Write> LiveEcho<W> {
             out,
             counts: Counts::default(),
             pcpus: BTreeMap::new(),
+            after_frame: false,
             status: (status && std::io::stderr().is_terminal()).then(|| Status {
                 shown: false,
                 last: Instant::now(),
@@ -58,11 +79,16 @@ impl<W: Write> LiveEcho<W> {
         let mut text = String::new();
         let counts = &mut self.counts;
         let pcpus = &mut self.pcpus;
+        let after_frame = &mut self.after_frame;
         self.decoder.feed(bytes, &mut |item| match item {
-            Item::Text { text: t, .. } => text.push_str(t),
+            // The line break the hypervisor sends after each frame (so that the console stays
+            // readable around them) would show as a blank line where the frame was.
+            Item::Text { text: t, .. } => text.push_str(after_break(t, after_frame)),
+            Item::Damage(_) => counts.damaged += 1,
             Item::Block {
                 header, records, ..
             } => {
+                *after_frame = true;
                 counts.frames += 1;
                 counts.records += records.len() as u64;
                 counts.samples += records.iter().filter(|r| r.as_sample().is_some()).count() as u64;
@@ -74,8 +100,10 @@ impl<W: Write> LiveEcho<W> {
                     entry.1 = header.ring_drops;
                 }
             }
-            Item::Damage(_) => counts.damaged += 1,
-            _ => counts.frames += 1,
+            _ => {
+                *after_frame = true;
+                counts.frames += 1;
+            }
         });
         self.write_text(&text);
         self.show_status(false);
@@ -84,9 +112,10 @@ impl<W: Write> LiveEcho<W> {
     /// The end of the capture: the rest of the text, and the final status.
     pub fn finish(&mut self) -> Counts {
         let mut text = String::new();
+        let after_frame = &mut self.after_frame;
         self.decoder.finish(&mut |item| {
             if let Item::Text { text: t, .. } = item {
-                text.push_str(t);
+                text.push_str(after_break(t, after_frame));
             }
         });
         self.write_text(&text);
@@ -163,6 +192,8 @@ mod tests {
         for _ in 0..2 {
             let n = enc.encode(&records, &[], 0, &mut frame).unwrap();
             capture.extend_from_slice(&frame[..n]);
+            // The line break the hypervisor sends after each frame.
+            capture.extend_from_slice(b"\r\n");
         }
         // A third block is lost in transit, the fourth reports 7 records dropped.
         let _ = enc.encode(&records, &[], 0, &mut frame).unwrap();
@@ -184,5 +215,10 @@ mod tests {
         assert!(text.contains("[vm] done[2J"), "escape removed: {text:?}");
         assert!(text.contains("hvprof: power off"), "{text:?}");
         assert!(!text.contains('\0') && !text.contains("HVP"), "{text:?}");
+        // No blank line where a frame was.
+        assert!(
+            !text.contains("\n\n") && !text.contains("\r\n\r\n"),
+            "{text:?}"
+        );
     }
 }

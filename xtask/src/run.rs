@@ -231,16 +231,9 @@ pub fn demo() -> Result<ExitCode> {
         },
         ..RunArgs::default()
     };
+    // Each VM's exit statistics are in the console text shown during the run (and in the
+    // report's tables below): not printed a second time.
     let outcome = boot(&args)?;
-    println!();
-    println!("== exit statistics ==");
-    for line in outcome
-        .serial
-        .lines()
-        .filter(|l| l.starts_with("vm ") && (l.contains(": stopped:") || l.contains(": exit ")))
-    {
-        println!("  {line}");
-    }
     println!();
     println!("== profile (hvprof-analyze report) ==");
     let mut cmd = std::process::Command::new(&analyzer);
