@@ -90,11 +90,16 @@ static TICKS_PER_BYTE: AtomicU64 = AtomicU64::new(0);
 /// Whether a synchronous send may halt the pCPU while the UART sends (`halt_while_sending`).
 static HALTING: AtomicBool = AtomicBool::new(false);
 
-/// From now on a synchronous send halts this pCPU until the UART can take more
-/// (`CpuProfiler::halt_for_console`, with its LAPIC timer), instead of spinning on the line
+/// How a synchronous send halts the pCPU until a TSC value (`halt_while_sending`).
+static HALT: spin::Once<fn(u64)> = spin::Once::new();
+
+/// From now on a synchronous send halts this pCPU until the UART can take more, with `halt`
+/// (the profiler's `CpuProfiler::halt_for_console`, which uses the LAPIC timer; given by
+/// `main`, so that the console depends on no other module), instead of spinning on the line
 /// status: at 115,200 baud a byte is 87 µs, some 87,000 instructions of spinning at a 1 GHz clock,
 /// which an emulator counting instructions must run one by one (a HLT it skips).
-pub fn halt_while_sending() {
+pub fn halt_while_sending(halt: fn(u64)) {
+    HALT.call_once(|| halt);
     HALTING.store(true, Ordering::Relaxed);
 }
 
@@ -102,13 +107,15 @@ pub fn halt_while_sending() {
 /// where that is allowed and known; else one spin.
 fn wait_for_line() {
     let next = NEXT_PUMP.load(Ordering::Relaxed);
-    if HALTING.load(Ordering::Relaxed)
-        && TICKS_PER_BYTE.load(Ordering::Relaxed) > 0
-        && next > crate::tsc::rdtsc()
-    {
-        crate::profiler::sampler::this_cpu().halt_for_console(next);
-    } else {
-        core::hint::spin_loop();
+    match HALT.get() {
+        Some(halt)
+            if HALTING.load(Ordering::Relaxed)
+                && TICKS_PER_BYTE.load(Ordering::Relaxed) > 0
+                && next > crate::tsc::rdtsc() =>
+        {
+            halt(next)
+        }
+        _ => core::hint::spin_loop(),
     }
 }
 

@@ -125,7 +125,7 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
     let lapic = arch::host_apic::Lapic::init();
     if let Some(l) = lapic {
         profiler::sampler::this_cpu().set_lapic(l);
-        console::halt_while_sending();
+        console::halt_while_sending(|t| profiler::sampler::this_cpu().halt_for_console(t));
     }
 
     let cpu = match platform::report() {

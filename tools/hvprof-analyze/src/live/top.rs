@@ -329,6 +329,68 @@ pub fn run(
     }
     let mut term = ratatui::try_init().context("cannot set up the terminal")?;
     let _restore = Restore;
+    let done = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| watch_terminal(interrupted, &done));
+        let shown = show(reader, &mut view, options, interrupted, &mut term);
+        done.store(true, Ordering::Relaxed);
+        shown
+    })
+}
+
+/// Ends the process when a termination signal arrives (`interrupted`: Ctrl-C, SIGTERM, SIGHUP)
+/// or the terminal goes away (a hangup on it), whatever the view is doing, until `done`. Once
+/// its terminal is gone, crossterm's reader gets end-of-file at every read and loops on it inside
+/// `event::read`, which then never returns: the view's own loop would spin there for ever.
+fn watch_terminal(interrupted: &AtomicBool, done: &AtomicBool) {
+    use std::os::fd::AsRawFd;
+    // The terminal crossterm reads: standard input when it is one, else /dev/tty.
+    let tty = std::fs::File::open("/dev/tty").ok();
+    let fd = if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        std::io::stdin().as_raw_fd()
+    } else {
+        match &tty {
+            Some(t) => t.as_raw_fd(),
+            None => -1,
+        }
+    };
+    while !done.load(Ordering::Relaxed) {
+        let hung_up = fd >= 0 && {
+            let mut p = libc::pollfd {
+                fd,
+                events: 0,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, a zero timeout; `fd` stays open while this runs (standard
+            // input, or `tty` above).
+            let n = unsafe { libc::poll(&mut p, 1, 0) };
+            n > 0 && p.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+        };
+        if hung_up {
+            // No terminal left to restore. 129: as a shell reports a hangup.
+            std::process::exit(129);
+        }
+        if interrupted.load(Ordering::Relaxed) {
+            // The terminal back as it was, written straight to it: standard output's lock may
+            // be held by the view, which is stuck or busy. 130: as a shell reports Ctrl-C.
+            let _ = crossterm::terminal::disable_raw_mode();
+            let leave = b"\x1b[?1049l\x1b[?25h";
+            // SAFETY: writes `leave`'s bytes from a live buffer to standard output's descriptor.
+            let _ = unsafe { libc::write(1, leave.as_ptr().cast(), leave.len()) };
+            std::process::exit(130);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The live view on the terminal, until `q`, Esc, Ctrl-C or `interrupted`.
+fn show(
+    reader: &Reader,
+    view: &mut View<'_>,
+    options: &TopOptions,
+    interrupted: &AtomicBool,
+    term: &mut ratatui::DefaultTerminal,
+) -> Result<()> {
     let mut next = Instant::now();
     let mut ended: Option<String> = None;
     loop {

@@ -13,6 +13,7 @@ mod pipes;
 mod preemption;
 mod scaling;
 mod stacks;
+mod terminal;
 mod window;
 
 /// A fixture in `tests/data`: end-to-end captures and symbol-only copies of the ELF files that
