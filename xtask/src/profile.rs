@@ -246,34 +246,20 @@ fn guest_root(image_root: &Path, to: &Path, additions: &[Addition]) -> Result<()
     if to.exists() {
         std::fs::remove_dir_all(to).with_context(|| format!("cannot remove {}", to.display()))?;
     }
-    link_tree(image_root, to)?;
+    put_tree(image_root, to, true)?;
     for a in additions {
         let dest = to.join(a.guest.trim_start_matches('/'));
         if let Some(parent) = dest.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        copy_tree(&a.host, &dest)?;
+        put_tree(&a.host, &dest, false)?;
     }
     Ok(())
 }
 
-fn link_tree(from: &Path, to: &Path) -> Result<()> {
-    let meta = std::fs::symlink_metadata(from)?;
-    if meta.file_type().is_symlink() {
-        std::os::unix::fs::symlink(std::fs::read_link(from)?, to)?;
-    } else if meta.is_dir() {
-        std::fs::create_dir_all(to)?;
-        for e in std::fs::read_dir(from)? {
-            let e = e?;
-            link_tree(&e.path(), &to.join(e.file_name()))?;
-        }
-    } else if std::fs::hard_link(from, to).is_err() {
-        std::fs::copy(from, to)?;
-    }
-    Ok(())
-}
-
-fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+/// Puts the tree at `from` at `to`: files hard-linked when `link` (copied where that fails),
+/// else copied over what is there; symbolic links as links.
+fn put_tree(from: &Path, to: &Path, link: bool) -> Result<()> {
     let meta = std::fs::symlink_metadata(from)?;
     if to.exists() && !meta.is_dir() {
         std::fs::remove_file(to)?;
@@ -284,9 +270,9 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
         std::fs::create_dir_all(to)?;
         for e in std::fs::read_dir(from)? {
             let e = e?;
-            copy_tree(&e.path(), &to.join(e.file_name()))?;
+            put_tree(&e.path(), &to.join(e.file_name()), link)?;
         }
-    } else {
+    } else if !link || std::fs::hard_link(from, to).is_err() {
         std::fs::copy(from, to)?;
     }
     Ok(())
