@@ -711,21 +711,11 @@ impl CpuProfiler {
     /// it holds, where it would otherwise spin for the line's 87 µs a byte. Without a LAPIC
     /// timer, returns at once (the caller polls).
     pub fn halt_for_console(&self, t: u64) {
-        let Some(l) = self.lapic.get() else {
-            core::hint::spin_loop();
-            return;
-        };
         let was_enabled = x86_64::instructions::interrupts::are_enabled();
-        x86_64::instructions::interrupts::disable();
-        let wake = t.min(self.next_tick());
-        l.arm(wake);
-        if rdtsc() < wake {
-            // As in `halt_until`: STI's shadow covers HLT, so the timer cannot fire unseen.
-            x86_64::instructions::interrupts::enable_and_hlt();
-        }
-        if was_enabled {
-            x86_64::instructions::interrupts::enable();
-        } else {
+        // With a LAPIC timer `halt_until` returns with interrupts on; without one it spins once
+        // and leaves the flag alone.
+        self.halt_until(t);
+        if !was_enabled {
             x86_64::instructions::interrupts::disable();
         }
     }
