@@ -337,13 +337,10 @@ fn load_images(input: &Input) -> Result<Images> {
     if !input.no_search
         && let Some(header) = hvprof_analyze::naming::discover::header_of(&input.log)
     {
+        // The given images' ids (their notes only: `Images::load` reads them whole below).
         let have: Vec<Vec<u8>> = images
             .iter()
-            .filter_map(|p| {
-                hvprof_analyze::naming::symbols::Symbols::load(p)
-                    .ok()
-                    .and_then(|s| s.build_id)
-            })
+            .filter_map(|p| hvprof_analyze::naming::discover::build_id_of(p))
             .collect();
         let wanted = header.vms.as_slice().iter().any(|v| {
             !v.image_build_id.is_none() && !have.contains(&v.image_build_id.as_bytes().to_vec())

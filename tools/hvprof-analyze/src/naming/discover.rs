@@ -97,8 +97,9 @@ pub fn search_dirs(log: &Path, extra: &[PathBuf]) -> Vec<PathBuf> {
     dirs
 }
 
-/// The GNU build id of the ELF file at `path`, if it is one and has one.
-fn build_id_of(path: &Path) -> Option<Vec<u8>> {
+/// The GNU build id of the ELF file at `path`, if it is one and has one (its headers and note
+/// only are read).
+pub fn build_id_of(path: &Path) -> Option<Vec<u8>> {
     use object::Object;
     let mut magic = [0u8; 4];
     {
