@@ -21,21 +21,26 @@ use crate::vm_scenarios::{all_of, check_exit_code};
 /// One sample as `hvprof-analyze script` prints it: its VM (comm), vCPU (tid - pid - 1), host
 /// time in seconds, its function and its guest process (`name[tgid]`, empty when none).
 #[derive(Clone, Debug)]
-struct ScriptSample {
-    comm: String,
-    vcpu: i64,
-    time: f64,
-    function: String,
-    process: String,
+pub struct ScriptSample {
+    pub comm: String,
+    pub vcpu: i64,
+    pub time: f64,
+    pub function: String,
+    pub process: String,
 }
 
-/// `script`'s samples (see `tools/hvprof-analyze/src/views/script.rs` for the layout).
+/// `script`'s samples of the scenario's capture.
 fn script_samples(run: &ProfileRun) -> Result<Vec<ScriptSample>, String> {
     let mut args: Vec<OsString> = vec!["script".into()];
     args.extend(linux_args());
     let args: Vec<&str> = args.iter().filter_map(|a| a.to_str()).collect();
     let out = run.analyze(&args, "capture-script.log", &run.capture)?;
-    let text = String::from_utf8_lossy(&out);
+    parse_script(&String::from_utf8_lossy(&out))
+}
+
+/// The samples of `hvprof-analyze script`'s text (see `tools/hvprof-analyze/src/views/script.rs`
+/// for the layout).
+pub fn parse_script(text: &str) -> Result<Vec<ScriptSample>, String> {
     let mut samples = Vec::new();
     for event in text.split("\n\n") {
         let mut lines = event.lines();
@@ -81,17 +86,25 @@ fn script_samples(run: &ProfileRun) -> Result<Vec<ScriptSample>, String> {
     Ok(samples)
 }
 
-/// The `--time` argument spanning the samples of processes named `name` (`name[tgid]`): from
-/// the first to just after the last.
-fn process_window(samples: &[ScriptSample], name: &str) -> Result<String, String> {
-    let prefix = format!("{name}[");
+/// The `--time` argument spanning the samples of processes named one of `names`
+/// (`name[tgid]`): from the first to just after the last.
+pub fn process_window(samples: &[ScriptSample], names: &[&str]) -> Result<String, String> {
     let times = samples
         .iter()
-        .filter(|s| s.process.starts_with(&prefix))
+        .filter(|s| {
+            names.iter().any(|n| {
+                s.process
+                    .strip_prefix(n)
+                    .is_some_and(|rest| rest.starts_with('['))
+            })
+        })
         .map(|s| s.time);
     let (first, last) = times.fold((f64::MAX, f64::MIN), |(a, b), t| (a.min(t), b.max(t)));
     if first > last {
-        return Err(format!("no samples of a process named {name}"));
+        return Err(format!(
+            "no samples of a process named {}",
+            names.join(" or ")
+        ));
     }
     Ok(format!("{first:.6},{:.6}", last + 0.000_001))
 }
@@ -192,7 +205,7 @@ fn w41_splits(vcpus: &[Value]) -> Vec<String> {
 /// failures every such run shares (samples and events disagree, w41's split is off).
 fn w41_copies(run: &ProfileRun) -> Result<(String, Vec<Value>, Vec<String>), String> {
     let samples = script_samples(run)?;
-    let window = process_window(&samples, "w41")?;
+    let window = process_window(&samples, &["w41"])?;
     let report = report_during(run, &window, &[])?;
     let vcpus = vcpus(&report)?;
     let mut errors = events_agree(&vcpus);
@@ -250,7 +263,7 @@ fn check_pinned(run: &ProfileRun) -> Result<(), String> {
 /// (lock-waiter preemption).
 fn check_lock_holder(run: &ProfileRun) -> Result<(), String> {
     let samples = script_samples(run)?;
-    let window = process_window(&samples, "lockholder")?;
+    let window = process_window(&samples, &["lockholder"])?;
     let report = report_during(run, &window, &["--preemptions"])?;
     let vcpus = vcpus(&report)?;
     let mut errors = events_agree(&vcpus);
@@ -362,4 +375,33 @@ pub fn all() -> Vec<Scenario> {
         .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
         .profile(check_lock_holder),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_spans_the_named_processes_first_to_last_sample() {
+        let script = "linux 100000/100001 [000] 1.000000: cpu-clock:\n\tffffffff81000000 f ([guest.kallsyms])\n\t               0 swapper[0] (guest.process)\n\n\
+                      linux 100000/100001 [000] 1.500000: cpu-clock:\n\t    5555 main (known)\n\t               0 known[90] (guest.process)\n\n\
+                      linux 100000/100002 [001] 1.250000: cpu-clock:\n\t    5555 x (hvrun)\n\t               0 hvrun[89] (guest.process)\n\n\
+                      linux 100000/100001 [000] 2.000000: cpu-clock:\n\t    5555 y (other)\n\t               0 knownx[91] (guest.process)\n";
+        let samples = parse_script(script).unwrap();
+        assert_eq!(samples.len(), 4);
+        assert_eq!(
+            (samples[2].vcpu, samples[2].process.as_str()),
+            (1, "hvrun[89]")
+        );
+        assert_eq!(
+            process_window(&samples, &["hvrun", "known"]).unwrap(),
+            "1.250000,1.500001"
+        );
+        assert_eq!(
+            process_window(&samples, &["known"]).unwrap(),
+            "1.500000,1.500001"
+        );
+        assert!(process_window(&samples, &["nothing"]).is_err());
+        assert!(parse_script("").is_err());
+    }
 }

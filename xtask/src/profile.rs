@@ -28,6 +28,7 @@ use qemu_tests::iso::{IsoModule, IsoSpec, build_iso};
 use qemu_tests::linux_scenarios::{KERNEL_CMDLINE, linux_dir};
 use qemu_tests::process::{Launch, Limit, RunEnd, launch};
 use qemu_tests::runner::DEFAULT_END_MARKER;
+use qemu_tests::smp_scenarios::{parse_script, process_window};
 
 use crate::EmulatorArg;
 use crate::build::{build_analyzer, build_hypervisor};
@@ -555,35 +556,6 @@ fn command_comm(command: &OsString) -> String {
     String::from_utf8_lossy(&name[..name.len().min(15)]).into_owned()
 }
 
-/// The first and last sample times (seconds, as `script` prints them) of the processes named
-/// one of `names` in `script`'s text.
-fn command_window(script: &str, names: &[&str]) -> Option<(f64, f64)> {
-    let mut window: Option<(f64, f64)> = None;
-    for event in script.split("\n\n") {
-        let mut lines = event.lines();
-        let Some(head) = lines.next() else { continue };
-        let Some(time) = head
-            .split_whitespace()
-            .nth(3)
-            .and_then(|t| t.trim_end_matches(':').parse::<f64>().ok())
-        else {
-            continue;
-        };
-        let ours = lines.any(|l| {
-            l.trim().strip_suffix(" (guest.process)").is_some_and(|p| {
-                let process = p.trim().rsplit_once(' ').map_or(p, |(_, name)| name);
-                names
-                    .iter()
-                    .any(|n| process.strip_prefix(n).is_some_and(|r| r.starts_with('[')))
-            })
-        });
-        if ours {
-            window = Some(window.map_or((time, time), |(a, b)| (a.min(time), b.max(time))));
-        }
-    }
-    window
-}
-
 /// `cargo xtask profile`.
 pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
     let started = Instant::now();
@@ -751,19 +723,21 @@ pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
     s.arg("-o").arg(&script);
     let scripted = s.status().context("cannot run hvprof-analyze")?.success();
     let comm = command_comm(&args.command[0]);
+    // The stretch from the first sample of `hvrun` or the command (before its exec the child
+    // is still `hvrun`) to the last: the parser and the window of the SMP scenarios.
     let window = scripted
         .then(|| std::fs::read_to_string(&script).ok())
         .flatten()
-        .and_then(|text| command_window(&text, &["hvrun", &comm]));
+        .and_then(|text| parse_script(&text).ok())
+        .and_then(|samples| process_window(&samples, &["hvrun", &comm]).ok());
     let stretch = |cmd: &mut Command| {
-        if let Some((first, last)) = window {
-            cmd.arg("--time")
-                .arg(format!("{first:.6},{:.6}", last + 0.000_001));
+        if let Some(w) = &window {
+            cmd.arg("--time").arg(w);
         }
     };
-    match window {
-        Some((first, last)) => eprintln!(
-            "xtask: the report is of the command's stretch, {first:.3} s to {last:.3} s of the run (its first sample to its last: `--time`)"
+    match &window {
+        Some(w) => eprintln!(
+            "xtask: the report is of the command's stretch, --time {w} (seconds of the run: its first sample to its last)"
         ),
         None => eprintln!("xtask: no sample of the command: the report is of the whole run"),
     }
@@ -1182,20 +1156,12 @@ mod tests {
     }
 
     #[test]
-    fn the_commands_stretch_is_its_processes_first_to_last_sample() {
-        let script = "linux 100000/100001 [000] 1.000000: cpu-clock:\n\tffffffff81000000 f ([guest.kallsyms])\n\t               0 swapper[0] (guest.process)\n\n\
-                      linux 100000/100001 [000] 1.500000: cpu-clock:\n\t    5555 main (known)\n\t               0 known[90] (guest.process)\n\n\
-                      linux 100000/100001 [000] 1.250000: cpu-clock:\n\t    5555 x (hvrun)\n\t               0 hvrun[89] (guest.process)\n\n\
-                      linux 100000/100001 [000] 2.000000: cpu-clock:\n\t    5555 y (other)\n\t               0 knownx[91] (guest.process)\n";
-        assert_eq!(
-            command_window(script, &["hvrun", "known"]),
-            Some((1.25, 1.5))
-        );
-        assert_eq!(command_window(script, &["nothing"]), None);
+    fn the_commands_process_name_is_its_file_name_cut_to_15_bytes() {
         assert_eq!(
             command_comm(&OsString::from("./a/very-long-program-name")),
             "very-long-progr"
         );
+        assert_eq!(command_comm(&OsString::from("sum")), "sum");
     }
 
     #[test]
