@@ -1,11 +1,11 @@
 //! The serial console: a 16550 UART (COM1 by default) through the `uart_16550` crate, 115200 8N1,
 //! with its 16-byte transmit FIFO on.
 //!
-//! Until the VMs start (and again after they stop) output is synchronous: at boot there is
-//! nothing else to do, and a boot that hangs must still show how far it got. While VMs run,
-//! output never waits for the line where it need not: text (and, with `channel=serial`, the
-//! sample log's frames) goes into a 64 KiB queue, and the queue is moved into the UART's FIFO
-//! whenever the FIFO is empty — at every `print`, and by [`pump`], which the run loop calls after
+//! Until sampling starts, just before the VMs do (and again after they stop), output is
+//! synchronous: at boot there is nothing else to do, and a boot that hangs must still show how
+//! far it got. From then on, output never waits for the line where it need not: text (and, with
+//! `channel=serial`, the sample log's frames) goes into a 64 KiB queue, and the queue is moved
+//! into the UART's FIFO whenever the FIFO is empty — at every `print`, and by [`pump`], which the run loop calls after
 //! VM exits, the scheduler between slices and the idle loop. At 115,200 baud a byte takes 87 µs
 //! of line time; a VM exit that printed used to wait for every byte of its line. Only a full queue
 //! makes a writer wait (the hypervisor's own messages), and guest output never does: it is

@@ -67,6 +67,9 @@ pub struct CpuProfiler {
     lapic: spin::Once<Lapic>,
     /// This pCPU runs its idle loop.
     idle: AtomicBool,
+    /// This pCPU is halted until its UART has sent what the console gave it
+    /// (`halt_for_console`): its samples are `[idle]` too, as the CPU does nothing.
+    console_wait: AtomicBool,
     /// A push into `ring` is under way (see `offer`).
     pushing: AtomicBool,
     /// What profiling cost this pCPU beyond the sample path itself.
@@ -116,6 +119,7 @@ impl CpuProfiler {
             kicks: KickState::new(),
             kicks_sent: AtomicU64::new(0),
             idle: AtomicBool::new(false),
+            console_wait: AtomicBool::new(false),
             pushing: AtomicBool::new(false),
             costs: Costs::new(KERNEL_WALK_READS, USER_WALK_READS),
             started_at: AtomicU64::new(0),
@@ -675,14 +679,14 @@ impl CpuProfiler {
         }
     }
 
-    /// Halts this pCPU until its next sampling deadline or TSC `t`, whichever comes first (the
-    /// LAPIC timer wakes it; `on_timer` takes the sample and re-arms for the next deadline).
-    /// Without a LAPIC timer, returns at once: the caller polls.
     /// Whether another pCPU kicked this one since the last call (and clears it).
     pub fn take_kicked(&self) -> bool {
         self.kicks.take()
     }
 
+    /// Halts this pCPU until its next sampling deadline or TSC `t`, whichever comes first (the
+    /// LAPIC timer wakes it; `on_timer` takes the sample and re-arms for the next deadline).
+    /// Without a LAPIC timer, returns at once: the caller polls.
     pub fn halt_until(&self, t: u64) {
         let Some(l) = self.lapic.get() else {
             core::hint::spin_loop();
@@ -709,12 +713,15 @@ impl CpuProfiler {
     /// Halts this pCPU until TSC `t` (or its next sampling deadline, or another interrupt),
     /// leaving the interrupt flag as it found it: the console's wait for its UART to send what
     /// it holds, where it would otherwise spin for the line's 87 µs a byte. Without a LAPIC
-    /// timer, returns at once (the caller polls).
+    /// timer, returns at once (the caller polls). Samples taken meanwhile are `[idle]`: the CPU
+    /// is halted, and the time is the line's, not the hypervisor's work.
     pub fn halt_for_console(&self, t: u64) {
         let was_enabled = x86_64::instructions::interrupts::are_enabled();
+        self.console_wait.store(true, Ordering::Relaxed);
         // With a LAPIC timer `halt_until` returns with interrupts on; without one it spins once
         // and leaves the flag alone.
         self.halt_until(t);
+        self.console_wait.store(false, Ordering::Relaxed);
         if !was_enabled {
             x86_64::instructions::interrupts::disable();
         }
@@ -1214,7 +1221,8 @@ pub fn on_timer(rip: u64, fp: u64) {
         p.eoi();
         return;
     }
-    let sample = p.sample_host_if_due(rip, fp, p.idle.load(Ordering::Relaxed));
+    let halted = p.idle.load(Ordering::Relaxed) || p.console_wait.load(Ordering::Relaxed);
+    let sample = p.sample_host_if_due(rip, fp, halted);
     if let Some(l) = p.lapic.get() {
         l.eoi();
     }
