@@ -106,7 +106,7 @@ fn replace_file(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Runs a command, returns its stdout; an error names the command and shows its stderr.
-fn output(cmd: &mut Command, hint: &str) -> Result<String> {
+pub(crate) fn output(cmd: &mut Command, hint: &str) -> Result<String> {
     let shown = format!("{cmd:?}").replace('"', "");
     let out = match cmd.output() {
         Ok(out) => out,
@@ -129,7 +129,11 @@ fn output(cmd: &mut Command, hint: &str) -> Result<String> {
 }
 
 /// The cached .deb of `package` (the newest if several), if any.
-fn cached_deb(debs: &Path, package: &str, version: Option<&str>) -> Result<Option<PathBuf>> {
+pub(crate) fn cached_deb(
+    debs: &Path,
+    package: &str,
+    version: Option<&str>,
+) -> Result<Option<PathBuf>> {
     let prefix = format!("{package}_");
     let mut found: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
     for entry in std::fs::read_dir(debs).with_context(|| format!("reading {}", debs.display()))? {
@@ -149,7 +153,7 @@ fn cached_deb(debs: &Path, package: &str, version: Option<&str>) -> Result<Optio
     Ok(found.pop().map(|(_, p)| p))
 }
 
-fn deb_field(deb: &Path, field: &str) -> Result<String> {
+pub(crate) fn deb_field(deb: &Path, field: &str) -> Result<String> {
     Ok(output(
         Command::new("dpkg-deb").arg("-f").arg(deb).arg(field),
         "dpkg-deb comes with Debian's dpkg package.",
@@ -206,7 +210,7 @@ fn kernel_dependency(depends: &str) -> Result<(String, Option<String>)> {
 }
 
 /// Extracts the members matching `patterns` (tar wildcards) of a .deb's data into `dest`.
-fn extract(deb: &Path, dest: &Path, patterns: &[&str]) -> Result<()> {
+pub(crate) fn extract(deb: &Path, dest: &Path, patterns: &[&str]) -> Result<()> {
     std::fs::create_dir_all(dest)?;
     let mut dpkg = Command::new("dpkg-deb")
         .arg("--fsys-tarfile")
@@ -843,7 +847,7 @@ fn instruction_truth(dir: &Path) -> Result<serde_json::Value> {
 
 /// `callgrind_annotate` rows `301,807,996 (56.24%)  ???:quantum_toffoli._omp_fn.0 [/path]`:
 /// the program total and (percent, instructions, function).
-fn parse_callgrind(text: &str) -> (u64, Vec<(f64, u64, String)>) {
+pub(crate) fn parse_callgrind(text: &str) -> (u64, Vec<(f64, u64, String)>) {
     let mut total = 0;
     let mut rows = Vec::new();
     for line in text.lines() {

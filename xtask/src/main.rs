@@ -3,11 +3,13 @@
 mod bench;
 mod build;
 mod config;
+mod debs;
 mod linux;
 mod live;
 #[cfg(test)]
 mod modgraph;
 mod profile;
+mod profile_debian;
 mod rules;
 mod run;
 mod spread;

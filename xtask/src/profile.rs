@@ -41,6 +41,7 @@ use crate::tools::ensure_tools;
   cargo xtask profile -- /bin/w41 400
   cargo xtask profile --add ./myprog --env OMP_NUM_THREADS=2 -- ./myprog --size 'a b'
   cargo xtask profile --vcpus 2 --cpus 1 --stacks 16 -- /bin/shor 35 2 1
+  cargo xtask profile --deb perl-base -- perl -e 'my $s = 0; $s += $_ % 7 for 1..300000'
 
 The command runs in the guest as root, with its arguments exactly as given, in --cwd (default
 /root, where --add puts files unless told otherwise). Its output is shown as it comes; the
@@ -72,6 +73,12 @@ pub struct ProfileArgs {
     /// default: --cwd/<its name>). Repeatable.
     #[arg(long = "add", value_name = "HOST[:GUEST]")]
     pub add: Vec<String>,
+    /// A Debian package to put in the guest: a name apt knows, or a .deb file. The packages
+    /// its dependencies bring come too (not those essential to Debian, such as dpkg), and its
+    /// debug files where apt's lists have PACKAGE-dbgsym (the analyzer names its functions by
+    /// them). Downloads and unpackings are kept in target/profile-cache. Repeatable.
+    #[arg(long = "deb", value_name = "PACKAGE")]
+    pub deb: Vec<String>,
     /// Run this many copies of the command at once, copy i bound to vCPU i modulo --vcpus
     /// (each output line starts with "[copy i] "; the status is the first that is not 0).
     #[arg(long, default_value_t = 1, value_name = "N")]
@@ -210,8 +217,22 @@ fn add_host(fs: &mut Initramfs, added: &mut Vec<String>, host: &Path, guest: &st
     Ok(())
 }
 
-/// The run's own initramfs: the command and the added files.
-fn overlay(args: &ProfileArgs, additions: &[Addition]) -> Result<Vec<u8>> {
+/// Adds the children of the host folder `tree` at the guest's root.
+fn add_at_root(fs: &mut Initramfs, added: &mut Vec<String>, tree: &Path) -> Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(tree)?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let name = e.file_name();
+        let name = name
+            .to_str()
+            .with_context(|| format!("{}: a file name that is not UTF-8", e.path().display()))?;
+        add_host(fs, added, &e.path(), &format!("/{name}"))?;
+    }
+    Ok(())
+}
+
+/// The run's own initramfs: the command, the packages' trees (`packages`), the added files.
+fn overlay(args: &ProfileArgs, packages: &[PathBuf], additions: &[Addition]) -> Result<Vec<u8>> {
     let mut fs = Initramfs::new();
     let mut added = Vec::new();
     for d in ["hvprof", "hvprof/run"] {
@@ -226,6 +247,9 @@ fn overlay(args: &ProfileArgs, additions: &[Addition]) -> Result<Vec<u8>> {
         0o644,
         args.copies.to_string().into_bytes(),
     )?;
+    for tree in packages {
+        add_at_root(&mut fs, &mut added, tree)?;
+    }
     for a in additions {
         add_host(&mut fs, &mut added, &a.host, &a.guest)?;
     }
@@ -241,13 +265,21 @@ fn joined_initramfs(base: &[u8], overlay: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The analyzer's guest root: the image's tree hard-linked (copied where links fail), with the
-/// added files over it.
-fn guest_root(image_root: &Path, to: &Path, additions: &[Addition]) -> Result<()> {
+/// The analyzer's guest root: the image's tree hard-linked (copied where links fail), then the
+/// trees `over` (packages and their debug files) and the added files over it.
+fn guest_root(
+    image_root: &Path,
+    to: &Path,
+    over: &[PathBuf],
+    additions: &[Addition],
+) -> Result<()> {
     if to.exists() {
         std::fs::remove_dir_all(to).with_context(|| format!("cannot remove {}", to.display()))?;
     }
     put_tree(image_root, to, true)?;
+    for tree in over {
+        put_tree(tree, to, false)?;
+    }
     for a in additions {
         let dest = to.join(a.guest.trim_start_matches('/'));
         if let Some(parent) = dest.parent() {
@@ -262,7 +294,7 @@ fn guest_root(image_root: &Path, to: &Path, additions: &[Addition]) -> Result<()
 /// else copied over what is there; symbolic links as links.
 fn put_tree(from: &Path, to: &Path, link: bool) -> Result<()> {
     let meta = std::fs::symlink_metadata(from)?;
-    if to.exists() && !meta.is_dir() {
+    if std::fs::symlink_metadata(to).is_ok() && !meta.is_dir() {
         std::fs::remove_file(to)?;
     }
     if meta.file_type().is_symlink() {
@@ -581,6 +613,12 @@ pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
 
     let image = linux_dir();
     ensure_image()?;
+    let packages = crate::debs::prepare(
+        &args.deb,
+        &target_dir().join("profile-cache"),
+        &image.join("root"),
+    )?;
+    describe_packages(&packages);
     ensure_tools()?;
     let hypervisor = build_hypervisor(false)?;
     let analyzer = build_analyzer()?;
@@ -594,12 +632,15 @@ pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
     let base = std::fs::read(image.join("initramfs.cpio"))
         .with_context(|| format!("cannot read {}", image.join("initramfs.cpio").display()))?;
     let initrd = dir.join("linux.cpio");
+    let trees: Vec<PathBuf> = packages.packages.iter().map(|p| p.tree.clone()).collect();
     std::fs::write(
         &initrd,
-        joined_initramfs(&base, &overlay(args, &additions)?),
+        joined_initramfs(&base, &overlay(args, &trees, &additions)?),
     )?;
     let root = dir.join("root");
-    guest_root(&image.join("root"), &root, &additions)?;
+    let debug = packages.packages.iter().filter_map(|p| p.debug.clone());
+    let over: Vec<PathBuf> = trees.iter().cloned().chain(debug).collect();
+    guest_root(&image.join("root"), &root, &over, &additions)?;
 
     // A command the guest could not start is refused now, as the guest would refuse it, not
     // after a boot.
@@ -769,6 +810,42 @@ pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
     Ok(ExitCode::from(status))
 }
 
+/// Says which packages `--deb` put in the guest, what it did not follow, and which have no
+/// debug files.
+fn describe_packages(p: &crate::debs::Prepared) {
+    if p.packages.is_empty() {
+        return;
+    }
+    let names: Vec<String> = p
+        .packages
+        .iter()
+        .map(|u| format!("{} {}", u.name, u.version))
+        .collect();
+    eprintln!("xtask: packages for the guest: {}", names.join(", "));
+    if !p.essential.is_empty() {
+        eprintln!(
+            "xtask: not followed (essential to Debian, not needed to run a program): {}",
+            p.essential.join(", ")
+        );
+    }
+    if !p.unresolved.is_empty() {
+        eprintln!(
+            "xtask: warning: dependencies apt knows no package for (give one with --deb): {}",
+            p.unresolved.join(", ")
+        );
+    }
+    let without = p.without_debug();
+    if !without.is_empty() {
+        eprintln!(
+            "xtask: no debug files in apt's lists for {} (Debian keeps them as PACKAGE-dbgsym in \
+             its debian-debug archive: `deb http://deb.debian.org/debian-debug bookworm-debug \
+             main` in apt's sources, then `apt-get update`); their functions are named from \
+             their dynamic symbols where exported, else [unknown] FILE+0xOFFSET",
+            without.join(", ")
+        );
+    }
+}
+
 /// The test program of [`check`]: a dynamic PIE without frame pointers, written and compiled
 /// here. It prints each argument in hex (so the check sees every byte), one line to stderr,
 /// then runs `heavy` for three quarters of its loop iterations and `light` for one quarter (the
@@ -817,7 +894,8 @@ const TEST_ARGS: [&str; 7] = ["a b", "", "x=y,z", "'\"", "back\\slash", "é ü",
 ///   lines marked;
 /// - a command that does not exist, and an ELF for another machine: status 127 and the
 ///   reason, before anything boots;
-/// - `--add` of a missing file: refused before anything boots, naming it.
+/// - `--add` of a missing file: refused before anything boots, naming it;
+/// - two programs from Debian packages (`--deb`), against callgrind (`profile_debian`).
 pub fn check() -> Result<()> {
     // Built once here, not by both runs at once.
     ensure_image()?;
@@ -882,6 +960,15 @@ pub fn check() -> Result<()> {
     let (known, copies) = (spawn(&mut known)?, spawn(&mut copies)?);
     let known = known.wait_with_output()?;
     let copies = copies.wait_with_output()?;
+    // The Debian programs, two at once.
+    let debian: Vec<_> = crate::profile_debian::RUNS
+        .iter()
+        .map(|r| spawn(&mut crate::profile_debian::command(&xtask, &dir, r)))
+        .collect::<Result<_>>()?;
+    let debian: Vec<_> = debian
+        .into_iter()
+        .map(|c| c.wait_with_output())
+        .collect::<Result<_, _>>()?;
     let output = |mut c: Command| c.output().context("cannot run cargo xtask profile");
     let missing = output(run("run-missing", &[], &["/no/such/program", "x"]))?;
     let arm_arg = format!("{}:/root/arm-program", arm.display());
@@ -943,6 +1030,12 @@ pub fn check() -> Result<()> {
     };
     check_shares("run-known", 1);
     check_shares("run-copies", 2);
+    errors.extend(crate::profile_debian::check(
+        &dir,
+        &build_analyzer()?,
+        &linux_dir().join("vmlinux"),
+        &debian,
+    ));
     let copies_out = String::from_utf8_lossy(&copies.stdout);
     for c in 0..2 {
         if !copies_out.contains(&format!("[copy {c}] argv[0]=")) {

@@ -1,0 +1,365 @@
+//! The part of `cargo xtask test`'s `xtask-profile` stage that profiles programs from Debian
+//! packages the project does not build (`cargo xtask profile --deb`), each compared with
+//! callgrind's instruction counts of the same binary on the same input on the host: in Bochs a
+//! TSC tick is an instruction, so each function's share of the program's user-mode samples is
+//! its share of the instructions the program ran.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Output};
+
+use anyhow::{Context, Result, bail};
+
+use crate::linux::output;
+
+/// A Debian program the stage profiles.
+pub struct DebianRun {
+    /// The run's folder name under the stage's folder.
+    pub out: &'static str,
+    pub package: &'static str,
+    /// The command, as given to `cargo xtask profile --`.
+    pub command: &'static [&'static str],
+    /// Environment for both runs (guest and callgrind).
+    pub env: &'static [(&'static str, &'static str)],
+    /// Its process name in the guest.
+    pub comm: &'static str,
+    /// What its output must hold (the answer its input has by construction).
+    pub prints: &'static str,
+}
+
+/// Python 3.11's interpreter (`_PyEval_EvalFrameDefault` and the integer operations are
+/// exported: the interpreter is linked with `-export-dynamic`) on a loop of integer arithmetic,
+/// without `site` (-S) or bytecode files (-B); and Perl's (`Perl_runops_standard`, `Perl_pp_*`).
+/// sum(i*i % 7 for i < 300000) = 599998 and sum(i*i % 7 for 1 <= i <= 400000) = 800002.
+pub const RUNS: [DebianRun; 2] = [
+    DebianRun {
+        out: "run-python",
+        package: "python3.11-minimal",
+        command: &[
+            "python3.11",
+            "-S",
+            "-B",
+            "-c",
+            "def f(n):\n    s = 0\n    for i in range(n):\n        s += i * i % 7\n    return s\nprint(f(300000))\n",
+        ],
+        env: &[("PYTHONHASHSEED", "0"), ("LC_ALL", "C")],
+        comm: "python3.11",
+        prints: "599998",
+    },
+    DebianRun {
+        out: "run-perl",
+        package: "perl-base",
+        command: &[
+            "perl",
+            "-e",
+            "my $s = 0; for my $i (1 .. 400000) { $s += $i * $i % 7 } print \"$s\\n\";",
+        ],
+        env: &[("LC_ALL", "C")],
+        comm: "perl",
+        prints: "800002",
+    },
+];
+
+/// The `cargo xtask profile` command of `r`, its output in `dir/r.out`.
+pub fn command(xtask: &Path, dir: &Path, r: &DebianRun) -> Command {
+    let mut c = Command::new(xtask);
+    c.arg("profile")
+        .arg("--out")
+        .arg(dir.join(r.out))
+        .arg("--deb")
+        .arg(r.package);
+    for (k, v) in r.env {
+        c.arg("--env").arg(format!("{k}={v}"));
+    }
+    c.arg("--").args(r.command);
+    c.stdin(std::process::Stdio::null());
+    c
+}
+
+/// callgrind on the host, on the run's own guest root's binary and libraries, started.
+fn callgrind(dir: &Path, r: &DebianRun) -> Result<(Child, std::path::PathBuf)> {
+    let run = dir.join(r.out);
+    let root = run.join("root");
+    let exe = root.join("usr/bin").join(r.command[0]);
+    let out = run.join("callgrind.out");
+    let libs = format!(
+        "{}:{}",
+        root.join("lib/x86_64-linux-gnu").display(),
+        root.join("usr/lib/x86_64-linux-gnu").display()
+    );
+    let mut c = Command::new("valgrind");
+    c.arg("--tool=callgrind")
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg(&exe)
+        .args(&r.command[1..])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("LD_LIBRARY_PATH", libs)
+        .envs(r.env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    println!("profile check: {}: {c:?}", r.out);
+    let child = c
+        .spawn()
+        .context("cannot run valgrind (Debian's valgrind package)")?;
+    Ok((child, out))
+}
+
+/// A function's share of a program: keyed by name; code outside every symbol of a file is one
+/// entry, `[unknown] FILE`.
+type Shares = BTreeMap<String, f64>;
+
+/// `callgrind_annotate` rows `1,234 (12.34%)  ???:function [/path/object]`: each function's
+/// share of the program's instructions (unnamed code, `0x…`, by object).
+fn callgrind_shares(text: &str) -> Shares {
+    let mut shares = Shares::new();
+    for line in text.lines() {
+        let Some((_, rest)) = line.split_once('(') else {
+            continue;
+        };
+        let Some((share, what)) = rest.split_once("%)") else {
+            continue;
+        };
+        let Ok(share) = share.trim().parse::<f64>() else {
+            continue;
+        };
+        let what = what.trim();
+        let (func, object) = match what.rsplit_once(" [") {
+            Some((f, o)) => (f, o.trim_end_matches(']')),
+            None => (what, ""),
+        };
+        if func == "PROGRAM TOTALS" || func.starts_with("PROGRAM") {
+            continue;
+        }
+        let func = func.rsplit_once(':').map_or(func, |(_, f)| f);
+        let file = object.rsplit('/').next().unwrap_or(object);
+        let key = if func.starts_with("0x") {
+            format!("[unknown] {file}")
+        } else {
+            func.to_owned()
+        };
+        *shares.entry(key).or_default() += share;
+    }
+    shares
+}
+
+/// The report's rows of process `comm` in user mode: each function's share of its user-mode
+/// samples (unnamed code, `[unknown] FILE+0x…`, by file), and the samples.
+fn report_shares(report: &serde_json::Value, comm: &str) -> Result<(Shares, f64)> {
+    let rows = report
+        .get("vms")
+        .and_then(|v| v.as_array())
+        .and_then(|vms| {
+            vms.iter()
+                .find(|v| v.get("name").and_then(|n| n.as_str()) == Some("linux"))
+        })
+        .and_then(|v| v.get("rows"))
+        .and_then(|r| r.as_array())
+        .context("no rows for VM linux")?;
+    let text =
+        |r: &serde_json::Value, k: &str| r.get(k).and_then(|x| x.as_str()).unwrap_or("").to_owned();
+    let prefix = format!("{comm}[");
+    let mut counts = Shares::new();
+    for r in rows {
+        let module = text(r, "module");
+        if !text(r, "process").starts_with(&prefix)
+            || module.starts_with('[')
+            || module.starts_with('(')
+        {
+            continue;
+        }
+        let function = text(r, "function");
+        let key = match function.strip_prefix("[unknown] ") {
+            Some(rest) => format!(
+                "[unknown] {}",
+                rest.split_once('+').map_or(rest, |(f, _)| f)
+            ),
+            None => function,
+        };
+        *counts.entry(key).or_default() += r.get("samples").and_then(|s| s.as_f64()).unwrap_or(0.0);
+    }
+    let total: f64 = counts.values().sum();
+    if total < 1000.0 {
+        bail!("only {total} user-mode samples of {comm}");
+    }
+    Ok((
+        counts
+            .into_iter()
+            .map(|(k, n)| (k, 100.0 * n / total))
+            .collect(),
+        total,
+    ))
+}
+
+/// Every function of at least `floor` % on either side, and the points between the two.
+fn compare(ours: &Shares, theirs: &Shares, floor: f64) -> Vec<(String, f64, f64)> {
+    let mut names: Vec<&String> = ours
+        .iter()
+        .chain(theirs.iter())
+        .filter(|(_, s)| **s >= floor)
+        .map(|(n, _)| n)
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+        .into_iter()
+        .map(|n| {
+            (
+                n.clone(),
+                ours.get(n).copied().unwrap_or(0.0),
+                theirs.get(n).copied().unwrap_or(0.0),
+            )
+        })
+        .collect()
+}
+
+/// Checks the finished runs of [`RUNS`] (their outputs in the same order): status 0, the
+/// expected output, and every function of ≥ 5 % within 2 points of callgrind's share.
+pub fn check(dir: &Path, analyzer: &Path, vmlinux: &Path, outputs: &[Output]) -> Vec<String> {
+    let mut errors = Vec::new();
+    let mut started = Vec::new();
+    for (r, out) in RUNS.iter().zip(outputs) {
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if out.status.code() != Some(0) || !stdout.contains(r.prints) {
+            errors.push(format!(
+                "{}: status {:?} (want 0), stdout {:?} (want {}); stderr: {}",
+                r.out,
+                out.status.code(),
+                stdout.trim(),
+                r.prints,
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .filter(|l| l.starts_with("xtask"))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            ));
+            continue;
+        }
+        match callgrind(dir, r) {
+            Ok(c) => started.push((r, c)),
+            Err(e) => errors.push(format!("{}: {e:#}", r.out)),
+        }
+    }
+    for (r, (child, file)) in started {
+        if let Err(e) = compare_run(dir, analyzer, vmlinux, r, child, &file) {
+            errors.push(format!("{}: {e:#}", r.out));
+        }
+    }
+    errors
+}
+
+fn compare_run(
+    dir: &Path,
+    analyzer: &Path,
+    vmlinux: &Path,
+    r: &DebianRun,
+    child: Child,
+    file: &Path,
+) -> Result<()> {
+    let done = child.wait_with_output()?;
+    if !done.status.success() {
+        bail!(
+            "valgrind failed: {}",
+            String::from_utf8_lossy(&done.stderr).trim()
+        );
+    }
+    let hint = "callgrind_annotate comes with Debian's valgrind package.";
+    let text = output(
+        Command::new("callgrind_annotate")
+            .args(["--threshold=100", "--auto=no"])
+            .arg(file),
+        hint,
+    )?;
+    let theirs = callgrind_shares(&text);
+    let run = dir.join(r.out);
+    let out = Command::new(analyzer)
+        .arg("report")
+        .arg(run.join("capture.log"))
+        .arg("--kernel")
+        .arg(vmlinux)
+        .arg("--guest-root")
+        .arg(run.join("root"))
+        .args(["--json", "--top", "100000"])
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "hvprof-analyze report failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let (ours, samples) = report_shares(&report, r.comm)?;
+    let rows = compare(&ours, &theirs, 5.0);
+    println!(
+        "profile check: {}: {} ({samples} user-mode samples) against callgrind, functions of 5 % or more:",
+        r.out, r.comm
+    );
+    let mut bad = Vec::new();
+    for (name, o, t) in &rows {
+        println!("profile check:   {o:6.2} % hvprof  {t:6.2} % callgrind  {name}");
+        if (o - t).abs() > 2.0 {
+            bad.push(format!("{name}: {o:.2} % (callgrind {t:.2} %)"));
+        }
+    }
+    if rows.is_empty() {
+        bail!("no function of 5 % or more on either side");
+    }
+    if !bad.is_empty() {
+        bail!("more than 2 points from callgrind: {}", bad.join(", "));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn callgrind_rows_by_function_and_unnamed_code_by_file() {
+        let text = "\
+--------------------------------------------------------------------------------
+Ir
+--------------------------------------------------------------------------------
+200,000 (100.0%)  PROGRAM TOTALS
+
+Ir               file:function
+--------------------------------------------------------------------------------
+120,000 (60.00%)  ???:_PyEval_EvalFrameDefault [/r/usr/bin/python3.11]
+ 20,000 (10.00%)  ???:0x00000000001bc2d0 [/r/usr/bin/python3.11]
+ 10,000 ( 5.00%)  ???:0x00000000001bd000 [/r/usr/bin/python3.11]
+ 10,000 ( 5.00%)  ./malloc/malloc.c:malloc [/r/lib/x86_64-linux-gnu/libc.so.6]
+";
+        let s = callgrind_shares(text);
+        assert_eq!(s.get("_PyEval_EvalFrameDefault"), Some(&60.0));
+        assert_eq!(s.get("[unknown] python3.11"), Some(&15.0));
+        assert_eq!(s.get("malloc"), Some(&5.0));
+        assert_eq!(s.len(), 3);
+    }
+
+    #[test]
+    fn report_rows_of_the_process_in_user_mode() {
+        let mut rows = vec![
+            serde_json::json!({"process": "perl[90]", "module": "perl", "function": "Perl_pp_add", "samples": 600.0}),
+            serde_json::json!({"process": "perl[90]", "module": "perl", "function": "[unknown] perl+0x10", "samples": 300.0}),
+            serde_json::json!({"process": "perl[90]", "module": "perl", "function": "[unknown] perl+0x20", "samples": 100.0}),
+            serde_json::json!({"process": "perl[90]", "module": "[guest.kallsyms]", "function": "clear_page_erms", "samples": 500.0}),
+            serde_json::json!({"process": "perlish[91]", "module": "perlish", "function": "x", "samples": 500.0}),
+        ];
+        rows.push(serde_json::json!({"process": "perl[90]", "module": "libc.so.6", "function": "memcpy", "samples": 1000.0}));
+        let report = serde_json::json!({"vms": [{"name": "linux", "rows": rows}]});
+        let (s, total) = report_shares(&report, "perl").unwrap();
+        assert_eq!(total, 2000.0);
+        assert_eq!(s.get("Perl_pp_add"), Some(&30.0));
+        assert_eq!(s.get("[unknown] perl"), Some(&20.0));
+        assert_eq!(s.get("memcpy"), Some(&50.0));
+        assert_eq!(s.len(), 3);
+    }
+
+    #[test]
+    fn the_comparison_takes_functions_above_the_floor_on_either_side() {
+        let ours: Shares = [("a".into(), 50.0), ("b".into(), 4.0), ("c".into(), 1.0)].into();
+        let theirs: Shares = [("a".into(), 49.0), ("b".into(), 6.0), ("d".into(), 2.0)].into();
+        let rows = compare(&ours, &theirs, 5.0);
+        assert_eq!(rows, vec![("a".into(), 50.0, 49.0), ("b".into(), 4.0, 6.0)]);
+    }
+}
