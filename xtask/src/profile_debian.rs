@@ -105,12 +105,12 @@ fn callgrind(dir: &Path, r: &DebianRun) -> Result<(Child, std::path::PathBuf)> {
     Ok((child, out))
 }
 
-/// A function's share of a program: keyed by name; code outside every symbol of a file is one
-/// entry, `[unknown] FILE`.
+/// A function's share of a program, keyed by name; code outside every symbol of a file by
+/// where it starts, `[unknown] FILE+0xADDR`.
 type Shares = BTreeMap<String, f64>;
 
 /// `callgrind_annotate` rows `1,234 (12.34%)  ???:function [/path/object]`: each function's
-/// share of the program's instructions (unnamed code, `0x…`, by object).
+/// share of the program's instructions.
 fn callgrind_shares(text: &str) -> Shares {
     let mut shares = Shares::new();
     for line in text.lines() {
@@ -133,10 +133,14 @@ fn callgrind_shares(text: &str) -> Shares {
         }
         let func = func.rsplit_once(':').map_or(func, |(_, f)| f);
         let file = object.rsplit('/').next().unwrap_or(object);
-        let key = if func.starts_with("0x") {
-            format!("[unknown] {file}")
-        } else {
-            func.to_owned()
+        // callgrind names code outside every symbol by its first address in the file, as the
+        // analyzer does (`[unknown] FILE+0xADDR`).
+        let key = match func
+            .strip_prefix("0x")
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+        {
+            Some(addr) => format!("[unknown] {file}+{addr:#x}"),
+            None => func.to_owned(),
         };
         *shares.entry(key).or_default() += share;
     }
@@ -144,7 +148,7 @@ fn callgrind_shares(text: &str) -> Shares {
 }
 
 /// The report's rows of process `comm` in user mode: each function's share of its user-mode
-/// samples (unnamed code, `[unknown] FILE+0x…`, by file), and the samples.
+/// samples, and the samples.
 fn report_shares(report: &serde_json::Value, comm: &str) -> Result<(Shares, f64)> {
     let rows = report
         .get("vms")
@@ -168,14 +172,7 @@ fn report_shares(report: &serde_json::Value, comm: &str) -> Result<(Shares, f64)
         {
             continue;
         }
-        let function = text(r, "function");
-        let key = match function.strip_prefix("[unknown] ") {
-            Some(rest) => format!(
-                "[unknown] {}",
-                rest.split_once('+').map_or(rest, |(f, _)| f)
-            ),
-            None => function,
-        };
+        let key = text(r, "function");
         *counts.entry(key).or_default() += r.get("samples").and_then(|s| s.as_f64()).unwrap_or(0.0);
     }
     let total: f64 = counts.values().sum();
@@ -331,9 +328,10 @@ Ir               file:function
 ";
         let s = callgrind_shares(text);
         assert_eq!(s.get("_PyEval_EvalFrameDefault"), Some(&60.0));
-        assert_eq!(s.get("[unknown] python3.11"), Some(&15.0));
+        assert_eq!(s.get("[unknown] python3.11+0x1bc2d0"), Some(&10.0));
+        assert_eq!(s.get("[unknown] python3.11+0x1bd000"), Some(&5.0));
         assert_eq!(s.get("malloc"), Some(&5.0));
-        assert_eq!(s.len(), 3);
+        assert_eq!(s.len(), 4);
     }
 
     #[test]
@@ -350,9 +348,10 @@ Ir               file:function
         let (s, total) = report_shares(&report, "perl").unwrap();
         assert_eq!(total, 2000.0);
         assert_eq!(s.get("Perl_pp_add"), Some(&30.0));
-        assert_eq!(s.get("[unknown] perl"), Some(&20.0));
+        assert_eq!(s.get("[unknown] perl+0x10"), Some(&15.0));
+        assert_eq!(s.get("[unknown] perl+0x20"), Some(&5.0));
         assert_eq!(s.get("memcpy"), Some(&50.0));
-        assert_eq!(s.len(), 3);
+        assert_eq!(s.len(), 4);
     }
 
     #[test]
