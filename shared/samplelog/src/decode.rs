@@ -11,8 +11,9 @@ use crate::bits::{ByteReader, Malformed};
 use crate::cobs;
 use crate::codec;
 use crate::encode::{
-    FRAME_BLOCK, FRAME_END, FRAME_HEADER, FRAME_MAPPING, FRAME_PCPU_COST, FRAME_TASK, FRAME_VM_END,
-    MAGIC, MAX_BLOCK_RECORDS, MAX_END_PCPUS, MAX_FRAME_BYTES, MAX_FRAME_TYPE,
+    FRAME_BLOCK, FRAME_END, FRAME_HEADER, FRAME_MAPPING, FRAME_OUTPUT, FRAME_PCPU_COST, FRAME_TASK,
+    FRAME_VM_END, MAGIC, MAX_BLOCK_RECORDS, MAX_END_PCPUS, MAX_FRAME_BYTES, MAX_FRAME_TYPE,
+    MAX_OUTPUT_CHUNK,
 };
 use crate::stats::{
     EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, PcpuCost, ReasonStats, TaskOffsets,
@@ -20,7 +21,7 @@ use crate::stats::{
 };
 use crate::types::{
     BUILD_ID_LEN, BlockHeader, BuildId, COMM_LEN, FixedStr, Header, MAX_VMS, Mapping, MappingKind,
-    PATH_LEN, PcpuTotals, Record, Task, VmInfo,
+    Output, OutputStream, PATH_LEN, PcpuTotals, Record, Task, VmInfo,
 };
 
 /// Spans (bytes between two `0x00`) longer than this are classified in pieces, bounding memory.
@@ -120,7 +121,14 @@ pub enum Item<'a> {
         /// The mapping.
         mapping: &'a Mapping,
     },
-    /// A valid frame of a type this decoder does not know (8..=15).
+    /// An output frame: bytes a guest program wrote (or how many were lost).
+    Output {
+        /// Stream offset of the frame.
+        offset: u64,
+        /// What it carried.
+        output: Output<'a>,
+    },
+    /// A valid frame of a type this decoder does not know (9..=15).
     Unknown {
         /// Stream offset of the frame.
         offset: u64,
@@ -148,6 +156,7 @@ enum Parsed {
     VmEnd,
     PcpuCost(PcpuCost),
     Mapping,
+    Output,
     Unknown(u8),
 }
 
@@ -162,6 +171,9 @@ struct Scratch {
     totals: Vec<PcpuTotals>,
     vm_end: Box<VmEnd>,
     mapping: Box<Mapping>,
+    /// The last output frame: VM, stream, lost count, and its bytes in `output_bytes`.
+    output: (u16, OutputStream, u64),
+    output_bytes: Vec<u8>,
 }
 
 /// Incremental decoder: feed it the capture in chunks of any size.
@@ -196,6 +208,8 @@ impl StreamDecoder {
                 totals: Vec::new(),
                 vm_end: Box::default(),
                 mapping: Box::default(),
+                output: (0, OutputStream::Stdout, 0),
+                output_bytes: Vec::new(),
             },
         }
     }
@@ -396,6 +410,15 @@ impl Scratch {
                 offset,
                 mapping: &self.mapping,
             },
+            Parsed::Output => Item::Output {
+                offset,
+                output: Output {
+                    vm: self.output.0,
+                    stream: self.output.1,
+                    lost: self.output.2,
+                    bytes: &self.output_bytes,
+                },
+            },
             Parsed::Unknown(frame_type) => Item::Unknown { offset, frame_type },
         });
     }
@@ -476,6 +499,8 @@ impl Scratch {
             FRAME_VM_END => parse_vm_end(body, &mut self.vm_end).map(|n| (Parsed::VmEnd, n)),
             FRAME_PCPU_COST => parse_pcpu_cost(body).map(|(c, n)| (Parsed::PcpuCost(c), n)),
             FRAME_MAPPING => parse_mapping(body, &mut self.mapping).map(|n| (Parsed::Mapping, n)),
+            FRAME_OUTPUT => parse_output(body, &mut self.output, &mut self.output_bytes)
+                .map(|n| (Parsed::Output, n)),
             t => Ok((Parsed::Unknown(t), body.len())),
         }
     }
@@ -666,6 +691,26 @@ fn parse_mapping(body: &[u8], m: &mut Mapping) -> Result<usize, Malformed> {
     Ok(r.pos())
 }
 
+fn parse_output(
+    body: &[u8],
+    o: &mut (u16, OutputStream, u64),
+    bytes: &mut Vec<u8>,
+) -> Result<usize, Malformed> {
+    let mut r = ByteReader::new(body);
+    o.0 = r.varint_u16()?;
+    o.1 = OutputStream::from_u8(r.u8()?).ok_or(Malformed)?;
+    o.2 = r.varint()?;
+    let n = usize::try_from(r.varint()?).map_err(|_| Malformed)?;
+    // Bytes with a lost count, or a count with bytes, is no frame the encoder writes.
+    let lost = o.1 == OutputStream::Lost;
+    if n > MAX_OUTPUT_CHUNK || (lost && n != 0) || (!lost && (n == 0 || o.2 != 0)) {
+        return Err(Malformed);
+    }
+    bytes.clear();
+    bytes.extend_from_slice(r.bytes(n)?);
+    Ok(r.pos())
+}
+
 fn parse_pcpu_cost(body: &[u8]) -> Result<(PcpuCost, usize), Malformed> {
     let mut r = ByteReader::new(body);
     let c = PcpuCost {
@@ -828,6 +873,10 @@ pub struct Decoded {
     pub costs: Vec<PcpuCost>,
     /// Mapping frames, in stream order.
     pub mappings: Vec<Mapping>,
+    /// Guest programs' output (output frames), per VM and stream, in the order written.
+    pub output: BTreeMap<(u16, OutputStream), Vec<u8>>,
+    /// Per VM: bytes of guest output the hypervisor could not keep.
+    pub output_lost: BTreeMap<u16, u64>,
     /// Damaged frames and unrecognised bytes, in stream order.
     pub damaged: Vec<Damage>,
     /// Console text, in stream order.
@@ -1063,6 +1112,18 @@ impl Collector {
                 self.d.frames += 1;
                 self.d.mappings.push(*mapping);
             }
+            Item::Output { output, .. } => {
+                self.d.frames += 1;
+                if output.stream == OutputStream::Lost {
+                    *self.d.output_lost.entry(output.vm).or_default() += output.lost;
+                } else {
+                    self.d
+                        .output
+                        .entry((output.vm, output.stream))
+                        .or_default()
+                        .extend_from_slice(output.bytes);
+                }
+            }
             Item::Unknown { .. } => {
                 self.d.frames += 1;
                 self.d.unknown_frames += 1;
@@ -1268,6 +1329,8 @@ enum Meta {
     VmEnd(Box<VmEnd>, u64),
     PcpuCost(PcpuCost, u64),
     Mapping(Box<Mapping>, u64),
+    /// VM, stream, lost count, bytes.
+    Output(u16, OutputStream, u64, Vec<u8>, u64),
     Block(BlockHeader, u64, u64, Option<(u64, u64)>),
     End(Vec<PcpuTotals>, u64),
     Unknown(u64, u8),
@@ -1415,6 +1478,13 @@ fn decode_parts<A: Send>(
                         Item::Mapping { offset, mapping } => {
                             meta.push(Meta::Mapping(Box::new(*mapping), offset));
                         }
+                        Item::Output { offset, output } => meta.push(Meta::Output(
+                            output.vm,
+                            output.stream,
+                            output.lost,
+                            output.bytes.to_vec(),
+                            offset,
+                        )),
                         Item::Unknown { offset, frame_type } => {
                             meta.push(Meta::Unknown(offset, frame_type));
                         }
@@ -1459,6 +1529,15 @@ fn collect_parts<A>(bytes: &[u8], results: Vec<(A, Vec<Meta>)>) -> (Decoded, Vec
                 Meta::Mapping(mapping, offset) => col.push(Item::Mapping {
                     offset,
                     mapping: &mapping,
+                }),
+                Meta::Output(vm, stream, lost, bytes, offset) => col.push(Item::Output {
+                    offset,
+                    output: Output {
+                        vm,
+                        stream,
+                        lost,
+                        bytes: &bytes,
+                    },
                 }),
                 Meta::Unknown(offset, frame_type) => col.push(Item::Unknown { offset, frame_type }),
                 Meta::Text(offset, text) => col.push(Item::Text {

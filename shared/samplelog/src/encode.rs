@@ -8,7 +8,8 @@ use crate::cobs;
 use crate::codec;
 use crate::stats::{EXIT_PORTS, EXIT_REASONS, HISTOGRAM_BUCKETS, PcpuCost, VmEnd};
 use crate::types::{
-    BUILD_ID_LEN, BlockHeader, COMM_LEN, Header, Mapping, PATH_LEN, PcpuTotals, Record, Task,
+    BUILD_ID_LEN, BlockHeader, COMM_LEN, Header, Mapping, Output, PATH_LEN, PcpuTotals, Record,
+    Task,
 };
 
 /// The first three payload bytes of every frame.
@@ -27,8 +28,12 @@ pub const FRAME_VM_END: u8 = 5;
 pub const FRAME_PCPU_COST: u8 = 6;
 /// Frame type of a mapping frame (a guest process's executable file mapping, or a module).
 pub const FRAME_MAPPING: u8 = 7;
+/// Frame type of an output frame (bytes a guest program wrote, kept whole in the capture).
+pub const FRAME_OUTPUT: u8 = 8;
 /// Frame types up to this value are recognised as frames (unknown ones are reported, not decoded).
 pub const MAX_FRAME_TYPE: u8 = 15;
+/// Most bytes of guest output in one output frame.
+pub const MAX_OUTPUT_CHUNK: usize = 1024;
 /// Most records in one block frame.
 pub const MAX_BLOCK_RECORDS: usize = 1024;
 /// Most pCPU entries in one end frame.
@@ -407,6 +412,31 @@ pub fn encode_mapping(m: &Mapping, out: &mut [u8]) -> Result<usize, EncodeError>
         w.varint(m.pgoff);
         short_bytes(&mut w, m.path.as_str().as_bytes());
         short_bytes(&mut w, m.build_id.as_bytes());
+        finish(&w)
+    })
+}
+
+/// Buffer size that always holds an output frame.
+pub const MAX_OUTPUT_FRAME_LEN: usize = frame_buffer_len(4 + 3 + 1 + 10 + 3 + MAX_OUTPUT_CHUNK + 4);
+
+/// Encodes an output frame into `out` (size it with [`MAX_OUTPUT_FRAME_LEN`]): the bytes
+/// (at most [`MAX_OUTPUT_CHUNK`]) a guest program of VM `o.vm` wrote to `o.stream`, or, for
+/// [`OutputStream::Lost`], how many bytes it wrote that the hypervisor could not keep; returns
+/// the frame length.
+///
+/// # Errors
+/// `BufferTooSmall`, also for more than `MAX_OUTPUT_CHUNK` bytes.
+pub fn encode_output(o: &Output<'_>, out: &mut [u8]) -> Result<usize, EncodeError> {
+    if o.bytes.len() > MAX_OUTPUT_CHUNK {
+        return Err(EncodeError::BufferTooSmall);
+    }
+    write_frame(out, FRAME_OUTPUT, |body| {
+        let mut w = ByteWriter::new(body);
+        w.varint(u64::from(o.vm));
+        w.u8(o.stream as u8);
+        w.varint(o.lost);
+        w.varint(o.bytes.len() as u64);
+        w.bytes(o.bytes);
         finish(&w)
     })
 }

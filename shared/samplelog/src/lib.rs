@@ -334,12 +334,13 @@ pub mod synth;
 
 pub use cobs::max_encoded_len as cobs_max_encoded_len;
 pub use encode::{
-    BlockEncoder, EncodeError, FRAME_BLOCK, FRAME_END, FRAME_HEADER, FRAME_MAPPING,
+    BlockEncoder, EncodeError, FRAME_BLOCK, FRAME_END, FRAME_HEADER, FRAME_MAPPING, FRAME_OUTPUT,
     FRAME_PCPU_COST, FRAME_TASK, FRAME_VM_END, MAGIC, MAX_BLOCK_RECORDS, MAX_END_PCPUS,
-    MAX_FRAME_TYPE, MAX_HEADER_FRAME_LEN, MAX_MAPPING_FRAME_LEN, MAX_PCPU_COST_FRAME_LEN,
-    MAX_TASK_FRAME_LEN, MAX_VM_END_FRAME_LEN, crc32c, encode_block, encode_end, encode_header,
-    encode_mapping, encode_pcpu_cost, encode_task, encode_vm_end, frame_buffer_len,
-    max_block_frame_len, max_end_frame_len,
+    MAX_FRAME_TYPE, MAX_HEADER_FRAME_LEN, MAX_MAPPING_FRAME_LEN, MAX_OUTPUT_CHUNK,
+    MAX_OUTPUT_FRAME_LEN, MAX_PCPU_COST_FRAME_LEN, MAX_TASK_FRAME_LEN, MAX_VM_END_FRAME_LEN,
+    crc32c, encode_block, encode_end, encode_header, encode_mapping, encode_output,
+    encode_pcpu_cost, encode_task, encode_vm_end, frame_buffer_len, max_block_frame_len,
+    max_end_frame_len,
 };
 pub use stats::{
     EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, PcpuCost, ReasonStats, Table,
@@ -348,8 +349,9 @@ pub use stats::{
 pub use types::{
     BUILD_ID_LEN, BlockHeader, BuildId, COMM_LEN, CapacityError, Event, EventKind, FORMAT_VERSION,
     FixedStr, Header, IMAGE_NAME_LEN, MAX_VMS, MODE_LONG, MODE_PROTECTED, MODE_REAL, Mapping,
-    MappingKind, NO_EXIT, NO_VCPU, NO_VM, OutReason, PATH_LEN, PcpuTotals, Record, SOURCE_DEADLINE,
-    SOURCE_PMU, Sample, SampleKind, Task, VM_NAME_LEN, VmInfo, VmList, guest_mode,
+    MappingKind, NO_EXIT, NO_VCPU, NO_VM, OutReason, Output, OutputStream, PATH_LEN, PcpuTotals,
+    Record, SOURCE_DEADLINE, SOURCE_PMU, Sample, SampleKind, Task, VM_NAME_LEN, VmInfo, VmList,
+    guest_mode,
 };
 pub use types::{Chain, ChainEnd, Chains, MAX_CHAIN_DEPTH, chain_frames, with_chains};
 

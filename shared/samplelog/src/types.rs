@@ -306,6 +306,46 @@ pub struct Event {
     pub reason: OutReason,
 }
 
+/// Where a guest program's bytes went (an output frame's stream).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[repr(u8)]
+pub enum OutputStream {
+    /// Its standard output.
+    #[default]
+    Stdout = 1,
+    /// Its standard error.
+    Stderr = 2,
+    /// Neither: the frame counts bytes the hypervisor could not keep (`Output::lost`).
+    Lost = 3,
+}
+
+impl OutputStream {
+    /// The stream with this wire value (1..=3).
+    #[must_use]
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::Stdout),
+            2 => Some(Self::Stderr),
+            3 => Some(Self::Lost),
+            _ => None,
+        }
+    }
+}
+
+/// Bytes a program in a guest wrote to its stdout or stderr and gave the hypervisor whole (its
+/// output channel, docs/GUEST-ABI.md), in the order it wrote them; or how many it could not keep.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Output<'a> {
+    /// The VM.
+    pub vm: u16,
+    /// Stdout, stderr, or `Lost`.
+    pub stream: OutputStream,
+    /// With `OutputStream::Lost`: bytes written that the hypervisor had no room for (else 0).
+    pub lost: u64,
+    /// The bytes (empty with `OutputStream::Lost`).
+    pub bytes: &'a [u8],
+}
+
 /// One entry of a pCPU's record stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Record {

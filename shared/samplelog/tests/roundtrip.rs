@@ -14,6 +14,9 @@ use hvprof_samplelog::{
     encode_vm_end,
 };
 use hvprof_samplelog::{MAX_MAPPING_FRAME_LEN, Mapping, MappingKind, encode_mapping};
+use hvprof_samplelog::{
+    MAX_OUTPUT_CHUNK, MAX_OUTPUT_FRAME_LEN, Output, OutputStream, encode_output,
+};
 use proptest::prelude::*;
 
 /// Values that repeat (so the delta coder's "unchanged" and history paths run), extremes, and
@@ -379,6 +382,38 @@ proptest! {
         prop_assert!(d.damaged.is_empty());
         let (p, _) = decode_parallel(&bytes, 2, || (), |_, _, _, _| {});
         prop_assert_eq!(&p.mappings, &maps);
+    }
+
+    #[test]
+    fn output_round_trips(
+        chunks in prop::collection::vec(
+            (0u16..3, any::<bool>(), prop::collection::vec(any::<u8>(), 1..=MAX_OUTPUT_CHUNK)),
+            1..12,
+        ),
+        lost in any::<u64>(),
+    ) {
+        // Bytes of every value (NUL, the frame delimiter, included) come back whole, per VM and
+        // stream in the order written, between console text; a lost count adds up.
+        let mut bytes = b"text\n".to_vec();
+        let mut buf = vec![0u8; MAX_OUTPUT_FRAME_LEN];
+        let mut want: std::collections::BTreeMap<(u16, OutputStream), Vec<u8>> = Default::default();
+        for (vm, err, data) in &chunks {
+            let stream = if *err { OutputStream::Stderr } else { OutputStream::Stdout };
+            let o = Output { vm: *vm, stream, lost: 0, bytes: data };
+            let n = encode_output(&o, &mut buf).unwrap();
+            bytes.extend_from_slice(&buf[..n]);
+            bytes.extend_from_slice(b"more text\r\n");
+            want.entry((*vm, stream)).or_default().extend_from_slice(data);
+        }
+        let o = Output { vm: 1, stream: OutputStream::Lost, lost, bytes: &[] };
+        let n = encode_output(&o, &mut buf).unwrap();
+        bytes.extend_from_slice(&buf[..n]);
+        let d = decode(&bytes);
+        prop_assert_eq!(&d.output, &want);
+        prop_assert_eq!(d.output_lost.get(&1), Some(&lost));
+        prop_assert!(d.damaged.is_empty());
+        let (p, _) = decode_parallel(&bytes, 3, || (), |_, _, _, _| {});
+        prop_assert_eq!(&p.output, &want);
     }
 
     #[test]

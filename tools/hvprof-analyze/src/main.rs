@@ -297,6 +297,21 @@ enum Cmd {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+    /// What a guest program wrote to its stdout or stderr through the output port (a VM with
+    /// `output=`; `cargo xtask profile` gives its Linux VM one), kept whole in the capture:
+    /// its bytes as written, to stdout or a file. Says on stderr how many bytes were lost.
+    Output {
+        log: PathBuf,
+        /// The VM, by name or number (default: the only VM with output in the capture).
+        #[arg(long)]
+        vm: Option<String>,
+        /// The stream.
+        #[arg(long, value_enum, default_value = "stdout")]
+        stream: OutputStreamArg,
+        /// Write it here instead of stdout.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
     /// What the capture holds: frames, records, losses, console text.
     Decode {
         log: PathBuf,
@@ -780,6 +795,12 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             );
             Ok(())
         }
+        Cmd::Output {
+            log,
+            vm,
+            stream,
+            output,
+        } => run_output(&log, vm.as_deref(), stream, output.as_deref()),
         Cmd::Decode { log, text, records } => {
             let bytes = hvprof_analyze::model::capture::Capture::open(&log)?;
             let mut out = std::io::BufWriter::new(std::io::stdout().lock());
@@ -810,6 +831,91 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `output --stream`.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum OutputStreamArg {
+    Stdout,
+    Stderr,
+}
+
+/// `output`: one VM's stream of guest output from the capture.
+fn run_output(
+    log: &Path,
+    vm: Option<&str>,
+    stream: OutputStreamArg,
+    to: Option<&Path>,
+) -> Result<()> {
+    let bytes = hvprof_analyze::model::capture::Capture::open(log)?;
+    let (d, _) = hvprof_samplelog::decode_parallel(
+        &bytes,
+        hvprof_analyze::model::par::cores(),
+        || (),
+        |_, _, _, _| {},
+    );
+    let vms: Vec<(u16, String)> = d
+        .header
+        .as_ref()
+        .map(|h| {
+            h.vms
+                .iter()
+                .map(|v| (v.id, v.name.as_str().to_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let with_output: std::collections::BTreeSet<u16> = d
+        .output
+        .keys()
+        .map(|(v, _)| *v)
+        .chain(d.output_lost.keys().copied())
+        .collect();
+    let name_of = |id: u16| {
+        vms.iter()
+            .find(|(i, _)| *i == id)
+            .map_or_else(|| format!("{id}"), |(_, n)| n.clone())
+    };
+    let id = match vm {
+        Some(v) => vms
+            .iter()
+            .find(|(_, n)| n == v)
+            .map(|(i, _)| *i)
+            .or_else(|| v.parse().ok())
+            .with_context(|| format!("--vm {v}: no such VM in {}", log.display()))?,
+        None => match with_output.iter().collect::<Vec<_>>().as_slice() {
+            [one] => **one,
+            [] => anyhow::bail!(
+                "{}: no guest output in the capture (a VM needs output= in its module line, and a program that writes to the output port: docs/GUEST-ABI.md)",
+                log.display()
+            ),
+            many => anyhow::bail!(
+                "{}: output of several VMs ({}): say which with --vm",
+                log.display(),
+                many.iter()
+                    .map(|v| name_of(**v))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        },
+    };
+    let key = match stream {
+        OutputStreamArg::Stdout => hvprof_samplelog::OutputStream::Stdout,
+        OutputStreamArg::Stderr => hvprof_samplelog::OutputStream::Stderr,
+    };
+    let data = d.output.get(&(id, key)).map_or(&[][..], Vec::as_slice);
+    match to {
+        Some(p) => {
+            std::fs::write(p, data).with_context(|| format!("cannot write {}", p.display()))?
+        }
+        None => std::io::stdout().lock().write_all(data)?,
+    }
+    if let Some(lost) = d.output_lost.get(&id) {
+        eprintln!(
+            "hvprof-analyze: VM {}: {lost} bytes of its output were lost (the hypervisor's store for it was full: a larger output=)",
+            name_of(id)
+        );
+    }
+    Ok(())
 }
 
 /// Sets a flag on Ctrl-C (and on a termination signal) instead of dying.

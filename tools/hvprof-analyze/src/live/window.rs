@@ -161,6 +161,7 @@ impl StreamStats {
             | Item::VmEnd { .. }
             | Item::PcpuCost { .. }
             | Item::Mapping { .. }
+            | Item::Output { .. }
             | Item::Unknown { .. } => self.frames += 1,
         }
     }
@@ -554,6 +555,7 @@ impl Live {
             }
             Item::End { .. }
             | Item::PcpuCost { .. }
+            | Item::Output { .. }
             | Item::Unknown { .. }
             | Item::Text { .. }
             | Item::Damage(_) => {}

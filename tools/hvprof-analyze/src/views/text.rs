@@ -151,6 +151,23 @@ pub fn write_decode_summary(
             )?;
         }
     }
+    for ((vm, stream), bytes) in &d.output {
+        writeln!(
+            out,
+            "output: vm {vm} {}: {} bytes (hvprof-analyze output)",
+            match stream {
+                hvprof_samplelog::OutputStream::Stderr => "stderr",
+                _ => "stdout",
+            },
+            bytes.len()
+        )?;
+    }
+    for (vm, lost) in &d.output_lost {
+        writeln!(
+            out,
+            "output: vm {vm}: {lost} bytes lost (the store was full)"
+        )?;
+    }
     for (pcpu, log) in &d.pcpus {
         writeln!(
             out,
