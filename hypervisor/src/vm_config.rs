@@ -84,9 +84,16 @@ pub struct VmConfig<'a> {
     /// virtualization, virtual-interrupt delivery); `apic=emulated` traps and emulates every
     /// access instead, as a CPU without them does.
     pub apic_virtualization: bool,
+    /// `output=<size>` (K, M or G): bytes the VM's programs may hand the hypervisor through the
+    /// output port (docs/GUEST-ABI.md), kept and sent after the run as output frames; 0 (the
+    /// default): no output port.
+    pub output: u64,
     /// Every argument after the image name, passed to the guest as is.
     pub args: &'a str,
 }
+
+/// The largest `output=`.
+pub const OUTPUT_MAX: u64 = 1 << 30;
 
 /// The most unwind tables one VM takes.
 pub const UNWIND_MAX: usize = 4;
@@ -138,6 +145,7 @@ pub enum ConfigError<'a> {
     BadOrcLayout(&'a str),
     BadUnwind(&'a str),
     BadApic(&'a str),
+    BadOutput(&'a str),
     PinCount { pins: usize, vcpus: u16 },
     Repeated(&'a str),
 }
@@ -202,6 +210,10 @@ impl fmt::Display for ConfigError<'_> {
                 "orc-layout={v:?}: expected entry_SYSCALL_64:_stext:_etext:_sinittext:_einittext:orc_unwind_ip:orc_unwind:count:orc_lookup:blocks (manifest.json's orc_layout)"
             ),
             ConfigError::BadApic(v) => write!(f, "apic={v:?}: expected on, emulated or off"),
+            ConfigError::BadOutput(v) => write!(
+                f,
+                "output={v:?}: expected a size with a K, M or G suffix up to 1G, e.g. output=16M"
+            ),
             ConfigError::BadUnwind(v) => write!(
                 f,
                 "unwind={v:?}: expected 1 to {UNWIND_MAX} boot module names separated by commas"
@@ -242,6 +254,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
     let mut orc_layout = None;
     let mut unwind = None;
     let mut apic = None;
+    let mut output = None;
     let positive = |v: &str| v.parse::<u64>().ok().filter(|&n| n > 0);
     for word in words {
         let Some((key, value)) = word.split_once('=') else {
@@ -302,6 +315,13 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                     hvprof_linux_walk::OrcLayout::parse(value)
                         .ok_or(ConfigError::BadOrcLayout(value))?,
                 ),
+            )?,
+            "output" => set(
+                &mut output,
+                key,
+                parse_size(value)
+                    .filter(|n| (1..=OUTPUT_MAX).contains(n))
+                    .ok_or(ConfigError::BadOutput(value))?,
             )?,
             "apic" => set(
                 &mut apic,
@@ -370,6 +390,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
         unwind,
         apic: apic.is_some_and(|(on, _)| on),
         apic_virtualization: apic.is_some_and(|(_, virtualized)| virtualized),
+        output: output.unwrap_or(0),
         budget: budget.unwrap_or(BUDGET_DEFAULT),
         wall_budget: wall_budget.unwrap_or_else(|| {
             budget
@@ -402,7 +423,7 @@ fn parse_name(n: &str) -> Result<&str, ConfigError<'_>> {
 }
 
 /// The keys the hypervisor takes from a module's command line (the rest goes to the guest).
-pub const KEYS: [&str; 15] = [
+pub const KEYS: [&str; 16] = [
     "vm",
     "mem",
     "budget",
@@ -418,6 +439,7 @@ pub const KEYS: [&str; 15] = [
     "orc-layout",
     "unwind",
     "apic",
+    "output",
 ];
 
 /// The module's arguments without the hypervisor's keys: a Linux guest's kernel command line.
@@ -443,21 +465,23 @@ fn parse_pins(v: &str) -> Result<Pins, ConfigError<'_>> {
     Ok(pins)
 }
 
-fn parse_mem(v: &str) -> Result<u64, ConfigError<'_>> {
+/// A size with a K, M or G suffix, in bytes (None: not one, or over 64 bits).
+fn parse_size(v: &str) -> Option<u64> {
     let (digits, shift) = match v.as_bytes().last() {
         Some(b'K' | b'k') => (&v[..v.len() - 1], 10),
         Some(b'M' | b'm') => (&v[..v.len() - 1], 20),
         Some(b'G' | b'g') => (&v[..v.len() - 1], 30),
-        _ => return Err(ConfigError::BadMem(v)),
+        _ => return None,
     };
     if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(ConfigError::BadMem(v));
+        return None;
     }
-    let n: u64 = digits.parse().map_err(|_| ConfigError::BadMem(v))?;
-    let bytes = n
-        .checked_shl(shift)
-        .filter(|b| b >> shift == n)
-        .ok_or(ConfigError::BadMem(v))?;
+    let n: u64 = digits.parse().ok()?;
+    n.checked_shl(shift).filter(|b| b >> shift == n)
+}
+
+fn parse_mem(v: &str) -> Result<u64, ConfigError<'_>> {
+    let bytes = parse_size(v).ok_or(ConfigError::BadMem(v))?;
     if !(MEM_MIN..=MEM_MAX).contains(&bytes) || !bytes.is_multiple_of(MEM_GRANULE) {
         return Err(ConfigError::MemRange(bytes));
     }
@@ -518,6 +542,15 @@ mod tests {
         assert_eq!(parse("x.elf mem=5M"), Err(ConfigError::MemRange(5 * MIB)));
         assert_eq!(parse("x.elf mem=8G"), Err(ConfigError::MemRange(8 << 30)));
         assert_eq!(parse("x.elf mem=16"), Err(ConfigError::BadMem("16")));
+        assert_eq!(parse("x.elf mem=16M").unwrap().output, 0);
+        assert_eq!(parse("x.elf output=16M").unwrap().output, 16 << 20);
+        assert_eq!(parse("x.elf output=0M"), Err(ConfigError::BadOutput("0M")));
+        assert_eq!(parse("x.elf output=2G"), Err(ConfigError::BadOutput("2G")));
+        assert_eq!(
+            parse("x.elf output=lots"),
+            Err(ConfigError::BadOutput("lots"))
+        );
+        assert!(guest_args("x output=1M quiet").eq(["x", "quiet"]));
         assert_eq!(
             parse("x.elf mem=99999999999999999999M"),
             Err(ConfigError::BadMem("99999999999999999999M"))

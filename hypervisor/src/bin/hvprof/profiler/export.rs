@@ -55,7 +55,10 @@ const FRAME_BUF: usize = max(
                 MAX_VM_END_FRAME_LEN,
                 max(
                     MAX_PCPU_COST_FRAME_LEN,
-                    hvprof_samplelog::MAX_MAPPING_FRAME_LEN,
+                    max(
+                        hvprof_samplelog::MAX_MAPPING_FRAME_LEN,
+                        hvprof_samplelog::MAX_OUTPUT_FRAME_LEN,
+                    ),
                 ),
             ),
         ),
@@ -528,6 +531,12 @@ pub fn send_vm_end(v: &VmEnd) {
 /// module), on the boot CPU's log.
 pub fn send_mapping(m: &hvprof_samplelog::Mapping) {
     send_at_end(|frame| hvprof_samplelog::encode_mapping(m, frame));
+}
+
+/// After the run: sends an output frame (bytes a VM's program handed over through the output
+/// port, or how many were lost), on the boot CPU's log.
+pub fn send_output(o: &hvprof_samplelog::Output<'_>) {
+    send_at_end(|frame| hvprof_samplelog::encode_output(o, frame));
 }
 
 /// Sends one frame `encode` writes into the boot CPU's frame buffer, after the header.

@@ -266,6 +266,20 @@ fn build(
 ) -> Result<Vm, String> {
     let mem_hpa = memory::alloc_zeroed(config.mem, MEM_GRANULE)
         .ok_or_else(|| format!("no {} MiB of contiguous memory left", config.mem >> 20))?;
+    let output = match config.output {
+        0 => None,
+        bytes => {
+            let at = memory::alloc_zeroed(bytes, 4096).ok_or_else(|| {
+                format!("output={}K: no contiguous memory left for it", bytes >> 10)
+            })?;
+            // SAFETY: the range was just allocated for this store (zeroed, identity-mapped) and
+            // is never freed or used for anything else.
+            let buf = unsafe { core::slice::from_raw_parts_mut(at as *mut u8, bytes as usize) };
+            Some(Mutex::new(
+                hvprof_hypervisor::output_store::OutputStore::new(buf),
+            ))
+        }
+    };
     // The attack guest learns its target's address through its arguments.
     let mut args = String::from(config.args);
     if let Some(t) = &target {
@@ -425,6 +439,7 @@ fn build(
             .collect(),
         unwind: &[],
         maps: Mutex::new(Default::default()),
+        output,
         name: String::from(config.name),
         mem_hpa,
         mem_size: config.mem,

@@ -8,7 +8,7 @@ use crate::tsc::rdtsc;
 use crate::vcpu::LSTAR_SLOT;
 use crate::{print, println};
 use core::sync::atomic::Ordering;
-use hvprof_samplelog::{ExitStats, VmEnd};
+use hvprof_samplelog::{ExitStats, Output, OutputStream, VmEnd};
 use hvprof_vmx::exit::BasicExit;
 
 /// After a VM's stop (all its vCPUs stopped): the rest of its console line, then why it stopped
@@ -176,6 +176,7 @@ pub fn exit_stats(vm: &Vm) {
             }
         );
     }
+    send_output(vm);
     if vm.mm_layout.is_some() {
         let maps = vm.maps.lock();
         for m in &maps.mappings {
@@ -193,6 +194,37 @@ pub fn exit_stats(vm: &Vm) {
             maps.mappings_dropped
         );
     }
+}
+
+/// Sends what the VM's programs handed over through the output port (`output=`), record by
+/// record, and says how much.
+fn send_output(vm: &Vm) {
+    let Some(store) = &vm.output else {
+        return;
+    };
+    let store = store.lock();
+    for (stream, bytes) in store.records() {
+        profiler::export::send_output(&Output {
+            vm: vm.index,
+            stream,
+            lost: 0,
+            bytes,
+        });
+    }
+    if store.lost() > 0 {
+        profiler::export::send_output(&Output {
+            vm: vm.index,
+            stream: OutputStream::Lost,
+            lost: store.lost(),
+            bytes: &[],
+        });
+    }
+    let (out, err) = store.kept();
+    println!(
+        "vm {}: output port: {out} bytes of stdout and {err} of stderr kept in the sample log ({} lost: no room)",
+        vm.name,
+        store.lost()
+    );
 }
 
 pub fn exit_name(reason: u16) -> &'static str {

@@ -22,8 +22,6 @@ use hvprof_vmx::vmcs::{Guest32, GuestNatural, VmcsExt};
 
 /// CS access rights' L bit: 64-bit code.
 const CS_AR_L: u32 = 1 << 13;
-/// CR0.PG.
-const CR0_PG: u64 = 1 << 31;
 
 /// Whether `gpa` is on the local APIC's or the I/O APIC's page of a VM that has them.
 pub fn is_apic_page(vm: &Vm, gpa: u64) -> bool {
@@ -37,7 +35,7 @@ pub fn mmio(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, gpa: u64) -> Optio
     let rip = must(vmcs.read_natural(GuestNatural::Rip), "VMREAD RIP");
     let long = must(vmcs.read32(Guest32::CsAccessRights), "VMREAD CS rights") & CS_AR_L != 0;
     let mut code = [0u8; MAX_LEN];
-    let n = fetch(vm, vmcs, rip, &mut code);
+    let n = super::read_linear(vm, vmcs, rip, &mut code);
     let access = match mmio_decode::decode(&code[..n], long) {
         Ok(a) => a,
         Err(e) => {
@@ -147,37 +145,6 @@ pub fn virtualized_eoi(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Opti
     let effect = dev.lapics[usize::from(vcpu.index)].virtual_eoi(vector);
     apic_bus::carry_out(vm, &mut dev, effect);
     None
-}
-
-/// Copies the guest's code at linear address `rip` into `out`, as far as it is readable; the
-/// number of bytes.
-fn fetch(vm: &Vm, vmcs: &CurrentVmcs, rip: u64, out: &mut [u8]) -> usize {
-    let ram = vm.ram();
-    let paging = must(vmcs.read_natural(GuestNatural::Cr0), "VMREAD CR0") & CR0_PG != 0;
-    let cr3 = must(vmcs.read_natural(GuestNatural::Cr3), "VMREAD CR3");
-    let mut done = 0;
-    while done < out.len() {
-        let la = rip.wrapping_add(done as u64);
-        let gpa = if paging {
-            match hvprof_hypervisor::profiler::guest_walk::translate_leaf(
-                &|gpa| ram.read_u64(gpa),
-                cr3,
-                la,
-            ) {
-                Some(leaf) => leaf.gpa,
-                None => break,
-            }
-        } else {
-            la
-        };
-        // Up to the end of this 4 KiB page.
-        let n = (out.len() - done).min(0x1000 - (la & 0xfff) as usize);
-        if !ram.read(gpa, &mut out[done..done + n]) {
-            break;
-        }
-        done += n;
-    }
-    done
 }
 
 fn get_gpr(vcpu: &Vcpu, vmcs: &CurrentVmcs, reg: u8) -> u64 {
