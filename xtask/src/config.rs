@@ -1060,6 +1060,94 @@ fn toml_error(file: &Path, text: &str, e: &toml::de::Error) -> anyhow::Error {
 }
 
 impl Plan {
+    /// For `cargo xtask profile --config`: the Linux VM `name` (the only Linux VM when `None`)
+    /// runs the profiled command. Its initrd must be the project's image (`image_initrd`: its
+    /// /init and `hvrun` run the command) and becomes `initrd` (the image's with the run's
+    /// files); its kernel command line loses `hvprof.run=` and `hvprof.arg=` and gains
+    /// `printk.devkmsg=on hvprof.run=@`, and it gets `output_key` (its output store, `output=`).
+    /// The sample log goes to the end of the run on the
+    /// parallel port (`export=end channel=lpt`, where `profile` reads it); `period` and
+    /// `stacks` are the file's, else `defaults`. Returns the VM's name and its `vmlinux`.
+    pub fn run_command_in(
+        &mut self,
+        name: Option<&str>,
+        image_initrd: &Path,
+        initrd: &Path,
+        defaults: &[String],
+        output_key: &str,
+    ) -> Result<(String, Option<PathBuf>)> {
+        let vm_name = |m: &PlannedModule| {
+            m.keys
+                .iter()
+                .find_map(|k| k.strip_prefix("vm="))
+                .unwrap_or("")
+                .to_owned()
+        };
+        let linux: Vec<usize> = (0..self.modules.len())
+            .filter(|&i| self.modules[i].linux)
+            .collect();
+        let names: Vec<String> = linux.iter().map(|&i| vm_name(&self.modules[i])).collect();
+        let file = self.file.display().to_string();
+        let index = match name {
+            Some(n) => *linux
+                .iter()
+                .find(|&&i| vm_name(&self.modules[i]) == n)
+                .with_context(|| {
+                    format!("--vm {n}: {file} has no Linux VM {n} (its Linux VMs: {names:?})")
+                })?,
+            None => match linux.as_slice() {
+                [i] => *i,
+                [] => bail!("{file} has no Linux VM (a [[vm]] with kernel) to run the command in"),
+                _ => bail!(
+                    "{file} has several Linux VMs ({names:?}): say which runs the command with --vm"
+                ),
+            },
+        };
+        let m = &mut self.modules[index];
+        let vm = vm_name(m);
+        let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        };
+        let data = m
+            .data
+            .iter_mut()
+            .find(|d| !d.unwind_table)
+            .filter(|d| same(&d.source, image_initrd))
+            .with_context(|| {
+                format!(
+                    "{file}: VM {vm} runs the command, so its initrd must be the project's image {} (its /init runs the command)",
+                    image_initrd.display()
+                )
+            })?;
+        data.source = initrd.to_path_buf();
+        let mut words: Vec<&str> = m
+            .guest
+            .split_whitespace()
+            .filter(|w| !w.starts_with("hvprof.run=") && !w.starts_with("hvprof.arg="))
+            .collect();
+        words.extend(["printk.devkmsg=on", "hvprof.run=@"]);
+        m.guest = words.join(" ");
+        m.keys.retain(|k| !k.starts_with("output="));
+        m.keys.push(output_key.to_owned());
+        m.compose();
+        let mut line: Vec<String> = self
+            .cmdline
+            .split_whitespace()
+            .filter(|w| !w.starts_with("export=") && !w.starts_with("channel="))
+            .map(str::to_owned)
+            .collect();
+        for d in defaults {
+            let key = d.split('=').next().unwrap_or("");
+            if !line.iter().any(|w| w.split('=').next() == Some(key)) {
+                line.push(d.clone());
+            }
+        }
+        line.extend(["export=end".to_owned(), "channel=lpt".to_owned()]);
+        self.cmdline = line.join(" ");
+        Ok((vm, m.vmlinux.clone()))
+    }
+
     /// Derives the keys of each Linux kernel given with a `vmlinux` (`task-offsets=`,
     /// `mm-layout=`, `module-layout=`, `orc-layout=`: `linux_guest::KernelImage::module_keys`,
     /// as the Linux scenarios do) and puts them on its module's command line. A layout the kernel

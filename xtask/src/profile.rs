@@ -98,6 +98,15 @@ pub struct ProfileArgs {
     /// The run's folder (ISO, logs, capture, guest root, reports).
     #[arg(long, value_name = "DIR", default_value = "target/profile")]
     pub out: PathBuf,
+    /// The machine from a TOML configuration (`cargo xtask run --config`'s), the command
+    /// running in its Linux VM (--vm), beside its other VMs: a noisy neighbour, say. That VM's
+    /// initrd must be the project's image; its vCPUs, pins, memory and the machine's CPUs are
+    /// the file's, and its period and stacks if it sets them.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["vcpus", "cpus", "pin", "memory"])]
+    pub config: Option<PathBuf>,
+    /// With --config: the Linux VM that runs the command (default: the only one).
+    #[arg(long, value_name = "NAME", requires = "config")]
+    pub vm: Option<String>,
     /// The command and its arguments.
     #[arg(
         required = true,
@@ -423,6 +432,9 @@ impl Echo {
                     let _ = std::io::stdout().flush();
                 }
             }
+            Some(GuestLine::Other(note)) if note.starts_with("note: ") => {
+                eprintln!("xtask: {note}");
+            }
             Some(GuestLine::Other("start @")) => {
                 self.started = Some(Instant::now());
                 eprintln!("xtask: the command starts");
@@ -653,38 +665,23 @@ pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(127));
     }
 
-    let cpus = args.cpus.unwrap_or(u32::from(args.vcpus));
-    let keys = linux_guest::KernelImage::from_vmlinux(image.join("vmlinux"))?
-        .module_keys()
-        .words()
-        .join(" ");
-    let budget = (args.budget * BOCHS_IPS_REALISTIC as f64) as u64;
-    let kernel_args = format!(
-        "vm=linux mem={} budget={budget} initrd=linux.cpio apic=on vcpus={} pin={} {keys} {} printk.devkmsg=on hvprof.run=@",
-        args.memory,
-        args.vcpus,
-        pin_list(args, cpus),
-        KERNEL_CMDLINE.replace(" acpi=off nolapic", ""),
-    );
-    let cmdline = format!(
-        "export=end channel=lpt period={} stacks={}",
-        args.period, args.stacks
-    );
+    let machine = match &args.config {
+        Some(file) => config_machine(args, file, &image, &initrd, &dir)?,
+        None => own_machine(args, &image, &initrd)?,
+    };
+    let cpus = machine.cpus;
     let iso = dir.join("hvprof.iso");
     build_iso(
         &IsoSpec {
             hypervisor: &hypervisor,
-            cmdline: &cmdline,
-            modules: &[
-                IsoModule::with_args(image.join("bzImage"), &kernel_args)?,
-                IsoModule::with_args(initrd.clone(), "")?,
-            ],
+            cmdline: &machine.cmdline,
+            modules: &machine.modules,
         },
         &dir.join("iso"),
         &iso,
     )?;
     let emulator = match crate::run::choose_emulator(
-        args.emulator,
+        args.emulator.or(machine.emulator),
         qemu_tests::emulator::DEFAULT_BOCHS_MODEL,
     )? {
         e @ Emulator::Bochs { .. } => e.with_ips(BOCHS_IPS_REALISTIC),
@@ -692,9 +689,12 @@ pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
     };
     let files = RunFiles::in_dir(&dir, &iso, &emulator);
     eprintln!(
-        "xtask: booting the Linux guest on {} ({cpus} CPU(s), {} vCPU(s)), {:.1} s after the start; console log in {}",
+        "xtask: booting the Linux guest on {} ({cpus} CPU(s), {}), {:.1} s after the start; console log in {}",
         emulator.label(),
-        args.vcpus,
+        match &args.config {
+            Some(f) => format!("VMs of {}", f.display()),
+            None => format!("{} vCPU(s)", args.vcpus),
+        },
         started.elapsed().as_secs_f64(),
         files.serial_log.display()
     );
@@ -753,10 +753,29 @@ pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
             .arg("--hypervisor")
             .arg(&hypervisor)
             .arg("--kernel")
-            .arg(image.join("vmlinux"))
+            .arg(&machine.vmlinux)
             .arg("--guest-root")
             .arg(&root);
     };
+    // The command's output, whole, from the capture (the output port).
+    let kept = |stream: &str, file: &Path| -> Option<u64> {
+        let ok = Command::new(&analyzer)
+            .args(["output", "--vm", &machine.vm, "--stream", stream, "-o"])
+            .arg(file)
+            .arg(&capture)
+            .status()
+            .ok()?
+            .success();
+        ok.then(|| file.metadata().map(|m| m.len()).ok()).flatten()
+    };
+    let (out_file, err_file) = (dir.join("stdout.txt"), dir.join("stderr.txt"));
+    if let (Some(o), Some(e)) = (kept("stdout", &out_file), kept("stderr", &err_file)) {
+        eprintln!(
+            "xtask: the command's output, whole: {} ({o} bytes), {} ({e} bytes)",
+            out_file.display(),
+            err_file.display()
+        );
+    }
     let script = dir.join("perf-script.txt");
     let mut s = Command::new(&analyzer);
     s.arg("script");
@@ -808,6 +827,85 @@ pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::from(status))
+}
+
+/// The Linux VM's output store (`output=`): what the command writes is kept whole up to this.
+pub const OUTPUT_STORE: &str = "64M";
+
+/// The machine a run boots: the hypervisor's command line, the boot modules, the CPUs, the
+/// emulator the configuration asks for, and the Linux VM's vmlinux.
+struct Machine {
+    /// The VM that runs the command.
+    vm: String,
+    cmdline: String,
+    modules: Vec<IsoModule>,
+    cpus: u32,
+    emulator: Option<EmulatorArg>,
+    vmlinux: PathBuf,
+}
+
+/// The machine of the options: one Linux VM, `linux`, booting the image with `initrd`.
+fn own_machine(args: &ProfileArgs, image: &Path, initrd: &Path) -> Result<Machine> {
+    let cpus = args.cpus.unwrap_or(u32::from(args.vcpus));
+    let keys = linux_guest::KernelImage::from_vmlinux(image.join("vmlinux"))?
+        .module_keys()
+        .words()
+        .join(" ");
+    let budget = (args.budget * BOCHS_IPS_REALISTIC as f64) as u64;
+    let kernel_args = format!(
+        "vm=linux mem={} budget={budget} initrd=linux.cpio apic=on vcpus={} pin={} output={OUTPUT_STORE} {keys} {} printk.devkmsg=on hvprof.run=@",
+        args.memory,
+        args.vcpus,
+        pin_list(args, cpus),
+        KERNEL_CMDLINE.replace(" acpi=off nolapic", ""),
+    );
+    Ok(Machine {
+        vm: "linux".to_owned(),
+        cmdline: format!(
+            "export=end channel=lpt period={} stacks={}",
+            args.period, args.stacks
+        ),
+        modules: vec![
+            IsoModule::with_args(image.join("bzImage"), &kernel_args)?,
+            IsoModule::with_args(initrd.to_path_buf(), "")?,
+        ],
+        cpus,
+        emulator: None,
+        vmlinux: image.join("vmlinux"),
+    })
+}
+
+/// The machine of a configuration file (`--config`), the command in its Linux VM `--vm`.
+fn config_machine(
+    args: &ProfileArgs,
+    file: &Path,
+    image: &Path,
+    initrd: &Path,
+    dir: &Path,
+) -> Result<Machine> {
+    let mut plan = crate::config::load(file)?;
+    let defaults = [
+        format!("period={}", args.period),
+        format!("stacks={}", args.stacks),
+    ];
+    let (vm, vmlinux) = plan.run_command_in(
+        args.vm.as_deref(),
+        &image.join("initramfs.cpio"),
+        initrd,
+        &defaults,
+        &format!("output={OUTPUT_STORE}"),
+    )?;
+    eprintln!("{}", plan.describe());
+    eprintln!("xtask: the command runs in VM {vm}");
+
+    Ok(Machine {
+        vm,
+        cmdline: plan.cmdline.clone(),
+        modules: plan.iso_modules(&dir.join("config-modules"))?,
+        cpus: plan.cpus.unwrap_or(1),
+        emulator: plan.emulator,
+        vmlinux: vmlinux.unwrap_or_else(|| image.join("vmlinux")),
+    })
 }
 
 /// Says which packages `--deb` put in the guest, what it did not follow, and which have no
@@ -887,9 +985,11 @@ const TEST_ARGS: [&str; 7] = ["a b", "", "x=y,z", "'\"", "back\\slash", "é ü",
 /// `cargo xtask test`'s stage for `cargo xtask profile`: each run is a child `cargo xtask
 /// profile` (the two that boot at once, one per core), and each check reads what a user would
 /// see: its output, its exit status and its report.
-/// - a program written and compiled here (PIE, no frame pointers): its arguments arrive byte
-///   for byte, its stdout and stderr come out apart, the status is its own (3), and the report
-///   gives `heavy` 75 % and `light` 25 % of its user samples within 3 points;
+/// - a program written and compiled here (PIE, no frame pointers), in the machine of
+///   `configs/profile-neighbour.toml` (`--config`) beside a noisy neighbour: its arguments
+///   arrive byte for byte, its stdout and stderr come out apart, the status is its own (3), the
+///   report gives `heavy` 75 % and `light` 25 % of its user samples within 3 points, and shows
+///   the neighbour and the time it took as the Linux VM's steal;
 /// - the same with `--vcpus 2 --cpus 1 --copies 2`: two processes, each 75/25, each copy's
 ///   lines marked;
 /// - a command that does not exist, and an ELF for another machine: status 127 and the
@@ -942,7 +1042,14 @@ pub fn check() -> Result<()> {
     };
     let prog_arg = prog.display().to_string();
     let known_argv = [&["./known"], &TEST_ARGS[..]].concat();
-    let mut known = run("run-known", &["--add", &prog_arg], &known_argv);
+    // Beside a noisy neighbour, from a configuration file (`--config`).
+    let neighbour = crate::workspace_root().join("configs/profile-neighbour.toml");
+    let neighbour = neighbour.display().to_string();
+    let mut known = run(
+        "run-known",
+        &["--config", &neighbour, "--add", &prog_arg],
+        &known_argv,
+    );
     let mut copies = run(
         "run-copies",
         &[
@@ -960,11 +1067,14 @@ pub fn check() -> Result<()> {
     let (known, copies) = (spawn(&mut known)?, spawn(&mut copies)?);
     let known = known.wait_with_output()?;
     let copies = copies.wait_with_output()?;
-    // The Debian programs, two at once.
+    // The Debian programs and the flood of output, at once.
+    let mut flood = run("run-flood", &[], &["sh", "-c", FLOOD]);
+    let flood = spawn(&mut flood)?;
     let debian: Vec<_> = crate::profile_debian::RUNS
         .iter()
         .map(|r| spawn(&mut crate::profile_debian::command(&xtask, &dir, r)))
         .collect::<Result<_>>()?;
+    let flood = flood.wait_with_output()?;
     let debian: Vec<_> = debian
         .into_iter()
         .map(|c| c.wait_with_output())
@@ -1030,6 +1140,12 @@ pub fn check() -> Result<()> {
     };
     check_shares("run-known", 1);
     check_shares("run-copies", 2);
+    if let Err(e) = check_neighbour(&dir.join("run-known")) {
+        errors.push(format!("run-known: {e:#}"));
+    }
+    if let Err(e) = check_flood(&dir.join("run-flood"), &flood) {
+        errors.push(format!("run-flood: {e:#}"));
+    }
     errors.extend(crate::profile_debian::check(
         &dir,
         &build_analyzer()?,
@@ -1087,6 +1203,100 @@ pub fn check() -> Result<()> {
     } else {
         bail!("{}", errors.join("; "))
     }
+}
+
+/// A command that writes megabytes: 1.99 MB of numbers to stdout, then 3.9 KB to stderr.
+const FLOOD: &str = "seq 1 300000; seq 1 1000 >&2";
+
+/// The flood run: status 0, its output whole in `stdout.txt` and `stderr.txt` (from the
+/// capture), at most the live lines shown and the note, and no sample lost.
+fn check_flood(dir: &Path, out: &std::process::Output) -> Result<()> {
+    let lines = |n: u32| -> String { (1..=n).map(|i| format!("{i}\n")).collect() };
+    if out.status.code() != Some(0) {
+        bail!("status {:?}, want 0", out.status.code());
+    }
+    for (file, want) in [("stdout.txt", lines(300_000)), ("stderr.txt", lines(1000))] {
+        let got = std::fs::read(dir.join(file)).with_context(|| format!("no {file}"))?;
+        if got != want.as_bytes() {
+            bail!(
+                "{file}: {} bytes, want the {} bytes of the command's output",
+                got.len(),
+                want.len()
+            );
+        }
+    }
+    let shown = String::from_utf8_lossy(&out.stdout).lines().count();
+    let said = String::from_utf8_lossy(&out.stderr);
+    println!(
+        "profile check: run-flood: 1,988,895 + 3,893 bytes whole in stdout.txt and stderr.txt; {shown} lines shown live"
+    );
+    if shown > 110 {
+        bail!("{shown} lines on the terminal: the flood reached it");
+    }
+    if !said.contains("all of it is in the capture") {
+        bail!("no note that the rest of the output is in the capture");
+    }
+    let report = Command::new(build_analyzer()?)
+        .arg("report")
+        .arg(dir.join("capture.log"))
+        .args(["--json", "--top", "1"])
+        .output()?;
+    let report: serde_json::Value = serde_json::from_slice(&report.stdout)?;
+    let lost = report.pointer("/lost").cloned().unwrap_or_default();
+    let none = ["blocks", "samples", "events", "dropped", "damaged_frames"]
+        .iter()
+        .all(|k| lost.get(k).and_then(|v| v.as_u64()) == Some(0));
+    if !none {
+        bail!("the sample log lost something: {lost}");
+    }
+    Ok(())
+}
+
+/// The run at `dir` had the noisy neighbour of `configs/profile-neighbour.toml` beside the
+/// Linux VM on its pCPU: the report shows it, and the time it took as the Linux VM's steal.
+fn check_neighbour(dir: &Path) -> Result<()> {
+    let out = Command::new(build_analyzer()?)
+        .arg("report")
+        .arg(dir.join("capture.log"))
+        .args(["--json", "--top", "1"])
+        .output()?;
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "hvprof-analyze report: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    let vm = |name: &str| {
+        report
+            .get("vms")
+            .and_then(|v| v.as_array())
+            .and_then(|vms| {
+                vms.iter()
+                    .find(|v| v.get("name").and_then(|n| n.as_str()) == Some(name))
+            })
+            .cloned()
+            .with_context(|| format!("no VM {name} in the report"))
+    };
+    let noisy = vm("noisy")?
+        .get("samples")
+        .and_then(|s| s.as_f64())
+        .unwrap_or(0.0);
+    let steal = vm("linux")?
+        .pointer("/exact/steal")
+        .and_then(|s| s.as_f64())
+        .unwrap_or(0.0);
+    println!(
+        "profile check: run-known: neighbour noisy {noisy} samples; linux's steal {steal:.2} % (exact)"
+    );
+    // The neighbour runs 1 s of its own time (10^9 ticks at 8000 a sample: 125,000 samples)
+    // while the Linux VM, which runs about 0.85 s, waits for it half the time.
+    if !(100_000.0..=130_000.0).contains(&noisy) {
+        bail!("the neighbour has {noisy} samples, want about 125,000 (its 1 s budget)");
+    }
+    if steal < 20.0 {
+        bail!("the Linux VM's steal is {steal:.2} %, want 20 % or more (the neighbour's time)");
+    }
+    Ok(())
 }
 
 /// Per process named `known` in the run at `dir`: its name, `heavy`'s and `light`'s shares of
