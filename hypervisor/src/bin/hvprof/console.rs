@@ -186,14 +186,23 @@ impl Console {
         }
     }
 
-    /// Sends everything queued, waiting for the line.
+    /// Sends everything queued, waiting for the line: halted for the line time of what the
+    /// UART took, unless it says it can take more already (an emulated UART that sends at once,
+    /// as QEMU's does, would otherwise cost the line time in real time).
     fn flush(&mut self) {
         while self.queue.len > 0 {
             self.pump();
-            if self.queue.len > 0 {
+            if self.queue.len > 0 && !self.can_send() {
                 wait_for_line();
             }
         }
+    }
+
+    /// Whether the UART's transmit holding register is empty (LSR bit 5).
+    fn can_send(&mut self) -> bool {
+        self.uart
+            .as_mut()
+            .is_none_or(|u| u.lsr().contains(LSR::THR_EMPTY))
     }
 
     /// Queues one byte; when the queue is full, waits until the UART has taken some.
