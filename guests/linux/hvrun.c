@@ -23,13 +23,13 @@
  * With several copies each one's end is said ("copy I ended with status N"), and the status is
  * the first copy's that is not 0.
  *
- * When the VM has an output port (port 0xf5, `output=` in its module line: docs/GUEST-ABI.md,
- * "Output port"; `cargo xtask profile` gives it one), every byte the command writes also goes
- * there, a read's worth per OUT, and the hypervisor keeps it whole in the sample log
- * (`hvprof-analyze output`). The console then shows only the first LIVE_LINES lines of each
+ * When the VM has an output store (`output=` in its module line: docs/GUEST-ABI.md, "Output";
+ * `cargo xtask profile` gives it one), every byte the command writes also goes to the
+ * hypervisor's output leaf, CPUID 0x40000002, a read's worth per CPUID, and the hypervisor keeps
+ * it whole in the sample log (`hvprof-analyze output`). The console then shows only the first LIVE_LINES lines of each
  * stream, and says once that the rest is in the capture: a megabyte through the console would
  * take a trapped OUT per byte and the line's 87 us a byte, and flood the terminal.
- * Without the port every line goes to the console, which drops what is over its rate.
+ * Without the store every line goes to the console, which drops what is over its rate.
  *
  * hvrun exits with that status, which /init passes on to the hypervisor's exit port.
  *
@@ -45,7 +45,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/io.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -56,32 +55,45 @@
 
 static int kmsg = -1;
 
-/* The hypervisor's output port (docs/GUEST-ABI.md), when the VM has one. */
-#define OUTPUT_PORT 0xf5
+/* The hypervisor's output leaf (docs/GUEST-ABI.md, "Output"), when the VM has a store. */
+#define OUTPUT_LEAF 0x40000002u
 #define OUTPUT_MAX (64 * 1024)
-/* Lines of each stream shown on the console when the output port keeps them all. */
+/* Lines of each stream shown on the console when the output leaf keeps them all. */
 #define LIVE_LINES 100
-static int output_port;
+static int output_leaf;
 
-/* Whether the VM has an output port: reading it gives the room left, all ones without it. */
-static int probe_output_port(void)
+static void cpuid4(unsigned leaf, unsigned sub, unsigned long rsi, unsigned long rdi,
+                   unsigned *a, unsigned *b)
 {
-    if (ioperm(OUTPUT_PORT, 1, 1) != 0)
-        return 0;
-    return inl(OUTPUT_PORT) != 0xffffffffu;
+    unsigned c = sub, d;
+    *a = leaf;
+    __asm__ volatile("cpuid"
+                     : "+a"(*a), "=b"(*b), "+c"(c), "=d"(d)
+                     : "S"(rsi), "D"(rdi)
+                     : "memory");
 }
 
-/* Hands `len` bytes of stream 1 (stdout) or 2 (stderr) to the hypervisor: OUT with the stream
- * in AL, the address in RSI and the count in RCX, which comes back as the bytes kept. */
+/* Whether the VM has an output store: hvprof's signature at 0x40000000, the leaf within its
+ * range, and EBX = 1 from the leaf's query (ECX = 0). */
+static int probe_output_leaf(void)
+{
+    unsigned a, b;
+    cpuid4(0x40000000u, 0, 0, 0, &a, &b);
+    if (a < OUTPUT_LEAF || b != 0x72707668u /* "hvpr" */)
+        return 0;
+    cpuid4(OUTPUT_LEAF, 0, 0, 0, &a, &b);
+    return b == 1;
+}
+
+/* Hands `len` bytes of stream 1 (stdout) or 2 (stderr) to the hypervisor: CPUID with the stream
+ * in ECX, the address in RSI and the count in RDI (EAX comes back as the bytes kept; what is not
+ * kept, the hypervisor counts as lost). */
 static void output_write(int stream, const char *data, size_t len)
 {
     while (len > 0) {
-        unsigned long n = len > OUTPUT_MAX ? OUTPUT_MAX : len;
-        unsigned long kept = n;
-        __asm__ volatile("outb %%al, %%dx"
-                         : "+c"(kept)
-                         : "a"(stream), "d"(OUTPUT_PORT), "S"(data)
-                         : "memory");
+        size_t n = len > OUTPUT_MAX ? OUTPUT_MAX : len;
+        unsigned kept, b;
+        cpuid4(OUTPUT_LEAF, (unsigned)stream, (unsigned long)data, n, &kept, &b);
         data += n;
         len -= n;
     }
@@ -167,15 +179,15 @@ struct stream {
     char prefix[24];
     char line[LINE_MAX_BYTES];
     size_t len;
-    /* Lines shown on the console so far (limited to LIVE_LINES with the output port). */
+    /* Lines shown on the console so far (limited to LIVE_LINES with the output leaf). */
     unsigned long shown;
 };
 
-/* One line (or piece) of a stream on the console, unless the output port keeps them and
+/* One line (or piece) of a stream on the console, unless the output leaf keeps them and
  * LIVE_LINES were shown: then a note, once. */
 static void show(struct stream *s, const char *kind)
 {
-    if (output_port && s->shown >= LIVE_LINES) {
+    if (output_leaf && s->shown >= LIVE_LINES) {
         if (s->shown == LIVE_LINES)
             say("note: %s: more lines than the %d shown live; all of it is in the capture",
                 s->kind, LIVE_LINES);
@@ -337,7 +349,7 @@ int main(int hv_argc, char **hv_argv)
         say("error: %ld copies: 1 to %d", copies, MAX_COPIES);
         return 126;
     }
-    output_port = hv_argc == 1 && probe_output_port();
+    output_leaf = hv_argc == 1 && probe_output_leaf();
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     if (cpus < 1)
         cpus = 1;
@@ -385,7 +397,7 @@ int main(int hv_argc, char **hv_argv)
                 open_streams--;
                 continue;
             }
-            if (output_port)
+            if (output_leaf)
                 output_write(i % 2 ? 2 : 1, buf, (size_t)r);
             feed(&streams[i], buf, (size_t)r);
         }

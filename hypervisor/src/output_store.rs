@@ -1,5 +1,5 @@
 //! A VM's output store (`output=SIZE` in its module line): the bytes its programs hand the
-//! hypervisor through the output port (docs/GUEST-ABI.md, "Output port"), kept whole and in
+//! hypervisor through the output leaf (docs/GUEST-ABI.md, "Output"), kept whole and in
 //! order, and sent after the run as output frames of the sample log, where
 //! `hvprof-analyze output` finds them. The console line (115,200 baud, with a rate limit per
 //! VM) could carry a few KB a second; a program's megabytes go here instead.

@@ -85,8 +85,8 @@ pub struct VmConfig<'a> {
     /// access instead, as a CPU without them does.
     pub apic_virtualization: bool,
     /// `output=<size>` (K, M or G): bytes the VM's programs may hand the hypervisor through the
-    /// output port (docs/GUEST-ABI.md), kept and sent after the run as output frames; 0 (the
-    /// default): no output port.
+    /// output leaf (docs/GUEST-ABI.md), kept and sent after the run as output frames; 0 (the
+    /// default): no output leaf.
     pub output: u64,
     /// Every argument after the image name, passed to the guest as is.
     pub args: &'a str,

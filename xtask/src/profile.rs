@@ -757,7 +757,7 @@ pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
             .arg("--guest-root")
             .arg(&root);
     };
-    // The command's output, whole, from the capture (the output port).
+    // The command's output, whole, from the capture (the output leaf).
     let kept = |stream: &str, file: &Path| -> Option<u64> {
         let ok = Command::new(&analyzer)
             .args(["output", "--vm", &machine.vm, "--stream", stream, "-o"])

@@ -297,7 +297,7 @@ enum Cmd {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
-    /// What a guest program wrote to its stdout or stderr through the output port (a VM with
+    /// What a guest program wrote to its stdout or stderr through the output leaf (a VM with
     /// `output=`; `cargo xtask profile` gives its Linux VM one), kept whole in the capture:
     /// its bytes as written, to stdout or a file. Says on stderr how many bytes were lost.
     Output {
@@ -885,7 +885,7 @@ fn run_output(
         None => match with_output.iter().collect::<Vec<_>>().as_slice() {
             [one] => **one,
             [] => anyhow::bail!(
-                "{}: no guest output in the capture (a VM needs output= in its module line, and a program that writes to the output port: docs/GUEST-ABI.md)",
+                "{}: no guest output in the capture (a VM needs output= in its module line, and a program that writes to the output leaf: docs/GUEST-ABI.md)",
                 log.display()
             ),
             many => anyhow::bail!(

@@ -112,7 +112,7 @@ pub struct Vm {
     pub unwind: &'static [hvprof_linux_walk::UnwindTable<'static>],
     /// Its processes' executable file mappings, read once per process, sent at the end.
     pub maps: Mutex<hvprof_hypervisor::profiler::guest_maps::ProcessMaps>,
-    /// What its programs hand over through the output port (`output=`), sent at the end.
+    /// What its programs hand over through the output leaf (`output=`), sent at the end.
     pub output: Option<Mutex<hvprof_hypervisor::output_store::OutputStore>>,
     /// Its legacy devices (the UART, the PICs, the PIT, the CMOS clock) and the once-only logs.
     pub devices: Mutex<VmDevices>,

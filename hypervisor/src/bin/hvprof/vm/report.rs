@@ -196,7 +196,7 @@ pub fn exit_stats(vm: &Vm) {
     }
 }
 
-/// Sends what the VM's programs handed over through the output port (`output=`), record by
+/// Sends what the VM's programs handed over through the output leaf (`output=`), record by
 /// record, and says how much.
 fn send_output(vm: &Vm) {
     let Some(store) = &vm.output else {
@@ -221,7 +221,7 @@ fn send_output(vm: &Vm) {
     }
     let (out, err) = store.kept();
     println!(
-        "vm {}: output port: {out} bytes of stdout and {err} of stderr kept in the sample log ({} lost: no room)",
+        "vm {}: output leaf: {out} bytes of stdout and {err} of stderr kept in the sample log ({} lost: no room)",
         vm.name,
         store.lost()
     );

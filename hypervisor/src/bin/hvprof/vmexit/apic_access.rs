@@ -35,7 +35,7 @@ pub fn mmio(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, gpa: u64) -> Optio
     let rip = must(vmcs.read_natural(GuestNatural::Rip), "VMREAD RIP");
     let long = must(vmcs.read32(Guest32::CsAccessRights), "VMREAD CS rights") & CS_AR_L != 0;
     let mut code = [0u8; MAX_LEN];
-    let n = super::read_linear(vm, vmcs, rip, &mut code);
+    let n = super::guest_memory::read_linear(vm, vmcs, rip, &mut code);
     let access = match mmio_decode::decode(&code[..n], long) {
         Ok(a) => a,
         Err(e) => {

@@ -13,7 +13,7 @@ pub const SIGNATURE: [u32; 3] = [
     u32::from_le_bytes(*b"ofhv"),
     u32::from_le_bytes(*b"prof"),
 ];
-pub const HV_LEAF_MAX: u32 = 0x4000_0001;
+pub const HV_LEAF_MAX: u32 = super::output::OUTPUT_LEAF;
 pub const ABI_VERSION: u32 = 1;
 
 /// Leaves up to this one are answered (0x15 and 0x16 are synthesized: the TSC's frequency).
@@ -22,6 +22,10 @@ pub const BASIC_LEAF_MAX: u32 = 0x16;
 pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     let leaf = vcpu.regs.rax as u32;
     let subleaf = vcpu.regs.rcx as u32;
+    if leaf == super::output::OUTPUT_LEAF {
+        let r = super::output::cpuid(vm, vcpu, vmcs, subleaf);
+        return finish(vcpu, vmcs, r);
+    }
     let r = policy(
         leaf,
         subleaf,

@@ -1,6 +1,5 @@
 //! I/O instructions (exit reason 30; every port exits through the I/O bitmaps, SDM Vol. 3C
-//! §26.1.3). Port 0xf4 stops the VM; port 0xf5 is the output port of a VM with `output=`
-//! (`output.rs`); the VM's legacy devices (`devices::board`: COM1's 16550,
+//! §26.1.3). Port 0xf4 stops the VM; the VM's legacy devices (`devices::board`: COM1's 16550,
 //! the PICs, the PIT, the CMOS clock) take theirs; every other port reads all ones and drops
 //! writes (docs/GUEST-ABI.md, "Devices").
 
@@ -40,13 +39,6 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
     let now = crate::tsc::rdtsc();
     if vm.apic && AcpiPm::claims(io.port) {
         return acpi_pm(vm, vcpu, vmcs, &io, mask);
-    }
-    if io.port == super::output::OUTPUT_PORT
-        && let Some(store) = &vm.output
-    {
-        super::output::access(vm, store, vcpu, vmcs, &io);
-        vmcs.skip_instruction();
-        return None;
     }
     match io.direction {
         IoDirection::Out => {
@@ -89,7 +81,7 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
 }
 
 /// IN writes AL/AX/EAX; a 32-bit IN zero-extends into RAX (SDM Vol. 2A, IN).
-pub(super) fn set_in_result(vcpu: &mut Vcpu, size: u8, mask: u64, value: u64) {
+fn set_in_result(vcpu: &mut Vcpu, size: u8, mask: u64, value: u64) {
     let r = &mut vcpu.regs.rax;
     *r = if size == 4 {
         value
