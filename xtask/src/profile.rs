@@ -1146,12 +1146,7 @@ pub fn check() -> Result<()> {
     if let Err(e) = check_flood(&dir.join("run-flood"), &flood) {
         errors.push(format!("run-flood: {e:#}"));
     }
-    errors.extend(crate::profile_debian::check(
-        &dir,
-        &build_analyzer()?,
-        &linux_dir().join("vmlinux"),
-        &debian,
-    ));
+    errors.extend(crate::profile_debian::check(&dir, &debian));
     let copies_out = String::from_utf8_lossy(&copies.stdout);
     for c in 0..2 {
         if !copies_out.contains(&format!("[copy {c}] argv[0]=")) {
@@ -1245,12 +1240,7 @@ fn check_flood(dir: &Path, out: &std::process::Output) -> Result<()> {
     if !said.contains("all of it is in the capture") {
         bail!("no note that the rest of the output is in the capture");
     }
-    let report = Command::new(build_analyzer()?)
-        .arg("report")
-        .arg(dir.join("capture.log"))
-        .args(["--json", "--top", "1"])
-        .output()?;
-    let report: serde_json::Value = serde_json::from_slice(&report.stdout)?;
+    let report = report_json(dir, 1)?;
     let lost = report.pointer("/lost").cloned().unwrap_or_default();
     let none = ["blocks", "samples", "events", "dropped", "damaged_frames"]
         .iter()
@@ -1264,30 +1254,9 @@ fn check_flood(dir: &Path, out: &std::process::Output) -> Result<()> {
 /// The run at `dir` had the noisy neighbour of `configs/profile-neighbour.toml` beside the
 /// Linux VM on its pCPU: the report shows it, and the time it took as the Linux VM's steal.
 fn check_neighbour(dir: &Path) -> Result<()> {
-    let out = Command::new(build_analyzer()?)
-        .arg("report")
-        .arg(dir.join("capture.log"))
-        .args(["--json", "--top", "1"])
-        .output()?;
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).with_context(|| {
-        format!(
-            "hvprof-analyze report: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })?;
-    let vm = |name: &str| {
-        report
-            .get("vms")
-            .and_then(|v| v.as_array())
-            .and_then(|vms| {
-                vms.iter()
-                    .find(|v| v.get("name").and_then(|n| n.as_str()) == Some(name))
-            })
-            .cloned()
-            .with_context(|| format!("no VM {name} in the report"))
-    };
+    let report = report_json(dir, 1)?;
     let exact = |name: &str, key: &str| -> Result<f64> {
-        vm(name)?
+        report_vm(&report, name)?
             .pointer(&format!("/exact/{key}"))
             .and_then(|s| s.as_f64())
             .with_context(|| format!("no exact {key} for VM {name}"))
@@ -1308,9 +1277,9 @@ fn check_neighbour(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Per process named `known` in the run at `dir`: its name, `heavy`'s and `light`'s shares of
-/// its user-mode samples in its own file, and those samples.
-fn known_shares(dir: &Path) -> Result<Vec<(String, f64, f64, f64)>> {
+/// `hvprof-analyze report --json --top N` of the run at `dir`, with the image's kernel and the
+/// run's guest root.
+pub(crate) fn report_json(dir: &Path, top: u32) -> Result<serde_json::Value> {
     let out = Command::new(build_analyzer()?)
         .arg("report")
         .arg(dir.join("capture.log"))
@@ -1318,9 +1287,7 @@ fn known_shares(dir: &Path) -> Result<Vec<(String, f64, f64, f64)>> {
         .arg(linux_dir().join("vmlinux"))
         .arg("--guest-root")
         .arg(dir.join("root"))
-        .arg("--json")
-        .arg("--top")
-        .arg("1000")
+        .args(["--json", "--top", &top.to_string()])
         .output()?;
     if !out.status.success() {
         bail!(
@@ -1328,19 +1295,46 @@ fn known_shares(dir: &Path) -> Result<Vec<(String, f64, f64, f64)>> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    let rows = report
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// VM `name` of a JSON report.
+pub(crate) fn report_vm<'a>(
+    report: &'a serde_json::Value,
+    name: &str,
+) -> Result<&'a serde_json::Value> {
+    report
         .get("vms")
         .and_then(|v| v.as_array())
         .and_then(|vms| {
             vms.iter()
-                .find(|v| v.get("name").and_then(|n| n.as_str()) == Some("linux"))
+                .find(|v| v.get("name").and_then(|n| n.as_str()) == Some(name))
         })
-        .and_then(|v| v.get("rows"))
+        .with_context(|| format!("no VM {name} in the report"))
+}
+
+/// The rows of VM `name` of a JSON report.
+pub(crate) fn report_rows<'a>(
+    report: &'a serde_json::Value,
+    name: &str,
+) -> Result<&'a Vec<serde_json::Value>> {
+    report_vm(report, name)?
+        .get("rows")
         .and_then(|r| r.as_array())
-        .context("no rows for VM linux")?;
-    let field =
-        |r: &serde_json::Value, k: &str| r.get(k).and_then(|x| x.as_str()).unwrap_or("").to_owned();
+        .with_context(|| format!("no rows for VM {name}"))
+}
+
+/// A row's text field (empty when missing).
+pub(crate) fn row_text(r: &serde_json::Value, k: &str) -> String {
+    r.get(k).and_then(|x| x.as_str()).unwrap_or("").to_owned()
+}
+
+/// Per process named `known` in the run at `dir`: its name, `heavy`'s and `light`'s shares of
+/// its user-mode samples in its own file, and those samples.
+fn known_shares(dir: &Path) -> Result<Vec<(String, f64, f64, f64)>> {
+    let report = report_json(dir, 1000)?;
+    let rows = report_rows(&report, "linux")?;
+    let field = row_text;
     let mut processes: Vec<String> = rows
         .iter()
         .map(|r| field(r, "process"))

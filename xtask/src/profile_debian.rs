@@ -11,6 +11,7 @@ use std::process::{Child, Command, Output};
 use anyhow::{Context, Result, bail};
 
 use crate::linux::output;
+use crate::profile::{report_json, report_rows, row_text};
 
 /// A Debian program the stage profiles.
 pub struct DebianRun {
@@ -150,18 +151,8 @@ fn callgrind_shares(text: &str) -> Shares {
 /// The report's rows of process `comm` in user mode: each function's share of its user-mode
 /// samples, and the samples.
 fn report_shares(report: &serde_json::Value, comm: &str) -> Result<(Shares, f64)> {
-    let rows = report
-        .get("vms")
-        .and_then(|v| v.as_array())
-        .and_then(|vms| {
-            vms.iter()
-                .find(|v| v.get("name").and_then(|n| n.as_str()) == Some("linux"))
-        })
-        .and_then(|v| v.get("rows"))
-        .and_then(|r| r.as_array())
-        .context("no rows for VM linux")?;
-    let text =
-        |r: &serde_json::Value, k: &str| r.get(k).and_then(|x| x.as_str()).unwrap_or("").to_owned();
+    let rows = report_rows(report, "linux")?;
+    let text = row_text;
     let prefix = format!("{comm}[");
     let mut counts = Shares::new();
     for r in rows {
@@ -212,7 +203,7 @@ fn compare(ours: &Shares, theirs: &Shares, floor: f64) -> Vec<(String, f64, f64)
 
 /// Checks the finished runs of [`RUNS`] (their outputs in the same order): status 0, the
 /// expected output, and every function of ≥ 5 % within 2 points of callgrind's share.
-pub fn check(dir: &Path, analyzer: &Path, vmlinux: &Path, outputs: &[Output]) -> Vec<String> {
+pub fn check(dir: &Path, outputs: &[Output]) -> Vec<String> {
     let mut errors = Vec::new();
     let mut started = Vec::new();
     for (r, out) in RUNS.iter().zip(outputs) {
@@ -238,21 +229,14 @@ pub fn check(dir: &Path, analyzer: &Path, vmlinux: &Path, outputs: &[Output]) ->
         }
     }
     for (r, (child, file)) in started {
-        if let Err(e) = compare_run(dir, analyzer, vmlinux, r, child, &file) {
+        if let Err(e) = compare_run(dir, r, child, &file) {
             errors.push(format!("{}: {e:#}", r.out));
         }
     }
     errors
 }
 
-fn compare_run(
-    dir: &Path,
-    analyzer: &Path,
-    vmlinux: &Path,
-    r: &DebianRun,
-    child: Child,
-    file: &Path,
-) -> Result<()> {
+fn compare_run(dir: &Path, r: &DebianRun, child: Child, file: &Path) -> Result<()> {
     let done = child.wait_with_output()?;
     if !done.status.success() {
         bail!(
@@ -268,23 +252,7 @@ fn compare_run(
         hint,
     )?;
     let theirs = callgrind_shares(&text);
-    let run = dir.join(r.out);
-    let out = Command::new(analyzer)
-        .arg("report")
-        .arg(run.join("capture.log"))
-        .arg("--kernel")
-        .arg(vmlinux)
-        .arg("--guest-root")
-        .arg(run.join("root"))
-        .args(["--json", "--top", "100000"])
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "hvprof-analyze report failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let report = report_json(&dir.join(r.out), 100_000)?;
     let (ours, samples) = report_shares(&report, r.comm)?;
     let rows = compare(&ours, &theirs, 5.0);
     println!(
