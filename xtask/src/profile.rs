@@ -363,7 +363,7 @@ fn guest_line(line: &str) -> Option<GuestLine<'_>> {
 }
 
 /// How the run ended, from the whole serial log: the command's exit status and what to say.
-fn outcome(serial: &str) -> (u8, String) {
+fn outcome(serial: &str, vm: &str) -> (u8, String) {
     let mut end = None;
     let mut rc = None;
     for line in serial.lines() {
@@ -377,8 +377,9 @@ fn outcome(serial: &str) -> (u8, String) {
             _ => {}
         }
     }
+    let stop_line = format!("vm {vm}: stopped: ");
     let stopped = serial.lines().find_map(|l| {
-        l.split_once("vm linux: stopped: ")
+        l.split_once(stop_line.as_str())
             .map(|(_, r)| r.trim().to_owned())
     });
     match (rc, end) {
@@ -725,7 +726,7 @@ pub fn profile(args: &ProfileArgs) -> Result<ExitCode> {
     )?;
     let serial = run.serial.text();
     let (status, said) = match run.end {
-        RunEnd::Marker => outcome(serial),
+        RunEnd::Marker => outcome(serial, &machine.vm),
         RunEnd::Interrupted => (130, "interrupted".to_owned()),
         ref other => (
             125,
@@ -995,7 +996,9 @@ const TEST_ARGS: [&str; 7] = ["a b", "", "x=y,z", "'\"", "back\\slash", "é ü",
 /// - a command that does not exist, and an ELF for another machine: status 127 and the
 ///   reason, before anything boots;
 /// - `--add` of a missing file: refused before anything boots, naming it;
-/// - two programs from Debian packages (`--deb`), against callgrind (`profile_debian`).
+/// - two programs from Debian packages (`--deb`), against callgrind (`profile_debian`);
+/// - 1.99 MB of output kept whole, then a crash (139, the signal said); an endless loop
+///   stopped by `--budget` (124, the reason said, the loop in the profile).
 pub fn check() -> Result<()> {
     // Built once here, not by both runs at once.
     ensure_image()?;
@@ -1067,14 +1070,21 @@ pub fn check() -> Result<()> {
     let (known, copies) = (spawn(&mut known)?, spawn(&mut copies)?);
     let known = known.wait_with_output()?;
     let copies = copies.wait_with_output()?;
-    // The Debian programs and the flood of output, at once.
+    // The Debian programs, the flood of output and the endless loop, at once.
     let mut flood = run("run-flood", &[], &["sh", "-c", FLOOD]);
     let flood = spawn(&mut flood)?;
+    let mut endless = run(
+        "run-budget",
+        &["--budget", "1.2"],
+        &["sh", "-c", "while :; do :; done"],
+    );
+    let endless = spawn(&mut endless)?;
     let debian: Vec<_> = crate::profile_debian::RUNS
         .iter()
         .map(|r| spawn(&mut crate::profile_debian::command(&xtask, &dir, r)))
         .collect::<Result<_>>()?;
     let flood = flood.wait_with_output()?;
+    let endless = endless.wait_with_output()?;
     let debian: Vec<_> = debian
         .into_iter()
         .map(|c| c.wait_with_output())
@@ -1146,6 +1156,9 @@ pub fn check() -> Result<()> {
     if let Err(e) = check_flood(&dir.join("run-flood"), &flood) {
         errors.push(format!("run-flood: {e:#}"));
     }
+    if let Err(e) = check_budget(&dir.join("run-budget"), &endless) {
+        errors.push(format!("run-budget: {e:#}"));
+    }
     errors.extend(crate::profile_debian::check(&dir, &debian));
     let copies_out = String::from_utf8_lossy(&copies.stdout);
     for c in 0..2 {
@@ -1200,15 +1213,24 @@ pub fn check() -> Result<()> {
     }
 }
 
-/// A command that writes megabytes: 1.99 MB of numbers to stdout, then 3.9 KB to stderr.
-const FLOOD: &str = "seq 1 300000; seq 1 1000 >&2";
+/// A command that writes megabytes, 1.99 MB of numbers to stdout and 3.9 KB to stderr, then
+/// crashes (SIGSEGV).
+const FLOOD: &str = "seq 1 300000; seq 1 1000 >&2; kill -SEGV $$";
 
-/// The flood run: status 0, its output whole in `stdout.txt` and `stderr.txt` (from the
-/// capture), at most the live lines shown and the note, and no sample lost.
+/// The flood run: status 139 and the signal said (its crash), its output whole in `stdout.txt`
+/// and `stderr.txt` (from the capture), the first 100 lines of each shown live and the note,
+/// and no sample lost.
 fn check_flood(dir: &Path, out: &std::process::Output) -> Result<()> {
     let lines = |n: u32| -> String { (1..=n).map(|i| format!("{i}\n")).collect() };
-    if out.status.code() != Some(0) {
-        bail!("status {:?}, want 0", out.status.code());
+    let said = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() != Some(139) || !said.contains("signal 11") {
+        bail!(
+            "status {:?}, want 139 with \"signal 11\" said: {:?}",
+            out.status.code(),
+            said.lines()
+                .filter(|l| l.starts_with("xtask"))
+                .collect::<Vec<_>>()
+        );
     }
     for (file, want) in [("stdout.txt", lines(300_000)), ("stderr.txt", lines(1000))] {
         let got = std::fs::read(dir.join(file)).with_context(|| format!("no {file}"))?;
@@ -1228,7 +1250,6 @@ fn check_flood(dir: &Path, out: &std::process::Output) -> Result<()> {
             .count()
     };
     let (shown, shown_err) = (numbers(&out.stdout), numbers(&out.stderr));
-    let said = String::from_utf8_lossy(&out.stderr);
     println!(
         "profile check: run-flood: 1,988,895 + 3,893 bytes whole in stdout.txt and stderr.txt; {shown} + {shown_err} lines shown live"
     );
@@ -1247,6 +1268,34 @@ fn check_flood(dir: &Path, out: &std::process::Output) -> Result<()> {
         .all(|k| lost.get(k).and_then(|v| v.as_u64()) == Some(0));
     if !none {
         bail!("the sample log lost something: {lost}");
+    }
+    Ok(())
+}
+
+/// The endless loop stopped by `--budget 1.2`: status 124, the reason said, and the profile
+/// of what ran (the loop's shell, busy in user mode).
+fn check_budget(dir: &Path, out: &std::process::Output) -> Result<()> {
+    let said = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() != Some(124) || !said.contains("stopped by the budget") {
+        bail!(
+            "status {:?}, want 124 with the budget said: {:?}",
+            out.status.code(),
+            said.lines()
+                .filter(|l| l.starts_with("xtask"))
+                .collect::<Vec<_>>()
+        );
+    }
+    let report = report_json(dir, 1000)?;
+    let user: f64 = report_rows(&report, "linux")?
+        .iter()
+        .filter(|r| row_text(r, "process").starts_with("sh[") && row_text(r, "module") == "busybox")
+        .filter_map(|r| r.get("samples").and_then(|s| s.as_f64()))
+        .sum();
+    println!("profile check: run-budget: status 124; the loop's shell has {user} user samples");
+    // 1.2 s of guest time, about 0.65 s of it the boot: the loop runs over 0.3 s, 37,500
+    // samples of 8,000 ticks.
+    if user < 37_500.0 {
+        bail!("the loop's shell has {user} user samples, want 37,500 or more");
     }
     Ok(())
 }
@@ -1439,12 +1488,13 @@ mod tests {
     #[test]
     fn the_status_is_the_commands() {
         let log = "[linux] [1] hvprof-guest: start @\n[linux] [2] hvprof-guest: error: cannot run \"x\": No such file or directory\n[linux] [2] hvprof-guest: done @ rc=127\nvm linux: stopped: exit code 127 (port 0xf4)\n";
-        let (rc, said) = outcome(log);
+        let (rc, said) = outcome(log, "linux");
         assert_eq!(rc, 127);
         assert!(said.contains("cannot run"), "{said}");
         let log =
             "[linux] [1] hvprof-guest: start @\nvm linux: stopped: budget of 100 ticks used\n";
-        assert_eq!(outcome(log).0, 124);
+        assert_eq!(outcome(log, "linux").0, 124);
+        assert_eq!(outcome(log, "other").0, 125);
     }
 
     #[test]
