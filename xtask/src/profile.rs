@@ -995,7 +995,8 @@ const TEST_ARGS: [&str; 7] = ["a b", "", "x=y,z", "'\"", "back\\slash", "é ü",
 ///   lines marked;
 /// - a command that does not exist, and an ELF for another machine: status 127 and the
 ///   reason, before anything boots;
-/// - `--add` of a missing file: refused before anything boots, naming it;
+/// - `--add` of a missing file, a file without execute permission, `--deb` of a package apt
+///   does not know: refused before anything boots, naming it;
 /// - two programs from Debian packages (`--deb`), against callgrind (`profile_debian`);
 /// - 1.99 MB of output kept whole, then a crash (139, the signal said); an endless loop
 ///   stopped by `--budget` (124, the reason said, the loop in the profile).
@@ -1098,6 +1099,15 @@ pub fn check() -> Result<()> {
         &["--add", "/no/such/file"],
         &["/bin/true"],
     ))?;
+    let data = dir.join("data.txt");
+    std::fs::write(&data, "not a program\n")?;
+    let data_arg = data.display().to_string();
+    let not_executable = output(run("run-data", &["--add", &data_arg], &["./data.txt"]))?;
+    let no_package = output(run(
+        "run-no-package",
+        &["--deb", "hvprof-no-such-package"],
+        &["/bin/true"],
+    ))?;
 
     let mut errors = Vec::new();
     // The known program.
@@ -1187,6 +1197,20 @@ pub fn check() -> Result<()> {
             &refused,
             "run-refused",
             "--add /no/such/file: /no/such/file does not exist",
+            Some(1),
+        ),
+        (
+            "a file without execute permission",
+            &not_executable,
+            "run-data",
+            "cannot run \"./data.txt\": Permission denied",
+            Some(127),
+        ),
+        (
+            "--deb of a package apt does not know",
+            &no_package,
+            "run-no-package",
+            "--deb hvprof-no-such-package: apt knows no package hvprof-no-such-package",
             Some(1),
         ),
     ] {
