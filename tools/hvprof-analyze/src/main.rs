@@ -43,7 +43,7 @@ struct Cli {
 }
 
 /// The capture and what names its addresses.
-#[derive(Args)]
+#[derive(Args, Clone)]
 struct Input {
     /// The serial capture.
     log: PathBuf,
@@ -133,6 +133,24 @@ enum Cmd {
         /// the lock held shows here. Reads the samples a second time. JSON: "preemptions".
         #[arg(long)]
         preemptions: bool,
+    },
+    /// Two captures compared by share, B minus A in points (positive: a larger share in B):
+    /// per VM (by name) its OS/user/idle/steal shares, its processes (by name, without the pid)
+    /// and functions, each capture's samples and share and the change, largest change first;
+    /// the host level likewise. Captures of different lengths and pCPU counts compare. The
+    /// naming options apply to both.
+    Diff {
+        /// The first capture, A (with the naming options).
+        #[command(flatten)]
+        input: Input,
+        /// The second capture, B.
+        after: PathBuf,
+        /// Print JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+        /// Rows per table.
+        #[arg(long, default_value_t = 20)]
+        top: usize,
     },
     /// Stacked bars over host time per pCPU and per vCPU (SVG): guest user, guest kernel,
     /// hypervisor by exit reason, idle, steal.
@@ -533,6 +551,40 @@ fn run(cli: Cli) -> Result<()> {
 
 fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
     match cli.command {
+        Cmd::Diff {
+            input,
+            after,
+            json,
+            top,
+        } => {
+            let mut reports = Vec::new();
+            for log in [input.log.clone(), after] {
+                let input = Input {
+                    log: log.clone(),
+                    ..input.clone()
+                };
+                let bytes = hvprof_analyze::model::capture::Capture::open(&log)?;
+                let imgs = load_images(&input)?;
+                let options = LoadOptions {
+                    report_only: true,
+                    top_rows: None,
+                    ..load_options(&input, true, false)
+                };
+                let (p, r) = report::from_capture(bytes, &imgs, options, progress);
+                p.is_capture(&log)?;
+                reports.push(r);
+            }
+            let d = hvprof_analyze::views::diff::diff(&reports[0], &reports[1]);
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            if json {
+                serde_json::to_writer_pretty(&mut out, &d)?;
+                writeln!(out)?;
+            } else {
+                hvprof_analyze::views::diff::write_text(&mut out, &d, top)?;
+            }
+            out.flush()?;
+            Ok(())
+        }
         Cmd::Report {
             input,
             json,

@@ -4,6 +4,7 @@
 
 pub mod callgraph;
 pub mod chart;
+pub mod diff;
 pub mod firefox;
 pub mod flame;
 pub mod html;

@@ -84,7 +84,7 @@ pub struct Host {
     pub rows: Vec<Row>,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct GuestTable {
     pub samples: u64,
     pub os: f64,

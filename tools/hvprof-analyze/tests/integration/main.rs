@@ -4,6 +4,7 @@
 //! `cargo test -p hvprof-analyze --test integration [FILTER]`; a module's tests by its name, e.g.
 //! `cargo test -p hvprof-analyze --test integration exports::`.
 
+mod diff;
 mod exports;
 mod html;
 mod integrity;
