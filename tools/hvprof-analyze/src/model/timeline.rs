@@ -48,6 +48,10 @@ pub struct Blanks {
     pub steal_on_others: u64,
     /// Every other blank slot while it was out.
     pub steal_outside: u64,
+    /// Of `steal_outside`, the slots another VM held the pCPU in (its guest, or the hypervisor
+    /// handling its exits), per VM; the rest no one held (the pCPU idle while the vCPU was
+    /// runnable).
+    pub steal_by_vm: HashMap<u16, u64>,
     /// Slots on its pCPU while it was in that are not its own: the hypervisor handling its exits.
     pub hypervisor: u64,
     /// Slots on its pCPU while it was out (not halted) in which the hypervisor worked for no VM.
@@ -97,8 +101,9 @@ pub enum Slot {
     StealOn(u16),
     /// Out, its pCPU held by the hypervisor working for no VM (the scheduler).
     HypervisorOut,
-    /// Out, anything else (another VM, or the hypervisor handling that VM's exits).
-    StealOutside,
+    /// Out, anything else: another VM (`Some`: its guest, or the hypervisor handling its
+    /// exits), or no one (`None`: the pCPU idle).
+    StealOutside(Option<u16>),
 }
 
 /// The slot of vCPU `(vm, vcpu)`, in `class` on the pCPU of a sample owned by `owner`.
@@ -120,7 +125,12 @@ pub fn slot((vm, vcpu): (u16, u16), class: Class, owner: Owner) -> Slot {
                 vm: hvprof_samplelog::NO_VM,
                 ..
             } => Slot::HypervisorOut,
-            _ => Slot::StealOutside,
+            Owner::Guest { vm: v, .. } | Owner::Hypervisor { vm: v, .. }
+                if v != hvprof_samplelog::NO_VM =>
+            {
+                Slot::StealOutside(Some(v))
+            }
+            _ => Slot::StealOutside(None),
         },
     }
 }
@@ -547,6 +557,22 @@ impl<C: Counter> Window<'_, C> {
                 let (steal_on, each) = self.steal_on(vcpu);
                 b.hypervisor_out += hv;
                 b.steal_outside += self.len - hv - steal_on;
+                // Who held the pCPU: every other VM with units here.
+                for (&v, _) in self
+                    .vcpus
+                    .iter()
+                    .filter(|(v, _)| **v != vcpu.0 && **v != hvprof_samplelog::NO_VM)
+                {
+                    let n = self.count(Kind::Vm(v));
+                    if n > 0 {
+                        *b.steal_by_vm.entry(v).or_default() += n;
+                    }
+                }
+                // The vCPU's own samples while out (a forged log) are steal outside by its VM.
+                let own = self.count(Kind::Vcpu(vcpu));
+                if own > 0 && vcpu.0 != hvprof_samplelog::NO_VM {
+                    *b.steal_by_vm.entry(vcpu.0).or_default() += own;
+                }
                 let mut named = 0;
                 for (c, n) in each {
                     *b.steal_on.entry(c).or_default() += n;
@@ -844,6 +870,9 @@ fn blanks_counting(
         o.idle += b.idle;
         o.steal_on_others += b.steal_on_others;
         o.steal_outside += b.steal_outside;
+        for (v, n) in b.steal_by_vm {
+            *o.steal_by_vm.entry(v).or_default() += n;
+        }
         o.hypervisor += b.hypervisor;
         o.hypervisor_out += b.hypervisor_out;
         // The exact ticks have no slots: the vCPU's map as it was made.
@@ -920,7 +949,12 @@ mod tests {
                 Slot::Idle => b.idle += 1,
                 Slot::StealOn(c) => *b.steal_on.entry(c).or_default() += 1,
                 Slot::HypervisorOut => b.hypervisor_out += 1,
-                Slot::StealOutside => b.steal_outside += 1,
+                Slot::StealOutside(by) => {
+                    b.steal_outside += 1;
+                    if let Some(v) = by {
+                        *b.steal_by_vm.entry(v).or_default() += 1;
+                    }
+                }
             }
         });
         out

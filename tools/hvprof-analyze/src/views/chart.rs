@@ -636,7 +636,7 @@ mod tests {
                 Slot::Own | Slot::Hypervisor => State::of(s),
                 Slot::Idle => State::Idle,
                 Slot::HypervisorOut => State::HypervisorNoVm,
-                Slot::StealOn(_) | Slot::StealOutside => State::Steal,
+                Slot::StealOn(_) | Slot::StealOutside(_) => State::Steal,
             };
             let row = rows
                 .entry(key)

@@ -89,6 +89,9 @@ fn section(out: &mut String, s: &Section, top: usize) {
     if let Some(e) = &s.exact {
         let _ = writeln!(out, "<p>{e}</p>");
     }
+    if let Some(b) = &s.steal_by {
+        let _ = writeln!(out, "<p>{}</p>", esc(b));
+    }
     rows_table(out, s, top);
     if s.level == Level::Host {
         out.push_str("<h2 id=guests>Guest level</h2>\n");

@@ -104,6 +104,60 @@ pub struct GuestTable {
     /// The share of the `[steal] (hypervisor)` row (0 without), kept or left out.
     #[serde(skip)]
     pub steal_hypervisor: f64,
+    /// `[steal] (outside)` by who held the pCPU meanwhile: each other VM (its guest, or the
+    /// hypervisor handling its exits), then no one (the pCPU idle while this was runnable);
+    /// the largest first. Shares of the table's samples, as the row's.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub steal_by: Vec<StealBy>,
+}
+
+/// A share of `[steal] (outside)` and who held the pCPU in it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct StealBy {
+    /// The VM that held it (`None`: no one did).
+    pub vm: Option<u16>,
+    /// Its name, or "no one".
+    pub name: String,
+    pub samples: u64,
+    pub percent: f64,
+}
+
+/// `[steal] (outside)` of `blanks` (a VM's vCPUs, or one vCPU) by who held the pCPU, as shares
+/// of `total` samples, named by `name`.
+fn steal_by<'a>(
+    blanks: impl Iterator<Item = &'a crate::model::timeline::Blanks>,
+    total: u64,
+    name: impl Fn(u16) -> String,
+) -> Vec<StealBy> {
+    let mut by: HashMap<u16, u64> = HashMap::default();
+    let mut outside = 0u64;
+    for b in blanks {
+        outside += b.steal_outside;
+        for (&vm, &n) in &b.steal_by_vm {
+            *by.entry(vm).or_default() += n;
+        }
+    }
+    let held: u64 = by.values().sum();
+    let mut out: Vec<StealBy> = by
+        .into_iter()
+        .map(|(vm, n)| StealBy {
+            vm: Some(vm),
+            name: name(vm),
+            samples: n,
+            percent: percent(n, total),
+        })
+        .collect();
+    let no_one = outside.saturating_sub(held);
+    if no_one > 0 {
+        out.push(StealBy {
+            vm: None,
+            name: "no one".to_owned(),
+            samples: no_one,
+            percent: percent(no_one, total),
+        });
+    }
+    out.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.vm.cmp(&b.vm)));
+    out
 }
 
 /// Percentages of a vCPU's (or VM's) lifetime from its scheduling events, and how far the
@@ -184,6 +238,8 @@ pub struct Section<'a> {
     pub split: String,
     /// The exact split from the scheduling events, when the log has them.
     pub exact: Option<String>,
+    /// Who held the pCPU in `[steal] (outside)` (`GuestTable::steal_by`), when anyone did.
+    pub steal_by: Option<String>,
     pub rows: &'a [Row],
     /// Rows left out after `rows` ([`GuestTable::left_out`]).
     pub left_out: usize,
@@ -230,6 +286,7 @@ impl Report {
                     self.host.hypervisor, self.host.vm, self.host.idle
                 ),
                 exact: None,
+                steal_by: None,
                 rows: &self.host.rows,
                 left_out: 0,
                 processes: self.host.rows.iter().any(|r| r.process.is_some()),
@@ -271,6 +328,17 @@ impl GuestTable {
                 format!(
                     "Exact, from the scheduling events: running {:.2}%, idle {:.2}%, steal {:.2}% of {} ticks (samples differ by {:+.2} and {:+.2} points)",
                     e.running, e.idle, e.steal, e.ticks, e.idle_difference, e.steal_difference
+                )
+            }),
+            steal_by: (!self.steal_by.is_empty()).then(|| {
+                let who: Vec<String> = self
+                    .steal_by
+                    .iter()
+                    .map(|b| format!("{} {:.2}%", b.name, b.percent))
+                    .collect();
+                format!(
+                    "[steal] (outside) by who held the pCPU: {}",
+                    who.join(", ")
                 )
             }),
             rows: &self.rows,
@@ -511,6 +579,7 @@ impl GuestCounts {
             left_out,
             processes,
             steal_hypervisor: self.steal.get(HYPERVISOR_STEAL).map_or(0.0, |&n| pct(n)),
+            steal_by: Vec::new(),
         }
     }
 }
@@ -1114,21 +1183,32 @@ fn guest_level(
         ) else {
             break;
         };
+        let culprit = |vm: u16| {
+            if vm == v.id {
+                // Its own vCPU's samples after its out event: the hypervisor finishing with it.
+                "the hypervisor (finishing its exit)".to_owned()
+            } else {
+                namer.vm_name(vm)
+            }
+        };
         let vcpus = vcpus_of[i]
             .iter()
             .zip(vcpu_tables)
             .map(|(&(vcpu, _), mut table)| {
                 table.exact = exact_of(&table, exact.get(&(v.id, vcpu)).into_iter());
+                table.steal_by =
+                    steal_by(exact.get(&(v.id, vcpu)).into_iter(), table.samples, culprit);
                 VcpuReport { vcpu, table }
             })
             .collect();
-        table.exact = exact_of(
-            &table,
+        let of_vm = || {
             exact
                 .iter()
                 .filter(|((vm, _), _)| *vm == v.id)
-                .map(|(_, b)| b),
-        );
+                .map(|(_, b)| b)
+        };
+        table.exact = exact_of(&table, of_vm());
+        table.steal_by = steal_by(of_vm(), table.samples, culprit);
         vms.push(VmReport {
             id: v.id,
             name: v.name.clone(),

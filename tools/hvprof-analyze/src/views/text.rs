@@ -54,6 +54,9 @@ pub fn render(r: &Report, top: usize, only_vm: Option<&str>) -> String {
         if let Some(e) = &section.exact {
             let _ = writeln!(out, "{e}");
         }
+        if let Some(b) = &section.steal_by {
+            let _ = writeln!(out, "{}", printable(b));
+        }
         out.push_str(&table(&section, top));
         out.push('\n');
     }

@@ -14,6 +14,7 @@ mod pipes;
 mod preemption;
 mod scaling;
 mod stacks;
+mod steal;
 mod terminal;
 mod window;
 

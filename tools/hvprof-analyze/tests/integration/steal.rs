@@ -1,0 +1,60 @@
+//! `[steal] (outside)` by who held the pCPU: three busy VMs taking turns on one pCPU (the
+//! demo's setup) each lose their pCPU to the other two alike.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::data;
+
+#[test]
+fn three_vms_on_one_pcpu_steal_from_each_other_alike() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hvprof-analyze"))
+        .arg("report")
+        .arg(data("sched-3vms-1pcpu.log"))
+        .arg("--hypervisor")
+        .arg(data("hvprof-3a995a71.sym"))
+        .arg("--image")
+        .arg(data("mix.elf"))
+        .args(["--no-search", "--json"])
+        .output()
+        .expect("run hvprof-analyze");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let vms = r["vms"].as_array().unwrap();
+    assert_eq!(vms.len(), 3);
+    for vm in vms {
+        let name = vm["name"].as_str().unwrap();
+        let outside: f64 = vm["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|row| row["function"] == "[steal]" && row["module"] == "(outside)")
+            .map(|row| row["percent"].as_f64().unwrap())
+            .sum();
+        let by = vm["steal_by"].as_array().expect("steal_by");
+        let total: f64 = by.iter().map(|b| b["percent"].as_f64().unwrap()).sum();
+        assert!(
+            (total - outside).abs() < 1e-6,
+            "{name}: {total} against {outside}"
+        );
+        let others: Vec<f64> = by
+            .iter()
+            .filter(|b| b["name"] != name && b["vm"].is_u64())
+            .filter(|b| !b["name"].as_str().unwrap().starts_with("the hypervisor"))
+            .map(|b| b["percent"].as_f64().unwrap())
+            .collect();
+        assert_eq!(others.len(), 2, "{name}: {by:?}");
+        // Each of the other two about half of it (round robin: a third of the time each).
+        for share in &others {
+            assert!(
+                (share - outside / 2.0).abs() < 1.0,
+                "{name}: {others:?} of {outside}"
+            );
+        }
+    }
+}
