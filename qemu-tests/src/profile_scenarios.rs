@@ -372,8 +372,92 @@ fn check_three_vms_on(run: &ProfileRun, pcpus: u32) -> Result<(), String> {
                 errors.push(e);
             }
         }
+        // On one pCPU the other two VMs took it in turns: each holds half of this one's
+        // `[steal] (outside)`.
+        if pcpus == 1 {
+            let outside = 100.0 * steal_rows(&rows, "(outside)") / num(v, "/samples")?;
+            for other in ["guestOS1", "guestOS2", "guestOS3"]
+                .iter()
+                .filter(|o| **o != name)
+            {
+                if let Err(e) = within(
+                    &format!("{name}'s steal by {other}"),
+                    steal_by(v, other),
+                    outside / 2.0,
+                    1.0,
+                ) {
+                    errors.push(e);
+                }
+            }
+        }
     }
     all_of(errors.into_iter().map(Err))
+}
+
+/// The share of a VM's `[steal] (outside)` that `culprit` held the pCPU in (its report's
+/// `steal_by`), 0 when none.
+fn steal_by(v: &Value, culprit: &str) -> f64 {
+    v.get("steal_by")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|b| b.get("name").and_then(Value::as_str) == Some(culprit))
+        .filter_map(|b| b.get("percent").and_then(Value::as_f64))
+        .sum()
+}
+
+/// Who stole from whom: on one pCPU, a busy VM (`hog`, 120 rounds), a VM busy for 10 rounds and
+/// then halted four times as long (`sleeper`), and `victim` (60 rounds). The victim's steal
+/// comes from the hog throughout and from the sleeper only while it was busy: the hog is its
+/// main culprit, and the shares add up to its `[steal] (outside)`.
+fn culprit_scenario() -> Scenario {
+    Scenario::new("bochs-sched-culprit", Emulator::bochs(HASWELL))
+        .cmdline("export=end")
+        .module(
+            "victim.elf",
+            ModuleSource::Guest("mix"),
+            "vm=victim mix=80,20 rounds=60",
+        )
+        .module(
+            "hog.elf",
+            ModuleSource::Guest("mix"),
+            "vm=hog mix=80,20 rounds=120",
+        )
+        .module(
+            "sleeper.elf",
+            ModuleSource::Guest("mix"),
+            "vm=sleeper mix=80,20 rounds=10 idle=4",
+        )
+        .check(|log| {
+            for vm in ["victim", "hog", "sleeper"] {
+                check_exit_code(log, vm, 0, "port 0xf4")?;
+            }
+            Ok(())
+        })
+        .profile(|run| {
+            let report = run.report(None)?;
+            let v = vm(&report, "victim")?;
+            let rows = v.get("rows").cloned().unwrap_or_default();
+            let outside = 100.0 * steal_rows(&rows, "(outside)") / num(v, "/samples")?;
+            let (hog, sleeper) = (steal_by(v, "hog"), steal_by(v, "sleeper"));
+            let all: f64 = v
+                .get("steal_by")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|b| b.get("percent").and_then(Value::as_f64))
+                .sum();
+            println!(
+                "culprits: victim's [steal] (outside) {outside:.2}%: hog {hog:.2}%, sleeper {sleeper:.2}%"
+            );
+            within("the victim's steal by its culprits", all, outside, 0.01)?;
+            if hog < 3.0 * sleeper || hog < outside / 2.0 {
+                return Err(format!(
+                    "the hog should be the victim's main culprit: hog {hog:.2}%, sleeper {sleeper:.2}% of its {outside:.2}% steal (outside)"
+                ));
+            }
+            Ok(())
+        })
 }
 
 /// The paper's Tables 14/15: one VM busy for the first third of its life, then halted (woken by
@@ -581,6 +665,7 @@ pub fn all() -> Vec<Scenario> {
             .check(|log| check_exit_code(log, "guestOS1", 0, "port 0xf4"))
             .profile(check_halt),
         three_vms("bochs-sched-3vms-1pcpu", 1),
+        culprit_scenario(),
         shares_scenario(
             "bochs-profile-80-20",
             "export=end",
