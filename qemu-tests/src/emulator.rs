@@ -11,6 +11,9 @@ use anyhow::{Context, Result, bail};
 pub const BOCHS_BIOS: &str = "/usr/share/bochs/BIOS-bochs-latest";
 /// The VGA BIOS the Debian `vgabios` package installs.
 pub const BOCHS_VGA_BIOS: &str = "/usr/share/vgabios/vgabios.bin";
+/// The emulated machine's CMOS clock at power-on, in seconds since 1970 (2026-01-01 00:00 UTC),
+/// the same for every run.
+pub const BOCHS_TIME0: u64 = 1_767_225_600;
 /// Guest memory, MiB, in every emulator.
 pub const GUEST_MEGS: u32 = 1024;
 /// Bochs' emulated instructions per second by default: with `clock: sync=none` the TSC counts
@@ -184,6 +187,9 @@ pub struct BochsConfig<'a> {
 }
 
 /// A headless, deterministic `bochsrc` (`clock: sync=none`: runs are repeatable to the byte).
+/// The CMOS clock starts at a fixed time, [`BOCHS_TIME0`]: `time0=1` would start it at the
+/// host's local time, and a Linux guest's boot reads it (two runs of the same scenario then
+/// differed in their exit counts and timings).
 /// `options=fastboot` skips the BIOS's "Press F12 for boot menu" wait: three seconds of emulated
 /// time, which at the Linux scenarios' 1 GHz clock were 3.1 G of a w41 run's 5.3 G instructions.
 pub fn bochsrc(cfg: &BochsConfig<'_>) -> String {
@@ -194,7 +200,7 @@ pub fn bochsrc(cfg: &BochsConfig<'_>) -> String {
          vgaromimage: file={BOCHS_VGA_BIOS}\n\
          display_library: term\n\
          cpu: model={model}, count={cpus}, ips={ips}, reset_on_triple_fault=0, ignore_bad_msrs=1\n\
-         clock: sync=none, time0=1\n\
+         clock: sync=none, time0={BOCHS_TIME0}\n\
          ata0: enabled=1, ioaddr1=0x1f0, ioaddr2=0x3f0, irq=14\n\
          ata0-master: type=cdrom, path=\"{iso}\", status=inserted\n\
          boot: cdrom\n\
@@ -440,7 +446,7 @@ mod tests {
             "megs: 1024",
             "display_library: term",
             "cpu: model=corei7_haswell_4770, count=2, ips=4000000, reset_on_triple_fault=0, ignore_bad_msrs=1",
-            "clock: sync=none, time0=1",
+            "clock: sync=none, time0=1767225600",
             "ata0-master: type=cdrom, path=\"/t/s/hvprof.iso\", status=inserted",
             "boot: cdrom",
             "com1: enabled=1, mode=file, dev=\"/t/s/serial.log\"",
