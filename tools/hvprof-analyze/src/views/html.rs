@@ -254,6 +254,55 @@ figure{margin:0;overflow-x:auto}svg{max-width:100%;height:auto}\
 nav a{margin-right:1em}";
 
 /// Renders the page: `r` is `p`'s report.
+/// Who stole from whom: a row per VM that lost its pCPU to another (its `[steal] (outside)`
+/// by who held it, `GuestTable::steal_by`), a column per culprit, cells in % of the row VM's
+/// samples. Nothing when no VM lost its pCPU to anyone.
+fn steal_matrix(out: &mut String, r: &Report) {
+    // The VMs in the report's order, then no one and the hypervisor.
+    let named = |n: &str| {
+        r.vms
+            .iter()
+            .any(|v| v.table.steal_by.iter().any(|b| b.name == n))
+    };
+    let mut culprits: Vec<&str> = r
+        .vms
+        .iter()
+        .map(|v| v.name.as_str())
+        .filter(|n| named(n))
+        .collect();
+    for v in &r.vms {
+        for b in &v.table.steal_by {
+            if !culprits.contains(&b.name.as_str()) {
+                culprits.push(&b.name);
+            }
+        }
+    }
+    if culprits.is_empty() {
+        return;
+    }
+    out.push_str("<h2 id=stolen>Who stole from whom</h2>\n<p class=note>Each VM's [steal] (outside) by who held its pCPU meanwhile (% of the VM's samples): another VM (its guest, or the hypervisor handling its exits), no one (the pCPU idle while the VM was runnable), or the hypervisor finishing the VM's own exit.</p>\n<table><tr><th>VM \\ held by</th>");
+    for c in &culprits {
+        let _ = write!(out, "<th>{}</th>", esc(c));
+    }
+    out.push_str("<th>steal (outside)</th></tr>\n");
+    for v in r.vms.iter().filter(|v| !v.table.steal_by.is_empty()) {
+        let _ = write!(out, "<tr><td>{}</td>", esc(&v.name));
+        let mut total = 0.0;
+        for c in &culprits {
+            let share = v
+                .table
+                .steal_by
+                .iter()
+                .filter(|b| b.name == *c)
+                .fold(0.0, |sum, b| sum + b.percent);
+            total += share;
+            let _ = write!(out, "<td class=n>{share:.2}</td>");
+        }
+        let _ = writeln!(out, "<td class=n>{total:.2}</td></tr>");
+    }
+    out.push_str("</table>\n");
+}
+
 pub fn render(p: &Profile, r: &Report, source: &str, bins: usize, top: usize) -> Result<String> {
     let timeline = Timeline::build(p, bins)?.svg(&format!("Timeline: {source}"))?;
     let mut flame = Vec::new();
@@ -281,6 +330,9 @@ pub fn render(p: &Profile, r: &Report, source: &str, bins: usize, top: usize) ->
         .has_chains()
         .then(|| crate::views::callgraph::build(p));
     out.push_str("<nav><a href=#timeline>Timeline</a><a href=#flame>Flame graph</a><a href=#host>Host level</a><a href=#guests>Guest level</a>");
+    if r.vms.iter().any(|v| !v.table.steal_by.is_empty()) {
+        out.push_str("<a href=#stolen>Who stole</a>");
+    }
     if calls.is_some() {
         out.push_str("<a href=#calls>Call graph</a>");
     }
@@ -321,6 +373,7 @@ pub fn render(p: &Profile, r: &Report, source: &str, bins: usize, top: usize) ->
     for s in r.sections(None) {
         section(&mut out, &s, top);
     }
+    steal_matrix(&mut out, r);
     if let Some(g) = &calls {
         call_graph_section(&mut out, g, top);
     }

@@ -58,3 +58,45 @@ fn three_vms_on_one_pcpu_steal_from_each_other_alike() {
         }
     }
 }
+
+/// The HTML page has the matrix: a row per VM, a column per culprit, its own cell 0.
+#[test]
+fn the_html_page_says_who_stole_from_whom() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hvprof-analyze"))
+        .arg("html")
+        .arg(data("sched-3vms-1pcpu.log"))
+        .arg("--hypervisor")
+        .arg(data("hvprof-3a995a71.sym"))
+        .arg("--image")
+        .arg(data("mix.elf"))
+        .arg("--no-search")
+        .output()
+        .expect("run hvprof-analyze");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = String::from_utf8_lossy(&out.stdout);
+    let at = page
+        .find("<h2 id=stolen>Who stole from whom</h2>")
+        .expect("the matrix");
+    let table = &page[at..at + page[at..].find("</table>").unwrap()];
+    for vm in ["guestOS1", "guestOS2", "guestOS3"] {
+        assert!(table.contains(&format!("<tr><td>{vm}</td>")), "{table}");
+        assert!(table.contains(&format!("<th>{vm}</th>")), "{table}");
+    }
+    // guestOS1's row: guestOS1 (itself) 0.00, then the other two about a third each.
+    let row = &table[table.find("<tr><td>guestOS1</td>").unwrap()..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    let cells: Vec<f64> = row
+        .split("<td class=n>")
+        .skip(1)
+        .map(|c| c.split('<').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(cells[0] < 0.1, "{row}");
+    assert!(
+        (cells[1] - 32.7).abs() < 1.0 && (cells[2] - 32.7).abs() < 1.0,
+        "{row}"
+    );
+}
