@@ -7,16 +7,17 @@ use serde_json::Value;
 
 use crate::data;
 
-#[test]
-fn three_vms_on_one_pcpu_steal_from_each_other_alike() {
+/// `hvprof-analyze CMD` on the three-VM capture with its symbols; its standard output.
+fn analyze(cmd: &str, extra: &[&str]) -> Vec<u8> {
     let out = Command::new(env!("CARGO_BIN_EXE_hvprof-analyze"))
-        .arg("report")
+        .arg(cmd)
         .arg(data("sched-3vms-1pcpu.log"))
         .arg("--hypervisor")
         .arg(data("hvprof-3a995a71.sym"))
         .arg("--image")
         .arg(data("mix.elf"))
-        .args(["--no-search", "--json"])
+        .arg("--no-search")
+        .args(extra)
         .output()
         .expect("run hvprof-analyze");
     assert!(
@@ -24,7 +25,12 @@ fn three_vms_on_one_pcpu_steal_from_each_other_alike() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    out.stdout
+}
+
+#[test]
+fn three_vms_on_one_pcpu_steal_from_each_other_alike() {
+    let r: Value = serde_json::from_slice(&analyze("report", &["--json"])).unwrap();
     let vms = r["vms"].as_array().unwrap();
     assert_eq!(vms.len(), 3);
     for vm in vms {
@@ -62,22 +68,8 @@ fn three_vms_on_one_pcpu_steal_from_each_other_alike() {
 /// The HTML page has the matrix: a row per VM, a column per culprit, its own cell 0.
 #[test]
 fn the_html_page_says_who_stole_from_whom() {
-    let out = Command::new(env!("CARGO_BIN_EXE_hvprof-analyze"))
-        .arg("html")
-        .arg(data("sched-3vms-1pcpu.log"))
-        .arg("--hypervisor")
-        .arg(data("hvprof-3a995a71.sym"))
-        .arg("--image")
-        .arg(data("mix.elf"))
-        .arg("--no-search")
-        .output()
-        .expect("run hvprof-analyze");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let page = String::from_utf8_lossy(&out.stdout);
+    let html = analyze("html", &[]);
+    let page = String::from_utf8_lossy(&html);
     let at = page
         .find("<h2 id=stolen>Who stole from whom</h2>")
         .expect("the matrix");
