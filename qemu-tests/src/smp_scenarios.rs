@@ -13,7 +13,10 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::linux_scenarios::{LINUX_PERIOD, linux_apic_module, linux_args, linux_machine};
+use crate::linux_scenarios::{
+    LINUX_PERIOD, check_io_apic, check_smp_boot, check_smp_profile, linux_apic_module, linux_args,
+    linux_machine,
+};
 use crate::profile::{ProfileRun, vm};
 use crate::runner::Scenario;
 use crate::vm_scenarios::{all_of, check_exit_code};
@@ -354,6 +357,9 @@ pub fn all() -> Vec<Scenario> {
         )
         .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
         .profile(check_steal),
+        // SMP Linux on two pCPUs, with local APICs, the I/O APIC and ACPI tables (`apic=on`):
+        // the second vCPU started by the guest's INIT-SIPI-SIPI; the two copies of w41; then
+        // COM1's interrupt bound to each vCPU in turn.
         linux_apic_module(
             // Bochs runs both CPUs in one thread: twice a uniprocessor boot's time.
             linux_machine("bochs-linux-smp-pinned")
@@ -361,9 +367,12 @@ pub fn all() -> Vec<Scenario> {
                 .cmdline(&cmdline)
                 .budget(Duration::from_secs(480)),
             "0,1",
-            "hvprof.run=w41 hvprof.arg=800 hvprof.copies=2",
+            "hvprof.run=w41 hvprof.arg=800 hvprof.copies=2 hvprof.irqs=1",
         )
         .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
+        .check(check_smp_boot)
+        .check(check_io_apic)
+        .profile(check_smp_profile)
         .profile(check_pinned),
         linux_apic_module(
             linux_machine("bochs-linux-lock-holder")

@@ -14,27 +14,29 @@ use crate::linux::output;
 use crate::profile::{report_json, report_rows, row_text};
 
 /// A Debian program the stage profiles.
-pub struct DebianRun {
-    /// The run's folder name under the stage's folder.
-    pub out: &'static str,
+pub struct DebianProgram {
     pub package: &'static str,
-    /// The command, as given to `cargo xtask profile --`.
+    /// Its command line, in the guest and under callgrind.
     pub command: &'static [&'static str],
-    /// Environment for both runs (guest and callgrind).
-    pub env: &'static [(&'static str, &'static str)],
     /// Its process name in the guest.
     pub comm: &'static str,
     /// What its output must hold (the answer its input has by construction).
     pub prints: &'static str,
 }
 
+/// The run's folder name under the stage's folder.
+pub const OUT: &str = "run-debian";
+
+/// Environment for every program, in the guest and under callgrind.
+const ENV: &[(&str, &str)] = &[("PYTHONHASHSEED", "0"), ("LC_ALL", "C")];
+
 /// Python 3.11's interpreter (`_PyEval_EvalFrameDefault` and the integer operations are
 /// exported: the interpreter is linked with `-export-dynamic`) on a loop of integer arithmetic,
 /// without `site` (-S) or bytecode files (-B); and Perl's (`Perl_runops_standard`, `Perl_pp_*`).
-/// sum(i*i % 7 for i < 300000) = 599998 and sum(i*i % 7 for 1 <= i <= 400000) = 800002.
-pub const RUNS: [DebianRun; 2] = [
-    DebianRun {
-        out: "run-python",
+/// sum(i*i % 7 for i < 300000) = 599998 and sum(i*i % 7 for 1 <= i <= 400000) = 800002. Both
+/// run in one guest, one after the other: one boot, and each compared by its own process.
+pub const PROGRAMS: [DebianProgram; 2] = [
+    DebianProgram {
         package: "python3.11-minimal",
         command: &[
             "python3.11",
@@ -43,46 +45,72 @@ pub const RUNS: [DebianRun; 2] = [
             "-c",
             "def f(n):\n    s = 0\n    for i in range(n):\n        s += i * i % 7\n    return s\nprint(f(300000))\n",
         ],
-        env: &[("PYTHONHASHSEED", "0"), ("LC_ALL", "C")],
         comm: "python3.11",
         prints: "599998",
     },
-    DebianRun {
-        out: "run-perl",
+    DebianProgram {
         package: "perl-base",
         command: &[
             "perl",
             "-e",
             "my $s = 0; for my $i (1 .. 400000) { $s += $i * $i % 7 } print \"$s\\n\";",
         ],
-        env: &[("LC_ALL", "C")],
         comm: "perl",
         prints: "800002",
     },
 ];
 
-/// The `cargo xtask profile` command of `r`, its output in `dir/r.out`.
-pub fn command(xtask: &Path, dir: &Path, r: &DebianRun) -> Command {
+/// `word` quoted for the shell: as is when it holds only characters the shell leaves alone,
+/// else in single quotes (a single quote inside written as `'\''`).
+fn sh_quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+%@".contains(&b));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
+/// The guest's shell command that runs every program of `programs` in turn, stopping at the
+/// first that fails.
+fn script(programs: &[DebianProgram]) -> String {
+    programs
+        .iter()
+        .map(|p| {
+            p.command
+                .iter()
+                .map(|w| sh_quote(w))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join(" && ")
+}
+
+/// The `cargo xtask profile` command that runs [`PROGRAMS`], its output in `dir/OUT`.
+pub fn command(xtask: &Path, dir: &Path) -> Command {
     let mut c = Command::new(xtask);
-    c.arg("profile")
-        .arg("--out")
-        .arg(dir.join(r.out))
-        .arg("--deb")
-        .arg(r.package);
-    for (k, v) in r.env {
+    c.arg("profile").arg("--out").arg(dir.join(OUT));
+    for p in &PROGRAMS {
+        c.arg("--deb").arg(p.package);
+    }
+    for (k, v) in ENV {
         c.arg("--env").arg(format!("{k}={v}"));
     }
-    c.arg("--").args(r.command);
+    c.args(["--", "sh", "-c", &script(&PROGRAMS)]);
     c.stdin(std::process::Stdio::null());
     c
 }
 
 /// callgrind on the host, on the run's own guest root's binary and libraries, started.
-fn callgrind(dir: &Path, r: &DebianRun) -> Result<(Child, std::path::PathBuf)> {
-    let run = dir.join(r.out);
+fn callgrind(dir: &Path, r: &DebianProgram) -> Result<(Child, std::path::PathBuf)> {
+    let run = dir.join(OUT);
     let root = run.join("root");
     let exe = root.join("usr/bin").join(r.command[0]);
-    let out = run.join("callgrind.out");
+    let out = run.join(format!("callgrind-{}.out", r.comm));
     let libs = format!(
         "{}:{}",
         root.join("lib/x86_64-linux-gnu").display(),
@@ -96,10 +124,10 @@ fn callgrind(dir: &Path, r: &DebianRun) -> Result<(Child, std::path::PathBuf)> {
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("LD_LIBRARY_PATH", libs)
-        .envs(r.env.iter().copied())
+        .envs(ENV.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
-    println!("profile check: {}: {c:?}", r.out);
+    println!("profile check: {OUT}: {c:?}");
     let child = c
         .spawn()
         .context("cannot run valgrind (Debian's valgrind package)")?;
@@ -201,42 +229,56 @@ fn compare(ours: &Shares, theirs: &Shares, floor: f64) -> Vec<(String, f64, f64)
         .collect()
 }
 
-/// Checks the finished runs of [`RUNS`] (their outputs in the same order): status 0, the
-/// expected output, and every function of ≥ 5 % within 2 points of callgrind's share.
-pub fn check(dir: &Path, outputs: &[Output]) -> Vec<String> {
+/// Checks the finished run of [`PROGRAMS`]: status 0, each program's expected output, and for
+/// each, every function of ≥ 5 % within 2 points of callgrind's share.
+pub fn check(dir: &Path, out: &Output) -> Vec<String> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let missing: Vec<&str> = PROGRAMS
+        .iter()
+        .map(|p| p.prints)
+        .filter(|want| !stdout.contains(want))
+        .collect();
+    if out.status.code() != Some(0) || !missing.is_empty() {
+        return vec![format!(
+            "{OUT}: status {:?} (want 0), stdout {:?} (missing {missing:?}); stderr: {}",
+            out.status.code(),
+            stdout.trim(),
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .filter(|l| l.starts_with("xtask"))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        )];
+    }
     let mut errors = Vec::new();
     let mut started = Vec::new();
-    for (r, out) in RUNS.iter().zip(outputs) {
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        if out.status.code() != Some(0) || !stdout.contains(r.prints) {
-            errors.push(format!(
-                "{}: status {:?} (want 0), stdout {:?} (want {}); stderr: {}",
-                r.out,
-                out.status.code(),
-                stdout.trim(),
-                r.prints,
-                String::from_utf8_lossy(&out.stderr)
-                    .lines()
-                    .filter(|l| l.starts_with("xtask"))
-                    .collect::<Vec<_>>()
-                    .join(" | ")
-            ));
-            continue;
-        }
-        match callgrind(dir, r) {
-            Ok(c) => started.push((r, c)),
-            Err(e) => errors.push(format!("{}: {e:#}", r.out)),
+    for p in &PROGRAMS {
+        match callgrind(dir, p) {
+            Ok(c) => started.push((p, c)),
+            Err(e) => errors.push(format!("{OUT}: {}: {e:#}", p.comm)),
         }
     }
-    for (r, (child, file)) in started {
-        if let Err(e) = compare_run(dir, r, child, &file) {
-            errors.push(format!("{}: {e:#}", r.out));
+    let report = match report_json(&dir.join(OUT), 100_000) {
+        Ok(r) => r,
+        Err(e) => {
+            errors.push(format!("{OUT}: {e:#}"));
+            return errors;
+        }
+    };
+    for (p, (child, file)) in started {
+        if let Err(e) = compare_program(&report, p, child, &file) {
+            errors.push(format!("{OUT}: {}: {e:#}", p.comm));
         }
     }
     errors
 }
 
-fn compare_run(dir: &Path, r: &DebianRun, child: Child, file: &Path) -> Result<()> {
+fn compare_program(
+    report: &serde_json::Value,
+    r: &DebianProgram,
+    child: Child,
+    file: &Path,
+) -> Result<()> {
     let done = child.wait_with_output()?;
     if !done.status.success() {
         bail!(
@@ -252,12 +294,11 @@ fn compare_run(dir: &Path, r: &DebianRun, child: Child, file: &Path) -> Result<(
         hint,
     )?;
     let theirs = callgrind_shares(&text);
-    let report = report_json(&dir.join(r.out), 100_000)?;
-    let (ours, samples) = report_shares(&report, r.comm)?;
+    let (ours, samples) = report_shares(report, r.comm)?;
     let rows = compare(&ours, &theirs, 5.0);
     println!(
-        "profile check: {}: {} ({samples} user-mode samples) against callgrind, functions of 5 % or more:",
-        r.out, r.comm
+        "profile check: {OUT}: {} ({samples} user-mode samples) against callgrind, functions of 5 % or more:",
+        r.comm
     );
     let mut bad = Vec::new();
     for (name, o, t) in &rows {
@@ -278,6 +319,33 @@ fn compare_run(dir: &Path, r: &DebianRun, child: Child, file: &Path) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_guest_script_quotes_what_the_shell_would_change() {
+        assert_eq!(sh_quote("python3.11"), "python3.11");
+        assert_eq!(sh_quote("-S"), "-S");
+        assert_eq!(sh_quote(""), "''");
+        assert_eq!(sh_quote("a b"), "'a b'");
+        assert_eq!(sh_quote("it's $x"), "'it'\\''s $x'");
+        let s = script(&PROGRAMS);
+        assert!(s.starts_with("python3.11 -S -B -c 'def f(n):\n"), "{s}");
+        assert!(s.contains("' && perl -e 'my $s = 0;"), "{s}");
+        // What sh hands each program is its command, byte for byte.
+        let out = std::process::Command::new("sh")
+            .args(["-c", &format!("printf '%s\\0' {}", s.replace(" && ", " "))])
+            .output()
+            .unwrap();
+        let words: Vec<&[u8]> = out
+            .stdout
+            .split(|&b| b == 0)
+            .filter(|w| !w.is_empty())
+            .collect();
+        let want: Vec<&[u8]> = PROGRAMS
+            .iter()
+            .flat_map(|p| p.command.iter().map(|w| w.as_bytes()))
+            .collect();
+        assert_eq!(words, want);
+    }
 
     #[test]
     fn callgrind_rows_by_function_and_unnamed_code_by_file() {

@@ -55,6 +55,9 @@ static mut BOOT_INFO_COPY: BootInfoCopy = BootInfoCopy([0; BOOT_INFO_MAX]);
 /// off, the first 4 GiB identity-mapped.
 #[unsafe(no_mangle)]
 extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
+    // The firmware's and the loader's time before the hypervisor (in an emulator that counts
+    // instructions, their instructions), for the boot line.
+    let entry_tsc = tsc::rdtsc();
     console::init(cmdline::DEFAULT_SERIAL);
     mask_pic();
     // The boot CPU is pCPU 0.
@@ -103,7 +106,7 @@ extern "C" fn hvprof_boot_main(magic: u32, info_addr: u32) -> ! {
         }
     };
     println!(
-        "boot: loader \"{}\" cmdline \"{}\"",
+        "boot: loader \"{}\" cmdline \"{}\"; entered at TSC {entry_tsc}",
         boot.bootloader_name().unwrap_or("unknown"),
         boot.cmdline().unwrap_or("")
     );

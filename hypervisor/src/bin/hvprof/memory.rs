@@ -53,6 +53,13 @@ pub fn alloc_zeroed(bytes: u64, align: u64) -> Option<u64> {
     Some(addr)
 }
 
+/// Allocates physically contiguous memory as `alloc_zeroed` does, without zeroing it: for a
+/// buffer that is written before it is read, whose size makes zeroing cost (the export's
+/// `export=end` store takes the free memory: 373 MB of `rep stos`, 2 s of a Bochs boot).
+pub fn alloc_uninit(bytes: u64, align: u64) -> Option<u64> {
+    FRAMES.lock().as_mut()?.take(bytes, align)
+}
+
 /// Free memory left in the frame allocator, in bytes.
 pub fn free_bytes() -> u64 {
     FRAMES.lock().as_ref().map_or(0, FreeRanges::total_bytes)

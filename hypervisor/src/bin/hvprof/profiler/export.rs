@@ -180,7 +180,7 @@ pub fn init(
                 frame: alloc_slice::<u8>(FRAME_BUF as u64),
                 records: alloc_slice::<Record>(BLOCK as u64),
                 frames: alloc_slice::<u64>(BLOCK_FRAMES as u64),
-                stored: alloc_slice::<MaybeUninit<Slot>>(per_cpu),
+                stored: alloc_uninit_slice::<Slot>(per_cpu),
                 head: 0,
                 len: 0,
                 tasks: alloc_slice::<Task>(tasks as u64),
@@ -230,11 +230,30 @@ fn alloc_slice<T>(count: u64) -> &'static mut [T] {
     match memory::alloc_zeroed(bytes, 4096) {
         // SAFETY: fresh zeroed memory for `count` values, aligned to a page (more than any `T`
         // here needs), owned by the exporter for the life of the machine. It is used only for
-        // `u8`, `u64`, `MaybeUninit<Slot>`, `Record` and `Task`, for which all-zero bytes are
-        // valid values (integers, any bytes, fixed strings of length 0, and for `Record` the
+        // `u8`, `u64`, `Record` and `Task`, for which all-zero bytes are
+        // valid values (integers, fixed strings of length 0, and for `Record` the
         // sample variant, tag 0, of all-zero fields: the `Chain` byte 0 is a complete chain of
         // no frames, and the kinds are `#[repr(u8)]` enums whose 0 is a variant).
         Some(addr) => unsafe { core::slice::from_raw_parts_mut(addr as *mut T, count as usize) },
+        None => &mut [],
+    }
+}
+
+/// A slice of `count` values not yet written, from the frame allocator, for the life of the
+/// machine (empty if there is no memory): not zeroed, as its size is most of the machine's
+/// memory.
+fn alloc_uninit_slice<T>(count: u64) -> &'static mut [MaybeUninit<T>] {
+    if count == 0 {
+        return &mut [];
+    }
+    let bytes = count.saturating_mul(core::mem::size_of::<T>() as u64);
+    match memory::alloc_uninit(bytes, 4096) {
+        // SAFETY: fresh memory for `count` values, aligned to a page (more than any `T` here
+        // needs), owned by the exporter for the life of the machine; any bytes are a valid
+        // `MaybeUninit<T>`.
+        Some(addr) => unsafe {
+            core::slice::from_raw_parts_mut(addr as *mut MaybeUninit<T>, count as usize)
+        },
         None => &mut [],
     }
 }
@@ -394,7 +413,7 @@ fn without_sampling<R>(f: impl FnOnce() -> R) -> R {
 /// not full for it).
 fn move_ring(log: &mut CpuLog, p: &CpuProfiler) -> bool {
     let cap = log.stored.len();
-    let waiting = p.ring.waiting();
+    let waiting = p.ring().waiting();
     let room = cap - log.len;
     let take = if waiting.len() <= room {
         waiting.len()
@@ -416,13 +435,13 @@ fn move_ring(log: &mut CpuLog, p: &CpuProfiler) -> bool {
     waiting.copy_into(0, &mut log.stored[at..at + first]);
     waiting.copy_into(first, &mut log.stored[..take - first]);
     log.len += take;
-    p.ring.advance(take);
+    p.ring().advance(take);
     take < waiting.len()
 }
 
 /// Whether `drain_if_full` has work: a block's worth of records, or a task change.
 pub fn wants_drain(p: &CpuProfiler) -> bool {
-    p.ring.len() >= BLOCK || !p.tasks.is_empty()
+    p.ring().len() >= BLOCK || !p.tasks().is_empty()
 }
 
 /// Called by the run loop after each exit (and by the scheduler and the idle loop): moves what the
@@ -456,7 +475,7 @@ fn drain(p: &CpuProfiler, all: bool) -> u64 {
     let t0 = rdtsc();
     let mut guard = cell.lock();
     let log = &mut *guard;
-    while let Some(t) = p.tasks.pop() {
+    while let Some(t) = p.tasks().pop() {
         match ex.mode {
             Export::Stream => ex.send_task(log, &t),
             Export::End if log.tasks.is_empty() => log.task_drops += 1,
@@ -492,18 +511,18 @@ fn drain(p: &CpuProfiler, all: bool) -> u64 {
             // (a short period on a slow channel), the samples of the sending would otherwise keep
             // it going forever and the guests would never run again. What is left waits for the
             // next drain; a ring that fills counts its drops.
-            let mut budget = if all { usize::MAX } else { p.ring.len() };
+            let mut budget = if all { usize::MAX } else { p.ring().len() };
             loop {
-                if !all && (p.ring.len() < BLOCK || budget == 0) {
+                if !all && (p.ring().len() < BLOCK || budget == 0) {
                     break;
                 }
-                let waiting = p.ring.waiting();
+                let waiting = p.ring().waiting();
                 let (taken, made) =
                     fill_block(|i| waiting.get(i), &mut log.records[..BLOCK], log.frames);
                 if taken == 0 {
                     break;
                 }
-                p.ring.advance(taken);
+                p.ring().advance(taken);
                 budget = budget.saturating_sub(taken);
                 ex.send_block(log, made);
             }
@@ -569,14 +588,14 @@ pub fn finish() {
             // The normal end-of-run export (not counted as a flush of a full buffer).
             ex.flush(&mut ex.cpus[cpu].lock(), p, 0);
         }
-        RECORDS_TAKEN.fetch_add(p.ring.pushed() + p.ring.dropped(), Ordering::Relaxed);
+        RECORDS_TAKEN.fetch_add(p.ring().pushed() + p.ring().dropped(), Ordering::Relaxed);
     }
     let totals: Vec<_> = (0..pcpus)
         .map(|cpu| {
             ex.cpus[cpu]
                 .lock()
                 .encoder
-                .totals(sampler::cpu(cpu).ring.dropped())
+                .totals(sampler::cpu(cpu).ring().dropped())
         })
         .collect();
     let costs: Vec<PcpuCost> = (0..pcpus)
@@ -752,9 +771,9 @@ fn report(ex: &Exporter, totals: &[hvprof_samplelog::PcpuTotals]) {
         );
     }
     let task_drops: u64 = (0..pcpus)
-        .map(|c| sampler::cpu(c).tasks.dropped() + ex.cpus[c].lock().task_drops)
+        .map(|c| sampler::cpu(c).tasks().dropped() + ex.cpus[c].lock().task_drops)
         .sum();
-    let tasks: u64 = (0..pcpus).map(|c| sampler::cpu(c).tasks.pushed()).sum();
+    let tasks: u64 = (0..pcpus).map(|c| sampler::cpu(c).tasks().pushed()).sum();
     if tasks + task_drops > 0 {
         println!(
             "profiler: guest task changes: {tasks} recorded, {task_drops} dropped (task ring full)"
@@ -774,7 +793,7 @@ fn report(ex: &Exporter, totals: &[hvprof_samplelog::PcpuTotals]) {
             let (n, mean, min, max) = p.cost();
             println!(
                 "profiler: pCPU {cpu}: {} records taken, {} dropped, {} samples and {} events in {} blocks; sample path mean {mean}, min {min}, max {max} ticks over {n} samples",
-                p.ring.pushed() + p.ring.dropped(),
+                p.ring().pushed() + p.ring().dropped(),
                 t.ring_drops,
                 t.samples,
                 t.events,

@@ -51,12 +51,28 @@ pub fn frame_pointer() -> u64 {
 pub const RING_RECORDS: usize = 4096;
 pub const TASK_RECORDS: usize = 256;
 
+/// A pCPU's rings, apart from its `CpuProfiler`: all zero at start, so that they take no room
+/// in the hypervisor's file (`.bss`). Inside the profilers, whose sentinels (`u64::MAX`, ...)
+/// put them in `.data`, they made the file 4.5 MB larger, and a loader copies a file byte by
+/// byte (GRUB: 11 instructions a byte in Bochs, 50 M instructions at every boot).
+pub struct Rings {
+    /// Samples and events, on their way to the export.
+    pub samples: Ring<Slot, RING_RECORDS>,
+    /// Task changes of Linux guests read at samples (rare: only when the task differs).
+    pub tasks: Ring<hvprof_samplelog::Task, TASK_RECORDS>,
+}
+
+/// Every pCPU's rings, indexed by pCPU number.
+static RINGS: [Rings; MAX_CPUS] = [const {
+    Rings {
+        samples: Ring::new(),
+        tasks: Ring::new(),
+    }
+}; MAX_CPUS];
+
 /// This pCPU's profiler state. Shared between the run loop and the timer/NMI handlers of the
 /// same CPU, so every field is atomic.
 pub struct CpuProfiler {
-    pub ring: Ring<Slot, RING_RECORDS>,
-    /// Task changes of Linux guests read at samples (rare: only when the task differs).
-    pub tasks: Ring<hvprof_samplelog::Task, TASK_RECORDS>,
     /// The sampling deadlines (`DeadlineClock`: the one place that decides a deadline sample is
     /// due).
     clock: DeadlineClock,
@@ -110,8 +126,6 @@ const CS_AR_L: u32 = 1 << 13;
 impl CpuProfiler {
     pub const fn new() -> Self {
         CpuProfiler {
-            ring: Ring::new(),
-            tasks: Ring::new(),
             clock: DeadlineClock::new(),
             current: AtomicU64::new(pack(NO_VM, NO_VCPU, 0, NO_EXIT)),
             path: PathCost::new(),
@@ -179,6 +193,19 @@ impl CpuProfiler {
     pub fn pcpu(&self) -> usize {
         (self as *const CpuProfiler as usize - CPUS.as_ptr() as usize)
             / core::mem::size_of::<CpuProfiler>()
+    }
+}
+
+impl CpuProfiler {
+    /// This pCPU's ring of samples and events.
+    #[inline(always)]
+    pub fn ring(&self) -> &'static Ring<Slot, RING_RECORDS> {
+        &RINGS[self.pcpu()].samples
+    }
+
+    /// This pCPU's ring of task changes.
+    pub fn tasks(&self) -> &'static Ring<hvprof_samplelog::Task, TASK_RECORDS> {
+        &RINGS[self.pcpu()].tasks
     }
 }
 
@@ -295,7 +322,7 @@ impl CpuProfiler {
         }
         // Built straight into the ring's slot (`push_with`), not copied through temporaries.
         self.exclusive(|drops| {
-            self.ring
+            self.ring()
                 .push_with(1, |_| Slot::Record(Stamped { record, drops }))
         });
     }
@@ -304,7 +331,7 @@ impl CpuProfiler {
     fn offer_with_frames(&self, record: Record, frames: &[u64]) {
         self.exclusive(|drops| {
             let stamped = Stamped { record, drops };
-            self.ring.push_with(slots::slots_for(frames.len()), |i| {
+            self.ring().push_with(slots::slots_for(frames.len()), |i| {
                 slots::slot(stamped, frames, i)
             })
         });
@@ -316,10 +343,10 @@ impl CpuProfiler {
     fn exclusive(&self, push: impl FnOnce(u64) -> bool) {
         x86_64::instructions::interrupts::without_interrupts(|| {
             if self.pushing.swap(true, Ordering::Acquire) {
-                self.ring.count_drop();
+                self.ring().count_drop();
                 return;
             }
-            push(self.ring.dropped());
+            push(self.ring().dropped());
             self.pushing.store(false, Ordering::Release);
         });
     }
@@ -761,7 +788,7 @@ impl CpuProfiler {
     /// Called by the run loop (interrupts off) after a guest sample.
     pub fn task_changed(&self, t: hvprof_samplelog::Task) {
         if self.enabled() {
-            self.tasks.push(t);
+            self.tasks().push(t);
         }
     }
 
