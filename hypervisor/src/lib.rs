@@ -16,5 +16,6 @@ pub mod mmio_decode;
 pub mod output_store;
 pub mod profiler;
 pub mod rate;
+pub mod spin_sites;
 pub mod vm_config;
 pub mod vmcs_setup;

@@ -42,6 +42,31 @@ pub enum Format {
     Linux,
 }
 
+/// `ple=`: what a spinning vCPU does (PAUSE-loop exiting, SDM Vol. 3C §25.6.13 and §26.1.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Ple {
+    /// No PAUSE-loop exits: a vCPU that spins keeps its pCPU to the end of its slice.
+    #[default]
+    Off,
+    /// A PAUSE loop at CPL 0 longer than the window exits, and the vCPU gives up the rest of its
+    /// slice to the next vCPU in turn.
+    On,
+    /// As `On`, and the pCPU goes first to a preempted vCPU of the same VM (the lock holder or
+    /// the IPI target the spinner waits for, likely): KVM's directed yield.
+    Directed,
+}
+
+impl Ple {
+    /// The value as `ple=` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ple::Off => "off",
+            Ple::On => "on",
+            Ple::Directed => "directed",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VmConfig<'a> {
     pub name: &'a str,
@@ -88,6 +113,8 @@ pub struct VmConfig<'a> {
     /// output leaf (docs/GUEST-ABI.md), kept and sent after the run as output frames; 0 (the
     /// default): no output leaf.
     pub output: u64,
+    /// `ple=off|on|directed` (default off): pause-loop exiting and what a PLE exit does.
+    pub ple: Ple,
     /// Every argument after the image name, passed to the guest as is.
     pub args: &'a str,
 }
@@ -146,6 +173,7 @@ pub enum ConfigError<'a> {
     BadUnwind(&'a str),
     BadApic(&'a str),
     BadOutput(&'a str),
+    BadPle(&'a str),
     PinCount { pins: usize, vcpus: u16 },
     Repeated(&'a str),
 }
@@ -214,6 +242,7 @@ impl fmt::Display for ConfigError<'_> {
                 f,
                 "output={v:?}: expected a size with a K, M or G suffix up to 1G, e.g. output=16M"
             ),
+            ConfigError::BadPle(v) => write!(f, "ple={v:?}: expected off, on or directed"),
             ConfigError::BadUnwind(v) => write!(
                 f,
                 "unwind={v:?}: expected 1 to {UNWIND_MAX} boot module names separated by commas"
@@ -255,6 +284,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
     let mut unwind = None;
     let mut apic = None;
     let mut output = None;
+    let mut ple = None;
     let positive = |v: &str| v.parse::<u64>().ok().filter(|&n| n > 0);
     for word in words {
         let Some((key, value)) = word.split_once('=') else {
@@ -322,6 +352,16 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                 parse_size(value)
                     .filter(|n| (1..=OUTPUT_MAX).contains(n))
                     .ok_or(ConfigError::BadOutput(value))?,
+            )?,
+            "ple" => set(
+                &mut ple,
+                key,
+                match value {
+                    "off" => Ple::Off,
+                    "on" => Ple::On,
+                    "directed" => Ple::Directed,
+                    _ => return Err(ConfigError::BadPle(value)),
+                },
             )?,
             "apic" => set(
                 &mut apic,
@@ -391,6 +431,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
         apic: apic.is_some_and(|(on, _)| on),
         apic_virtualization: apic.is_some_and(|(_, virtualized)| virtualized),
         output: output.unwrap_or(0),
+        ple: ple.unwrap_or_default(),
         budget: budget.unwrap_or(BUDGET_DEFAULT),
         wall_budget: wall_budget.unwrap_or_else(|| {
             budget
@@ -423,7 +464,7 @@ fn parse_name(n: &str) -> Result<&str, ConfigError<'_>> {
 }
 
 /// The keys the hypervisor takes from a module's command line (the rest goes to the guest).
-pub const KEYS: [&str; 16] = [
+pub const KEYS: [&str; 17] = [
     "vm",
     "mem",
     "budget",
@@ -440,6 +481,7 @@ pub const KEYS: [&str; 16] = [
     "unwind",
     "apic",
     "output",
+    "ple",
 ];
 
 /// The module's arguments without the hypervisor's keys: a Linux guest's kernel command line.
@@ -551,6 +593,22 @@ mod tests {
             Err(ConfigError::BadOutput("lots"))
         );
         assert!(guest_args("x output=1M quiet").eq(["x", "quiet"]));
+        assert_eq!(parse("x.elf").unwrap().ple, Ple::Off);
+        for (v, want) in [
+            ("off", Ple::Off),
+            ("on", Ple::On),
+            ("directed", Ple::Directed),
+        ] {
+            let line = format!("x.elf ple={v}");
+            let c = parse(&line).unwrap();
+            assert_eq!((c.ple, c.ple.as_str()), (want, v));
+        }
+        assert_eq!(parse("x.elf ple=yes"), Err(ConfigError::BadPle("yes")));
+        assert_eq!(
+            parse("x.elf ple=on ple=off"),
+            Err(ConfigError::Repeated("ple"))
+        );
+        assert!(guest_args("x ple=on quiet").eq(["x", "quiet"]));
         assert_eq!(
             parse("x.elf mem=99999999999999999999M"),
             Err(ConfigError::BadMem("99999999999999999999M"))

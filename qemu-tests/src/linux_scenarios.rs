@@ -127,10 +127,16 @@ pub(crate) fn check_apic_virtualization(log: &SerialLog, vm: &str, on: bool) -> 
 /// pinned as `pin` says, and /init's options `init`: the kernel command line without `acpi=off
 /// nolapic`.
 pub(crate) fn linux_apic_module(s: Scenario, pin: &str, init: &str) -> Scenario {
+    linux_smp_module(s, &format!("apic=on vcpus=2 pin={pin}"), init)
+}
+
+/// Linux VM `linux` with the hypervisor's keys `keys` (`apic=on vcpus=N pin=...` and others)
+/// and /init's options `init`: the kernel command line without `acpi=off nolapic`.
+pub(crate) fn linux_smp_module(s: Scenario, keys: &str, init: &str) -> Scenario {
     linux_module(
         s,
         "linux",
-        &format!("apic=on vcpus=2 pin={pin}"),
+        keys,
         &KERNEL_CMDLINE.replace(" acpi=off nolapic", ""),
         init,
     )

@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::linux_scenarios::{
     LINUX_PERIOD, check_io_apic, check_smp_boot, check_smp_profile, linux_apic_module, linux_args,
-    linux_machine,
+    linux_machine, linux_smp_module,
 };
 use crate::profile::{ProfileRun, vm};
 use crate::runner::Scenario;
@@ -383,7 +383,197 @@ pub fn all() -> Vec<Scenario> {
         )
         .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
         .profile(check_lock_holder),
+        ple_scenario("bochs-linux-ple-off", "off"),
+        ple_scenario("bochs-linux-ple-on", "on"),
+        ple_scenario("bochs-linux-ple-directed", "directed"),
     ]
+}
+
+/// The arguments of shootdown in the pause-loop scenarios: 40 changes of 20,000 loop steps,
+/// the sibling thread on CPU 2, a busy process on CPU 1.
+pub const SHOOTDOWN_ARGS: &str = "40,20000,2,1";
+
+/// Pause-loop exiting (`ple=`): shootdown on three vCPUs that share one pCPU. Its thread on
+/// vCPU 0 changes the page tables its sibling thread on vCPU 2 uses, and waits at CPL 0 for each
+/// shootdown IPI, which the preempted vCPU 2 takes only when it runs again; vCPU 1 runs a busy
+/// process. `off`: vCPU 0 spins to the end of its slice; `on`: a PLE window, then the pCPU goes
+/// to the next vCPU in turn (vCPU 1, busy, before vCPU 2); `directed`: to vCPU 2 first.
+fn ple_scenario(name: &str, ple: &'static str) -> Scenario {
+    let cmdline = format!("export=end channel=lpt {LINUX_PERIOD} slice=2ms");
+    linux_smp_module(
+        linux_machine(name)
+            .cmdline(&cmdline)
+            .budget(Duration::from_secs(300)),
+        &format!("apic=on vcpus=3 pin=0,0,0 ple={ple}"),
+        &format!("hvprof.run=shootdown hvprof.arg={SHOOTDOWN_ARGS}"),
+    )
+    .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
+    .profile(move |run| check_ple(run, ple))
+}
+
+/// The scenarios [`check_ple_diff`] compares.
+pub const PLE_DIFF: [&str; 2] = ["bochs-linux-ple-off", "bochs-linux-ple-on"];
+
+/// `hvprof-analyze diff` of the two pause-loop captures [`PLE_DIFF`] (in `out_dir`, each
+/// scenario's folder) names [`SPIN_FUNCTION`] as VM linux's largest change, a loss of share
+/// with PLE on; and the spinning line appears (0 without PLE). Returns that change.
+pub fn check_ple_diff(
+    out_dir: &std::path::Path,
+    analyzer: &std::path::Path,
+) -> Result<String, String> {
+    let capture = |name: &str| out_dir.join(name).join(crate::profile::CAPTURE);
+    let out = std::process::Command::new(analyzer)
+        .arg("diff")
+        .arg("--json")
+        .arg(capture(PLE_DIFF[0]))
+        .arg(capture(PLE_DIFF[1]))
+        .args(linux_args())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", analyzer.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "hvprof-analyze diff failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let d: Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("hvprof-analyze diff --json: {e}"))?;
+    let linux = d
+        .get("vms")
+        .and_then(Value::as_array)
+        .and_then(|v| {
+            v.iter()
+                .find(|m| m.get("name").and_then(Value::as_str) == Some("linux"))
+        })
+        .ok_or("the diff has no VM linux")?;
+    let first = linux
+        .pointer("/functions/0")
+        .ok_or("the diff of VM linux has no functions")?;
+    let function = first.get("function").and_then(Value::as_str).unwrap_or("");
+    let delta = first
+        .get("delta")
+        .and_then(Value::as_f64)
+        .unwrap_or(f64::NAN);
+    let spinning = linux.pointer("/spinning/b").and_then(Value::as_f64);
+    let said = format!(
+        "{function} {delta:+.2} points (A {} %, B {} %); spinning with PLE on {spinning:?} %",
+        first.get("a_percent").unwrap_or(&Value::Null),
+        first.get("b_percent").unwrap_or(&Value::Null)
+    );
+    if function != SPIN_FUNCTION || delta >= 0.0 || spinning.is_none() {
+        return Err(format!(
+            "diff {} {}: the largest change should be less time in {SPIN_FUNCTION}, and the spinning line should be there: {said}",
+            PLE_DIFF[0], PLE_DIFF[1]
+        ));
+    }
+    Ok(said)
+}
+
+/// The kernel function whose PAUSE loop waits for a shootdown IPI (`csd_lock_wait`, inlined).
+pub const SPIN_FUNCTION: &str = "smp_call_function_many_cond";
+
+/// Where vCPU 0 of VM 0 went after each of its yields (out events `Yielded`): the vCPU the
+/// pCPU ran next, counted per vCPU.
+fn after_yields(capture: &[u8]) -> HashMap<u16, u64> {
+    use hvprof_samplelog::{EventKind, OutReason, Record};
+    let d = hvprof_samplelog::decode(capture);
+    let mut next = HashMap::new();
+    for log in d.pcpus.values() {
+        let mut yielded = false;
+        for r in &log.records {
+            let Record::Event(e) = r else { continue };
+            match (e.kind, e.reason) {
+                (EventKind::VcpuOut, OutReason::Yielded) if (e.vm, e.vcpu) == (0, 0) => {
+                    yielded = true;
+                }
+                (EventKind::VcpuIn, _) if yielded => {
+                    *next.entry(e.vcpu).or_insert(0) += 1;
+                    yielded = false;
+                }
+                _ => {}
+            }
+        }
+    }
+    next
+}
+
+/// The pause-loop scenarios (see [`ple_scenario`]), over shootdown's stretch of host time:
+/// - samples and events agree on each vCPU's idle and steal within 1 point;
+/// - `off`: vCPU 0 spins in `smp_call_function_many_cond` (at least 10 % of its samples), and
+///   the report has no pause-loop exits;
+/// - `on` and `directed`: at least one pause-loop exit per change, most of them in
+///   `smp_call_function_many_cond`; vCPU 0's spinning from its exits (each a PLE window) and its
+///   samples in the function agree within 2 points; after its yields the pCPU went to vCPU 1
+///   first (`on`, in turn) or to vCPU 2 (`directed`, the preempted sibling the IPI waits for),
+///   nine times in ten at least.
+fn check_ple(run: &ProfileRun, ple: &str) -> Result<(), String> {
+    let samples = script_samples(run)?;
+    let window = process_window(&samples, &["shootdown"])?;
+    let report = report_during(run, &window, &[])?;
+    let linux = vm(&report, "linux")?;
+    let vcpus = linux
+        .get("vcpus")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if vcpus.len() != 3 {
+        return Err(format!("{} vCPUs in the report, expected 3", vcpus.len()));
+    }
+    let mut errors = events_agree(&vcpus);
+    let v0 = &vcpus[0];
+    let spin = share(v0, SPIN_FUNCTION, None);
+    let pause_loop = linux.get("pause_loop");
+    if ple == "off" {
+        if spin < 10.0 {
+            errors.push(format!(
+                "without pause-loop exiting, vCPU 0 should spin in {SPIN_FUNCTION} for the shootdowns: {spin:.1}% of its samples; {}",
+                summary(v0)
+            ));
+        }
+        if let Some(p) = pause_loop {
+            errors.push(format!(
+                "ple=off, yet the report has pause-loop exiting: {p}"
+            ));
+        }
+        return all_of(errors.into_iter().map(Err));
+    }
+    let Some(p) = pause_loop else {
+        return Err(format!(
+            "ple={ple}, yet the report has no pause-loop exiting"
+        ));
+    };
+    let exits = p.get("exits").and_then(Value::as_u64).unwrap_or(0);
+    let changes: u64 = SHOOTDOWN_ARGS
+        .split(',')
+        .next()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let top = p.pointer("/sites/0/function").and_then(Value::as_str);
+    if p.get("mode").and_then(Value::as_str) != Some(ple)
+        || exits < changes
+        || top != Some(SPIN_FUNCTION)
+    {
+        errors.push(format!(
+            "ple={ple}: expected at least {changes} pause-loop exits, most in {SPIN_FUNCTION}: {p}"
+        ));
+    }
+    let spinning = field(v0, "/exact/spinning");
+    if spinning.is_nan() || (spinning - spin).abs() > 2.0 {
+        errors.push(format!(
+            "vCPU 0's spinning from its pause-loop exits ({spinning:.2}%) and its samples in {SPIN_FUNCTION} ({spin:.2}%) should agree within 2 points"
+        ));
+    }
+    let next = after_yields(&run.capture);
+    let yields: u64 = next.values().sum();
+    let want = if ple == "directed" { 2 } else { 1 };
+    let to_want = next.get(&want).copied().unwrap_or(0);
+    if yields == 0 || 10 * to_want < 9 * yields {
+        errors.push(format!(
+            "ple={ple}: after vCPU 0's {yields} yields the pCPU should go to vCPU {want} nine times in ten at least; it went to (vCPU: times) {next:?}"
+        ));
+    }
+    all_of(errors.into_iter().map(Err))
 }
 
 #[cfg(test)]

@@ -119,6 +119,8 @@ pub mod proc2 {
     pub const ENABLE_VPID: u32 = 1 << 5;
     pub const WBINVD_EXITING: u32 = 1 << 6;
     pub const UNRESTRICTED_GUEST: u32 = 1 << 7;
+    /// A PAUSE loop at CPL 0 longer than PLE_Window exits (§25.6.13, §26.1.3).
+    pub const PAUSE_LOOP_EXITING: u32 = 1 << 10;
     pub const ENABLE_INVPCID: u32 = 1 << 12;
     pub const ENABLE_PML: u32 = 1 << 17;
     pub const ENABLE_XSAVES: u32 = 1 << 20;

@@ -7,7 +7,8 @@
 //! bzImage               the kernel as Debian ships it (linux-image-*-cloud-amd64)
 //! vmlinux               its decompressed ELF (stripped, with kallsyms and .BTF inside)
 //! config                the kernel's .config
-//! bin/                  w41, w41-fp and zeroread (frame pointers), shor, hvexit, hvrun, lockholder: static
+//! bin/                  w41, w41-fp and zeroread (frame pointers), shor, hvexit, hvrun, lockholder,
+//!                       shootdown: static
 //!                       non-PIE workloads built with the host gcc
 //! bin/                  shor-dyn, hashload: dynamic PIE workloads against Debian's libraries
 //! root/                 the guest's file tree (the initramfs is made of it, less
@@ -54,7 +55,7 @@ pub const MODULES: [&str; 3] = [
 const DEBUG_DIR: &str = "usr/lib/debug";
 
 /// The programs built into the guest's /bin.
-const GUEST_PROGRAMS: [&str; 9] = [
+const GUEST_PROGRAMS: [&str; 10] = [
     "w41",
     "w41-fp",
     "zeroread",
@@ -64,6 +65,7 @@ const GUEST_PROGRAMS: [&str; 9] = [
     "shor-dyn",
     "hashload",
     "lockholder",
+    "shootdown",
 ];
 
 /// The workloads and their default arguments in the guest (a few hundred million instructions
@@ -500,6 +502,13 @@ pub fn image(refresh: bool) -> Result<()> {
         &[&src.join("lockholder.c")],
         &["-pthread"],
     )?;
+    // A thread whose page-table changes need TLB shootdowns of its sibling's CPU, for
+    // pause-loop exiting (the kernel spins at CPL 0 for the IPI).
+    gcc(
+        &bin.join("shootdown"),
+        &[&src.join("shootdown.c")],
+        &["-pthread"],
+    )?;
     let q = extract_dir.join("usr");
     let include = format!("-I{}", q.join("include").display());
     let libquantum = q.join("lib/x86_64-linux-gnu/libquantum.a");
@@ -565,6 +574,7 @@ pub fn image(refresh: bool) -> Result<()> {
         "bin/shor-dyn",
         "bin/hashload",
         "bin/lockholder",
+        "bin/shootdown",
     ] {
         files.insert(name.into(), json!(size(&dir.join(name))?));
     }

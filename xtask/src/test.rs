@@ -8,6 +8,7 @@ use qemu_tests::runner::{
     REFERENCE_BOCHS_SPEED, RunnerConfig, calibrate, default_jobs, run_scenarios, select,
 };
 use qemu_tests::scenarios;
+use qemu_tests::smp_scenarios::{PLE_DIFF, check_ple_diff};
 
 use crate::build::{TARGET, build_analyzer, build_hypervisor, cargo, ensure_rust_target};
 use crate::target_dir;
@@ -237,6 +238,22 @@ pub fn test(filter: Option<&str>, no_e2e: bool, e2e_only: bool) -> Result<ExitCo
                         }
                     }
                     let summary = run_scenarios(&all, &config);
+                    // Checks across two scenarios' captures, once both passed.
+                    let passed = |name: &str| {
+                        summary.results.iter().any(|r| {
+                            r.name == name && r.verdict == qemu_tests::runner::Verdict::Pass
+                        })
+                    };
+                    if let Some(analyzer) = &analyzer
+                        && PLE_DIFF.iter().all(|n| passed(n))
+                    {
+                        tally.stage("ple diff (hvprof-analyze diff, PLE off against on)", || {
+                            let said = check_ple_diff(&config.out_dir, analyzer)
+                                .map_err(|e| anyhow::anyhow!(e))?;
+                            println!("largest change: {said}");
+                            Ok(())
+                        });
+                    }
                     println!("{}", summary.closing_line());
                     tally.passed += summary.passed();
                     tally.failed += summary.failed();

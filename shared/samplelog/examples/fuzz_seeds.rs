@@ -90,6 +90,15 @@ fn main() -> std::io::Result<()> {
                 comm: 0x758,
             }),
             exits,
+            pause_loop: Some({
+                let mut p = hvprof_samplelog::PauseLoop::new(true, 128, 4096);
+                p.add(hvprof_samplelog::SpinSite {
+                    vcpu: 0,
+                    rip: 0xffff_ffff_8110_2233,
+                    exits: 57,
+                });
+                p
+            }),
         };
         let mut big = vec![0u8; MAX_VM_END_FRAME_LEN];
         let len = encode_vm_end(&vm_end, &mut big).expect("VM end frame fits");

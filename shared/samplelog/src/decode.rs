@@ -16,8 +16,8 @@ use crate::encode::{
     MAX_OUTPUT_CHUNK,
 };
 use crate::stats::{
-    EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, PcpuCost, ReasonStats, TaskOffsets,
-    VmEnd,
+    EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, MAX_SPIN_SITES, PauseLoop, PcpuCost,
+    ReasonStats, SpinSite, TaskOffsets, VmEnd,
 };
 use crate::types::{
     BUILD_ID_LEN, BlockHeader, BuildId, COMM_LEN, FixedStr, Header, MAX_VMS, Mapping, MappingKind,
@@ -663,6 +663,35 @@ fn parse_vm_end(body: &[u8], v: &mut VmEnd) -> Result<usize, Malformed> {
     }
     e.ports_other = r.varint()?;
     v.exits = e;
+    // A frame from before pause-loop exiting ends here.
+    v.pause_loop = if r.pos() == body.len() {
+        None
+    } else {
+        match r.u8()? {
+            0 => None,
+            mode @ (1 | 2) => {
+                let mut p = PauseLoop::new(mode == 2, u32v(r.varint()?)?, u32v(r.varint()?)?);
+                let sites = usize::from(r.u8()?);
+                if sites > MAX_SPIN_SITES {
+                    return Err(Malformed);
+                }
+                for _ in 0..sites {
+                    let site = SpinSite {
+                        vcpu: r.varint_u16()?,
+                        rip: r.varint()?,
+                        exits: r.varint()?,
+                    };
+                    if site.exits == 0 {
+                        return Err(Malformed);
+                    }
+                    p.add(site);
+                }
+                p.others = r.varint()?;
+                Some(p)
+            }
+            _ => return Err(Malformed),
+        }
+    };
     Ok(r.pos())
 }
 
@@ -1788,5 +1817,48 @@ mod stats_frame_tests {
         assert_eq!(parse_vm_end(&body, &mut v), Ok(body.len()));
         assert_eq!(v.exits.reason(10).count, 1);
         assert_eq!(v.exits.reason(10).histogram[0], 1);
+        // A frame from before pause-loop exiting: none.
+        assert_eq!(v.pause_loop, None);
+    }
+
+    #[test]
+    fn vm_end_pause_loop_is_read_and_bad_ones_refused() {
+        // vm 0, lstar 0, no offsets, other 0, no rows, no ports, ports_other 0.
+        let head = [0u8, 0, 0, 0, 0, 0, 0];
+        let frame = |tail: &[u8]| [&head[..], tail].concat();
+        let mut v = VmEnd::default();
+        // ple 0: none.
+        let body = frame(&[0]);
+        assert_eq!(parse_vm_end(&body, &mut v), Ok(body.len()));
+        assert_eq!(v.pause_loop, None);
+        // Directed, gap 128, window 4096, one site (vCPU 1, RIP 0x10, 3 exits), 2 others.
+        let body = frame(&[2, 0x80, 0x01, 0x80, 0x20, 1, 1, 0x10, 3, 2]);
+        assert_eq!(parse_vm_end(&body, &mut v), Ok(body.len()));
+        let p = v.pause_loop.unwrap();
+        assert_eq!(
+            (p.directed, p.gap, p.window, p.others),
+            (true, 128, 4096, 2)
+        );
+        assert_eq!(
+            p.sites(),
+            &[SpinSite {
+                vcpu: 1,
+                rip: 0x10,
+                exits: 3
+            }]
+        );
+        assert_eq!(p.exits(), 5);
+        // An unknown mode, a site without exits, too many sites, a cut frame.
+        for bad in [
+            frame(&[3, 1, 1, 0, 0]),
+            frame(&[1, 1, 1, 1, 0, 0x10, 0, 0]),
+            frame(&[1, 1, 1, 65]),
+            frame(&[1, 1, 1, 1, 0, 0x10]),
+        ] {
+            assert!(
+                parse_vm_end(&bad, &mut VmEnd::default()).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 }

@@ -6,7 +6,7 @@ use core::fmt;
 use crate::bits::ByteWriter;
 use crate::cobs;
 use crate::codec;
-use crate::stats::{EXIT_PORTS, EXIT_REASONS, HISTOGRAM_BUCKETS, PcpuCost, VmEnd};
+use crate::stats::{EXIT_PORTS, EXIT_REASONS, HISTOGRAM_BUCKETS, MAX_SPIN_SITES, PcpuCost, VmEnd};
 use crate::types::{
     BUILD_ID_LEN, BlockHeader, COMM_LEN, Header, Mapping, Output, PATH_LEN, PcpuTotals, Record,
     Task,
@@ -120,6 +120,12 @@ pub const MAX_VM_END_FRAME_LEN: usize = frame_buffer_len(
         + EXIT_REASONS * (1 + 4 * 10 + 2 + HISTOGRAM_BUCKETS * 5)
         + 1
         + EXIT_PORTS * (3 + 10)
+        + 10
+        + 1
+        + 5
+        + 5
+        + 1
+        + MAX_SPIN_SITES * (3 + 10 + 10)
         + 10
         + 4,
 );
@@ -357,6 +363,22 @@ pub fn encode_vm_end(v: &VmEnd, out: &mut [u8]) -> Result<usize, EncodeError> {
             w.varint(n);
         }
         w.varint(e.ports_other);
+        match &v.pause_loop {
+            None => w.u8(0),
+            Some(p) => {
+                w.u8(if p.directed { 2 } else { 1 });
+                w.varint(u64::from(p.gap));
+                w.varint(u64::from(p.window));
+                // At most MAX_SPIN_SITES = 64.
+                w.u8(count_u8(p.sites().len()));
+                for s in p.sites() {
+                    w.varint(u64::from(s.vcpu));
+                    w.varint(s.rip);
+                    w.varint(s.exits);
+                }
+                w.varint(p.others);
+            }
+        }
         finish(&w)
     })
 }

@@ -259,6 +259,11 @@
 //!   varint  per set bit, ascending: that bucket's count (u32, ≥ 1)
 //! u8      ports            0..=16, then per port (distinct): varint port (u16), varint count ≥ 1
 //! varint  ports_other      I/O exits on ports beyond the first 16
+//! u8      ple              0 no pause-loop exiting, 1 on, 2 directed (a frame that ends before
+//!                          this byte: 0); then, for 1 and 2:
+//!   varint  gap, window    PLE_Gap and PLE_Window, TSC ticks (u32 each)
+//!   u8      sites          0..=64, then per site: varint vcpu (u16), rip, exits (≥ 1)
+//!   varint  others         exits at guest RIPs beyond the sites
 //! ```
 //!
 //! Histogram bucket 0 counts costs below 64 ticks, bucket `b` in `1..=14` costs in
@@ -343,8 +348,8 @@ pub use encode::{
     max_end_frame_len,
 };
 pub use stats::{
-    EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, PcpuCost, ReasonStats, Table,
-    TaskOffsets, VmEnd, histogram_bucket, histogram_bucket_start,
+    EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, MAX_SPIN_SITES, PauseLoop, PcpuCost,
+    ReasonStats, SpinSite, Table, TaskOffsets, VmEnd, histogram_bucket, histogram_bucket_start,
 };
 pub use types::{
     BUILD_ID_LEN, BlockHeader, BuildId, COMM_LEN, CapacityError, Event, EventKind, FORMAT_VERSION,

@@ -318,6 +318,83 @@ impl TaskOffsets {
     }
 }
 
+/// The most spin sites a VM end frame carries (8 vCPUs, 8 guest RIPs each).
+pub const MAX_SPIN_SITES: usize = 64;
+
+/// Where a vCPU's pause-loop exits were: its guest RIP and how many there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub struct SpinSite {
+    /// The vCPU that spun.
+    pub vcpu: u16,
+    /// The guest RIP of its PAUSE.
+    pub rip: u64,
+    /// Its pause-loop exits there: at least 1.
+    pub exits: u64,
+}
+
+/// A VM's pause-loop exiting (`ple=on|directed`): the controls it ran with and where its vCPUs
+/// spun. Each exit ended a spin of at least `window` TSC ticks at CPL 0 (SDM Vol. 3C §26.1.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PauseLoop {
+    /// A PLE exit yields to a preempted vCPU of the same VM first (`ple=directed`).
+    pub directed: bool,
+    /// PLE_Gap, TSC ticks: a PAUSE this long after the one before it starts a new loop.
+    pub gap: u32,
+    /// PLE_Window, TSC ticks: how long a loop spins before it exits.
+    pub window: u32,
+    sites: [SpinSite; MAX_SPIN_SITES],
+    len: usize,
+    /// Exits at guest RIPs beyond those kept.
+    pub others: u64,
+}
+
+impl PauseLoop {
+    /// No sites yet.
+    #[must_use]
+    pub const fn new(directed: bool, gap: u32, window: u32) -> Self {
+        PauseLoop {
+            directed,
+            gap,
+            window,
+            sites: [SpinSite {
+                vcpu: 0,
+                rip: 0,
+                exits: 0,
+            }; MAX_SPIN_SITES],
+            len: 0,
+            others: 0,
+        }
+    }
+
+    /// Keeps `site` (one with no exits is left out); one that does not fit is counted in
+    /// `others`.
+    pub fn add(&mut self, site: SpinSite) {
+        if site.exits == 0 {
+            return;
+        }
+        if self.len < MAX_SPIN_SITES {
+            self.sites[self.len] = site;
+            self.len += 1;
+        } else {
+            self.others = self.others.saturating_add(site.exits);
+        }
+    }
+
+    /// The sites kept, in the order added.
+    #[must_use]
+    pub fn sites(&self) -> &[SpinSite] {
+        &self.sites[..self.len]
+    }
+
+    /// Every pause-loop exit of the VM.
+    #[must_use]
+    pub fn exits(&self) -> u64 {
+        self.sites()
+            .iter()
+            .fold(self.others, |n, s| n.saturating_add(s.exits))
+    }
+}
+
 /// What the hypervisor knows about a VM when it stops (frame type 5).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct VmEnd {
@@ -330,6 +407,8 @@ pub struct VmEnd {
     pub task_offsets: Option<TaskOffsets>,
     /// Its vCPUs' exit statistics together.
     pub exits: ExitStats,
+    /// Its pause-loop exiting, when on.
+    pub pause_loop: Option<PauseLoop>,
 }
 
 /// One pCPU's whole profiling cost over the run, in TSC ticks, in disjoint parts (frame type 6).

@@ -10,8 +10,8 @@ use hvprof_samplelog::{
 use hvprof_samplelog::{Chain, ChainEnd, MAX_CHAIN_DEPTH, chain_frames};
 use hvprof_samplelog::{
     EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, MAX_PCPU_COST_FRAME_LEN,
-    MAX_VM_END_FRAME_LEN, PcpuCost, ReasonStats, TaskOffsets, VmEnd, encode_pcpu_cost,
-    encode_vm_end,
+    MAX_SPIN_SITES, MAX_VM_END_FRAME_LEN, PauseLoop, PcpuCost, ReasonStats, SpinSite, TaskOffsets,
+    VmEnd, encode_pcpu_cost, encode_vm_end,
 };
 use hvprof_samplelog::{MAX_MAPPING_FRAME_LEN, Mapping, MappingKind, encode_mapping};
 use hvprof_samplelog::{
@@ -320,6 +320,8 @@ proptest! {
         offsets in prop::option::of((any::<u64>(), any::<u32>(), any::<u32>(), any::<u32>())),
         exits in prop::collection::vec((0u16..100, prop_oneof![0u64..5000, any::<u64>()]), 0..200),
         ports in prop::collection::vec(0u16..24, 0..60),
+        ple in prop::option::of((any::<bool>(), any::<u32>(), any::<u32>(), any::<u64>())),
+        sites in prop::collection::vec((any::<u16>(), any::<u64>(), 1u64..u64::MAX), 0..80),
     ) {
         let mut stats = ExitStats::new();
         for (reason, ticks) in exits {
@@ -335,6 +337,14 @@ proptest! {
                 current_task, pid, tgid, comm,
             }),
             exits: stats,
+            pause_loop: ple.map(|(directed, gap, window, others)| {
+                let mut p = PauseLoop::new(directed, gap, window);
+                p.others = others;
+                for (vcpu, rip, exits) in sites {
+                    p.add(SpinSite { vcpu, rip, exits });
+                }
+                p
+            }),
         };
         let mut buf = vec![0u8; MAX_VM_END_FRAME_LEN];
         let n = encode_vm_end(&v, &mut buf).unwrap();
@@ -581,6 +591,18 @@ fn worst_case_vm_end_fits_the_advertised_bound() {
             comm: u32::MAX,
         }),
         exits: e,
+        pause_loop: Some({
+            let mut p = PauseLoop::new(true, u32::MAX, u32::MAX);
+            for i in 0..MAX_SPIN_SITES as u16 {
+                p.add(SpinSite {
+                    vcpu: u16::MAX - i,
+                    rip: u64::MAX - u64::from(i),
+                    exits: u64::MAX,
+                });
+            }
+            p.others = u64::MAX;
+            p
+        }),
     };
     let mut buf = vec![0u8; MAX_VM_END_FRAME_LEN];
     let n = encode_vm_end(&v, &mut buf).unwrap();

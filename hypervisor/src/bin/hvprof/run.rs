@@ -22,6 +22,8 @@ pub enum SliceEnd {
     Preempted,
     /// The guest executed HLT: the vCPU blocks until its virtual timer (if any) fires.
     Halted,
+    /// The guest spun (a pause-loop exit): the vCPU is runnable and gives up its slice.
+    Yielded,
     /// The VM stopped.
     Stopped(Stop),
 }
@@ -456,6 +458,7 @@ impl<'a> Slice<'a> {
         match flow {
             vmexit::Flow::Resume => {}
             vmexit::Flow::Halt => return Err(SliceEnd::Halted),
+            vmexit::Flow::Yield => return Err(SliceEnd::Yielded),
             vmexit::Flow::Stop(stop) => return Err(SliceEnd::Stopped(stop)),
         }
         x86_64::instructions::interrupts::enable();
@@ -487,6 +490,7 @@ impl<'a> Slice<'a> {
             match end {
                 SliceEnd::Preempted => OutReason::Preempted,
                 SliceEnd::Halted => OutReason::Halted,
+                SliceEnd::Yielded => OutReason::Yielded,
                 SliceEnd::Stopped(_) => OutReason::Stopped,
             },
         );

@@ -21,6 +21,7 @@ use crate::vm::{self, Stop, Vm};
 use crate::{println, profiler};
 use alloc::vec::Vec;
 use core::sync::atomic::Ordering;
+use hvprof_hypervisor::vm_config::Ple;
 use hvprof_vmx::caps::VmxCaps;
 use spin::{Mutex, Once};
 
@@ -55,6 +56,8 @@ struct Queue {
     slots: Vec<Slot>,
     /// Per pCPU: the slot after the one it picked last (round-robin).
     next: [usize; MAX_CPUS],
+    /// Per pCPU: the slot its next pick takes first if it can run there (a directed yield).
+    prefer: [Option<usize>; MAX_CPUS],
     /// Per VM: the stop that ended it as a whole (the first one wins).
     vm_stop: Vec<Option<Stop>>,
     /// Per VM and vCPU: why that vCPU stopped alone.
@@ -103,6 +106,7 @@ pub fn setup(vms: &'static [Vm], caps: &'static VmxCaps, slice: u64, pcpus: usiz
     *QUEUE.lock() = Some(Queue {
         slots,
         next: [0; MAX_CPUS],
+        prefer: [None; MAX_CPUS],
         vm_stop: vms.iter().map(|_| None).collect(),
         vcpu_stop: vms
             .iter()
@@ -196,6 +200,9 @@ pub fn run_cpu(cpu: usize) {
                         let s = &mut q.slots[slot];
                         s.debt = s.debt.saturating_add(over);
                     }
+                    if matches!(end, SliceEnd::Yielded) && vm.ple == Ple::Directed {
+                        q.prefer[cpu] = preempted_sibling(q, slot, cpu);
+                    }
                     slice_ended(q, m, slot, end, wake_at)
                 };
                 if let Some((v, stop)) = done {
@@ -282,22 +289,35 @@ fn pick(q: &mut Queue, m: &Machine, cpu: usize, now: u64, poll: u64) -> (Next, V
             .map(|k| (q.next[cpu] + k) % n)
             .filter(|&i| q.slots[i].state == State::Runnable && mine(&q.slots[i]))
     };
-    if let Some(first) = candidates().next() {
-        // Round-robin, except that a vCPU owing a whole slice or more gives its turn to the next
-        // one (and owes a slice less), as long as another one can run.
-        let slice = m.slice;
-        let i = candidates()
+    // A directed yield's target first, when it is still runnable here; else round-robin,
+    // except that a vCPU owing a whole slice or more gives its turn to the next one (and owes a
+    // slice less), as long as another one can run.
+    let slice = m.slice;
+    let directed = q.prefer[cpu]
+        .take()
+        .filter(|&i| q.slots[i].state == State::Runnable && mine(&q.slots[i]));
+    let round_robin = candidates().next().map(|first| {
+        candidates()
             .find(|&i| q.slots[i].debt < slice)
-            .unwrap_or(first);
-        // Those passed over on the way to it (all owing a slice) have paid one.
-        let start = q.next[cpu];
-        for k in (0..n).map(|k| (start + k) % n).take_while(|&k| k != i) {
-            let s = &mut q.slots[k];
-            if s.state == State::Runnable && mine(s) {
-                s.debt -= slice;
+            .unwrap_or(first)
+    });
+    let chosen = match (directed, round_robin) {
+        (Some(i), _) => Some(i),
+        (None, Some(i)) => {
+            // Those passed over on the way to it (all owing a slice) have paid one.
+            let start = q.next[cpu];
+            for k in (0..n).map(|k| (start + k) % n).take_while(|&k| k != i) {
+                let s = &mut q.slots[k];
+                if s.state == State::Runnable && mine(s) {
+                    s.debt -= slice;
+                }
             }
+            q.next[cpu] = i + 1;
+            Some(i)
         }
-        q.next[cpu] = i + 1;
+        (None, None) => None,
+    };
+    if let Some(i) = chosen {
         let s = &mut q.slots[i];
         s.state = State::Running;
         // What it still owes comes off this slice (which keeps an eighth at least).
@@ -355,6 +375,18 @@ fn pick(q: &mut Queue, m: &Machine, cpu: usize, now: u64, poll: u64) -> (Next, V
     (Next::Idle(until), done)
 }
 
+/// The vCPU a directed yield of slot `i` on pCPU `cpu` goes to: another vCPU of the same VM that
+/// lost its pCPU while runnable (preempted: the lock holder or the IPI target the spinner waits
+/// for, likely) and may run on `cpu`; the first after `i` in the queue's order, as KVM's
+/// `kvm_vcpu_on_spin` takes the candidates after the spinner in turn.
+fn preempted_sibling(q: &Queue, i: usize, cpu: usize) -> Option<usize> {
+    let n = q.slots.len();
+    (1..n).map(|k| (i + k) % n).find(|&j| {
+        let s = &q.slots[j];
+        s.vm == q.slots[i].vm && s.state == State::Runnable && s.pin.is_none_or(|p| p == cpu)
+    })
+}
+
 /// Records how slot `i`'s slice ended; returns its VM and the VM's stop when that was the VM's
 /// last running vCPU.
 fn slice_ended(
@@ -367,7 +399,7 @@ fn slice_ended(
     let (v, c) = (q.slots[i].vm, q.slots[i].vcpu);
     let vm = &m.vms[v];
     match end {
-        SliceEnd::Preempted => q.slots[i].state = State::Runnable,
+        SliceEnd::Preempted | SliceEnd::Yielded => q.slots[i].state = State::Runnable,
         SliceEnd::Halted => {
             q.slots[i].state = State::Halted;
             // A halted vCPU's wake-up never lies beyond its VM's wall deadline.

@@ -60,6 +60,8 @@ pub struct Blanks {
     pub ticks_halted: u64,
     pub ticks_out: u64,
     pub ticks_in: u64,
+    /// Times it gave its pCPU up spinning (out events `Yielded`: pause-loop exits).
+    pub yields: u64,
 }
 
 /// What a vCPU was doing over a stretch of host time, from its scheduling events.
@@ -589,6 +591,11 @@ fn exact_ticks(events: &[(u16, Event)]) -> HashMap<(u16, u16), Blanks> {
     let mut out: HashMap<(u16, u16), Blanks> = HashMap::default();
     for (key, track) in tracks(events) {
         let b = out.entry(key).or_default();
+        b.yields += track
+            .events
+            .iter()
+            .filter(|e| e.2.kind == EventKind::VcpuOut && e.2.reason == OutReason::Yielded)
+            .count() as u64;
         // Exact time, from the events.
         for w in track.events.windows(2) {
             let span = w[1].0.saturating_sub(w[0].0);

@@ -1,9 +1,9 @@
 //! `hvprof-analyze diff A B`: two captures' reports side by side, by share. Per VM (matched by
-//! name) its OS/user/idle/steal shares and, per process and per function, each capture's
-//! samples and share of the VM's samples, and the change in points, B minus A: positive means a
-//! larger share of the VM's time in B. Captures of different lengths compare by share; their
-//! pCPU counts may differ. The host level compares the hypervisor's, the VMs' and idle's shares,
-//! and the hypervisor's functions.
+//! name) its OS/user/idle/steal shares (and spinning, with pause-loop exits) and, per process
+//! and per function, each capture's samples and share of the VM's samples, and the change in
+//! points, B minus A: positive means a larger share of the VM's time in B. Captures of different
+//! lengths compare by share; their pCPU counts may differ. The host level compares the
+//! hypervisor's, the VMs' and idle's shares, and the hypervisor's functions.
 //!
 //! A Linux guest's process is matched by its name without the process id (`w41[92]` in A and
 //! `w41[95]` in B are both `w41`): two runs of a program rarely keep their pids.
@@ -57,6 +57,10 @@ pub struct VmDiff {
     pub user: Change,
     pub idle: Change,
     pub steal: Change,
+    /// Spinning, from the pause-loop exits (`ple=`), when either capture has it (0 in one
+    /// without).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spinning: Option<Change>,
     /// Per process (Linux guests), sorted by the size of the change.
     pub processes: Vec<DiffRow>,
     /// Per function, sorted by the size of the change.
@@ -169,6 +173,13 @@ fn vm_diff(name: &str, a: Option<&GuestTable>, b: Option<&GuestTable>) -> VmDiff
         user: Change::new(ta.user, tb.user),
         idle: Change::new(ta.idle, tb.idle),
         steal: Change::new(ta.steal, tb.steal),
+        spinning: {
+            let spinning = |t: &GuestTable| t.exact.as_ref().and_then(|e| e.spinning);
+            match (spinning(ta), spinning(tb)) {
+                (None, None) => None,
+                (a, b) => Some(Change::new(a.unwrap_or(0.0), b.unwrap_or(0.0))),
+            }
+        },
         processes: pair(
             &with_process(&ta.rows),
             &with_process(&tb.rows),
@@ -307,6 +318,9 @@ pub fn write_text(out: &mut dyn Write, d: &Diff, top: usize) -> std::io::Result<
             change(&v.idle),
             change(&v.steal)
         )?;
+        if let Some(s) = &v.spinning {
+            writeln!(out, "spinning (pause-loop exits) {}", change(s))?;
+        }
         if !v.processes.is_empty() {
             writeln!(out, "Processes:")?;
             rows_table(out, &v.processes, top, Columns::Processes)?;

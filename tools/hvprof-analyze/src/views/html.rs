@@ -89,8 +89,8 @@ fn section(out: &mut String, s: &Section, top: usize) {
     if let Some(e) = &s.exact {
         let _ = writeln!(out, "<p>{e}</p>");
     }
-    if let Some(b) = &s.steal_by {
-        let _ = writeln!(out, "<p>{}</p>", esc(b));
+    for line in [&s.steal_by, &s.pause_loop].into_iter().flatten() {
+        let _ = writeln!(out, "<p>{}</p>", esc(line));
     }
     rows_table(out, s, top);
     if s.level == Level::Host {

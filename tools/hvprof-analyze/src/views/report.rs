@@ -172,6 +172,91 @@ pub struct Exact {
     pub steal: f64,
     pub idle_difference: f64,
     pub steal_difference: f64,
+    /// Pause-loop exits (out events `Yielded`), and the share of the ticks spent spinning
+    /// before them: each ended a PAUSE loop of at least the VM's PLE window (with `ple=`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pause_loop_exits: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spinning: Option<f64>,
+}
+
+/// A VM's pause-loop exiting (`ple=on|directed`): its controls, and where its vCPUs spun.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PauseLoopReport {
+    /// `on` or `directed`.
+    pub mode: &'static str,
+    /// PLE_Gap and PLE_Window, TSC ticks.
+    pub gap: u32,
+    pub window: u32,
+    pub exits: u64,
+    /// The guest RIPs of the exits, named: the most exits first.
+    pub sites: Vec<SpinRow>,
+    /// Exits at RIPs the hypervisor kept no count of.
+    pub others: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SpinRow {
+    pub vcpu: u16,
+    pub rip: u64,
+    pub function: String,
+    pub module: String,
+    pub exits: u64,
+}
+
+impl PauseLoopReport {
+    /// `Pause-loop exiting (ple=on, window 4096 ticks): 120 exits, at f (vCPU 0) 100, ...`.
+    pub fn describe(&self) -> String {
+        let mut line = format!(
+            "Pause-loop exiting (ple={}, gap {} and window {} ticks): {} exits",
+            self.mode, self.gap, self.window, self.exits
+        );
+        for (i, s) in self.sites.iter().take(4).enumerate() {
+            line.push_str(if i == 0 { ", at " } else { ", " });
+            line.push_str(&format!("{} (vCPU {}) {}", s.function, s.vcpu, s.exits));
+        }
+        if self.sites.len() > 4 {
+            line.push_str(&format!(", {} more places", self.sites.len() - 4));
+        }
+        line
+    }
+}
+
+/// VM `vm`'s pause-loop exiting from its end frame (the last one), its sites named by `namer`.
+fn pause_loop_of(
+    namer: &Namer,
+    vm_ends: &[hvprof_samplelog::VmEnd],
+    vm: u16,
+) -> Option<PauseLoopReport> {
+    let p = vm_ends.iter().rev().find(|e| e.vm == vm)?.pause_loop?;
+    let mut sites: Vec<SpinRow> = p
+        .sites()
+        .iter()
+        .map(|s| {
+            // A PAUSE loop exits only at CPL 0: a kernel address.
+            let (function, module) = namer.guest_function(vm, false, s.rip, 0, None);
+            SpinRow {
+                vcpu: s.vcpu,
+                rip: s.rip,
+                function,
+                module,
+                exits: s.exits,
+            }
+        })
+        .collect();
+    sites.sort_by(|a, b| {
+        b.exits
+            .cmp(&a.exits)
+            .then((a.vcpu, a.rip).cmp(&(b.vcpu, b.rip)))
+    });
+    Some(PauseLoopReport {
+        mode: if p.directed { "directed" } else { "on" },
+        gap: p.gap,
+        window: p.window,
+        exits: p.exits(),
+        sites,
+        others: p.others,
+    })
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -189,6 +274,8 @@ pub struct VmReport {
     #[serde(flatten)]
     pub table: GuestTable,
     pub vcpus: Vec<VcpuReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pause_loop: Option<PauseLoopReport>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -240,6 +327,8 @@ pub struct Section<'a> {
     pub exact: Option<String>,
     /// Who held the pCPU in `[steal] (outside)` (`GuestTable::steal_by`), when anyone did.
     pub steal_by: Option<String>,
+    /// A VM's pause-loop exiting and where it spun (`VmReport::pause_loop`), when on.
+    pub pause_loop: Option<String>,
     pub rows: &'a [Row],
     /// Rows left out after `rows` ([`GuestTable::left_out`]).
     pub left_out: usize,
@@ -287,6 +376,7 @@ impl Report {
                 ),
                 exact: None,
                 steal_by: None,
+                pause_loop: None,
                 rows: &self.host.rows,
                 left_out: 0,
                 processes: self.host.rows.iter().any(|r| r.process.is_some()),
@@ -297,10 +387,11 @@ impl Report {
             .iter()
             .filter(|vm| only_vm.is_none_or(|n| n == vm.name))
         {
-            out.push(
-                vm.table
-                    .section(Level::Vm, format!("VM {} ({})", vm.name, vm.image)),
-            );
+            let mut section = vm
+                .table
+                .section(Level::Vm, format!("VM {} ({})", vm.name, vm.image));
+            section.pause_loop = vm.pause_loop.as_ref().map(PauseLoopReport::describe);
+            out.push(section);
             if vm.vcpus.len() > 1 {
                 for v in &vm.vcpus {
                     out.push(
@@ -325,8 +416,14 @@ impl GuestTable {
                 self.os, self.user, self.idle, self.steal
             ),
             exact: self.exact.as_ref().map(|e| {
+                let spinning = match (e.spinning, e.pause_loop_exits) {
+                    (Some(s), Some(n)) => {
+                        format!("; spinning {s:.2}% ({n} pause-loop exits)")
+                    }
+                    _ => String::new(),
+                };
                 format!(
-                    "Exact, from the scheduling events: running {:.2}%, idle {:.2}%, steal {:.2}% of {} ticks (samples differ by {:+.2} and {:+.2} points)",
+                    "Exact, from the scheduling events: running {:.2}%, idle {:.2}%, steal {:.2}% of {} ticks (samples differ by {:+.2} and {:+.2} points){spinning}",
                     e.running, e.idle, e.steal, e.ticks, e.idle_difference, e.steal_difference
                 )
             }),
@@ -341,6 +438,7 @@ impl GuestTable {
                     who.join(", ")
                 )
             }),
+            pause_loop: None,
             rows: &self.rows,
             left_out: self.left_out,
             processes: self.processes,
@@ -832,12 +930,15 @@ impl PendingRows<'_> {
 }
 
 /// The exact split of the vCPUs' lifetimes from their scheduling events, beside `table`.
+/// With `window` (the VM's PLE window, with `ple=`), the pause-loop exits and the spinning.
 fn exact_of<'a>(
     table: &GuestTable,
     blanks: impl Iterator<Item = &'a crate::model::timeline::Blanks>,
+    window: Option<u32>,
 ) -> Option<Exact> {
     let (mut run, mut out, mut halted) = (0u64, 0u64, 0u64);
     let mut hypervisor_out = 0u64;
+    let mut yields = 0u64;
     let mut any = false;
     for b in blanks {
         any = true;
@@ -845,6 +946,7 @@ fn exact_of<'a>(
         run += b.ticks_in;
         out += b.ticks_out;
         halted += b.ticks_halted;
+        yields += b.yields;
     }
     let ticks = run + out + halted;
     if !any || ticks == 0 {
@@ -862,6 +964,8 @@ fn exact_of<'a>(
         steal: pct(out),
         idle_difference: table.idle - pct(halted),
         steal_difference: table.steal - hypervisor - pct(out),
+        pause_loop_exits: window.map(|_| yields),
+        spinning: window.map(|w| pct(yields.saturating_mul(u64::from(w)))),
     })
 }
 
@@ -880,7 +984,10 @@ pub fn build(p: &Profile, namer: &Namer, options: LoadOptions) -> Report {
         let exact = p.blanks.as_ref().unwrap_or(&none);
         add_blanks(p.blanks.as_ref(), &mut guests);
         let host = host_level(samples.stacks(), &p.frames, namer, &guests.per_vm, total);
-        (host, guest_level(namer, guests, exact, options.top_rows))
+        (
+            host,
+            guest_level(namer, guests, exact, &p.vm_ends, options.top_rows),
+        )
     } else {
         (Host::default(), Vec::new())
     };
@@ -1136,6 +1243,7 @@ fn guest_level(
     namer: &Namer,
     mut g: Guests,
     exact: &HashMap<(u16, u16), crate::model::timeline::Blanks>,
+    vm_ends: &[hvprof_samplelog::VmEnd],
     keep: Option<usize>,
 ) -> Vec<VmReport> {
     // Each VM's counts, and its vCPUs' (sorted), then every table made on every core.
@@ -1191,11 +1299,13 @@ fn guest_level(
                 namer.vm_name(vm)
             }
         };
+        let pause_loop = pause_loop_of(namer, vm_ends, v.id);
+        let window = pause_loop.as_ref().map(|p| p.window);
         let vcpus = vcpus_of[i]
             .iter()
             .zip(vcpu_tables)
             .map(|(&(vcpu, _), mut table)| {
-                table.exact = exact_of(&table, exact.get(&(v.id, vcpu)).into_iter());
+                table.exact = exact_of(&table, exact.get(&(v.id, vcpu)).into_iter(), window);
                 table.steal_by =
                     steal_by(exact.get(&(v.id, vcpu)).into_iter(), table.samples, culprit);
                 VcpuReport { vcpu, table }
@@ -1207,7 +1317,7 @@ fn guest_level(
                 .filter(|((vm, _), _)| *vm == v.id)
                 .map(|(_, b)| b)
         };
-        table.exact = exact_of(&table, of_vm());
+        table.exact = exact_of(&table, of_vm(), window);
         table.steal_by = steal_by(of_vm(), table.samples, culprit);
         vms.push(VmReport {
             id: v.id,
@@ -1215,6 +1325,7 @@ fn guest_level(
             image: v.image.clone(),
             table,
             vcpus,
+            pause_loop,
         });
     }
     let mut unknown: Vec<u16> = g.per_vm.keys().copied().collect();
@@ -1226,6 +1337,7 @@ fn guest_level(
             image: String::new(),
             table: g.per_vm[&id].table(None, "?", keep, &g.rows),
             vcpus: Vec::new(),
+            pause_loop: None,
         });
     }
     vms

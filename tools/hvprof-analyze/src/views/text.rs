@@ -54,8 +54,11 @@ pub fn render(r: &Report, top: usize, only_vm: Option<&str>) -> String {
         if let Some(e) = &section.exact {
             let _ = writeln!(out, "{e}");
         }
-        if let Some(b) = &section.steal_by {
-            let _ = writeln!(out, "{}", printable(b));
+        for line in [&section.steal_by, &section.pause_loop]
+            .into_iter()
+            .flatten()
+        {
+            let _ = writeln!(out, "{}", printable(line));
         }
         out.push_str(&table(&section, top));
         out.push('\n');

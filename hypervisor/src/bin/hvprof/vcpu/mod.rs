@@ -70,6 +70,8 @@ pub struct Vcpu {
     pub index: u16,
     /// Its exits (the VM's table adds up its vCPUs').
     pub stats: ExitStats,
+    /// Where its pause-loop exits were (`ple=`).
+    pub spins: hvprof_hypervisor::spin_sites::SpinSites,
     /// The pCPU whose host state the VMCS holds, and on which the VMCS is active (not cleared).
     pub host_cpu: Option<usize>,
     /// The pCPU it ran on last (to flush its VPID's stale translations when it moves).
@@ -286,6 +288,7 @@ impl Vcpu {
             wake_at: None,
             index: 0,
             stats: ExitStats::default(),
+            spins: hvprof_hypervisor::spin_sites::SpinSites::new(),
             host_cpu: Some(crate::percpu::index()),
             last_cpu: None,
             proc1: controls.proc1,

@@ -12,8 +12,8 @@ use core::sync::atomic::{AtomicBool, AtomicU64};
 use hvprof_boot::info::ModuleTag;
 use hvprof_ept::{Ept, EptCaps, MemoryType, PageSizes, Permissions};
 use hvprof_hypervisor::devices::board::Board;
-use hvprof_hypervisor::vm_config::Pins;
 use hvprof_hypervisor::vm_config::{self, MEM_GRANULE, Target};
+use hvprof_hypervisor::vm_config::{Pins, Ple};
 use hvprof_hypervisor::{guest_image, linux_boot};
 use hvprof_vmx::caps::{VmxCaps, ept_cap};
 use hvprof_vmx::instructions;
@@ -381,6 +381,32 @@ fn build(
     } else {
         0
     };
+    let ple = match config.ple {
+        Ple::Off => Ple::Off,
+        asked if crate::vm::pause_loop::offered(caps) => {
+            println!(
+                "vm {}: pause-loop exiting (ple={}): a PAUSE loop at CPL 0 longer than {} TSC ticks (gap {}) exits and yields the pCPU{} (SDM Vol. 3C §25.6.13)",
+                config.name,
+                asked.as_str(),
+                crate::vm::pause_loop::WINDOW,
+                crate::vm::pause_loop::GAP,
+                if asked == Ple::Directed {
+                    ", to a preempted vCPU of the same VM first"
+                } else {
+                    ""
+                }
+            );
+            asked
+        }
+        asked => {
+            println!(
+                "vm {}: pause-loop exiting: off (ple={}, but the CPU has no PAUSE-loop exiting control)",
+                config.name,
+                asked.as_str()
+            );
+            Ple::Off
+        }
+    };
     let eptp = ept.eptp(false);
     // No translation derived from this EPTP may survive from an earlier use of the same tables'
     // addresses (SDM Vol. 3C §29.4.3.1): invalidate before the first VM entry.
@@ -406,6 +432,9 @@ fn build(
                 .ok_or_else(|| format!("vCPU {i}: no memory for its virtual-APIC page"))?;
             crate::vm::virtual_apic::enable(caps, &mut vcpu, &mut vmcs, page, apic_access);
         }
+        if ple != Ple::Off {
+            crate::vm::pause_loop::enable(&mut vmcs);
+        }
         // Made on the boot CPU, it may run on any pCPU: clear it (SDM Vol. 3C §25.11.3), so the
         // pCPU that runs it first loads it and writes its own host state.
         // SAFETY: VMX root operation; the VMCS was just made current on this CPU.
@@ -422,6 +451,7 @@ fn build(
         index: index as u16,
         vcpus,
         pin: config.pin,
+        ple,
         linux,
         task_offsets: config.task_offsets,
         mm_layout: config.mm_layout,

@@ -13,6 +13,7 @@
 pub mod apic_bus;
 pub mod build;
 pub mod linux_tasks;
+pub mod pause_loop;
 pub mod report;
 pub mod virtual_apic;
 pub mod virtual_interrupts;
@@ -97,6 +98,8 @@ pub struct Vm {
     pub orc_layout: Option<hvprof_linux_walk::OrcLayout>,
     /// A local APIC per vCPU, the I/O APIC, ACPI PM1 and ACPI tables (`apic=on`).
     pub apic: bool,
+    /// `ple=`: what a PAUSE loop does (`Off` also where the CPU has no pause-loop exiting).
+    pub ple: hvprof_hypervisor::vm_config::Ple,
     /// Host address of its APIC-access page, where EPT maps the guest's xAPIC page, when its
     /// vCPUs use the CPU's APIC virtualization (`vm/virtual_apic.rs`); 0: every APIC access
     /// is an EPT violation, emulated.

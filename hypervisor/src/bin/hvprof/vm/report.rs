@@ -7,8 +7,10 @@ use crate::profiler;
 use crate::tsc::rdtsc;
 use crate::vcpu::LSTAR_SLOT;
 use crate::{print, println};
+use core::fmt::Write;
 use core::sync::atomic::Ordering;
-use hvprof_samplelog::{ExitStats, Output, OutputStream, VmEnd};
+use hvprof_hypervisor::vm_config::Ple;
+use hvprof_samplelog::{ExitStats, Output, OutputStream, PauseLoop, SpinSite, VmEnd};
 use hvprof_vmx::exit::BasicExit;
 
 /// After a VM's stop (all its vCPUs stopped): the rest of its console line, then why it stopped
@@ -143,12 +145,14 @@ pub fn exit_stats(vm: &Vm) {
         exits.merge(&v.lock().stats);
     }
     print!("{}", exits.table(&vm.name, exit_name));
+    spin_sites(vm);
     let lstar = vm.vcpus.first().map_or(0, |v| v.lock().msrs[LSTAR_SLOT]);
     profiler::export::send_vm_end(&VmEnd {
         vm: vm.index,
         lstar,
         task_offsets: vm.task_offsets,
         exits,
+        pause_loop: pause_loop(vm),
     });
     if let Some(layout) = &vm.module_layout {
         // The list now, added to those read during the run (at samples in a module not known
@@ -193,6 +197,58 @@ pub fn exit_stats(vm: &Vm) {
             maps.processes_dropped,
             maps.mappings_dropped
         );
+    }
+}
+
+/// The VM's pause-loop exiting for its end frame: the controls and every vCPU's spin sites.
+fn pause_loop(vm: &Vm) -> Option<PauseLoop> {
+    if vm.ple == Ple::Off {
+        return None;
+    }
+    let mut p = PauseLoop::new(
+        vm.ple == Ple::Directed,
+        super::pause_loop::GAP,
+        super::pause_loop::WINDOW,
+    );
+    for (i, v) in vm.vcpus.iter().enumerate() {
+        let spins = v.lock().spins;
+        for (rip, exits) in spins.by_count() {
+            p.add(SpinSite {
+                vcpu: i as u16,
+                rip,
+                exits,
+            });
+        }
+        p.others = p.others.saturating_add(spins.others());
+    }
+    Some(p)
+}
+
+/// Per vCPU with pause-loop exits (`ple=`): how many, and the guest RIPs they were at
+/// (`vm NAME: vcpu N: pause-loop exits: COUNT at RIP xCOUNT, ...`); the analyzer takes them
+/// from the VM's end frame and names the functions that spun.
+fn spin_sites(vm: &Vm) {
+    if vm.ple == Ple::Off {
+        return;
+    }
+    for (i, v) in vm.vcpus.iter().enumerate() {
+        let spins = v.lock().spins;
+        let mut line = alloc::format!(
+            "vm {}: vcpu {i}: pause-loop exits: {}",
+            vm.name,
+            spins.total()
+        );
+        for (n, (rip, count)) in spins.by_count().enumerate() {
+            let _ = write!(
+                line,
+                "{}{rip:#x} x{count}",
+                if n == 0 { " at " } else { ", " }
+            );
+        }
+        if spins.others() > 0 {
+            let _ = write!(line, ", {} at other RIPs", spins.others());
+        }
+        println!("{line}");
     }
 }
 

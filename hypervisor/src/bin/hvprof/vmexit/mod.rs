@@ -34,6 +34,8 @@ pub enum Flow {
     Resume,
     /// The vCPU executed HLT: it blocks until its virtual timer fires.
     Halt,
+    /// The vCPU spun (a pause-loop exit): it gives up the rest of its slice.
+    Yield,
     /// The VM (or this vCPU, for an exit code) stops.
     Stop(Stop),
 }
@@ -77,6 +79,15 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, reason: ExitReas
             }
         }
         return Flow::Halt;
+    }
+    if kind == Some(BasicExit::Pause) {
+        // Only pause-loop exiting makes PAUSE exit (`vm/pause_loop.rs`; "PAUSE exiting" is
+        // off): the guest spun at CPL 0 for PLE_Window ticks. KVM skips the PAUSE too: the loop
+        // goes on with its next test when the vCPU runs again.
+        vcpu.spins
+            .record(vmcs.read_natural(GuestNatural::Rip).unwrap_or(0));
+        vmcs.skip_instruction();
+        return Flow::Yield;
     }
     match handle_exit(vm, vcpu, vmcs, reason, kind) {
         None => Flow::Resume,
