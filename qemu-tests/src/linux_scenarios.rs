@@ -459,7 +459,7 @@ fn linux_report(run: &ProfileRun) -> Result<Value, String> {
 pub(crate) fn linux_args() -> Vec<OsString> {
     let dir = linux_dir();
     let mut extra: Vec<OsString> = vec!["--kernel".into(), dir.join("vmlinux").into()];
-    for w in ["w41", "shor", "lockholder"] {
+    for w in ["w41", "shor", "lockholder", "shootdown"] {
         extra.push("--image".into());
         extra.push(dir.join("bin").join(w).into());
     }

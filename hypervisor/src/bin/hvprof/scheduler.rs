@@ -201,7 +201,7 @@ pub fn run_cpu(cpu: usize) {
                         s.debt = s.debt.saturating_add(over);
                     }
                     if matches!(end, SliceEnd::Yielded) && vm.ple == Ple::Directed {
-                        q.prefer[cpu] = preempted_sibling(q, slot, cpu);
+                        q.prefer[cpu] = preempted_sibling(q, vm, slot, cpu);
                     }
                     slice_ended(q, m, slot, end, wake_at)
                 };
@@ -323,6 +323,11 @@ fn pick(q: &mut Queue, m: &Machine, cpu: usize, now: u64, poll: u64) -> (Next, V
         // What it still owes comes off this slice (which keeps an eighth at least).
         let len = slice.saturating_sub(s.debt).max(slice / 8);
         s.debt = s.debt.saturating_sub(slice - len);
+        if directed.is_some() {
+            // A turn out of order: it owes one, and so gives its next turn in the round up, so
+            // that a directed yield changes who runs first, not who runs most.
+            s.debt = s.debt.saturating_add(slice);
+        }
         let next = Next::Run {
             slot: i,
             vm: s.vm,
@@ -376,15 +381,21 @@ fn pick(q: &mut Queue, m: &Machine, cpu: usize, now: u64, poll: u64) -> (Next, V
 }
 
 /// The vCPU a directed yield of slot `i` on pCPU `cpu` goes to: another vCPU of the same VM that
-/// lost its pCPU while runnable (preempted: the lock holder or the IPI target the spinner waits
-/// for, likely) and may run on `cpu`; the first after `i` in the queue's order, as KVM's
-/// `kvm_vcpu_on_spin` takes the candidates after the spinner in turn.
-fn preempted_sibling(q: &Queue, i: usize, cpu: usize) -> Option<usize> {
+/// lost its pCPU while runnable (preempted) and may run on `cpu`. First one an interrupt waits
+/// for (the IPI the spinner likely waits to see taken: KVM boosts such a vCPU too, its `ready`
+/// flag), else any (the lock holder, likely); each time the first after `i` in the queue's order,
+/// as KVM's `kvm_vcpu_on_spin` takes the candidates after the spinner in turn.
+fn preempted_sibling(q: &Queue, vm: &Vm, i: usize, cpu: usize) -> Option<usize> {
     let n = q.slots.len();
-    (1..n).map(|k| (i + k) % n).find(|&j| {
-        let s = &q.slots[j];
-        s.vm == q.slots[i].vm && s.state == State::Runnable && s.pin.is_none_or(|p| p == cpu)
-    })
+    let siblings = || {
+        (1..n).map(move |k| (i + k) % n).filter(move |&j| {
+            let s = &q.slots[j];
+            s.vm == q.slots[i].vm && s.state == State::Runnable && s.pin.is_none_or(|p| p == cpu)
+        })
+    };
+    siblings()
+        .find(|&j| vm.kicked(q.slots[j].vcpu))
+        .or_else(|| siblings().next())
 }
 
 /// Records how slot `i`'s slice ended; returns its VM and the VM's stop when that was the VM's

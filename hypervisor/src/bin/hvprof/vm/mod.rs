@@ -295,6 +295,12 @@ impl Vm {
         }
     }
 
+    /// Whether something waits for vCPU `index` (an IPI, an interrupt; see `kicks`) that its run
+    /// loop has not looked at yet; the kick stays.
+    pub fn kicked(&self, index: usize) -> bool {
+        self.kicks.load(Ordering::Relaxed) & (1 << (index % 64)) != 0
+    }
+
     /// Whether vCPU `index` was kicked since the last call (and clears it).
     pub fn take_kick(&self, index: usize) -> bool {
         let bit = 1 << (index % 64);
