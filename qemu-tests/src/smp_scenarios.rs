@@ -398,14 +398,21 @@ pub const SHOOTDOWN_ARGS: &str = "40,20000,2,1";
 /// shootdown IPI, which the preempted vCPU 2 takes only when it runs again; vCPU 1 runs a busy
 /// process. `off`: vCPU 0 spins to the end of its slice; `on`: a PLE window, then the pCPU goes
 /// to the next vCPU in turn (vCPU 1, busy, before vCPU 2); `directed`: to vCPU 2 first.
+/// With `ple=on`, lockholder runs after shootdown: its threads spin in user mode, where PAUSE
+/// never exits (pause-loop exiting watches CPL 0 only).
 fn ple_scenario(name: &str, ple: &'static str) -> Scenario {
     let cmdline = format!("export=end channel=lpt {LINUX_PERIOD} slice=2ms");
+    let then = if ple == "on" {
+        " hvprof.then=lockholder hvprof.thenarg=6,600000"
+    } else {
+        ""
+    };
     linux_smp_module(
         linux_machine(name)
             .cmdline(&cmdline)
             .budget(Duration::from_secs(300)),
         &format!("apic=on vcpus=3 pin=0,0,0 ple={ple}"),
-        &format!("hvprof.run=shootdown hvprof.arg={SHOOTDOWN_ARGS}"),
+        &format!("hvprof.run=shootdown hvprof.arg={SHOOTDOWN_ARGS}{then}"),
     )
     .check(|log| check_exit_code(log, "linux", 0, "port 0xf4"))
     .profile(move |run| check_ple(run, ple))
@@ -520,7 +527,8 @@ fn after_yields(capture: &[u8], from: u64, to: u64) -> HashMap<u16, u64> {
 ///   `smp_call_function_many_cond`; vCPU 0's spinning from its exits (each a PLE window) and its
 ///   samples in the function agree within 2 points; after its yields in the stretch the pCPU
 ///   went to vCPU 1 (`on`: next in turn) or to vCPU 2 (`directed`: the preempted sibling the
-///   IPI waits for), nine times in ten at least.
+///   IPI waits for), nine times in ten at least;
+/// - `on`: lockholder, after it, spins in user mode (`spin_wait`) with no pause-loop exit.
 fn check_ple(run: &ProfileRun, ple: &str) -> Result<(), String> {
     let samples = script_samples(run)?;
     let window = process_window(&samples, &["shootdown"])?;
@@ -583,6 +591,23 @@ fn check_ple(run: &ProfileRun, ple: &str) -> Result<(), String> {
     let tsc = |t: &str| (t.parse::<f64>().unwrap_or(0.0) * hz) as u64;
     let (from, to) = window.split_once(',').unwrap_or(("0", "0"));
     let next = after_yields(&run.capture, tsc(from), tsc(to));
+    if ple == "on" {
+        // lockholder's user-mode spinning: samples in spin_wait, no pause-loop exit.
+        let window = process_window(&samples, &["lockholder"])?;
+        let (from, to) = window.split_once(',').unwrap_or(("0", "0"));
+        let yields: u64 = after_yields(&run.capture, tsc(from), tsc(to))
+            .values()
+            .sum();
+        let spin_wait = samples
+            .iter()
+            .filter(|s| s.function == "spin_wait" && s.process.starts_with("lockholder["))
+            .count();
+        if yields > 0 || spin_wait < 100 {
+            errors.push(format!(
+                "lockholder spins in user mode ({spin_wait} spin_wait samples, expected 100 or more), where PAUSE never exits: {yields} pause-loop exits of vCPU 0 in its stretch ({window} s), expected 0"
+            ));
+        }
+    }
     let yields: u64 = next.values().sum();
     let want = if ple == "directed" { 2 } else { 1 };
     let to_want = next.get(&want).copied().unwrap_or(0);
