@@ -1,7 +1,8 @@
 //! The timeline: stacked bars over host time (plotters, SVG), one row per pCPU and one per
 //! vCPU. Each bar is one time bin; its segments are the shares of the row's samples in that bin
-//! by state: guest user, guest kernel, hypervisor by exit reason (and for no VM), idle, and for
-//! vCPU rows steal.
+//! by state: for pCPU rows, each VM's guest (one stable colour per VM, named in the legend: who
+//! held the pCPU), for vCPU rows guest user and guest kernel; the hypervisor by exit reason (and
+//! for no VM), idle, and for vCPU rows steal.
 //!
 //! A pCPU row holds that pCPU's samples. A vCPU row holds its virtual sample stream on the host
 //! time axis (`timeline::runs`, the report's `[steal]`/`[idle]` slots): its own samples as
@@ -30,6 +31,8 @@ pub const INVALID_EXIT: u16 = 0xfffe;
 /// The state of one slot of a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum State {
+    /// VM `vm`'s guest, user or kernel mode (pCPU rows).
+    Vm(u16),
     GuestUser,
     GuestKernel,
     /// The hypervisor on a vCPU's exit (its last exit reason).
@@ -43,6 +46,7 @@ pub enum State {
 impl State {
     pub fn label(self) -> String {
         match self {
+            State::Vm(vm) => format!("VM {vm}"),
             State::GuestUser => "guest user".into(),
             State::GuestKernel => "guest kernel".into(),
             State::Hypervisor(NO_EXIT) => "hypervisor: no exit yet".into(),
@@ -69,6 +73,27 @@ impl State {
     }
 }
 
+/// One stable colour per VM, by its id: none of the fixed states' (guest user green, guest
+/// kernel blue, steal red, greys) nor the exit reasons' palette.
+const VM_COLORS: [(u8, u8, u8); 8] = [
+    (0, 128, 128),
+    (107, 142, 35),
+    (25, 25, 112),
+    (128, 0, 64),
+    (160, 120, 40),
+    (90, 60, 170),
+    (0, 90, 60),
+    (70, 130, 180),
+];
+
+/// VM `vm`'s colour.
+pub fn vm_color(vm: u16) -> RGBColor {
+    let (r, g, b) = VM_COLORS[usize::from(vm) % VM_COLORS.len()];
+    // Beyond the palette, a darker shade of it.
+    let k = u8::from(usize::from(vm) >= VM_COLORS.len());
+    RGBColor(r >> k, g >> k, b >> k)
+}
+
 /// One row of the chart: a label and, per bin, the samples of each state.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
@@ -91,6 +116,8 @@ pub struct Timeline {
     pub pcpus: Vec<u16>,
     /// Where records are missing (the report's): drawn over their pCPU's row.
     pub losses: Vec<LossRange>,
+    /// The VMs' names, for the legend.
+    pub vm_names: HashMap<u16, String>,
 }
 
 /// The overlay marking lost records.
@@ -124,6 +151,7 @@ fn colors(states: &[State], counts: &HashMap<State, u64>) -> Vec<(State, RGBColo
         .iter()
         .map(|&s| {
             let c = match s {
+                State::Vm(vm) => vm_color(vm),
                 State::GuestUser => RGBColor(44, 160, 44),
                 State::GuestKernel => RGBColor(31, 119, 180),
                 State::HypervisorNoVm => RGBColor(110, 110, 110),
@@ -248,6 +276,8 @@ impl Timeline {
         let pcpus = p.pcpu_list();
         let row_of: HashMap<u16, usize> = pcpus.iter().enumerate().map(|(i, &c)| (c, i)).collect();
         let mut pcpu_bins: Vec<Vec<Counts>> = vec![vec![Counts::default(); bins]; pcpus.len()];
+        let mut pcpu_rows: Vec<Vec<HashMap<State, u64>>> =
+            vec![vec![HashMap::default(); bins]; pcpus.len()];
         let runs = time_runs(&p.events);
         // Per pCPU, its runs' ends in order (TSCs), and what its pass has counted so far.
         let mut sweeps: Vec<Sweep> = (0..pcpus.len()).map(|_| Sweep::default()).collect();
@@ -281,7 +311,13 @@ impl Timeline {
             let hv_for = (st == State::HypervisorNoVm).then_some(s.vcpu);
             sw.so_far.add(st, hv_for, 1);
             pcpu_bins[i][b].add(st, hv_for, 1);
-            *totals.entry(st).or_default() += 1;
+            // The pCPU row: who held it.
+            let held = match st {
+                State::GuestUser | State::GuestKernel => State::Vm(s.vm),
+                other => other,
+            };
+            *pcpu_rows[i][b].entry(held).or_default() += 1;
+            *totals.entry(held).or_default() += 1;
             if p.events.is_empty() && s.vm != NO_VM && s.what != What::Idle {
                 // No scheduling events: a vCPU's row is its own samples and the hypervisor's
                 // on its exits.
@@ -360,13 +396,10 @@ impl Timeline {
                 }
             }
         }
-        for (row, &c) in pcpu_bins.iter().zip(&pcpus) {
+        for (row, &c) in pcpu_rows.into_iter().zip(&pcpus) {
             rows.push(Row {
                 label: format!("pCPU {c}"),
-                bins: row
-                    .iter()
-                    .map(|cell| cell.states.iter().copied().collect())
-                    .collect(),
+                bins: row,
             });
         }
         let mut keys: Vec<(u16, u16)> = vrows.keys().copied().collect();
@@ -387,11 +420,29 @@ impl Timeline {
             } else {
                 1e3 / p.tsc_hz as f64
             },
+            vm_names: states
+                .iter()
+                .filter_map(|s| match *s {
+                    State::Vm(vm) => Some((vm, p.vm_name(vm))),
+                    _ => None,
+                })
+                .collect(),
             states: colors(&states, &totals),
             rows,
             pcpus,
             losses: p.losses.clone(),
         })
+    }
+
+    /// A state's name in the legend: a VM by its name.
+    pub fn label(&self, state: State) -> String {
+        match state {
+            State::Vm(vm) => match self.vm_names.get(&vm) {
+                Some(name) => format!("VM {name}"),
+                None => state.label(),
+            },
+            _ => state.label(),
+        }
     }
 
     /// Where a TSC falls on the time axis, in `per_ms` units (clamped to the axis).
@@ -524,7 +575,7 @@ impl Timeline {
             let entries = self
                 .states
                 .iter()
-                .map(|(state, color)| (state.label(), color.to_rgba()))
+                .map(|(state, color)| (self.label(*state), color.to_rgba()))
                 .chain(lost);
             for (i, (label, color)) in entries.enumerate() {
                 let (col, line) = ((i % legend_cols) as i32, (i / legend_cols) as i32);
@@ -559,7 +610,7 @@ impl Timeline {
                     let n = *t.get(s)?;
                     Some(format!(
                         "{} {:.1}%",
-                        s.label(),
+                        self.label(*s),
                         100.0 * n as f64 / total.max(1) as f64
                     ))
                 })

@@ -357,7 +357,7 @@ pub fn render(p: &Profile, r: &Report, source: &str, bins: usize, top: usize) ->
     let _ = writeln!(out, "<p>{}</p>", esc(&r.lost.line()));
     let _ = writeln!(
         out,
-        "<h2 id=timeline>Timeline</h2><p class=note>Stacked bars over host time: per pCPU its samples, per vCPU its virtual stream (steal: another VM or vCPU held its pCPU; hypervisor: the work on its exits, by exit reason). Red bands over a pCPU: records lost.</p><figure>{}</figure>",
+        "<h2 id=timeline>Timeline</h2><p class=note>Stacked bars over host time: per pCPU its samples, each VM's guest in a colour of its own (who held the pCPU), per vCPU its virtual stream (steal: another VM or vCPU held its pCPU; hypervisor: the work on its exits, by exit reason). Red bands over a pCPU: records lost.</p><figure>{}</figure>",
         inline_svg(&timeline)
     );
     let _ = writeln!(

@@ -129,6 +129,53 @@ fn html_report_renders_in_chromium_without_console_errors() {
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
     assert!(png.len() > 20_000, "a blank page? {} bytes", png.len());
     eprintln!("screenshot: {}", shot.display());
+    pcpu_row_shows_each_vm(&png);
+}
+
+/// The screenshot's timeline: the three VMs that take turns on the one pCPU of
+/// `sched-3vms-1pcpu.log` each have their colour in the pCPU row (the first row, above the vCPU
+/// rows and the legend: the topmost band of VM colours), each over a fair part of it.
+fn pcpu_row_shows_each_vm(png: &[u8]) {
+    let decoder = png::Decoder::new(std::io::Cursor::new(png));
+    let mut reader = decoder.read_info().expect("a PNG");
+    let mut buf = vec![0; reader.output_buffer_size().expect("a size")];
+    let info = reader.next_frame(&mut buf).expect("the screenshot's pixels");
+    let channels = info.color_type.samples();
+    assert!(
+        info.bit_depth == png::BitDepth::Eight && channels >= 3,
+        "{info:?}"
+    );
+    let (w, h) = (info.width as usize, info.height as usize);
+    let pixel = |x: usize, y: usize| {
+        let i = (y * w + x) * channels;
+        (buf[i], buf[i + 1], buf[i + 2])
+    };
+    let colors: Vec<(u8, u8, u8)> = (0..3)
+        .map(|vm| {
+            let c = hvprof_analyze::views::chart::vm_color(vm);
+            (c.0, c.1, c.2)
+        })
+        .collect();
+    let is_vm = |p: (u8, u8, u8)| colors.iter().position(|&c| c == p);
+    let top = (0..h)
+        .find(|&y| (0..w).any(|x| is_vm(pixel(x, y)).is_some()))
+        .expect("no VM colour in the screenshot: the pCPU row is not coloured by VM");
+    // The row's bars: 60 pixels from its top edge.
+    let mut counts = [0usize; 3];
+    for y in top..(top + 60).min(h) {
+        for x in 0..w {
+            if let Some(i) = is_vm(pixel(x, y)) {
+                counts[i] += 1;
+            }
+        }
+    }
+    let all: usize = counts.iter().sum();
+    for (vm, &n) in counts.iter().enumerate() {
+        assert!(
+            n * 10 >= all,
+            "VM {vm}'s colour covers {n} of the {all} VM pixels of the pCPU row: expected about a third each ({counts:?})"
+        );
+    }
 }
 
 #[test]
