@@ -152,8 +152,8 @@ enum Cmd {
         #[arg(long, default_value_t = 20)]
         top: usize,
     },
-    /// Stacked bars over host time per pCPU and per vCPU (SVG): guest user, guest kernel,
-    /// hypervisor by exit reason, idle, steal.
+    /// Stacked bars over host time per pCPU and per vCPU (SVG): each VM's guest (pCPU rows, one
+    /// colour per VM), guest user and kernel (vCPU rows), hypervisor by exit reason, idle, steal.
     Timeline {
         #[command(flatten)]
         input: Input,

@@ -139,7 +139,9 @@ fn pcpu_row_shows_each_vm(png: &[u8]) {
     let decoder = png::Decoder::new(std::io::Cursor::new(png));
     let mut reader = decoder.read_info().expect("a PNG");
     let mut buf = vec![0; reader.output_buffer_size().expect("a size")];
-    let info = reader.next_frame(&mut buf).expect("the screenshot's pixels");
+    let info = reader
+        .next_frame(&mut buf)
+        .expect("the screenshot's pixels");
     let channels = info.color_type.samples();
     assert!(
         info.bit_depth == png::BitDepth::Eight && channels >= 3,
