@@ -397,10 +397,10 @@ fn timeline_svg_holds_one_bar_series_per_state() {
             let hex = format!("#{:02X}{:02X}{:02X}", color.0, color.1, color.2);
             assert!(colors.insert(hex.clone()), "two states share {hex}");
             assert!(
-                texts.contains(&state.label()),
+                texts.contains(&t.label(*state)),
                 "{}: no legend for {}",
                 c.log,
-                state.label()
+                t.label(*state)
             );
             // Its bars, and its legend swatch.
             assert_eq!(
