@@ -71,7 +71,9 @@ static RINGS: [Rings; MAX_CPUS] = [const {
 }; MAX_CPUS];
 
 /// This pCPU's profiler state. Shared between the run loop and the timer/NMI handlers of the
-/// same CPU, so every field is atomic.
+/// same CPU, so every field is atomic. Its size is a power of two (the alignment), so that the
+/// pCPU number of a profiler (`pcpu`, which finds its rings on the sample path) is a shift.
+#[repr(align(8192))]
 pub struct CpuProfiler {
     /// The sampling deadlines (`DeadlineClock`: the one place that decides a deadline sample is
     /// due).
@@ -160,6 +162,8 @@ impl Default for CpuProfiler {
 const fn pack(vm: u16, vcpu: u16, vpid: u16, exit: u16) -> u64 {
     (vm as u64) | (vcpu as u64) << 16 | (vpid as u64) << 32 | (exit as u64) << 48
 }
+
+const _: () = assert!(core::mem::size_of::<CpuProfiler>().is_power_of_two());
 
 /// Every pCPU's profiler, indexed by pCPU number.
 static CPUS: [CpuProfiler; MAX_CPUS] = [const { CpuProfiler::new() }; MAX_CPUS];
@@ -321,17 +325,18 @@ impl CpuProfiler {
             return self.offer_with_frames(record, frames);
         }
         // Built straight into the ring's slot (`push_with`), not copied through temporaries.
-        self.exclusive(|drops| {
-            self.ring()
-                .push_with(1, |_| Slot::Record(Stamped { record, drops }))
+        let ring = self.ring();
+        self.exclusive(ring, |drops| {
+            ring.push_with(1, |_| Slot::Record(Stamped { record, drops }))
         });
     }
 
     #[inline(never)]
     fn offer_with_frames(&self, record: Record, frames: &[u64]) {
-        self.exclusive(|drops| {
+        let ring = self.ring();
+        self.exclusive(ring, |drops| {
             let stamped = Stamped { record, drops };
-            self.ring().push_with(slots::slots_for(frames.len()), |i| {
+            ring.push_with(slots::slots_for(frames.len()), |i| {
                 slots::slot(stamped, frames, i)
             })
         });
@@ -340,13 +345,13 @@ impl CpuProfiler {
     /// Runs `push` (given the ring's drop count) as the ring's only producer on this pCPU: with
     /// the timer's interrupt kept out, and an NMI that lands inside counted as a drop.
     #[inline(always)]
-    fn exclusive(&self, push: impl FnOnce(u64) -> bool) {
+    fn exclusive(&self, ring: &Ring<Slot, RING_RECORDS>, push: impl FnOnce(u64) -> bool) {
         x86_64::instructions::interrupts::without_interrupts(|| {
             if self.pushing.swap(true, Ordering::Acquire) {
-                self.ring().count_drop();
+                ring.count_drop();
                 return;
             }
-            push(self.ring().dropped());
+            push(ring.dropped());
             self.pushing.store(false, Ordering::Release);
         });
     }
