@@ -163,7 +163,8 @@ const fn pack(vm: u16, vcpu: u16, vpid: u16, exit: u16) -> u64 {
     (vm as u64) | (vcpu as u64) << 16 | (vpid as u64) << 32 | (exit as u64) << 48
 }
 
-const _: () = assert!(core::mem::size_of::<CpuProfiler>().is_power_of_two());
+const _: () =
+    assert!(core::mem::size_of::<CpuProfiler>().is_power_of_two() && MAX_CPUS.is_power_of_two());
 
 /// Every pCPU's profiler, indexed by pCPU number.
 static CPUS: [CpuProfiler; MAX_CPUS] = [const { CpuProfiler::new() }; MAX_CPUS];
@@ -204,12 +205,14 @@ impl CpuProfiler {
     /// This pCPU's ring of samples and events.
     #[inline(always)]
     pub fn ring(&self) -> &'static Ring<Slot, RING_RECORDS> {
-        &RINGS[self.pcpu()].samples
+        // `% MAX_CPUS` (a power of two: a mask) keeps the index in bounds without a check on
+        // the sample path; `pcpu` is below MAX_CPUS for every profiler of `CPUS`.
+        &RINGS[self.pcpu() % MAX_CPUS].samples
     }
 
     /// This pCPU's ring of task changes.
     pub fn tasks(&self) -> &'static Ring<hvprof_samplelog::Task, TASK_RECORDS> {
-        &RINGS[self.pcpu()].tasks
+        &RINGS[self.pcpu() % MAX_CPUS].tasks
     }
 }
 
