@@ -492,29 +492,38 @@ pub fn check_ple_diff(
 /// The kernel function whose PAUSE loop waits for a shootdown IPI (`csd_lock_wait`, inlined).
 pub const SPIN_FUNCTION: &str = "smp_call_function_many_cond";
 
-/// Where vCPU 0 of VM 0 went after each of its yields (out events `Yielded`) between TSCs
-/// `from` and `to`: the vCPU the pCPU ran next, counted per vCPU.
-fn after_yields(capture: &[u8], from: u64, to: u64) -> HashMap<u16, u64> {
+/// vCPU 0 of VM 0's yields (out events `Yielded`), each with the vCPU its pCPU ran next: (TSC of
+/// the yield, that vCPU), from the whole capture.
+fn yields_of_vcpu0(capture: &[u8]) -> Vec<(u64, u16)> {
     use hvprof_samplelog::{EventKind, OutReason, Record};
     let d = hvprof_samplelog::decode(capture);
-    let mut next = HashMap::new();
+    let mut out = Vec::new();
     for log in d.pcpus.values() {
-        let mut yielded = false;
+        let mut yielded = None;
         for r in &log.records {
             let Record::Event(e) = r else { continue };
             match (e.kind, e.reason) {
-                (EventKind::VcpuOut, OutReason::Yielded)
-                    if (e.vm, e.vcpu) == (0, 0) && (from..to).contains(&e.tsc) =>
-                {
-                    yielded = true;
+                (EventKind::VcpuOut, OutReason::Yielded) if (e.vm, e.vcpu) == (0, 0) => {
+                    yielded = Some(e.tsc);
                 }
-                (EventKind::VcpuIn, _) if yielded => {
-                    *next.entry(e.vcpu).or_insert(0) += 1;
-                    yielded = false;
+                (EventKind::VcpuIn, _) => {
+                    if let Some(t) = yielded.take() {
+                        out.push((t, e.vcpu));
+                    }
                 }
                 _ => {}
             }
         }
+    }
+    out
+}
+
+/// Of `yields` ([`yields_of_vcpu0`]), those between TSCs `from` and `to`: the vCPU run next,
+/// counted per vCPU.
+fn after_yields(yields: &[(u64, u16)], from: u64, to: u64) -> HashMap<u16, u64> {
+    let mut next = HashMap::new();
+    for &(_, vcpu) in yields.iter().filter(|(t, _)| (from..to).contains(t)) {
+        *next.entry(vcpu).or_insert(0) += 1;
     }
     next
 }
@@ -587,20 +596,23 @@ fn check_ple(run: &ProfileRun, ple: &str) -> Result<(), String> {
             "vCPU 0's spinning from its pause-loop exits ({spinning:.2}%) and its samples in {SPIN_FUNCTION} ({spin:.2}%) should agree within 2 points"
         ));
     }
-    // The stretch in TSC ticks (`script` prints TSC / TSC rate, in seconds).
+    // A stretch `START,END` in TSC ticks (`script` prints TSC / TSC rate, in seconds).
     let hz = report.get("tsc_hz").and_then(Value::as_f64).unwrap_or(0.0);
     let tsc = |t: &str| (t.parse::<f64>().unwrap_or(0.0) * hz) as u64;
-    let (from, to) = window.split_once(',').unwrap_or(("0", "0"));
-    let next = after_yields(&run.capture, tsc(from), tsc(to));
+    let ticks = |window: &str| {
+        let (from, to) = window.split_once(',').unwrap_or(("0", "0"));
+        (tsc(from), tsc(to))
+    };
+    let all_yields = yields_of_vcpu0(&run.capture);
+    let (from, to) = ticks(&window);
+    let next = after_yields(&all_yields, from, to);
     if ple == "on" {
         // lockholder's user-mode spinning makes no pause-loop exit: every exit's RIP is a kernel
         // address, and the exits in lockholder's stretch (the kernel's own waits, setting its
         // threads up and tearing them down) account for under 1 % of its spin_wait time.
         let window = process_window(&samples, &["lockholder"])?;
-        let (from, to) = window.split_once(',').unwrap_or(("0", "0"));
-        let yields: u64 = after_yields(&run.capture, tsc(from), tsc(to))
-            .values()
-            .sum();
+        let (from, to) = ticks(&window);
+        let yields: u64 = after_yields(&all_yields, from, to).values().sum();
         let spin_wait = samples
             .iter()
             .filter(|s| s.function == "spin_wait" && s.process.starts_with("lockholder["))

@@ -52,6 +52,13 @@ struct Slot {
     debt: u64,
 }
 
+impl Slot {
+    /// Whether pCPU `cpu` may run it now: runnable, and pinned to `cpu` or free to move.
+    fn runnable_on(&self, cpu: usize) -> bool {
+        self.state == State::Runnable && self.pin.is_none_or(|p| p == cpu)
+    }
+}
+
 struct Queue {
     slots: Vec<Slot>,
     /// Per pCPU: the slot after the one it picked last (round-robin).
@@ -287,7 +294,7 @@ fn pick(q: &mut Queue, m: &Machine, cpu: usize, now: u64, poll: u64) -> (Next, V
     let candidates = || {
         (0..n)
             .map(|k| (q.next[cpu] + k) % n)
-            .filter(|&i| q.slots[i].state == State::Runnable && mine(&q.slots[i]))
+            .filter(|&i| q.slots[i].runnable_on(cpu))
     };
     // A directed yield's target first, when it is still runnable here; else round-robin,
     // except that a vCPU owing a whole slice or more gives its turn to the next one (and owes a
@@ -295,27 +302,27 @@ fn pick(q: &mut Queue, m: &Machine, cpu: usize, now: u64, poll: u64) -> (Next, V
     let slice = m.slice;
     let directed = q.prefer[cpu]
         .take()
-        .filter(|&i| q.slots[i].state == State::Runnable && mine(&q.slots[i]));
-    let round_robin = candidates().next().map(|first| {
-        candidates()
-            .find(|&i| q.slots[i].debt < slice)
-            .unwrap_or(first)
-    });
-    let chosen = match (directed, round_robin) {
-        (Some(i), _) => Some(i),
-        (None, Some(i)) => {
+        .filter(|&i| q.slots[i].runnable_on(cpu));
+    let chosen = if directed.is_some() {
+        directed
+    } else {
+        let round_robin = candidates().next().map(|first| {
+            candidates()
+                .find(|&i| q.slots[i].debt < slice)
+                .unwrap_or(first)
+        });
+        if let Some(i) = round_robin {
             // Those passed over on the way to it (all owing a slice) have paid one.
             let start = q.next[cpu];
             for k in (0..n).map(|k| (start + k) % n).take_while(|&k| k != i) {
                 let s = &mut q.slots[k];
-                if s.state == State::Runnable && mine(s) {
+                if s.runnable_on(cpu) {
                     s.debt -= slice;
                 }
             }
             q.next[cpu] = i + 1;
-            Some(i)
         }
-        (None, None) => None,
+        round_robin
     };
     if let Some(i) = chosen {
         let s = &mut q.slots[i];
@@ -388,10 +395,9 @@ fn pick(q: &mut Queue, m: &Machine, cpu: usize, now: u64, poll: u64) -> (Next, V
 fn preempted_sibling(q: &Queue, vm: &Vm, i: usize, cpu: usize) -> Option<usize> {
     let n = q.slots.len();
     let siblings = || {
-        (1..n).map(move |k| (i + k) % n).filter(move |&j| {
-            let s = &q.slots[j];
-            s.vm == q.slots[i].vm && s.state == State::Runnable && s.pin.is_none_or(|p| p == cpu)
-        })
+        (1..n)
+            .map(move |k| (i + k) % n)
+            .filter(move |&j| q.slots[j].vm == q.slots[i].vm && q.slots[j].runnable_on(cpu))
     };
     siblings()
         .find(|&j| vm.kicked(q.slots[j].vcpu))

@@ -9,6 +9,7 @@ use crate::vcpu::LSTAR_SLOT;
 use crate::{print, println};
 use core::fmt::Write;
 use core::sync::atomic::Ordering;
+use hvprof_hypervisor::spin_sites::SpinSites;
 use hvprof_hypervisor::vm_config::Ple;
 use hvprof_samplelog::{ExitStats, Output, OutputStream, PauseLoop, SpinSite, VmEnd};
 use hvprof_vmx::exit::BasicExit;
@@ -145,14 +146,20 @@ pub fn exit_stats(vm: &Vm) {
         exits.merge(&v.lock().stats);
     }
     print!("{}", exits.table(&vm.name, exit_name));
-    spin_sites(vm);
+    // Each vCPU's spin sites, read once for the console and the end frame.
+    let spins: alloc::vec::Vec<SpinSites> = if vm.ple == Ple::Off {
+        alloc::vec::Vec::new()
+    } else {
+        vm.vcpus.iter().map(|v| v.lock().spins).collect()
+    };
+    print_spin_sites(vm, &spins);
     let lstar = vm.vcpus.first().map_or(0, |v| v.lock().msrs[LSTAR_SLOT]);
     profiler::export::send_vm_end(&VmEnd {
         vm: vm.index,
         lstar,
         task_offsets: vm.task_offsets,
         exits,
-        pause_loop: pause_loop(vm),
+        pause_loop: pause_loop(vm, &spins),
     });
     if let Some(layout) = &vm.module_layout {
         // The list now, added to those read during the run (at samples in a module not known
@@ -200,8 +207,9 @@ pub fn exit_stats(vm: &Vm) {
     }
 }
 
-/// The VM's pause-loop exiting for its end frame: the controls and every vCPU's spin sites.
-fn pause_loop(vm: &Vm) -> Option<PauseLoop> {
+/// The VM's pause-loop exiting for its end frame: the controls and every vCPU's spin sites
+/// (`spins`, by vCPU index).
+fn pause_loop(vm: &Vm, spins: &[SpinSites]) -> Option<PauseLoop> {
     if vm.ple == Ple::Off {
         return None;
     }
@@ -210,43 +218,34 @@ fn pause_loop(vm: &Vm) -> Option<PauseLoop> {
         super::pause_loop::GAP,
         super::pause_loop::WINDOW,
     );
-    for (i, v) in vm.vcpus.iter().enumerate() {
-        let spins = v.lock().spins;
-        for (rip, exits) in spins.by_count() {
+    for (i, s) in spins.iter().enumerate() {
+        for (rip, exits) in s.by_count() {
             p.add(SpinSite {
                 vcpu: i as u16,
                 rip,
                 exits,
             });
         }
-        p.others = p.others.saturating_add(spins.others());
+        p.others = p.others.saturating_add(s.others());
     }
     Some(p)
 }
 
-/// Per vCPU with pause-loop exits (`ple=`): how many, and the guest RIPs they were at
-/// (`vm NAME: vcpu N: pause-loop exits: COUNT at RIP xCOUNT, ...`); the analyzer takes them
-/// from the VM's end frame and names the functions that spun.
-fn spin_sites(vm: &Vm) {
-    if vm.ple == Ple::Off {
-        return;
-    }
-    for (i, v) in vm.vcpus.iter().enumerate() {
-        let spins = v.lock().spins;
-        let mut line = alloc::format!(
-            "vm {}: vcpu {i}: pause-loop exits: {}",
-            vm.name,
-            spins.total()
-        );
-        for (n, (rip, count)) in spins.by_count().enumerate() {
+/// Per vCPU of `spins` (by index, with `ple=`): its pause-loop exits and the guest RIPs they
+/// were at (`vm NAME: vcpu N: pause-loop exits: COUNT at RIP xCOUNT, ...`); the analyzer takes
+/// them from the VM's end frame and names the functions that spun.
+fn print_spin_sites(vm: &Vm, spins: &[SpinSites]) {
+    for (i, s) in spins.iter().enumerate() {
+        let mut line = alloc::format!("vm {}: vcpu {i}: pause-loop exits: {}", vm.name, s.total());
+        for (n, (rip, count)) in s.by_count().enumerate() {
             let _ = write!(
                 line,
                 "{}{rip:#x} x{count}",
                 if n == 0 { " at " } else { ", " }
             );
         }
-        if spins.others() > 0 {
-            let _ = write!(line, ", {} at other RIPs", spins.others());
+        if s.others() > 0 {
+            let _ = write!(line, ", {} at other RIPs", s.others());
         }
         println!("{line}");
     }
