@@ -380,13 +380,25 @@ fn check_three_vms_on(run: &ProfileRun, pcpus: u32) -> Result<(), String> {
                 .iter()
                 .filter(|o| **o != name)
             {
-                if let Err(e) = within(
-                    &format!("{name}'s steal by {other}"),
-                    steal_by(v, other),
-                    outside / 2.0,
-                    1.0,
-                ) {
-                    errors.push(e);
+                // From the samples, and exactly from the events: the same within a point.
+                let (samples, events) = (steal_by(v, other), steal_by_events(v, other));
+                for r in [
+                    within(
+                        &format!("{name}'s steal by {other}"),
+                        samples,
+                        outside / 2.0,
+                        1.0,
+                    ),
+                    within(
+                        &format!("{name}'s steal by {other}, from the events"),
+                        events,
+                        samples,
+                        1.0,
+                    ),
+                ] {
+                    if let Err(e) = r {
+                        errors.push(e);
+                    }
                 }
             }
         }
@@ -403,6 +415,17 @@ fn steal_by(v: &Value, culprit: &str) -> f64 {
         .flatten()
         .filter(|b| b.get("name").and_then(Value::as_str) == Some(culprit))
         .filter_map(|b| b.get("percent").and_then(Value::as_f64))
+        .sum()
+}
+
+/// The same from the scheduling events (`steal_by`'s `events`: a share of the lifetime).
+fn steal_by_events(v: &Value, culprit: &str) -> f64 {
+    v.get("steal_by")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|b| b.get("name").and_then(Value::as_str) == Some(culprit))
+        .filter_map(|b| b.get("events").and_then(Value::as_f64))
         .sum()
 }
 
@@ -456,8 +479,96 @@ fn culprit_scenario() -> Scenario {
                     "the hog should be the victim's main culprit: hog {hog:.2}%, sleeper {sleeper:.2}% of its {outside:.2}% steal (outside)"
                 ));
             }
-            Ok(())
+            within(
+                "the victim's steal by the hog, from the events",
+                steal_by_events(v, "hog"),
+                hog,
+                1.0,
+            )?;
+            check_stolen(run)
         })
+}
+
+/// `report --stolen` on the culprit scenario: the victim's steal is held mostly by the hog's
+/// vCPU, whose hottest function there is `work_a` (its `mix=80,20`: 80 % of its rounds); the
+/// sleeper's `work_a` and `work_b` follow it in the same proportion, and the matrix of pCPU 0
+/// agrees with the per-vCPU totals.
+fn check_stolen(run: &ProfileRun) -> Result<(), String> {
+    let report = run.report_with(None, &["--stolen".into()])?;
+    let vcpus = report
+        .pointer("/stolen/vcpus")
+        .and_then(Value::as_array)
+        .ok_or("report --stolen: no stolen.vcpus")?;
+    let victim = vcpus
+        .iter()
+        .find(|v| v.get("vm").and_then(Value::as_str) == Some("victim"))
+        .ok_or("report --stolen: no row for the victim")?;
+    let rows = victim
+        .get("rows")
+        .and_then(Value::as_array)
+        .ok_or("report --stolen: the victim has no rows")?;
+    let share = |holder: &str, function: &str| -> f64 {
+        rows.iter()
+            .filter(|r| {
+                r.get("holder").and_then(Value::as_str) == Some(holder)
+                    && r.get("function").and_then(Value::as_str) == Some(function)
+            })
+            .filter_map(|r| r.get("percent").and_then(Value::as_f64))
+            .sum()
+    };
+    let top = rows
+        .first()
+        .ok_or("report --stolen: the victim has no rows")?;
+    let name = |k: &str| top.get(k).and_then(Value::as_str).unwrap_or("?").to_owned();
+    println!(
+        "stolen: the victim's steal held first by {} in {} ({:.2}%); hog work_a {:.2}%, work_b {:.2}%",
+        name("holder"),
+        name("function"),
+        top.get("percent").and_then(Value::as_f64).unwrap_or(0.0),
+        share("hog vCPU 0", "work_a"),
+        share("hog vCPU 0", "work_b")
+    );
+    if (name("holder").as_str(), name("function").as_str()) != ("hog vCPU 0", "work_a") {
+        return Err(format!(
+            "report --stolen: the victim's steal should be held first by hog vCPU 0 in work_a, not {} in {}",
+            name("holder"),
+            name("function")
+        ));
+    }
+    // mix=80,20: work_a four times work_b, within a tenth.
+    let (a, b) = (share("hog vCPU 0", "work_a"), share("hog vCPU 0", "work_b"));
+    within(
+        "the hog's work_a / work_b in the victim's steal",
+        a / b.max(1e-9),
+        4.0,
+        0.4,
+    )?;
+    // The matrix row of the victim on pCPU 0: the hog's column is the per-vCPU holder total.
+    let total = victim
+        .get("holders")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|h| h.get("holder").and_then(Value::as_str) == Some("hog vCPU 0"))
+        .and_then(|h| h.get("percent").and_then(Value::as_f64))
+        .ok_or("report --stolen: the hog holds none of the victim's steal")?;
+    let cell = report
+        .pointer("/stolen/pcpus/0/cells")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|c| {
+            c.get("victim").and_then(Value::as_str) == Some("victim vCPU 0")
+                && c.get("holder").and_then(Value::as_str) == Some("hog")
+        })
+        .and_then(|c| c.get("percent").and_then(Value::as_f64))
+        .ok_or("report --stolen: no matrix cell for the victim held by the hog")?;
+    within(
+        "the matrix cell (victim, hog) vs the hog's total",
+        cell,
+        total,
+        0.01,
+    )
 }
 
 /// The paper's Tables 14/15: one VM busy for the first third of its life, then halted (woken by

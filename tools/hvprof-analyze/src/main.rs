@@ -28,7 +28,7 @@ use hvprof_analyze::model::progress::Progress;
 use hvprof_analyze::naming::symbols::Images;
 use hvprof_analyze::views::report::{self, Report};
 use hvprof_analyze::views::{
-    callgraph, chart, firefox, flame, html, pprof, preemption, script, stat, text,
+    callgraph, chart, firefox, flame, html, pprof, preemption, script, stat, stolen, text,
 };
 
 #[derive(Parser)]
@@ -133,6 +133,12 @@ enum Cmd {
         /// the lock held shows here. Reads the samples a second time. JSON: "preemptions".
         #[arg(long)]
         preemptions: bool,
+        /// Per vCPU, who held its pCPU while it was out and runnable (its steal): other vCPUs'
+        /// guest code by VM, vCPU and function, the hypervisor by exit reason and function, or
+        /// no one (idle); and per pCPU, who stole from whom as a matrix. Reads the samples a
+        /// second time. JSON: "stolen".
+        #[arg(long)]
+        stolen: bool,
     },
     /// Two captures compared by share, B minus A in points (positive: a larger share in B):
     /// per VM (by name) its OS/user/idle/steal shares, its processes (by name, without the pid)
@@ -592,6 +598,7 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             vm,
             call_graph,
             preemptions,
+            stolen,
         } => {
             let log = &input.log;
             let bytes = hvprof_analyze::model::capture::Capture::open(log)?;
@@ -602,9 +609,9 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             // The text report shows the first `top` rows of each table: only those are made
             // (the JSON report has every row).
             let options = LoadOptions {
-                report_only: !call_graph && !preemptions,
+                report_only: !call_graph && !preemptions && !stolen,
                 top_rows: (!json).then_some(top),
-                ..load_options(&input, true, preemptions)
+                ..load_options(&input, true, preemptions || stolen)
             };
             let (p, mut r) = report::from_capture(bytes, &imgs, options, progress);
             p.is_capture(log)?;
@@ -627,6 +634,9 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
             if preemptions {
                 r.preemptions = Some(preemption::build(&p)?);
             }
+            if stolen {
+                r.stolen = Some(stolen::build(&p)?);
+            }
             if json {
                 // Written as it is made: with every row of every table (a capture without
                 // symbols has one per address), the text can be larger than the report.
@@ -644,6 +654,9 @@ fn run_with(cli: Cli, progress: &Progress) -> Result<()> {
                 }
                 if let Some(v) = &r.preemptions {
                     out.write_all(preemption::render(v, top, r.tsc_hz).as_bytes())?;
+                }
+                if let Some(s) = &r.stolen {
+                    out.write_all(stolen::render(s, top).as_bytes())?;
                 }
                 out.flush()?;
             }

@@ -36,6 +36,15 @@ pub const REFRESH: Duration = Duration::from_secs(1);
 /// Rows a snapshot keeps per table (the screen shows what fits).
 const ROWS: usize = 60;
 
+/// `hog 45.0% sleeper 7.5%`: who held a vCPU's pCPU in its steal (percent of the window).
+fn steal_by(by: &[(String, f64)]) -> String {
+    by.iter()
+        .filter(|(_, f)| *f >= 0.0005)
+        .map(|(n, f)| format!("{n} {:.1}%", 100.0 * f))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn percent(p: f64) -> String {
     format!("{p:5.1}%")
 }
@@ -88,7 +97,7 @@ pub fn draw(f: &mut Frame, s: &Snapshot, title: &str) {
     f.render_widget(Paragraph::new(lines), head);
 
     let [left, right] =
-        Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(middle);
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(middle);
     // With call graphs a first column: the children share (samples whose stack holds the row).
     let cg = s.call_graph;
     let children = |r: &crate::live::window::Row| {
@@ -134,24 +143,37 @@ pub fn draw(f: &mut Frame, s: &Snapshot, title: &str) {
     );
     let vcpu_rows = s.vcpus.iter().map(|v| {
         Row::new([
-            Cell::from(format!("{} (vm {})", v.name, v.vm)),
+            Cell::from(v.name.clone()),
             Cell::from(Line::from(v.vcpu.to_string()).right_aligned()),
             Cell::from(Line::from(percent(100.0 * v.running)).right_aligned()),
             Cell::from(Line::from(percent(100.0 * v.idle)).right_aligned()),
             Cell::from(Line::from(percent(100.0 * v.steal)).right_aligned()),
+            Cell::from(steal_by(&v.steal_by)),
         ])
     });
+    let name = s
+        .vcpus
+        .iter()
+        .map(|v| v.name.len())
+        .max()
+        .unwrap_or(0)
+        .clamp(2, 16);
     let widths = [
-        Constraint::Min(12),
+        Constraint::Length(name as u16),
         Constraint::Length(4),
         Constraint::Length(7),
         Constraint::Length(6),
         Constraint::Length(6),
+        Constraint::Min(12),
     ];
     f.render_widget(
         Table::new(vcpu_rows, widths)
-            .header(Row::new(["VM", "vCPU", "running", "idle", "steal"]).style(bold))
-            .block(Block::bordered().title("vCPU time (idle: out halted; steal: out runnable)")),
+            .header(Row::new(["VM", "vCPU", "running", "idle", "steal", "steal by"]).style(bold))
+            .block(
+                Block::bordered().title(
+                    "vCPU time (idle: out halted; steal: out runnable, by who held its pCPU)",
+                ),
+            ),
         right,
     );
 

@@ -279,18 +279,19 @@ impl VcpuState {
     }
 }
 
-/// A vCPU's events in the window (TSC order), and its state when the window starts.
+/// A vCPU's events in the window (TSC order), each with its state after it and its pCPU, and
+/// its state when the window starts.
 #[derive(Debug, Clone, Default)]
 struct VcpuTrack {
-    before: Option<(u64, VcpuState)>,
-    events: VecDeque<(u64, VcpuState)>,
+    before: Option<(u64, VcpuState, u16)>,
+    events: VecDeque<(u64, VcpuState, u16)>,
 }
 
 impl VcpuTrack {
-    fn insert(&mut self, tsc: u64, state: VcpuState, start: u64) {
+    fn insert(&mut self, tsc: u64, state: VcpuState, pcpu: u16, start: u64) {
         if tsc < start {
-            if self.before.is_none_or(|(t, _)| t <= tsc) {
-                self.before = Some((tsc, state));
+            if self.before.is_none_or(|(t, _, _)| t <= tsc) {
+                self.before = Some((tsc, state, pcpu));
             }
             return;
         }
@@ -298,38 +299,53 @@ impl VcpuTrack {
         let at = self
             .events
             .iter()
-            .rposition(|&(t, _)| t <= tsc)
+            .rposition(|&(t, _, _)| t <= tsc)
             .map_or(0, |i| i + 1);
-        self.events.insert(at, (tsc, state));
+        self.events.insert(at, (tsc, state, pcpu));
     }
 
     fn evict(&mut self, start: u64) {
-        while self.events.front().is_some_and(|&(t, _)| t < start) {
+        while self.events.front().is_some_and(|&(t, _, _)| t < start) {
             self.before = self.events.pop_front();
         }
+    }
+
+    /// Its stretches within `[start, end]`: (state, pCPU, from, to) (time before its first
+    /// known event counts in none).
+    fn stretches(
+        &self,
+        start: u64,
+        end: u64,
+    ) -> impl Iterator<Item = (VcpuState, u16, u64, u64)> + '_ {
+        let mut at = start;
+        let mut state = self.before.map(|(_, s, p)| (s, p));
+        self.events
+            .iter()
+            .take_while(move |&&(t, _, _)| t <= end)
+            .map(Some)
+            .chain(std::iter::once(None))
+            .filter_map(move |e| {
+                let to = e.map_or(end, |&(t, _, _)| t);
+                let done = state.map(|(s, p)| (s, p, at, to));
+                at = to;
+                state = e.map(|&(_, s, p)| (s, p));
+                done
+            })
     }
 
     /// Ticks in, out halted and out otherwise within `[start, end]` (time before its first
     /// known event, and after it stopped, counts in none).
     fn ticks(&self, start: u64, end: u64) -> (u64, u64, u64) {
         let (mut run, mut halted, mut out) = (0u64, 0u64, 0u64);
-        let mut at = start;
-        let mut state = self.before.map(|(_, s)| s);
-        let mut add = |state: Option<VcpuState>, from: u64, to: u64| {
+        for (state, _, from, to) in self.stretches(start, end) {
             let span = to.saturating_sub(from);
             match state {
-                Some(VcpuState::In) => run += span,
-                Some(VcpuState::OutHalted) => halted += span,
-                Some(VcpuState::Out) => out += span,
-                Some(VcpuState::Stopped) | None => {}
+                VcpuState::In => run += span,
+                VcpuState::OutHalted => halted += span,
+                VcpuState::Out => out += span,
+                VcpuState::Stopped => {}
             }
-        };
-        for &(tsc, s) in self.events.iter().take_while(|&&(t, _)| t <= end) {
-            add(state, at, tsc);
-            at = tsc;
-            state = Some(s);
         }
-        add(state, at, end);
         (run, halted, out)
     }
 }
@@ -384,6 +400,10 @@ pub struct VcpuTime {
     pub idle: f64,
     /// Out otherwise (preempted, yielded): runnable but not running.
     pub steal: f64,
+    /// Of `steal`, who held the pCPU it went out of (exact, from the events): another VM by
+    /// name, or a sibling vCPU of its own VM (`vcpuN`); the largest first. The rest no vCPU
+    /// held (the hypervisor, or idle).
+    pub steal_by: Vec<(String, f64)>,
 }
 
 /// The view at one moment: the window's tables and the stream's counts.
@@ -531,7 +551,7 @@ impl Live {
                 for (r, chains) in hvprof_samplelog::with_chains(records, frames) {
                     match r {
                         Record::Sample(s) => self.sample(header.pcpu, s, chains),
-                        Record::Event(e) => self.event(e),
+                        Record::Event(e) => self.event(header.pcpu, e),
                     }
                 }
             }
@@ -645,13 +665,13 @@ impl Live {
         self.counts.add(counted);
     }
 
-    fn event(&mut self, e: &Event) {
+    fn event(&mut self, pcpu: u16, e: &Event) {
         self.advance(e.tsc);
         let start = self.start();
         self.vcpus
             .entry((e.vm, e.vcpu))
             .or_default()
-            .insert(e.tsc, VcpuState::of(e), start);
+            .insert(e.tsc, VcpuState::of(e), pcpu, start);
     }
 
     /// The view now: `top` rows per table, named by `names`.
@@ -770,13 +790,46 @@ impl Live {
                 t as f64 / span_ticks as f64
             }
         };
+        // Who held each pCPU when, from every vCPU's stretches in within the window.
+        let stretch = |key: (u16, u16), (_, pcpu, from, to): (VcpuState, u16, u64, u64)| {
+            crate::model::timeline::Stretch {
+                vcpu: key,
+                pcpu,
+                start: from,
+                end: to,
+            }
+        };
+        let holders =
+            crate::model::timeline::Holders::new(self.vcpus.iter().flat_map(|(&k, t)| {
+                t.stretches(start, end)
+                    .filter(|s| s.0 == VcpuState::In)
+                    .map(move |s| stretch(k, s))
+            }));
         let vcpus = keys
             .into_iter()
             .map(|(vm, vcpu)| {
-                let (run, halted, out) = self
-                    .vcpus
-                    .get(&(vm, vcpu))
-                    .map_or((0, 0, 0), |t| t.ticks(start, end));
+                let track = self.vcpus.get(&(vm, vcpu));
+                let (run, halted, out) = track.map_or((0, 0, 0), |t| t.ticks(start, end));
+                let mut held: HashMap<(u16, u16), u64> = HashMap::default();
+                for s in track
+                    .into_iter()
+                    .flat_map(|t| t.stretches(start, end))
+                    .filter(|s| s.0 == VcpuState::Out)
+                {
+                    holders.add(&stretch((vm, vcpu), s), &mut held);
+                }
+                let mut by: BTreeMap<String, u64> = BTreeMap::new();
+                for ((v, c), t) in held {
+                    let name = if v == vm {
+                        format!("vcpu{c}")
+                    } else {
+                        names.vm_name(v)
+                    };
+                    *by.entry(name).or_default() += t;
+                }
+                let mut steal_by: Vec<(String, f64)> =
+                    by.into_iter().map(|(n, t)| (n, fraction(t))).collect();
+                steal_by.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
                 VcpuTime {
                     vm,
                     name: names.vm_name(vm),
@@ -784,6 +837,7 @@ impl Live {
                     running: fraction(run),
                     idle: fraction(halted),
                     steal: fraction(out),
+                    steal_by,
                 }
             })
             .collect();
@@ -1015,6 +1069,51 @@ mod tests {
         assert!((s.vcpus[0].idle - 8.0 / 9.5).abs() < 1e-9);
         assert!((s.vcpus[0].running - 1.5 / 9.5).abs() < 1e-9);
         assert_eq!(s.vcpus[0].steal, 0.0);
+    }
+
+    /// Three VMs take turns on pCPU 0 in slices of 0.1 s for 6 s; a sample each slice. In a
+    /// 10 s window each VM's steal is held half by each of the other two, exactly from the
+    /// events.
+    #[test]
+    fn steal_is_split_by_who_held_the_pcpu() {
+        let mut l = live(10);
+        let at = |vm: u16, tsc: u64, kind: EventKind| {
+            Record::Event(Event {
+                tsc,
+                kind,
+                vm,
+                vcpu: 0,
+                reason: OutReason::Preempted,
+            })
+        };
+        let mut records = Vec::new();
+        for slice in 0..60u64 {
+            let vm = (slice % 3) as u16;
+            let t = slice * HZ / 10;
+            records.push(at(vm, t, EventKind::VcpuIn));
+            records.push(idle_at(t + HZ / 20));
+            records.push(at(vm, t + HZ / 10, EventKind::VcpuOut));
+        }
+        feed(&mut l, 0, &records);
+        let s = l.snapshot(&Plain, 10);
+        for v in &s.vcpus {
+            // Two slices of three out, less those before its first event.
+            assert!((v.steal - 2.0 / 3.0).abs() < 0.04, "{v:?}");
+            let held: f64 = v.steal_by.iter().map(|(_, f)| f).sum();
+            assert!(
+                (held - v.steal).abs() < 1e-9,
+                "no gap between slices: {v:?}"
+            );
+            let others: Vec<String> = (0..3u16)
+                .filter(|o| *o != v.vm)
+                .map(|o| format!("vm{o}"))
+                .collect();
+            assert_eq!(v.steal_by.len(), 2, "{v:?}");
+            for (name, f) in &v.steal_by {
+                assert!(others.contains(name), "{v:?}");
+                assert!((f - v.steal / 2.0).abs() < 0.02, "{v:?}");
+            }
+        }
     }
 
     /// A Linux guest's samples are classified as every command classifies them: by the task

@@ -62,6 +62,9 @@ pub struct Blanks {
     pub ticks_in: u64,
     /// Times it gave its pCPU up spinning (out events `Yielded`: pause-loop exits).
     pub yields: u64,
+    /// Of `ticks_out`, the exact ticks each other vCPU (VM, vCPU) was in on the pCPU this one
+    /// went out on, from the events; the rest no vCPU held (the hypervisor, or idle).
+    pub ticks_out_by: HashMap<(u16, u16), u64>,
 }
 
 /// What a vCPU was doing over a stretch of host time, from its scheduling events.
@@ -219,6 +222,9 @@ pub struct TimeRun {
     pub from: u64,
     pub to: Option<u64>,
     pub class: Class,
+    /// An [`Class::Out`] run that a pause-loop exit began (out event `Yielded`): the vCPU gave
+    /// its pCPU up spinning.
+    pub yielded: bool,
 }
 
 /// Every vCPU's virtual stream as stretches of time on a pCPU, as [`runs`] reads it (without
@@ -239,6 +245,7 @@ pub fn time_runs(events: &[(u16, Event)]) -> Vec<TimeRun> {
                 from: t,
                 to: track.events.get(k + 1).map(|&(next, _, _)| next),
                 class,
+                yielded: e.kind == EventKind::VcpuOut && e.reason == OutReason::Yielded,
             });
         }
     }
@@ -586,10 +593,111 @@ impl<C: Counter> Window<'_, C> {
     }
 }
 
-/// Each vCPU's exact ticks in, out halted and out otherwise, from its events.
+/// A stretch of a vCPU's time on a pCPU, `[start, end)`: from one of its events to its next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stretch {
+    pub vcpu: (u16, u16),
+    pub pcpu: u16,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// Every vCPU's stretches out while runnable (preempted, yielded: [`Class::Out`]), each on the
+/// pCPU it went out of, sorted by start (a stopped vCPU's last out is no stretch, nor is one
+/// with no later event).
+pub fn out_stretches(events: &[(u16, Event)]) -> Vec<Stretch> {
+    let mut out = Vec::new();
+    for (key, track) in tracks(events) {
+        for w in track.events.windows(2) {
+            let e = w[0].2;
+            if e.kind == EventKind::VcpuOut
+                && !matches!(e.reason, OutReason::Halted | OutReason::Stopped)
+                && w[1].0 > w[0].0
+            {
+                out.push(Stretch {
+                    vcpu: key,
+                    pcpu: w[0].1,
+                    start: w[0].0,
+                    end: w[1].0,
+                });
+            }
+        }
+    }
+    out.sort_unstable_by_key(|o| (o.start, o.pcpu, o.vcpu));
+    out
+}
+
+/// Who held each pCPU when: the vCPUs' stretches in, per pCPU sorted by start, each with the
+/// latest end of those up to it (ascending even where a forged log overlaps them).
+#[derive(Default)]
+pub struct Holders {
+    by_pcpu: HashMap<u16, Vec<(Stretch, u64)>>,
+}
+
+impl Holders {
+    /// From the vCPUs' stretches in.
+    pub fn new(ins: impl IntoIterator<Item = Stretch>) -> Holders {
+        let mut by_pcpu: HashMap<u16, Vec<Stretch>> = HashMap::default();
+        for s in ins.into_iter().filter(|s| s.end > s.start) {
+            by_pcpu.entry(s.pcpu).or_default().push(s);
+        }
+        let by_pcpu = by_pcpu
+            .into_iter()
+            .map(|(pcpu, mut list)| {
+                list.sort_unstable_by_key(|h| (h.start, h.vcpu));
+                let mut latest = 0;
+                let list = list
+                    .into_iter()
+                    .map(|h| {
+                        latest = latest.max(h.end);
+                        (h, latest)
+                    })
+                    .collect();
+                (pcpu, list)
+            })
+            .collect();
+        Holders { by_pcpu }
+    }
+
+    /// Adds to `by` the ticks of `out` (a vCPU's stretch out) each other vCPU was in on its
+    /// pCPU.
+    pub fn add(&self, out: &Stretch, by: &mut HashMap<(u16, u16), u64>) {
+        let Some(list) = self.by_pcpu.get(&out.pcpu) else {
+            return;
+        };
+        let first = list.partition_point(|&(_, latest)| latest <= out.start);
+        for (h, _) in list[first..].iter().take_while(|(h, _)| h.start < out.end) {
+            let overlap = h.end.min(out.end).saturating_sub(h.start.max(out.start));
+            if overlap > 0 && h.vcpu != out.vcpu {
+                *by.entry(h.vcpu).or_default() += overlap;
+            }
+        }
+    }
+}
+
+/// The vCPUs' stretches in, from their tracks.
+fn in_stretches(tracks: &[((u16, u16), Track)]) -> Holders {
+    Holders::new(tracks.iter().flat_map(|(key, track)| {
+        track
+            .events
+            .windows(2)
+            .filter(|w| w[0].2.kind == EventKind::VcpuIn)
+            .map(|w| Stretch {
+                vcpu: *key,
+                pcpu: w[0].1,
+                start: w[0].0,
+                end: w[1].0,
+            })
+    }))
+}
+
+/// Each vCPU's exact ticks in, out halted and out otherwise, and who held its pCPU while it
+/// was out, from the events.
 fn exact_ticks(events: &[(u16, Event)]) -> HashMap<(u16, u16), Blanks> {
     let mut out: HashMap<(u16, u16), Blanks> = HashMap::default();
-    for (key, track) in tracks(events) {
+    let tracks = tracks(events);
+    let holders = in_stretches(&tracks);
+    for (key, track) in tracks {
         let b = out.entry(key).or_default();
         b.yields += track
             .events
@@ -603,7 +711,16 @@ fn exact_ticks(events: &[(u16, Event)]) -> HashMap<(u16, u16), Blanks> {
                 (EventKind::VcpuIn, _) => &mut b.ticks_in,
                 (EventKind::VcpuOut, OutReason::Halted) => &mut b.ticks_halted,
                 (EventKind::VcpuOut, OutReason::Stopped) => continue,
-                (EventKind::VcpuOut, _) => &mut b.ticks_out,
+                (EventKind::VcpuOut, _) => {
+                    let out = Stretch {
+                        vcpu: key,
+                        pcpu: w[0].1,
+                        start: w[0].0,
+                        end: w[1].0,
+                    };
+                    holders.add(&out, &mut b.ticks_out_by);
+                    &mut b.ticks_out
+                }
             };
             *ticks = ticks.saturating_add(span);
         }
@@ -1245,7 +1362,37 @@ mod tests {
             let blank = (life_end - 10 * u64::from(vm)) - 100;
             assert_eq!(x.steal_outside, blank, "vm {vm}");
             assert_eq!(x.ticks_in, 100);
+            // Exactly from the events: while it was out, the other two held the pCPU in turn.
+            let by = |other: u16| x.ticks_out_by.get(&(other, 0)).copied().unwrap_or(0);
+            let others: Vec<u16> = (0..3).filter(|o| *o != vm).collect();
+            assert_eq!(by(others[0]) + by(others[1]), x.ticks_out, "vm {vm}");
+            assert_eq!(by(vm), 0);
+            // Nine stretches out, each a turn of each other VM.
+            assert_eq!((by(others[0]), by(others[1])), (90, 90), "vm {vm}");
         }
+    }
+
+    #[test]
+    fn who_held_the_pcpu_from_the_events_with_a_gap_and_overlaps() {
+        // vm0 out over [10, 40) on pCPU 0; vm1 in [12, 20), nobody [20, 25), vm2 in [25, 45).
+        let events = vec![
+            ev(0, 0, 0, EventKind::VcpuIn, OutReason::Preempted),
+            ev(10, 0, 0, EventKind::VcpuOut, OutReason::Preempted),
+            ev(12, 1, 0, EventKind::VcpuIn, OutReason::Preempted),
+            ev(20, 1, 0, EventKind::VcpuOut, OutReason::Halted),
+            ev(25, 2, 0, EventKind::VcpuIn, OutReason::Preempted),
+            ev(40, 0, 0, EventKind::VcpuIn, OutReason::Preempted),
+            ev(45, 2, 0, EventKind::VcpuOut, OutReason::Stopped),
+            ev(50, 0, 0, EventKind::VcpuOut, OutReason::Stopped),
+        ];
+        let b = exact_ticks(&events);
+        let v0 = &b[&(0, 0)];
+        assert_eq!(v0.ticks_out, 30);
+        assert_eq!(v0.ticks_out_by.get(&(1, 0)), Some(&8));
+        // A forged overlap (vm2 in while vm0 is back in) is counted only inside vm0's stretch.
+        assert_eq!(v0.ticks_out_by.get(&(2, 0)), Some(&15));
+        // vm1, halted, has no steal to blame.
+        assert!(b[&(1, 0)].ticks_out_by.is_empty());
     }
 
     #[test]

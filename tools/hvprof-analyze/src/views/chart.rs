@@ -9,7 +9,8 @@
 //! guest user/kernel, the hypervisor's work on its exits while it was in by exit reason (the
 //! report's `[steal] (hypervisor)`), the scheduler's work while it was out as "hypervisor: no VM",
 //! halted slots as idle, and every other slot while it was out (another VM or vCPU held its
-//! pCPU) as steal.
+//! pCPU) as steal; in a dark shade of its own where a pause-loop exit began the stretch out
+//! (the vCPU gave its pCPU up spinning: "steal: yielded spinning").
 
 use std::fmt::Write as _;
 
@@ -41,6 +42,8 @@ pub enum State {
     HypervisorNoVm,
     Idle,
     Steal,
+    /// Steal that a pause-loop exit began: the vCPU gave its pCPU up spinning (vCPU rows).
+    Yielded,
 }
 
 impl State {
@@ -55,6 +58,7 @@ impl State {
             State::HypervisorNoVm => "hypervisor: no VM".into(),
             State::Idle => "idle".into(),
             State::Steal => "steal".into(),
+            State::Yielded => "steal: yielded spinning (pause-loop exit)".into(),
         }
     }
 
@@ -157,6 +161,7 @@ fn colors(states: &[State], counts: &HashMap<State, u64>) -> Vec<(State, RGBColo
                 State::HypervisorNoVm => RGBColor(110, 110, 110),
                 State::Idle => RGBColor(205, 205, 205),
                 State::Steal => RGBColor(214, 39, 40),
+                State::Yielded => RGBColor(128, 0, 38),
                 State::Hypervisor(_) => {
                     let i = exits.iter().position(|e| *e == s).unwrap_or(0);
                     match HYPERVISOR_COLORS.get(i) {
@@ -385,7 +390,12 @@ impl Timeline {
                             c.get(State::HypervisorNoVm)
                         };
                         add(State::HypervisorNoVm, hv);
-                        add(State::Steal, c.total() - hv);
+                        let steal = if r.yielded {
+                            State::Yielded
+                        } else {
+                            State::Steal
+                        };
+                        add(steal, c.total() - hv);
                     }
                     // Its own samples and the hypervisor's on its exits, as the pCPU's.
                     Class::In => {
@@ -681,12 +691,26 @@ mod tests {
             })
             .collect();
         let mut rows: HashMap<(u16, u16), Vec<HashMap<State, u64>>> = HashMap::default();
+        // Each vCPU's events in TSC order (stable): whether its latest at a TSC was a yield.
+        let mut tracks: HashMap<(u16, u16), Vec<Event>> = HashMap::default();
+        for (_, e) in &p.events {
+            tracks.entry((e.vm, e.vcpu)).or_default().push(*e);
+        }
+        for t in tracks.values_mut() {
+            t.sort_by_key(|e| e.tsc);
+        }
+        let yielded = |key: (u16, u16), tsc: u64| {
+            let t = &tracks[&key];
+            let k = t.partition_point(|e| e.tsc <= tsc);
+            k > 0 && t[k - 1].kind == EventKind::VcpuOut && t[k - 1].reason == OutReason::Yielded
+        };
         naive_classify(&lists, &p.events, |key, pcpu, i, slot| {
             let s = &per_pcpu[&pcpu][i];
             let st = match slot {
                 Slot::Own | Slot::Hypervisor => State::of(s),
                 Slot::Idle => State::Idle,
                 Slot::HypervisorOut => State::HypervisorNoVm,
+                Slot::StealOn(_) | Slot::StealOutside(_) if yielded(key, s.tsc) => State::Yielded,
                 Slot::StealOn(_) | Slot::StealOutside(_) => State::Steal,
             };
             let row = rows

@@ -303,6 +303,59 @@ fn steal_matrix(out: &mut String, r: &Report) {
     out.push_str("</table>\n");
 }
 
+/// Per pCPU, who stole from whom (each vCPU's steal there by the VM that held the pCPU), and
+/// per vCPU what its pCPU's holders ran (`report --stolen`).
+fn stolen_section(out: &mut String, s: &crate::views::stolen::Stolen, top: usize) {
+    if s.pcpus.is_empty() {
+        return;
+    }
+    for c in &s.pcpus {
+        let _ = write!(
+            out,
+            "<h3>Who stole from whom on pCPU {}</h3>\n<p class=note>Each vCPU's steal on this pCPU (samples while it was out and runnable) by who held the pCPU, % of the row's steal samples here.</p>\n<table><tr><th>vCPU \\ held by</th>",
+            c.pcpu
+        );
+        for h in &c.holders {
+            let _ = write!(out, "<th>{}</th>", esc(h));
+        }
+        out.push_str("</tr>\n");
+        for v in &c.victims {
+            let _ = write!(out, "<tr><td>{}</td>", esc(v));
+            for h in &c.holders {
+                let share = c
+                    .cells
+                    .iter()
+                    .find(|x| &x.victim == v && &x.holder == h)
+                    .map_or(0.0, |x| x.percent);
+                let _ = write!(out, "<td class=n>{share:.2}</td>");
+            }
+            out.push_str("</tr>\n");
+        }
+        out.push_str("</table>\n");
+    }
+    for v in &s.vcpus {
+        let _ = write!(
+            out,
+            "<h3>What held VM {} vCPU {}'s pCPU in its steal</h3>\n<table><tr><th>%Steal</th><th>Samples</th><th>Held by</th><th>Function</th><th>Module</th><th>Process</th></tr>\n",
+            esc(&v.vm),
+            v.vcpu
+        );
+        for r in v.rows.iter().take(top) {
+            let _ = writeln!(
+                out,
+                "<tr><td class=n>{:.2}</td><td class=n>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                r.percent,
+                r.samples,
+                esc(&r.holder),
+                esc(&r.function),
+                esc(&r.module),
+                esc(&r.process)
+            );
+        }
+        out.push_str("</table>\n");
+    }
+}
+
 pub fn render(p: &Profile, r: &Report, source: &str, bins: usize, top: usize) -> Result<String> {
     let timeline = Timeline::build(p, bins)?.svg(&format!("Timeline: {source}"))?;
     let mut flame = Vec::new();
@@ -374,6 +427,7 @@ pub fn render(p: &Profile, r: &Report, source: &str, bins: usize, top: usize) ->
         section(&mut out, &s, top);
     }
     steal_matrix(&mut out, r);
+    stolen_section(&mut out, &crate::views::stolen::build(p)?, top);
     if let Some(g) = &calls {
         call_graph_section(&mut out, g, top);
     }

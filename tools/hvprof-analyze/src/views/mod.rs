@@ -13,4 +13,5 @@ pub mod preemption;
 pub mod report;
 pub mod script;
 pub mod stat;
+pub mod stolen;
 pub mod text;

@@ -120,31 +120,51 @@ pub struct StealBy {
     pub name: String,
     pub samples: u64,
     pub percent: f64,
+    /// The same from the scheduling events, exact: the share of the lifetime (`Exact::ticks`)
+    /// its vCPUs were in on the pCPU this one had gone out of. None for "no one" (the events do
+    /// not tell the hypervisor's work from idle) and without events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub events: Option<f64>,
 }
 
 /// `[steal] (outside)` of `blanks` (a VM's vCPUs, or one vCPU) by who held the pCPU, as shares
-/// of `total` samples, named by `name`.
+/// of `total` samples (and of the exact lifetime ticks, from the events), named by `name`.
 fn steal_by<'a>(
     blanks: impl Iterator<Item = &'a crate::model::timeline::Blanks>,
+    vm: u16,
     total: u64,
     name: impl Fn(u16) -> String,
 ) -> Vec<StealBy> {
     let mut by: HashMap<u16, u64> = HashMap::default();
+    let mut ticks_by: HashMap<u16, u64> = HashMap::default();
     let mut outside = 0u64;
+    let mut life = 0u64;
     for b in blanks {
         outside += b.steal_outside;
-        for (&vm, &n) in &b.steal_by_vm {
-            *by.entry(vm).or_default() += n;
+        life += b.ticks_in + b.ticks_out + b.ticks_halted;
+        for (&v, &n) in &b.steal_by_vm {
+            *by.entry(v).or_default() += n;
+        }
+        // Its siblings are `[steal] (on vcpuN)`.
+        for (&(v, _), &t) in b.ticks_out_by.iter().filter(|((v, _), _)| *v != vm) {
+            *ticks_by.entry(v).or_default() += t;
         }
     }
     let held: u64 = by.values().sum();
-    let mut out: Vec<StealBy> = by
+    let mut vms: Vec<u16> = by.keys().chain(ticks_by.keys()).copied().collect();
+    vms.sort_unstable();
+    vms.dedup();
+    let mut out: Vec<StealBy> = vms
         .into_iter()
-        .map(|(vm, n)| StealBy {
-            vm: Some(vm),
-            name: name(vm),
-            samples: n,
-            percent: percent(n, total),
+        .map(|v| {
+            let n = by.get(&v).copied().unwrap_or(0);
+            StealBy {
+                vm: Some(v),
+                name: name(v),
+                samples: n,
+                percent: percent(n, total),
+                events: (life > 0).then(|| percent(ticks_by.get(&v).copied().unwrap_or(0), life)),
+            }
         })
         .collect();
     let no_one = outside.saturating_sub(held);
@@ -154,6 +174,7 @@ fn steal_by<'a>(
             name: "no one".to_owned(),
             samples: no_one,
             percent: percent(no_one, total),
+            events: None,
         });
     }
     out.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.vm.cmp(&b.vm)));
@@ -308,6 +329,9 @@ pub struct Report {
     /// `crate::views::preemption`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preemptions: Option<Vec<crate::views::preemption::VcpuPreemptions>>,
+    /// `--stolen`: who held each vCPU's pCPU in its steal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stolen: Option<crate::views::stolen::Stolen>,
     /// The stretch of host time shown (`--time START,END`, seconds), when not the whole run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub time: Option<crate::model::window::TimeRange>,
@@ -431,10 +455,13 @@ impl GuestTable {
                 let who: Vec<String> = self
                     .steal_by
                     .iter()
-                    .map(|b| format!("{} {:.2}%", b.name, b.percent))
+                    .map(|b| match b.events {
+                        Some(e) => format!("{} {:.2}% (events {e:.2}%)", b.name, b.percent),
+                        None => format!("{} {:.2}%", b.name, b.percent),
+                    })
                     .collect();
                 format!(
-                    "[steal] (outside) by who held the pCPU: {}",
+                    "[steal] (outside) by who held the pCPU: {} (--stolen: their vCPUs and functions)",
                     who.join(", ")
                 )
             }),
@@ -1025,6 +1052,7 @@ pub fn build(p: &Profile, namer: &Namer, options: LoadOptions) -> Report {
         warnings: p.warnings.clone(),
         call_graph: None,
         preemptions: None,
+        stolen: None,
         time: p.time,
     }
 }
@@ -1306,8 +1334,12 @@ fn guest_level(
             .zip(vcpu_tables)
             .map(|(&(vcpu, _), mut table)| {
                 table.exact = exact_of(&table, exact.get(&(v.id, vcpu)).into_iter(), window);
-                table.steal_by =
-                    steal_by(exact.get(&(v.id, vcpu)).into_iter(), table.samples, culprit);
+                table.steal_by = steal_by(
+                    exact.get(&(v.id, vcpu)).into_iter(),
+                    v.id,
+                    table.samples,
+                    culprit,
+                );
                 VcpuReport { vcpu, table }
             })
             .collect();
@@ -1318,7 +1350,7 @@ fn guest_level(
                 .map(|(_, b)| b)
         };
         table.exact = exact_of(&table, of_vm(), window);
-        table.steal_by = steal_by(of_vm(), table.samples, culprit);
+        table.steal_by = steal_by(of_vm(), v.id, table.samples, culprit);
         vms.push(VmReport {
             id: v.id,
             name: v.name.clone(),

@@ -442,8 +442,8 @@ fn top_shows_the_known_shares() {
     line_with(&l, &["20.0%", "200", "[b] (vm 1)"]);
     line_with(&l, &["100.0%", "200", "[unknown] 0x3000", "b.elf"]);
     // The vCPUs: running, idle (out halted), steal (out runnable).
-    line_with(&l, &["a (vm 0)", "0", "100.0%", "0.0%", "0.0%"]);
-    line_with(&l, &["b (vm 1)", "0", "60.0%", "30.0%", "10.0%"]);
+    line_with(&l, &["a", "0", "100.0%", "0.0%", "0.0%"]);
+    line_with(&l, &["b", "0", "60.0%", "30.0%", "10.0%"]);
     line_with(&l, &["lost 0 blocks, 0 samples"]);
 }
 
@@ -475,7 +475,7 @@ fn top_in_batch_mode_prints_the_last_screen() {
     );
     let l = lines(last);
     line_with(&l, &["60.0%", "600", "[a]", "(vm 0)"]);
-    line_with(&l, &["b (vm 1)", "0", "60.0%", "30.0%", "10.0%"]);
+    line_with(&l, &["b", "0", "60.0%", "30.0%", "10.0%"]);
 }
 
 /// A replay hands over the capture whole, byte for byte.

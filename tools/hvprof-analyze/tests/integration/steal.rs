@@ -92,3 +92,87 @@ fn the_html_page_says_who_stole_from_whom() {
         "{row}"
     );
 }
+
+/// The same split exactly from the scheduling events: each other VM's vCPU was in about a
+/// third of the lifetime, as the samples say.
+#[test]
+fn the_events_agree_with_the_samples_on_who_stole() {
+    let r: Value = serde_json::from_slice(&analyze("report", &["--json"])).unwrap();
+    for vm in r["vms"].as_array().unwrap() {
+        let name = vm["name"].as_str().unwrap();
+        for b in vm["steal_by"].as_array().unwrap() {
+            if b["vm"].is_null()
+                || b["name"] == name
+                || b["name"].as_str().unwrap().starts_with("the hypervisor")
+            {
+                continue;
+            }
+            let (samples, events) = (
+                b["percent"].as_f64().unwrap(),
+                b["events"].as_f64().unwrap(),
+            );
+            assert!((samples - events).abs() < 0.5, "{name}: {b}");
+        }
+    }
+}
+
+/// `report --stolen`: per vCPU, the other two VMs' vCPU 0 hold its pCPU about half of its
+/// steal each, in the mix guest's functions; the per-pCPU matrix has a row per vCPU, its own
+/// column empty.
+#[test]
+fn stolen_names_the_holders_and_their_functions() {
+    let r: Value = serde_json::from_slice(&analyze("report", &["--json", "--stolen"])).unwrap();
+    let stolen = &r["stolen"];
+    let vcpus = stolen["vcpus"].as_array().expect("stolen.vcpus");
+    assert_eq!(vcpus.len(), 3);
+    for v in vcpus {
+        let name = v["vm"].as_str().unwrap();
+        let holders: Vec<(&str, f64)> = v["holders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| {
+                (
+                    h["holder"].as_str().unwrap(),
+                    h["percent"].as_f64().unwrap(),
+                )
+            })
+            .collect();
+        let guests: Vec<&(&str, f64)> = holders
+            .iter()
+            .filter(|(h, _)| h.starts_with("guestOS"))
+            .collect();
+        assert_eq!(guests.len(), 2, "{name}: {holders:?}");
+        for (h, share) in &guests {
+            assert!(
+                !h.starts_with(name),
+                "{name} holds its own pCPU: {holders:?}"
+            );
+            assert!((share - 48.0).abs() < 4.0, "{name}: {holders:?}");
+        }
+        // The rows name the guest's functions (the mix guest's work_a first).
+        let top = &v["rows"][0];
+        assert!(
+            top["holder"].as_str().unwrap().starts_with("guestOS"),
+            "{top}"
+        );
+        assert_eq!(top["function"], "work_a", "{top}");
+        // The module: the holder VM's own image (mixN.elf, the same program under each
+        // VM's name).
+        assert!(top["module"].as_str().unwrap().starts_with("mix"), "{top}");
+    }
+    let pcpus = stolen["pcpus"].as_array().unwrap();
+    assert_eq!(pcpus.len(), 1);
+    assert_eq!(pcpus[0]["victims"].as_array().unwrap().len(), 3);
+    for c in pcpus[0]["cells"].as_array().unwrap() {
+        let victim = c["victim"].as_str().unwrap();
+        assert!(
+            !victim.starts_with(&format!("{} ", c["holder"].as_str().unwrap())),
+            "{c}"
+        );
+    }
+    // The text view says the same.
+    let text = String::from_utf8(analyze("report", &["--stolen"])).unwrap();
+    assert!(text.contains("Stolen from: VM guestOS1 vCPU 0:"), "{text}");
+    assert!(text.contains("Who stole from whom on pCPU 0"), "{text}");
+}
