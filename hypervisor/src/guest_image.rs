@@ -33,6 +33,17 @@ pub enum StartMode {
     Long64,
     /// Real mode, paging and protection off (needs unrestricted guest, SDM Vol. 3C §26.6).
     Real16,
+    /// 32-bit protected mode, paging off, flat segments from the GDT at `gdt_base` (a Multiboot
+    /// 1 kernel's entry state; needs unrestricted guest too).
+    Protected32,
+}
+
+impl StartMode {
+    /// Whether the vCPU starts outside IA-32e mode (and so needs unrestricted guest).
+    #[must_use]
+    pub fn legacy(self) -> bool {
+        self != StartMode::Long64
+    }
 }
 
 /// A flat real-mode image loads here (0000:7C00, like a boot sector) ...
@@ -49,6 +60,9 @@ pub struct BootState {
     pub cr3: u64,
     pub gdt_base: u64,
     pub gdt_limit: u16,
+    /// EAX and EBX at entry (a Multiboot kernel's magic and information structure).
+    pub rax: u64,
+    pub rbx: u64,
     pub rdi: u64,
     pub rsi: u64,
     /// The code and data selectors in the GDT at `gdt_base` (64-bit mode).
@@ -168,6 +182,8 @@ pub fn load(mem: &mut [u8], elf: &[u8], args: &str) -> Result<BootState, LoadErr
         cr3: PML4_GPA,
         gdt_base: GDT_GPA,
         gdt_limit: (GDT.len() * 8 - 1) as u16,
+        rax: 0,
+        rbx: 0,
         rdi: ARGS_GPA,
         rsi: args.len() as u64,
         code_selector: CODE_SELECTOR,
@@ -200,6 +216,8 @@ pub fn load_real16(mem: &mut [u8], image: &[u8], args: &str) -> Result<BootState
         cr3: 0,
         gdt_base: 0,
         gdt_limit: 0xffff,
+        rax: 0,
+        rbx: 0,
         rdi: ARGS_GPA,
         rsi: args.len() as u64,
         code_selector: 0,

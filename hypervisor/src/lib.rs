@@ -13,6 +13,7 @@ pub mod guest_acpi;
 pub mod guest_image;
 pub mod linux_boot;
 pub mod mmio_decode;
+pub mod multiboot;
 pub mod output_store;
 pub mod profiler;
 pub mod rate;

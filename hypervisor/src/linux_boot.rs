@@ -280,6 +280,8 @@ pub fn load(
             cr3: PML4_GPA,
             gdt_base: GDT_GPA,
             gdt_limit: (GDT.len() * 8 - 1) as u16,
+            rax: 0,
+            rbx: 0,
             rdi: 0,
             rsi: BOOT_PARAMS_GPA,
             code_selector: CODE_SELECTOR,

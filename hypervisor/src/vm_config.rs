@@ -40,6 +40,11 @@ pub enum Format {
     /// A Linux bzImage, started through the 64-bit boot protocol (`linux_boot`). The module's
     /// arguments without the hypervisor's keys are the kernel command line.
     Linux,
+    /// A Multiboot 1 kernel (an ELF32 executable, or an image whose header gives its load
+    /// addresses), started in 32-bit protected mode as the Multiboot Specification says
+    /// (`multiboot`). The module's arguments without the hypervisor's keys are its command line;
+    /// `initrd=` names its one module.
+    Multiboot,
 }
 
 /// `ple=`: what a spinning vCPU does (PAUSE-loop exiting, SDM Vol. 3C §25.6.13 and §26.1.3).
@@ -82,7 +87,8 @@ pub struct VmConfig<'a> {
     pub target: Option<Target<'a>>,
     /// `pin=a,b,...`: the pCPU each vCPU runs on (one per vCPU); `None`: free to move.
     pub pin: Option<Pins>,
-    /// `initrd=<module name>`: the module holding a Linux guest's initrd.
+    /// `initrd=<module name>`: the module holding a Linux guest's initrd (a Multiboot guest's
+    /// one module).
     pub initrd: Option<&'a str>,
     /// `task-offsets=current_task:pid:tgid:comm`: where a Linux guest keeps its running task
     /// (derived on the host from the kernel image), so samples name guest processes.
@@ -211,7 +217,10 @@ impl fmt::Display for ConfigError<'_> {
                 "target={v:?}: expected hypervisor, vm:<name>, unmapped or mmio"
             ),
             ConfigError::BadFormat(v) => {
-                write!(f, "format={v:?}: expected elf64, real16 or linux")
+                write!(
+                    f,
+                    "format={v:?}: expected elf64, real16, linux or multiboot"
+                )
             }
             ConfigError::BadVcpus(v) => {
                 write!(
@@ -397,6 +406,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                     "elf64" => Format::Elf64,
                     "real16" => Format::Real16,
                     "linux" => Format::Linux,
+                    "multiboot" => Format::Multiboot,
                     _ => return Err(ConfigError::BadFormat(value)),
                 },
             )?,

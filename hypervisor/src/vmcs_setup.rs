@@ -102,12 +102,13 @@ pub struct Controls {
 }
 
 impl Controls {
-    /// The controls for a vCPU that starts in real mode (`real`) or in 64-bit mode.
+    /// The controls for a vCPU that starts outside IA-32e mode (`legacy`: real mode, or 32-bit
+    /// protected mode without paging) or in 64-bit mode.
     ///
     /// # Errors
-    /// `SetupError::Control` naming the controls the CPU does not allow (for a real-mode start,
-    /// unrestricted guest is required).
-    pub fn new(caps: &VmxCaps, real: bool) -> Result<Controls, SetupError> {
+    /// `SetupError::Control` naming the controls the CPU does not allow (for a legacy start,
+    /// unrestricted guest is required: SDM Vol. 3C §26.6).
+    pub fn new(caps: &VmxCaps, legacy: bool) -> Result<Controls, SetupError> {
         let pin = adjust(
             caps.pinbased(),
             pin::EXTERNAL_INTERRUPT_EXITING | pin::NMI_EXITING | pin::PREEMPTION_TIMER,
@@ -156,13 +157,17 @@ impl Controls {
             0,
             "VM-exit",
         )?;
-        if real && proc2 & proc2::UNRESTRICTED_GUEST == 0 {
+        if legacy && proc2 & proc2::UNRESTRICTED_GUEST == 0 {
             return Err(SetupError::Control {
                 which: "secondary processor-based",
                 missing: proc2::UNRESTRICTED_GUEST,
             });
         }
-        let long_mode = if real { 0 } else { entry_ctl::IA32E_MODE_GUEST };
+        let long_mode = if legacy {
+            0
+        } else {
+            entry_ctl::IA32E_MODE_GUEST
+        };
         let entry = adjust(
             caps.entry(),
             long_mode
@@ -299,13 +304,15 @@ impl FixedCrs {
 pub fn write_control_registers(
     v: &mut impl VmcsAccess,
     fixed: &FixedCrs,
-    real: bool,
+    mode: StartMode,
     cr3: u64,
 ) -> Result<(), SetupError> {
-    let (guest_cr0, guest_cr4) = if real {
-        (0x30u64, 0u64)
-    } else {
-        (0x8001_0033u64, 0x0620u64)
+    // Real mode: ET | NE; protected mode adds PE; 64-bit mode PG | WP | MP too, with PAE,
+    // OSFXSR and OSXMMEXCPT in CR4.
+    let (guest_cr0, guest_cr4) = match mode {
+        StartMode::Real16 => (0x30u64, 0u64),
+        StartMode::Protected32 => (0x31, 0),
+        StartMode::Long64 => (0x8001_0033, 0x0620),
     };
     w(
         v.write_natural(ControlNatural::Cr0GuestHostMask, fixed.cr0.0 | !fixed.cr0.1),
@@ -391,16 +398,23 @@ pub fn write_guest_state(
     nx: bool,
 ) -> Result<(), SetupError> {
     let real = boot.mode == StartMode::Real16;
-    let (code_sel, data_sel, limit, code_ar, data_ar) = if real {
-        (0, 0, 0xffff, 0x9b, 0x93)
-    } else {
-        (
+    let (code_sel, data_sel, limit, code_ar, data_ar) = match boot.mode {
+        StartMode::Real16 => (0, 0, 0xffff, 0x9b, 0x93),
+        // 32-bit code (D/B 1, L 0) and data, 4 GiB (G 1), as the GDT at `gdt_base` says.
+        StartMode::Protected32 => (
+            boot.code_selector,
+            boot.data_selector,
+            0xffff_ffff,
+            0xc09b,
+            guest_image::DATA_ACCESS_RIGHTS,
+        ),
+        StartMode::Long64 => (
             boot.code_selector,
             boot.data_selector,
             0xffff_ffff,
             guest_image::CODE_ACCESS_RIGHTS,
             guest_image::DATA_ACCESS_RIGHTS,
-        )
+        ),
     };
     let segments = [
         (
@@ -505,7 +519,7 @@ pub fn write_guest_state(
     w(v.write64(Guest64::Ia32Debugctl, 0), "guest DEBUGCTL")?;
     w(v.write64(Guest64::Ia32Pat, PAT_DEFAULT), "guest PAT")?;
     // LME | LMA, and NXE where the CPU has it.
-    let efer = if real {
+    let efer = if boot.mode.legacy() {
         0
     } else {
         0x500 | if nx { 0x800 } else { 0 }
@@ -550,6 +564,8 @@ mod tests {
             cr3: 0x1000,
             gdt_base: 0x2000,
             gdt_limit: 0x17,
+            rax: 0,
+            rbx: 0,
             rdi: 0,
             rsi: 0,
             code_selector: 8,
@@ -603,7 +619,7 @@ mod tests {
             (0x2000, u64::MAX),
             c.unrestricted(),
         );
-        write_control_registers(&mut v, &fixed, false, 0x9000).unwrap();
+        write_control_registers(&mut v, &fixed, StartMode::Long64, 0x9000).unwrap();
         let host = HostState {
             cr0: 0x8005_0033,
             cr3: 0x10_0000,
@@ -643,7 +659,7 @@ mod tests {
     fn a_real_mode_vcpu_starts_flat_without_paging() {
         let mut v = FakeVmcs::new();
         let fixed = FixedCrs::new((0x8000_0021, u64::MAX), (0x2000, u64::MAX), true);
-        write_control_registers(&mut v, &fixed, true, 0).unwrap();
+        write_control_registers(&mut v, &fixed, StartMode::Real16, 0).unwrap();
         write_guest_state(&mut v, &boot(StartMode::Real16), true).unwrap();
         assert_eq!(v.read_natural(GuestNatural::Cr0), Ok(0x30));
         assert_eq!(v.read16(Guest16::CsSelector), Ok(0));

@@ -260,6 +260,8 @@ pub struct Lapic {
     dirty: bool,
     /// The vectors accepted since the last `hand_over` (`take_back` adds them to the CPU's IRR).
     fresh: Bits,
+    /// IA32_APIC_BASE's global enable (bit 11): cleared, the APIC is off until set again.
+    globally_enabled: bool,
 }
 
 /// The part of a local APIC the CPU keeps while the vCPU runs with virtual-interrupt delivery
@@ -313,6 +315,8 @@ pub const PAGE_REGISTERS: [u32; 25] = [
     reg::TIMER_DIVIDE,
 ];
 
+/// The APIC's architectural physical base (IA32_APIC_BASE bits 12 and up).
+const APIC_BASE: u64 = 0xfee0_0000;
 const LVT_TIMER: usize = 0;
 const LVT_LINT0: usize = 3;
 
@@ -344,6 +348,7 @@ impl Lapic {
             handed: false,
             dirty: true,
             fresh: Bits::default(),
+            globally_enabled: true,
         }
     }
 
@@ -351,8 +356,44 @@ impl Lapic {
     /// the CPU held for it (`hand_over`) is dropped, and the page written again.
     pub fn init(&mut self) {
         let generation = self.generation + 1;
+        let globally_enabled = self.globally_enabled;
         *self = Lapic::new(self.id);
         self.generation = generation;
+        self.globally_enabled = globally_enabled;
+    }
+
+    /// IA32_APIC_BASE as the vCPU reads it (SDM Vol. 3A §11.4.4): the architectural base, the
+    /// global enable (bit 11), and the BSP flag (bit 8) for the bootstrap processor.
+    #[must_use]
+    pub fn apic_base(&self, bsp: bool) -> u64 {
+        APIC_BASE | if self.globally_enabled { 1 << 11 } else { 0 } | if bsp { 1 << 8 } else { 0 }
+    }
+
+    /// A WRMSR of `value` to IA32_APIC_BASE; `Err` for a value the vCPU cannot write (the
+    /// caller injects #GP): another base (relocation is not offered), x2APIC mode (bit 10: not
+    /// offered, CPUID.1:ECX[21] is clear), a reserved bit. The BSP flag is the processor's and
+    /// stays as it is. Clearing the global enable turns the APIC off and loses its state: it is
+    /// as after reset, its ID kept, when it is enabled again (§11.4.3), as on every processor
+    /// since the Pentium 4, whose APIC may be re-enabled without a reset.
+    pub fn write_apic_base(&mut self, value: u64) -> Result<(), ()> {
+        const BSP: u64 = 1 << 8;
+        const EXTD: u64 = 1 << 10;
+        const ENABLE: u64 = 1 << 11;
+        if value & !(BSP | ENABLE) != APIC_BASE || value & EXTD != 0 {
+            return Err(());
+        }
+        let enable = value & ENABLE != 0;
+        if self.globally_enabled && !enable {
+            self.init();
+        }
+        self.globally_enabled = enable;
+        Ok(())
+    }
+
+    /// Whether IA32_APIC_BASE's global enable is set.
+    #[must_use]
+    pub fn globally_enabled(&self) -> bool {
+        self.globally_enabled
     }
 
     /// Counts changes of the registers the virtual-APIC page shows.
@@ -1467,5 +1508,30 @@ mod tests {
         l.write(reg::TIMER_DIVIDE, 0, 400); // by 2
         assert_eq!(l.read(reg::TIMER_CURRENT, 400), 600);
         assert_eq!(l.next_event(), Some(400 + 1200));
+    }
+
+    /// kvm-unit-tests' reset_apic: clear the global enable, set it again; the APIC is as after
+    /// reset (software-disabled, LVTs masked), its ID kept. Another base, x2APIC mode or a
+    /// reserved bit is refused; the BSP flag follows the processor.
+    #[test]
+    fn the_global_enable_turns_the_apic_off_and_on_again() {
+        let mut l = Lapic::new(3);
+        l.write(reg::SVR, 0x1ff, 0);
+        assert!(l.software_enabled());
+        assert_eq!(l.apic_base(true), 0xfee0_0900);
+        assert_eq!(l.apic_base(false), 0xfee0_0800);
+        assert_eq!(l.write_apic_base(0xfee0_0100), Ok(()));
+        assert!(!l.globally_enabled());
+        assert_eq!(l.apic_base(true), 0xfee0_0100);
+        assert_eq!(l.write_apic_base(0xfee0_0900), Ok(()));
+        assert!(l.globally_enabled() && !l.software_enabled());
+        assert_eq!(l.id(), 3);
+        // INIT keeps the global enable as it is.
+        l.write_apic_base(0xfee0_0000).unwrap();
+        l.init();
+        assert!(!l.globally_enabled());
+        for bad in [0xfed0_0900, 0xfee0_0d00, 0xfee0_0901, 0x1_fee0_0900] {
+            assert_eq!(l.write_apic_base(bad), Err(()), "{bad:#x}");
+        }
     }
 }

@@ -6,6 +6,8 @@ pub mod acpi_pm;
 pub mod board;
 /// The MC146818 clock and CMOS RAM (0x70-0x71).
 pub mod cmos;
+/// QEMU's firmware configuration ports (0x510-0x511): the machine's CPUs and RAM.
+pub mod fw_cfg;
 /// The I/O APIC (0xfec00000; `apic=on`): the legacy devices' interrupts to any vCPU.
 pub mod ioapic;
 /// A vCPU's local APIC (xAPIC registers at 0xfee00000, timer, IPIs).

@@ -396,6 +396,33 @@ fn list_modules(
             );
             continue;
         }
+        // A Multiboot 1 kernel: asked for, or recognised by its header (a 64-bit ELF with one
+        // still boots as a test guest).
+        let multiboot = format == Ok(hvprof_hypervisor::vm_config::Format::Multiboot)
+            || hvprof_hypervisor::multiboot::is_multiboot(bytes);
+        if multiboot {
+            match hvprof_hypervisor::multiboot::header(bytes) {
+                Ok(h) => {
+                    guests.push((i, m));
+                    println!(
+                        "module {i}: {name} {:#x}-{:#x} {} bytes, args \"{}\": Multiboot 1 kernel (header at {:#x}, flags {:#x})",
+                        m.start,
+                        m.end,
+                        m.len(),
+                        m.args().unwrap_or(""),
+                        h.offset,
+                        h.flags
+                    );
+                }
+                Err(e) => println!(
+                    "module {i}: error: '{name}' ({:#x}-{:#x}, {} bytes) is not a loadable Multiboot 1 kernel: {e}",
+                    m.start,
+                    m.end,
+                    m.len()
+                ),
+            }
+            continue;
+        }
         if let Ok(h) = hvprof_hypervisor::linux_boot::parse_header(bytes) {
             guests.push((i, m));
             println!(

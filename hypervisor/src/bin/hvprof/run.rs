@@ -519,6 +519,8 @@ fn start_at_sipi(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, vector: u8) -> Result<
         cr3: 0,
         gdt_base: 0,
         gdt_limit: 0xffff,
+        rax: 0,
+        rbx: 0,
         rdi: 0,
         rsi: 0,
         code_selector: 0,
@@ -526,7 +528,8 @@ fn start_at_sipi(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, vector: u8) -> Result<
     };
     let e = |what: &str| format!("SIPI start: {what} failed");
     vmcs_setup::write_guest_state(vmcs, &boot, false).map_err(|_| e("guest state"))?;
-    vmcs_setup::write_control_registers(vmcs, &vcpu.fixed, true, 0).map_err(|_| e("CRs"))?;
+    vmcs_setup::write_control_registers(vmcs, &vcpu.fixed, StartMode::Real16, 0)
+        .map_err(|_| e("CRs"))?;
     let cs = u16::from(vector) << 8;
     vmcs.write16(Guest16::CsSelector, cs)
         .map_err(|_| e("CS selector"))?;

@@ -9,7 +9,7 @@ pub mod guest_ops;
 use crate::arch::msr;
 use fpu::FpuState;
 use hvprof_boot::memory::PAGE_SIZE;
-use hvprof_hypervisor::guest_image::{BootState, StartMode};
+use hvprof_hypervisor::guest_image::BootState;
 use hvprof_hypervisor::vmcs_setup::{
     self, ControlTargets, Controls, FixedCrs, HostState, SetupError,
 };
@@ -220,8 +220,7 @@ impl Vcpu {
         // SAFETY: VMX root operation on this CPU; the fields written below are the ones §27.2-27.3
         // check, with values built from the capability MSRs.
         let mut v = unsafe { CurrentVmcs::new() };
-        let real = boot.mode == StartMode::Real16;
-        let controls = Controls::new(caps, real)?;
+        let controls = Controls::new(caps, boot.mode.legacy())?;
         vmcs_setup::write_controls(
             &mut v,
             &controls,
@@ -245,7 +244,7 @@ impl Vcpu {
             ),
             controls.unrestricted(),
         );
-        vmcs_setup::write_control_registers(&mut v, &fixed, real, boot.cr3)?;
+        vmcs_setup::write_control_registers(&mut v, &fixed, boot.mode, boot.cr3)?;
         let sel = crate::percpu::this().selectors();
         vmcs_setup::write_host_state(
             &mut v,
@@ -269,6 +268,8 @@ impl Vcpu {
         let vcpu = Vcpu {
             vmcs,
             regs: GuestRegisters {
+                rax: boot.rax,
+                rbx: boot.rbx,
                 rdi: boot.rdi,
                 rsi: boot.rsi,
                 ..GuestRegisters::default()

@@ -14,7 +14,7 @@ use hvprof_ept::{Ept, EptCaps, MemoryType, PageSizes, Permissions};
 use hvprof_hypervisor::devices::board::Board;
 use hvprof_hypervisor::vm_config::{self, MEM_GRANULE, Target};
 use hvprof_hypervisor::vm_config::{Pins, Ple};
-use hvprof_hypervisor::{guest_image, linux_boot};
+use hvprof_hypervisor::{guest_image, linux_boot, multiboot};
 use hvprof_vmx::caps::{VmxCaps, ept_cap};
 use hvprof_vmx::instructions;
 use spin::Mutex;
@@ -312,6 +312,30 @@ fn build(
             linux_boot::BOOT_PARAMS_GPA
         );
         boot
+    } else if config.format == vm_config::Format::Multiboot || multiboot::is_multiboot(image) {
+        // The Multiboot Specification's command line: the VM's own arguments, without the
+        // hypervisor's keys (as a Linux guest's).
+        let cmdline = vm_config::guest_args(config.args)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let module = config.initrd.map(|_| initrd);
+        let l = multiboot::load(mem, image, &cmdline, module).map_err(|e| format!("{e}"))?;
+        if apic {
+            acpi_tables(mem, config)?;
+        }
+        println!(
+            "vm {}: Multiboot 1 kernel at GPA {:#x}-{:#x}, entry {:#x} in 32-bit protected mode; information at {:#x}{}; command line \"{cmdline}\"",
+            config.name,
+            l.start,
+            l.end,
+            l.boot.entry,
+            multiboot::INFO_GPA,
+            match l.module {
+                Some((a, b)) => format!("; module ({} bytes) at GPA {a:#x}", b - a),
+                None => String::new(),
+            }
+        );
+        l.boot
     } else {
         let boot = match config.format {
             vm_config::Format::Real16 => guest_image::load_real16(mem, image, &args),
@@ -489,6 +513,7 @@ fn build(
                 Vec::new()
             },
             pm: Default::default(),
+            fw_cfg: hvprof_hypervisor::devices::fw_cfg::FwCfg::new(config.vcpus, config.mem),
             ipis: 0,
             inits: 0,
             sipis: 0,

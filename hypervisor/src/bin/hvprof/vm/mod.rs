@@ -144,6 +144,8 @@ pub struct VmDevices {
     pub lapics: Vec<hvprof_hypervisor::devices::lapic::Lapic>,
     /// The ACPI PM1a blocks (`apic=on`, which brings ACPI tables).
     pub pm: hvprof_hypervisor::devices::acpi_pm::AcpiPm,
+    /// QEMU's firmware configuration ports: the VM's vCPUs and memory.
+    pub fw_cfg: hvprof_hypervisor::devices::fw_cfg::FwCfg,
     /// IPIs sent (INITs, SIPIs and NMIs among them; `nmis` counts each target), and the
     /// delivery modes not emulated that were reported.
     pub ipis: u64,

@@ -68,13 +68,16 @@ fn policy(
             // ECX bit 5: VMX hidden; bit 3: MONITOR/MWAIT (they exit and do nothing); bit 31:
             // running under a hypervisor.
             c = (c & !(1 << 5 | 1 << 3)) | (1 << 31);
+            // PDCM (15: IA32_PERF_CAPABILITIES is not emulated) and x2APIC (21: only xAPIC
+            // is): no guest gets them.
+            c &= !(1 << 15 | 1 << 21);
             // EBX: initial APIC id (31:24) = the vCPU, logical processors (23:16) = the VM's
             // vCPUs: never the host's.
             b = (b & 0xffff) | (vcpus.min(255) << 16) | (u32::from(vcpu) << 24);
             if linux {
-                // PDCM (15), x2APIC (21: only xAPIC is emulated); and XSAVE (26), OSXSAVE (27), AVX
-                // (28) with FMA (12) and F16C (29): a Linux guest gets the x87/SSE state only.
-                c &= !(1 << 12 | 1 << 15 | 1 << 21 | 0xf << 26);
+                // XSAVE (26), OSXSAVE (27), AVX (28) with FMA (12) and F16C (29): a Linux guest
+                // gets the x87/SSE state only.
+                c &= !(1 << 12 | 0xf << 26);
                 // MCE (7), MTRR (12), MCA (14), ACPI thermal (22).
                 d &= !(1 << 7 | 1 << 12 | 1 << 14 | 1 << 22);
                 // Without `apic=on`: no local APIC (EDX 9), no TSC-deadline timer (ECX 24).

@@ -1,6 +1,7 @@
 //! I/O instructions (exit reason 30; every port exits through the I/O bitmaps, SDM Vol. 3C
 //! §26.1.3). Port 0xf4 stops the VM; the VM's legacy devices (`devices::board`: COM1's 16550,
-//! the PICs, the PIT, the CMOS clock) take theirs; every other port reads all ones and drops
+//! the PICs, the PIT, the CMOS clock) and QEMU's firmware configuration ports
+//! (`devices::fw_cfg`) take theirs; every other port reads all ones and drops
 //! writes (docs/GUEST-ABI.md, "Devices").
 
 use super::fatal::fatal;
@@ -10,6 +11,7 @@ use crate::vm::{Stop, Vm};
 use alloc::format;
 use hvprof_hypervisor::devices::acpi_pm::{AcpiPm, PmEffect};
 use hvprof_hypervisor::devices::board::Access;
+use hvprof_hypervisor::devices::fw_cfg::FwCfg;
 use hvprof_vmx::exit::{IoAccess, IoDirection};
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::VmcsExt;
@@ -39,6 +41,21 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
     let now = crate::tsc::rdtsc();
     if vm.apic && AcpiPm::claims(io.port) {
         return acpi_pm(vm, vcpu, vmcs, &io, mask);
+    }
+    if FwCfg::claims(io.port) {
+        let mut dev = vm.devices.lock();
+        match io.direction {
+            IoDirection::Out => dev
+                .fw_cfg
+                .write(io.port, (vcpu.regs.rax & mask) as u32, io.size),
+            IoDirection::In => {
+                let v = dev.fw_cfg.read(io.port, io.size);
+                set_in_result(vcpu, io.size, mask, u64::from(v));
+            }
+        }
+        drop(dev);
+        vmcs.skip_instruction();
+        return None;
     }
     match io.direction {
         IoDirection::Out => {

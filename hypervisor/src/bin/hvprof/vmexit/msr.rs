@@ -38,6 +38,9 @@ pub fn rdmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     let msr = vcpu.regs.rcx as u32;
     let value = match msr {
         IA32_FEATURE_CONTROL => FEATURE_CONTROL_VALUE,
+        IA32_APIC_BASE if vm.apic => {
+            vm.devices.lock().lapics[usize::from(vcpu.index)].apic_base(vcpu.index == 0)
+        }
         IA32_APIC_BASE => apic_base(vcpu.index),
         IA32_TSC_DEADLINE if vm.apic => {
             vm.devices.lock().lapics[usize::from(vcpu.index)].deadline()
@@ -62,7 +65,21 @@ pub fn wrmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     let msr = vcpu.regs.rcx as u32;
     let value = (vcpu.regs.rdx << 32) | (vcpu.regs.rax & 0xffff_ffff);
     match msr {
-        // Rewriting the value it reads is harmless; anything else would move the APIC.
+        // With local APICs: the global enable may be cleared and set again (§11.4.3).
+        IA32_APIC_BASE if vm.apic => {
+            if vm.devices.lock().lapics[usize::from(vcpu.index)]
+                .write_apic_base(value)
+                .is_err()
+            {
+                vm.log_msr_once(
+                    msr,
+                    "write of an unsupported value (another base, x2APIC) to",
+                );
+                vmcs.inject_exception(13, Some(0));
+                return None;
+            }
+        }
+        // Without: rewriting the value it reads is harmless; anything else would move the APIC.
         IA32_APIC_BASE if value == apic_base(vcpu.index) => {}
         // The timer's deadline (SDM Vol. 3A, "TSC-Deadline Mode"); the next VM entry arms it.
         IA32_TSC_DEADLINE if vm.apic => {
