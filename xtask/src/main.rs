@@ -4,6 +4,7 @@ mod bench;
 mod build;
 mod config;
 mod debs;
+mod kvm_unit_tests;
 mod linux;
 mod live;
 #[cfg(test)]
@@ -67,6 +68,19 @@ enum Cmd {
         /// Only the time from `cargo xtask profile` to its command, cold and warm.
         #[arg(long, conflicts_with = "host_only")]
         profile_only: bool,
+    },
+    /// kvm-unit-tests' x86 kernels as VMs under hvprof in Bochs, beside a QEMU TCG baseline:
+    /// one table of each test's result, pass/fail/skip counts and time (docs/KVM-UNIT-TESTS.md).
+    KvmUnitTests {
+        /// The suite's build (default: KVM_UNIT_TESTS_DIR, else ../shared/kvm-unit-tests).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Only the tests whose name contains this.
+        #[arg(long)]
+        filter: Option<String>,
+        /// Without the QEMU TCG baseline.
+        #[arg(long)]
+        no_baseline: bool,
     },
     /// Build the Linux guest under target/linux from Debian packages (docs/LINUX-GUESTS.md).
     LinuxImage {
@@ -182,6 +196,11 @@ fn main() -> ExitCode {
             host_only,
             profile_only,
         } => bench::bench(host_only, profile_only),
+        Cmd::KvmUnitTests {
+            dir,
+            filter,
+            no_baseline,
+        } => kvm_unit_tests::kvm_unit_tests(dir.as_deref(), filter.as_deref(), !no_baseline),
         Cmd::LinuxImage { refresh } => linux::image(refresh).map(|()| ExitCode::SUCCESS),
         Cmd::LinuxTruth => linux::truth().map(|()| ExitCode::SUCCESS),
         Cmd::LinuxQemu { run, arg, timeout } => linux::qemu(&run, arg.as_deref(), timeout),

@@ -369,25 +369,26 @@ impl Lapic {
         APIC_BASE | if self.globally_enabled { 1 << 11 } else { 0 } | if bsp { 1 << 8 } else { 0 }
     }
 
-    /// A WRMSR of `value` to IA32_APIC_BASE; `Err` for a value the vCPU cannot write (the
+    /// A WRMSR of `value` to IA32_APIC_BASE; false for a value the vCPU cannot write (the
     /// caller injects #GP): another base (relocation is not offered), x2APIC mode (bit 10: not
     /// offered, CPUID.1:ECX[21] is clear), a reserved bit. The BSP flag is the processor's and
     /// stays as it is. Clearing the global enable turns the APIC off and loses its state: it is
     /// as after reset, its ID kept, when it is enabled again (§11.4.3), as on every processor
     /// since the Pentium 4, whose APIC may be re-enabled without a reset.
-    pub fn write_apic_base(&mut self, value: u64) -> Result<(), ()> {
+    #[must_use]
+    pub fn write_apic_base(&mut self, value: u64) -> bool {
         const BSP: u64 = 1 << 8;
         const EXTD: u64 = 1 << 10;
         const ENABLE: u64 = 1 << 11;
         if value & !(BSP | ENABLE) != APIC_BASE || value & EXTD != 0 {
-            return Err(());
+            return false;
         }
         let enable = value & ENABLE != 0;
         if self.globally_enabled && !enable {
             self.init();
         }
         self.globally_enabled = enable;
-        Ok(())
+        true
     }
 
     /// Whether IA32_APIC_BASE's global enable is set.
@@ -1520,18 +1521,18 @@ mod tests {
         assert!(l.software_enabled());
         assert_eq!(l.apic_base(true), 0xfee0_0900);
         assert_eq!(l.apic_base(false), 0xfee0_0800);
-        assert_eq!(l.write_apic_base(0xfee0_0100), Ok(()));
+        assert!(l.write_apic_base(0xfee0_0100));
         assert!(!l.globally_enabled());
         assert_eq!(l.apic_base(true), 0xfee0_0100);
-        assert_eq!(l.write_apic_base(0xfee0_0900), Ok(()));
+        assert!(l.write_apic_base(0xfee0_0900));
         assert!(l.globally_enabled() && !l.software_enabled());
         assert_eq!(l.id(), 3);
         // INIT keeps the global enable as it is.
-        l.write_apic_base(0xfee0_0000).unwrap();
+        assert!(l.write_apic_base(0xfee0_0000));
         l.init();
         assert!(!l.globally_enabled());
         for bad in [0xfed0_0900, 0xfee0_0d00, 0xfee0_0901, 0x1_fee0_0900] {
-            assert_eq!(l.write_apic_base(bad), Err(()), "{bad:#x}");
+            assert!(!l.write_apic_base(bad), "{bad:#x}");
         }
     }
 }

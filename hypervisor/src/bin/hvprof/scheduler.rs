@@ -427,9 +427,8 @@ fn slice_ended(
             q.slots[i].state = State::Stopped;
             match stop {
                 Stop::WithVm => {}
-                // A Linux guest's exit (port 0xf4, power-off) ends the whole machine, whichever
-                // vCPU did it.
-                Stop::Exited { .. } if vm.linux => {
+                // A whole machine's exit (port 0xf4, power-off) ends it, whichever vCPU did it.
+                Stop::Exited { .. } if vm.machine_exit => {
                     vm.stopping.store(true, Ordering::Release);
                     if q.vm_stop[v].is_none() {
                         q.vm_stop[v] = Some(stop);

@@ -288,6 +288,8 @@ fn build(
     // SAFETY: the range was just allocated for this VM (zeroed, identity-mapped).
     let mem = unsafe { core::slice::from_raw_parts_mut(mem_hpa as *mut u8, config.mem as usize) };
     let linux = config.format == vm_config::Format::Linux || linux_boot::is_bzimage(image);
+    let is_multiboot =
+        config.format == vm_config::Format::Multiboot || multiboot::is_multiboot(image);
     // A local APIC per vCPU, the I/O APIC, ACPI PM1 and ACPI tables describing them (`apic=on`):
     // Linux guests and 64-bit test guests (a real-mode image has no room for them).
     let apic = config.apic && config.format != vm_config::Format::Real16;
@@ -312,7 +314,7 @@ fn build(
             linux_boot::BOOT_PARAMS_GPA
         );
         boot
-    } else if config.format == vm_config::Format::Multiboot || multiboot::is_multiboot(image) {
+    } else if is_multiboot {
         // The Multiboot Specification's command line: the VM's own arguments, without the
         // hypervisor's keys (as a Linux guest's).
         let cmdline = vm_config::guest_args(config.args)
@@ -477,6 +479,7 @@ fn build(
         pin: config.pin,
         ple,
         linux,
+        machine_exit: linux || is_multiboot,
         task_offsets: config.task_offsets,
         mm_layout: config.mm_layout,
         module_layout: config.module_layout,

@@ -88,6 +88,9 @@ pub struct Vm {
     pub pin: Option<Pins>,
     /// A Linux guest (booted from a bzImage): its CPUID, MSR and device policy.
     pub linux: bool,
+    /// A whole machine's guest (Linux, or a Multiboot kernel): one vCPU's exit (port 0xf4,
+    /// ACPI power-off) ends the VM, as it ends a PC; a test guest's vCPUs exit one by one.
+    pub machine_exit: bool,
     /// Where its running task sits (`task-offsets=`), to name guest processes in samples.
     pub task_offsets: Option<TaskOffsets>,
     /// Where its processes' memory maps are (`mm-layout=`), to name the files they run.

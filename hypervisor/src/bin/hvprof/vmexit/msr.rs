@@ -45,9 +45,9 @@ pub fn rdmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         IA32_TSC_DEADLINE if vm.apic => {
             vm.devices.lock().lapics[usize::from(vcpu.index)].deadline()
         }
-        IA32_PLATFORM_ID if vm.linux => 0,
-        IA32_BIOS_SIGN_ID if vm.linux => MICROCODE_REVISION,
-        IA32_MISC_ENABLE if vm.linux => MISC_ENABLE_VALUE,
+        IA32_PLATFORM_ID if vm.machine_exit => 0,
+        IA32_BIOS_SIGN_ID if vm.machine_exit => MICROCODE_REVISION,
+        IA32_MISC_ENABLE if vm.machine_exit => MISC_ENABLE_VALUE,
         _ => {
             vm.log_msr_once(msr, "read of unhandled");
             vmcs.inject_exception(13, Some(0));
@@ -67,10 +67,7 @@ pub fn wrmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     match msr {
         // With local APICs: the global enable may be cleared and set again (§11.4.3).
         IA32_APIC_BASE if vm.apic => {
-            if vm.devices.lock().lapics[usize::from(vcpu.index)]
-                .write_apic_base(value)
-                .is_err()
-            {
+            if !vm.devices.lock().lapics[usize::from(vcpu.index)].write_apic_base(value) {
                 vm.log_msr_once(
                     msr,
                     "write of an unsupported value (another base, x2APIC) to",
@@ -88,7 +85,7 @@ pub fn wrmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         }
         // Writing 0 before reading the revision is how the revision is read (SDM Vol. 3A
         // §10.11.7.1); loading microcode is not offered. MISC_ENABLE writes change nothing.
-        IA32_BIOS_SIGN_ID | IA32_MISC_ENABLE if vm.linux => {}
+        IA32_BIOS_SIGN_ID | IA32_MISC_ENABLE if vm.machine_exit => {}
         _ => {
             vm.log_msr_once(msr, "write to unhandled");
             vmcs.inject_exception(13, Some(0));

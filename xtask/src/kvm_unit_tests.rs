@@ -1,0 +1,760 @@
+//! `cargo xtask kvm-unit-tests [--dir DIR] [--filter F]`: kvm-unit-tests' x86 kernels (a
+//! peer's conformance suite, test data outside the project) as VMs under hvprof in Bochs, beside
+//! a baseline of the same kernels in QEMU TCG without hvprof.
+//!
+//! - `unittests.cfg` (upstream's list) gives each test's kernel, vCPUs (`smp`) and QEMU options
+//!   (`extra_params`): `-append` becomes the VM's command line, `-m` its memory, `-smp` its
+//!   vCPUs. The QEMU baseline gets the options as upstream's runner gives them.
+//! - A test whose feature hvprof deliberately does not offer is skipped, with the reason
+//!   ([`skip_reason`]): nested VMX/SVM, Hyper-V and KVM paravirtual interfaces, upstream's
+//!   `nodefault` group and i386-only tests.
+//! - The others boot in batches: several VMs under one hypervisor boot, each test its own VM
+//!   (`format=multiboot apic=on`, the platform the kernels expect: local APICs, I/O APIC, ACPI
+//!   with a PM timer, fw_cfg for the CPU count and RAM size; an environment module
+//!   `TEST_DEVICE=0` says there is no pc-testdev), with a run budget that stops a hung one. A
+//!   VM's serial lines (`[name] PASS: ...`, `SUMMARY: ...`) and its exit through port 0xf4
+//!   give the result: the status is `(code << 1) | 1` as QEMU's isa-debug-exit makes it (1
+//!   pass, 77 skip, anything else fail), the counts from the PASS/FAIL/SKIP lines.
+//! - Each batch's serial log and capture stay under `target/kvm-unit-tests/`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use qemu_tests::emulator::{Emulator, RunFiles};
+use qemu_tests::iso::{IsoModule, IsoSpec, build_iso};
+use qemu_tests::process::{Launch, Limit, RunEnd, launch};
+use qemu_tests::runner::DEFAULT_END_MARKER;
+
+use crate::build::build_hypervisor;
+use crate::target_dir;
+use crate::tools::ensure_tools;
+
+/// Where the suite is when `--dir` and `KVM_UNIT_TESTS_DIR` do not say.
+pub const DEFAULT_DIR: &str = "../shared/kvm-unit-tests";
+
+/// One test of `unittests.cfg`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Test {
+    pub name: String,
+    pub file: String,
+    pub smp: u32,
+    pub extra_params: String,
+    pub arch: Option<String>,
+    pub groups: Vec<String>,
+    pub accel: Option<String>,
+}
+
+/// Parses upstream's `unittests.cfg`: `[name]` sections of `key = value` lines, `#` comments.
+pub fn parse_cfg(text: &str) -> Vec<Test> {
+    let mut tests: Vec<Test> = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            tests.push(Test {
+                name: name.trim().to_owned(),
+                smp: 1,
+                ..Test::default()
+            });
+            continue;
+        }
+        let (Some(t), Some((key, value))) = (tests.last_mut(), line.split_once('=')) else {
+            continue;
+        };
+        let value = value.trim().to_owned();
+        match key.trim() {
+            "file" => t.file = value,
+            "smp" => t.smp = value.parse().unwrap_or(1).max(1),
+            "extra_params" => t.extra_params = value,
+            "arch" => t.arch = Some(value),
+            "groups" => t.groups = value.split_whitespace().map(str::to_owned).collect(),
+            "accel" => t.accel = Some(value),
+            _ => {}
+        }
+    }
+    tests
+}
+
+/// Splits QEMU options as a shell would: words, '...' and "..." quoting.
+pub fn shell_words(s: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut any = false;
+    let mut quote: Option<char> = None;
+    for c in s.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => cur.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                any = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if any || !cur.is_empty() {
+                    words.push(std::mem::take(&mut cur));
+                    any = false;
+                }
+            }
+            (None, c) => cur.push(c),
+        }
+    }
+    if any || !cur.is_empty() {
+        words.push(cur);
+    }
+    words
+}
+
+/// What a test's QEMU options mean for its VM.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VmShape {
+    /// `-append`: the kernel's command line.
+    pub append: String,
+    /// `-m`: memory in MiB.
+    pub mem_mib: Option<u64>,
+    /// `-smp`: vCPUs (else the test's `smp`).
+    pub smp: Option<u32>,
+    /// `-cpu`: the CPU model and flags upstream asks QEMU for (hvprof gives its own CPUID).
+    pub cpu: Option<String>,
+}
+
+/// Reads the options hvprof maps; the others are QEMU's alone (the baseline's).
+pub fn vm_shape(extra_params: &str) -> VmShape {
+    let words = shell_words(extra_params);
+    let mut shape = VmShape::default();
+    let mut i = 0;
+    while i < words.len() {
+        let next = words.get(i + 1).cloned();
+        match words[i].as_str() {
+            "-append" => shape.append = next.unwrap_or_default(),
+            "-m" => {
+                shape.mem_mib = next.as_deref().and_then(|m| {
+                    let m = m.trim_end_matches(['M', 'm']);
+                    m.strip_suffix(['G', 'g'])
+                        .and_then(|g| g.parse::<u64>().ok().map(|g| g * 1024))
+                        .or_else(|| m.parse().ok())
+                });
+            }
+            "-smp" => {
+                shape.smp = next
+                    .as_deref()
+                    .and_then(|s| s.split(',').next())
+                    .and_then(|s| s.trim_start_matches("cpus=").parse().ok());
+            }
+            "-cpu" => shape.cpu = next,
+            _ => {
+                i += 1;
+                continue;
+            }
+        }
+        i += 2;
+    }
+    shape
+}
+
+/// Why hvprof does not run `t` (`None`: it runs it). `have` says whether its kernel is there.
+pub fn skip_reason(t: &Test, have: bool) -> Option<String> {
+    let name = t.name.as_str();
+    let file = t.file.trim_end_matches(".flat");
+    let any = |list: &[&str]| {
+        list.iter()
+            .any(|p| name.starts_with(p) || file.starts_with(p))
+    };
+    if t.arch.as_deref() == Some("i386") {
+        return Some("an i386 test: this build is x86_64".into());
+    }
+    if any(&["vmx", "svm"]) {
+        return Some("nested VMX/SVM: hvprof offers neither to its guests".into());
+    }
+    if any(&["hyperv"]) {
+        return Some("Hyper-V enlightenments: not offered".into());
+    }
+    if any(&["kvmclock", "asyncpf"]) {
+        return Some(
+            "KVM paravirtual interfaces (kvmclock, async page faults): not offered".into(),
+        );
+    }
+    if any(&["vmware_backdoors"]) {
+        return Some("VMware backdoor ports: not offered".into());
+    }
+    if any(&["pmu"]) {
+        return Some("a PMU for the guest: not offered yet (the vPMU issue)".into());
+    }
+    if t.groups.iter().any(|g| g == "nodefault") {
+        return Some("upstream leaves it out of its default run (group nodefault)".into());
+    }
+    if !have {
+        return Some(format!("{} is not in this build", t.file));
+    }
+    None
+}
+
+/// A test's result under hvprof (or the baseline).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// PASS, FAIL, SKIP, or why there is none (TIMEOUT, CRASH: the VM stopped otherwise).
+    pub verdict: String,
+    pub pass: u32,
+    pub fail: u32,
+    pub skip: u32,
+    /// The kernel's SUMMARY line, if it printed one.
+    pub summary: Option<String>,
+    /// The exit port's status, `(code << 1) | 1`.
+    pub status: Option<u32>,
+    /// How the VM stopped, when not through the exit port.
+    pub stop: Option<String>,
+}
+
+/// The verdict of an exit status as upstream's runner reads QEMU's (scripts/arch-run.bash,
+/// runtime.bash): 1 (exit code 0) pass, 77 (exit code 38: report_summary's `77 >> 1` for a test
+/// that skipped everything) skip, anything else a failure.
+fn verdict_of(status: u32) -> &'static str {
+    match status {
+        1 => "PASS",
+        77 => "SKIP",
+        _ => "FAIL",
+    }
+}
+
+/// The counts of a kernel's output lines (without their `[vm]` prefix).
+fn count(lines: &[&str], o: &mut Outcome) {
+    for l in lines {
+        let l = l.trim_start();
+        if l.starts_with("PASS:") || l.starts_with("XPASS:") {
+            o.pass += 1;
+        } else if l.starts_with("FAIL:") || l.starts_with("XFAIL:") {
+            o.fail += 1;
+        } else if l.starts_with("SKIP:") {
+            o.skip += 1;
+        } else if l.starts_with("SUMMARY:") {
+            o.summary = Some(l.trim().to_owned());
+        }
+    }
+}
+
+/// Reads the result of VM `vm` from a batch's serial log.
+pub fn outcome_under_hvprof(serial: &str, vm: &str) -> Outcome {
+    let prefix = format!("[{vm}] ");
+    let lines: Vec<&str> = serial
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .collect();
+    let mut o = Outcome::default();
+    count(&lines, &mut o);
+    let stopped = format!("vm {vm}: stopped");
+    let stop = serial.lines().find_map(|l| l.strip_prefix(&stopped));
+    match stop {
+        Some(rest) => {
+            let rest = rest.trim_start_matches(':').trim();
+            let code = rest
+                .strip_prefix("exit code ")
+                .filter(|r| r.contains("(port 0xf4)"))
+                .and_then(|r| r.split_whitespace().next())
+                .and_then(|c| c.parse::<u32>().ok());
+            match code {
+                Some(c) => {
+                    let status = (c << 1) | 1;
+                    o.status = Some(status);
+                    o.verdict = verdict_of(status).to_owned();
+                }
+                None => {
+                    o.verdict = if rest.contains("budget") {
+                        "TIMEOUT".into()
+                    } else {
+                        "CRASH".into()
+                    };
+                    o.stop = Some(rest.to_owned());
+                }
+            }
+        }
+        None => {
+            o.verdict = "TIMEOUT".into();
+            o.stop = Some("the hypervisor's run ended before the VM stopped".into());
+        }
+    }
+    o
+}
+
+/// A test ready to run: its kernel, shape, and VM name.
+struct Job<'a> {
+    test: &'a Test,
+    kernel: PathBuf,
+    shape: VmShape,
+    vcpus: u32,
+    mem_mib: u64,
+}
+
+/// The VM's memory when the test does not say: upstream's default (QEMU's 128 MiB is what its
+/// runner gives, `-m 256` in some tests).
+const DEFAULT_MEM_MIB: u64 = 128;
+/// Memory for all of a batch's VMs (the Bochs machine has 1 GiB; the hypervisor keeps some).
+const BATCH_MEM_MIB: u64 = 768;
+/// VMs per batch: enough to spread the BIOS and GRUB over several tests, few enough that a
+/// slow test does not hold many others (they share the pCPUs).
+const BATCH_VMS: usize = 6;
+/// A VM's run budget in TSC ticks (in Bochs, instructions): 1.5 G, about a minute of Bochs.
+const RUN_BUDGET: u64 = 1_500_000_000;
+
+/// The suite's directory: `--dir`, else KVM_UNIT_TESTS_DIR, else ../shared/kvm-unit-tests.
+pub fn suite_dir(arg: Option<&Path>) -> PathBuf {
+    match (arg, std::env::var_os("KVM_UNIT_TESTS_DIR")) {
+        (Some(d), _) => d.to_owned(),
+        (None, Some(d)) => PathBuf::from(d),
+        (None, None) => crate::workspace_root().join(DEFAULT_DIR),
+    }
+}
+
+/// One row of the table.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub name: String,
+    pub skip: Option<String>,
+    pub hvprof: Option<Outcome>,
+    pub baseline: Option<Outcome>,
+    pub seconds: f64,
+}
+
+fn batches<'a>(jobs: &'a [Job<'a>]) -> Vec<Vec<&'a Job<'a>>> {
+    let mut out: Vec<Vec<&Job>> = Vec::new();
+    let mut mem = 0;
+    for j in jobs {
+        let full = out
+            .last()
+            .is_none_or(|b| b.len() >= BATCH_VMS || mem + j.mem_mib > BATCH_MEM_MIB);
+        if full {
+            out.push(Vec::new());
+            mem = 0;
+        }
+        mem += j.mem_mib;
+        if let Some(b) = out.last_mut() {
+            b.push(j);
+        }
+    }
+    out
+}
+
+/// Boots one batch under hvprof in Bochs; each job's outcome and the batch's seconds.
+fn run_batch(
+    hypervisor: &Path,
+    env_module: &Path,
+    batch: &[&Job],
+    dir: &Path,
+) -> Result<(Vec<Outcome>, f64)> {
+    std::fs::create_dir_all(dir)?;
+    let env_name = env_module
+        .file_name()
+        .and_then(|n| n.to_str())
+        .context("environment module name")?
+        .to_owned();
+    // Each VM's kernel under the test's name: several tests share a kernel, and an ISO's
+    // modules need names of their own.
+    let kernels = dir.join("kernels");
+    std::fs::create_dir_all(&kernels)?;
+    let mut modules: Vec<IsoModule> = Vec::new();
+    for j in batch {
+        let file = format!("{}.flat", j.test.name);
+        let copy = kernels.join(&file);
+        std::fs::copy(&j.kernel, &copy)
+            .with_context(|| format!("cannot copy {}", j.kernel.display()))?;
+        modules.push(IsoModule::new(
+                &copy,
+                format!(
+                    "{file} vm={} mem={}M vcpus={} apic=on format=multiboot initrd={env_name} budget={RUN_BUDGET} {}",
+                    j.test.name, j.mem_mib, j.vcpus, j.shape.append
+                )
+                .trim_end()
+                .to_owned(),
+            ));
+    }
+    modules.push(IsoModule::new(env_module, env_name.clone()));
+    let iso = dir.join("kvm-unit-tests.iso");
+    build_iso(
+        &IsoSpec {
+            hypervisor,
+            cmdline: "export=end",
+            modules: &modules,
+        },
+        &dir.join("iso"),
+        &iso,
+    )?;
+    let emulator = Emulator::bochs(qemu_tests::emulator::DEFAULT_BOCHS_MODEL);
+    let files = RunFiles::in_dir(dir, &iso, &emulator);
+    let cpus = batch.iter().map(|j| j.vcpus).max().unwrap_or(1).min(2);
+    let start = Instant::now();
+    let outcome = launch(
+        &Launch {
+            emulator: &emulator,
+            cpus,
+            files: &files,
+            end_marker: DEFAULT_END_MARKER,
+            limit: Some(Limit {
+                cpu: Duration::from_secs(900),
+                wall: Duration::from_secs(1800),
+            }),
+        },
+        &mut |_| {},
+    )?;
+    let seconds = start.elapsed().as_secs_f64();
+    let capture = files.capture().context("cannot read the capture")?;
+    std::fs::write(dir.join("capture.log"), &capture)?;
+    let serial = String::from_utf8_lossy(&capture).into_owned();
+    if !matches!(outcome.end, RunEnd::Marker) {
+        eprintln!(
+            "kvm-unit-tests: batch in {}: {}",
+            dir.display(),
+            outcome.end.describe(DEFAULT_END_MARKER)
+        );
+    }
+    Ok((
+        batch
+            .iter()
+            .map(|j| outcome_under_hvprof(&serial, &j.test.name))
+            .collect(),
+        seconds,
+    ))
+}
+
+/// The same kernel in QEMU TCG without hvprof, as upstream's runner boots it (`-kernel`,
+/// isa-debug-exit at 0xf4, pc-testdev, the test's own options).
+fn run_baseline(job: &Job, env_module: &Path, dir: &Path) -> Result<Outcome> {
+    std::fs::create_dir_all(dir)?;
+    let mut cmd = Command::new("qemu-system-x86_64");
+    cmd.args(["-nodefaults", "-nographic", "-no-reboot", "-accel", "tcg"])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x4"])
+        .args(["-device", "pc-testdev"])
+        .args(["-serial", "stdio", "-m", &format!("{}", job.mem_mib)])
+        .args(["-smp", &job.vcpus.to_string()])
+        .arg("-kernel")
+        .arg(&job.kernel);
+    // The test's own QEMU options, less those given above.
+    let words = shell_words(&job.test.extra_params);
+    let mut i = 0;
+    while i < words.len() {
+        match words[i].as_str() {
+            "-m" | "-smp" => i += 2,
+            _ => {
+                cmd.arg(&words[i]);
+                i += 1;
+            }
+        }
+    }
+    if job.test.extra_params.contains("-initrd") {
+        // The test's own module stands instead of the environment.
+    } else {
+        cmd.arg("-initrd").arg(env_module);
+    }
+    let out = run_with_timeout(cmd, Duration::from_secs(180))?;
+    std::fs::write(dir.join("serial.log"), &out.0)?;
+    let text = String::from_utf8_lossy(&out.0).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut o = Outcome::default();
+    count(&lines, &mut o);
+    match out.1 {
+        Some(status) => {
+            o.status = Some(status);
+            o.verdict = verdict_of(status).to_owned();
+        }
+        None => o.verdict = "TIMEOUT".into(),
+    }
+    Ok(o)
+}
+
+/// Runs `cmd` with its stdout captured; kills it after `limit`. (stdout, exit status).
+fn run_with_timeout(mut cmd: Command, limit: Duration) -> Result<(Vec<u8>, Option<u32>)> {
+    let out_path = std::env::temp_dir().join(format!("hvprof-kut-{}.out", std::process::id()));
+    let file = std::fs::File::create(&out_path)?;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(file)
+        .stderr(Stdio::null())
+        .spawn()
+        .context("cannot start qemu-system-x86_64 (the baseline's emulator)")?;
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s.code().map(|c| c as u32);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = std::fs::read(&out_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&out_path);
+    Ok((out, status))
+}
+
+fn describe(o: &Outcome) -> String {
+    let mut s = format!("{} {}/{}/{}", o.verdict, o.pass, o.fail, o.skip);
+    if let Some(stop) = &o.stop {
+        let short: String = stop.chars().take(60).collect();
+        s.push_str(&format!(" ({short})"));
+    }
+    s
+}
+
+/// Prints the table: test, hvprof's result and counts (pass/fail/skip), the baseline's, time.
+pub fn print_table(rows: &[Row]) {
+    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(4).max(4);
+    println!(
+        "{:<width$}  {:<40}  {:<24}  {:>6}",
+        "test", "hvprof (Bochs): result pass/fail/skip", "baseline (QEMU TCG)", "time"
+    );
+    for r in rows {
+        match &r.skip {
+            Some(why) => println!("{:<width$}  skipped: {why}", r.name),
+            None => println!(
+                "{:<width$}  {:<40}  {:<24}  {:>5.1}s",
+                r.name,
+                r.hvprof.as_ref().map(describe).unwrap_or_default(),
+                r.baseline
+                    .as_ref()
+                    .map(describe)
+                    .unwrap_or_else(|| "-".into()),
+                r.seconds
+            ),
+        }
+    }
+    let count = |f: &dyn Fn(&Row) -> bool| rows.iter().filter(|r| f(r)).count();
+    println!(
+        "kvm-unit-tests: {} tests: {} pass, {} fail, {} skipped by the test, {} timed out or crashed under hvprof; {} not run (features hvprof does not offer); baseline: {} pass",
+        rows.len(),
+        count(&|r| r.hvprof.as_ref().is_some_and(|o| o.verdict == "PASS")),
+        count(&|r| r.hvprof.as_ref().is_some_and(|o| o.verdict == "FAIL")),
+        count(&|r| r.hvprof.as_ref().is_some_and(|o| o.verdict == "SKIP")),
+        count(&|r| r
+            .hvprof
+            .as_ref()
+            .is_some_and(|o| o.verdict == "TIMEOUT" || o.verdict == "CRASH")),
+        count(&|r| r.skip.is_some()),
+        count(&|r| r.baseline.as_ref().is_some_and(|o| o.verdict == "PASS")),
+    );
+}
+
+/// Runs the suite; the rows in `unittests.cfg`'s order.
+pub fn run_suite(dir: &Path, filter: Option<&str>, baseline: bool) -> Result<Vec<Row>> {
+    let cfg_path = dir.join("x86/unittests.cfg");
+    let text = std::fs::read_to_string(&cfg_path)
+        .with_context(|| format!("cannot read {}", cfg_path.display()))?;
+    let tests: Vec<Test> = parse_cfg(&text)
+        .into_iter()
+        .filter(|t| filter.is_none_or(|f| t.name.contains(f)))
+        .collect();
+    if tests.is_empty() {
+        bail!("no test of {} matches {:?}", cfg_path.display(), filter);
+    }
+    ensure_tools()?;
+    let hypervisor = build_hypervisor(false)?;
+    let out = target_dir().join("kvm-unit-tests");
+    std::fs::create_dir_all(&out)?;
+    // No pc-testdev under hvprof: the kernels read this instead of probing for it.
+    let env_module = out.join("kut.env");
+    std::fs::write(&env_module, "TEST_DEVICE=0\n")?;
+    let mut skips: BTreeMap<String, String> = BTreeMap::new();
+    let mut jobs = Vec::new();
+    for t in &tests {
+        let kernel = dir.join("x86").join(&t.file);
+        if let Some(why) = skip_reason(t, kernel.is_file()) {
+            skips.insert(t.name.clone(), why);
+            continue;
+        }
+        let shape = vm_shape(&t.extra_params);
+        let vcpus = shape.smp.unwrap_or(t.smp).clamp(1, 8);
+        let mem_mib = shape.mem_mib.unwrap_or(DEFAULT_MEM_MIB).clamp(32, 512);
+        jobs.push(Job {
+            test: t,
+            kernel,
+            shape,
+            vcpus,
+            mem_mib,
+        });
+    }
+    let mut results: BTreeMap<String, (Outcome, f64)> = BTreeMap::new();
+    let groups = batches(&jobs);
+    // Two batches at once, one per core (each Bochs runs on one core).
+    let jobs_at_once = qemu_tests::runner::default_jobs();
+    for (round, chunk) in groups.chunks(jobs_at_once).enumerate() {
+        let handles: Vec<_> = chunk
+            .iter()
+            .enumerate()
+            .map(|(k, b)| {
+                let dir = out.join(format!("batch-{}", round * jobs_at_once + k));
+                let names: Vec<String> = b.iter().map(|j| j.test.name.clone()).collect();
+                eprintln!(
+                    "kvm-unit-tests: booting {} in {}",
+                    names.join(", "),
+                    dir.display()
+                );
+                (dir, names)
+            })
+            .collect();
+        let outcomes: Vec<Result<(Vec<Outcome>, f64)>> = std::thread::scope(|s| {
+            let spawned: Vec<_> = chunk
+                .iter()
+                .zip(&handles)
+                .map(|(b, (dir, _))| {
+                    let (hv, env) = (&hypervisor, &env_module);
+                    s.spawn(move || run_batch(hv, env, b, dir))
+                })
+                .collect();
+            spawned
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| bail!("a batch's thread panicked"))
+                })
+                .collect()
+        });
+        for ((_, names), r) in handles.iter().zip(outcomes) {
+            let (outs, seconds) = r?;
+            for (n, o) in names.iter().zip(outs) {
+                results.insert(n.clone(), (o, seconds / names.len() as f64));
+            }
+        }
+    }
+    let mut base: BTreeMap<String, Outcome> = BTreeMap::new();
+    if baseline {
+        for j in &jobs {
+            let o = run_baseline(j, &env_module, &out.join("baseline").join(&j.test.name))?;
+            base.insert(j.test.name.clone(), o);
+        }
+    }
+    Ok(tests
+        .iter()
+        .map(|t| {
+            let (hvprof, seconds) = match results.remove(&t.name) {
+                Some((o, s)) => (Some(o), s),
+                None => (None, 0.0),
+            };
+            Row {
+                name: t.name.clone(),
+                skip: skips.remove(&t.name),
+                hvprof,
+                baseline: base.remove(&t.name),
+                seconds,
+            }
+        })
+        .collect())
+}
+
+/// `cargo xtask kvm-unit-tests`.
+pub fn kvm_unit_tests(
+    dir: Option<&Path>,
+    filter: Option<&str>,
+    baseline: bool,
+) -> Result<ExitCode> {
+    let dir = suite_dir(dir);
+    if !dir.join("x86/unittests.cfg").is_file() {
+        bail!(
+            "no kvm-unit-tests build at {} (x86/unittests.cfg): give --dir or KVM_UNIT_TESTS_DIR",
+            dir.display()
+        );
+    }
+    let rows = run_suite(&dir, filter, baseline)?;
+    print_table(&rows);
+    println!(
+        "kvm-unit-tests: serial logs and captures in {}",
+        target_dir().join("kvm-unit-tests").display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CFG: &str = "\
+# a comment
+[setjmp]
+file = setjmp.flat
+
+[vmexit_cpuid]
+file = vmexit.flat
+extra_params = -append 'cpuid' -m 256
+groups = vmexit
+
+[smptest3]
+file = smptest.flat
+smp = 3
+
+[vmx]
+file = vmx.flat
+extra_params = -cpu max,+vmx -append \"-exit_monitor_from_l2_test\"
+arch = x86_64
+groups = vmx nodefault
+";
+
+    #[test]
+    fn reads_upstreams_list() {
+        let t = parse_cfg(CFG);
+        assert_eq!(t.len(), 4);
+        assert_eq!(
+            (t[0].name.as_str(), t[0].file.as_str(), t[0].smp),
+            ("setjmp", "setjmp.flat", 1)
+        );
+        assert_eq!(t[2].smp, 3);
+        assert_eq!(t[3].groups, ["vmx", "nodefault"]);
+        let s = vm_shape(&t[1].extra_params);
+        assert_eq!((s.append.as_str(), s.mem_mib), ("cpuid", Some(256)));
+        let s = vm_shape(&t[3].extra_params);
+        assert_eq!(s.append, "-exit_monitor_from_l2_test");
+        assert_eq!(s.cpu.as_deref(), Some("max,+vmx"));
+        assert_eq!(vm_shape("-m 2G -smp 4").mem_mib, Some(2048));
+        assert_eq!(vm_shape("-smp cpus=4").smp, Some(4));
+    }
+
+    #[test]
+    fn skips_what_hvprof_does_not_offer_with_the_reason() {
+        let t = parse_cfg(CFG);
+        assert_eq!(skip_reason(&t[0], true), None);
+        assert!(skip_reason(&t[3], true).unwrap().contains("nested VMX"));
+        assert!(
+            skip_reason(&t[0], false)
+                .unwrap()
+                .contains("not in this build")
+        );
+    }
+
+    #[test]
+    fn reads_a_vms_result_from_the_serial_log() {
+        let log = "\
+[setjmp] enabling apic
+[setjmp] PASS: actual 0 == expected 0
+[other] FAIL: not mine
+[setjmp] SKIP: no feature
+[setjmp] FAIL: one
+[setjmp] SUMMARY: 3 tests, 1 unexpected failures, 1 skipped
+vm setjmp: stopped: exit code 1 (port 0xf4) after 100 ticks
+vm other: stopped: run budget of 5 ticks exhausted (budget= module argument)
+vm crash: stopped: triple fault
+";
+        let o = outcome_under_hvprof(log, "setjmp");
+        assert_eq!((o.pass, o.fail, o.skip), (1, 1, 1));
+        assert_eq!((o.verdict.as_str(), o.status), ("FAIL", Some(3)));
+        assert_eq!(
+            o.summary.as_deref(),
+            Some("SUMMARY: 3 tests, 1 unexpected failures, 1 skipped")
+        );
+        assert_eq!(outcome_under_hvprof(log, "other").verdict, "TIMEOUT");
+        assert_eq!(outcome_under_hvprof(log, "crash").verdict, "CRASH");
+        assert_eq!(outcome_under_hvprof(log, "absent").verdict, "TIMEOUT");
+        let pass = "vm t: stopped: exit code 0 (port 0xf4) after 1 ticks\n";
+        assert_eq!(outcome_under_hvprof(pass, "t").verdict, "PASS");
+        let skip = "vm t: stopped: exit code 38 (port 0xf4) after 1 ticks\n";
+        assert_eq!(outcome_under_hvprof(skip, "t").verdict, "SKIP");
+    }
+
+    #[test]
+    fn shell_words_keep_quoted_words() {
+        assert_eq!(
+            shell_words("-append 'a b' -cpu \"x,+y\" ''"),
+            ["-append", "a b", "-cpu", "x,+y", ""]
+        );
+    }
+}
