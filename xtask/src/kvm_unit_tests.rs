@@ -423,6 +423,11 @@ fn run_batch(
 fn run_baseline(job: &Job, env_module: &Path, dir: &Path) -> Result<Outcome> {
     std::fs::create_dir_all(dir)?;
     let mut cmd = Command::new("qemu-system-x86_64");
+    // TCG's `max` model (every feature TCG emulates) unless the test names its own: the closest
+    // TCG comes to the Haswell Bochs emulates under hvprof.
+    if job.shape.cpu.is_none() {
+        cmd.args(["-cpu", "max"]);
+    }
     cmd.args(["-nodefaults", "-nographic", "-no-reboot", "-accel", "tcg"])
         .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x4"])
         .args(["-device", "pc-testdev"])
@@ -447,7 +452,7 @@ fn run_baseline(job: &Job, env_module: &Path, dir: &Path) -> Result<Outcome> {
     } else {
         cmd.arg("-initrd").arg(env_module);
     }
-    let out = run_with_timeout(cmd, Duration::from_secs(180))?;
+    let out = run_with_timeout(cmd, Duration::from_secs(90), dir)?;
     std::fs::write(dir.join("serial.log"), &out.0)?;
     let text = String::from_utf8_lossy(&out.0).into_owned();
     let lines: Vec<&str> = text.lines().collect();
@@ -464,8 +469,12 @@ fn run_baseline(job: &Job, env_module: &Path, dir: &Path) -> Result<Outcome> {
 }
 
 /// Runs `cmd` with its stdout captured; kills it after `limit`. (stdout, exit status).
-fn run_with_timeout(mut cmd: Command, limit: Duration) -> Result<(Vec<u8>, Option<u32>)> {
-    let out_path = std::env::temp_dir().join(format!("hvprof-kut-{}.out", std::process::id()));
+fn run_with_timeout(
+    mut cmd: Command,
+    limit: Duration,
+    out_dir: &Path,
+) -> Result<(Vec<u8>, Option<u32>)> {
+    let out_path = out_dir.join("qemu.out");
     let file = std::fs::File::create(&out_path)?;
     let mut child = cmd
         .stdin(Stdio::null())
@@ -539,12 +548,23 @@ pub fn print_table(rows: &[Row]) {
 
 /// Runs the suite; the rows in `unittests.cfg`'s order.
 pub fn run_suite(dir: &Path, filter: Option<&str>, baseline: bool) -> Result<Vec<Row>> {
+    run_suite_except(dir, filter, baseline, &[])
+}
+
+/// [`run_suite`] without the tests named in `leave_out`.
+pub fn run_suite_except(
+    dir: &Path,
+    filter: Option<&str>,
+    baseline: bool,
+    leave_out: &[String],
+) -> Result<Vec<Row>> {
     let cfg_path = dir.join("x86/unittests.cfg");
     let text = std::fs::read_to_string(&cfg_path)
         .with_context(|| format!("cannot read {}", cfg_path.display()))?;
     let tests: Vec<Test> = parse_cfg(&text)
         .into_iter()
         .filter(|t| filter.is_none_or(|f| t.name.contains(f)))
+        .filter(|t| !leave_out.contains(&t.name))
         .collect();
     if tests.is_empty() {
         bail!("no test of {} matches {:?}", cfg_path.display(), filter);
@@ -620,9 +640,27 @@ pub fn run_suite(dir: &Path, filter: Option<&str>, baseline: bool) -> Result<Vec
     }
     let mut base: BTreeMap<String, Outcome> = BTreeMap::new();
     if baseline {
-        for j in &jobs {
-            let o = run_baseline(j, &env_module, &out.join("baseline").join(&j.test.name))?;
-            base.insert(j.test.name.clone(), o);
+        // One QEMU per core.
+        for chunk in jobs.chunks(jobs_at_once) {
+            let outs: Vec<Result<Outcome>> = std::thread::scope(|s| {
+                let spawned: Vec<_> = chunk
+                    .iter()
+                    .map(|j| {
+                        let (env, dir) = (&env_module, out.join("baseline").join(&j.test.name));
+                        s.spawn(move || run_baseline(j, env, &dir))
+                    })
+                    .collect();
+                spawned
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| bail!("a baseline thread panicked"))
+                    })
+                    .collect()
+            });
+            for (j, o) in chunk.iter().zip(outs) {
+                base.insert(j.test.name.clone(), o?);
+            }
         }
     }
     Ok(tests
@@ -643,6 +681,83 @@ pub fn run_suite(dir: &Path, filter: Option<&str>, baseline: bool) -> Result<Vec
         .collect())
 }
 
+/// The results recorded as expected (`xtask/kvm-unit-tests.expected`): per test its verdict
+/// under hvprof and its pass/fail/skip counts, one `name verdict pass fail skip` line each.
+pub const EXPECTED: &str = include_str!("../kvm-unit-tests.expected");
+
+/// The expected results: name -> (verdict, pass, fail, skip).
+pub fn parse_expected(text: &str) -> BTreeMap<String, (String, u32, u32, u32)> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let n = |i: usize| w.get(i).and_then(|x| x.parse().ok()).unwrap_or(0);
+            Some((
+                w.first()?.to_string(),
+                (w.get(1)?.to_string(), n(2), n(3), n(4)),
+            ))
+        })
+        .collect()
+}
+
+/// Where `rows` differ from `expected`: one line each (empty: as recorded).
+pub fn differences(
+    rows: &[Row],
+    expected: &BTreeMap<String, (String, u32, u32, u32)>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in rows {
+        let Some(o) = &r.hvprof else {
+            continue;
+        };
+        let got = (o.verdict.clone(), o.pass, o.fail, o.skip);
+        match expected.get(&r.name) {
+            None => out.push(format!(
+                "{}: {} {}/{}/{}, and no result recorded for it in xtask/kvm-unit-tests.expected",
+                r.name, got.0, got.1, got.2, got.3
+            )),
+            Some(e) if *e != got => out.push(format!(
+                "{}: {} {}/{}/{} where {} {}/{}/{} was recorded",
+                r.name, got.0, got.1, got.2, got.3, e.0, e.1, e.2, e.3
+            )),
+            Some(_) => {}
+        }
+    }
+    out
+}
+
+/// The `cargo xtask test` stage: every test hvprof runs, except those recorded as taking their
+/// whole run budget (TIMEOUT: a minute of Bochs each, for no news), without the baseline; fails
+/// on any result that differs from the recorded one.
+pub fn test_stage(dir: &Path) -> Result<()> {
+    let expected = parse_expected(EXPECTED);
+    let slow: Vec<String> = expected
+        .iter()
+        .filter(|(_, e)| e.0 == "TIMEOUT")
+        .map(|(n, _)| n.clone())
+        .collect();
+    let rows = run_suite_except(dir, None, false, &slow)?;
+    print_table(&rows);
+    if !slow.is_empty() {
+        println!(
+            "kvm-unit-tests: not run here, recorded as using their whole run budget: {}",
+            slow.join(", ")
+        );
+    }
+    let diffs = differences(&rows, &expected);
+    if diffs.is_empty() {
+        return Ok(());
+    }
+    for d in &diffs {
+        println!("kvm-unit-tests: {d}");
+    }
+    bail!(
+        "{} kvm-unit-tests results differ from xtask/kvm-unit-tests.expected",
+        diffs.len()
+    )
+}
+
 /// `cargo xtask kvm-unit-tests`.
 pub fn kvm_unit_tests(
     dir: Option<&Path>,
@@ -658,6 +773,9 @@ pub fn kvm_unit_tests(
     }
     let rows = run_suite(&dir, filter, baseline)?;
     print_table(&rows);
+    for d in differences(&rows, &parse_expected(EXPECTED)) {
+        println!("kvm-unit-tests: {d}");
+    }
     println!(
         "kvm-unit-tests: serial logs and captures in {}",
         target_dir().join("kvm-unit-tests").display()

@@ -269,6 +269,23 @@ pub fn test(filter: Option<&str>, no_e2e: bool, e2e_only: bool) -> Result<ExitCo
         }
     }
 
+    // kvm-unit-tests' kernels under hvprof, against the recorded results, when the suite's
+    // build is here.
+    if !no_e2e && filter.is_none_or(|f| "kvm-unit-tests".contains(f)) {
+        let dir = crate::kvm_unit_tests::suite_dir(None);
+        if dir.join("x86/unittests.cfg").is_file() {
+            tally.stage(
+                "kvm-unit-tests (under hvprof, against xtask/kvm-unit-tests.expected)",
+                || crate::kvm_unit_tests::test_stage(&dir),
+            );
+        } else {
+            println!(
+                "--- kvm-unit-tests: not run: no build at {} (x86/unittests.cfg); KVM_UNIT_TESTS_DIR names another",
+                dir.display()
+            );
+        }
+    }
+
     // `cargo xtask profile` end to end: it boots its own runs (two at once), after the
     // scenarios.
     if !no_e2e && profile_check_selected(filter) {

@@ -315,9 +315,10 @@ fn build(
         );
         boot
     } else if is_multiboot {
-        // The Multiboot Specification's command line: the VM's own arguments, without the
-        // hypervisor's keys (as a Linux guest's).
-        let cmdline = vm_config::guest_args(config.args)
+        // The command line as GRUB and QEMU give a Multiboot kernel: the image's name (a
+        // kernel's argv[0]), then the VM's own arguments without the hypervisor's keys.
+        let cmdline = core::iter::once(image_name)
+            .chain(vm_config::guest_args(config.args))
             .collect::<Vec<_>>()
             .join(" ");
         let module = config.initrd.map(|_| initrd);
