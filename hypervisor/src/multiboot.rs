@@ -15,7 +15,8 @@
 //!   segments, interrupts off; EAX 0x2BADB002 and EBX the information structure's address.
 //! - The information structure (§3.3): memory (`mem_lower`, `mem_upper` and a memory map), the
 //!   command line (the VM's own arguments), the boot loader's name, and at most one module
-//!   (the VM's `initrd=` file), page-aligned after the kernel.
+//!   (the VM's `initrd=` file), page-aligned after the kernel. A kernel may load in
+//!   conventional memory above the information page, or from 1 MiB.
 
 use core::fmt;
 
@@ -133,7 +134,7 @@ impl fmt::Display for MultibootError {
             ),
             MultibootError::OutsideMemory { start, end, mem } => write!(
                 f,
-                "the kernel's {start:#x}-{end:#x} does not fit in guest memory [{IMAGE_MIN_GPA:#x}, {mem:#x})"
+                "the kernel's {start:#x}-{end:#x} lies neither in conventional memory [{LOW_START:#x}, {LOW_END:#x}) nor in guest memory [{IMAGE_MIN_GPA:#x}, {mem:#x})"
             ),
             MultibootError::EntryOutsideImage(e) => {
                 write!(f, "entry point {e:#x} lies outside every loaded segment")
@@ -208,8 +209,14 @@ pub struct Loaded {
     pub module: Option<(u64, u64)>,
 }
 
+/// Where a kernel may load: conventional memory above the GDT and the information page, or RAM
+/// from 1 MiB (GRUB and QEMU load kvm-unit-tests' `realmode.flat` at 0x8000).
+const LOW_START: u64 = INFO_GPA + 0x1000;
+
 fn check_range(start: u64, end: u64, mem: u64) -> Result<(), MultibootError> {
-    if start < IMAGE_MIN_GPA || end > mem || end < start {
+    let low = start >= LOW_START && end <= LOW_END;
+    let high = start >= IMAGE_MIN_GPA && end <= mem;
+    if end < start || !(low || high) {
         return Err(MultibootError::OutsideMemory { start, end, mem });
     }
     Ok(())
@@ -360,11 +367,11 @@ pub fn load(
         None => load_elf32(mem, image)?,
     };
 
-    // The module, page-aligned after the kernel.
+    // The module, page-aligned after the kernel (from 1 MiB for a kernel in low memory).
     let module_range = match module {
         None => None,
         Some(m) => {
-            let at = end.next_multiple_of(0x1000);
+            let at = end.max(IMAGE_MIN_GPA).next_multiple_of(0x1000);
             let m_end = at + m.len() as u64;
             if m_end > size {
                 return Err(MultibootError::ModuleTooLarge {
@@ -602,12 +609,18 @@ mod tests {
             load(&mut mem, &image, "", None),
             Err(MultibootError::UnknownRequirement(1 << 5))
         );
-        // Below 1 MiB.
-        let image = elf32(0x8000, 0x10, 0x10, 0);
-        assert!(matches!(
-            load(&mut mem, &image, "", None),
-            Err(MultibootError::OutsideMemory { .. })
-        ));
+        // Over the information page, or across the EBDA and BIOS area.
+        for at in [0x2000, 0x9f000] {
+            let image = elf32(at, 0x10, 0x1000, 0);
+            assert!(matches!(
+                load(&mut mem, &image, "", None),
+                Err(MultibootError::OutsideMemory { .. })
+            ));
+        }
+        // In conventional memory, as realmode.flat loads: allowed, its module from 1 MiB.
+        let image = elf32(0x8000, 0x10, 0x2000, 0);
+        let l = load(&mut mem, &image, "", Some(b"env")).unwrap();
+        assert_eq!((l.start, l.module), (0x8000, Some((0x10_0000, 0x10_0003))));
         // Beyond the VM's memory.
         let image = elf32(0x3f_f000, 0x10, 0x2000, 0);
         assert!(matches!(

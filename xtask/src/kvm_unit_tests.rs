@@ -2,9 +2,11 @@
 //! peer's conformance suite, test data outside the project) as VMs under hvprof in Bochs, beside
 //! a baseline of the same kernels in QEMU TCG without hvprof.
 //!
-//! - `unittests.cfg` (upstream's list) gives each test's kernel, vCPUs (`smp`) and QEMU options
-//!   (`extra_params`): `-append` becomes the VM's command line, `-m` its memory, `-smp` its
-//!   vCPUs. The QEMU baseline gets the options as upstream's runner gives them.
+//! - `unittests.cfg` (upstream's list) gives each test's kernel, vCPUs (`smp`), arguments
+//!   (`test_args`, the VM's command line after the kernel's name) and QEMU options
+//!   (`qemu_params`): `-append` adds to the command line, `-m` is the VM's memory, `-smp` its
+//!   vCPUs; `-cpu` and the others are QEMU's alone (hvprof gives every VM its own CPUID). The
+//!   QEMU baseline gets the options and arguments as upstream's runner gives them.
 //! - A test whose feature hvprof deliberately does not offer is skipped, with the reason
 //!   ([`skip_reason`]): nested VMX/SVM, Hyper-V and KVM paravirtual interfaces, upstream's
 //!   `nodefault` group and i386-only tests.
@@ -41,7 +43,10 @@ pub struct Test {
     pub name: String,
     pub file: String,
     pub smp: u32,
+    /// The QEMU options (`qemu_params`, formerly `extra_params`).
     pub extra_params: String,
+    /// The kernel's arguments (`test_args`).
+    pub test_args: String,
     pub arch: Option<String>,
     pub groups: Vec<String>,
     pub accel: Option<String>,
@@ -70,7 +75,8 @@ pub fn parse_cfg(text: &str) -> Vec<Test> {
         match key.trim() {
             "file" => t.file = value,
             "smp" => t.smp = value.parse().unwrap_or(1).max(1),
-            "extra_params" => t.extra_params = value,
+            "extra_params" | "qemu_params" => t.extra_params = value,
+            "test_args" => t.test_args = shell_words(&value).join(" "),
             "arch" => t.arch = Some(value),
             "groups" => t.groups = value.split_whitespace().map(str::to_owned).collect(),
             "accel" => t.accel = Some(value),
@@ -436,11 +442,14 @@ fn run_baseline(job: &Job, env_module: &Path, dir: &Path) -> Result<Outcome> {
         .arg("-kernel")
         .arg(&job.kernel);
     // The test's own QEMU options, less those given above.
+    if !job.shape.append.is_empty() {
+        cmd.args(["-append", &job.shape.append]);
+    }
     let words = shell_words(&job.test.extra_params);
     let mut i = 0;
     while i < words.len() {
         match words[i].as_str() {
-            "-m" | "-smp" => i += 2,
+            "-m" | "-smp" | "-append" => i += 2,
             _ => {
                 cmd.arg(&words[i]);
                 i += 1;
@@ -584,7 +593,13 @@ pub fn run_suite_except(
             skips.insert(t.name.clone(), why);
             continue;
         }
-        let shape = vm_shape(&t.extra_params);
+        let mut shape = vm_shape(&t.extra_params);
+        shape.append = [t.test_args.as_str(), shape.append.as_str()]
+            .iter()
+            .filter(|a| !a.is_empty())
+            .copied()
+            .collect::<Vec<_>>()
+            .join(" ");
         let vcpus = shape.smp.unwrap_or(t.smp).clamp(1, 8);
         let mem_mib = shape.mem_mib.unwrap_or(DEFAULT_MEM_MIB).clamp(32, 512);
         jobs.push(Job {
@@ -794,7 +809,8 @@ file = setjmp.flat
 
 [vmexit_cpuid]
 file = vmexit.flat
-extra_params = -append 'cpuid' -m 256
+test_args = 'cpuid'
+qemu_params = -m 256
 groups = vmexit
 
 [smptest3]
@@ -818,8 +834,8 @@ groups = vmx nodefault
         );
         assert_eq!(t[2].smp, 3);
         assert_eq!(t[3].groups, ["vmx", "nodefault"]);
-        let s = vm_shape(&t[1].extra_params);
-        assert_eq!((s.append.as_str(), s.mem_mib), ("cpuid", Some(256)));
+        assert_eq!(t[1].test_args, "cpuid");
+        assert_eq!(vm_shape(&t[1].extra_params).mem_mib, Some(256));
         let s = vm_shape(&t[3].extra_params);
         assert_eq!(s.append, "-exit_monitor_from_l2_test");
         assert_eq!(s.cpu.as_deref(), Some("max,+vmx"));
