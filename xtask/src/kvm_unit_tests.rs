@@ -378,6 +378,8 @@ fn run_batch(
     }
     modules.push(IsoModule::new(env_module, env_name.clone()));
     let iso = dir.join("kvm-unit-tests.iso");
+    // Bochs refuses a disk whose lock file a killed run left behind.
+    let _ = std::fs::remove_file(dir.join("kvm-unit-tests.iso.lock"));
     build_iso(
         &IsoSpec {
             hypervisor,
@@ -646,10 +648,27 @@ pub fn run_suite_except(
                 })
                 .collect()
         });
-        for ((_, names), r) in handles.iter().zip(outcomes) {
-            let (outs, seconds) = r?;
-            for (n, o) in names.iter().zip(outs) {
-                results.insert(n.clone(), (o, seconds / names.len() as f64));
+        for ((dir, names), r) in handles.iter().zip(outcomes) {
+            match r {
+                Ok((outs, seconds)) => {
+                    for (n, o) in names.iter().zip(outs) {
+                        results.insert(n.clone(), (o, seconds / names.len() as f64));
+                    }
+                }
+                // A batch that did not run: its tests have no result, and say why.
+                Err(e) => {
+                    for n in names {
+                        let o = Outcome {
+                            verdict: "CRASH".into(),
+                            stop: Some(format!(
+                                "the batch in {} did not run: {e:#}",
+                                dir.display()
+                            )),
+                            ..Outcome::default()
+                        };
+                        results.insert(n.clone(), (o, 0.0));
+                    }
+                }
             }
         }
     }
