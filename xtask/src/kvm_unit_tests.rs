@@ -213,6 +213,8 @@ pub struct Outcome {
     pub status: Option<u32>,
     /// How the VM stopped, when not through the exit port.
     pub stop: Option<String>,
+    /// The VM's run time in TSC ticks (in Bochs, instructions), when it exited.
+    pub ticks: Option<u64>,
 }
 
 /// The verdict of an exit status as upstream's runner reads QEMU's (scripts/arch-run.bash,
@@ -261,6 +263,10 @@ pub fn outcome_under_hvprof(serial: &str, vm: &str) -> Outcome {
                 .filter(|r| r.contains("(port 0xf4)"))
                 .and_then(|r| r.split_whitespace().next())
                 .and_then(|c| c.parse::<u32>().ok());
+            o.ticks = rest
+                .split_once(" after ")
+                .and_then(|(_, t)| t.split_whitespace().next())
+                .and_then(|t| t.parse().ok());
             match code {
                 Some(c) => {
                     let status = (c << 1) | 1;
@@ -716,8 +722,13 @@ pub fn run_suite_except(
 }
 
 /// The results recorded as expected (`xtask/kvm-unit-tests.expected`): per test its verdict
-/// under hvprof and its pass/fail/skip counts, one `name verdict pass fail skip` line each.
+/// under hvprof and its pass/fail/skip counts, one `name verdict pass fail skip [slow]` line
+/// each; `slow` marks a test that runs longer than [`SLOW_TICKS`].
 pub const EXPECTED: &str = include_str!("../kvm-unit-tests.expected");
+
+/// A test that runs longer than this (TSC ticks: in Bochs, instructions; about 8 s of Bochs) is
+/// left out of `cargo xtask test`, as is one that used its whole budget.
+pub const SLOW_TICKS: u64 = 200_000_000;
 
 /// The expected results: name -> (verdict, pass, fail, skip).
 pub fn parse_expected(text: &str) -> BTreeMap<String, (String, u32, u32, u32)> {
@@ -733,6 +744,42 @@ pub fn parse_expected(text: &str) -> BTreeMap<String, (String, u32, u32, u32)> {
             ))
         })
         .collect()
+}
+
+/// The tests the expected results mark `slow`.
+fn slow_in(text: &str) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split_whitespace().nth(5) == Some("slow"))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+/// The expected-results file for `rows`: what `--record` writes.
+pub fn expected_file(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "# kvm-unit-tests under hvprof in Bochs: name verdict pass fail skip [slow], as\n\
+         # `cargo xtask kvm-unit-tests --record` wrote them; `cargo xtask test` checks them\n\
+         # (docs/KVM-UNIT-TESTS.md). slow: over 200 M ticks or its whole budget, left out of\n\
+         # `cargo xtask test`.\n",
+    );
+    for r in rows {
+        let Some(o) = &r.hvprof else {
+            continue;
+        };
+        let slow = o.verdict == "TIMEOUT" || o.ticks.is_some_and(|t| t > SLOW_TICKS);
+        s.push_str(&format!(
+            "{} {} {} {} {}{}\n",
+            r.name,
+            o.verdict,
+            o.pass,
+            o.fail,
+            o.skip,
+            if slow { " slow" } else { "" }
+        ));
+    }
+    s
 }
 
 /// Where `rows` differ from `expected`: one line each (empty: as recorded).
@@ -761,21 +808,17 @@ pub fn differences(
     out
 }
 
-/// The `cargo xtask test` stage: every test hvprof runs, except those recorded as taking their
-/// whole run budget (TIMEOUT: a minute of Bochs each, for no news), without the baseline; fails
-/// on any result that differs from the recorded one.
+/// The `cargo xtask test` stage: every test hvprof runs, except those recorded as slow (their
+/// whole run budget, or over [`SLOW_TICKS`]: `cargo xtask kvm-unit-tests` runs them), without the
+/// baseline; fails on any result that differs from the recorded one.
 pub fn test_stage(dir: &Path) -> Result<()> {
     let expected = parse_expected(EXPECTED);
-    let slow: Vec<String> = expected
-        .iter()
-        .filter(|(_, e)| e.0 == "TIMEOUT")
-        .map(|(n, _)| n.clone())
-        .collect();
+    let slow = slow_in(EXPECTED);
     let rows = run_suite_except(dir, None, false, &slow)?;
     print_table(&rows);
     if !slow.is_empty() {
         println!(
-            "kvm-unit-tests: not run here, recorded as using their whole run budget: {}",
+            "kvm-unit-tests: not run here, recorded as slow (over 200 M ticks, or their whole budget): {}",
             slow.join(", ")
         );
     }
@@ -797,6 +840,7 @@ pub fn kvm_unit_tests(
     dir: Option<&Path>,
     filter: Option<&str>,
     baseline: bool,
+    record: bool,
 ) -> Result<ExitCode> {
     let dir = suite_dir(dir);
     if !dir.join("x86/unittests.cfg").is_file() {
@@ -807,8 +851,14 @@ pub fn kvm_unit_tests(
     }
     let rows = run_suite(&dir, filter, baseline)?;
     print_table(&rows);
-    for d in differences(&rows, &parse_expected(EXPECTED)) {
-        println!("kvm-unit-tests: {d}");
+    if record {
+        let path = crate::workspace_root().join("xtask/kvm-unit-tests.expected");
+        std::fs::write(&path, expected_file(&rows))?;
+        println!("kvm-unit-tests: results recorded in {}", path.display());
+    } else {
+        for d in differences(&rows, &parse_expected(EXPECTED)) {
+            println!("kvm-unit-tests: {d}");
+        }
     }
     println!(
         "kvm-unit-tests: serial logs and captures in {}",

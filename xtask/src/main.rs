@@ -81,6 +81,10 @@ enum Cmd {
         /// Without the QEMU TCG baseline.
         #[arg(long)]
         no_baseline: bool,
+        /// Write the results as the expected ones (xtask/kvm-unit-tests.expected), which
+        /// `cargo xtask test` checks; run without --filter.
+        #[arg(long, conflicts_with = "filter")]
+        record: bool,
     },
     /// Build the Linux guest under target/linux from Debian packages (docs/LINUX-GUESTS.md).
     LinuxImage {
@@ -200,7 +204,10 @@ fn main() -> ExitCode {
             dir,
             filter,
             no_baseline,
-        } => kvm_unit_tests::kvm_unit_tests(dir.as_deref(), filter.as_deref(), !no_baseline),
+            record,
+        } => {
+            kvm_unit_tests::kvm_unit_tests(dir.as_deref(), filter.as_deref(), !no_baseline, record)
+        }
         Cmd::LinuxImage { refresh } => linux::image(refresh).map(|()| ExitCode::SUCCESS),
         Cmd::LinuxTruth => linux::truth().map(|()| ExitCode::SUCCESS),
         Cmd::LinuxQemu { run, arg, timeout } => linux::qemu(&run, arg.as_deref(), timeout),
