@@ -30,6 +30,8 @@ pub const LAPIC_BASE: u64 = 0xfee0_0000;
 /// The PM1a event block (status, enable: 2 bytes each) and control block (2 bytes), I/O ports.
 pub const PM1A_EVT: u16 = 0x600;
 pub const PM1A_CNT: u16 = 0x604;
+/// The PM timer (a 24-bit count at 3.579545 MHz, read as 32 bits), I/O port.
+pub const PM_TMR: u16 = 0x608;
 /// The SLP_TYP value of S5 (soft off) in `\_S5`: a write of it with SLP_EN to PM1a_CNT powers
 /// the VM off.
 pub const SLP_TYP_S5: u8 = 5;
@@ -180,8 +182,10 @@ pub fn build(
     // SMI_CMD 0: the platform is in ACPI mode already.
     put(out, f + 56, &u32::from(PM1A_EVT).to_le_bytes());
     put(out, f + 64, &u32::from(PM1A_CNT).to_le_bytes());
+    put(out, f + 76, &u32::from(PM_TMR).to_le_bytes());
     out[f + 88] = 4; // PM1_EVT_LEN
     out[f + 89] = 2; // PM1_CNT_LEN
+    out[f + 91] = 4; // PM_TMR_LEN
     // IA-PC boot architecture: no 8042 (bit 1 clear), VGA not present (bit 2); the CMOS clock
     // is there (bit 5 clear).
     put(out, f + 109, &(1u16 << 2).to_le_bytes());
@@ -197,6 +201,7 @@ pub fn build(
     put(out, f + 140, &gpa(DSDT_AT).to_le_bytes());
     put(out, f + 148, &io_gas(PM1A_EVT, 32));
     put(out, f + 172, &io_gas(PM1A_CNT, 16));
+    put(out, f + 208, &io_gas(PM_TMR, 32));
     put(out, f + 268, b"HVPROF\0\0");
     seal(out, f, fadt_len);
 
@@ -291,6 +296,10 @@ mod tests {
         assert_eq!(
             fadt.pm1a_control_block().unwrap().address,
             u64::from(PM1A_CNT)
+        );
+        assert_eq!(
+            fadt.pm_timer_block().unwrap().map(|b| b.address),
+            Some(u64::from(PM_TMR))
         );
         assert_eq!(
             fadt.pm1a_event_block().unwrap().address,

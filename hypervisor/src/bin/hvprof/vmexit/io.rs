@@ -9,7 +9,7 @@ use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::GuestOps;
 use crate::vm::{Stop, Vm};
 use alloc::format;
-use hvprof_hypervisor::devices::acpi_pm::{AcpiPm, PmEffect};
+use hvprof_hypervisor::devices::acpi_pm::{self, AcpiPm, PmEffect};
 use hvprof_hypervisor::devices::board::Access;
 use hvprof_hypervisor::devices::fw_cfg::FwCfg;
 use hvprof_vmx::exit::{IoAccess, IoDirection};
@@ -41,6 +41,12 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
     let now = crate::tsc::rdtsc();
     if vm.apic && AcpiPm::claims(io.port) {
         return acpi_pm(vm, vcpu, vmcs, &io, mask);
+    }
+    if vm.apic && acpi_pm::is_pm_timer(io.port) && io.direction == IoDirection::In {
+        let v = acpi_pm::pm_timer_read(io.port, io.size, now, crate::tsc::hz());
+        set_in_result(vcpu, io.size, mask, u64::from(v));
+        vmcs.skip_instruction();
+        return None;
     }
     if FwCfg::claims(io.port) {
         let mut dev = vm.devices.lock();
