@@ -815,6 +815,12 @@ pub fn differences(
 /// baseline; fails on any result that differs from the recorded one.
 pub fn test_stage(dir: &Path) -> Result<()> {
     let expected = parse_expected(EXPECTED);
+    if expected.is_empty() {
+        println!(
+            "kvm-unit-tests: not run: no results recorded in xtask/kvm-unit-tests.expected yet (`cargo xtask kvm-unit-tests --record` records them)"
+        );
+        return Ok(());
+    }
     let slow = slow_in(EXPECTED);
     let rows = run_suite_except(dir, None, false, &slow)?;
     print_table(&rows);
