@@ -114,11 +114,12 @@ fn io_gas(port: u16, width: u8) -> [u8; 12] {
 }
 
 /// Builds the tables for vCPUs with these APIC IDs (the first is the boot vCPU), with an I/O
-/// APIC or not, into `out`, which is guest memory at `base_gpa`. Returns the RSDP's
-/// guest-physical address.
+/// APIC or not, with the PM timer or not, into `out`, which is guest memory at `base_gpa`.
+/// Returns the RSDP's guest-physical address.
 pub fn build(
     apic_ids: &[u8],
     io_apic: bool,
+    pm_timer: bool,
     base_gpa: u64,
     out: &mut [u8; ACPI_SIZE],
 ) -> Result<u64, Error> {
@@ -182,7 +183,9 @@ pub fn build(
     // SMI_CMD 0: the platform is in ACPI mode already.
     put(out, f + 56, &u32::from(PM1A_EVT).to_le_bytes());
     put(out, f + 64, &u32::from(PM1A_CNT).to_le_bytes());
-    put(out, f + 76, &u32::from(PM_TMR).to_le_bytes());
+    if pm_timer {
+        put(out, f + 76, &u32::from(PM_TMR).to_le_bytes());
+    }
     out[f + 88] = 4; // PM1_EVT_LEN
     out[f + 89] = 2; // PM1_CNT_LEN
     out[f + 91] = 4; // PM_TMR_LEN
@@ -263,7 +266,7 @@ mod tests {
     #[test]
     fn the_acpi_crate_reads_the_vcpus_and_the_power_off_registers() {
         let mut page = Box::new([0u8; ACPI_SIZE]);
-        let rsdp = build(&[0, 1], true, ACPI_GPA, &mut page).unwrap();
+        let rsdp = build(&[0, 1], true, true, ACPI_GPA, &mut page).unwrap();
         assert_eq!(rsdp, ACPI_GPA);
         let h = Page(page.as_ptr());
         // SAFETY: `rsdp` is the RSDP just built; the handler maps only the page.
@@ -319,7 +322,7 @@ mod tests {
         for n in [1, 2, 8, MAX_VCPUS] {
             let ids: Vec<u8> = (0..n as u8).collect();
             let mut page = Box::new([0u8; ACPI_SIZE]);
-            build(&ids, n % 2 == 0, 0x1000, &mut page).unwrap();
+            build(&ids, n % 2 == 0, n % 3 == 0, 0x1000, &mut page).unwrap();
             let sum = |b: &[u8]| b.iter().fold(0u8, |a, x| a.wrapping_add(*x));
             assert_eq!(sum(&page[..20]), 0);
             assert_eq!(sum(&page[..36]), 0);
@@ -330,9 +333,12 @@ mod tests {
             }
         }
         let mut page = Box::new([0u8; ACPI_SIZE]);
-        assert_eq!(build(&[], true, 0, &mut page), Err(Error::VcpuCount(0)));
         assert_eq!(
-            build(&[0; MAX_VCPUS + 1], true, 0, &mut page),
+            build(&[], true, true, 0, &mut page),
+            Err(Error::VcpuCount(0))
+        );
+        assert_eq!(
+            build(&[0; MAX_VCPUS + 1], true, true, 0, &mut page),
             Err(Error::VcpuCount(MAX_VCPUS + 1))
         );
     }

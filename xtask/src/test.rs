@@ -154,6 +154,11 @@ fn report_disk() {
     }
 }
 
+/// Whether `--filter` selects the kvm-unit-tests stage (named `kvm-unit-tests`).
+fn kvm_unit_tests_selected(filter: Option<&str>) -> bool {
+    filter.is_none_or(|f| "kvm-unit-tests".contains(f))
+}
+
 /// Whether `--filter` selects the check of `cargo xtask profile` (named `xtask-profile`).
 fn profile_check_selected(filter: Option<&str>) -> bool {
     filter.is_none_or(|f| "xtask-profile".contains(f))
@@ -197,7 +202,10 @@ pub fn test(filter: Option<&str>, no_e2e: bool, e2e_only: bool) -> Result<ExitCo
     if !no_e2e {
         println!("--- end-to-end scenarios");
         let all = scenarios::all();
-        if select(&all, filter).is_empty() && !profile_check_selected(filter) {
+        if select(&all, filter).is_empty()
+            && !profile_check_selected(filter)
+            && !kvm_unit_tests_selected(filter)
+        {
             println!(
                 "FAIL e2e: no scenario name contains {:?}",
                 filter.unwrap_or("")
@@ -271,7 +279,7 @@ pub fn test(filter: Option<&str>, no_e2e: bool, e2e_only: bool) -> Result<ExitCo
 
     // kvm-unit-tests' kernels under hvprof, against the recorded results, when the suite's
     // build is here.
-    if !no_e2e && filter.is_none_or(|f| "kvm-unit-tests".contains(f)) {
+    if !no_e2e && kvm_unit_tests_selected(filter) {
         let dir = crate::kvm_unit_tests::suite_dir(None);
         if dir.join("x86/unittests.cfg").is_file() {
             tally.stage(

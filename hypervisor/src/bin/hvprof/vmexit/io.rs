@@ -42,7 +42,8 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
     if vm.apic && AcpiPm::claims(io.port) {
         return acpi_pm(vm, vcpu, vmcs, &io, mask);
     }
-    if vm.apic && acpi_pm::is_pm_timer(io.port) && io.direction == IoDirection::In {
+    // The PM timer: in every ACPI guest's FADT but a Linux guest's (`vm::build`, `acpi_tables`).
+    if vm.apic && !vm.linux && acpi_pm::is_pm_timer(io.port) && io.direction == IoDirection::In {
         let v = acpi_pm::pm_timer_read(io.port, io.size, now, crate::tsc::hz());
         set_in_result(vcpu, io.size, mask, u64::from(v));
         vmcs.skip_instruction();
