@@ -185,10 +185,11 @@ pub fn build(
     put(out, f + 64, &u32::from(PM1A_CNT).to_le_bytes());
     if pm_timer {
         put(out, f + 76, &u32::from(PM_TMR).to_le_bytes());
+        out[f + 91] = 4; // PM_TMR_LEN
+        put(out, f + 208, &io_gas(PM_TMR, 32));
     }
     out[f + 88] = 4; // PM1_EVT_LEN
     out[f + 89] = 2; // PM1_CNT_LEN
-    out[f + 91] = 4; // PM_TMR_LEN
     // IA-PC boot architecture: no 8042 (bit 1 clear), VGA not present (bit 2); the CMOS clock
     // is there (bit 5 clear).
     put(out, f + 109, &(1u16 << 2).to_le_bytes());
@@ -204,7 +205,6 @@ pub fn build(
     put(out, f + 140, &gpa(DSDT_AT).to_le_bytes());
     put(out, f + 148, &io_gas(PM1A_EVT, 32));
     put(out, f + 172, &io_gas(PM1A_CNT, 16));
-    put(out, f + 208, &io_gas(PM_TMR, 32));
     put(out, f + 268, b"HVPROF\0\0");
     seal(out, f, fadt_len);
 
@@ -304,6 +304,13 @@ mod tests {
             fadt.pm_timer_block().unwrap().map(|b| b.address),
             Some(u64::from(PM_TMR))
         );
+        // Without the PM timer (a Linux guest's tables): neither its block nor its length.
+        let mut plain = [0u8; ACPI_SIZE];
+        build(&[0, 1], true, false, ACPI_GPA, &mut plain).unwrap();
+        let f = FADT_AT;
+        assert_eq!(&plain[f + 76..f + 80], &[0; 4]);
+        assert_eq!(plain[f + 91], 0);
+        assert_eq!(&plain[f + 208..f + 220], &[0; 12]);
         assert_eq!(
             fadt.pm1a_event_block().unwrap().address,
             u64::from(PM1A_EVT)
