@@ -862,6 +862,18 @@ pub fn kvm_unit_tests(
     }
     let rows = run_suite(&dir, filter, baseline)?;
     print_table(&rows);
+    let unrun = rows
+        .iter()
+        .filter(|r| {
+            r.hvprof
+                .as_ref()
+                .and_then(|o| o.stop.as_deref())
+                .is_some_and(|s| s.starts_with("the batch in"))
+        })
+        .count();
+    if record && unrun > 0 {
+        bail!("{unrun} tests' batches did not run: nothing recorded");
+    }
     if record {
         let path = crate::workspace_root().join("xtask/kvm-unit-tests.expected");
         std::fs::write(&path, expected_file(&rows))?;
