@@ -274,6 +274,10 @@ fn contains_line(haystack: &[u8], needle: &[u8]) -> bool {
 pub fn launch(launch: &Launch<'_>, on_output: &mut dyn FnMut(&[u8])) -> Result<RunOutcome> {
     install_interrupt_handler();
     let files = launch.files;
+    // Bochs refuses a disk whose lock file a killed run left behind (`<disk>.lock`).
+    let mut lock = files.iso.clone().into_os_string();
+    lock.push(".lock");
+    let _ = std::fs::remove_file(&lock);
     // Every output of an earlier run in the folder goes, the channels' logs too: an emulator
     // without a virtio console or parallel port would leave the old one to join the capture.
     for path in [
