@@ -386,8 +386,6 @@ fn run_batch(
     }
     modules.push(IsoModule::new(env_module, env_name.clone()));
     let iso = dir.join("kvm-unit-tests.iso");
-    // Bochs refuses a disk whose lock file a killed run left behind.
-    let _ = std::fs::remove_file(dir.join("kvm-unit-tests.iso.lock"));
     build_iso(
         &IsoSpec {
             hypervisor,

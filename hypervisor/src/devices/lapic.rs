@@ -317,6 +317,13 @@ pub const PAGE_REGISTERS: [u32; 25] = [
 
 /// The APIC's architectural physical base (IA32_APIC_BASE bits 12 and up).
 const APIC_BASE: u64 = 0xfee0_0000;
+
+/// IA32_APIC_BASE (SDM Vol. 3A §11.4.4): the architectural base, the global enable (bit 11)
+/// when `enabled`, and the BSP flag (bit 8) for the bootstrap processor.
+#[must_use]
+pub fn apic_base_value(enabled: bool, bsp: bool) -> u64 {
+    APIC_BASE | if enabled { 1 << 11 } else { 0 } | if bsp { 1 << 8 } else { 0 }
+}
 const LVT_TIMER: usize = 0;
 const LVT_LINT0: usize = 3;
 
@@ -362,11 +369,10 @@ impl Lapic {
         self.globally_enabled = globally_enabled;
     }
 
-    /// IA32_APIC_BASE as the vCPU reads it (SDM Vol. 3A §11.4.4): the architectural base, the
-    /// global enable (bit 11), and the BSP flag (bit 8) for the bootstrap processor.
+    /// IA32_APIC_BASE as the vCPU reads it ([`apic_base_value`]).
     #[must_use]
     pub fn apic_base(&self, bsp: bool) -> u64 {
-        APIC_BASE | if self.globally_enabled { 1 << 11 } else { 0 } | if bsp { 1 << 8 } else { 0 }
+        apic_base_value(self.globally_enabled, bsp)
     }
 
     /// A WRMSR of `value` to IA32_APIC_BASE; false for a value the vCPU cannot write (the

@@ -19,19 +19,12 @@ const MICROCODE_REVISION: u64 = 0x28 << 32;
 const MISC_ENABLE_VALUE: u64 = 1 | 1 << 11 | 1 << 12;
 /// Locked, VMX off: what a guest that cannot use VMX should see.
 const FEATURE_CONTROL_VALUE: u64 = 1;
-/// xAPIC at the architectural base, enabled, bootstrap processor.
-const APIC_BASE_VALUE: u64 = 0xfee0_0900;
-/// IA32_APIC_BASE's BSP flag (bit 8).
-const APIC_BASE_BSP: u64 = 1 << 8;
 const IA32_TSC_DEADLINE: u32 = 0x6e0;
 
-/// IA32_APIC_BASE as vCPU `index` reads it: only vCPU 0 is the bootstrap processor.
+/// IA32_APIC_BASE as vCPU `index` of a VM without local APICs reads it: enabled, and only
+/// vCPU 0 is the bootstrap processor.
 fn apic_base(index: u16) -> u64 {
-    if index == 0 {
-        APIC_BASE_VALUE
-    } else {
-        APIC_BASE_VALUE & !APIC_BASE_BSP
-    }
+    hvprof_hypervisor::devices::lapic::apic_base_value(true, index == 0)
 }
 
 pub fn rdmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
