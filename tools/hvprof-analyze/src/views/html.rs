@@ -322,12 +322,7 @@ fn stolen_section(out: &mut String, s: &crate::views::stolen::Stolen, top: usize
         for v in &c.victims {
             let _ = write!(out, "<tr><td>{}</td>", esc(v));
             for h in &c.holders {
-                let share = c
-                    .cells
-                    .iter()
-                    .find(|x| &x.victim == v && &x.holder == h)
-                    .map_or(0.0, |x| x.percent);
-                let _ = write!(out, "<td class=n>{share:.2}</td>");
+                let _ = write!(out, "<td class=n>{:.2}</td>", c.share(v, h));
             }
             out.push_str("</tr>\n");
         }

@@ -120,6 +120,17 @@ pub struct PcpuStolen {
     pub cells: Vec<Cell>,
 }
 
+impl PcpuStolen {
+    /// The share of `victim`'s steal here that `holder` held (0 for an empty cell).
+    #[must_use]
+    pub fn share(&self, victim: &str, holder: &str) -> f64 {
+        self.cells
+            .iter()
+            .find(|x| x.victim == victim && x.holder == holder)
+            .map_or(0.0, |x| x.percent)
+    }
+}
+
 /// The view: per vCPU, and per pCPU.
 #[derive(Debug, Clone, Serialize, PartialEq, Default)]
 pub struct Stolen {
@@ -151,33 +162,51 @@ fn percent(n: u64, of: u64) -> f64 {
     }
 }
 
-/// Counts, per victim vCPU, the samples of `seen` (in TSC order) inside its stretches `outs`
-/// (sorted by start) on the pCPU it left, by (pCPU, holder, frame, exit).
-fn tally(outs: &[Stretch], seen: impl Iterator<Item = Seen>) -> Counts {
-    let mut out = Counts::default();
-    let mut active: HashMap<u16, Vec<Stretch>> = HashMap::default();
-    let mut next = 0;
-    for s in seen {
-        while let Some(o) = outs.get(next).filter(|o| o.start <= s.tsc) {
-            active.entry(o.pcpu).or_default().push(*o);
-            next += 1;
-        }
-        let Some(here) = active.get_mut(&s.pcpu) else {
-            continue;
-        };
-        here.retain(|o| o.end > s.tsc);
-        for o in here.iter() {
-            // Its own guest samples while out: a forged log.
-            if s.holder == Holder::Guest(o.vcpu.0, o.vcpu.1) {
-                continue;
-            }
-            *out.entry(o.vcpu)
-                .or_default()
-                .entry((s.pcpu, s.holder, s.frame, s.exit))
-                .or_default() += 1;
+/// The pass over the samples in TSC order: per victim vCPU, the samples inside its stretches out
+/// (sorted by start) on the pCPU it left, by (pCPU, holder, frame, exit). Fed run after run, it
+/// keeps the stretches open at the last sample.
+struct Sweep<'a> {
+    outs: &'a [Stretch],
+    next: usize,
+    active: HashMap<u16, Vec<Stretch>>,
+    counts: Counts,
+}
+
+impl<'a> Sweep<'a> {
+    fn new(outs: &'a [Stretch]) -> Self {
+        Sweep {
+            outs,
+            next: 0,
+            active: HashMap::default(),
+            counts: Counts::default(),
         }
     }
-    out
+
+    /// The next samples, in TSC order after those fed before.
+    fn feed(&mut self, seen: impl Iterator<Item = Seen>) {
+        for s in seen {
+            while let Some(o) = self.outs.get(self.next).filter(|o| o.start <= s.tsc) {
+                self.active.entry(o.pcpu).or_default().push(*o);
+                self.next += 1;
+            }
+            let Some(here) = self.active.get_mut(&s.pcpu) else {
+                continue;
+            };
+            here.retain(|o| o.end > s.tsc);
+            for o in here.iter() {
+                // Its own guest samples while out: a forged log.
+                if s.holder == Holder::Guest(o.vcpu.0, o.vcpu.1) {
+                    continue;
+                }
+                *self
+                    .counts
+                    .entry(o.vcpu)
+                    .or_default()
+                    .entry((s.pcpu, s.holder, s.frame, s.exit))
+                    .or_default() += 1;
+            }
+        }
+    }
 }
 
 /// Who held every vCPU's pCPU while it was out and runnable.
@@ -186,8 +215,7 @@ pub fn build(p: &Profile) -> Result<Stolen> {
     if outs.is_empty() {
         return Ok(Stolen::default());
     }
-    let mut counts = HashMap::default();
-    let mut all: Vec<Seen> = Vec::new();
+    let mut sweep = Sweep::new(&outs);
     p.replay(
         |run: &[Sampled], seen: &mut Vec<Seen>| {
             seen.clear();
@@ -204,40 +232,11 @@ pub fn build(p: &Profile) -> Result<Stolen> {
             }));
         },
         |seen| {
-            // The sweep keeps state across runs: the runs' samples, then one sweep.
-            all.append(seen);
-            if all.len() >= 1 << 16 {
-                merge(&mut counts, tally_from(&outs, &mut all));
-            }
+            sweep.feed(seen.drain(..));
             Ok(())
         },
     )?;
-    merge(&mut counts, tally_from(&outs, &mut all));
-    Ok(shape(p, counts))
-}
-
-/// [`tally`] of `all`, emptied, for the stretches that can hold its samples (those that start
-/// before its last one and end after its first).
-fn tally_from(outs: &[Stretch], all: &mut Vec<Seen>) -> Counts {
-    let (Some(first), Some(last)) = (all.first().map(|s| s.tsc), all.last().map(|s| s.tsc)) else {
-        return HashMap::default();
-    };
-    let upto = outs.partition_point(|o| o.start <= last);
-    let live: Vec<Stretch> = outs[..upto]
-        .iter()
-        .filter(|o| o.end > first)
-        .copied()
-        .collect();
-    tally(&live, all.drain(..))
-}
-
-fn merge(into: &mut Counts, from: Counts) {
-    for (v, m) in from {
-        let to = into.entry(v).or_default();
-        for (k, n) in m {
-            *to.entry(k).or_default() += n;
-        }
-    }
+    Ok(shape(p, sweep.counts))
 }
 
 /// The counts named and sorted.
@@ -420,12 +419,7 @@ pub fn render(s: &Stolen, top: usize) -> String {
         for v in &c.victims {
             let _ = write!(out, " {v:<width$}");
             for h in &c.holders {
-                let share = c
-                    .cells
-                    .iter()
-                    .find(|x| &x.victim == v && &x.holder == h)
-                    .map_or(0.0, |x| x.percent);
-                let _ = write!(out, "  {share:>12.2}");
+                let _ = write!(out, "  {:>12.2}", c.share(v, h));
             }
             out.push('\n');
         }
@@ -436,6 +430,13 @@ pub fn render(s: &Stolen, top: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sweep of `seen` in one piece.
+    fn tally(outs: &[Stretch], seen: impl Iterator<Item = Seen>) -> Counts {
+        let mut s = Sweep::new(outs);
+        s.feed(seen);
+        s.counts
+    }
 
     fn seen(tsc: u64, pcpu: u16, holder: Holder) -> Seen {
         Seen {
@@ -499,11 +500,10 @@ mod tests {
             .map(|t| seen(t, (t % 2) as u16, Holder::Guest(((t / 7) % 4) as u16, 0)))
             .collect();
         let whole = tally(&outs, samples.iter().copied());
-        let mut pieces = HashMap::default();
+        let mut pieces = Sweep::new(&outs);
         for chunk in samples.chunks(37) {
-            let mut all = chunk.to_vec();
-            merge(&mut pieces, tally_from(&outs, &mut all));
+            pieces.feed(chunk.iter().copied());
         }
-        assert_eq!(whole, pieces);
+        assert_eq!(whole, pieces.counts);
     }
 }
