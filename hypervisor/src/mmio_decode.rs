@@ -1,12 +1,14 @@
-//! The guest instruction behind an access to an emulated MMIO page (a Linux guest's xAPIC
-//! registers): an EPT violation gives the guest-physical address but neither the value written
-//! nor the register read into, nor the instruction's length (the VM-exit instruction-length field
-//! is undefined for EPT violations, SDM Vol. 3C §28.2.5). Compilers reach the APIC with plain
-//! 32-bit moves (Linux's `native_apic_mem_read`/`_write` are `movl`), so this decodes exactly
-//! those: `MOV r/m32, r32` (89 /r), `MOV r32, r/m32` (8B /r) and `MOV r/m32, imm32` (C7 /0),
-//! with segment and address-size prefixes and REX.R/X/B in 64-bit mode. Anything else (another
-//! operand size, a string move, a locked or read-modify-write instruction) is refused: the
-//! caller reports it instead of guessing.
+//! The guest instruction behind an access to an emulated MMIO page (the xAPIC registers): an
+//! EPT violation gives the guest-physical address but neither the value written nor the
+//! register read into, nor the instruction's length (the VM-exit instruction-length field is
+//! undefined for EPT violations, SDM Vol. 3C §28.2.5). Compilers reach the APIC with plain
+//! moves (Linux's `native_apic_mem_read`/`_write` are 32-bit `movl`; a kvm-unit-tests kernel's
+//! `memset` over a disabled APIC's page stores bytes), so this decodes exactly the moves:
+//! `MOV r/m8, r8` (88 /r), `MOV r/m, r` (89 /r), `MOV r8, r/m8` (8A /r), `MOV r, r/m` (8B /r),
+//! `MOV r/m8, imm8` (C6 /0) and `MOV r/m, imm` (C7 /0), of 8, 16 (66 prefix), 32 or 64 bits
+//! (REX.W), with segment and address-size prefixes and REX.R/X/B in 64-bit mode. Anything else
+//! (a string move, a locked or read-modify-write instruction) is refused: the caller reports
+//! it instead of guessing. Which sizes a device takes is the caller's rule.
 //!
 //! SDM Vol. 2A §2.1 "Instruction Format for Protected Mode, Real-Address Mode, and
 //! Virtual-8086 Mode" (prefixes, ModR/M, SIB, displacement, immediate; Tables 2-2 and 2-3 for
@@ -15,14 +17,16 @@
 /// The longest x86 instruction.
 pub const MAX_LEN: usize = 15;
 
-/// What the instruction does with the MMIO location (32 bits).
+/// What the instruction does with the MMIO location ([`Access::size`] bytes of it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// Loads it into general register `reg` (0-15; the upper 32 bits of the register become 0).
+    /// Loads it into general register `reg` (0-15; see [`Access::size`] for what happens to the
+    /// rest of the register).
     Read { reg: u8 },
-    /// Stores the low 32 bits of general register `reg`.
+    /// Stores the low bytes of general register `reg`.
     Write { reg: u8 },
-    /// Stores this immediate.
+    /// Stores this immediate (an 8-, 16- or 32-bit immediate; a 64-bit store sign-extends its
+    /// 32-bit immediate, whose low 32 bits are these).
     WriteImm { imm: u32 },
 }
 
@@ -31,6 +35,12 @@ pub enum Op {
 pub struct Access {
     pub op: Op,
     pub len: usize,
+    /// Bytes accessed: 1, 2, 4 or 8. A load of 4 zeroes the register's upper half; of 1 or 2,
+    /// it leaves the rest of the register as it was (SDM Vol. 1 §3.4.1.1).
+    pub size: u8,
+    /// A byte register without REX numbered 4-7 is AH, CH, DH or BH: bits 15:8 of register
+    /// `reg` (0-3 here), not its low byte (SDM Vol. 2A §3.1.1.1, Table 3-1).
+    pub high_byte: bool,
 }
 
 /// Why an instruction was not decoded.
@@ -50,7 +60,7 @@ impl core::fmt::Display for DecodeError {
         match self {
             DecodeError::Unsupported(b) => write!(
                 f,
-                "an instruction other than a 32-bit MOV (opcode or prefix {b:#04x})"
+                "an instruction other than a MOV (opcode or prefix {b:#04x})"
             ),
             DecodeError::NotMemory => f.write_str("a MOV without a memory operand"),
             DecodeError::Truncated => f.write_str("an instruction cut short"),
@@ -65,8 +75,14 @@ pub fn decode(bytes: &[u8], long: bool) -> Result<Access, DecodeError> {
     let byte = |i: usize| bytes.get(i).copied().ok_or(DecodeError::Truncated);
     let mut i = 0;
     // Legacy prefixes: segment overrides and address size change nothing here (the GPA is
-    // known); operand size, LOCK and REP are not emulated.
-    while matches!(byte(i)?, 0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x67) {
+    // known); operand size makes a 16-bit access; LOCK and REP are not emulated.
+    let mut operand16 = false;
+    loop {
+        match byte(i)? {
+            0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x67 => {}
+            0x66 => operand16 = true,
+            _ => break,
+        }
         i += 1;
     }
     // REX, only in 64-bit mode and right before the opcode.
@@ -74,16 +90,21 @@ pub fn decode(bytes: &[u8], long: bool) -> Result<Access, DecodeError> {
     if long && (0x40..=0x4f).contains(&byte(i)?) {
         rex = byte(i)?;
         i += 1;
-        if rex & 0x08 != 0 {
-            // REX.W: a 64-bit access.
-            return Err(DecodeError::Unsupported(rex));
-        }
     }
     let opcode = byte(i)?;
     i += 1;
-    if !matches!(opcode, 0x89 | 0x8b | 0xc7) {
-        return Err(DecodeError::Unsupported(opcode));
-    }
+    let byte_op = match opcode {
+        0x88 | 0x8a | 0xc6 => true,
+        0x89 | 0x8b | 0xc7 => false,
+        _ => return Err(DecodeError::Unsupported(opcode)),
+    };
+    // REX.W wins over 66 (SDM Vol. 2A §2.2.1.2); neither changes a byte move.
+    let size = match (byte_op, rex & 0x08 != 0, operand16) {
+        (true, _, _) => 1,
+        (false, true, _) => 8,
+        (false, false, true) => 2,
+        (false, false, false) => 4,
+    };
     let modrm = byte(i)?;
     i += 1;
     let (md, reg, rm) = (modrm >> 6, (modrm >> 3) & 7, modrm & 7);
@@ -107,25 +128,39 @@ pub fn decode(bytes: &[u8], long: bool) -> Result<Access, DecodeError> {
         disp = 4;
     }
     i += disp;
-    let reg = reg | ((rex & 0x04) << 1);
+    let high_byte = byte_op && rex == 0 && (4..8).contains(&reg);
+    let reg = if high_byte {
+        reg - 4
+    } else {
+        reg | ((rex & 0x04) << 1)
+    };
     let op = match opcode {
-        0x89 => Op::Write { reg },
-        0x8b => Op::Read { reg },
+        0x88 | 0x89 => Op::Write { reg },
+        0x8a | 0x8b => Op::Read { reg },
         _ => {
-            if reg & 7 != 0 {
+            // C6 /0 and C7 /0: the immediate is as wide as the access, at most 32 bits.
+            if (modrm >> 3) & 7 != 0 {
                 return Err(DecodeError::Unsupported(opcode));
             }
-            let imm = bytes.get(i..i + 4).ok_or(DecodeError::Truncated)?;
-            i += 4;
+            let width = usize::from(size.min(4));
+            let imm = bytes.get(i..i + width).ok_or(DecodeError::Truncated)?;
+            i += width;
+            let mut le = [0u8; 4];
+            le[..width].copy_from_slice(imm);
             Op::WriteImm {
-                imm: u32::from_le_bytes([imm[0], imm[1], imm[2], imm[3]]),
+                imm: u32::from_le_bytes(le),
             }
         }
     };
     if i > bytes.len() {
         return Err(DecodeError::Truncated);
     }
-    Ok(Access { op, len: i })
+    Ok(Access {
+        op,
+        len: i,
+        size,
+        high_byte,
+    })
 }
 
 #[cfg(test)]
@@ -143,7 +178,9 @@ mod tests {
             ok(&[0x8b, 0x04, 0x25, 0xf0, 0xc0, 0x5f, 0xff]),
             Access {
                 op: Op::Read { reg: 0 },
-                len: 7
+                len: 7,
+                size: 4,
+                high_byte: false
             }
         );
         // mov %edi,0xffffffffff5fc0b0.
@@ -156,7 +193,9 @@ mod tests {
             ok(&[0x44, 0x89, 0x00]),
             Access {
                 op: Op::Write { reg: 8 },
-                len: 3
+                len: 3,
+                size: 4,
+                high_byte: false
             }
         );
         assert_eq!(ok(&[0x89, 0x82, 0x20, 0x03, 0, 0]).len, 6);
@@ -164,7 +203,9 @@ mod tests {
             ok(&[0x8b, 0x4b, 0x10]),
             Access {
                 op: Op::Read { reg: 1 },
-                len: 3
+                len: 3,
+                size: 4,
+                high_byte: false
             }
         );
         // RIP-relative; REX.B only changes the base.
@@ -175,7 +216,9 @@ mod tests {
             ok(&[0xc7, 0x04, 0x25, 0x80, 0xc3, 0x5f, 0xff, 0, 0, 1, 0]),
             Access {
                 op: Op::WriteImm { imm: 0x10000 },
-                len: 11
+                len: 11,
+                size: 4,
+                high_byte: false
             }
         );
         // A segment prefix and an SIB with base and index and disp8.
@@ -185,15 +228,57 @@ mod tests {
     }
 
     #[test]
-    fn what_is_not_a_32_bit_move_is_refused() {
+    fn other_sizes_of_move() {
+        let access = |bytes: &[u8], long| {
+            let a = decode(bytes, long).unwrap();
+            (a.op, a.len, a.size, a.high_byte)
+        };
+        // kvm-unit-tests' memset: mov %sil,(%rcx) (REX without W: SIL, not DH).
         assert_eq!(
-            decode(&[0x48, 0x8b, 0x00], true),
-            Err(DecodeError::Unsupported(0x48))
+            access(&[0x40, 0x88, 0x31], true),
+            (Op::Write { reg: 6 }, 3, 1, false)
+        );
+        // mov %dh,(%rcx) without REX; mov (%rax),%ah.
+        assert_eq!(
+            access(&[0x88, 0x31], true),
+            (Op::Write { reg: 2 }, 2, 1, true)
         );
         assert_eq!(
-            decode(&[0x66, 0x89, 0x00], true),
-            Err(DecodeError::Unsupported(0x66))
+            access(&[0x8a, 0x20], false),
+            (Op::Read { reg: 0 }, 2, 1, true)
         );
+        // mov (%rax),%r9b; movb $0xff,0x10(%rdx).
+        assert_eq!(
+            access(&[0x44, 0x8a, 0x08], true),
+            (Op::Read { reg: 9 }, 3, 1, false)
+        );
+        assert_eq!(
+            access(&[0xc6, 0x42, 0x10, 0xff], true),
+            (Op::WriteImm { imm: 0xff }, 4, 1, false)
+        );
+        // 16 bits: mov %ax,(%rcx); movw $0x1234,(%rax).
+        assert_eq!(
+            access(&[0x66, 0x89, 0x01], true),
+            (Op::Write { reg: 0 }, 3, 2, false)
+        );
+        assert_eq!(
+            access(&[0x66, 0xc7, 0x00, 0x34, 0x12], true),
+            (Op::WriteImm { imm: 0x1234 }, 5, 2, false)
+        );
+        // 64 bits: mov (%rax),%rcx; movq $-1,(%rax) (imm32, sign-extended); REX.W beats 66.
+        assert_eq!(
+            access(&[0x48, 0x8b, 0x08], true),
+            (Op::Read { reg: 1 }, 3, 8, false)
+        );
+        assert_eq!(
+            access(&[0x48, 0xc7, 0x00, 0xff, 0xff, 0xff, 0xff], true),
+            (Op::WriteImm { imm: u32::MAX }, 7, 8, false)
+        );
+        assert_eq!(access(&[0x66, 0x48, 0x89, 0x00], true).2, 8);
+    }
+
+    #[test]
+    fn what_is_not_a_move_is_refused() {
         assert_eq!(
             decode(&[0xf0, 0x01, 0x00], true),
             Err(DecodeError::Unsupported(0xf0))
@@ -202,10 +287,20 @@ mod tests {
             decode(&[0x87, 0x00], true),
             Err(DecodeError::Unsupported(0x87))
         );
+        // rep stosb.
+        assert_eq!(
+            decode(&[0xf3, 0xaa], true),
+            Err(DecodeError::Unsupported(0xf3))
+        );
         assert_eq!(decode(&[0x89, 0xc0], true), Err(DecodeError::NotMemory));
         assert_eq!(
             decode(&[0xc7, 0x08, 0, 0, 0, 0], true),
             Err(DecodeError::Unsupported(0xc7))
+        );
+        assert_eq!(
+            decode(&[0xc6, 0x00], true),
+            Err(DecodeError::Truncated),
+            "the imm8 is missing"
         );
         assert_eq!(decode(&[0x8b, 0x04], true), Err(DecodeError::Truncated));
         assert_eq!(

@@ -129,15 +129,19 @@ impl Controls {
                 | proc1::USE_IO_BITMAPS
                 | proc1::USE_MSR_BITMAPS
                 | proc1::ACTIVATE_SECONDARY,
-            0,
+            // A guest's writes of IA32_TSC and IA32_TSC_ADJUST (`guest_tsc`); without it they
+            // are #GP.
+            proc1::USE_TSC_OFFSETTING,
             "primary processor-based",
         )?;
         let proc2 = adjust(
             caps.procbased2(),
             proc2::ENABLE_EPT | proc2::ENABLE_VPID,
-            // Not "enable RDTSCP": RDTSCP and RDPID would read the host's IA32_TSC_AUX; without
-            // it they are #UD in the guest (SDM Vol. 3C §26.3), and CPUID does not offer them.
-            proc2::ENABLE_INVPCID
+            // "Enable RDTSCP": RDTSCP and RDPID read IA32_TSC_AUX, which each vCPU has its own
+            // of (switched with its state); without the control they are #UD in the guest (SDM
+            // Vol. 3C §26.3), and CPUID does not offer them.
+            proc2::ENABLE_RDTSCP
+                | proc2::ENABLE_INVPCID
                 | proc2::ENABLE_XSAVES
                 | proc2::WBINVD_EXITING
                 | proc2::UNRESTRICTED_GUEST,
@@ -578,8 +582,15 @@ mod tests {
         let c = Controls::new(&generous(), false).unwrap();
         assert!(c.pin & pin::PREEMPTION_TIMER != 0 && c.pin & pin::NMI_EXITING != 0);
         assert!(c.proc1 & proc1::RDPMC_EXITING != 0 && c.proc1 & proc1::HLT_EXITING != 0);
+        assert!(
+            c.proc1 & proc1::USE_TSC_OFFSETTING != 0,
+            "a guest may write its TSC"
+        );
         assert!(c.proc2 & proc2::ENABLE_EPT != 0 && c.unrestricted());
-        assert!(c.proc2 & proc2::ENABLE_RDTSCP == 0, "RDTSCP stays #UD");
+        assert!(
+            c.proc2 & proc2::ENABLE_RDTSCP != 0,
+            "RDTSCP with the vCPU's TSC_AUX"
+        );
         assert!(c.exit & exit::SAVE_PREEMPTION_TIMER != 0);
         assert!(c.entry & entry_ctl::IA32E_MODE_GUEST != 0);
         let real = Controls::new(&generous(), true).unwrap();

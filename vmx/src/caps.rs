@@ -89,6 +89,9 @@ pub mod pin {
 /// Primary processor-based VM-execution controls (SDM Vol. 3C §25.6.2, Table 25-6).
 pub mod proc1 {
     pub const INTERRUPT_WINDOW_EXITING: u32 = 1 << 2;
+    /// The guest's RDTSC, RDTSCP and RDMSR of IA32_TSC add the TSC-offset field (SDM Vol. 3C
+    /// §25.6.5, §26.3).
+    pub const USE_TSC_OFFSETTING: u32 = 1 << 3;
     pub const HLT_EXITING: u32 = 1 << 7;
     pub const MWAIT_EXITING: u32 = 1 << 10;
     pub const RDPMC_EXITING: u32 = 1 << 11;

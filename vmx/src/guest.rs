@@ -6,7 +6,9 @@
 use crate::errors::VmFail;
 use crate::exit::{InterruptionInfo, InterruptionType};
 use crate::vmcs::VmcsAccess;
-use crate::vmcs::{Control32, Guest32, GuestNatural, Interruptibility, ReadOnly32, VmcsExt};
+use crate::vmcs::{
+    Control32, Guest32, Guest64, GuestNatural, Interruptibility, ReadOnly32, VmcsExt,
+};
 
 /// The guest's CPL: the DPL of SS (SDM Vol. 3C §25.4.1: SS.DPL is the CPL).
 pub fn cpl(v: &impl VmcsAccess) -> Result<u8, VmFail> {
@@ -34,6 +36,12 @@ pub fn skip_instruction(v: &mut impl VmcsAccess) -> Result<(), VmFail> {
 
 /// Moves the guest's RIP past an emulated instruction of `len` bytes whose length the exit did
 /// not give (an EPT violation's): as `skip_instruction`.
+///
+/// Under single-step (RFLAGS.TF set, IA32_DEBUGCTL.BTF clear) the instruction ends with a
+/// single-step trap, as it would have on the CPU: the BS bit of the pending debug exceptions
+/// (SDM Vol. 3C §25.4.2, Table 25-4), which the CPU delivers as a #DB with DR6.BS set right
+/// after the VM entry (§27.7.3), before the next instruction and before an external interrupt
+/// (Vol. 3A §6.9: traps on the previous instruction come first).
 pub fn advance_rip(v: &mut impl VmcsAccess, len: u64) -> Result<(), VmFail> {
     let rip = v.read_natural(GuestNatural::Rip)?;
     v.write_natural(GuestNatural::Rip, rip.wrapping_add(len))?;
@@ -42,16 +50,71 @@ pub fn advance_rip(v: &mut impl VmcsAccess, len: u64) -> Result<(), VmFail> {
     if state.intersects(shadow) {
         v.write32(Guest32::InterruptibilityState, (state - shadow).bits())?;
     }
+    if v.read_natural(GuestNatural::Rflags)? & RFLAGS_TF != 0
+        && v.read64(Guest64::Ia32Debugctl)? & DEBUGCTL_BTF == 0
+    {
+        let pending = v.read_natural(GuestNatural::PendingDebugExceptions)?;
+        v.write_natural(GuestNatural::PendingDebugExceptions, pending | PENDING_BS)?;
+    }
     Ok(())
 }
 
+/// RFLAGS.TF (SDM Vol. 3A §2.3).
+const RFLAGS_TF: u64 = 1 << 8;
+/// IA32_DEBUGCTL.BTF: TF single-steps branches only (SDM Vol. 3B §18.4.1).
+const DEBUGCTL_BTF: u64 = 1 << 1;
+/// The pending debug exceptions' BS bit: a single-step trap is pending (SDM Vol. 3C Table 25-4).
+const PENDING_BS: u64 = 1 << 14;
+
+/// Whether a single-step trap is pending at the next VM entry ([`advance_rip`] set it): the
+/// instruction just emulated was single-stepped, and the #DB comes before anything else the
+/// guest would do (a HLT does not halt: the trap ends it).
+pub fn single_step_pending(v: &impl VmcsAccess) -> Result<bool, VmFail> {
+    Ok(v.read_natural(GuestNatural::PendingDebugExceptions)? & PENDING_BS != 0)
+}
+
+/// The exceptions that are faults (SDM Vol. 3A §6.5, Table 6-1): #DE, #BR, #UD, #NM, #TS, #NP,
+/// #SS, #GP, #PF, #MF, #AC, #XM, #VE, #CP. #DB is a fault or a trap depending on its cause; the
+/// hypervisor injects it only as a trap (after an instruction it emulated).
+const FAULTS: u32 = 1 << 0
+    | 1 << 5
+    | 1 << 6
+    | 1 << 7
+    | 1 << 10
+    | 1 << 11
+    | 1 << 12
+    | 1 << 13
+    | 1 << 14
+    | 1 << 16
+    | 1 << 17
+    | 1 << 19
+    | 1 << 20
+    | 1 << 21;
+
+/// RFLAGS.RF (SDM Vol. 3A §18.3.1.1).
+const RFLAGS_RF: u64 = 1 << 16;
+
+/// Whether `vector` is a fault-class exception.
+pub const fn is_fault(vector: u8) -> bool {
+    vector < 32 && FAULTS & (1 << vector) != 0
+}
+
 /// Injects a hardware exception at the next VM entry (SDM Vol. 3C §25.8.3, §27.6); RIP stays at
-/// the faulting instruction, as for a real fault.
+/// the faulting instruction, as for a real fault. For a fault the RFLAGS image the handler finds
+/// on its stack has RF set, as the CPU delivers a fault (SDM Vol. 3A §18.3.1.1: "the processor
+/// sets RF in the EFLAGS image saved on the stack for all faults"), so that an IRET back to the
+/// instruction does not take an instruction breakpoint twice. VM entry delivers the injected
+/// event with the guest's RFLAGS as it is in the VMCS (SDM Vol. 3C §27.6.1.2), so RF is set
+/// there.
 pub fn inject_exception(
     v: &mut impl VmcsAccess,
     vector: u8,
     error_code: Option<u32>,
 ) -> Result<(), VmFail> {
+    if is_fault(vector) {
+        let rflags = v.read_natural(GuestNatural::Rflags)?;
+        v.write_natural(GuestNatural::Rflags, rflags | RFLAGS_RF)?;
+    }
     let info = InterruptionInfo::inject(
         vector,
         InterruptionType::HardwareException,
@@ -154,7 +217,57 @@ mod tests {
             Guest32::InterruptibilityState as u32,
             interruptibility.into(),
         );
+        v.0.insert(GuestNatural::Rflags as u32, 2);
+        v.0.insert(Guest64::Ia32Debugctl as u32, 0);
+        v.0.insert(GuestNatural::PendingDebugExceptions as u32, 0);
         v
+    }
+
+    #[test]
+    fn a_single_stepped_instruction_ends_with_its_trap() {
+        // TF set: BS pending after the skip.
+        let mut v = vmcs(0x1000, 1, 0);
+        v.0.insert(GuestNatural::Rflags as u32, 0x302);
+        assert_eq!(single_step_pending(&v), Ok(false));
+        skip_instruction(&mut v).unwrap();
+        assert_eq!(v.read_natural(GuestNatural::Rip), Ok(0x1001));
+        assert_eq!(single_step_pending(&v), Ok(true));
+        // BTF: only branches are stepped; an emulated CPUID or HLT is not one.
+        let mut v = vmcs(0x1000, 1, 0);
+        v.0.insert(GuestNatural::Rflags as u32, 0x302);
+        v.0.insert(Guest64::Ia32Debugctl as u32, DEBUGCTL_BTF);
+        skip_instruction(&mut v).unwrap();
+        assert_eq!(single_step_pending(&v), Ok(false));
+        // No TF: nothing pending.
+        let mut v = vmcs(0x1000, 1, 0);
+        skip_instruction(&mut v).unwrap();
+        assert_eq!(single_step_pending(&v), Ok(false));
+    }
+
+    #[test]
+    fn an_injected_fault_pushes_rf_and_a_trap_does_not() {
+        for (vector, rf) in [
+            (13, true),
+            (6, true),
+            (14, true),
+            (0, true),
+            (3, false),
+            (1, false),
+        ] {
+            let mut v = MapVmcs::default();
+            v.0.insert(GuestNatural::Rflags as u32, 0x246);
+            let code = (vector == 13 || vector == 14).then_some(0);
+            inject_exception(&mut v, vector, code).unwrap();
+            let rflags = v.0[&(GuestNatural::Rflags as u32)];
+            assert_eq!(rflags & RFLAGS_RF != 0, rf, "vector {vector}");
+            assert_eq!(
+                rflags & !RFLAGS_RF,
+                0x246,
+                "vector {vector}: other flags kept"
+            );
+            let info = v.0[&(Control32::EntryInterruptionInfo as u32)];
+            assert_eq!(info & 0xff, u64::from(vector));
+        }
     }
 
     #[test]
@@ -189,6 +302,7 @@ mod tests {
     #[test]
     fn injection_writes_the_entry_fields() {
         let mut v = MapVmcs::default();
+        v.0.insert(GuestNatural::Rflags as u32, 2);
         inject_exception(&mut v, 13, Some(0)).unwrap();
         assert_eq!(
             v.read32(Control32::EntryInterruptionInfo),

@@ -75,7 +75,8 @@ enum Cmd {
         /// The suite's build (default: KVM_UNIT_TESTS_DIR, else ../shared/kvm-unit-tests).
         #[arg(long)]
         dir: Option<PathBuf>,
-        /// Only the tests whose name contains this.
+        /// Only the tests whose name contains this (or one of these, comma-separated:
+        /// `--filter tsc,xsave`).
         #[arg(long)]
         filter: Option<String>,
         /// Without the QEMU TCG baseline.

@@ -27,17 +27,22 @@ pub const IA32_EFER: u32 = 0xc000_0080;
 /// MSRs that VMX does not switch and the guest may use freely (docs/GUEST-ABI.md): the syscall
 /// MSRs and KERNEL_GS_BASE. The hypervisor never uses them, so they are switched only when the
 /// CPU changes vCPU.
-pub const SWITCHED_MSRS: [u32; 5] = [
+pub const SWITCHED_MSRS: [u32; 6] = [
     0xc000_0081, // IA32_STAR
     0xc000_0082, // IA32_LSTAR
     0xc000_0083, // IA32_CSTAR
     0xc000_0084, // IA32_FMASK
     0xc000_0102, // IA32_KERNEL_GS_BASE
+    0xc000_0103, // IA32_TSC_AUX (RDTSCP, RDPID)
 ];
 /// Where IA32_LSTAR (the guest kernel's system-call entry) sits in `SWITCHED_MSRS` and
 /// `Vcpu::msrs`.
 pub const LSTAR_SLOT: usize = 1;
 const _: () = assert!(SWITCHED_MSRS[LSTAR_SLOT] == 0xc000_0082);
+
+/// IA32_MISC_ENABLE at reset: fast strings enabled; branch trace and PEBS unavailable (SDM
+/// Vol. 4, Table 2-2). `vmexit::msr` says which bits the guest may change.
+pub const MISC_ENABLE_RESET: u64 = 1 | 1 << 11 | 1 << 12;
 
 pub struct Vcpu {
     /// Host-physical address of the VMCS region.
@@ -58,6 +63,10 @@ pub struct Vcpu {
     /// Its task-priority register (CR8: MOV to and from CR8 exit, the physical TPR stays the
     /// hypervisor's).
     pub cr8: u64,
+    /// Its TSC offset and IA32_TSC_ADJUST (`hvprof_hypervisor::guest_tsc`).
+    pub tsc: hvprof_hypervisor::guest_tsc::GuestTsc,
+    /// IA32_MISC_ENABLE as it wrote it (`vmexit::msr`).
+    pub misc_enable: u64,
     pub msrs: [u64; SWITCHED_MSRS.len()],
     pub vpid: u16,
     /// Bits the guest may not change in CR0/CR4 and their forced values (SDM Vol. 3C §25.6.6).
@@ -282,6 +291,8 @@ impl Vcpu {
             apic_generation: 0,
             apic_handed: false,
             cr8: 0,
+            tsc: hvprof_hypervisor::guest_tsc::GuestTsc::default(),
+            misc_enable: MISC_ENABLE_RESET,
             msrs: [0; SWITCHED_MSRS.len()],
             vpid,
             fixed,
@@ -328,7 +339,7 @@ impl Vcpu {
         };
         for (m, v) in SWITCHED_MSRS.iter().zip(self.msrs) {
             // SAFETY: these MSRs only matter to code running in the guest (syscall entry,
-            // SWAPGS); the hypervisor uses none of them.
+            // SWAPGS, RDTSCP); the hypervisor uses none of them.
             let _ = unsafe { msr::write_safe(*m, v) };
         }
     }

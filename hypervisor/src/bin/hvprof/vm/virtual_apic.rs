@@ -64,6 +64,29 @@ pub fn missing(caps: &VmxCaps) -> Option<&'static str> {
     }
 }
 
+/// Follows the global enable of the vCPU's local APIC (IA32_APIC_BASE[11]) in its current VMCS:
+/// while it is clear, "virtualize APIC accesses" is off, so that the vCPU's accesses to GPA
+/// 0xfee00000 are no longer the APIC's (SDM Vol. 3A §11.4.3: a globally disabled APIC does not
+/// answer at its page). They then reach the APIC-access page EPT maps there, as ordinary
+/// memory: the VM's own page, whose content the CPU never uses while it virtualizes (§29.4),
+/// so it holds nothing but what the VM's disabled APICs' accesses put there. The TPR shadow
+/// (CR8) stays. Other vCPUs' controls are their own.
+pub fn follow_global_enable(vmcs: &mut CurrentVmcs, enabled: bool) {
+    let proc2 = must(
+        vmcs.read32(Control32::SecondaryProcBasedControls),
+        "VMREAD secondary controls",
+    );
+    let proc2 = if enabled {
+        proc2 | proc2::VIRTUALIZE_APIC_ACCESSES
+    } else {
+        proc2 & !proc2::VIRTUALIZE_APIC_ACCESSES
+    };
+    must(
+        vmcs.write32(Control32::SecondaryProcBasedControls, proc2),
+        "VMWRITE secondary controls",
+    );
+}
+
 /// Turns APIC virtualization on in the current VMCS of `vcpu` (§25.6.8, "Controls for APIC
 /// Virtualization"): its virtual-APIC page `virtual_apic` (4 KiB, zeroed, its own) and the VM's
 /// APIC-access page `access` (where EPT maps the guest's xAPIC page). TPR threshold 0, RVI and

@@ -221,7 +221,7 @@ fn inject(
     (next, still || nmi_waits)
 }
 
-/// Whether a Linux guest's vCPU `index` that executed HLT has something to wake it now (an
+/// Whether vCPU `index` of a VM with interrupt controllers (Linux, `apic=on`) that executed HLT has something to wake it now (an
 /// interrupt its local APIC or the PICs would deliver, with RFLAGS.IF set), and else when its
 /// devices' next event falls.
 pub fn on_halt(vm: &Vm, index: u16, vmcs: &CurrentVmcs, now: u64) -> Result<(), Option<u64>> {

@@ -15,7 +15,7 @@ use alloc::format;
 use core::fmt::Write;
 use hvprof_hypervisor::devices::lapic::Mmio;
 use hvprof_hypervisor::guest_acpi::{IOAPIC_BASE, LAPIC_BASE};
-use hvprof_hypervisor::mmio_decode::{self, MAX_LEN, Op};
+use hvprof_hypervisor::mmio_decode::{self, Access, MAX_LEN, Op};
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::regs::Gpr;
 use hvprof_vmx::vmcs::{Guest32, GuestNatural, VmcsExt};
@@ -58,7 +58,24 @@ pub fn mmio(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, gpa: u64) -> Optio
     let aligned = offset & 0xf == 0;
     let now = rdtsc();
     let index = usize::from(vcpu.index);
-    if (IOAPIC_BASE..IOAPIC_BASE + 0x1000).contains(&gpa) {
+    let local = (LAPIC_BASE..LAPIC_BASE + 0x1000).contains(&gpa);
+    if local && !vm.devices.lock().lapics[index].globally_enabled() {
+        // A globally disabled local APIC no longer answers at its page (SDM Vol. 3A §11.4.3):
+        // nothing does, and the bus gives all ones for a read and drops a write, of any size.
+        if let Op::Read { reg } = access.op {
+            set_sized(vcpu, vmcs, reg, &access, u64::MAX);
+        }
+    } else if access.size != 4 {
+        // The registers take 32-bit accesses only; others are undefined (§11.4.1).
+        return Some(super::fatal::fatal(
+            vcpu,
+            vmcs,
+            format!(
+                "APIC access at GPA {gpa:#x} of {} bytes at RIP {rip:#x}: only 32-bit accesses reach the APIC's registers",
+                access.size
+            ),
+        ));
+    } else if (IOAPIC_BASE..IOAPIC_BASE + 0x1000).contains(&gpa) {
         let mut dev = vm.devices.lock();
         match access.op {
             Op::Read { reg } => {
@@ -152,6 +169,21 @@ fn get_gpr(vcpu: &Vcpu, vmcs: &CurrentVmcs, reg: u8) -> u64 {
         Gpr::Rsp => must(vmcs.read_natural(GuestNatural::Rsp), "VMREAD RSP"),
         r => vcpu.regs.get(r).unwrap_or(0),
     }
+}
+
+/// A load of `access.size` bytes of `value` into general register `reg`: 4 zeroes the upper
+/// half, 1 and 2 keep the rest of the register, a high-byte register takes bits 15:8 (SDM Vol.
+/// 1 §3.4.1.1; `mmio_decode::Access`).
+fn set_sized(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, reg: u8, access: &Access, value: u64) {
+    let old = get_gpr(vcpu, vmcs, reg);
+    let new = match (access.size, access.high_byte) {
+        (1, true) => (old & !0xff00) | ((value & 0xff) << 8),
+        (1, false) => (old & !0xff) | (value & 0xff),
+        (2, _) => (old & !0xffff) | (value & 0xffff),
+        (4, _) => value & 0xffff_ffff,
+        _ => value,
+    };
+    set_gpr(vcpu, vmcs, reg, new);
 }
 
 /// A 32-bit load: the register's upper half becomes 0 (SDM Vol. 1 §3.4.1.1).

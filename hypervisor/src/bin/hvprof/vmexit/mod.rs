@@ -65,9 +65,14 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, reason: ExitReas
     if kind == Some(BasicExit::Hlt) {
         // HLT blocks the vCPU until an event: the scheduler runs something else and resumes it
         // after the HLT when its virtual timer fires (docs/GUEST-ABI.md, "Time"), or, for a
-        // Linux guest, when its devices raise an interrupt it takes (none pending now).
+        // VM with interrupt controllers (Linux, `apic=on`), when its devices raise an
+        // interrupt it takes (none pending now). A single-stepped HLT does not block: its
+        // #DB trap is an event, delivered at once (SDM Vol. 3A §6.9).
         vmcs.skip_instruction();
-        if vm.linux {
+        if hvprof_vmx::guest::single_step_pending(vmcs).unwrap_or(false) {
+            return Flow::Resume;
+        }
+        if vm.linux || vm.apic {
             match virtual_interrupts::on_halt(vm, vcpu.index, vmcs, crate::tsc::rdtsc()) {
                 Ok(()) => return Flow::Resume,
                 Err(wake) => {

@@ -6,8 +6,13 @@ use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::GuestOps;
 use crate::vm::{Stop, Vm};
 use hvprof_vmx::instructions::CurrentVmcs;
+use hvprof_vmx::vmcs::VmcsExt;
 
+const IA32_TSC: u32 = 0x10;
 const IA32_PLATFORM_ID: u32 = 0x17;
+const IA32_TSC_ADJUST: u32 = 0x3b;
+const IA32_MCG_CAP: u32 = 0x179;
+const IA32_MCG_STATUS: u32 = 0x17a;
 const IA32_FEATURE_CONTROL: u32 = 0x3a;
 const IA32_APIC_BASE: u32 = 0x1b;
 const IA32_BIOS_SIGN_ID: u32 = 0x8b;
@@ -15,8 +20,12 @@ const IA32_MISC_ENABLE: u32 = 0x1a0;
 /// A realistic microcode revision (in the high half): with 0, Linux distrusts the CPU's
 /// TSC-deadline timer and some errata checks.
 const MICROCODE_REVISION: u64 = 0x28 << 32;
-/// Fast strings enabled; branch trace and PEBS unavailable (SDM Vol. 4, Table 2-2).
-const MISC_ENABLE_VALUE: u64 = 1 | 1 << 11 | 1 << 12;
+/// The bits of IA32_MISC_ENABLE a guest may change (Table 2-2): fast strings (0), automatic
+/// thermal control (3), Enhanced SpeedStep (16), ENABLE MONITOR FSM (18), limit CPUID maxval
+/// (22), xTPR message disable (23), XD bit disable (34). Bits 7, 11 and 12 are read-only, the
+/// others reserved: changing any of them is #GP. Only 22 and 34 change what the guest sees
+/// (`cpuid::policy`); the others have nothing behind them here.
+const MISC_ENABLE_WRITABLE: u64 = 1 | 1 << 3 | 1 << 16 | 1 << 18 | 1 << 22 | 1 << 23 | 1 << 34;
 /// Locked, VMX off: what a guest that cannot use VMX should see.
 const FEATURE_CONTROL_VALUE: u64 = 1;
 const IA32_TSC_DEADLINE: u32 = 0x6e0;
@@ -35,12 +44,16 @@ pub fn rdmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
             vm.devices.lock().lapics[usize::from(vcpu.index)].apic_base(vcpu.index == 0)
         }
         IA32_APIC_BASE => apic_base(vcpu.index),
-        IA32_TSC_DEADLINE if vm.apic => {
-            vm.devices.lock().lapics[usize::from(vcpu.index)].deadline()
-        }
+        IA32_TSC_DEADLINE if vm.apic => vcpu
+            .tsc
+            .deadline_to_guest(vm.devices.lock().lapics[usize::from(vcpu.index)].deadline()),
+        IA32_TSC_ADJUST if tsc_adjust(vm, vcpu) => vcpu.tsc.adjust,
+        // No machine-check banks (MCG_CAP.Count = 0, so every IA32_MCi_* is #GP) and no
+        // machine check in progress.
+        IA32_MCG_CAP | IA32_MCG_STATUS => 0,
         IA32_PLATFORM_ID if vm.machine_exit => 0,
         IA32_BIOS_SIGN_ID if vm.machine_exit => MICROCODE_REVISION,
-        IA32_MISC_ENABLE if vm.machine_exit => MISC_ENABLE_VALUE,
+        IA32_MISC_ENABLE if vm.machine_exit => vcpu.misc_enable,
         _ => {
             vm.log_msr_once(msr, "read of unhandled");
             vmcs.inject_exception(13, Some(0));
@@ -68,17 +81,40 @@ pub fn wrmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
                 vmcs.inject_exception(13, Some(0));
                 return None;
             }
+            if vm.apic_access != 0 {
+                crate::vm::virtual_apic::follow_global_enable(vmcs, value & (1 << 11) != 0);
+            }
         }
         // Without: rewriting the value it reads is harmless; anything else would move the APIC.
         IA32_APIC_BASE if value == apic_base(vcpu.index) => {}
-        // The timer's deadline (SDM Vol. 3A, "TSC-Deadline Mode"); the next VM entry arms it.
+        // The timer's deadline (SDM Vol. 3A, "TSC-Deadline Mode"), in the guest's time; the
+        // next VM entry arms it on the host's.
         IA32_TSC_DEADLINE if vm.apic => {
-            vm.devices.lock().lapics[usize::from(vcpu.index)]
-                .write_deadline(value, crate::tsc::rdtsc());
+            let now = crate::tsc::rdtsc();
+            let host = vcpu.tsc.deadline_to_host(value, now);
+            vm.devices.lock().lapics[usize::from(vcpu.index)].write_deadline(host, now);
         }
+        // The guest's own counter (`hvprof_hypervisor::guest_tsc`): the VMCS's TSC offset.
+        IA32_TSC if offsetting(vcpu) => {
+            vcpu.tsc.write_tsc(value, crate::tsc::rdtsc());
+            set_offset(vcpu, vmcs);
+        }
+        IA32_TSC_ADJUST if tsc_adjust(vm, vcpu) => {
+            vcpu.tsc.write_adjust(value);
+            set_offset(vcpu, vmcs);
+        }
+        IA32_MCG_STATUS if value == 0 => {}
         // Writing 0 before reading the revision is how the revision is read (SDM Vol. 3A
-        // §10.11.7.1); loading microcode is not offered. MISC_ENABLE writes change nothing.
-        IA32_BIOS_SIGN_ID | IA32_MISC_ENABLE if vm.machine_exit => {}
+        // §10.11.7.1); loading microcode is not offered.
+        IA32_BIOS_SIGN_ID if vm.machine_exit => {}
+        IA32_MISC_ENABLE if vm.machine_exit => {
+            if (value ^ vcpu.misc_enable) & !MISC_ENABLE_WRITABLE != 0 {
+                vm.log_msr_once(msr, "write of read-only or reserved bits to");
+                vmcs.inject_exception(13, Some(0));
+                return None;
+            }
+            vcpu.misc_enable = value;
+        }
         _ => {
             vm.log_msr_once(msr, "write to unhandled");
             vmcs.inject_exception(13, Some(0));
@@ -87,4 +123,23 @@ pub fn wrmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     }
     vmcs.skip_instruction();
     None
+}
+
+/// The CPU applies a TSC offset to this vCPU (the control is allowed: `vmcs_setup::Controls`).
+fn offsetting(vcpu: &Vcpu) -> bool {
+    vcpu.proc1 & hvprof_vmx::caps::proc1::USE_TSC_OFFSETTING != 0
+}
+
+/// IA32_TSC_ADJUST exists for this vCPU: CPUID.(EAX=07H,ECX=0):EBX[1] says so (`cpuid::policy`:
+/// where the host has it, the counter can be offset, and the guest is not Linux).
+fn tsc_adjust(vm: &Vm, vcpu: &Vcpu) -> bool {
+    !vm.linux && offsetting(vcpu) && super::cpuid::host_has_tsc_adjust()
+}
+
+/// The VMCS's TSC offset (SDM Vol. 3C §25.6.5) from the vCPU's.
+fn set_offset(vcpu: &Vcpu, vmcs: &mut CurrentVmcs) {
+    crate::vcpu::guest_ops::must(
+        vmcs.write64(hvprof_vmx::vmcs::Control64::TscOffset, vcpu.tsc.offset),
+        "VMWRITE TSC offset",
+    );
 }
