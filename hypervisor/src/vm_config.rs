@@ -121,6 +121,10 @@ pub struct VmConfig<'a> {
     pub output: u64,
     /// `ple=off|on|directed` (default off): pause-loop exiting and what a PLE exit does.
     pub ple: Ple,
+    /// `testdev=on|off` (default off): QEMU's pc-testdev ports, which kvm-unit-tests' kernels
+    /// drive (`devices::testdev`): a scratch register, a page flush, and the ISA interrupt
+    /// lines raised by hand.
+    pub testdev: bool,
     /// Every argument after the image name, passed to the guest as is.
     pub args: &'a str,
 }
@@ -180,6 +184,7 @@ pub enum ConfigError<'a> {
     BadApic(&'a str),
     BadOutput(&'a str),
     BadPle(&'a str),
+    BadTestdev(&'a str),
     PinCount { pins: usize, vcpus: u16 },
     Repeated(&'a str),
 }
@@ -252,6 +257,7 @@ impl fmt::Display for ConfigError<'_> {
                 "output={v:?}: expected a size with a K, M or G suffix up to 1G, e.g. output=16M"
             ),
             ConfigError::BadPle(v) => write!(f, "ple={v:?}: expected off, on or directed"),
+            ConfigError::BadTestdev(v) => write!(f, "testdev={v:?}: expected on or off"),
             ConfigError::BadUnwind(v) => write!(
                 f,
                 "unwind={v:?}: expected 1 to {UNWIND_MAX} boot module names separated by commas"
@@ -294,6 +300,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
     let mut apic = None;
     let mut output = None;
     let mut ple = None;
+    let mut testdev = None;
     let positive = |v: &str| v.parse::<u64>().ok().filter(|&n| n > 0);
     for word in words {
         let Some((key, value)) = word.split_once('=') else {
@@ -372,6 +379,15 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                     _ => return Err(ConfigError::BadPle(value)),
                 },
             )?,
+            "testdev" => set(
+                &mut testdev,
+                key,
+                match value {
+                    "on" => true,
+                    "off" => false,
+                    _ => return Err(ConfigError::BadTestdev(value)),
+                },
+            )?,
             "apic" => set(
                 &mut apic,
                 key,
@@ -442,6 +458,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
         apic_virtualization: apic.is_some_and(|(_, virtualized)| virtualized),
         output: output.unwrap_or(0),
         ple: ple.unwrap_or_default(),
+        testdev: testdev.unwrap_or(false),
         budget: budget.unwrap_or(BUDGET_DEFAULT),
         wall_budget: wall_budget.unwrap_or_else(|| {
             budget
@@ -474,7 +491,7 @@ fn parse_name(n: &str) -> Result<&str, ConfigError<'_>> {
 }
 
 /// The keys the hypervisor takes from a module's command line (the rest goes to the guest).
-pub const KEYS: [&str; 17] = [
+pub const KEYS: [&str; 18] = [
     "vm",
     "mem",
     "budget",
@@ -492,6 +509,7 @@ pub const KEYS: [&str; 17] = [
     "apic",
     "output",
     "ple",
+    "testdev",
 ];
 
 /// The module's arguments without the hypervisor's keys: a Linux guest's kernel command line.
@@ -614,6 +632,10 @@ mod tests {
             assert_eq!((c.ple, c.ple.as_str()), (want, v));
         }
         assert_eq!(parse("x.elf ple=yes"), Err(ConfigError::BadPle("yes")));
+        assert_eq!(parse("x.elf testdev=1"), Err(ConfigError::BadTestdev("1")));
+        assert!(parse("x.elf testdev=on").unwrap().testdev);
+        assert!(!parse("x.elf").unwrap().testdev);
+        assert!(guest_args("testdev=on a=b").eq(["a=b"]));
         assert_eq!(
             parse("x.elf ple=on ple=off"),
             Err(ConfigError::Repeated("ple"))

@@ -39,6 +39,12 @@ pub enum Emulator {
         model: String,
         /// Emulated instructions per emulated second (`cpu: ips=`): the TSC's apparent frequency.
         ips: u64,
+        /// The CPUs' informational messages go to Bochs' log (`info: ... cpuN=`): on by
+        /// default. With APIC virtualization Bochs writes three lines for each virtual
+        /// interrupt and each virtualized TPR or EOI write; a guest that loops on them (a
+        /// kvm-unit-tests kernel timing `mov %cr8`) fills gigabytes of log at a line per five
+        /// instructions, and runs at the speed of the disk.
+        cpu_info: bool,
     },
     /// QEMU TCG with SeaBIOS: no VMX.
     QemuTcgBios,
@@ -54,6 +60,20 @@ impl Emulator {
         Self::Bochs {
             model: model.to_owned(),
             ips: BOCHS_IPS,
+            cpu_info: true,
+        }
+    }
+
+    /// The same emulator without the CPUs' informational messages in its log (Bochs only).
+    #[must_use]
+    pub fn without_cpu_info(self) -> Self {
+        match self {
+            Self::Bochs { model, ips, .. } => Self::Bochs {
+                model,
+                ips,
+                cpu_info: false,
+            },
+            other => other,
         }
     }
 
@@ -61,7 +81,13 @@ impl Emulator {
     #[must_use]
     pub fn with_ips(self, new: u64) -> Self {
         match self {
-            Self::Bochs { model, .. } => Self::Bochs { model, ips: new },
+            Self::Bochs {
+                model, cpu_info, ..
+            } => Self::Bochs {
+                model,
+                ips: new,
+                cpu_info,
+            },
             other => other,
         }
     }
@@ -69,8 +95,10 @@ impl Emulator {
     /// A short human name.
     pub fn label(&self) -> String {
         match self {
-            Self::Bochs { model, ips } if *ips == BOCHS_IPS => format!("bochs ({model})"),
-            Self::Bochs { model, ips } => format!("bochs ({model}, {} MHz)", ips / 1_000_000),
+            Self::Bochs { model, ips, .. } if *ips == BOCHS_IPS => format!("bochs ({model})"),
+            Self::Bochs { model, ips, .. } => {
+                format!("bochs ({model}, {} MHz)", ips / 1_000_000)
+            }
             Self::QemuTcgBios => "qemu-tcg (SeaBIOS)".to_owned(),
             Self::QemuTcgUefi => "qemu-tcg (OVMF)".to_owned(),
             Self::QemuKvm => "qemu-kvm (nested VMX)".to_owned(),
@@ -185,6 +213,8 @@ pub struct BochsConfig<'a> {
     pub lpt_log: &'a Path,
     /// Bochs' own log.
     pub log: &'a Path,
+    /// The CPUs' informational messages in it ([`Emulator::Bochs`]).
+    pub cpu_info: bool,
 }
 
 /// A headless, deterministic `bochsrc` (`clock: sync=none`: runs are repeatable to the byte).
@@ -219,7 +249,7 @@ pub fn bochsrc(cfg: &BochsConfig<'_>) -> String {
          log: {log}\n\
          panic: action=fatal\n\
          error: action=ignore\n\
-         info: action=report\n\
+         info: action=report{cpu_quiet}\n\
          debug: action=ignore\n",
         model = cfg.model,
         cpus = cfg.cpus,
@@ -229,6 +259,11 @@ pub fn bochsrc(cfg: &BochsConfig<'_>) -> String {
         serial = cfg.serial_log.display(),
         lpt = cfg.lpt_log.display(),
         log = cfg.log.display(),
+        cpu_quiet = if cfg.cpu_info {
+            String::new()
+        } else {
+            (0..cfg.cpus).map(|i| format!(", cpu{i}=ignore")).collect()
+        },
     )
 }
 
@@ -406,7 +441,11 @@ pub fn command(emulator: &Emulator, cpus: u32, files: &RunFiles) -> Result<Comma
     fs::create_dir_all(&files.dir)
         .with_context(|| format!("cannot create {}", files.dir.display()))?;
     match emulator {
-        Emulator::Bochs { model, ips } => {
+        Emulator::Bochs {
+            model,
+            ips,
+            cpu_info,
+        } => {
             for path in [
                 &files.iso,
                 &files.serial_log,
@@ -425,6 +464,7 @@ pub fn command(emulator: &Emulator, cpus: u32, files: &RunFiles) -> Result<Comma
                 serial_log: &files.serial_log,
                 lpt_log: &files.lpt_log,
                 log: &files.emulator_log,
+                cpu_info: *cpu_info,
             });
             fs::write(&rc, text).with_context(|| format!("cannot write {}", rc.display()))?;
             let cont = files.dir.join("continue.rc");
@@ -497,6 +537,7 @@ mod tests {
             serial_log: Path::new("/t/s/serial.log"),
             lpt_log: Path::new("/t/s/lpt.log"),
             log: Path::new("/t/s/emulator.log"),
+            cpu_info: true,
         });
         let lines: Vec<&str> = text.lines().collect();
         for wanted in [
@@ -516,6 +557,24 @@ mod tests {
             assert!(lines.contains(&wanted), "missing {wanted:?} in:\n{text}");
         }
         assert!(!text.contains("realtime"));
+        assert!(lines.contains(&"info: action=report"));
+        let quiet = bochsrc(&BochsConfig {
+            model: "corei7_haswell_4770",
+            cpus: 2,
+            ips: BOCHS_IPS,
+            iso: Path::new("/t/s/hvprof.iso"),
+            iso_cylinders: 59,
+            serial_log: Path::new("/t/s/serial.log"),
+            lpt_log: Path::new("/t/s/lpt.log"),
+            log: Path::new("/t/s/emulator.log"),
+            cpu_info: false,
+        });
+        assert!(
+            quiet
+                .lines()
+                .any(|l| l == "info: action=report, cpu0=ignore, cpu1=ignore"),
+            "{quiet}"
+        );
     }
 
     #[test]

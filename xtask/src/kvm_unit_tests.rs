@@ -12,8 +12,9 @@
 //!   `nodefault` group and i386-only tests.
 //! - The others boot in batches: several VMs under one hypervisor boot, each test its own VM
 //!   (`format=multiboot apic=on`, the platform the kernels expect: local APICs, I/O APIC, ACPI
-//!   with a PM timer, fw_cfg for the CPU count and RAM size; an environment module
-//!   `TEST_DEVICE=0` says there is no pc-testdev), with a run budget that stops a hung one. A
+//!   with a PM timer, fw_cfg for the CPU count and RAM size, QEMU's pc-testdev ports; an
+//!   environment module says whether to use the pc-testdev), with a run budget that stops a
+//!   hung one. A
 //!   VM's serial lines (`[name] PASS: ...`, `SUMMARY: ...`) and its exit through port 0xf4
 //!   give the result: the status is `(code << 1) | 1` as QEMU's isa-debug-exit makes it (1
 //!   pass, 77 skip, anything else fail), the counts from the PASS/FAIL/SKIP lines.
@@ -327,6 +328,8 @@ struct Job<'a> {
     mem_mib: u64,
     /// Its run budget in TSC ticks ([`run_budget`]).
     budget: u64,
+    /// Its environment module (`TEST_DEVICE=`, [`test_device`]).
+    env: PathBuf,
 }
 
 /// The VM's memory when the test does not say: upstream's default (QEMU's 128 MiB is what its
@@ -354,6 +357,13 @@ const LONG_RUNS: &[(&str, u64)] = &[
     ("xapic", 6_000_000_000),
     ("x2apic", 6_000_000_000),
 ];
+
+/// Whether a test is told to use the pc-testdev (`TEST_DEVICE=1`; every VM has one,
+/// `testdev=on`): all but apic.flat's (`xapic`, `x2apic`), whose test-device gate also
+/// covers KVM's paravirtual IPI hypercall (KVM_HC_SEND_IPI through VMCALL), not offered.
+fn test_device(t: &Test) -> bool {
+    t.file != "apic.flat"
+}
 
 /// A test's run budget: [`LONG_RUNS`], else [`RUN_BUDGET`].
 fn run_budget(name: &str) -> u64 {
@@ -402,39 +412,42 @@ fn batches<'a>(jobs: &'a [Job<'a>]) -> Vec<Vec<&'a Job<'a>>> {
 }
 
 /// Boots one batch under hvprof in Bochs; each job's outcome and the batch's seconds.
-fn run_batch(
-    hypervisor: &Path,
-    env_module: &Path,
-    batch: &[&Job],
-    dir: &Path,
-) -> Result<(Vec<Outcome>, f64)> {
+fn run_batch(hypervisor: &Path, batch: &[&Job], dir: &Path) -> Result<(Vec<Outcome>, f64)> {
     std::fs::create_dir_all(dir)?;
-    let env_name = env_module
-        .file_name()
-        .and_then(|n| n.to_str())
-        .context("environment module name")?
-        .to_owned();
+    let name_of = |p: &Path| -> Result<String> {
+        Ok(p.file_name()
+            .and_then(|n| n.to_str())
+            .context("environment module name")?
+            .to_owned())
+    };
     // Each VM's kernel under the test's name: several tests share a kernel, and an ISO's
     // modules need names of their own.
     let kernels = dir.join("kernels");
     std::fs::create_dir_all(&kernels)?;
     let mut modules: Vec<IsoModule> = Vec::new();
+    let mut envs: Vec<&Path> = Vec::new();
     for j in batch {
         let file = format!("{}.flat", j.test.name);
         let copy = kernels.join(&file);
         std::fs::copy(&j.kernel, &copy)
             .with_context(|| format!("cannot copy {}", j.kernel.display()))?;
+        let env_name = name_of(&j.env)?;
+        if !envs.contains(&j.env.as_path()) {
+            envs.push(&j.env);
+        }
         modules.push(IsoModule::new(
                 &copy,
                 format!(
-                    "{file} vm={} mem={}M vcpus={} apic=on format=multiboot initrd={env_name} budget={} {}",
+                    "{file} vm={} mem={}M vcpus={} apic=on testdev=on format=multiboot initrd={env_name} budget={} {}",
                     j.test.name, j.mem_mib, j.vcpus, j.budget, j.shape.append
                 )
                 .trim_end()
                 .to_owned(),
             ));
     }
-    modules.push(IsoModule::new(env_module, env_name.clone()));
+    for env in envs {
+        modules.push(IsoModule::new(env, name_of(env)?));
+    }
     let iso = dir.join("kvm-unit-tests.iso");
     build_iso(
         &IsoSpec {
@@ -448,7 +461,9 @@ fn run_batch(
         &dir.join("iso"),
         &iso,
     )?;
-    let emulator = Emulator::bochs(qemu_tests::emulator::DEFAULT_BOCHS_MODEL);
+    // Without the CPUs' informational messages: the kernels that time TPR writes and
+    // TSC-deadline interrupts in loops made Bochs log three lines every few instructions.
+    let emulator = Emulator::bochs(qemu_tests::emulator::DEFAULT_BOCHS_MODEL).without_cpu_info();
     let files = RunFiles::in_dir(dir, &iso, &emulator);
     let cpus = batch.iter().map(|j| j.vcpus).max().unwrap_or(1).min(2);
     let start = Instant::now();
@@ -487,7 +502,7 @@ fn run_batch(
 
 /// The same kernel in QEMU TCG without hvprof, as upstream's runner boots it (`-kernel`,
 /// isa-debug-exit at 0xf4, pc-testdev, the test's own options).
-fn run_baseline(job: &Job, env_module: &Path, dir: &Path) -> Result<Outcome> {
+fn run_baseline(job: &Job, dir: &Path) -> Result<Outcome> {
     std::fs::create_dir_all(dir)?;
     let mut cmd = Command::new("qemu-system-x86_64");
     // TCG's `max` model (every feature TCG emulates) unless the test names its own: the closest
@@ -520,7 +535,7 @@ fn run_baseline(job: &Job, env_module: &Path, dir: &Path) -> Result<Outcome> {
     if job.test.extra_params.contains("-initrd") {
         // The test's own module stands instead of the environment.
     } else {
-        cmd.arg("-initrd").arg(env_module);
+        cmd.arg("-initrd").arg(&job.env);
     }
     let out = run_with_timeout(cmd, Duration::from_secs(90), dir)?;
     std::fs::write(dir.join("serial.log"), &out.0)?;
@@ -647,9 +662,12 @@ pub fn run_suite_except(
     let hypervisor = build_hypervisor(false)?;
     let out = target_dir().join("kvm-unit-tests");
     std::fs::create_dir_all(&out)?;
-    // No pc-testdev under hvprof: the kernels read this instead of probing for it.
-    let env_module = out.join("kut.env");
-    std::fs::write(&env_module, "TEST_DEVICE=0\n")?;
+    // The kernels' environment (their one Multiboot module), read instead of probing: whether
+    // to use the pc-testdev ([`test_device`]).
+    let with_testdev = out.join("testdev.env");
+    std::fs::write(&with_testdev, "TEST_DEVICE=1\n")?;
+    let without_testdev = out.join("no-testdev.env");
+    std::fs::write(&without_testdev, "TEST_DEVICE=0\n")?;
     let mut skips: BTreeMap<String, String> = BTreeMap::new();
     let mut jobs = Vec::new();
     for t in &tests {
@@ -674,6 +692,11 @@ pub fn run_suite_except(
             vcpus,
             mem_mib,
             budget: run_budget(&t.name),
+            env: if test_device(t) {
+                with_testdev.clone()
+            } else {
+                without_testdev.clone()
+            },
         });
     }
     let mut results: BTreeMap<String, (Outcome, f64)> = BTreeMap::new();
@@ -700,8 +723,8 @@ pub fn run_suite_except(
                 .iter()
                 .zip(&handles)
                 .map(|(b, (dir, _))| {
-                    let (hv, env) = (&hypervisor, &env_module);
-                    s.spawn(move || run_batch(hv, env, b, dir))
+                    let hv = &hypervisor;
+                    s.spawn(move || run_batch(hv, b, dir))
                 })
                 .collect();
             spawned
@@ -744,8 +767,8 @@ pub fn run_suite_except(
                 let spawned: Vec<_> = chunk
                     .iter()
                     .map(|j| {
-                        let (env, dir) = (&env_module, out.join("baseline").join(&j.test.name));
-                        s.spawn(move || run_baseline(j, env, &dir))
+                        let dir = out.join("baseline").join(&j.test.name);
+                        s.spawn(move || run_baseline(j, &dir))
                     })
                     .collect();
                 spawned

@@ -73,6 +73,18 @@ impl Board {
         }
     }
 
+    /// ISA interrupt line `irq` (0-23) driven to `level` from outside the board (the
+    /// pc-testdev): lines 0-15 reach the 8259 pair; every line reaches the I/O APIC's pin of
+    /// the same number, except IRQ 0, which is pin 2 (the MADT's override; QEMU's I/O APIC
+    /// maps its inputs so too).
+    pub fn set_isa_line(&mut self, irq: u8, level: bool) {
+        if irq < 16 {
+            self.pic.set_irq(irq, level);
+        }
+        let gsi = if irq == IRQ_PIT { GSI_PIT } else { irq };
+        self.ioapic.set_irq(gsi, level);
+    }
+
     /// When the next interrupt-raising event falls (the PIT's next edge on IRQ 0).
     pub fn next_event(&self, now: u64) -> Option<u64> {
         self.pit.next_irq0(now)

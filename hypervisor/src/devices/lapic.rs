@@ -514,9 +514,6 @@ impl Lapic {
     /// §29.1.4): the CPU ended it in VISR; what is left is the I/O APIC's.
     pub fn virtual_eoi(&mut self, vector: u8) -> Effect {
         if self.tmr.get(vector) {
-            self.tmr.set(vector, false);
-            self.generation += 1;
-            self.dirty = true;
             Effect::LevelEoi(vector)
         } else {
             Effect::None
@@ -881,14 +878,16 @@ impl Lapic {
         }
     }
 
-    /// EOI: the highest vector in service ends.
+    /// EOI: the highest vector in service ends; a level-triggered one's EOI goes on to the I/O
+    /// APIC. TMR stays as it is: only the next acceptance of the vector changes its bit (SDM Vol.
+    /// 3A §11.8.4: "upon acceptance of an interrupt into the IRR, the corresponding TMR bit is
+    /// cleared for edge-triggered interrupts and set for level-triggered interrupts").
     fn eoi(&mut self) -> Effect {
         let Some(v) = self.isr.highest() else {
             return Effect::None;
         };
         self.isr.set(v, false);
         if self.tmr.get(v) {
-            self.tmr.set(v, false);
             Effect::LevelEoi(v)
         } else {
             Effect::None
@@ -989,11 +988,11 @@ mod tests {
         assert_eq!(cpu.enter(&mut l), None);
         assert_eq!(cpu.eoi(), (0x50, true));
         assert!(cpu.exit(&mut l));
-        let before = l.generation();
         assert_eq!(l.virtual_eoi(0x50), Effect::LevelEoi(0x50));
-        assert!(
-            l.generation() > before,
-            "TMR changed: the page is written again"
+        assert_eq!(
+            l.read(reg::TMR + 0x20, 0),
+            1 << 16,
+            "TMR keeps 0x50 after its EOI (SDM Vol. 3A §11.8.4)"
         );
         assert_eq!(
             l.virtual_eoi(0x40),

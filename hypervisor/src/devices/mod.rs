@@ -16,5 +16,7 @@ pub mod lapic;
 pub mod pic;
 /// The 8254 interval timer (0x40-0x43) and port 0x61.
 pub mod pit;
+/// QEMU's pc-testdev (0xe0-0xe7, 0x2000-0x2017; `testdev=on`): kvm-unit-tests' test device.
+pub mod testdev;
 /// COM1's 16550A (0x3f8-0x3ff).
 pub mod uart;

@@ -525,6 +525,9 @@ fn build(
             },
             pm: Default::default(),
             fw_cfg: hvprof_hypervisor::devices::fw_cfg::FwCfg::new(config.vcpus, config.mem),
+            testdev: config
+                .testdev
+                .then(hvprof_hypervisor::devices::testdev::PcTestdev::default),
             ipis: 0,
             inits: 0,
             sipis: 0,

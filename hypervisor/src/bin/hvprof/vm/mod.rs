@@ -149,6 +149,8 @@ pub struct VmDevices {
     pub pm: hvprof_hypervisor::devices::acpi_pm::AcpiPm,
     /// QEMU's firmware configuration ports: the VM's vCPUs and memory.
     pub fw_cfg: hvprof_hypervisor::devices::fw_cfg::FwCfg,
+    /// QEMU's pc-testdev (`testdev=on`).
+    pub testdev: Option<hvprof_hypervisor::devices::testdev::PcTestdev>,
     /// IPIs sent (INITs, SIPIs and NMIs among them; `nmis` counts each target), and the
     /// delivery modes not emulated that were reported.
     pub ipis: u64,

@@ -1,7 +1,7 @@
 //! I/O instructions (exit reason 30; every port exits through the I/O bitmaps, SDM Vol. 3C
 //! §26.1.3). Port 0xf4 stops the VM; the VM's legacy devices (`devices::board`: COM1's 16550,
-//! the PICs, the PIT, the CMOS clock) and QEMU's firmware configuration ports
-//! (`devices::fw_cfg`) take theirs; every other port reads all ones and drops
+//! the PICs, the PIT, the CMOS clock), QEMU's firmware configuration ports (`devices::fw_cfg`)
+//! and, with `testdev=on`, its pc-testdev (`devices::testdev`) take theirs; every other port reads all ones and drops
 //! writes (docs/GUEST-ABI.md, "Devices").
 
 use super::fatal::fatal;
@@ -12,6 +12,7 @@ use alloc::format;
 use hvprof_hypervisor::devices::acpi_pm::{self, AcpiPm, PmEffect};
 use hvprof_hypervisor::devices::board::Access;
 use hvprof_hypervisor::devices::fw_cfg::FwCfg;
+use hvprof_hypervisor::devices::testdev::{self, PcTestdev};
 use hvprof_vmx::exit::{IoAccess, IoDirection};
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::VmcsExt;
@@ -46,6 +47,33 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
     if vm.apic && !vm.linux && acpi_pm::is_pm_timer(io.port) && io.direction == IoDirection::In {
         let v = acpi_pm::pm_timer_read(io.port, io.size, now, crate::tsc::hz());
         set_in_result(vcpu, io.size, mask, u64::from(v));
+        vmcs.skip_instruction();
+        return None;
+    }
+    if PcTestdev::claims(io.port) && vm.devices.lock().testdev.is_some() {
+        let mut guard = vm.devices.lock();
+        let dev = &mut *guard;
+        if let Some(testdev) = dev.testdev.as_mut() {
+            match io.direction {
+                IoDirection::Out => {
+                    let value = (vcpu.regs.rax & mask) as u32;
+                    if let testdev::Effect::IrqLine { irq, level } =
+                        testdev.write(io.port, value, io.size)
+                    {
+                        dev.board.set_isa_line(irq, level);
+                        // An unmasked I/O APIC entry whose line rose sends now.
+                        if vm.apic {
+                            crate::vm::apic_bus::route_io_apic(vm, dev);
+                        }
+                    }
+                }
+                IoDirection::In => {
+                    let v = testdev.read(io.port, io.size);
+                    set_in_result(vcpu, io.size, mask, u64::from(v));
+                }
+            }
+        }
+        drop(guard);
         vmcs.skip_instruction();
         return None;
     }
