@@ -7,6 +7,7 @@
 
 extern crate alloc;
 
+pub mod cpuid_policy;
 pub mod devices;
 pub mod escape;
 pub mod guest_acpi;

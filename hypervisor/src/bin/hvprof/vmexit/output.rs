@@ -20,7 +20,7 @@ use hvprof_samplelog::OutputStream;
 use hvprof_vmx::instructions::CurrentVmcs;
 
 /// The CPUID leaf (in the hypervisor's range, after the signature and the ABI version).
-pub const OUTPUT_LEAF: u32 = 0x4000_0002;
+pub use hvprof_hypervisor::cpuid_policy::OUTPUT_LEAF;
 
 /// Most bytes one CPUID hands over.
 pub const OUTPUT_MAX: u64 = 64 * 1024;
