@@ -16,6 +16,8 @@ hvprof_guests::guest_entry!(main);
 
 const IA32_TSC: u32 = 0x10;
 const IA32_APIC_BASE: u32 = 0x1b;
+const IA32_MCG_CAP: u32 = 0x179;
+const IA32_TSC_AUX: u32 = 0xc000_0103;
 const IA32_FEATURE_CONTROL: u32 = 0x3a;
 const IA32_VMX_BASIC: u32 = 0x480;
 const IA32_VMX_VMFUNC: u32 = 0x491;
@@ -193,6 +195,42 @@ fn main(_args: &str) -> u8 {
     );
     let tsc = rdmsr_safe(IA32_TSC);
     p.check("msr.tsc.read", tsc.is_ok(), Outcome::from(tsc), "no fault");
+    // The vCPU's own counter: a write moves what RDTSC gives, not the host's TSC (the
+    // profile's time axis stays the host's). Far ahead, so that the reading after it is at
+    // most a few thousand ticks past.
+    const AHEAD: u64 = 1 << 56;
+    // SAFETY: nothing in this guest times anything with the TSC after this.
+    let write = unsafe { wrmsr_safe(IA32_TSC, AHEAD) };
+    let now = cpu::rdtsc();
+    p.check(
+        "msr.tsc.write",
+        write.is_ok() && (AHEAD..AHEAD + 1_000_000).contains(&now),
+        Hex(now),
+        "RDTSC just past 1 << 56",
+    );
+    p.msr_reads("msr.mcg_cap.read", IA32_MCG_CAP, 0);
+    // RDTSCP gives the vCPU's own IA32_TSC_AUX (where CPUID offers it).
+    if bit(cpuid(0x8000_0001, 0).edx, 27) == 1 {
+        // SAFETY: this guest does not use TSC_AUX (no RDPID, no per-CPU lookups).
+        let write = unsafe { wrmsr_safe(IA32_TSC_AUX, 0x1234) };
+        let aux: u32;
+        // SAFETY: RDTSCP reads the TSC and TSC_AUX into EDX:EAX and ECX, nothing else.
+        unsafe {
+            core::arch::asm!("rdtscp", out("eax") _, out("edx") _, out("ecx") aux, options(nomem, nostack));
+        }
+        p.check(
+            "rdtscp.tsc_aux",
+            write.is_ok() && aux == 0x1234,
+            Hex(aux.into()),
+            "0x1234 as written",
+        );
+    }
+    // CPUID.1:ECX.OSXSAVE is this vCPU's CR4.OSXSAVE.
+    p.eq(
+        "cpuid.1.ecx.osxsave",
+        bit(leaf1.ecx, 27),
+        u32::from(cpu::read_cr4() & (1 << 18) != 0),
+    );
     // SAFETY: this guest never executes SYSCALL nor SWAPGS; both are restored.
     unsafe {
         p.msr_round_trip("msr.lstar.roundtrip", IA32_LSTAR, 0xffff_8000_dead_b000);
