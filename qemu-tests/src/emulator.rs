@@ -528,17 +528,20 @@ mod tests {
 
     #[test]
     fn bochsrc_is_headless_and_deterministic() {
-        let text = bochsrc(&BochsConfig {
-            model: "corei7_haswell_4770",
-            cpus: 2,
-            ips: BOCHS_IPS,
-            iso: Path::new("/t/s/hvprof.iso"),
-            iso_cylinders: 59,
-            serial_log: Path::new("/t/s/serial.log"),
-            lpt_log: Path::new("/t/s/lpt.log"),
-            log: Path::new("/t/s/emulator.log"),
-            cpu_info: true,
-        });
+        let rc = |cpu_info| {
+            bochsrc(&BochsConfig {
+                model: "corei7_haswell_4770",
+                cpus: 2,
+                ips: BOCHS_IPS,
+                iso: Path::new("/t/s/hvprof.iso"),
+                iso_cylinders: 59,
+                serial_log: Path::new("/t/s/serial.log"),
+                lpt_log: Path::new("/t/s/lpt.log"),
+                log: Path::new("/t/s/emulator.log"),
+                cpu_info,
+            })
+        };
+        let text = rc(true);
         let lines: Vec<&str> = text.lines().collect();
         for wanted in [
             "megs: 1024",
@@ -558,17 +561,7 @@ mod tests {
         }
         assert!(!text.contains("realtime"));
         assert!(lines.contains(&"info: action=report"));
-        let quiet = bochsrc(&BochsConfig {
-            model: "corei7_haswell_4770",
-            cpus: 2,
-            ips: BOCHS_IPS,
-            iso: Path::new("/t/s/hvprof.iso"),
-            iso_cylinders: 59,
-            serial_log: Path::new("/t/s/serial.log"),
-            lpt_log: Path::new("/t/s/lpt.log"),
-            log: Path::new("/t/s/emulator.log"),
-            cpu_info: false,
-        });
+        let quiet = rc(false);
         assert!(
             quiet
                 .lines()

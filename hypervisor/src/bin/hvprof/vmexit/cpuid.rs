@@ -20,15 +20,26 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
         let r = super::output::cpuid(vm, vcpu, vmcs, subleaf);
         return finish(vcpu, vmcs, r);
     }
-    let cr4 = must(vmcs.read_natural(GuestNatural::Cr4), "VMREAD CR4");
-    let proc2 = must(
-        vmcs.read32(Control32::SecondaryProcBasedControls),
-        "VMREAD secondary controls",
-    );
+    // The vCPU's state, read only for the leaves that report it (the exit stays short for the
+    // others).
+    let cr4 = if matches!(leaf, 1 | 7) {
+        must(vmcs.read_natural(GuestNatural::Cr4), "VMREAD CR4")
+    } else {
+        0
+    };
+    let proc2 = if matches!(leaf, 7 | 0x8000_0001) {
+        must(
+            vmcs.read32(Control32::SecondaryProcBasedControls),
+            "VMREAD secondary controls",
+        )
+    } else {
+        0
+    };
     let seen = Seen {
         linux: vm.linux,
         apic: vm.apic,
         apic_enabled: !vm.apic
+            || leaf != 1
             || vm.devices.lock().lapics[usize::from(vcpu.index)].globally_enabled(),
         vcpu: vcpu.index,
         vcpus: vm.vcpus.len() as u32,
