@@ -325,11 +325,13 @@ pub fn launch(launch: &Launch<'_>, on_output: &mut dyn FnMut(&[u8])) -> Result<R
     let mut log = Vec::new();
     let mut marker_seen: Option<Instant> = None;
     let pid = emu.child.id();
+    let mut pty = PtyDrain::new(pid);
     let mut cpu = Duration::ZERO;
     let end = loop {
         if let Some(t) = cpu_time(pid) {
             cpu = t;
         }
+        pty.poll();
         let before = log.len();
         if tail.read_new(&mut log)? > 0 {
             on_output(&log[before..]);
@@ -389,6 +391,82 @@ pub fn launch(launch: &Launch<'_>, on_output: &mut dyn FnMut(&[u8])) -> Result<R
     })
 }
 
+/// The pseudo-terminal Bochs' term display opens for itself (its master side, `/dev/ptmx`) and
+/// writes its screen to, a cursor escape sequence at every refresh. Nothing else reads it: once
+/// its buffer is full (some 16 KB, a few minutes of a run) Bochs blocks in the write, and the run
+/// makes no more progress until its wall limit kills it (a 13-minute kvm-unit-tests run stopped
+/// so after 6 minutes). The launcher finds that terminal in `/proc/<pid>/fd` and its index in
+/// `fdinfo`, opens the other side (`/dev/pts/N`) non-blocking and in raw mode (a canonical-mode
+/// terminal holds a line without a newline back from the reader), and reads it empty at every
+/// poll. QEMU opens none: the search stops after [`PTY_SEARCH`].
+struct PtyDrain {
+    pid: u32,
+    slave: Option<File>,
+    since: Instant,
+}
+
+/// How long after the start the launcher looks for the emulator's pseudo-terminal.
+const PTY_SEARCH: Duration = Duration::from_secs(30);
+
+impl PtyDrain {
+    fn new(pid: u32) -> Self {
+        PtyDrain {
+            pid,
+            slave: None,
+            since: Instant::now(),
+        }
+    }
+
+    fn poll(&mut self) {
+        if self.slave.is_none() && self.since.elapsed() < PTY_SEARCH {
+            self.slave = open_pty_slave(self.pid);
+        }
+        if let Some(f) = &mut self.slave {
+            let mut buf = [0u8; 4096];
+            // Non-blocking: WouldBlock (nothing more) or an error (Bochs gone) ends it.
+            while matches!(f.read(&mut buf), Ok(n) if n > 0) {}
+        }
+    }
+}
+
+/// The slave side of the pseudo-terminal process `pid` holds the master of, opened
+/// non-blocking and in raw mode.
+fn open_pty_slave(pid: u32) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let fds = fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    let index = fds.flatten().find_map(|e| {
+        let target = fs::read_link(e.path()).ok()?;
+        if target != Path::new("/dev/ptmx") {
+            return None;
+        }
+        let info = fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            e.file_name().to_string_lossy()
+        ))
+        .ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("tty-index:"))
+            .and_then(|n| n.trim().parse::<u32>().ok())
+    })?;
+    let slave = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(format!("/dev/pts/{index}"))
+        .ok()?;
+    let fd = slave.as_raw_fd();
+    // SAFETY: `fd` is open for the duration (owned by `slave`); `t` is a plain struct that
+    // tcgetattr fills and cfmakeraw and tcsetattr read, with no pointers kept.
+    unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        if libc::tcgetattr(fd, &mut t) == 0 {
+            libc::cfmakeraw(&mut t);
+            libc::tcsetattr(fd, libc::TCSANOW, &t);
+        }
+    }
+    Some(slave)
+}
+
 /// The last `n` lines of a text file, with terminal control sequences removed (Bochs' term
 /// display writes escape codes); empty if the file cannot be read.
 pub fn file_tail(path: &Path, n: usize) -> Vec<String> {
@@ -432,6 +510,41 @@ pub fn strip_control(line: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process that opens a pseudo-terminal's master and writes 40 KB of cursor escapes to
+    /// it without ever opening the slave side (as Bochs' term display does) blocks once the
+    /// terminal's buffer is full (checked by hand: it never ends); with the drain it finishes.
+    #[test]
+    fn a_pseudo_terminal_the_emulator_writes_is_drained() {
+        // TIOCSPTLCK (unlockpt) is 0x40045431 on x86-64.
+        let script = "import os, fcntl, struct\n\
+                      m = os.open('/dev/ptmx', os.O_RDWR | os.O_NOCTTY)\n\
+                      fcntl.ioctl(m, 0x40045431, struct.pack('i', 0))\n\
+                      for i in range(2000):\n    os.write(m, b'\\x1b[?25h\\x1b[?25l\\x1b[?12l')\n";
+        let Ok(mut child) = std::process::Command::new("python3")
+            .args(["-c", script])
+            .spawn()
+        else {
+            eprintln!("no python3: skipped");
+            return;
+        };
+        let mut drain = PtyDrain::new(child.id());
+        // Generous: the write takes milliseconds once drained; without the drain it never ends.
+        let start = Instant::now();
+        let status = loop {
+            drain.poll();
+            if let Some(s) = child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if start.elapsed() > Duration::from_secs(120) {
+                let _ = child.kill();
+                break None;
+            }
+            thread::sleep(POLL);
+        };
+        assert!(drain.slave.is_some(), "the pseudo-terminal was found");
+        assert!(status.is_some_and(|s| s.success()), "the writer finished");
+    }
 
     #[test]
     fn cpu_time_from_proc_stat() {

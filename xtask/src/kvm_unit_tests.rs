@@ -491,9 +491,16 @@ fn run_batch(hypervisor: &Path, batch: &[&Job], dir: &Path) -> BatchResult {
             cpus,
             files: &files,
             end_marker: DEFAULT_END_MARKER,
+            // A safety net against a hypervisor that hangs, not a measure: the VMs' budgets
+            // at 5 M instructions a second of CPU time (Bochs runs 20-30 M here), and the BIOS,
+            // GRUB and the export besides.
             limit: Some(Limit {
-                cpu: Duration::from_secs(900),
-                wall: Duration::from_secs(1800),
+                cpu: Duration::from_secs(
+                    300 + batch.iter().map(|j| j.budget).sum::<u64>() / 5_000_000,
+                ),
+                wall: Duration::from_secs(
+                    2 * (300 + batch.iter().map(|j| j.budget).sum::<u64>() / 5_000_000),
+                ),
             }),
         },
         &mut |_| {},
