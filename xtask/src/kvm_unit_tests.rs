@@ -656,12 +656,7 @@ pub fn print_table(rows: &[Row]) {
     );
 }
 
-/// Runs the suite; the rows in `unittests.cfg`'s order.
-pub fn run_suite(dir: &Path, filter: Option<&str>, baseline: bool) -> Result<Vec<Row>> {
-    run_suite_except(dir, filter, baseline, &[])
-}
-
-/// [`run_suite`] without the tests named in `leave_out`.
+/// Runs the suite but the tests named in `leave_out`; the rows in `unittests.cfg`'s order.
 pub fn run_suite_except(
     dir: &Path,
     filter: Option<&str>,
@@ -856,28 +851,45 @@ fn slow_in(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The expected-results file for `rows`: what `--record` writes.
-pub fn expected_file(rows: &[Row]) -> String {
-    let mut s = String::from(
-        "# kvm-unit-tests under hvprof in Bochs: name verdict pass fail skip [slow], as\n\
-         # `cargo xtask kvm-unit-tests --record` wrote them; `cargo xtask test` checks them\n\
-         # (docs/KVM-UNIT-TESTS.md). slow: over 200 M ticks or its whole budget, left out of\n\
-         # `cargo xtask test`.\n",
-    );
+/// The expected-results file for `rows` over what `recorded` holds: what `--record` writes.
+/// A test of `rows` gets its new line; a recorded test `rows` does not have (a run with
+/// `--filter`) keeps its old one.
+pub fn expected_file(rows: &[Row], recorded: &str) -> String {
+    let mut lines: BTreeMap<String, String> = recorded
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| Some((l.split_whitespace().next()?.to_owned(), l.to_owned())))
+        .collect();
     for r in rows {
         let Some(o) = &r.hvprof else {
             continue;
         };
-        let slow = o.verdict == "TIMEOUT" || o.ticks.is_some_and(|t| t > SLOW_TICKS);
-        s.push_str(&format!(
-            "{} {} {} {} {}{}\n",
-            r.name,
-            o.verdict,
-            o.pass,
-            o.fail,
-            o.skip,
-            if slow { " slow" } else { "" }
-        ));
+        let slow = o.verdict == "TIMEOUT"
+            || o.ticks.is_some_and(|t| t > SLOW_TICKS)
+            || run_budget(&r.name) > RUN_BUDGET;
+        lines.insert(
+            r.name.clone(),
+            format!(
+                "{} {} {} {} {}{}",
+                r.name,
+                o.verdict,
+                o.pass,
+                o.fail,
+                o.skip,
+                if slow { " slow" } else { "" }
+            ),
+        );
+    }
+    let mut s = String::from(
+        "# kvm-unit-tests under hvprof in Bochs: name verdict pass fail skip [slow], as\n\
+         # `cargo xtask kvm-unit-tests --record` wrote them; `cargo xtask test` checks them\n\
+         # (docs/KVM-UNIT-TESTS.md). slow: over 200 M ticks or its whole budget, left out of\n\
+         # `cargo xtask test`, as is every long run (LONG_RUNS in kvm_unit_tests.rs).\n",
+    );
+    for l in lines.values() {
+        s.push_str(l);
+        s.push('\n');
     }
     s
 }
@@ -919,7 +931,7 @@ pub fn test_stage(dir: &Path) -> Result<()> {
         );
         return Ok(());
     }
-    let slow = slow_in(EXPECTED);
+    let slow = slow_tests(dir);
     let rows = run_suite_except(dir, None, false, &slow)?;
     print_table(&rows);
     if !slow.is_empty() {
@@ -941,12 +953,26 @@ pub fn test_stage(dir: &Path) -> Result<()> {
     )
 }
 
+/// The tests `cargo xtask test` leaves out: those recorded as slow, and the long runs
+/// ([`LONG_RUNS`]) whether recorded or not.
+fn slow_tests(dir: &Path) -> Vec<String> {
+    let mut slow = slow_in(EXPECTED);
+    let cfg = std::fs::read_to_string(dir.join("x86/unittests.cfg")).unwrap_or_default();
+    for t in parse_cfg(&cfg) {
+        if run_budget(&t.name) > RUN_BUDGET && !slow.contains(&t.name) {
+            slow.push(t.name);
+        }
+    }
+    slow
+}
+
 /// `cargo xtask kvm-unit-tests`.
 pub fn kvm_unit_tests(
     dir: Option<&Path>,
     filter: Option<&str>,
     baseline: bool,
     record: bool,
+    quick: bool,
 ) -> Result<ExitCode> {
     let dir = suite_dir(dir);
     if !dir.join("x86/unittests.cfg").is_file() {
@@ -955,7 +981,8 @@ pub fn kvm_unit_tests(
             dir.display()
         );
     }
-    let rows = run_suite(&dir, filter, baseline)?;
+    let leave_out = if quick { slow_tests(&dir) } else { Vec::new() };
+    let rows = run_suite_except(&dir, filter, baseline, &leave_out)?;
     print_table(&rows);
     let unrun = rows
         .iter()
@@ -971,7 +998,8 @@ pub fn kvm_unit_tests(
     }
     if record {
         let path = crate::workspace_root().join("xtask/kvm-unit-tests.expected");
-        std::fs::write(&path, expected_file(&rows))?;
+        let recorded = std::fs::read_to_string(&path).unwrap_or_default();
+        std::fs::write(&path, expected_file(&rows, &recorded))?;
         println!("kvm-unit-tests: results recorded in {}", path.display());
     } else {
         for d in differences(&rows, &parse_expected(EXPECTED)) {
@@ -1041,6 +1069,36 @@ groups = vmx nodefault
             ("dummy", "dummy.flat", 1)
         );
         assert!(t[4].test_args.is_empty() && t[4].groups.is_empty());
+    }
+
+    #[test]
+    fn recording_some_tests_keeps_the_others() {
+        let recorded = "# header\nsetjmp PASS 10 0 0\nxapic FAIL 40 3 1 slow\n";
+        let row = |name: &str, verdict: &str, ticks| Row {
+            name: name.into(),
+            skip: None,
+            hvprof: Some(Outcome {
+                verdict: verdict.into(),
+                pass: 1,
+                ticks: Some(ticks),
+                ..Outcome::default()
+            }),
+            baseline: None,
+            seconds: 0.0,
+        };
+        let text = expected_file(
+            &[row("setjmp", "FAIL", 1000), row("vmexit_cpuid", "PASS", 1000)],
+            recorded,
+        );
+        let got = parse_expected(&text);
+        assert_eq!(got["setjmp"], ("FAIL".into(), 1, 0, 0), "the new result");
+        assert_eq!(got["xapic"], ("FAIL".into(), 40, 3, 1), "kept");
+        assert!(slow_in(&text).contains(&"xapic".to_owned()));
+        assert!(
+            slow_in(&text).contains(&"vmexit_cpuid".to_owned()),
+            "a long run is slow whatever its ticks"
+        );
+        assert!(!slow_in(&text).contains(&"setjmp".to_owned()));
     }
 
     #[test]

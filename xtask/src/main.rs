@@ -83,9 +83,13 @@ enum Cmd {
         #[arg(long)]
         no_baseline: bool,
         /// Write the results as the expected ones (xtask/kvm-unit-tests.expected), which
-        /// `cargo xtask test` checks; run without --filter.
-        #[arg(long, conflicts_with = "filter")]
+        /// `cargo xtask test` checks; with --filter or --quick, the tests run only.
+        #[arg(long)]
         record: bool,
+        /// Only the tests `cargo xtask test` runs: not the long runs, nor those recorded as
+        /// slow.
+        #[arg(long)]
+        quick: bool,
     },
     /// Build the Linux guest under target/linux from Debian packages (docs/LINUX-GUESTS.md).
     LinuxImage {
@@ -206,9 +210,14 @@ fn main() -> ExitCode {
             filter,
             no_baseline,
             record,
-        } => {
-            kvm_unit_tests::kvm_unit_tests(dir.as_deref(), filter.as_deref(), !no_baseline, record)
-        }
+            quick,
+        } => kvm_unit_tests::kvm_unit_tests(
+            dir.as_deref(),
+            filter.as_deref(),
+            !no_baseline,
+            record,
+            quick,
+        ),
         Cmd::LinuxImage { refresh } => linux::image(refresh).map(|()| ExitCode::SUCCESS),
         Cmd::LinuxTruth => linux::truth().map(|()| ExitCode::SUCCESS),
         Cmd::LinuxQemu { run, arg, timeout } => linux::qemu(&run, arg.as_deref(), timeout),
