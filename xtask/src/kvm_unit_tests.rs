@@ -824,9 +824,10 @@ pub fn run_suite_except(
 /// each; `slow` marks a test that runs longer than [`SLOW_TICKS`].
 pub const EXPECTED: &str = include_str!("../kvm-unit-tests.expected");
 
-/// A test that runs longer than this (TSC ticks: in Bochs, instructions; about 8 s of Bochs) is
-/// left out of `cargo xtask test`, as is one that used its whole budget.
-pub const SLOW_TICKS: u64 = 200_000_000;
+/// A test that runs longer than this (TSC ticks: in Bochs, instructions; about 10 s of Bochs) is
+/// left out of `cargo xtask test`, as is one that used its whole budget. msr.flat's 1052 checks
+/// (207 M) stay in.
+pub const SLOW_TICKS: u64 = 250_000_000;
 
 /// The expected results: name -> (verdict, pass, fail, skip).
 pub fn parse_expected(text: &str) -> BTreeMap<String, (String, u32, u32, u32)> {
@@ -887,7 +888,7 @@ pub fn expected_file(rows: &[Row], recorded: &str) -> String {
     let mut s = String::from(
         "# kvm-unit-tests under hvprof in Bochs: name verdict pass fail skip [slow], as\n\
          # `cargo xtask kvm-unit-tests --record` wrote them; `cargo xtask test` checks them\n\
-         # (docs/KVM-UNIT-TESTS.md). slow: over 200 M ticks or its whole budget, left out of\n\
+         # (docs/KVM-UNIT-TESTS.md). slow: over 250 M ticks or its whole budget, left out of\n\
          # `cargo xtask test`, as is every long run (LONG_RUNS in kvm_unit_tests.rs).\n",
     );
     for l in lines.values() {
@@ -939,7 +940,7 @@ pub fn test_stage(dir: &Path) -> Result<()> {
     print_table(&rows);
     if !slow.is_empty() {
         println!(
-            "kvm-unit-tests: not run here, recorded as slow (over 200 M ticks, or their whole budget): {}",
+            "kvm-unit-tests: not run here, recorded as slow (over 250 M ticks, or their whole budget), or long runs: {}",
             slow.join(", ")
         );
     }
