@@ -487,6 +487,11 @@ fn run_batch(hypervisor: &Path, batch: &[&Job], dir: &Path) -> BatchResult {
     let emulator = Emulator::bochs(qemu_tests::emulator::DEFAULT_BOCHS_MODEL).without_cpu_info();
     let files = RunFiles::in_dir(dir, &iso, &emulator);
     let cpus = batch.iter().map(|j| j.vcpus).max().unwrap_or(1).min(2);
+    // A safety net against a hypervisor that hangs, not a measure: the VMs' budgets at 5 M
+    // instructions a second of CPU time (Bochs runs 20-30 M here), and the BIOS, GRUB and the
+    // export besides; twice that of wall time.
+    let cpu_limit =
+        Duration::from_secs(300 + batch.iter().map(|j| j.budget).sum::<u64>() / 5_000_000);
     let start = Instant::now();
     let outcome = launch(
         &Launch {
@@ -494,16 +499,9 @@ fn run_batch(hypervisor: &Path, batch: &[&Job], dir: &Path) -> BatchResult {
             cpus,
             files: &files,
             end_marker: DEFAULT_END_MARKER,
-            // A safety net against a hypervisor that hangs, not a measure: the VMs' budgets
-            // at 5 M instructions a second of CPU time (Bochs runs 20-30 M here), and the BIOS,
-            // GRUB and the export besides.
             limit: Some(Limit {
-                cpu: Duration::from_secs(
-                    300 + batch.iter().map(|j| j.budget).sum::<u64>() / 5_000_000,
-                ),
-                wall: Duration::from_secs(
-                    2 * (300 + batch.iter().map(|j| j.budget).sum::<u64>() / 5_000_000),
-                ),
+                cpu: cpu_limit,
+                wall: 2 * cpu_limit,
             }),
         },
         &mut |_| {},
@@ -659,13 +657,9 @@ pub fn print_table(rows: &[Row]) {
     );
 }
 
-/// Runs the suite but the tests named in `leave_out`; the rows in `unittests.cfg`'s order.
-pub fn run_suite_except(
-    dir: &Path,
-    filter: Option<&str>,
-    baseline: bool,
-    leave_out: &[String],
-) -> Result<Vec<Row>> {
+/// Every test of the build in `dir`: `unittests.cfg`'s, then the kernels it does not name
+/// ([`with_unlisted`]).
+fn suite_tests(dir: &Path) -> Result<Vec<Test>> {
     let cfg_path = dir.join("x86/unittests.cfg");
     let text = std::fs::read_to_string(&cfg_path)
         .with_context(|| format!("cannot read {}", cfg_path.display()))?;
@@ -673,13 +667,27 @@ pub fn run_suite_except(
         .with_context(|| format!("cannot list {}", dir.join("x86").display()))?
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .collect();
-    let tests: Vec<Test> = with_unlisted(parse_cfg(&text), &flats)
+    Ok(with_unlisted(parse_cfg(&text), &flats))
+}
+
+/// Runs the suite but the tests named in `leave_out`; the rows in `unittests.cfg`'s order.
+pub fn run_suite_except(
+    dir: &Path,
+    filter: Option<&str>,
+    baseline: bool,
+    leave_out: &[String],
+) -> Result<Vec<Row>> {
+    let tests: Vec<Test> = suite_tests(dir)?
         .into_iter()
         .filter(|t| filter.is_none_or(|f| f.split(',').any(|f| t.name.contains(f))))
         .filter(|t| !leave_out.contains(&t.name))
         .collect();
     if tests.is_empty() {
-        bail!("no test of {} matches {:?}", cfg_path.display(), filter);
+        bail!(
+            "no test of {} matches {:?}",
+            dir.join("x86/unittests.cfg").display(),
+            filter
+        );
     }
     ensure_tools()?;
     let hypervisor = build_hypervisor(false)?;
@@ -935,7 +943,7 @@ pub fn test_stage(dir: &Path) -> Result<()> {
         );
         return Ok(());
     }
-    let slow = slow_tests(dir);
+    let slow = slow_tests(dir)?;
     let rows = run_suite_except(dir, None, false, &slow)?;
     print_table(&rows);
     if !slow.is_empty() {
@@ -959,21 +967,14 @@ pub fn test_stage(dir: &Path) -> Result<()> {
 
 /// The tests `cargo xtask test` leaves out: those recorded as slow, and the long runs
 /// ([`LONG_RUNS`]) whether recorded or not.
-fn slow_tests(dir: &Path) -> Vec<String> {
+fn slow_tests(dir: &Path) -> Result<Vec<String>> {
     let mut slow = slow_in(EXPECTED);
-    let cfg = std::fs::read_to_string(dir.join("x86/unittests.cfg")).unwrap_or_default();
-    let flats: Vec<String> = std::fs::read_dir(dir.join("x86"))
-        .map(|d| {
-            d.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    for t in with_unlisted(parse_cfg(&cfg), &flats) {
+    for t in suite_tests(dir)? {
         if run_budget(&t.name) > RUN_BUDGET && !slow.contains(&t.name) {
             slow.push(t.name);
         }
     }
-    slow
+    Ok(slow)
 }
 
 /// `cargo xtask kvm-unit-tests`.
@@ -991,7 +992,7 @@ pub fn kvm_unit_tests(
             dir.display()
         );
     }
-    let leave_out = if quick { slow_tests(&dir) } else { Vec::new() };
+    let leave_out = if quick { slow_tests(&dir)? } else { Vec::new() };
     let rows = run_suite_except(&dir, filter, baseline, &leave_out)?;
     print_table(&rows);
     let unrun = rows
