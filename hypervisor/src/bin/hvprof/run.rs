@@ -269,7 +269,7 @@ impl<'a> Slice<'a> {
         let apic_taken = vcpu.virtual_apic != 0 && !vcpu.apic_handed;
         // A Linux guest's devices: raise what is due, inject what the guest can take now (with
         // interrupts on, so the sampling clock sees this work for what it is).
-        if (vm.linux || vm.apic)
+        if vm.delivers_interrupts()
             && (self.devices_touched
                 || kicked
                 || apic_taken

@@ -248,6 +248,13 @@ const STARTED: u16 = 0x400;
 pub const NOT_RUNNING: u8 = u8::MAX;
 
 impl Vm {
+    /// It has interrupt controllers whose interrupts the hypervisor delivers (a Linux guest's
+    /// 8259 pair and PIT; with `apic=on`, local APICs and the I/O APIC): the run loop looks at
+    /// them before VM entries, and its HLT waits for them.
+    pub fn delivers_interrupts(&self) -> bool {
+        self.linux || self.apic
+    }
+
     /// Tells vCPU `index` that something waits for it (see `kicks`); whether it was not told
     /// already (only then does its pCPU need an interrupt: a guest that sends IPIs in a loop
     /// costs another pCPU one kick per look, not one per IPI).

@@ -221,9 +221,9 @@ fn inject(
     (next, still || nmi_waits)
 }
 
-/// Whether vCPU `index` of a VM with interrupt controllers (Linux, `apic=on`) that executed HLT has something to wake it now (an
-/// interrupt its local APIC or the PICs would deliver, with RFLAGS.IF set), and else when its
-/// devices' next event falls.
+/// Whether vCPU `index` of a VM with interrupt controllers (`Vm::delivers_interrupts`) that
+/// executed HLT has something to wake it now (an interrupt its local APIC or the PICs would
+/// deliver, with RFLAGS.IF set), and else when its devices' next event falls.
 pub fn on_halt(vm: &Vm, index: u16, vmcs: &CurrentVmcs, now: u64) -> Result<(), Option<u64>> {
     let mut guard = vm.devices.lock();
     let dev = &mut *guard;

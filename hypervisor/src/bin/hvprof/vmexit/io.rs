@@ -1,8 +1,8 @@
 //! I/O instructions (exit reason 30; every port exits through the I/O bitmaps, SDM Vol. 3C
 //! §26.1.3). Port 0xf4 stops the VM; the VM's legacy devices (`devices::board`: COM1's 16550,
 //! the PICs, the PIT, the CMOS clock), QEMU's firmware configuration ports (`devices::fw_cfg`)
-//! and, with `testdev=on`, its pc-testdev (`devices::testdev`) take theirs; every other port reads all ones and drops
-//! writes (docs/GUEST-ABI.md, "Devices").
+//! and, with `testdev=on`, its pc-testdev (`devices::testdev`) take theirs; every other port
+//! reads all ones and drops writes (docs/GUEST-ABI.md, "Devices").
 
 use super::fatal::fatal;
 use crate::vcpu::Vcpu;
@@ -50,7 +50,7 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
         vmcs.skip_instruction();
         return None;
     }
-    if PcTestdev::claims(io.port) && vm.devices.lock().testdev.is_some() {
+    if PcTestdev::claims(io.port) {
         let mut guard = vm.devices.lock();
         let dev = &mut *guard;
         if let Some(testdev) = dev.testdev.as_mut() {
@@ -72,10 +72,10 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
                     set_in_result(vcpu, io.size, mask, u64::from(v));
                 }
             }
+            drop(guard);
+            vmcs.skip_instruction();
+            return None;
         }
-        drop(guard);
-        vmcs.skip_instruction();
-        return None;
     }
     if FwCfg::claims(io.port) {
         let mut dev = vm.devices.lock();

@@ -72,7 +72,7 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, reason: ExitReas
         if hvprof_vmx::guest::single_step_pending(vmcs).unwrap_or(false) {
             return Flow::Resume;
         }
-        if vm.linux || vm.apic {
+        if vm.delivers_interrupts() {
             match virtual_interrupts::on_halt(vm, vcpu.index, vmcs, crate::tsc::rdtsc()) {
                 Ok(()) => return Flow::Resume,
                 Err(wake) => {
