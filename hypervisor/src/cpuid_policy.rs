@@ -50,6 +50,21 @@ const CR4_PKE: u64 = 1 << 22;
 const MISC_LIMIT_CPUID: u64 = 1 << 22;
 const MISC_XD_DISABLE: u64 = 1 << 34;
 
+/// RDTSCP and RDPID are offered (where the host has them): the CPU runs them with the vCPU's
+/// own IA32_TSC_AUX ("enable RDTSCP"), and the guest is not Linux, whose CPUID stays as its
+/// scenarios measured it.
+fn offers_rdtscp(seen: &Seen) -> bool {
+    seen.rdtscp && !seen.linux
+}
+
+/// IA32_TSC_ADJUST is offered where the host has it (CPUID.(EAX=07H,ECX=0):EBX[1]): its writes
+/// move the vCPU's TSC, which needs TSC offsetting, and the guest is not Linux (as
+/// [`offers_rdtscp`]). The MSR exit handler asks the same.
+#[must_use]
+pub fn offers_tsc_adjust(linux: bool, tsc_offsetting: bool) -> bool {
+    tsc_offsetting && !linux
+}
+
 /// The CPUID a guest sees (docs/GUEST-ABI.md, "CPUID"): the host's leaves, with what the
 /// hypervisor does not virtualize hidden, and the TSC frequency in leaves 15H/16H. A Linux guest
 /// also loses what it would drive without an emulation behind it here (the local APIC, MTRRs,
@@ -124,11 +139,10 @@ pub fn policy(leaf: u32, subleaf: u32, seen: &Seen, host: impl Fn(u32, u32) -> R
         // Thermal and power management: nothing behind it for a guest.
         6 if linux => (0, 0, 0, 0),
         7 => {
-            let (a, b, mut c, mut d) = host(7, subleaf);
+            let (a, mut b, mut c, mut d) = host(7, subleaf);
             if subleaf == 0 {
-                // RDPID (ECX 22): where the host has it, offered with "enable RDTSCP" (without
-                // it, #UD), but not to Linux (see 80000001H).
-                if !seen.rdtscp || linux {
+                // RDPID (ECX 22): without "enable RDTSCP", #UD.
+                if !offers_rdtscp(seen) {
                     c &= !(1 << 22);
                 }
                 // OSPKE (ECX 4): CR4.PKE, where PKU (3) is offered.
@@ -140,16 +154,15 @@ pub fn policy(leaf: u32, subleaf: u32, seen: &Seen, host: impl Fn(u32, u32) -> R
                 // ARCH_CAPABILITIES (29), CORE_CAPABILITIES (30), SSBD (31) in EDX: their
                 // MSRs are not passed through (a guest's access is #GP).
                 d &= !(1 << 10 | 0xfc00_0000);
-            }
-            if !seen.tsc_offsetting && subleaf == 0 {
-                // TSC_ADJUST (EBX 1): its writes move the guest's TSC (`vmexit::msr`).
-                return (a, b & !(1 << 1), c, d);
-            }
-            if linux && subleaf == 0 {
-                // TSC_ADJUST (EBX 1), AVX2 (EBX 5) and the AVX-512 family (EBX 16, 17, 21,
-                // 26-28, 30, 31): see leaf 1.
-                let avx = 1 << 5 | 1 << 16 | 1 << 17 | 1 << 21 | 0b111 << 26 | 0b11 << 30;
-                return (a, b & !(1 << 1 | avx), c, d);
+                // TSC_ADJUST (EBX 1).
+                if !offers_tsc_adjust(linux, seen.tsc_offsetting) {
+                    b &= !(1 << 1);
+                }
+                // AVX2 (EBX 5) and the AVX-512 family (EBX 16, 17, 21, 26-28, 30, 31): not for
+                // Linux, see leaf 1.
+                if linux {
+                    b &= !(1 << 5 | 1 << 16 | 1 << 17 | 1 << 21 | 0b111 << 26 | 0b11 << 30);
+                }
             }
             (a, b, c, d)
         }
@@ -169,11 +182,10 @@ pub fn policy(leaf: u32, subleaf: u32, seen: &Seen, host: impl Fn(u32, u32) -> R
         l if l < 0x4000_0000 && l > host_max => (0, 0, 0, 0),
         0x8000_0001 => {
             let (a, b, c, d) = host(leaf, subleaf);
-            // RDTSCP (EDX 27): with "enable RDTSCP", each vCPU reading its own IA32_TSC_AUX;
-            // not for Linux, whose CPUID stays as its scenarios measured it. NX (EDX 20) gone
-            // while IA32_MISC_ENABLE's XD bit disable is set.
+            // RDTSCP (EDX 27): without "enable RDTSCP", #UD. NX (EDX 20) gone while
+            // IA32_MISC_ENABLE's XD bit disable is set.
             let mut d = d;
-            if !seen.rdtscp || linux {
+            if !offers_rdtscp(seen) {
                 d &= !(1 << 27);
             }
             if seen.misc_enable & MISC_XD_DISABLE != 0 {
@@ -302,5 +314,8 @@ mod tests {
         assert_eq!(ask(7, &l).2 & 1 << 22, 0);
         assert_eq!(ask(7, &l).1 & (1 << 1 | 1 << 5), 0);
         assert_eq!(ask(1, &l).2 & (0xf << 26), 0);
+        // ... whether or not the CPU offsets the TSC (AVX2 stays hidden either way).
+        l.tsc_offsetting = false;
+        assert_eq!(ask(7, &l).1 & (1 << 1 | 1 << 5), 0);
     }
 }

@@ -130,10 +130,11 @@ fn offsetting(vcpu: &Vcpu) -> bool {
     vcpu.proc1 & hvprof_vmx::caps::proc1::USE_TSC_OFFSETTING != 0
 }
 
-/// IA32_TSC_ADJUST exists for this vCPU: CPUID.(EAX=07H,ECX=0):EBX[1] says so (`cpuid::policy`:
-/// where the host has it, the counter can be offset, and the guest is not Linux).
+/// IA32_TSC_ADJUST exists for this vCPU: CPUID.(EAX=07H,ECX=0):EBX[1] says so (the host has it
+/// and `cpuid_policy::offers_tsc_adjust`).
 fn tsc_adjust(vm: &Vm, vcpu: &Vcpu) -> bool {
-    !vm.linux && offsetting(vcpu) && super::cpuid::host_has_tsc_adjust()
+    hvprof_hypervisor::cpuid_policy::offers_tsc_adjust(vm.linux, offsetting(vcpu))
+        && super::cpuid::host_has_tsc_adjust()
 }
 
 /// The VMCS's TSC offset (SDM Vol. 3C §25.6.5) from the vCPU's.
