@@ -122,8 +122,8 @@ pub struct VmConfig<'a> {
     /// `ple=off|on|directed` (default off): pause-loop exiting and what a PLE exit does.
     pub ple: Ple,
     /// `testdev=on|off` (default off): QEMU's pc-testdev ports, which kvm-unit-tests' kernels
-    /// drive (`devices::testdev`): a scratch register, a page flush, and the ISA interrupt
-    /// lines raised by hand.
+    /// drive (`devices::testdev`): a scratch register, a page flush, the ISA interrupt lines
+    /// raised by hand, and 64 KiB of test memory at 0xff000000.
     pub testdev: bool,
     /// Every argument after the image name, passed to the guest as is.
     pub args: &'a str,

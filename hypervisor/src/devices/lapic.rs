@@ -237,16 +237,22 @@ pub struct Lapic {
     icr_high: u32,
     /// Timer, thermal, performance, LINT0, LINT1, error, CMCI.
     lvt: [u32; 7],
+    /// TMICT: the count a write starts; it keeps its value when a one-shot count ends.
     timer_initial: u32,
+    /// Whether the count runs: from a write of a non-zero TMICT until a one-shot count reaches
+    /// 0 (TMCCT then reads 0), a write of 0, or a change to or from TSC-deadline mode.
+    timer_running: bool,
     divide: u32,
     /// The TSC at which the count was (or would have been, under the current divider)
     /// `timer_initial`; kept with wrapping arithmetic (a divider change may put it before TSC 0).
     timer_start: u64,
     /// TSC-deadline mode's deadline (0: disarmed).
     deadline: u64,
-    /// An NMI sent to this CPU and not taken yet. The CPU latches one: more NMIs while one
-    /// waits are one (SDM Vol. 3A §6.7.1, "Handling Multiple NMIs").
-    nmi: bool,
+    /// NMIs sent to this CPU and not taken yet: at most two, one to deliver and one latched
+    /// behind it, as while none is in service two that arrive together are both delivered
+    /// (KVM's rule, which kvm-unit-tests' apic.flat checks); while one is in service the CPU
+    /// latches one (SDM Vol. 3A §6.7.1, "Handling Multiple NMIs": `nmi_in_service`).
+    nmis: u8,
     /// Counts every change of a register the virtual-APIC page shows (`page_registers`), so
     /// that the page is rewritten only after one.
     generation: u64,
@@ -262,6 +268,8 @@ pub struct Lapic {
     fresh: Bits,
     /// IA32_APIC_BASE's global enable (bit 11): cleared, the APIC is off until set again.
     globally_enabled: bool,
+    /// IA32_APIC_BASE's physical base (bits 12 and up): where the registers answer.
+    base: u64,
 }
 
 /// The part of a local APIC the CPU keeps while the vCPU runs with virtual-interrupt delivery
@@ -346,47 +354,65 @@ impl Lapic {
             icr_high: 0,
             lvt: [MASKED; 7],
             timer_initial: 0,
+            timer_running: false,
             divide: 0,
             timer_start: 0,
             deadline: 0,
-            nmi: false,
+            nmis: 0,
             generation: 0,
             page: None,
             handed: false,
             dirty: true,
             fresh: Bits::default(),
             globally_enabled: true,
+            base: APIC_BASE,
         }
     }
 
     /// The state INIT leaves (the SDM's "state after INIT": as reset, the APIC ID kept). What
-    /// the CPU held for it (`hand_over`) is dropped, and the page written again.
+    /// the CPU held for it (`hand_over`) is dropped, and the page written again. IA32_APIC_BASE
+    /// is as it was (INIT does not reset it: SDM Vol. 3A Table 10-1 lists it under power-up and
+    /// reset only).
     pub fn init(&mut self) {
         let generation = self.generation + 1;
         let globally_enabled = self.globally_enabled;
+        let base = self.base;
         *self = Lapic::new(self.id);
         self.generation = generation;
         self.globally_enabled = globally_enabled;
+        self.base = base;
     }
 
-    /// IA32_APIC_BASE as the vCPU reads it ([`apic_base_value`]).
+    /// IA32_APIC_BASE as the vCPU reads it: its base, the global enable (bit 11), and the BSP
+    /// flag (bit 8) for the bootstrap processor.
     #[must_use]
     pub fn apic_base(&self, bsp: bool) -> u64 {
-        apic_base_value(self.globally_enabled, bsp)
+        apic_base_value(self.globally_enabled, bsp) & !APIC_BASE | self.base
     }
 
-    /// A WRMSR of `value` to IA32_APIC_BASE; false for a value the vCPU cannot write (the
-    /// caller injects #GP): another base (relocation is not offered), x2APIC mode (bit 10: not
-    /// offered, CPUID.1:ECX[21] is clear), a reserved bit. The BSP flag is the processor's and
-    /// stays as it is. Clearing the global enable turns the APIC off and loses its state: it is
-    /// as after reset, its ID kept, when it is enabled again (§11.4.3), as on every processor
-    /// since the Pentium 4, whose APIC may be re-enabled without a reset.
+    /// Whether the APIC's registers answer at the 4-KiB page of guest-physical address `gpa`:
+    /// it is globally enabled and based there.
     #[must_use]
-    pub fn write_apic_base(&mut self, value: u64) -> bool {
-        const BSP: u64 = 1 << 8;
+    pub fn answers_at(&self, gpa: u64) -> bool {
+        self.globally_enabled && gpa & !0xfff == self.base
+    }
+
+    /// A WRMSR of `value` to IA32_APIC_BASE on a CPU whose physical addresses have `phys_bits`
+    /// bits (MAXPHYADDR); false for a value the vCPU cannot write (the caller injects #GP):
+    /// a reserved bit (7:0, 9, and MAXPHYADDR and up: SDM Vol. 3A §11.4.4, Figure 11-5), or
+    /// x2APIC mode (bit 10: not offered, CPUID.1:ECX[21] is clear). The base may move to any
+    /// page (the guest's accesses there reach the registers; at a page of its RAM, the RAM
+    /// answers, as under KVM). The BSP flag is the processor's and stays as it is. Clearing the
+    /// global enable turns the APIC off and loses its state: it is as after reset, its ID kept,
+    /// when it is enabled again (§11.4.3), as on every processor since the Pentium 4, whose
+    /// APIC may be re-enabled without a reset.
+    #[must_use]
+    pub fn write_apic_base(&mut self, value: u64, phys_bits: u8) -> bool {
         const EXTD: u64 = 1 << 10;
         const ENABLE: u64 = 1 << 11;
-        if value & !(BSP | ENABLE) != APIC_BASE || value & EXTD != 0 {
+        // Bits 7:0 and 9 are reserved; bit 8 (BSP) is read-only.
+        let reserved = 0x2ff | u64::MAX.checked_shl(u32::from(phys_bits)).unwrap_or(0);
+        if value & (reserved | EXTD) != 0 {
             return false;
         }
         let enable = value & ENABLE != 0;
@@ -394,6 +420,7 @@ impl Lapic {
             self.init();
         }
         self.globally_enabled = enable;
+        self.base = value & !0xfff;
         true
     }
 
@@ -570,7 +597,7 @@ impl Lapic {
 
     /// The timer's current count at TSC `now`.
     fn current_count(&self, now: u64) -> u32 {
-        if self.timer_initial == 0 || self.timer_mode() == TimerMode::TscDeadline {
+        if !self.timer_running || self.timer_mode() == TimerMode::TscDeadline {
             return 0;
         }
         let elapsed = self.elapsed(now) / self.ticks_per_count();
@@ -589,7 +616,9 @@ impl Lapic {
             TimerMode::TscDeadline => (self.deadline != 0).then_some(self.deadline),
             // One-shot: the end of the count; periodic: the end of this period (`run_timer`
             // moves `timer_start` on at each).
-            _ => (self.timer_initial != 0).then(|| self.timer_start.wrapping_add(self.period())),
+            _ => self
+                .timer_running
+                .then(|| self.timer_start.wrapping_add(self.period())),
         }
     }
 
@@ -617,11 +646,8 @@ impl Lapic {
                 let missed = now.wrapping_sub(at) / period;
                 self.timer_start = at.wrapping_add(missed * period);
             }
-            TimerMode::OneShot => {
-                self.timer_initial = 0;
-                self.timer_start = 0;
-                self.generation += 1;
-            }
+            // TMICT keeps its value (SDM Vol. 3A §11.5.4: the count stops at 0).
+            TimerMode::OneShot => self.timer_running = false,
         }
         let lvt = self.lvt[LVT_TIMER];
         if lvt & MASKED == 0 && self.software_enabled() {
@@ -652,18 +678,26 @@ impl Lapic {
     /// An NMI for this CPU (an NMI IPI). Taken even while the APIC is software-disabled, as
     /// NMI, INIT and SIPI are (SDM Vol. 3A §11.4.7.2).
     pub fn accept_nmi(&mut self) {
-        self.nmi = true;
+        self.nmis = (self.nmis + 1).min(2);
     }
 
     /// Whether an NMI waits to be taken.
     #[must_use]
     pub fn nmi_pending(&self) -> bool {
-        self.nmi
+        self.nmis != 0
     }
 
-    /// Takes the waiting NMI (the CPU delivers it now).
+    /// Takes a waiting NMI (the CPU delivers it now); another may wait behind it.
     pub fn take_nmi(&mut self) -> bool {
-        core::mem::take(&mut self.nmi)
+        let taken = self.nmis != 0;
+        self.nmis = self.nmis.saturating_sub(1);
+        taken
+    }
+
+    /// The CPU has an NMI in service (its handler runs until IRET, blocking NMIs) or on its way:
+    /// those that wait are latched as one (SDM Vol. 3A §6.7.1).
+    pub fn nmi_in_service(&mut self) {
+        self.nmis = self.nmis.min(1);
     }
 
     /// The processor priority (PPR): TPR, or the class of the highest vector in service if that
@@ -798,11 +832,20 @@ impl Lapic {
                 };
                 let was = self.timer_mode();
                 self.lvt[i] = self.lvt_value(value, writable);
-                if i == LVT_TIMER && self.timer_mode() != was {
-                    // A mode change stops the timer (the SDM: "the timer is disarmed").
+                let deadline = TimerMode::TscDeadline;
+                if i == LVT_TIMER && (was == deadline) != (self.timer_mode() == deadline) {
+                    // "Transitioning between TSC-deadline mode and other timer modes also
+                    // disarms the timer" (SDM Vol. 3A §11.5.4.1): TMICT and the deadline are 0.
                     self.timer_initial = 0;
+                    self.timer_running = false;
                     self.timer_start = 0;
                     self.deadline = 0;
+                    return Effect::Timer;
+                }
+                if i == LVT_TIMER && self.timer_mode() != was {
+                    // Between one-shot and periodic the count goes on from where it is: to 0
+                    // and a stop, or to 0 and TMICT again; a stopped count stays at 0 (as on
+                    // the CPU and under KVM; kvm-unit-tests' apic.flat checks it).
                     return Effect::Timer;
                 }
             }
@@ -811,14 +854,15 @@ impl Lapic {
                     return Effect::None;
                 }
                 self.timer_initial = value;
-                self.timer_start = if value == 0 { 0 } else { now };
+                self.timer_running = value != 0;
+                self.timer_start = now;
                 return Effect::Timer;
             }
             reg::TIMER_DIVIDE => {
                 // Keep the count where it is under the new divider.
                 let current = self.current_count(now);
                 self.divide = value & 0xb;
-                if self.timer_initial != 0 && self.timer_mode() != TimerMode::TscDeadline {
+                if self.timer_running && self.timer_mode() != TimerMode::TscDeadline {
                     let done = u64::from(self.timer_initial - current.min(self.timer_initial));
                     self.timer_start = now.wrapping_sub(done * self.ticks_per_count());
                     return Effect::Timer;
@@ -1443,18 +1487,69 @@ mod tests {
         assert_eq!(l.read(reg::ESR, 0), ESR_SEND_ILLEGAL);
     }
 
+    /// Two NMIs that arrive while none is in service are both delivered; any number that arrive
+    /// while one is in service are one; a software-disabled APIC takes them; INIT drops them.
     #[test]
-    fn nmis_are_latched_once_and_taken_even_while_disabled() {
+    fn nmis_wait_two_at_most_and_one_behind_one_in_service() {
         let mut l = Lapic::new(1);
         assert!(!l.software_enabled() && !l.nmi_pending());
-        l.accept_nmi();
-        l.accept_nmi();
-        assert!(l.nmi_pending());
-        assert!(l.take_nmi());
+        for _ in 0..3 {
+            l.accept_nmi();
+        }
+        assert!(l.take_nmi() && l.take_nmi());
         assert!(!l.take_nmi() && !l.nmi_pending());
+        // kvm-unit-tests' pending_nmi: the handler sends ten to itself; one more follows.
+        for _ in 0..10 {
+            l.accept_nmi();
+        }
+        l.nmi_in_service();
+        assert!(l.take_nmi() && !l.nmi_pending());
+        l.nmi_in_service();
+        assert!(!l.nmi_pending());
         l.accept_nmi();
         l.init();
         assert!(!l.nmi_pending());
+    }
+
+    /// kvm-unit-tests' apic.flat, `test_apic_change_mode`: between one-shot and periodic the
+    /// count goes on; a one-shot count that reached 0 keeps TMICT and stays at 0 in periodic
+    /// mode; TSC-deadline mode, entered or left, disarms the timer.
+    #[test]
+    fn timer_mode_changes_keep_the_count() {
+        const PERIODIC: u32 = 1 << TIMER_MODE_SHIFT;
+        const DEADLINE: u32 = 2 << TIMER_MODE_SHIFT;
+        let mut l = enabled(0);
+        l.write(reg::TIMER_DIVIDE, 0xb, 0); // by 1
+        l.write(reg::LVT_TIMER, 0xec, 0);
+        l.write(reg::TIMER_INITIAL, 1000, 0);
+        assert_eq!(l.write(reg::LVT_TIMER, PERIODIC | 0xec, 100), Effect::Timer);
+        assert_eq!(l.read(reg::TIMER_INITIAL, 100), 1000);
+        assert_eq!(l.read(reg::TIMER_CURRENT, 100), 900);
+        // Periodic: from 0 back to TMICT, with an interrupt.
+        assert!(l.run_timer(1000));
+        assert_eq!(l.pending(), Some(0xec));
+        l.acknowledge(0xec);
+        l.write(reg::EOI, 0, 1000);
+        assert_eq!(l.read(reg::TIMER_CURRENT, 1400), 600);
+        // Back to one-shot at 600: the count goes on to 0, then stops there.
+        l.write(reg::LVT_TIMER, 0xec, 1400);
+        assert_eq!(l.read(reg::TIMER_CURRENT, 1400), 600);
+        assert_eq!(l.next_event(), Some(2000));
+        assert!(l.run_timer(2000));
+        assert_eq!(l.read(reg::TIMER_CURRENT, 2500), 0);
+        assert_eq!(l.read(reg::TIMER_INITIAL, 2500), 1000);
+        assert_eq!(l.next_event(), None);
+        // A stopped count stays stopped in periodic mode.
+        l.write(reg::LVT_TIMER, PERIODIC | 0xec, 2500);
+        assert_eq!(l.read(reg::TIMER_CURRENT, 2600), 0);
+        assert_eq!(l.next_event(), None);
+        // TSC-deadline mode disarms, and so does leaving it.
+        l.write(reg::TIMER_INITIAL, 1000, 3000);
+        l.write(reg::LVT_TIMER, DEADLINE | 0xec, 3100);
+        assert_eq!(l.read(reg::TIMER_INITIAL, 3100), 0);
+        l.write_deadline(5000, 3100);
+        l.write(reg::LVT_TIMER, 0xec, 3200);
+        assert_eq!((l.deadline(), l.next_event()), (0, None));
     }
 
     #[test]
@@ -1517,8 +1612,8 @@ mod tests {
     }
 
     /// kvm-unit-tests' reset_apic: clear the global enable, set it again; the APIC is as after
-    /// reset (software-disabled, LVTs masked), its ID kept. Another base, x2APIC mode or a
-    /// reserved bit is refused; the BSP flag follows the processor.
+    /// reset (software-disabled, LVTs masked), its ID kept. x2APIC mode or a reserved bit is
+    /// refused; the BSP flag follows the processor.
     #[test]
     fn the_global_enable_turns_the_apic_off_and_on_again() {
         let mut l = Lapic::new(3);
@@ -1526,18 +1621,36 @@ mod tests {
         assert!(l.software_enabled());
         assert_eq!(l.apic_base(true), 0xfee0_0900);
         assert_eq!(l.apic_base(false), 0xfee0_0800);
-        assert!(l.write_apic_base(0xfee0_0100));
-        assert!(!l.globally_enabled());
+        assert!(l.write_apic_base(0xfee0_0100, 36));
+        assert!(!l.globally_enabled() && !l.answers_at(0xfee0_0030));
         assert_eq!(l.apic_base(true), 0xfee0_0100);
-        assert!(l.write_apic_base(0xfee0_0900));
+        assert!(l.write_apic_base(0xfee0_0900, 36));
         assert!(l.globally_enabled() && !l.software_enabled());
         assert_eq!(l.id(), 3);
         // INIT keeps the global enable as it is.
-        assert!(l.write_apic_base(0xfee0_0000));
+        assert!(l.write_apic_base(0xfee0_0000, 36));
         l.init();
         assert!(!l.globally_enabled());
-        for bad in [0xfed0_0900, 0xfee0_0d00, 0xfee0_0901, 0x1_fee0_0900] {
-            assert!(!l.write_apic_base(bad), "{bad:#x}");
+        for bad in [0xfee0_0d00, 0xfee0_0901, 0xfee0_0a00, 0x10_fee0_0900] {
+            assert!(!l.write_apic_base(bad, 36), "{bad:#x}");
         }
+        assert!(l.write_apic_base(0x10_fee0_0800, 40));
+    }
+
+    /// kvm-unit-tests' apic.flat, `test_apicbase`: the registers move with the base, which INIT
+    /// keeps; bits at and above MAXPHYADDR are reserved.
+    #[test]
+    fn the_base_moves_the_registers() {
+        let mut l = Lapic::new(0);
+        assert!(l.answers_at(0xfee0_0030) && !l.answers_at(0xfed4_0030));
+        assert!(l.write_apic_base(0xfed4_0900, 39));
+        assert!(l.answers_at(0xfed4_0030) && !l.answers_at(0xfee0_0030));
+        assert_eq!(l.apic_base(true), 0xfed4_0900);
+        assert_eq!(l.apic_base(false), 0xfed4_0800);
+        l.init();
+        assert!(l.answers_at(0xfed4_0ff0));
+        assert!(!l.write_apic_base(0xfed4_0900 | 1 << 39, 39));
+        assert!(l.write_apic_base(0xfee0_0900, 39));
+        assert!(l.answers_at(0xfee0_0000));
     }
 }

@@ -10,9 +10,14 @@
 //! - 0x2000-0x2017: the ISA interrupt lines, one port each: writing a non-zero byte raises the
 //!   line, zero lowers it (`ioapic.flat` drives the I/O APIC's edge and level inputs this way).
 //!   Reads give 0.
-//!
-//! Not offered: the 64 KiB of test memory at 0xff000000 (`emulator.flat` and `lam.flat` run
-//! string instructions and other emulator paths on it).
+//! - 0xff000000-0xff00ffff ([`IOMEM`]): 64 KiB of test memory. QEMU serves it as MMIO, so
+//!   that under KVM each access goes through KVM's instruction emulator (`emulator.flat` and
+//!   `lam.flat` run string instructions and other emulator paths on it). hvprof has no
+//!   instruction emulator to exercise: the VM's build maps it as memory of the VM's own, which
+//!   reads back what was written, as QEMU's buffer does.
+
+/// The test memory: guest-physical base and length (QEMU's `IOMEM_LEN`).
+pub const IOMEM: (u64, u64) = (0xff00_0000, 0x1_0000);
 
 /// The scratch register's ports.
 const SCRATCH: core::ops::RangeInclusive<u16> = 0xe0..=0xe3;

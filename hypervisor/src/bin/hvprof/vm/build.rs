@@ -415,6 +415,14 @@ fn build(
     } else {
         0
     };
+    if config.testdev {
+        // pc-testdev's 64 KiB of test memory (QEMU's `IOMEM_LEN` at 0xff000000): memory of the
+        // VM's own, where kvm-unit-tests' kernels run accesses of every kind.
+        let (gpa, len) = hvprof_hypervisor::devices::testdev::IOMEM;
+        let at = memory::alloc_zeroed(len, 0x1000).ok_or("no memory for pc-testdev's memory")?;
+        ept.map(gpa, at, len, Permissions::all(), MemoryType::WriteBack)
+            .map_err(|e| format!("EPT (pc-testdev memory at {gpa:#x}): {e}"))?;
+    }
     let ple = match config.ple {
         Ple::Off => Ple::Off,
         asked if crate::vm::pause_loop::offered(caps) => {
@@ -562,8 +570,9 @@ impl core::fmt::Display for PinList<'_> {
     }
 }
 
-/// MAXPHYADDR (CPUID.80000008H:EAX[7:0]), 36 when the leaf is missing (SDM Vol. 3A §4.1.4).
-fn phys_addr_bits() -> u8 {
+/// MAXPHYADDR (CPUID.80000008H:EAX[7:0], which guests see as it is), 36 when the leaf is
+/// missing (SDM Vol. 3A §4.1.4).
+pub fn phys_addr_bits() -> u8 {
     raw_cpuid::CpuId::new()
         .get_processor_capacity_feature_info()
         .map_or(36, |c| c.physical_address_bits())

@@ -64,19 +64,21 @@ pub fn missing(caps: &VmxCaps) -> Option<&'static str> {
     }
 }
 
-/// Follows the global enable of the vCPU's local APIC (IA32_APIC_BASE[11]) in its current VMCS:
-/// while it is clear, "virtualize APIC accesses" is off, so that the vCPU's accesses to GPA
-/// 0xfee00000 are no longer the APIC's (SDM Vol. 3A §11.4.3: a globally disabled APIC does not
-/// answer at its page). They then reach the APIC-access page EPT maps there, as ordinary
-/// memory: the VM's own page, whose content the CPU never uses while it virtualizes (§29.4),
-/// so it holds nothing but what the VM's disabled APICs' accesses put there. The TPR shadow
-/// (CR8) stays. Other vCPUs' controls are their own.
-pub fn follow_global_enable(vmcs: &mut CurrentVmcs, enabled: bool) {
+/// Follows the vCPU's IA32_APIC_BASE in its current VMCS: "virtualize APIC accesses" is on
+/// only while its local APIC answers at GPA 0xfee00000 (`at_default`: globally enabled, not
+/// moved). Otherwise the vCPU's accesses to that page are no longer the APIC's (SDM Vol. 3A
+/// §11.4.3: a globally disabled APIC does not answer at its page; §11.4.4: a moved one answers
+/// at its new base, where EPT maps nothing, so that each access there is an EPT violation the
+/// model serves, `vmexit::apic_access::mmio`). They reach the APIC-access page EPT maps at
+/// 0xfee00000 as ordinary memory: the VM's own page, whose content the CPU never uses while it
+/// virtualizes (§29.4), so it holds nothing but what such accesses put there. The TPR shadow
+/// (CR8) and virtual-interrupt delivery stay. Other vCPUs' controls are their own.
+pub fn follow_apic_base(vmcs: &mut CurrentVmcs, at_default: bool) {
     let proc2 = must(
         vmcs.read32(Control32::SecondaryProcBasedControls),
         "VMREAD secondary controls",
     );
-    let proc2 = if enabled {
+    let proc2 = if at_default {
         proc2 | proc2::VIRTUALIZE_APIC_ACCESSES
     } else {
         proc2 & !proc2::VIRTUALIZE_APIC_ACCESSES

@@ -146,11 +146,11 @@ fn inject(
         set_exiting(vcpu, vmcs, proc1::NMI_WINDOW_EXITING, false);
         return (next, false);
     }
-    let mut busy = InterruptionInfo(must(
+    let entering = InterruptionInfo(must(
         vmcs.read32(Control32::EntryInterruptionInfo),
         "VMREAD entry interruption info",
-    ))
-    .valid();
+    ));
+    let mut busy = entering.valid();
     let rflags = must(vmcs.read_natural(GuestNatural::Rflags), "VMREAD RFLAGS");
     let blocking = Interruptibility::from_bits_truncate(must(
         vmcs.read32(Guest32::InterruptibilityState),
@@ -158,6 +158,13 @@ fn inject(
     ));
     let mut nmi_waits = false;
     if nmi {
+        // While the guest is in an NMI's handler (until IRET), or one is on its way in, those
+        // that wait are one (SDM Vol. 3A §6.7.1).
+        if blocking.contains(Interruptibility::BLOCKING_BY_NMI)
+            || (busy && entering.0 == InterruptionInfo::nmi().0)
+        {
+            dev.lapics[index].nmi_in_service();
+        }
         // An NMI is not injected over another event, nor while the guest blocks NMIs (in its
         // handler until IRET) or events (STI, MOV SS): SDM Vol. 3C §27.3.1.5.
         let blocked = busy

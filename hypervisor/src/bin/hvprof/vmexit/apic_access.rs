@@ -1,6 +1,7 @@
-//! A Linux guest's accesses to its local APIC's and its I/O APIC's registers (`apic=on`): the
-//! xAPIC page at GPA 0xfee00000 and the I/O APIC's at 0xfec00000 are not in the VM's EPT, so each
-//! access is an EPT violation (SDM Vol. 3C §29.3.3, exit reason 48). The instruction at the
+//! A guest's accesses to its local APIC's and its I/O APIC's registers (`apic=on`): the xAPIC
+//! page (GPA 0xfee00000, or where the vCPU moved its APIC's base) and the I/O APIC's at
+//! 0xfec00000 are not in the VM's EPT, so each access is an EPT violation (SDM Vol. 3C §29.3.3,
+//! exit reason 48). The instruction at the
 //! guest's RIP is fetched through its own page tables and decoded
 //! (`hvprof_hypervisor::mmio_decode`), the register is read or written in the vCPU's model
 //! (`hvprof_hypervisor::devices::lapic`) or the VM's (`devices::ioapic`), and the guest goes on
@@ -23,11 +24,14 @@ use hvprof_vmx::vmcs::{Guest32, GuestNatural, VmcsExt};
 /// CS access rights' L bit: 64-bit code.
 const CS_AR_L: u32 = 1 << 13;
 
-/// Whether `gpa` is on the local APIC's or the I/O APIC's page of a VM that has them.
-pub fn is_apic_page(vm: &Vm, gpa: u64) -> bool {
+/// Whether `gpa` is on a local APIC's or the I/O APIC's page of a VM that has them: the
+/// architectural xAPIC page (whose accesses the model serves whether or not vCPU `index`'s APIC
+/// answers there), or the page vCPU `index` moved its APIC to.
+pub fn is_apic_page(vm: &Vm, index: u16, gpa: u64) -> bool {
     vm.apic
         && ((LAPIC_BASE..LAPIC_BASE + 0x1000).contains(&gpa)
-            || (IOAPIC_BASE..IOAPIC_BASE + 0x1000).contains(&gpa))
+            || (IOAPIC_BASE..IOAPIC_BASE + 0x1000).contains(&gpa)
+            || vm.devices.lock().lapics[usize::from(index)].answers_at(gpa))
 }
 
 /// The access at `gpa` (on an APIC page) by the instruction at the guest's RIP.
@@ -58,10 +62,11 @@ pub fn mmio(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, gpa: u64) -> Optio
     let aligned = offset & 0xf == 0;
     let now = rdtsc();
     let index = usize::from(vcpu.index);
-    let local = (LAPIC_BASE..LAPIC_BASE + 0x1000).contains(&gpa);
-    if local && !vm.devices.lock().lapics[index].globally_enabled() {
-        // A globally disabled local APIC no longer answers at its page (SDM Vol. 3A §11.4.3):
-        // nothing does, and the bus gives all ones for a read and drops a write, of any size.
+    let local = vm.devices.lock().lapics[index].answers_at(gpa);
+    if !local && (LAPIC_BASE..LAPIC_BASE + 0x1000).contains(&gpa) {
+        // A globally disabled local APIC no longer answers at its page (SDM Vol. 3A §11.4.3),
+        // nor does one moved elsewhere (§11.4.4): nothing does, and the bus gives all ones for
+        // a read and drops a write, of any size.
         if let Op::Read { reg } = access.op {
             set_sized(vcpu, vmcs, reg, &access, u64::MAX);
         }
@@ -75,7 +80,7 @@ pub fn mmio(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, gpa: u64) -> Optio
                 access.size
             ),
         ));
-    } else if (IOAPIC_BASE..IOAPIC_BASE + 0x1000).contains(&gpa) {
+    } else if !local && (IOAPIC_BASE..IOAPIC_BASE + 0x1000).contains(&gpa) {
         let mut dev = vm.devices.lock();
         match access.op {
             Op::Read { reg } => {

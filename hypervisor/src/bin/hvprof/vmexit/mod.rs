@@ -216,6 +216,7 @@ fn handle_exit(
         Some(BasicExit::EptViolation)
             if apic_access::is_apic_page(
                 vm,
+                vcpu.index,
                 vmcs.read64(ReadOnly64::GuestPhysicalAddress).unwrap_or(0),
             ) =>
         {

@@ -5,6 +5,7 @@
 use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::GuestOps;
 use crate::vm::{Stop, Vm};
+use hvprof_hypervisor::guest_acpi::LAPIC_BASE;
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::VmcsExt;
 
@@ -71,18 +72,19 @@ pub fn wrmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     let msr = vcpu.regs.rcx as u32;
     let value = (vcpu.regs.rdx << 32) | (vcpu.regs.rax & 0xffff_ffff);
     match msr {
-        // With local APICs: the global enable may be cleared and set again (§11.4.3).
+        // With local APICs: the global enable may be cleared and set again (§11.4.3), and the
+        // base moved (§11.4.4).
         IA32_APIC_BASE if vm.apic => {
-            if !vm.devices.lock().lapics[usize::from(vcpu.index)].write_apic_base(value) {
-                vm.log_msr_once(
-                    msr,
-                    "write of an unsupported value (another base, x2APIC) to",
-                );
+            let mut dev = vm.devices.lock();
+            let lapic = &mut dev.lapics[usize::from(vcpu.index)];
+            if !lapic.write_apic_base(value, crate::vm::build::phys_addr_bits()) {
+                drop(dev);
+                vm.log_msr_once(msr, "write of a reserved bit or x2APIC mode to");
                 vmcs.inject_exception(13, Some(0));
                 return None;
             }
             if vm.apic_access != 0 {
-                crate::vm::virtual_apic::follow_global_enable(vmcs, value & (1 << 11) != 0);
+                crate::vm::virtual_apic::follow_apic_base(vmcs, lapic.answers_at(LAPIC_BASE));
             }
         }
         // Without: rewriting the value it reads is harmless; anything else would move the APIC.
