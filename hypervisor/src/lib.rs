@@ -20,5 +20,6 @@ pub mod output_store;
 pub mod profiler;
 pub mod rate;
 pub mod spin_sites;
+pub mod string_io;
 pub mod vm_config;
 pub mod vmcs_setup;

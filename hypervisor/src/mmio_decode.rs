@@ -6,7 +6,10 @@
 //! `memset` over a disabled APIC's page stores bytes), so this decodes exactly the moves:
 //! `MOV r/m8, r8` (88 /r), `MOV r/m, r` (89 /r), `MOV r8, r/m8` (8A /r), `MOV r, r/m` (8B /r),
 //! `MOV r/m8, imm8` (C6 /0) and `MOV r/m, imm` (C7 /0), of 8, 16 (66 prefix), 32 or 64 bits
-//! (REX.W), with segment and address-size prefixes and REX.R/X/B in 64-bit mode. Anything else
+//! (REX.W), with segment and address-size prefixes and REX.R/X/B in 64-bit mode, and the moves
+//! between the accumulator and an absolute address (A0-A3, `MOV AL/eAX, moffs` and back: a
+//! compiler's load from a constant address in 64-bit mode, as kvm-unit-tests' apic.flat reads
+//! its moved APIC). Anything else
 //! (a string move, a locked or read-modify-write instruction) is refused: the caller reports
 //! it instead of guessing. Which sizes a device takes is the caller's rule.
 //!
@@ -77,10 +80,12 @@ pub fn decode(bytes: &[u8], long: bool) -> Result<Access, DecodeError> {
     // Legacy prefixes: segment overrides and address size change nothing here (the GPA is
     // known); operand size makes a 16-bit access; LOCK and REP are not emulated.
     let mut operand16 = false;
+    let mut address_size = false;
     loop {
         match byte(i)? {
-            0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 | 0x67 => {}
+            0x26 | 0x2e | 0x36 | 0x3e | 0x64 | 0x65 => {}
             0x66 => operand16 = true,
+            0x67 => address_size = true,
             _ => break,
         }
         i += 1;
@@ -94,8 +99,8 @@ pub fn decode(bytes: &[u8], long: bool) -> Result<Access, DecodeError> {
     let opcode = byte(i)?;
     i += 1;
     let byte_op = match opcode {
-        0x88 | 0x8a | 0xc6 => true,
-        0x89 | 0x8b | 0xc7 => false,
+        0x88 | 0x8a | 0xc6 | 0xa0 | 0xa2 => true,
+        0x89 | 0x8b | 0xc7 | 0xa1 | 0xa3 => false,
         _ => return Err(DecodeError::Unsupported(opcode)),
     };
     // REX.W wins over 66 (SDM Vol. 2A §2.2.1.2); neither changes a byte move.
@@ -105,6 +110,30 @@ pub fn decode(bytes: &[u8], long: bool) -> Result<Access, DecodeError> {
         (false, false, true) => 2,
         (false, false, false) => 4,
     };
+    if (0xa0..=0xa3).contains(&opcode) {
+        // The offset has the address size: 8 bytes in 64-bit mode, 4 with 67; in 32-bit
+        // mode 4, 2 with 67 (Vol. 2B, MOV: "moffs"). The register is AL, AX, EAX or RAX.
+        let offset = match (long, address_size) {
+            (true, false) => 8,
+            (true, true) | (false, false) => 4,
+            (false, true) => 2,
+        };
+        i += offset;
+        if i > bytes.len() {
+            return Err(DecodeError::Truncated);
+        }
+        let op = if opcode <= 0xa1 {
+            Op::Read { reg: 0 }
+        } else {
+            Op::Write { reg: 0 }
+        };
+        return Ok(Access {
+            op,
+            len: i,
+            size,
+            high_byte: false,
+        });
+    }
     let modrm = byte(i)?;
     i += 1;
     let (md, reg, rm) = (modrm >> 6, (modrm >> 3) & 7, modrm & 7);
@@ -166,6 +195,28 @@ pub fn decode(bytes: &[u8], long: bool) -> Result<Access, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A0-A3: the accumulator and an absolute address, the offset as wide as the addresses.
+    #[test]
+    fn accumulator_moves_with_an_absolute_address() {
+        // apic.flat's `mov eax, [0xfed40030]` in 64-bit mode.
+        let a = decode(&[0xa1, 0x30, 0, 0xd4, 0xfe, 0, 0, 0, 0, 0x44], true).unwrap();
+        assert_eq!((a.op, a.len, a.size), (Op::Read { reg: 0 }, 9, 4));
+        let a = decode(&[0x48, 0xa3, 0, 0, 0, 0, 0, 0, 0, 0], true).unwrap();
+        assert_eq!((a.op, a.len, a.size), (Op::Write { reg: 0 }, 10, 8));
+        let a = decode(&[0x67, 0xa0, 0x30, 0, 0xe0, 0xfe], true).unwrap();
+        assert_eq!(
+            (a.op, a.len, a.size, a.high_byte),
+            (Op::Read { reg: 0 }, 6, 1, false)
+        );
+        let a = decode(&[0x66, 0xa3, 0x80, 0, 0xe0, 0xfe], false).unwrap();
+        assert_eq!((a.op, a.len, a.size), (Op::Write { reg: 0 }, 6, 2));
+        assert_eq!(decode(&[0x67, 0xa1, 0x30, 0], false).unwrap().len, 4);
+        assert_eq!(
+            decode(&[0xa1, 0x30, 0, 0xd4], true),
+            Err(DecodeError::Truncated)
+        );
+    }
 
     fn ok(bytes: &[u8]) -> Access {
         decode(bytes, true).unwrap()

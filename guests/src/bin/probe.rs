@@ -256,6 +256,50 @@ fn main(_args: &str) -> u8 {
         };
         p.hex("io.uart.scratch", back.into(), value.into());
     }
+    // String I/O through the scratch register: REP OUTSB up and down (the last byte sent
+    // stays), REP INSB; RSI, RDI and RCX move as the SDM says.
+    let out = [0x11u8, 0x22, 0x33];
+    let mut back = [0u8; 3];
+    let (rsi, rcx): (u64, u64);
+    // SAFETY: OUTSB reads the 3 bytes of `out`; the scratch register only stores a byte.
+    unsafe {
+        core::arch::asm!("cld", "rep outsb", inout("rsi") out.as_ptr() as u64 => rsi,
+            inout("rcx") 3u64 => rcx, in("dx") serial::SCR, options(nostack, readonly));
+    }
+    // SAFETY: reading the scratch register has no side effect.
+    let last = unsafe { io::inb(serial::SCR) };
+    p.check(
+        "io.string.outsb.up",
+        last == 0x33 && rsi == out.as_ptr() as u64 + 3 && rcx == 0,
+        Hex(last.into()),
+        "0x33, RSI past the bytes, RCX 0",
+    );
+    let rsi: u64;
+    // SAFETY: as above, from the last byte down to the first; DF is cleared again.
+    unsafe {
+        core::arch::asm!("std", "rep outsb", "cld", inout("rsi") out.as_ptr() as u64 + 2 => rsi,
+            inout("rcx") 3u64 => _, in("dx") serial::SCR, options(nostack, readonly));
+    }
+    // SAFETY: reading the scratch register has no side effect.
+    let last = unsafe { io::inb(serial::SCR) };
+    p.check(
+        "io.string.outsb.down",
+        last == 0x11 && rsi == out.as_ptr() as u64 - 1,
+        Hex(last.into()),
+        "0x11, RSI below the bytes",
+    );
+    let rdi: u64;
+    // SAFETY: INSB writes the 3 bytes of `back`.
+    unsafe {
+        core::arch::asm!("cld", "rep insb", inout("rdi") back.as_mut_ptr() as u64 => rdi,
+            inout("rcx") 3u64 => _, in("dx") serial::SCR, options(nostack));
+    }
+    p.check(
+        "io.string.insb",
+        back == [0x11; 3] && rdi == back.as_ptr() as u64 + 3,
+        Hex(u64::from(back[0]) | u64::from(back[1]) << 8 | u64::from(back[2]) << 16),
+        "0x111111, RDI past the bytes",
+    );
 
     // Entry state as the guest sees it.
     let cr0 = cpu::read_cr0();

@@ -60,6 +60,11 @@ pub struct IoApic {
     lines: u32,
     /// Edges latched on unmasked edge-triggered pins, not sent yet.
     edges: u32,
+    /// The unmasked level-triggered pins that are asserted with remote IRR clear: each has a
+    /// message to send. Kept with every change of an entry, a line or remote IRR, so that
+    /// [`IoApic::next_message`] has nothing to scan while no pin has anything (every VM entry
+    /// of a VM with interrupt controllers asks it).
+    level_ready: u32,
 }
 
 impl IoApic {
@@ -72,6 +77,7 @@ impl IoApic {
             table: [MASKED; PINS],
             lines: 0,
             edges: 0,
+            level_ready: 0,
         }
     }
 
@@ -133,6 +139,7 @@ impl IoApic {
                 if new & MASKED != 0 {
                     self.edges &= !(1 << pin);
                 }
+                self.refresh(pin);
             }
             _ => {}
         }
@@ -162,6 +169,19 @@ impl IoApic {
         if entry & (LEVEL | MASKED) == 0 && !was && self.asserted(pin) {
             self.edges |= bit;
         }
+        self.refresh(pin);
+    }
+
+    /// Recomputes `pin`'s bit of `level_ready`.
+    fn refresh(&mut self, pin: usize) {
+        let entry = self.table[pin];
+        let ready = entry & (LEVEL | MASKED | REMOTE_IRR) == LEVEL && self.asserted(pin);
+        let bit = 1u32 << pin;
+        if ready {
+            self.level_ready |= bit;
+        } else {
+            self.level_ready &= !bit;
+        }
     }
 
     /// Whether input `pin` is asserted, its polarity applied.
@@ -173,7 +193,11 @@ impl IoApic {
     /// The next message to send, if any pin has one: a latched edge, or an asserted
     /// level-triggered pin without remote IRR (which it then sets).
     pub fn next_message(&mut self) -> Option<Message> {
-        for pin in 0..PINS {
+        // Only a pin with a latched edge or a ready level can send, lowest first.
+        let mut candidates = self.edges | self.level_ready;
+        while candidates != 0 {
+            let pin = candidates.trailing_zeros() as usize;
+            candidates &= candidates - 1;
             let entry = self.table[pin];
             if entry & MASKED != 0 {
                 continue;
@@ -185,6 +209,7 @@ impl IoApic {
                 latched
             } else if entry & REMOTE_IRR == 0 && self.asserted(pin) {
                 self.table[pin] |= REMOTE_IRR;
+                self.level_ready &= !(1 << pin);
                 true
             } else {
                 false
@@ -205,9 +230,11 @@ impl IoApic {
 
     /// A local APIC's EOI of level-triggered `vector`: the entries that sent it may send again.
     pub fn eoi(&mut self, vector: u8) {
-        for e in &mut self.table {
-            if *e & REMOTE_IRR != 0 && *e as u8 == vector {
-                *e &= !REMOTE_IRR;
+        for pin in 0..PINS {
+            let e = self.table[pin];
+            if e & REMOTE_IRR != 0 && e as u8 == vector {
+                self.table[pin] = e & !REMOTE_IRR;
+                self.refresh(pin);
             }
         }
     }
@@ -341,5 +368,103 @@ mod tests {
         io.set_irq(255, true);
         assert_eq!(io.next_message(), None);
         assert_eq!(io.entry(99), MASKED);
+    }
+
+    /// The scan `next_message` did over every pin before it kept `level_ready`: the reference.
+    fn scan(io: &mut IoApic) -> Option<Message> {
+        for pin in 0..PINS {
+            let entry = io.table[pin];
+            if entry & MASKED != 0 {
+                continue;
+            }
+            let send = if entry & LEVEL == 0 {
+                let bit = 1 << pin;
+                let latched = io.edges & bit != 0;
+                io.edges &= !bit;
+                latched
+            } else if entry & REMOTE_IRR == 0 && io.asserted(pin) {
+                io.table[pin] |= REMOTE_IRR;
+                true
+            } else {
+                false
+            };
+            if send {
+                return Some(Message {
+                    pin: pin as u8,
+                    vector: entry as u8,
+                    delivery: Delivery::of(entry as u32),
+                    logical: entry & LOGICAL != 0,
+                    destination: (entry >> 56) as u8,
+                    level: entry & LEVEL != 0,
+                });
+            }
+        }
+        None
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Line(u8, bool),
+        Entry(u8, u32),
+        Eoi(u8),
+        Next,
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        // Few pins and vectors, so that the operations meet.
+        let low = (
+            0u32..4,
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(|(v, low, level, masked, logical)| {
+                (0x30 + v)
+                    | u32::from(low) << 13
+                    | u32::from(level) << 15
+                    | u32::from(masked) << 16
+                    | u32::from(logical) << 11
+            });
+        prop_oneof![
+            (0u8..4, any::<bool>()).prop_map(|(p, l)| Op::Line(p, l)),
+            (0u8..4, low).prop_map(|(p, v)| Op::Entry(p, v)),
+            (0u8..4).prop_map(|v| Op::Eoi(0x30 + v)),
+            Just(Op::Next),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the guest and the devices do, the messages are the full scan's, in order.
+        #[test]
+        fn messages_are_the_full_scans(ops in proptest::collection::vec(op(), 1..200)) {
+            let mut fast = IoApic::new(2);
+            let mut slow = IoApic::new(2);
+            for op in ops {
+                match op {
+                    Op::Line(p, l) => {
+                        fast.set_irq(p, l);
+                        slow.set_irq(p, l);
+                    }
+                    Op::Entry(p, v) => {
+                        program(&mut fast, u32::from(p), v, 0);
+                        program(&mut slow, u32::from(p), v, 0);
+                    }
+                    Op::Eoi(v) => {
+                        fast.eoi(v);
+                        slow.eoi(v);
+                    }
+                    Op::Next => {
+                        proptest::prop_assert_eq!(fast.next_message(), scan(&mut slow));
+                    }
+                }
+                proptest::prop_assert_eq!(&fast.table, &slow.table);
+            }
+            while let Some(m) = scan(&mut slow) {
+                proptest::prop_assert_eq!(fast.next_message(), Some(m));
+            }
+            proptest::prop_assert_eq!(fast.next_message(), None);
+        }
     }
 }

@@ -10,6 +10,8 @@ use hvprof_samplelog::TaskOffsets;
 /// Bits 51:12 of a paging-structure entry.
 const ADDR_MASK: u64 = 0x000f_ffff_ffff_f000;
 const PRESENT: u64 = 1;
+const RW: u64 = 1 << 1;
+const US: u64 = 1 << 2;
 const PAGE_SIZE_BIT: u64 = 1 << 7;
 
 /// The guest-physical address of `gva` under the page tables at `cr3`, or `None` where a level
@@ -36,6 +38,23 @@ pub struct Leaf {
     pub entry: u64,
     /// The size of the page it maps (4 KiB, 2 MiB or 1 GiB).
     pub size: u64,
+    /// Bits 2:1 of every level's entry ANDed: R/W (bit 1) and U/S (bit 2), which allow a write
+    /// and a user-mode access only when every level does (SDM Vol. 3A §5.6, "Access Rights").
+    pub rights: u64,
+}
+
+impl Leaf {
+    /// Whether every level allows writes (R/W).
+    #[must_use]
+    pub fn writable(&self) -> bool {
+        self.rights & RW != 0
+    }
+
+    /// Whether every level allows user-mode accesses (U/S).
+    #[must_use]
+    pub fn user(&self) -> bool {
+        self.rights & US != 0
+    }
 }
 
 /// `translate`, with the entry that mapped the page.
@@ -44,6 +63,7 @@ pub fn translate_leaf(read_phys: &impl Fn(u64) -> Option<u64>, cr3: u64, gva: u6
         return None;
     }
     let mut table = cr3 & ADDR_MASK;
+    let mut rights = RW | US;
     for level in (0..4).rev() {
         let shift = 12 + 9 * level;
         let index = (gva >> shift) & 0x1ff;
@@ -52,6 +72,7 @@ pub fn translate_leaf(read_phys: &impl Fn(u64) -> Option<u64>, cr3: u64, gva: u6
         if entry & PRESENT == 0 {
             return None;
         }
+        rights &= entry;
         // PDPTE (level 2) with PS: 1 GiB page; PDE (level 1) with PS: 2 MiB page.
         let size = 1u64 << shift;
         if level == 0 || ((level == 2 || level == 1) && entry & PAGE_SIZE_BIT != 0) {
@@ -60,6 +81,7 @@ pub fn translate_leaf(read_phys: &impl Fn(u64) -> Option<u64>, cr3: u64, gva: u6
                 entry_gpa,
                 entry,
                 size,
+                rights,
             });
         }
         table = entry & ADDR_MASK;
@@ -476,6 +498,35 @@ mod tests {
         tgid: 2420,
         comm: 2976,
     };
+
+    /// A write or a user-mode access is allowed only where every level allows it.
+    #[test]
+    fn rights_are_every_levels() {
+        let m = Mem::new();
+        let cr3 = 0x20_0000;
+        m.map(cr3, 0x40_0000, 0x50_0000, false);
+        let read = |g| m.u64(g);
+        let leaf = translate_leaf(&read, cr3, 0x40_0123).unwrap();
+        assert!(leaf.writable() && !leaf.user());
+        // U/S on the leaf alone is not enough; on every level it is.
+        let pte = leaf.entry_gpa;
+        m.put(pte, &(leaf.entry | US).to_le_bytes());
+        assert!(!translate_leaf(&read, cr3, 0x40_0123).unwrap().user());
+        let mut table = cr3;
+        for level in (1..4).rev() {
+            let at = table + 8 * ((0x40_0000u64 >> (12 + 9 * level)) & 0x1ff);
+            let e = m.u64(at).unwrap();
+            m.put(at, &(e | US).to_le_bytes());
+            table = e & ADDR_MASK;
+        }
+        assert!(translate_leaf(&read, cr3, 0x40_0123).unwrap().user());
+        // A read-only directory makes the page read-only (the address is in PML4 entry 0).
+        let pml4e = cr3;
+        let e = m.u64(pml4e).unwrap();
+        m.put(pml4e, &(e & !RW).to_le_bytes());
+        let leaf = translate_leaf(&read, cr3, 0x40_0123).unwrap();
+        assert!(!leaf.writable() && leaf.user());
+    }
 
     #[test]
     fn walks_4k_and_2m_pages_and_reads_the_task() {

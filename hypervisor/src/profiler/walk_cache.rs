@@ -218,6 +218,7 @@ mod tests {
             entry_gpa,
             entry: gpa | 0x83,
             size: 2 << 20,
+            rights: 0x2,
         }
     }
 

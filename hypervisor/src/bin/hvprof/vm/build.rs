@@ -415,14 +415,17 @@ fn build(
     } else {
         0
     };
-    if config.testdev {
+    let testdev_memory = if config.testdev {
         // pc-testdev's 64 KiB of test memory (QEMU's `IOMEM_LEN` at 0xff000000): memory of the
         // VM's own, where kvm-unit-tests' kernels run accesses of every kind.
         let (gpa, len) = hvprof_hypervisor::devices::testdev::IOMEM;
         let at = memory::alloc_zeroed(len, 0x1000).ok_or("no memory for pc-testdev's memory")?;
         ept.map(gpa, at, len, Permissions::all(), MemoryType::WriteBack)
             .map_err(|e| format!("EPT (pc-testdev memory at {gpa:#x}): {e}"))?;
-    }
+        at
+    } else {
+        0
+    };
     let ple = match config.ple {
         Ple::Off => Ple::Off,
         asked if crate::vm::pause_loop::offered(caps) => {
@@ -502,6 +505,8 @@ fn build(
         orc_layout: config.orc_layout,
         apic,
         apic_access,
+        testdev_memory,
+        ins_outs_info: caps.ins_outs_info(),
         kicks: AtomicU64::new(0),
         console: Mutex::new(GuestConsole::new(crate::tsc::hz(), rdtsc())),
         running_on: (0..config.vcpus)

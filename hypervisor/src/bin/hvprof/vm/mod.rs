@@ -107,6 +107,12 @@ pub struct Vm {
     /// vCPUs use the CPU's APIC virtualization (`vm/virtual_apic.rs`); 0: every APIC access
     /// is an EPT violation, emulated.
     pub apic_access: u64,
+    /// Host address of pc-testdev's 64 KiB of memory (`testdev=on`; `devices::testdev::IOMEM`),
+    /// or 0.
+    pub testdev_memory: u64,
+    /// The CPU stores instruction information for INS/OUTS exits (IA32_VMX_BASIC[54]), which
+    /// string I/O needs (`vmexit/string_io.rs`).
+    pub ins_outs_info: bool,
     /// Bit i: something another vCPU sent vCPU i (an IPI, a SIPI) that its run loop or, while
     /// it halts or waits for a SIPI, the scheduler must look at.
     pub kicks: AtomicU64,

@@ -13,6 +13,7 @@ mod guest_memory;
 mod io;
 mod msr;
 mod output;
+mod string_io;
 mod vmcall;
 
 use crate::vcpu::Vcpu;
