@@ -300,6 +300,26 @@ fn main(_args: &str) -> u8 {
         Hex(u64::from(back[0]) | u64::from(back[1]) << 8 | u64::from(back[2]) << 16),
         "0x111111, RDI past the bytes",
     );
+    // A REP longer than the hypervisor moves in one exit (4,096) resumes where it stopped.
+    static mut LONG: [u8; 10_000] = [0; 10_000];
+    let at = (&raw mut LONG) as u64;
+    let (rdi, rcx): (u64, u64);
+    // SAFETY: the scratch register stores a byte; INSB writes the 10,000 bytes of `LONG`,
+    // which nothing else uses.
+    unsafe {
+        io::outb(serial::SCR, 0x5e);
+        core::arch::asm!("cld", "rep insb", inout("rdi") at => rdi,
+            inout("rcx") 10_000u64 => rcx, in("dx") serial::SCR, options(nostack));
+    }
+    // SAFETY: `LONG`'s 10,000 bytes, read after the writes above; nothing else touches them.
+    let long = unsafe { core::slice::from_raw_parts(at as *const u8, 10_000) };
+    let all = long.iter().all(|&b| b == 0x5e);
+    p.check(
+        "io.string.insb.long",
+        all && rdi == at + 10_000 && rcx == 0,
+        Hex(rdi - at),
+        "10,000 bytes of 0x5e, RDI past them, RCX 0",
+    );
 
     // Entry state as the guest sees it.
     let cr0 = cpu::read_cr0();
