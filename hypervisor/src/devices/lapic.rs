@@ -148,7 +148,8 @@ pub struct Ipi {
     pub delivery: Delivery,
     pub vector: u8,
     pub destination: Destination,
-    /// The sender's APIC ID (for the shorthands).
+    /// The sender's place on the bus (its vCPU index, the APIC ID it had at reset), for the
+    /// shorthands: the sender is itself whatever ID it has now.
     pub source: u8,
     /// Level-triggered (INIT level de-assert has this with `assert` false).
     pub level_triggered: bool,
@@ -222,7 +223,11 @@ impl Bits {
 /// A local APIC.
 #[derive(Clone, Debug)]
 pub struct Lapic {
+    /// The xAPIC ID (bits 31:24 of the ID register), which software may change.
     id: u8,
+    /// Its place on the bus: the APIC ID at reset, which the vCPU's CPUID reports (the IPIs'
+    /// `source`).
+    index: u8,
     tpr: u32,
     ldr: u32,
     dfr: u32,
@@ -341,6 +346,7 @@ impl Lapic {
     pub fn new(id: u8) -> Lapic {
         Lapic {
             id,
+            index: id,
             tpr: 0,
             ldr: 0,
             dfr: 0xffff_ffff,
@@ -377,7 +383,9 @@ impl Lapic {
         let generation = self.generation + 1;
         let globally_enabled = self.globally_enabled;
         let base = self.base;
-        *self = Lapic::new(self.id);
+        let id = self.id;
+        *self = Lapic::new(self.index);
+        self.id = id;
         self.generation = generation;
         self.globally_enabled = globally_enabled;
         self.base = base;
@@ -417,7 +425,9 @@ impl Lapic {
         }
         let enable = value & ENABLE != 0;
         if self.globally_enabled && !enable {
+            // As after reset: the APIC ID too is the processor's again.
             self.init();
+            self.id = self.index;
         }
         self.globally_enabled = enable;
         self.base = value & !0xfff;
@@ -731,9 +741,9 @@ impl Lapic {
     #[must_use]
     pub fn is_target(&self, ipi: &Ipi) -> bool {
         match ipi.destination {
-            Destination::ToSelf => ipi.source == self.id,
+            Destination::ToSelf => ipi.source == self.index,
             Destination::All => true,
-            Destination::AllButSelf => ipi.source != self.id,
+            Destination::AllButSelf => ipi.source != self.index,
             Destination::Physical(d) => d == 0xff || d == self.id,
             Destination::Logical(d) => {
                 let logical = (self.ldr >> 24) as u8;
@@ -798,7 +808,10 @@ impl Lapic {
         self.generation += 1;
         self.dirty = true;
         match offset {
-            // The APIC ID is read-only here (Linux never moves it).
+            // The xAPIC ID is writable (SDM Vol. 3A §11.4.6: software may change it on the
+            // Pentium 4 and later processors' xAPIC; KVM lets it, and kvm-unit-tests' apic.flat
+            // gives two vCPUs the same ID). Physical destinations follow it.
+            reg::ID => self.id = (value >> 24) as u8,
             reg::TPR => self.tpr = value & 0xff,
             reg::EOI => return self.eoi(),
             reg::LDR => self.ldr = value & 0xff00_0000,
@@ -964,7 +977,7 @@ impl Lapic {
             delivery,
             vector,
             destination,
-            source: self.id,
+            source: self.index,
             level_triggered: low & ICR_TRIGGER_LEVEL != 0,
             assert: low & ICR_LEVEL_ASSERT != 0,
         })
@@ -1635,6 +1648,31 @@ mod tests {
             assert!(!l.write_apic_base(bad, 36), "{bad:#x}");
         }
         assert!(l.write_apic_base(0x10_fee0_0800, 40));
+    }
+
+    /// kvm-unit-tests' apic.flat, `test_aliased_xapic_physical_ipi`: two APICs given the same
+    /// xAPIC ID both take an IPI to it; the shorthands still know the sender; INIT keeps the ID,
+    /// a global disable gives the processor's back.
+    #[test]
+    fn the_xapic_id_is_writable_and_may_alias() {
+        let mut a = enabled(0);
+        let mut b = enabled(1);
+        b.write(reg::ID, 0, 0);
+        assert_eq!(b.read(reg::ID, 0), 0);
+        let Effect::Ipi(ipi) = a.write(reg::ICR_LOW, 0x40, 0) else {
+            panic!("no IPI")
+        };
+        assert_eq!(ipi.destination, Destination::Physical(0));
+        assert!(a.is_target(&ipi) && b.is_target(&ipi));
+        let Effect::Ipi(others) = b.write(reg::ICR_LOW, (3 << 18) | 0x40, 0) else {
+            panic!("no IPI")
+        };
+        assert!(a.is_target(&others) && !b.is_target(&others));
+        b.write(reg::ID, 7 << 24, 0);
+        b.init();
+        assert_eq!(b.id(), 7);
+        assert!(b.write_apic_base(0xfee0_0000, 36) && b.write_apic_base(0xfee0_0800, 36));
+        assert_eq!(b.id(), 1);
     }
 
     /// kvm-unit-tests' apic.flat, `test_apicbase`: the registers move with the base, which INIT

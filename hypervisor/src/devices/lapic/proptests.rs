@@ -95,7 +95,8 @@ const REGISTERS: [u32; 47] = [
 /// The registers a write changes (or acts through: EOI, ESR, ICR); the others of the map are
 /// read-only (the APIC ID too, here), and a write there changes nothing, as at a reserved
 /// offset.
-const WRITABLE: [u32; 17] = [
+const WRITABLE: [u32; 18] = [
+    reg::ID,
     reg::TPR,
     reg::EOI,
     reg::LDR,
@@ -624,6 +625,7 @@ impl World {
         }
         // What reads back: the register's writable bits of the value.
         let kept = match offset {
+            reg::ID => Some(value & 0xff00_0000),
             reg::TPR => Some(value & 0xff),
             reg::LDR => Some(value & 0xff00_0000),
             reg::DFR => Some(value | 0x0fff_ffff),
