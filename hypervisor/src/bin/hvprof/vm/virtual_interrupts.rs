@@ -183,6 +183,11 @@ fn inject(
             );
             vcpu.nmis_injected += 1;
             busy = true;
+            // Another one behind it is due when the handler's IRET ends the NMI blocking, before
+            // any interrupt (an NMI-window exit comes first, §26.7.6): it must not wait for a
+            // later exit, by which time the CPU may have delivered an interrupt it sent after
+            // it (virtual-interrupt delivery needs no exit).
+            nmi_waits = dev.lapics[index].nmi_pending();
         }
     }
     // NMI-window exiting needs virtual NMIs (§27.2.1.1); without, the NMI waits for the next
