@@ -17,12 +17,10 @@ use hvprof_vmx::vmcs::VmcsExt;
 
 pub const EXIT_PORT: u16 = 0xf4;
 
+/// IN or OUT (INS and OUTS go to `string_io`).
 pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
     let io = IoAccess::decode(vmcs.exit_qualification().unwrap_or(0));
     vcpu.stats.record_port(io.port);
-    if io.string {
-        return super::string_io::handle(vm, vcpu, vmcs, &io);
-    }
     let mask = mask(io.size);
     let now = crate::tsc::rdtsc();
     match io.direction {
@@ -52,7 +50,7 @@ fn mask(size: u8) -> u64 {
 
 /// An OUT of `value` (`size` bytes) to `port` at TSC `now`, to the device that claims it; what
 /// stops the VM (the exit port, ACPI S5).
-pub(super) fn port_out(vm: &Vm, port: u16, size: u8, value: u32, now: u64) -> Option<Stop> {
+pub fn port_out(vm: &Vm, port: u16, size: u8, value: u32, now: u64) -> Option<Stop> {
     if vm.apic && AcpiPm::claims(port) {
         match vm.devices.lock().pm.write(port, size, value) {
             PmEffect::PowerOff => {
@@ -112,7 +110,7 @@ pub(super) fn port_out(vm: &Vm, port: u16, size: u8, value: u32, now: u64) -> Op
 
 /// An IN of `size` bytes from `port` at TSC `now`: the claiming device's value, all ones where
 /// none claims it.
-pub(super) fn port_in(vm: &Vm, port: u16, size: u8, now: u64) -> u32 {
+pub fn port_in(vm: &Vm, port: u16, size: u8, now: u64) -> u32 {
     if vm.apic && AcpiPm::claims(port) {
         return vm.devices.lock().pm.read(port, size);
     }

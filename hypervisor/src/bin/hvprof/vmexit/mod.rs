@@ -121,7 +121,14 @@ fn handle_exit(
 ) -> Option<Stop> {
     match kind {
         Some(BasicExit::Cpuid) => cpuid::handle(vm, vcpu, vmcs),
-        Some(BasicExit::IoInstruction) => io::handle(vm, vcpu, vmcs),
+        Some(BasicExit::IoInstruction) => {
+            let access = hvprof_vmx::exit::IoAccess::decode(vmcs.exit_qualification().unwrap_or(0));
+            if access.string {
+                string_io::handle(vm, vcpu, vmcs, &access)
+            } else {
+                io::handle(vm, vcpu, vmcs)
+            }
+        }
         Some(BasicExit::Rdmsr) => msr::rdmsr(vm, vcpu, vmcs),
         Some(BasicExit::Wrmsr) => msr::wrmsr(vm, vcpu, vmcs),
         Some(BasicExit::Vmcall) => vmcall::handle(vm, vcpu, vmcs),

@@ -58,6 +58,7 @@ struct LinearSpace {
 /// handled). Needs the CPU's instruction information for INS/OUTS exits (IA32_VMX_BASIC[54]),
 /// which gives the address size and OUTS's segment, and 4-level paging when paging is on.
 pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, io: &IoAccess) -> Option<Stop> {
+    vcpu.stats.record_port(io.port);
     let input = io.direction == IoDirection::In;
     let what = if input { "INS" } else { "OUTS" };
     let info = if vm.ins_outs_info {
