@@ -198,8 +198,8 @@ struct Slice<'a> {
     /// The last exit took the sampling clock's short path (no handler ran).
     short_path: bool,
     /// A guest's devices need a look before an entry when an exit may have changed them
-    /// (`vmexit::touches_devices`: not the VMX-preemption timer's, nor a CPUID's), when their
-    /// next event has come, or while an interrupt waits.
+    /// (any exit but the VMX-preemption timer's), when their next event has come, or while an
+    /// interrupt waits: not at the sampling clock's exits in between.
     devices_touched: bool,
     device_event: Option<u64>,
 }
@@ -449,7 +449,7 @@ impl<'a> Slice<'a> {
         vmcs: &mut CurrentVmcs,
         exit: Exit,
     ) -> Result<(), SliceEnd> {
-        self.devices_touched |= !exit.preemption && vmexit::touches_devices(exit.reason);
+        self.devices_touched |= !exit.preemption;
         self.prof.arm_host_clock();
         self.host_clock_armed = true;
         x86_64::instructions::interrupts::enable();

@@ -41,17 +41,6 @@ pub enum Flow {
     Stop(Stop),
 }
 
-/// Whether the handler of an exit of this kind may change the VM's interrupt controllers or
-/// devices (and the run loop must look at them before the next entry): every kind but those
-/// whose handlers touch none, CPUID, XSETBV, INVD and WBINVD. Anything that happens to the
-/// devices meanwhile has its own way to the run loop (their next event's time, a kick).
-pub fn touches_devices(reason: ExitReason) -> bool {
-    !matches!(
-        reason.kind(),
-        Some(BasicExit::Cpuid | BasicExit::Xsetbv | BasicExit::Invd | BasicExit::Wbinvd)
-    )
-}
-
 /// Handles one VM exit of `vm`, whose VMCS is current.
 pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, reason: ExitReason) -> Flow {
     // The local APIC's state is the CPU's while the guest runs with virtual-interrupt delivery:
