@@ -520,7 +520,7 @@ mod tests {
         let script = "import os, fcntl, struct\n\
                       m = os.open('/dev/ptmx', os.O_RDWR | os.O_NOCTTY)\n\
                       fcntl.ioctl(m, 0x40045431, struct.pack('i', 0))\n\
-                      for i in range(2000):\n    os.write(m, b'\\x1b[?25h\\x1b[?25l\\x1b[?12l')\n";
+                      for i in range(20000):\n    os.write(m, b'\\x1b[?25h\\x1b[?25l\\x1b[?12l')\n";
         let Ok(mut child) = std::process::Command::new("python3")
             .args(["-c", script])
             .spawn()
