@@ -300,58 +300,6 @@ impl IoAccess {
     }
 }
 
-/// A segment register as the VM-exit instruction-information field names it (bits 17:15; SDM
-/// Vol. 3C §28.2.5, Table 28-8).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum SegmentRegister {
-    Es = 0,
-    Cs = 1,
-    Ss = 2,
-    Ds = 3,
-    Fs = 4,
-    Gs = 5,
-}
-
-/// The VM-exit instruction-information field for INS and OUTS (SDM Vol. 3C §28.2.5, Table 28-8),
-/// which the CPU stores when IA32_VMX_BASIC[54] is set: the instruction's address size and, for
-/// OUTS, its source segment (INS always writes through ES).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct InsOutsInfo {
-    /// Bits 9:7: 0 16-bit, 1 32-bit, 2 64-bit; in bytes: 2, 4 or 8.
-    pub address_bytes: u8,
-    /// Bits 17:15 (undefined for INS: ES then).
-    pub segment: SegmentRegister,
-}
-
-impl InsOutsInfo {
-    /// Decodes the field of an INS (`input`) or an OUTS; `None` for an encoding the SDM reserves.
-    pub const fn decode(info: u32, input: bool) -> Option<Self> {
-        let address_bytes = match (info >> 7) & 7 {
-            0 => 2,
-            1 => 4,
-            2 => 8,
-            _ => return None,
-        };
-        let segment = if input {
-            SegmentRegister::Es
-        } else {
-            match (info >> 15) & 7 {
-                0 => SegmentRegister::Es,
-                1 => SegmentRegister::Cs,
-                2 => SegmentRegister::Ss,
-                3 => SegmentRegister::Ds,
-                4 => SegmentRegister::Fs,
-                5 => SegmentRegister::Gs,
-                _ => return None,
-            }
-        };
-        Some(InsOutsInfo {
-            address_bytes,
-            segment,
-        })
-    }
-}
-
 /// Interruption type, bits 10:8 of the interruption-information format (SDM Vol. 3C Tables
 /// 25-17, 25-19, 25-20).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -490,25 +438,6 @@ pub const fn exception_has_error_code(vector: u8) -> bool {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-
-    /// Table 28-8: address size in bits 9:7, segment in bits 17:15 (OUTS only).
-    #[test]
-    fn ins_outs_information() {
-        let outs_fs_32 = (1 << 7) | (4 << 15);
-        assert_eq!(
-            InsOutsInfo::decode(outs_fs_32, false),
-            Some(InsOutsInfo {
-                address_bytes: 4,
-                segment: SegmentRegister::Fs
-            })
-        );
-        // INS writes through ES whatever bits 17:15 hold.
-        let ins = InsOutsInfo::decode((2 << 7) | (4 << 15), true).unwrap();
-        assert_eq!((ins.address_bytes, ins.segment), (8, SegmentRegister::Es));
-        assert_eq!(InsOutsInfo::decode(0, false).unwrap().address_bytes, 2);
-        assert_eq!(InsOutsInfo::decode(3 << 7, false), None);
-        assert_eq!(InsOutsInfo::decode(6 << 15, false), None);
-    }
 
     #[test]
     fn table_is_sorted_unique_and_named() {

@@ -7,7 +7,7 @@ use crate::errors::VmFail;
 use crate::exit::{InterruptionInfo, InterruptionType};
 use crate::vmcs::VmcsAccess;
 use crate::vmcs::{
-    Control32, Guest32, Guest64, GuestNatural, Interruptibility, ReadOnly32, VmcsExt,
+    Control32, Guest32, Guest64, GuestNatural, Interruptibility, ReadOnly32, Segment, VmcsExt,
 };
 
 /// The guest's CPL: the DPL of SS (SDM Vol. 3C §25.4.1: SS.DPL is the CPL).
@@ -21,6 +21,47 @@ pub fn cpl(v: &impl VmcsAccess) -> Result<u8, VmFail> {
 /// 25-2: bits 6:5 are the DPL, and SS.DPL is the CPL), for a caller that read the field itself.
 pub const fn cpl_from_ss_access_rights(access_rights: u32) -> u8 {
     ((access_rights >> 5) & 3) as u8
+}
+
+/// The VM-exit instruction-information field for INS and OUTS (SDM Vol. 3C §28.2.5, Table 28-8),
+/// which the CPU stores when IA32_VMX_BASIC[54] is set: the instruction's address size and, for
+/// OUTS, its source segment (INS always writes through ES).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InsOutsInfo {
+    /// Bits 9:7: 0 16-bit, 1 32-bit, 2 64-bit; in bytes: 2, 4 or 8.
+    pub address_bytes: u8,
+    /// Bits 17:15 (undefined for INS: ES then).
+    pub segment: Segment,
+}
+
+impl InsOutsInfo {
+    /// Decodes the field of an INS (`input`) or an OUTS; `None` for an encoding the SDM reserves.
+    pub const fn decode(info: u32, input: bool) -> Option<Self> {
+        let address_bytes = match (info >> 7) & 7 {
+            0 => 2,
+            1 => 4,
+            2 => 8,
+            _ => return None,
+        };
+        let segment = if input {
+            Segment::Es
+        } else {
+            match Segment::from_encoding((info >> 15) & 7) {
+                Some(s) => s,
+                None => return None,
+            }
+        };
+        Some(InsOutsInfo {
+            address_bytes,
+            segment,
+        })
+    }
+}
+
+/// Whether a code segment with these access rights (the VMCS format) is 64-bit: the L bit, bit 13
+/// (SDM Vol. 3C §25.4.1, Table 25-2).
+pub const fn long_code(cs_access_rights: u32) -> bool {
+    cs_access_rights & (1 << 13) != 0
 }
 
 /// Completes an instruction the hypervisor emulated: advances RIP by the VM-exit instruction
@@ -189,6 +230,25 @@ pub fn cr4_write_faults(value: u64, allowed: u64, ctx: &CrContext) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Table 28-8: address size in bits 9:7, segment in bits 17:15 (OUTS only).
+    #[test]
+    fn ins_outs_information() {
+        let outs_fs_32 = (1 << 7) | (4 << 15);
+        assert_eq!(
+            InsOutsInfo::decode(outs_fs_32, false),
+            Some(InsOutsInfo {
+                address_bytes: 4,
+                segment: Segment::Fs
+            })
+        );
+        // INS writes through ES whatever bits 17:15 hold.
+        let ins = InsOutsInfo::decode((2 << 7) | (4 << 15), true).unwrap();
+        assert_eq!((ins.address_bytes, ins.segment), (8, Segment::Es));
+        assert_eq!(InsOutsInfo::decode(0, false).unwrap().address_bytes, 2);
+        assert_eq!(InsOutsInfo::decode(3 << 7, false), None);
+        assert_eq!(InsOutsInfo::decode(6 << 15, false), None);
+    }
     use crate::errors::{InstructionError, VmFail};
     use std::collections::HashMap;
 

@@ -455,6 +455,21 @@ impl Segment {
         Segment::Tr,
     ];
 
+    /// The segment register of a 3-bit encoding (0 ES, 1 CS, 2 SS, 3 DS, 4 FS, 5 GS), as the
+    /// VM-exit instruction-information field gives it (SDM Vol. 3C §28.2.5, Tables 28-8 to
+    /// 28-13); `None` for 6 and 7.
+    pub const fn from_encoding(n: u32) -> Option<Segment> {
+        Some(match n {
+            0 => Segment::Es,
+            1 => Segment::Cs,
+            2 => Segment::Ss,
+            3 => Segment::Ds,
+            4 => Segment::Fs,
+            5 => Segment::Gs,
+            _ => return None,
+        })
+    }
+
     pub const fn selector(self) -> Guest16 {
         match self {
             Segment::Es => Guest16::EsSelector,

@@ -353,9 +353,10 @@ const RUN_BUDGET: u64 = 400_000_000;
 /// 2^31 to 2^32 ticks in all (`vmexit_ipi` and `vmexit_ipi_halt` up to twice that: one
 /// iteration, a call on the other vCPU, which halts between calls, costs some 4,000 ticks, so
 /// the loop that reaches 2^30 can last 2^31); sieve sieves 10^6 numbers twice (static, then
-/// mapped), then 10^8 three times in virtual memory (some 2.3 G instructions each); apic.flat (`xapic`, `x2apic`) waits 10^6 TSC ticks before each of its
-/// some 10,000 logical-destination IPIs (a blink on hardware, 10^6 instructions in Bochs:
-/// some 10 G ticks), then sends 230,000 NMIs, each an exit (about 8 G more);
+/// mapped), then 10^8 three times in virtual memory (some 2.3 G instructions each); apic.flat
+/// (`xapic`, `x2apic`) waits 10^6 TSC ticks before each of its some 10,000
+/// logical-destination IPIs (a blink on hardware, 10^6 instructions in Bochs: some 10 G
+/// ticks), then sends 230,000 NMIs, each an exit (about 8 G more);
 /// tscdeadline_latency prints the latency of each of its 10,000 timer interrupts, a line each
 /// through the emulated UART.
 /// Recorded as slow, `cargo xtask test` leaves them out; `cargo xtask kvm-unit-tests` runs them.

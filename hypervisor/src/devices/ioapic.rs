@@ -198,34 +198,40 @@ impl IoApic {
         while candidates != 0 {
             let pin = candidates.trailing_zeros() as usize;
             candidates &= candidates - 1;
-            let entry = self.table[pin];
-            if entry & MASKED != 0 {
-                continue;
-            }
-            let send = if entry & LEVEL == 0 {
-                let bit = 1 << pin;
-                let latched = self.edges & bit != 0;
-                self.edges &= !bit;
-                latched
-            } else if entry & REMOTE_IRR == 0 && self.asserted(pin) {
-                self.table[pin] |= REMOTE_IRR;
-                self.level_ready &= !(1 << pin);
-                true
-            } else {
-                false
-            };
-            if send {
-                return Some(Message {
-                    pin: pin as u8,
-                    vector: entry as u8,
-                    delivery: Delivery::of(entry as u32),
-                    logical: entry & LOGICAL != 0,
-                    destination: (entry >> 56) as u8,
-                    level: entry & LEVEL != 0,
-                });
+            if let Some(m) = self.send(pin) {
+                return Some(m);
             }
         }
         None
+    }
+
+    /// `pin`'s message, if it has one to send now (taking its latched edge, or setting its
+    /// remote IRR).
+    fn send(&mut self, pin: usize) -> Option<Message> {
+        let entry = self.table[pin];
+        if entry & MASKED != 0 {
+            return None;
+        }
+        let send = if entry & LEVEL == 0 {
+            let bit = 1 << pin;
+            let latched = self.edges & bit != 0;
+            self.edges &= !bit;
+            latched
+        } else if entry & REMOTE_IRR == 0 && self.asserted(pin) {
+            self.table[pin] |= REMOTE_IRR;
+            self.level_ready &= !(1 << pin);
+            true
+        } else {
+            false
+        };
+        send.then(|| Message {
+            pin: pin as u8,
+            vector: entry as u8,
+            delivery: Delivery::of(entry as u32),
+            logical: entry & LOGICAL != 0,
+            destination: (entry >> 56) as u8,
+            level: entry & LEVEL != 0,
+        })
     }
 
     /// A local APIC's EOI of level-triggered `vector`: the entries that sent it may send again.
@@ -370,36 +376,10 @@ mod tests {
         assert_eq!(io.entry(99), MASKED);
     }
 
-    /// The scan `next_message` did over every pin before it kept `level_ready`: the reference.
+    /// Every pin asked in turn, as `next_message` did before it kept `level_ready`: the
+    /// reference for which pins can send.
     fn scan(io: &mut IoApic) -> Option<Message> {
-        for pin in 0..PINS {
-            let entry = io.table[pin];
-            if entry & MASKED != 0 {
-                continue;
-            }
-            let send = if entry & LEVEL == 0 {
-                let bit = 1 << pin;
-                let latched = io.edges & bit != 0;
-                io.edges &= !bit;
-                latched
-            } else if entry & REMOTE_IRR == 0 && io.asserted(pin) {
-                io.table[pin] |= REMOTE_IRR;
-                true
-            } else {
-                false
-            };
-            if send {
-                return Some(Message {
-                    pin: pin as u8,
-                    vector: entry as u8,
-                    delivery: Delivery::of(entry as u32),
-                    logical: entry & LOGICAL != 0,
-                    destination: (entry >> 56) as u8,
-                    level: entry & LEVEL != 0,
-                });
-            }
-        }
-        None
+        (0..PINS).find_map(|pin| io.send(pin))
     }
 
     #[derive(Clone, Debug)]

@@ -331,11 +331,16 @@ pub const PAGE_REGISTERS: [u32; 25] = [
 /// The APIC's architectural physical base (IA32_APIC_BASE bits 12 and up).
 const APIC_BASE: u64 = 0xfee0_0000;
 
-/// IA32_APIC_BASE (SDM Vol. 3A §11.4.4): the architectural base, the global enable (bit 11)
-/// when `enabled`, and the BSP flag (bit 8) for the bootstrap processor.
+/// IA32_APIC_BASE (SDM Vol. 3A §11.4.4) of an APIC at the architectural base: the global
+/// enable (bit 11) when `enabled`, and the BSP flag (bit 8) for the bootstrap processor.
 #[must_use]
 pub fn apic_base_value(enabled: bool, bsp: bool) -> u64 {
-    APIC_BASE | if enabled { 1 << 11 } else { 0 } | if bsp { 1 << 8 } else { 0 }
+    apic_base_at(APIC_BASE, enabled, bsp)
+}
+
+/// IA32_APIC_BASE of an APIC at physical `base`.
+fn apic_base_at(base: u64, enabled: bool, bsp: bool) -> u64 {
+    base | if enabled { 1 << 11 } else { 0 } | if bsp { 1 << 8 } else { 0 }
 }
 const LVT_TIMER: usize = 0;
 const LVT_LINT0: usize = 3;
@@ -395,7 +400,7 @@ impl Lapic {
     /// flag (bit 8) for the bootstrap processor.
     #[must_use]
     pub fn apic_base(&self, bsp: bool) -> u64 {
-        apic_base_value(self.globally_enabled, bsp) & !APIC_BASE | self.base
+        apic_base_at(self.base, self.globally_enabled, bsp)
     }
 
     /// Whether the APIC's registers answer at the 4-KiB page of guest-physical address `gpa`:

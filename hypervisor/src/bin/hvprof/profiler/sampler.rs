@@ -121,9 +121,6 @@ pub struct CpuProfiler {
 const CR0_PE: u64 = 1 << 0;
 /// IA32_EFER.LMA (SDM Vol. 3A §2.2.1, Table 2-1 "IA32_EFER"): IA-32e mode active.
 const EFER_LMA: u64 = 1 << 10;
-/// The L bit of the CS access rights in the VMCS format (SDM Vol. 3C §25.4.1, Table 25-2): 64-bit
-/// code segment.
-const CS_AR_L: u32 = 1 << 13;
 
 impl CpuProfiler {
     pub const fn new() -> Self {
@@ -436,7 +433,7 @@ impl CpuProfiler {
         // Mode: real (CR0.PE = 0), long 64-bit (EFER.LMA and CS.L), else protected.
         let mode = if cr0 & CR0_PE == 0 {
             hvprof_samplelog::MODE_REAL
-        } else if efer & EFER_LMA != 0 && cs_ar & CS_AR_L != 0 {
+        } else if efer & EFER_LMA != 0 && hvprof_vmx::guest::long_code(cs_ar) {
             hvprof_samplelog::MODE_LONG
         } else {
             hvprof_samplelog::MODE_PROTECTED
@@ -647,7 +644,7 @@ impl CpuProfiler {
         first.write(rip);
         // SAFETY: as above.
         let rsp = || unsafe { hvprof_vmx::instructions::vmread_field_fast(GuestNatural::Rsp) };
-        let long = cs_ar & CS_AR_L != 0;
+        let long = hvprof_vmx::guest::long_code(cs_ar);
         let (callers, _) = self.walk_guest(cr3, cpl, long, rip, rsp, depth - 1, rest);
         let end = match callers.end() {
             // The exit's RIP is known even where its callers are not.

@@ -161,7 +161,7 @@ fn inject(
         // While the guest is in an NMI's handler (until IRET), or one is on its way in, those
         // that wait are one (SDM Vol. 3A §6.7.1).
         if blocking.contains(Interruptibility::BLOCKING_BY_NMI)
-            || (busy && entering.0 == InterruptionInfo::nmi().0)
+            || entering == InterruptionInfo::nmi()
         {
             dev.lapics[index].nmi_in_service();
         }

@@ -21,9 +21,6 @@ use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::regs::Gpr;
 use hvprof_vmx::vmcs::{Guest32, GuestNatural, VmcsExt};
 
-/// CS access rights' L bit: 64-bit code.
-const CS_AR_L: u32 = 1 << 13;
-
 /// Whether `gpa` is on a local APIC's or the I/O APIC's page of a VM that has them: the
 /// architectural xAPIC page (whose accesses the model serves whether or not vCPU `index`'s APIC
 /// answers there), or the page vCPU `index` moved its APIC to.
@@ -37,7 +34,10 @@ pub fn is_apic_page(vm: &Vm, index: u16, gpa: u64) -> bool {
 /// The access at `gpa` (on an APIC page) by the instruction at the guest's RIP.
 pub fn mmio(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, gpa: u64) -> Option<Stop> {
     let rip = must(vmcs.read_natural(GuestNatural::Rip), "VMREAD RIP");
-    let long = must(vmcs.read32(Guest32::CsAccessRights), "VMREAD CS rights") & CS_AR_L != 0;
+    let long = hvprof_vmx::guest::long_code(must(
+        vmcs.read32(Guest32::CsAccessRights),
+        "VMREAD CS rights",
+    ));
     let mut code = [0u8; MAX_LEN];
     let n = super::guest_memory::read_linear(vm, vmcs, rip, &mut code);
     let access = match mmio_decode::decode(&code[..n], long) {

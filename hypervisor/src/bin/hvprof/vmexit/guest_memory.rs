@@ -5,16 +5,15 @@ use crate::vcpu::guest_ops::must;
 use crate::vm::Vm;
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::{GuestNatural, VmcsExt};
-
-/// CR0.PG (SDM Vol. 3A §2.5): paging on.
-const CR0_PG: u64 = 1 << 31;
+use x86_64::registers::control::Cr0Flags;
 
 /// Copies the guest's memory at linear address `la` into `out` through its own page tables
 /// (with paging on: `guest_walk::translate_leaf`, SDM Vol. 3A §5.5), as far as it is mapped;
 /// the number of bytes copied.
 pub fn read_linear(vm: &Vm, vmcs: &CurrentVmcs, la: u64, out: &mut [u8]) -> usize {
     let ram = vm.ram();
-    let paging = must(vmcs.read_natural(GuestNatural::Cr0), "VMREAD CR0") & CR0_PG != 0;
+    let paging =
+        must(vmcs.read_natural(GuestNatural::Cr0), "VMREAD CR0") & Cr0Flags::PAGING.bits() != 0;
     let cr3 = must(vmcs.read_natural(GuestNatural::Cr3), "VMREAD CR3");
     let mut done = 0;
     while done < out.len() {

@@ -13,14 +13,11 @@ use hvprof_hypervisor::devices::fw_cfg::FwCfg;
 use hvprof_hypervisor::devices::testdev::{self, PcTestdev};
 use hvprof_vmx::exit::{IoAccess, IoDirection};
 use hvprof_vmx::instructions::CurrentVmcs;
-use hvprof_vmx::vmcs::VmcsExt;
 
 pub const EXIT_PORT: u16 = 0xf4;
 
-/// IN or OUT (INS and OUTS go to `string_io`).
-pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
-    let io = IoAccess::decode(vmcs.exit_qualification().unwrap_or(0));
-    vcpu.stats.record_port(io.port);
+/// IN or OUT, as the exit qualification `io` gives it (INS and OUTS go to `string_io`).
+pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, io: &IoAccess) -> Option<Stop> {
     let mask = mask(io.size);
     let now = crate::tsc::rdtsc();
     match io.direction {

@@ -112,10 +112,11 @@ fn handle_exit(
         Some(BasicExit::Cpuid) => cpuid::handle(vm, vcpu, vmcs),
         Some(BasicExit::IoInstruction) => {
             let access = hvprof_vmx::exit::IoAccess::decode(vmcs.exit_qualification().unwrap_or(0));
+            vcpu.stats.record_port(access.port);
             if access.string {
                 string_io::handle(vm, vcpu, vmcs, &access)
             } else {
-                io::handle(vm, vcpu, vmcs)
+                io::handle(vm, vcpu, vmcs, &access)
             }
         }
         Some(BasicExit::Rdmsr) => msr::rdmsr(vm, vcpu, vmcs),

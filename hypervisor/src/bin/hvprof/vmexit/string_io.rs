@@ -15,22 +15,17 @@ use hvprof_hypervisor::devices::testdev;
 use hvprof_hypervisor::profiler::guest_walk;
 use hvprof_hypervisor::string_io::StringIo;
 use hvprof_vmx::caps::entry::IA32E_MODE_GUEST;
-use hvprof_vmx::exit::{InsOutsInfo, IoAccess, IoDirection, SegmentRegister};
+use hvprof_vmx::exit::{IoAccess, IoDirection};
+use hvprof_vmx::guest::InsOutsInfo;
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::{Control32, Guest32, GuestNatural, ReadOnly32, Segment, VmcsExt};
+use x86_64::registers::control::{Cr0Flags, Cr4Flags};
+use x86_64::registers::rflags::RFlags;
 
 /// The most elements one exit moves for a REP INS or OUTS; the guest executes the instruction
 /// again for the rest, so that a long one neither holds the pCPU nor delays the vCPU's
 /// interrupts.
 const ELEMENTS_PER_EXIT: u64 = 4096;
-
-const RFLAGS_AC: u64 = 1 << 18;
-const RFLAGS_DF: u64 = 1 << 10;
-const CR0_PG: u64 = 1 << 31;
-const CR0_WP: u64 = 1 << 16;
-const CR4_SMAP: u64 = 1 << 21;
-const CR4_LA57: u64 = 1 << 12;
-const CS_AR_L: u32 = 1 << 13;
 
 /// A #PF the access raises: CR2 and the error code (SDM Vol. 3A §5.7: bit 0 a protection
 /// violation, not a missing page; bit 1 a write; bit 2 at CPL 3).
@@ -58,7 +53,6 @@ struct LinearSpace {
 /// handled). Needs the CPU's instruction information for INS/OUTS exits (IA32_VMX_BASIC[54]),
 /// which gives the address size and OUTS's segment, and 4-level paging when paging is on.
 pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, io: &IoAccess) -> Option<Stop> {
-    vcpu.stats.record_port(io.port);
     let input = io.direction == IoDirection::In;
     let what = if input { "INS" } else { "OUTS" };
     let info = if vm.ins_outs_info {
@@ -78,7 +72,11 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, io: &IoAccess) -
             ),
         ));
     };
-    let space = match LinearSpace::of(vmcs, info.segment) {
+    let rflags = RFlags::from_bits_truncate(must(
+        vmcs.read_natural(GuestNatural::Rflags),
+        "VMREAD RFLAGS",
+    ));
+    let space = match LinearSpace::of(vmcs, info.segment, rflags) {
         Ok(s) => s,
         Err(why) => {
             return Some(fatal(
@@ -88,12 +86,11 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, io: &IoAccess) -
             ));
         }
     };
-    let rflags = must(vmcs.read_natural(GuestNatural::Rflags), "VMREAD RFLAGS");
     let insn = StringIo {
         size: io.size,
         address_bytes: info.address_bytes,
         rep: io.rep,
-        down: rflags & RFLAGS_DF != 0,
+        down: rflags.contains(RFlags::DIRECTION_FLAG),
     };
     let index = if input { vcpu.regs.rdi } else { vcpu.regs.rsi };
     let rcx = vcpu.regs.rcx;
@@ -144,45 +141,39 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, io: &IoAccess) -
 }
 
 impl LinearSpace {
-    fn of(vmcs: &CurrentVmcs, segment: SegmentRegister) -> Result<Self, &'static str> {
+    fn of(vmcs: &CurrentVmcs, segment: Segment, rflags: RFlags) -> Result<Self, &'static str> {
         let read = |f: GuestNatural, what| must(vmcs.read_natural(f), what);
-        let cr0 = read(GuestNatural::Cr0, "VMREAD CR0");
-        let cr4 = read(GuestNatural::Cr4, "VMREAD CR4");
+        let cr0 = Cr0Flags::from_bits_truncate(read(GuestNatural::Cr0, "VMREAD CR0"));
+        let cr4 = Cr4Flags::from_bits_truncate(read(GuestNatural::Cr4, "VMREAD CR4"));
         let long = must(
             vmcs.read32(Control32::EntryControls),
             "VMREAD entry controls",
         ) & IA32E_MODE_GUEST
             != 0;
-        let paging = cr0 & CR0_PG != 0;
+        let paging = cr0.contains(Cr0Flags::PAGING);
         if paging && !long {
             return Err("32-bit or PAE paging");
         }
-        if paging && cr4 & CR4_LA57 != 0 {
+        if paging && cr4.contains(Cr4Flags::L5_PAGING) {
             return Err("5-level paging");
         }
         let cs = must(vmcs.read32(Guest32::CsAccessRights), "VMREAD CS rights");
-        let segment = match segment {
-            SegmentRegister::Es => Segment::Es,
-            SegmentRegister::Cs => Segment::Cs,
-            SegmentRegister::Ss => Segment::Ss,
-            SegmentRegister::Ds => Segment::Ds,
-            SegmentRegister::Fs => Segment::Fs,
-            SegmentRegister::Gs => Segment::Gs,
-        };
-        let flat = long && cs & CS_AR_L != 0 && !matches!(segment, Segment::Fs | Segment::Gs);
+        let flat = long
+            && hvprof_vmx::guest::long_code(cs)
+            && !matches!(segment, Segment::Fs | Segment::Gs);
         let base = if flat {
             0
         } else {
             read(segment.base(), "VMREAD segment base")
         };
         let ss = must(vmcs.read32(Guest32::SsAccessRights), "VMREAD SS rights");
-        let rflags = read(GuestNatural::Rflags, "VMREAD RFLAGS");
         Ok(LinearSpace {
             base,
             cr3: paging.then(|| read(GuestNatural::Cr3, "VMREAD CR3")),
             cpl: hvprof_vmx::guest::cpl_from_ss_access_rights(ss),
-            write_protect: cr0 & CR0_WP != 0,
-            smap: cr4 & CR4_SMAP != 0 && rflags & RFLAGS_AC == 0,
+            write_protect: cr0.contains(Cr0Flags::WRITE_PROTECT),
+            smap: cr4.contains(Cr4Flags::SUPERVISOR_MODE_ACCESS_PREVENTION)
+                && !rflags.contains(RFlags::ALIGNMENT_CHECK),
         })
     }
 
