@@ -180,22 +180,24 @@ pub unsafe fn vmread(encoding: u32) -> Result<u64, VmFail> {
     Ok(value)
 }
 
-/// VMREAD for the profiler's sample path: no error decoding, a handful of instructions. A failed
-/// VMREAD (no current VMCS, unsupported encoding) yields 0, which the caller must accept as a
-/// possible value (a sample with RIP 0 is attributed to `[unknown]`, never trusted for control
-/// flow).
+/// VMREAD for the profiler's sample path: no error decoding, two instructions. A failed VMREAD
+/// (no current VMCS, unsupported encoding) leaves its destination as it was: the value is then
+/// whatever the register held, which the caller must accept as a possible value (a sample's RIP
+/// is attributed, never trusted for control flow; a guest address is read within the VM's
+/// memory or not at all). Not zeroed first: a zero costs an instruction per field on the sample
+/// path, for a failure that a current VMCS and a field of every VMCS rule out.
 ///
 /// # Safety
 /// In VMX operation (else #UD).
 #[inline(always)]
 pub unsafe fn vmread_fast(encoding: u32) -> u64 {
-    let mut value: u64 = 0;
+    let value: u64;
     // SAFETY: the caller guarantees VMX operation; VMREAD with a register destination touches no
-    // memory, and on failure leaves the destination as it was (0).
+    // memory; on failure the destination keeps an unspecified integer, still a valid `u64`.
     unsafe {
         asm!(
             "vmread {v}, {e}",
-            v = inout(reg) value,
+            v = out(reg) value,
             e = in(reg) u64::from(encoding),
             options(nostack, nomem),
         );
@@ -342,7 +344,7 @@ impl CurrentVmcs {
     }
 
     /// [`vmread_fast`] of a field of this VMCS: no error decoding. A failed VMREAD (an encoding
-    /// the processor does not have) yields 0, which the caller must accept as a possible value;
+    /// the processor does not have) yields an unspecified value, which the caller must accept;
     /// for the fields of every VMCS (SDM Vol. 3C, Appendix B) it cannot fail, the VMCS being
     /// current. For the paths taken at every sample and every exit.
     #[inline(always)]

@@ -177,6 +177,20 @@ impl ProcessMaps {
             .is_some_and(|p| p.ranges.iter().any(|&(s, e)| (s..e).contains(&rip)))
     }
 
+    /// The known range of process `p` that holds `rip`, when the process waits for no build id
+    /// (`wants_id_retry` would never ask for a read): a vCPU may keep it and skip this table
+    /// for its next samples there, since a known range stays known.
+    pub fn settled_range(&self, p: ProcessIndex, rip: u64) -> Option<(u64, u64)> {
+        let p = self.processes.get(p.0)?;
+        if p.missing_id && !p.cut && p.id_retries < MAX_ID_RETRIES {
+            return None;
+        }
+        p.ranges
+            .iter()
+            .copied()
+            .find(|&(s, e)| (s..e).contains(&rip))
+    }
+
     /// Whether the process's map may be read again (its allowance is then used; refusals are
     /// counted).
     pub fn may_reread(&mut self, p: ProcessIndex) -> bool {
@@ -343,6 +357,24 @@ mod tests {
         let (r2, _) = t.enter(78, 0x7000).unwrap();
         t.read_done(r2, false);
         assert!(!(0..ID_RETRY_AFTER * 10).any(|_| t.wants_id_retry(r2)));
+        // A range may be kept by a vCPU only where no build id is awaited: not `r`'s before its
+        // retries are spent, `p`'s (every id found) at once, and never outside a known range.
+        t.add(r, mapping(77, 0x7000, 0x4000_0000, 0x4001_0000));
+        t.read_done(r, true);
+        let mut r_fresh = ProcessMaps::default();
+        let (rf, _) = r_fresh.enter(77, 0x7000).unwrap();
+        r_fresh.add(rf, mapping(77, 0x7000, 0x4000_0000, 0x4001_0000));
+        r_fresh.read_done(rf, true);
+        assert_eq!(r_fresh.settled_range(rf, 0x4000_0010), None);
+        assert_eq!(
+            t.settled_range(r, 0x4000_0010),
+            Some((0x4000_0000, 0x4001_0000))
+        );
+        assert_eq!(
+            t.settled_range(p, 0x5555_1234),
+            Some((0x5555_0000, 0x5556_0000))
+        );
+        assert_eq!(t.settled_range(p, 0x6000_0000), None);
         // The vDSO is in no file mapping: after one re-read, its page is known.
         assert!(t.may_reread(p));
         t.note_unmapped(p, 0x7fff_f123);

@@ -145,6 +145,29 @@ impl Tlb {
         Some(gpa)
     }
 
+    /// Whether the task running at this sample is still `last` (its address, pid and tgid, as
+    /// [`read_task_ids`] read them at an earlier sample), read through the two words this cache
+    /// keeps alone: the per-CPU `current_task` word at `percpu_base` and, for the same task, its
+    /// pid and tgid. `false` when the task or its ids differ, or when either word is not kept
+    /// (the caller then reads the task with [`read_task_ids`]). The check of every sample of a
+    /// Linux guest: two loads and their comparisons, no search and no page walk.
+    #[inline(always)]
+    pub fn still_running(
+        &self,
+        read_phys: &impl Fn(u64) -> Option<u64>,
+        percpu_base: u64,
+        off: &TaskOffsets,
+        (task, pid, tgid): TaskIds,
+    ) -> bool {
+        let (current_va, current_gpa) = self.words[WORD_CURRENT];
+        let (ids_va, ids_gpa) = self.words[WORD_IDS];
+        current_va != 0
+            && current_va == percpu_base.wrapping_add(off.current_task)
+            && ids_va == task.wrapping_add(u64::from(off.pid))
+            && read_phys(current_gpa) == Some(task)
+            && read_phys(ids_gpa) == Some(u64::from(pid) | u64::from(tgid) << 32)
+    }
+
     /// The 8 bytes at kernel-half `gva` ([`read_kernel`] under `cr3`), through the word kept in
     /// `slot` when `gva` is its address. A word within one page is then kept there (a
     /// kernel-half translation does not change: see [`Tlb`]).
@@ -618,18 +641,34 @@ mod tests {
         let ids_now = |tlb: &mut Tlb, percpu: u64, off: &TaskOffsets| {
             read_task_ids(tlb, &read, &bytes, cr3, percpu, off)
         };
+        // `still_running`, the check of every sample, agrees with a full read each time.
+        let still = |tlb: &Tlb, percpu: u64, off: &TaskOffsets, last: TaskIds| {
+            tlb.still_running(&read, percpu, off, last)
+        };
+        assert!(
+            !still(&tlb, percpu_a, &OFF, (task_a, 100, 100)),
+            "nothing kept yet"
+        );
         current(percpu_a, 0x30_0000, task_a);
         ids(task_a, 0x40_0000, &OFF, 100, 100);
         assert_eq!(ids_now(&mut tlb, percpu_a, &OFF), Some((task_a, 100, 100)));
+        assert!(still(&tlb, percpu_a, &OFF, (task_a, 100, 100)));
+        assert!(!still(&tlb, percpu_a, &OFF, (task_a, 100, 101)));
+        assert!(!still(&tlb, percpu_b, &OFF, (task_a, 100, 100)));
         // The same task structure, reused by a new task: its new pid.
         ids(task_a, 0x40_0000, &OFF, 200, 200);
+        assert!(!still(&tlb, percpu_a, &OFF, (task_a, 100, 100)));
         assert_eq!(ids_now(&mut tlb, percpu_a, &OFF), Some((task_a, 200, 200)));
+        assert!(still(&tlb, percpu_a, &OFF, (task_a, 200, 200)));
         // Another task runs.
         current(percpu_a, 0x30_0000, task_b);
         ids(task_b, 0x60_0000, &OFF, 300, 299);
+        assert!(!still(&tlb, percpu_a, &OFF, (task_a, 200, 200)));
         assert_eq!(ids_now(&mut tlb, percpu_a, &OFF), Some((task_b, 300, 299)));
+        assert!(still(&tlb, percpu_a, &OFF, (task_b, 300, 299)));
         // Another per-CPU base (the vCPU's other view of GS), another current task.
         current(percpu_b, 0x31_0000, task_a);
+        assert!(!still(&tlb, percpu_b, &OFF, (task_b, 300, 299)));
         assert_eq!(ids_now(&mut tlb, percpu_b, &OFF), Some((task_a, 200, 200)));
         // No current task: nothing, and the next read still finds the one that comes back.
         current(percpu_b, 0x31_0000, 0);
@@ -649,6 +688,8 @@ mod tests {
                 ids_now(&mut tlb, percpu_b, &straddle),
                 Some((task_b, 400, 401))
             );
+            // Not kept, so never taken as unchanged: the caller reads them in full.
+            assert!(!still(&tlb, percpu_b, &straddle, (task_b, 400, 401)));
         }
     }
 

@@ -332,9 +332,6 @@ impl<'a> Slice<'a> {
                 "VMWRITE of the preemption timer failed: {e}"
             ))));
         }
-        if let Some((reason, t)) = self.exit_at.take() {
-            vcpu.stats.record(reason, rdtsc() - t);
-        }
         Ok(())
     }
 
@@ -342,8 +339,9 @@ impl<'a> Slice<'a> {
     /// the slice.
     #[inline(always)]
     fn enter(&mut self, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Result<Exit, SliceEnd> {
-        // A sampling exit ends at the entry: it is booked after it, so that the booking is the
-        // only part of it left out.
+        // The last exit ends at the entry: it is booked after it (in the exit statistics, and as
+        // a sampling exit if it was one), so that the booking is the only part of it left out.
+        let last_exit = self.exit_at.take();
         let ending = self.sampling_exit.take();
         let t_entry = rdtsc();
         // SAFETY: the VMCS is current and complete (host state is this pCPU's); `launched`
@@ -351,6 +349,9 @@ impl<'a> Slice<'a> {
         let flags = unsafe { crate::vcpu::entry::vmx_run(&mut vcpu.regs, vcpu.launched as u64) };
         let tsc = rdtsc();
         self.prof.set_guest_rbp(vcpu.regs.rbp);
+        if let Some((reason, t)) = last_exit {
+            vcpu.stats.record(reason, t_entry - t);
+        }
         if let Some((t, inside)) = ending {
             self.prof.sampling_exit_done(t, t_entry, inside);
         }
@@ -409,8 +410,8 @@ impl<'a> Slice<'a> {
             virtual_interrupts::redeliver_interrupted_event(vmcs);
         }
         let mut inside = 0;
-        if let Some(cost) = self.prof.sample_guest_if_due(vmcs, exit.tsc) {
-            inside = cost + tasks::after_guest_sample(self.prof, vm, vcpu, vmcs, exit.tsc);
+        if let Some(sampled) = self.prof.sample_guest_if_due(vmcs, exit.tsc) {
+            inside = sampled.cost + tasks::after_guest_sample(self.prof, vm, vcpu, vmcs, &sampled);
         }
         let basic = exit.reason.basic();
         if vcpu.last_exit != basic {

@@ -65,14 +65,15 @@ pub fn on_nmi_host(rip: u64, fp: u64) -> bool {
     true
 }
 
-/// After an NMI VM exit: `true` when the NMI was the counter's overflow (and the guest was
-/// sampled).
-pub fn on_nmi_exit(vmcs: &CurrentVmcs, now: u64) -> bool {
+/// After an NMI VM exit: the guest's sample when the NMI was the counter's overflow.
+pub fn on_nmi_exit(vmcs: &CurrentVmcs, now: u64) -> Option<super::sampler::GuestSampled> {
     if !ours() {
-        return false;
+        return None;
     }
-    super::sampler::this_cpu().sample_guest(vmcs, now);
-    true
+    // The exit's handler runs with interrupts on; the guest sample path wants them off.
+    Some(x86_64::instructions::interrupts::without_interrupts(|| {
+        super::sampler::this_cpu().sample_guest(vmcs, now)
+    }))
 }
 
 /// Stops this pCPU's counter and restores what `start` changed.

@@ -190,6 +190,43 @@ pub fn this_cpu() -> &'static CpuProfiler {
     &CPUS[crate::percpu::index()]
 }
 
+/// Whether a push's caller may run with interrupts on (the ring's producer then keeps the
+/// timer's interrupt out for the push), or runs with them off already (the guest sample path).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Irqs {
+    MayBeOn,
+    Off,
+}
+
+/// A guest sample just taken: its path's ticks, the TSC at its end, and the guest state it read
+/// that the task read after it needs (the same VMCS fields, not read twice).
+#[derive(Clone, Copy, Debug)]
+pub struct GuestSampled {
+    /// The sample's time (the exit's TSC).
+    pub tsc: u64,
+    /// TSC ticks from the sample path's start to its end, bookkeeping included.
+    pub cost: u64,
+    /// The TSC at the sample path's end.
+    pub end: u64,
+    pub rip: u64,
+    pub cr3: u64,
+    pub cpl: u8,
+}
+
+impl GuestSampled {
+    #[inline(always)]
+    fn new(s: &Sample, t0: u64, end: u64, cpl: u8) -> Self {
+        GuestSampled {
+            tsc: s.tsc,
+            rip: s.guest_rip,
+            cr3: s.guest_cr3,
+            cost: end - t0,
+            end,
+            cpl,
+        }
+    }
+}
+
 impl CpuProfiler {
     /// The number of the pCPU this profiler belongs to.
     pub fn pcpu(&self) -> usize {
@@ -319,22 +356,23 @@ impl CpuProfiler {
     /// interrupt is kept out while the others push; an NMI that lands inside a push finds the
     /// ring busy and its record is counted as a drop rather than corrupting the one in flight.
     /// A sample's chain frames follow it (`offer_with_frames`, kept out of the common path).
+    /// `irqs`: whether the caller may run with interrupts on.
     #[inline(always)]
-    fn offer(&self, record: Record, frames: &[u64]) {
+    fn offer(&self, record: Record, frames: &[u64], irqs: Irqs) {
         if !frames.is_empty() {
-            return self.offer_with_frames(record, frames);
+            return self.offer_with_frames(record, frames, irqs);
         }
         // Built straight into the ring's slot (`push_with`), not copied through temporaries.
         let ring = self.ring();
-        self.exclusive(ring, |drops| {
+        self.exclusive(ring, irqs, |drops| {
             ring.push_with(1, |_| Slot::Record(Stamped { record, drops }))
         });
     }
 
     #[inline(never)]
-    fn offer_with_frames(&self, record: Record, frames: &[u64]) {
+    fn offer_with_frames(&self, record: Record, frames: &[u64], irqs: Irqs) {
         let ring = self.ring();
-        self.exclusive(ring, |drops| {
+        self.exclusive(ring, irqs, |drops| {
             let stamped = Stamped { record, drops };
             ring.push_with(slots::slots_for(frames.len()), |i| {
                 slots::slot(stamped, frames, i)
@@ -343,33 +381,46 @@ impl CpuProfiler {
     }
 
     /// Runs `push` (given the ring's drop count) as the ring's only producer on this pCPU: with
-    /// the timer's interrupt kept out, and an NMI that lands inside counted as a drop.
+    /// the timer's interrupt kept out (already, for `Irqs::Off`), and an NMI that lands inside
+    /// counted as a drop.
     #[inline(always)]
-    fn exclusive(&self, ring: &Ring<Slot, RING_RECORDS>, push: impl FnOnce(u64) -> bool) {
-        x86_64::instructions::interrupts::without_interrupts(|| {
+    fn exclusive(
+        &self,
+        ring: &Ring<Slot, RING_RECORDS>,
+        irqs: Irqs,
+        push: impl FnOnce(u64) -> bool,
+    ) {
+        let produce = || {
             if self.pushing.swap(true, Ordering::Acquire) {
                 ring.count_drop();
                 return;
             }
             push(ring.dropped());
             self.pushing.store(false, Ordering::Release);
-        });
+        };
+        match irqs {
+            Irqs::Off => {
+                debug_assert!(!x86_64::instructions::interrupts::are_enabled());
+                produce()
+            }
+            Irqs::MayBeOn => x86_64::instructions::interrupts::without_interrupts(produce),
+        }
     }
 
-    /// Records a sample taken since `t0`; returns the ticks from `t0` to the end, bookkeeping
-    /// included (the `cost` the sample carries stops before the ring push).
+    /// Records a sample taken since `t0`; returns the TSC at its end, bookkeeping included (the
+    /// `cost` the sample carries stops before the ring push).
     /// Inlined: the sample is then built in registers and its cost read before any of it is
     /// stored (the bench's sample path and sampling exit figures).
     #[inline(always)]
-    fn push(&self, mut s: Sample, frames: &[u64], t0: u64) -> u64 {
+    fn push(&self, mut s: Sample, frames: &[u64], t0: u64, irqs: Irqs) -> u64 {
         let cost = rdtsc() - t0;
         s.cost = cost.min(u32::MAX as u64) as u32;
         if self.clock.stretch(t0, cost) {
             self.costs.stretched.fetch_add(1, Ordering::Relaxed);
         }
-        self.offer(Record::Sample(s), frames);
+        self.offer(Record::Sample(s), frames, irqs);
         self.path.record(cost);
-        rdtsc() - t0
+        rdtsc()
     }
 
     /// (samples, mean, min, max) of the sample path's own cost in TSC ticks.
@@ -378,21 +429,29 @@ impl CpuProfiler {
     }
 
     /// The deadline clock's guest sample, at a VM exit taken at `now` (the VMX-preemption
-    /// timer's, or any exit that finds the deadline passed); its cost in ticks if it was due.
-    pub fn sample_guest_if_due(&self, vmcs: &CurrentVmcs, now: u64) -> Option<u64> {
+    /// timer's, or any exit that finds the deadline passed), if it was due.
+    #[inline(always)]
+    pub fn sample_guest_if_due(&self, vmcs: &CurrentVmcs, now: u64) -> Option<GuestSampled> {
         self.clock
             .take_due(now)
             .then(|| self.sample_guest(vmcs, now))
     }
 
-    /// The sample path for a guest: reads its state from the current VMCS. Returns its cost.
-    pub fn sample_guest(&self, vmcs: &CurrentVmcs, now: u64) -> u64 {
+    /// The sample path for a guest: reads its state from the current VMCS. With interrupts off
+    /// (the run loop right after a VM exit, which clears RFLAGS.IF: SDM Vol. 3C §28.5.3; the
+    /// NMI exit's handler turns them off around it).
+    #[inline(always)]
+    pub fn sample_guest(&self, vmcs: &CurrentVmcs, now: u64) -> GuestSampled {
         let t0 = rdtsc();
         match stack_depth() {
             // Without a chain (the default): pushed where the compiler knows there are no
             // frames, so that the record goes straight into the ring (with a chain's frames
             // possible, it was built on the stack first and copied from there).
-            0 => self.push(self.guest_sample(vmcs, now).0, &[], t0),
+            0 => {
+                let (s, cpl, _) = self.guest_sample(vmcs, now);
+                let end = self.push(s, &[], t0, Irqs::Off);
+                GuestSampled::new(&s, t0, end, cpl)
+            }
             depth => self.sample_guest_walked(vmcs, now, depth, t0),
         }
     }
@@ -400,7 +459,13 @@ impl CpuProfiler {
     /// `sample_guest` with a call chain of at most `depth` frames. Out of line, so that its
     /// buffer and registers do not weigh on the path without chains.
     #[inline(never)]
-    fn sample_guest_walked(&self, vmcs: &CurrentVmcs, now: u64, depth: usize, t0: u64) -> u64 {
+    fn sample_guest_walked(
+        &self,
+        vmcs: &CurrentVmcs,
+        now: u64,
+        depth: usize,
+        t0: u64,
+    ) -> GuestSampled {
         let (mut s, cpl, mode) = self.guest_sample(vmcs, now);
         let mut buf = [MaybeUninit::uninit(); MAX_CHAIN_DEPTH];
         let t = rdtsc();
@@ -413,7 +478,8 @@ impl CpuProfiler {
         let c = &self.costs;
         walked_since(t, frames.len(), &c.guest_walks, &c.guest_frames);
         s.guest_chain = chain;
-        self.push(s, frames, t0)
+        let end = self.push(s, frames, t0, Irqs::Off);
+        GuestSampled::new(&s, t0, end, cpl)
     }
 
     /// A guest sample at `now` (no chain yet), read from the current VMCS, with the guest's CPL
@@ -498,7 +564,7 @@ impl CpuProfiler {
         if depth == 0 {
             // No chain (the default): pushed where the compiler knows there are no frames (see
             // `sample_guest`).
-            return self.push(s, &[], t0);
+            return self.push(s, &[], t0, Irqs::MayBeOn) - t0;
         }
         // The host chain's frames, then the guest chain's: the exit's RIP and its callers.
         let mut buf = [MaybeUninit::uninit(); 2 * MAX_CHAIN_DEPTH];
@@ -518,7 +584,7 @@ impl CpuProfiler {
         // the guest part starts where the host chain's frames end; `MaybeUninit<u64>` has the
         // layout of `u64`.
         let frames = unsafe { &*(&buf[..n] as *const [MaybeUninit<u64>] as *const [u64]) };
-        self.push(s, frames, t0)
+        self.push(s, frames, t0, Irqs::MayBeOn) - t0
     }
 
     /// The hypervisor's callers from frame pointer `fp`, inside this pCPU's stack.
@@ -784,6 +850,7 @@ impl CpuProfiler {
                 reason,
             }),
             &[],
+            Irqs::MayBeOn,
         );
     }
 }

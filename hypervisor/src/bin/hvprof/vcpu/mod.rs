@@ -111,6 +111,9 @@ pub struct Vcpu {
     /// The process of that task in its VM's table of process maps (`None` before the first
     /// task, for a VM without `mm-layout=`, or when the table is full).
     pub maps_process: Option<hvprof_hypervisor::profiler::guest_maps::ProcessIndex>,
+    /// A known executable range of that process where it waits for no build id
+    /// (`ProcessMaps::settled_range`): its user-mode samples there need no look at the table.
+    pub settled_range: Option<(u64, u64)>,
     /// Its guest's kernel-page translations, for reading the task at samples.
     pub tlb: hvprof_hypervisor::profiler::guest_walk::Tlb,
 }
@@ -311,6 +314,7 @@ impl Vcpu {
             mode_switching: false,
             last_task: None,
             maps_process: None,
+            settled_range: None,
             tlb: hvprof_hypervisor::profiler::guest_walk::Tlb::new(),
         };
         Ok((vcpu, v))

@@ -1,7 +1,7 @@
 //! Task tracking: after a sample of a Linux guest, the task its vCPU runs, read from guest memory
 //! (`hvprof_hypervisor::profiler::guest_walk`), and a task-change record when it is another one.
 
-use crate::profiler::sampler::CpuProfiler;
+use crate::profiler::sampler::{CpuProfiler, GuestSampled};
 use crate::tsc::rdtsc;
 use crate::vcpu::Vcpu;
 use crate::vm::Vm;
@@ -9,25 +9,26 @@ use hvprof_hypervisor::profiler::guest_maps::ProcessIndex;
 use hvprof_hypervisor::profiler::guest_walk::{self, NameState};
 use hvprof_samplelog::TaskOffsets;
 use hvprof_vmx::instructions::CurrentVmcs;
+use hvprof_vmx::vmcs::GuestNatural;
 
 /// After any guest sample (the deadline clock's, the PMU's) by `prof` (this pCPU's profiler): a
 /// Linux guest's task is tracked (`track_task`), its time counted as the profiler's
-/// (`task_reads`). Returns that time in ticks (0 for a guest whose tasks are not read, whose
-/// samples pay for no more than this test: inlined, it is the only part of this on their path).
-#[inline]
+/// (`task_reads`), from the sample path's end. Returns that time in ticks (0 for a guest whose
+/// tasks are not read, whose samples pay for no more than this test: inlined, it is the only
+/// part of this on their path).
+#[inline(always)]
 pub fn after_guest_sample(
     prof: &CpuProfiler,
     vm: &Vm,
     vcpu: &mut Vcpu,
     vmcs: &CurrentVmcs,
-    tsc: u64,
+    sampled: &GuestSampled,
 ) -> u64 {
     let Some(off) = &vm.task_offsets else {
         return 0;
     };
-    let t = rdtsc();
-    track_task(vm, vcpu, vmcs, off, tsc);
-    let ticks = rdtsc() - t;
+    track_task(vm, vcpu, vmcs, sampled, off);
+    let ticks = rdtsc() - sampled.end;
     prof.costs.task_reads.add(ticks);
     ticks
 }
@@ -36,32 +37,32 @@ pub fn after_guest_sample(
 /// when it is not the one seen at the vCPU's previous sample, records the change for the log.
 /// The task's address, pid and name are compared, so a task structure reused by a new process
 /// (or a CR3 reused by one) still shows as a change, and so does an exec().
-#[inline(never)]
-fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffsets, tsc: u64) {
-    use hvprof_vmx::vmcs::{Guest32, GuestNatural};
-    // Called right after a guest sample, in the run loop or the NMI exit's handler, with this
-    // vCPU's VMCS current (so the fields are its guest's). A failed read would yield 0, which the
-    // reads below take as any other value: every guest read is bounded to the VM's memory.
-    // (Unchecked, as the sample's own: a checked read costs a `Result` per field, on a path
-    // taken at every sample of a Linux guest.)
-    let cr3 = vmcs.read_fast(GuestNatural::Cr3);
-    let cpl = hvprof_vmx::guest::cpl_from_ss_access_rights(
-        vmcs.read_fast(Guest32::SsAccessRights) as u32
-    );
-    let rip = vmcs.read_fast(GuestNatural::Rip);
+///
+/// Inlined: the common case, the same task as at the last sample, is the two words read through
+/// the addresses the vCPU keeps (`guest_walk::Tlb`), one comparison and the sample's address
+/// checked (`check_rip`); anything else is `task_seen`'s, out of line.
+#[inline(always)]
+fn track_task(
+    vm: &Vm,
+    vcpu: &mut Vcpu,
+    vmcs: &CurrentVmcs,
+    sampled: &GuestSampled,
+    off: &TaskOffsets,
+) {
+    let GuestSampled {
+        rip, cr3, cpl, tsc, ..
+    } = *sampled;
     // The kernel's per-CPU base: GS base in kernel mode, IA32_KERNEL_GS_BASE (the guest's
     // value, live on this CPU while the vCPU is loaded) in user mode.
     let base = if cpl == 0 {
+        // Right after a guest sample, in the run loop or the NMI exit's handler, with this
+        // vCPU's VMCS current (so the field is its guest's); any value it could yield is only a
+        // guest address, read within the VM's memory (`read_task_ids` refuses a user-half one).
         vmcs.read_fast(GuestNatural::GsBase)
     } else {
-        crate::arch::msr::read_safe(0xc000_0102).unwrap_or(0)
-    };
-    let read_phys = |gpa: u64| vm.read_guest_u64(gpa);
-    let read_bytes = |gpa: u64, buf: &mut [u8]| vm.read_guest(gpa, buf);
-    let Some(ids) =
-        guest_walk::read_task_ids(&mut vcpu.tlb, &read_phys, &read_bytes, cr3, base, off)
-    else {
-        return;
+        // IA32_KERNEL_GS_BASE exists on every 64-bit processor (SDM Vol. 4, Table 2-2): a plain
+        // RDMSR.
+        x86_64::registers::model_specific::KernelGsBase::read().as_u64()
     };
     // Same task, same ids, same address space: same name, so no need to read it again. Except
     // inside an exec: the kernel switches the address space (`exec_mmap`) before it renames the
@@ -70,6 +71,47 @@ fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffsets, t
     // it (a user-mode sample; a kernel thread, which never execs, at once).
     let space = cr3 & !0xfff;
     let user = cpl == 3;
+    let ram = vm.ram();
+    if let Some((ids, s, _, NameState::Settled)) = vcpu.last_task
+        && s == space
+        && vcpu
+            .tlb
+            .still_running(&|gpa| ram.read_u64(gpa), base, off, ids)
+    {
+        check_rip(vm, vcpu, rip, user, cr3, ids, tsc);
+        return;
+    }
+    task_seen(vm, vcpu, off, base, rip, cr3, user, tsc);
+}
+
+/// [`track_task`] when the quick check did not find the last task: the task read in full and,
+/// when it is another one or its name is not settled, its name read, its process entered in the
+/// VM's table of maps (and its map read when new), and the change recorded for the log.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn task_seen(
+    vm: &Vm,
+    vcpu: &mut Vcpu,
+    off: &TaskOffsets,
+    percpu_base: u64,
+    rip: u64,
+    cr3: u64,
+    user: bool,
+    tsc: u64,
+) {
+    let read_phys = |gpa: u64| vm.read_guest_u64(gpa);
+    let read_bytes = |gpa: u64, buf: &mut [u8]| vm.read_guest(gpa, buf);
+    let Some(ids) = guest_walk::read_task_ids(
+        &mut vcpu.tlb,
+        &read_phys,
+        &read_bytes,
+        cr3,
+        percpu_base,
+        off,
+    ) else {
+        return;
+    };
+    let space = cr3 & !0xfff;
     if vcpu
         .last_task
         .is_some_and(|(i, s, _, state)| i == ids && s == space && state == NameState::Settled)
@@ -106,6 +148,7 @@ fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffsets, t
     // nothing here).
     if (changed || moved) && (vm.mm_layout.is_some() || vm.module_layout.is_some()) {
         vcpu.maps_process = None;
+        vcpu.settled_range = None;
         let entered = {
             let mut maps = vm.maps.lock();
             maps.kernel_cr3 = cr3;
@@ -150,10 +193,10 @@ fn track_task(vm: &Vm, vcpu: &mut Vcpu, vmcs: &CurrentVmcs, off: &TaskOffsets, t
 ///
 /// Inlined to its first test: a kernel-mode sample outside the module area (most of a Linux
 /// guest's kernel samples) costs no call.
-#[inline]
+#[inline(always)]
 fn check_rip(
     vm: &Vm,
-    vcpu: &Vcpu,
+    vcpu: &mut Vcpu,
     rip: u64,
     user: bool,
     cr3: u64,
@@ -162,7 +205,13 @@ fn check_rip(
 ) {
     use hvprof_hypervisor::profiler::guest_maps::MODULE_AREA;
     if user {
-        check_user_rip(vm, vcpu, rip, cr3, ids, tsc);
+        // Inside the range this vCPU keeps for its process: nothing to read (no lock taken).
+        if !vcpu
+            .settled_range
+            .is_some_and(|(start, end)| (start..end).contains(&rip))
+        {
+            check_user_rip(vm, vcpu, rip, cr3, ids, tsc);
+        }
     } else if let Some(layout) = &vm.module_layout
         && MODULE_AREA.contains(&rip)
     {
@@ -197,7 +246,7 @@ fn check_module_rip(vm: &Vm, layout: &hvprof_linux_walk::ModuleLayout, rip: u64)
 #[inline(never)]
 fn check_user_rip(
     vm: &Vm,
-    vcpu: &Vcpu,
+    vcpu: &mut Vcpu,
     rip: u64,
     cr3: u64,
     (task, _, tgid): guest_walk::TaskIds,
@@ -214,6 +263,7 @@ fn check_user_rip(
             maps.may_reread(process)
         };
         if !wanted {
+            vcpu.settled_range = maps.settled_range(process, rip);
             return;
         }
     }

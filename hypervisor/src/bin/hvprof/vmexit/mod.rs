@@ -158,10 +158,10 @@ fn handle_exit(
                 // NMI exiting: an NMI that hit the guest. The PMU's overflow is a guest sample;
                 // any other NMI belongs to the platform, not to the guest, and is reported.
                 let now = crate::tsc::rdtsc();
-                if crate::profiler::pmu::on_nmi_exit(vmcs, now) {
+                if let Some(sampled) = crate::profiler::pmu::on_nmi_exit(vmcs, now) {
                     // A Linux guest's sample is followed by its task, as at a deadline's exit.
                     let prof = crate::profiler::this_cpu();
-                    crate::vm::linux_tasks::after_guest_sample(prof, vm, vcpu, vmcs, now);
+                    crate::vm::linux_tasks::after_guest_sample(prof, vm, vcpu, vmcs, &sampled);
                 } else {
                     crate::vm_report!(
                         vm,
