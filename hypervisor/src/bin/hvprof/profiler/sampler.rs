@@ -215,11 +215,11 @@ pub struct GuestSampled {
 
 impl GuestSampled {
     #[inline(always)]
-    fn new(s: &Sample, t0: u64, end: u64, cpl: u8) -> Self {
+    fn new((tsc, rip, cr3, cpl): (u64, u64, u64, u8), t0: u64, end: u64) -> Self {
         GuestSampled {
-            tsc: s.tsc,
-            rip: s.guest_rip,
-            cr3: s.guest_cr3,
+            tsc,
+            rip,
+            cr3,
             cost: end - t0,
             end,
             cpl,
@@ -449,8 +449,9 @@ impl CpuProfiler {
             // possible, it was built on the stack first and copied from there).
             0 => {
                 let (s, cpl, _) = self.guest_sample(vmcs, now);
+                let read = (now, s.guest_rip, s.guest_cr3, cpl);
                 let end = self.push(s, &[], t0, Irqs::Off);
-                GuestSampled::new(&s, t0, end, cpl)
+                GuestSampled::new(read, t0, end)
             }
             depth => self.sample_guest_walked(vmcs, now, depth, t0),
         }
@@ -479,7 +480,7 @@ impl CpuProfiler {
         walked_since(t, frames.len(), &c.guest_walks, &c.guest_frames);
         s.guest_chain = chain;
         let end = self.push(s, frames, t0, Irqs::Off);
-        GuestSampled::new(&s, t0, end, cpl)
+        GuestSampled::new((now, rip, cr3, cpl), t0, end)
     }
 
     /// A guest sample at `now` (no chain yet), read from the current VMCS, with the guest's CPL
