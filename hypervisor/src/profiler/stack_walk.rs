@@ -248,15 +248,19 @@ fn on_page<M: FrameMemory>(
     n: &mut usize,
 ) -> Result<(u64, u64), ChainEnd> {
     let mut next = fp;
-    for slot in out.iter_mut().skip(*n) {
+    // The count in a register for the loop (a store through `n` per frame otherwise), written
+    // back on the way out.
+    let mut i = *n;
+    while i < out.len() {
         let offset = fp - base;
         next = mem.word(page, offset);
         let ret = mem.word(page, offset + 8);
         if ret == 0 {
+            *n = i;
             return Err(ChainEnd::Complete);
         }
-        slot.write(ret);
-        *n += 1;
+        out[i].write(ret);
+        i += 1;
         // On to the caller's record if it is on this page too (and below its last word),
         // climbs and is aligned; anything else goes back to the caller's checks.
         // (`(offset + 8) & !0xff8 == 0`: `offset` a multiple of 8 from -8 to 0xff0; -8 and 0
@@ -264,11 +268,13 @@ fn on_page<M: FrameMemory>(
         // could only climb from page 0, which `walk` never reads.)
         let offset = next.wrapping_sub(base);
         if next <= fp || offset.wrapping_add(8) & !0xff8 != 0 {
+            *n = i;
             return Ok((fp, next));
         }
         fp = next;
     }
     // `out` is full.
+    *n = i;
     Ok((fp, next))
 }
 
