@@ -5,3 +5,4 @@
 pub mod percpu;
 pub mod probe;
 pub mod sampler;
+pub mod virtual_pmu;

@@ -1,0 +1,564 @@
+//! A guest's virtual architectural PMU: what a vCPU sees of performance monitoring (SDM Vol. 3B
+//! §21.2, "Architectural Performance Monitoring", version 2), as a model of its state.
+//!
+//! The model is the guest-facing half: CPUID leaf 0AH, the MSRs with their reserved bits (a
+//! write that sets one is a #GP, as on hardware), the counters, their overflow into
+//! IA32_PERF_GLOBAL_STATUS, and whether an overflow asks for a PMI. What the counters count comes
+//! from outside ([`VirtualPmu::count`]: a slice of the vCPU's time in one privilege mode, with its
+//! instructions, core cycles and reference cycles), so the same model serves a backend that
+//! derives them from the vCPU's own guest time (where one TSC tick is one instruction, as in
+//! Bochs) and one that reads real counters. It touches no hardware and tests on the host.
+//!
+//! What it offers, and leaves out:
+//! - version 2: 4 general counters and 3 fixed counters, 48 bits wide; the architectural events
+//!   UnHalted Core Cycles (3CH/00H), Instructions Retired (C0H/00H) and UnHalted Reference Cycles
+//!   (3CH/01H), the others reported unavailable in CPUID.0AH:EBX (a general counter programmed
+//!   with one of them, or with any other event, counts nothing);
+//! - a general counter with an edge, invert or counter-mask qualifier counts nothing (those
+//!   count cycles by a threshold on events per cycle, which the slices do not carry);
+//! - no IA32_PERF_CAPABILITIES (so no full-width writes through IA32_A_PMCx: the guest writes a
+//!   counter through IA32_PMCx, whose bits 31:0 are sign-extended, SDM §21.2.6), no AnyThread
+//!   (version 3), no PEBS or freeze on PMI.
+
+use crate::probe::msr;
+
+/// General counters.
+pub const GENERAL: usize = 4;
+/// Fixed counters: 0 instructions retired, 1 core cycles, 2 reference cycles (§21.2.2).
+pub const FIXED: usize = 3;
+/// Counter width in bits (general and fixed).
+pub const WIDTH: u32 = 48;
+/// The architectural PMU version offered.
+pub const VERSION: u32 = 2;
+/// Architectural events CPUID.0AH:EBX describes (bits 0 to 6, §21.2.1.2).
+const ARCH_EVENTS: u32 = 7;
+/// Of those, the ones counted: core cycles, instructions retired, reference cycles.
+const COUNTED_EVENTS: u32 = 0b111;
+
+const MASK: u64 = (1 << WIDTH) - 1;
+
+/// IA32_PERFEVTSELx fields (§21.2.1.1, Figure 21-1).
+mod evtsel {
+    pub const EVENT: u64 = 0xff;
+    pub const UMASK: u64 = 0xff << 8;
+    pub const USR: u64 = 1 << 16;
+    pub const OS: u64 = 1 << 17;
+    pub const EDGE: u64 = 1 << 18;
+    pub const INT: u64 = 1 << 20;
+    pub const EN: u64 = 1 << 22;
+    pub const INV: u64 = 1 << 23;
+    pub const CMASK: u64 = 0xff << 24;
+    /// Bits 63:32 and AnyThread (bit 21, version 3).
+    pub const RESERVED: u64 = 0xffff_ffff_0000_0000 | 1 << 21;
+}
+
+/// IA32_FIXED_CTR_CTRL: four bits per counter (§21.2.2, Figure 21-2): enable in ring 0 (bit 0),
+/// above ring 0 (bit 1), AnyThread (bit 2, version 3: reserved here), PMI (bit 3).
+mod fixed_ctrl {
+    pub const OS: u64 = 0b0001;
+    pub const USR: u64 = 0b0010;
+    pub const PMI: u64 = 0b1000;
+    /// The bits a counter may set.
+    pub const FIELD: u64 = OS | USR | PMI;
+}
+
+/// IA32_PERF_GLOBAL_STATUS bits beyond the counters' (§21.2.2, Figure 21-3).
+const OVF_BUFFER: u64 = 1 << 62;
+const COND_CHGD: u64 = 1 << 63;
+
+/// The counter bits of IA32_PERF_GLOBAL_CTRL and _STATUS: general counters from bit 0, fixed
+/// counters from bit 32.
+const COUNTER_BITS: u64 = ((1 << GENERAL) - 1) | ((1 << FIXED) - 1) << 32;
+
+/// A WRMSR or RDMSR the processor would refuse with #GP(0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gp;
+
+/// One slice of a vCPU's execution, in one privilege mode, and what it retired and ran.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Slice {
+    /// CPL > 0 (counted by USR, not by OS).
+    pub user: bool,
+    pub instructions: u64,
+    pub core_cycles: u64,
+    pub ref_cycles: u64,
+}
+
+/// The architectural events the model counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Counted {
+    Instructions,
+    CoreCycles,
+    RefCycles,
+}
+
+impl Counted {
+    fn of(self, s: &Slice) -> u64 {
+        match self {
+            Counted::Instructions => s.instructions,
+            Counted::CoreCycles => s.core_cycles,
+            Counted::RefCycles => s.ref_cycles,
+        }
+    }
+}
+
+/// One vCPU's virtual PMU.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VirtualPmu {
+    evtsel: [u64; GENERAL],
+    general: [u64; GENERAL],
+    fixed: [u64; FIXED],
+    fixed_ctrl: u64,
+    global_ctrl: u64,
+    global_status: u64,
+}
+
+impl VirtualPmu {
+    /// The state after reset: every counter 0 and disabled. (A processor's
+    /// IA32_PERF_GLOBAL_CTRL resets to the general counters' enable bits set, §21.2.2, which
+    /// with every IA32_PERFEVTSELx clear counts nothing; Linux writes it before use either way.)
+    pub fn new() -> Self {
+        VirtualPmu {
+            global_ctrl: (1 << GENERAL) - 1,
+            ..Self::default()
+        }
+    }
+
+    /// CPUID leaf 0AH as (EAX, EBX, ECX, EDX) (SDM Vol. 2A, CPUID, "Architectural Performance
+    /// Monitoring Leaf").
+    pub fn cpuid(&self) -> (u32, u32, u32, u32) {
+        let eax = VERSION | (GENERAL as u32) << 8 | WIDTH << 16 | ARCH_EVENTS << 24;
+        let ebx = ((1 << ARCH_EVENTS) - 1) & !COUNTED_EVENTS;
+        let edx = FIXED as u32 | WIDTH << 5;
+        (eax, ebx, 0, edx)
+    }
+
+    /// Whether `index` is one of the MSRs this model answers (any other performance-monitoring
+    /// MSR, IA32_A_PMCx and IA32_PERF_CAPABILITIES among them, is the caller's #GP).
+    pub fn handles(index: u32) -> bool {
+        Self::register(index).is_some()
+    }
+
+    fn register(index: u32) -> Option<Register> {
+        let in_range = |base: u32, n: usize| index.checked_sub(base).filter(|&i| (i as usize) < n);
+        if let Some(i) = in_range(msr::IA32_PERFEVTSEL0, GENERAL) {
+            return Some(Register::EventSelect(i as usize));
+        }
+        if let Some(i) = in_range(msr::IA32_PMC0, GENERAL) {
+            return Some(Register::General(i as usize));
+        }
+        if let Some(i) = in_range(msr::IA32_FIXED_CTR0, FIXED) {
+            return Some(Register::Fixed(i as usize));
+        }
+        match index {
+            msr::IA32_FIXED_CTR_CTRL => Some(Register::FixedCtrl),
+            msr::IA32_PERF_GLOBAL_STATUS => Some(Register::GlobalStatus),
+            msr::IA32_PERF_GLOBAL_CTRL => Some(Register::GlobalCtrl),
+            msr::IA32_PERF_GLOBAL_OVF_CTRL => Some(Register::GlobalOvfCtrl),
+            _ => None,
+        }
+    }
+
+    /// RDMSR.
+    pub fn read(&self, index: u32) -> Result<u64, Gp> {
+        Ok(match Self::register(index).ok_or(Gp)? {
+            Register::EventSelect(i) => self.evtsel[i],
+            Register::General(i) => self.general[i],
+            Register::Fixed(i) => self.fixed[i],
+            Register::FixedCtrl => self.fixed_ctrl,
+            Register::GlobalStatus => self.global_status,
+            Register::GlobalCtrl => self.global_ctrl,
+            // Write-only in effect: reads as 0, as KVM's does.
+            Register::GlobalOvfCtrl => 0,
+        })
+    }
+
+    /// WRMSR: `Err(Gp)` leaves the state as it was.
+    pub fn write(&mut self, index: u32, value: u64) -> Result<(), Gp> {
+        match Self::register(index).ok_or(Gp)? {
+            Register::EventSelect(i) => {
+                if value & evtsel::RESERVED != 0 {
+                    return Err(Gp);
+                }
+                self.evtsel[i] = value;
+            }
+            // IA32_PMCx takes bits 31:0 and sign-extends them (§21.2.6: full-width writes go
+            // through IA32_A_PMCx, which needs IA32_PERF_CAPABILITIES.FW_WRITE).
+            Register::General(i) => self.general[i] = (value as u32 as i32 as i64 as u64) & MASK,
+            // The fixed counters take the counter's width.
+            Register::Fixed(i) => self.fixed[i] = value & MASK,
+            Register::FixedCtrl => {
+                let allowed = (0..FIXED).fold(0, |m, i| m | fixed_ctrl::FIELD << (4 * i));
+                if value & !allowed != 0 {
+                    return Err(Gp);
+                }
+                self.fixed_ctrl = value;
+            }
+            // Read-only.
+            Register::GlobalStatus => return Err(Gp),
+            Register::GlobalCtrl => {
+                if value & !COUNTER_BITS != 0 {
+                    return Err(Gp);
+                }
+                self.global_ctrl = value;
+            }
+            // Write 1 to clear.
+            Register::GlobalOvfCtrl => {
+                if value & !(COUNTER_BITS | OVF_BUFFER | COND_CHGD) != 0 {
+                    return Err(Gp);
+                }
+                self.global_status &= !value;
+            }
+        }
+        Ok(())
+    }
+
+    /// RDPMC with `ecx` (SDM Vol. 2B, RDPMC: bit 30 selects the fixed counters, the low bits the
+    /// counter). Whether RDPMC is allowed at the guest's CPL (CR4.PCE) is the caller's check.
+    pub fn rdpmc(&self, ecx: u32) -> Result<u64, Gp> {
+        let index = (ecx & 0x3fff_ffff) as usize;
+        let counters: &[u64] = if ecx & 1 << 30 != 0 {
+            &self.fixed
+        } else {
+            &self.general
+        };
+        if ecx & 1 << 31 != 0 {
+            // The "fast read" bit of early processors: reserved here.
+            return Err(Gp);
+        }
+        counters.get(index).copied().ok_or(Gp)
+    }
+
+    /// What general counter `i` counts now, if anything.
+    fn general_event(&self, i: usize) -> Option<(Counted, u64)> {
+        let sel = self.evtsel[i];
+        if sel & evtsel::EN == 0 || self.global_ctrl & 1 << i == 0 {
+            return None;
+        }
+        if sel & (evtsel::EDGE | evtsel::INV | evtsel::CMASK) != 0 {
+            return None;
+        }
+        let event = match (sel & evtsel::EVENT, (sel & evtsel::UMASK) >> 8) {
+            (0x3c, 0x00) => Counted::CoreCycles,
+            (0xc0, 0x00) => Counted::Instructions,
+            (0x3c, 0x01) => Counted::RefCycles,
+            _ => return None,
+        };
+        Some((event, sel))
+    }
+
+    /// Whether a counter programmed with mode bits `usr` and `os` counts `slice`.
+    fn in_mode(slice: &Slice, usr: bool, os: bool) -> bool {
+        if slice.user { usr } else { os }
+    }
+
+    /// Counts `slice` on every counter enabled for its mode. Returns whether an overflow asks
+    /// for a PMI (a counter that wrapped with its INT or PMI bit set); every wrap sets its bit in
+    /// IA32_PERF_GLOBAL_STATUS either way (§21.2.2).
+    pub fn count(&mut self, slice: &Slice) -> bool {
+        let mut pmi = false;
+        for i in 0..GENERAL {
+            let Some((event, sel)) = self.general_event(i) else {
+                continue;
+            };
+            if !Self::in_mode(slice, sel & evtsel::USR != 0, sel & evtsel::OS != 0) {
+                continue;
+            }
+            if add(&mut self.general[i], event.of(slice)) {
+                self.global_status |= 1 << i;
+                pmi |= sel & evtsel::INT != 0;
+            }
+        }
+        for (j, event) in [
+            Counted::Instructions,
+            Counted::CoreCycles,
+            Counted::RefCycles,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let field = self.fixed_ctrl >> (4 * j) & fixed_ctrl::FIELD;
+            if self.global_ctrl & 1 << (32 + j) == 0 {
+                continue;
+            }
+            if !Self::in_mode(
+                slice,
+                field & fixed_ctrl::USR != 0,
+                field & fixed_ctrl::OS != 0,
+            ) {
+                continue;
+            }
+            if add(&mut self.fixed[j], event.of(slice)) {
+                self.global_status |= 1 << (32 + j);
+                pmi |= field & fixed_ctrl::PMI != 0;
+            }
+        }
+        pmi
+    }
+
+    /// Of the counters that would ask for a PMI when they wrap and count in the mode `user`,
+    /// the fewest events any of them needs to wrap: a backend that derives the events from
+    /// guest time stops the guest there (as the host's sampling deadlines do). `None`: no such
+    /// counter.
+    pub fn events_to_pmi(&self, user: bool) -> Option<u64> {
+        let probe = Slice {
+            user,
+            ..Slice::default()
+        };
+        let left = |v: u64| (1 << WIDTH) - v;
+        let general = (0..GENERAL).filter_map(|i| {
+            let (_, sel) = self.general_event(i)?;
+            (sel & evtsel::INT != 0
+                && Self::in_mode(&probe, sel & evtsel::USR != 0, sel & evtsel::OS != 0))
+            .then(|| left(self.general[i]))
+        });
+        let fixed = (0..FIXED).filter_map(|j| {
+            let field = self.fixed_ctrl >> (4 * j) & fixed_ctrl::FIELD;
+            (self.global_ctrl & 1 << (32 + j) != 0
+                && field & fixed_ctrl::PMI != 0
+                && Self::in_mode(
+                    &probe,
+                    field & fixed_ctrl::USR != 0,
+                    field & fixed_ctrl::OS != 0,
+                ))
+            .then(|| left(self.fixed[j]))
+        });
+        general.chain(fixed).min()
+    }
+}
+
+/// Adds `n` to a `WIDTH`-bit counter; whether it wrapped.
+fn add(counter: &mut u64, n: u64) -> bool {
+    let sum = *counter as u128 + n as u128;
+    *counter = (sum as u64) & MASK;
+    sum >> WIDTH != 0
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Register {
+    EventSelect(usize),
+    General(usize),
+    Fixed(usize),
+    FixedCtrl,
+    GlobalStatus,
+    GlobalCtrl,
+    GlobalOvfCtrl,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::PmuInfo;
+    use proptest::prelude::*;
+
+    const INSTRUCTIONS: u64 = 0xc0;
+    const CYCLES: u64 = 0x3c;
+    const REF_CYCLES: u64 = 0x013c;
+
+    fn user(n: u64) -> Slice {
+        Slice {
+            user: true,
+            instructions: n,
+            core_cycles: 2 * n,
+            ref_cycles: 3 * n,
+        }
+    }
+
+    fn kernel(n: u64) -> Slice {
+        Slice {
+            user: false,
+            ..user(n)
+        }
+    }
+
+    #[test]
+    fn cpuid_describes_version_2_with_its_counters_as_the_probe_reads_it() {
+        let p = VirtualPmu::new();
+        let (eax, ebx, ecx, edx) = p.cpuid();
+        let info = PmuInfo::from_cpuid(eax, edx);
+        assert_eq!(info.version, 2);
+        assert_eq!(usize::from(info.gp_counters), GENERAL);
+        assert_eq!(u32::from(info.gp_width), WIDTH);
+        assert_eq!(usize::from(info.fixed_counters), FIXED);
+        assert_eq!(u32::from(info.fixed_width), WIDTH);
+        // Cycles, instructions and reference cycles available (bits clear), the other four
+        // architectural events not (bits set).
+        assert_eq!(ebx, 0b111_1000);
+        assert_eq!(eax >> 24, 7);
+        assert_eq!(ecx, 0);
+    }
+
+    #[test]
+    fn reserved_bits_are_a_gp_and_change_nothing() {
+        let mut p = VirtualPmu::new();
+        let before = p.clone();
+        let sel0 = msr::IA32_PERFEVTSEL0;
+        assert_eq!(p.write(sel0, 1 << 32), Err(Gp));
+        assert_eq!(p.write(sel0, 1 << 21), Err(Gp), "AnyThread is version 3");
+        assert_eq!(p.write(msr::IA32_FIXED_CTR_CTRL, 0b0100), Err(Gp));
+        assert_eq!(p.write(msr::IA32_FIXED_CTR_CTRL, 1 << 12), Err(Gp));
+        assert_eq!(p.write(msr::IA32_PERF_GLOBAL_CTRL, 1 << 4), Err(Gp));
+        assert_eq!(p.write(msr::IA32_PERF_GLOBAL_CTRL, 1 << 35), Err(Gp));
+        assert_eq!(p.write(msr::IA32_PERF_GLOBAL_STATUS, 0), Err(Gp));
+        assert_eq!(p.write(msr::IA32_PERF_GLOBAL_OVF_CTRL, 1 << 40), Err(Gp));
+        assert_eq!(p, before);
+        // Counters beyond the offered ones, the full-width aliases and PERF_CAPABILITIES are not
+        // this model's: the caller's #GP.
+        for index in [
+            msr::IA32_PERFEVTSEL0 + 4,
+            msr::IA32_PMC0 + 4,
+            msr::IA32_FIXED_CTR0 + 3,
+            msr::IA32_A_PMC0,
+            msr::IA32_PERF_CAPABILITIES,
+        ] {
+            assert!(!VirtualPmu::handles(index), "{index:#x}");
+            assert_eq!(p.read(index), Err(Gp));
+        }
+        // What Linux writes is taken.
+        let linux = CYCLES | evtsel::USR | evtsel::OS | evtsel::INT | evtsel::EN;
+        assert_eq!(p.write(sel0 + 3, linux), Ok(()));
+        assert_eq!(p.read(sel0 + 3), Ok(linux));
+        assert_eq!(p.write(msr::IA32_FIXED_CTR_CTRL, 0xbbb), Ok(()));
+        assert_eq!(p.write(msr::IA32_PERF_GLOBAL_CTRL, 0x7_0000_000f), Ok(()));
+    }
+
+    #[test]
+    fn counters_count_their_event_in_their_modes_when_enabled_twice() {
+        let mut p = VirtualPmu::new();
+        let sel = |n| msr::IA32_PERFEVTSEL0 + n;
+        p.write(sel(0), INSTRUCTIONS | evtsel::USR | evtsel::EN)
+            .unwrap();
+        p.write(sel(1), CYCLES | evtsel::OS | evtsel::EN).unwrap();
+        p.write(sel(2), REF_CYCLES | evtsel::USR | evtsel::OS | evtsel::EN)
+            .unwrap();
+        // Enabled locally, not globally.
+        p.write(sel(3), INSTRUCTIONS | evtsel::USR | evtsel::EN)
+            .unwrap();
+        p.write(msr::IA32_PERF_GLOBAL_CTRL, 0b0111 | 0b111 << 32)
+            .unwrap();
+        // Fixed: instructions in user mode, cycles in both, reference cycles off.
+        p.write(msr::IA32_FIXED_CTR_CTRL, 0x032).unwrap();
+        assert!(!p.count(&user(100)));
+        assert!(!p.count(&kernel(10)));
+        let pmc = |p: &VirtualPmu, n| p.read(msr::IA32_PMC0 + n).unwrap();
+        let fixed = |p: &VirtualPmu, n| p.read(msr::IA32_FIXED_CTR0 + n).unwrap();
+        assert_eq!(pmc(&p, 0), 100);
+        assert_eq!(pmc(&p, 1), 20);
+        assert_eq!(pmc(&p, 2), 330);
+        assert_eq!(pmc(&p, 3), 0);
+        assert_eq!((fixed(&p, 0), fixed(&p, 1), fixed(&p, 2)), (100, 220, 0));
+        // A qualifier the slices cannot honour, or another event: nothing.
+        p.write(sel(0), INSTRUCTIONS | evtsel::USR | evtsel::EN | 1 << 24)
+            .unwrap();
+        p.write(sel(1), 0x2e | 0x41 << 8 | evtsel::OS | evtsel::EN)
+            .unwrap();
+        p.count(&user(5));
+        p.count(&kernel(5));
+        assert_eq!((pmc(&p, 0), pmc(&p, 1)), (100, 20));
+        // Globally disabled: nothing.
+        p.write(msr::IA32_PERF_GLOBAL_CTRL, 0).unwrap();
+        p.count(&user(1000));
+        assert_eq!((pmc(&p, 2), fixed(&p, 0)), (360, 105));
+    }
+
+    #[test]
+    fn a_wrap_sets_its_status_bit_and_asks_for_a_pmi_only_with_int() {
+        let mut p = VirtualPmu::new();
+        p.write(
+            msr::IA32_PERFEVTSEL0,
+            INSTRUCTIONS | evtsel::USR | evtsel::EN,
+        )
+        .unwrap();
+        p.write(
+            msr::IA32_PERFEVTSEL0 + 1,
+            INSTRUCTIONS | evtsel::USR | evtsel::EN | evtsel::INT,
+        )
+        .unwrap();
+        p.write(msr::IA32_FIXED_CTR_CTRL, 0b1010 << 4).unwrap();
+        p.write(msr::IA32_PERF_GLOBAL_CTRL, 0b11 | 0b10 << 32)
+            .unwrap();
+        // Linux arms a period of N as -N through the 32-bit write, sign-extended to 48 bits.
+        p.write(msr::IA32_PMC0, (-1000i64) as u64).unwrap();
+        assert_eq!(p.read(msr::IA32_PMC0), Ok(MASK - 999));
+        p.write(msr::IA32_PMC0 + 1, (-500i64) as u64).unwrap();
+        p.write(msr::IA32_FIXED_CTR0 + 1, MASK - 99).unwrap();
+        assert_eq!(p.events_to_pmi(true), Some(100), "fixed 1: 100 core cycles");
+        assert_eq!(p.events_to_pmi(false), None);
+        assert!(!p.count(&user(40)), "80 cycles, 40 instructions: no wrap");
+        assert!(p.count(&user(20)), "the fixed counter wraps, with PMI");
+        assert_eq!(
+            p.read(msr::IA32_PERF_GLOBAL_STATUS),
+            Ok(1 << 33),
+            "only the fixed counter"
+        );
+        assert_eq!(p.read(msr::IA32_FIXED_CTR0 + 1), Ok(20));
+        assert_eq!(p.events_to_pmi(true), Some(440), "general counter 1");
+        // General counter 0 wraps without INT: its bit, no PMI.
+        assert!(!p.count(&user(440 - 1)));
+        assert!(p.count(&user(1000)));
+        assert_eq!(p.read(msr::IA32_PERF_GLOBAL_STATUS), Ok(1 << 33 | 0b11));
+        // Write 1 to clear; a read of OVF_CTRL gives 0.
+        p.write(msr::IA32_PERF_GLOBAL_OVF_CTRL, 1 << 33 | 1)
+            .unwrap();
+        assert_eq!(p.read(msr::IA32_PERF_GLOBAL_STATUS), Ok(0b10));
+        assert_eq!(p.read(msr::IA32_PERF_GLOBAL_OVF_CTRL), Ok(0));
+    }
+
+    #[test]
+    fn rdpmc_reads_the_general_and_fixed_counters() {
+        let mut p = VirtualPmu::new();
+        p.write(msr::IA32_PMC0 + 2, 7).unwrap();
+        p.write(msr::IA32_FIXED_CTR0 + 1, 9).unwrap();
+        assert_eq!(p.rdpmc(2), Ok(7));
+        assert_eq!(p.rdpmc(1 << 30 | 1), Ok(9));
+        assert_eq!(p.rdpmc(4), Err(Gp));
+        assert_eq!(p.rdpmc(1 << 30 | 3), Err(Gp));
+        assert_eq!(p.rdpmc(1 << 31), Err(Gp));
+    }
+
+    proptest! {
+        /// Any sequence of writes and slices: the counters stay within their width, the status
+        /// holds only counter bits, a refused write changes nothing, and a PMI is asked for only
+        /// when a counter with INT or PMI wrapped.
+        #[test]
+        fn any_guest_keeps_the_model_consistent(
+            ops in proptest::collection::vec(
+                (0u32..0x400, any::<u64>(), any::<bool>(), 0u64..1 << 50),
+                1..200,
+            )
+        ) {
+            let mut p = VirtualPmu::new();
+            let indices = [
+                msr::IA32_PERFEVTSEL0, msr::IA32_PERFEVTSEL0 + 3, msr::IA32_PMC0,
+                msr::IA32_PMC0 + 1, msr::IA32_FIXED_CTR0, msr::IA32_FIXED_CTR0 + 2,
+                msr::IA32_FIXED_CTR_CTRL, msr::IA32_PERF_GLOBAL_CTRL,
+                msr::IA32_PERF_GLOBAL_STATUS, msr::IA32_PERF_GLOBAL_OVF_CTRL,
+            ];
+            for (pick, value, is_user, n) in ops {
+                if pick % 3 == 0 {
+                    let pmi = p.count(&Slice { user: is_user, instructions: n, core_cycles: n, ref_cycles: n });
+                    // A wrap always sets its status bit.
+                    prop_assert!(!pmi || p.status_and_counters().0 != 0);
+                } else {
+                    let index = indices[pick as usize % indices.len()];
+                    let before = p.clone();
+                    if p.write(index, value).is_err() {
+                        prop_assert_eq!(&p, &before);
+                    }
+                }
+                let (status, counters) = p.status_and_counters();
+                prop_assert_eq!(status & !COUNTER_BITS, 0);
+                prop_assert!(counters.iter().all(|&c| c <= MASK));
+            }
+        }
+    }
+
+    impl VirtualPmu {
+        fn status_and_counters(&self) -> (u64, [u64; GENERAL + FIXED]) {
+            let mut c = [0; GENERAL + FIXED];
+            c[..GENERAL].copy_from_slice(&self.general);
+            c[GENERAL..].copy_from_slice(&self.fixed);
+            (self.global_status, c)
+        }
+    }
+}
