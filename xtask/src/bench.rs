@@ -67,7 +67,8 @@ pub fn bench(host_only: bool, profile_only: bool) -> Result<ExitCode> {
          {ROUNDS} CPUIDs, {ROUNDS} OUTs to an unused port and {ROUNDS} VERSION hypercalls, then \
          times {ROUNDS} more of each with RDTSC around the instruction; it first spins so that the \
          VMX-preemption timer fires at its 100,000-tick period. \"Handler\" is the hypervisor's own \
-         figure: TSC at the return of the entry stub to TSC just before the next VM entry; the \
+         figure: TSC at the return of the entry stub to TSC just before the next VM entry (the \
+         previous exit's booking in the exit statistics, done after the exit, inside it); the \
          round trip adds the VM exit and entry themselves and the RDTSC pair. The mean of I/O \
          includes the exits on the console UART, whose handler prints a line on the real serial \
          port when the guest completes one.\n\n{table}",
