@@ -74,21 +74,7 @@ pub mod lvt {
     pub const NMI_UNMASKED: u32 = DELIVERY_NMI;
 }
 
-/// IA32_PERFEVTSELx bits (§21.2.1.1).
-mod evtsel {
-    pub const USR: u64 = 1 << 16;
-    pub const OS: u64 = 1 << 17;
-    pub const INT: u64 = 1 << 20;
-    pub const EN: u64 = 1 << 22;
-}
-
-/// IA32_FIXED_CTR_CTRL nibble bits (§21.2.2).
-mod fixed_ctrl {
-    pub const OS: u64 = 0b0001;
-    pub const USR: u64 = 0b0010;
-    pub const PMI: u64 = 0b1000;
-    pub const FIELD: u64 = 0b1111;
-}
+use crate::{evtsel, fixed_ctrl};
 
 /// IA32_PERF_CAPABILITIES.FW_WRITE (§21.2.6).
 pub const PERF_CAPABILITIES_FW_WRITE: u64 = 1 << 13;

@@ -21,6 +21,7 @@
 //!   (version 3), no PEBS or freeze on PMI.
 
 use crate::probe::msr;
+use crate::{evtsel, fixed_ctrl};
 
 /// General counters.
 pub const GENERAL: usize = 4;
@@ -37,30 +38,11 @@ const COUNTED_EVENTS: u32 = 0b111;
 
 const MASK: u64 = (1 << WIDTH) - 1;
 
-/// IA32_PERFEVTSELx fields (§21.2.1.1, Figure 21-1).
-mod evtsel {
-    pub const EVENT: u64 = 0xff;
-    pub const UMASK: u64 = 0xff << 8;
-    pub const USR: u64 = 1 << 16;
-    pub const OS: u64 = 1 << 17;
-    pub const EDGE: u64 = 1 << 18;
-    pub const INT: u64 = 1 << 20;
-    pub const EN: u64 = 1 << 22;
-    pub const INV: u64 = 1 << 23;
-    pub const CMASK: u64 = 0xff << 24;
-    /// Bits 63:32 and AnyThread (bit 21, version 3).
-    pub const RESERVED: u64 = 0xffff_ffff_0000_0000 | 1 << 21;
-}
+/// IA32_PERFEVTSELx bits reserved here: 63:32 and AnyThread (bit 21, version 3).
+const EVTSEL_RESERVED: u64 = 0xffff_ffff_0000_0000 | 1 << 21;
 
-/// IA32_FIXED_CTR_CTRL: four bits per counter (§21.2.2, Figure 21-2): enable in ring 0 (bit 0),
-/// above ring 0 (bit 1), AnyThread (bit 2, version 3: reserved here), PMI (bit 3).
-mod fixed_ctrl {
-    pub const OS: u64 = 0b0001;
-    pub const USR: u64 = 0b0010;
-    pub const PMI: u64 = 0b1000;
-    /// The bits a counter may set.
-    pub const FIELD: u64 = OS | USR | PMI;
-}
+/// The IA32_FIXED_CTR_CTRL bits a counter may set here (AnyThread is version 3).
+const FIXED_ALLOWED: u64 = fixed_ctrl::OS | fixed_ctrl::USR | fixed_ctrl::PMI;
 
 /// IA32_PERF_GLOBAL_STATUS bits beyond the counters' (§21.2.2, Figure 21-3).
 const OVF_BUFFER: u64 = 1 << 62;
@@ -177,7 +159,7 @@ impl VirtualPmu {
     pub fn write(&mut self, index: u32, value: u64) -> Result<(), Gp> {
         match Self::register(index).ok_or(Gp)? {
             Register::EventSelect(i) => {
-                if value & evtsel::RESERVED != 0 {
+                if value & EVTSEL_RESERVED != 0 {
                     return Err(Gp);
                 }
                 self.evtsel[i] = value;
@@ -188,7 +170,7 @@ impl VirtualPmu {
             // The fixed counters take the counter's width.
             Register::Fixed(i) => self.fixed[i] = value & MASK,
             Register::FixedCtrl => {
-                let allowed = (0..FIXED).fold(0, |m, i| m | fixed_ctrl::FIELD << (4 * i));
+                let allowed = (0..FIXED).fold(0, |m, i| m | FIXED_ALLOWED << (4 * i));
                 if value & !allowed != 0 {
                     return Err(Gp);
                 }
@@ -277,7 +259,7 @@ impl VirtualPmu {
         .into_iter()
         .enumerate()
         {
-            let field = self.fixed_ctrl >> (4 * j) & fixed_ctrl::FIELD;
+            let field = self.fixed_ctrl >> (4 * j) & FIXED_ALLOWED;
             if self.global_ctrl & 1 << (32 + j) == 0 {
                 continue;
             }
@@ -313,7 +295,7 @@ impl VirtualPmu {
             .then(|| left(self.general[i]))
         });
         let fixed = (0..FIXED).filter_map(|j| {
-            let field = self.fixed_ctrl >> (4 * j) & fixed_ctrl::FIELD;
+            let field = self.fixed_ctrl >> (4 * j) & FIXED_ALLOWED;
             (self.global_ctrl & 1 << (32 + j) != 0
                 && field & fixed_ctrl::PMI != 0
                 && Self::in_mode(
