@@ -243,16 +243,16 @@ fn on_page<M: FrameMemory>(
     mem: &M,
     page: M::Page,
     base: u64,
-    mut fp: u64,
+    fp: u64,
     out: &mut [MaybeUninit<u64>],
     n: &mut usize,
 ) -> Result<(u64, u64), ChainEnd> {
+    // The record's offset on the page and the count, in registers for the loop (written back on
+    // the way out).
+    let mut offset = fp - base;
     let mut next = fp;
-    // The count in a register for the loop (a store through `n` per frame otherwise), written
-    // back on the way out.
     let mut i = *n;
     while i < out.len() {
-        let offset = fp - base;
         next = mem.word(page, offset);
         let ret = mem.word(page, offset + 8);
         if ret == 0 {
@@ -262,20 +262,21 @@ fn on_page<M: FrameMemory>(
         out[i].write(ret);
         i += 1;
         // On to the caller's record if it is on this page too (and below its last word),
-        // climbs and is aligned; anything else goes back to the caller's checks.
-        // (`(offset + 8) & !0xff8 == 0`: `offset` a multiple of 8 from -8 to 0xff0; -8 and 0
-        // lie at or below `fp`, which is on this page, so the climb check refuses them; -8
-        // could only climb from page 0, which `walk` never reads.)
-        let offset = next.wrapping_sub(base);
-        if next <= fp || offset.wrapping_add(8) & !0xff8 != 0 {
+        // climbs and is aligned; anything else goes back to the caller's checks. The climb is
+        // compared as signed offsets from the page: a caller's record below the page (an offset
+        // that wraps) does not climb. (`(offset + 8) & !0xff8 == 0`: `offset` a multiple of 8
+        // from -8 to 0xff0; -8 lies below the record, which is on this page, so the climb check
+        // refuses it.)
+        let next_offset = next.wrapping_sub(base);
+        if next_offset as i64 <= offset as i64 || next_offset.wrapping_add(8) & !0xff8 != 0 {
             *n = i;
-            return Ok((fp, next));
+            return Ok((base + offset, next));
         }
-        fp = next;
+        offset = next_offset;
     }
     // `out` is full.
     *n = i;
-    Ok((fp, next))
+    Ok((base + offset, next))
 }
 
 /// Takes return address `ret` as the next frame (`n < out.len()`); how the chain ends if it

@@ -120,6 +120,9 @@ impl OrdinaryCode for OrdinaryCodeSlots<'_> {
 pub struct StackPages {
     seq: AtomicU64,
     next: AtomicU64,
+    /// The entry the last lookup found, looked at first (a walk's lookups are mostly of one
+    /// stack page): only a hint, any value of it is safe.
+    last: AtomicU64,
     /// Per entry: CR3 (or `ANY_CR3`), guest-virtual base and offset mask of the page, entry
     /// address, entry value, guest-physical base.
     entries: [[AtomicU64; 6]; STACK_PAGES],
@@ -130,6 +133,7 @@ impl StackPages {
         StackPages {
             seq: AtomicU64::new(0),
             next: AtomicU64::new(0),
+            last: AtomicU64::new(0),
             entries: [const { [const { AtomicU64::new(EMPTY) }; 6] }; STACK_PAGES],
         }
     }
@@ -153,13 +157,23 @@ impl StackPages {
         }
         let tag = Self::tag(cr3, page);
         // The tag first: a walk's other entries are not loaded further.
-        let hit = self.entries.iter().find_map(|e| {
+        let entry = |e: &[AtomicU64; 6]| {
             let v = |i: usize| e[i].load(Ordering::Relaxed);
             if v(0) != tag {
                 return None;
             }
             let mask = v(2);
             (page & !mask == v(1)).then(|| (v(3), v(4), v(5) + (page & mask)))
+        };
+        let last = self.last.load(Ordering::Relaxed) as usize % STACK_PAGES;
+        let hit = entry(&self.entries[last]).or_else(|| {
+            let (i, hit) = self
+                .entries
+                .iter()
+                .enumerate()
+                .find_map(|(i, e)| entry(e).map(|hit| (i, hit)))?;
+            self.last.store(i as u64, Ordering::Relaxed);
+            Some(hit)
         });
         core::sync::atomic::fence(Ordering::Acquire);
         if self.seq.load(Ordering::Relaxed) != before {
@@ -273,6 +287,53 @@ mod tests {
         // And its own entries work as before.
         cache.pages.remember(cr3, 0x20_1000, vm0);
         assert_eq!(cache.pages.find(cr3, 0x20_3000, memory), Some(0x20_3000));
+    }
+
+    /// The entry of the last lookup is looked at first: lookups that alternate between pages,
+    /// an entry replaced after it was found, and a forgotten cache all find what the entries
+    /// hold now, never what the hint pointed to before.
+    #[test]
+    fn the_last_entry_found_is_only_a_hint() {
+        let cache = WalkCache::new();
+        cache.enter_vm(0);
+        let cr3 = 0x3000;
+        let page = |i: u64| 0x40_0000 * (i + 1);
+        let leaves: [Leaf; STACK_PAGES] =
+            core::array::from_fn(|i| leaf(page(i as u64), 0x5000 + 8 * i as u64));
+        let memory = |gpa: u64| leaves.iter().find(|l| l.entry_gpa == gpa).map(|l| l.entry);
+        for (i, l) in leaves.iter().enumerate() {
+            cache.pages.remember(cr3, page(i as u64), *l);
+        }
+        for round in 0..3 {
+            for i in [3u64, 0, 3, 1, 1, 2] {
+                assert_eq!(
+                    cache.pages.find(cr3, page(i) + 0x1000, memory),
+                    Some(page(i) + 0x1000),
+                    "round {round}, page {i}"
+                );
+            }
+        }
+        // The entry last found (page 0's, slot 0) replaced by another page, as the next
+        // `remember` does: page 0 is not found through the hint any more, the new page is, and
+        // the others still are.
+        assert_eq!(cache.pages.find(cr3, page(0), memory), Some(page(0)));
+        let other = leaf(0x400_0000, 0x6000);
+        let memory2 = |gpa: u64| {
+            (gpa == other.entry_gpa)
+                .then_some(other.entry)
+                .or_else(|| memory(gpa))
+        };
+        cache.pages.remember(cr3, other.gpa, other);
+        assert_eq!(cache.pages.find(cr3, page(0), memory2), None);
+        assert_eq!(
+            cache.pages.find(cr3, other.gpa + 0x1000, memory2),
+            Some(other.gpa + 0x1000)
+        );
+        for i in 1..STACK_PAGES as u64 {
+            assert_eq!(cache.pages.find(cr3, page(i), memory2), Some(page(i)));
+        }
+        cache.pages.forget();
+        assert!((0..STACK_PAGES as u64).all(|i| cache.pages.find(cr3, page(i), memory).is_none()));
     }
 
     #[test]
