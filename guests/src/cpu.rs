@@ -57,6 +57,32 @@ pub unsafe fn wrmsr_safe(msr: u32, value: u64) -> Result<(), Fault> {
     unsafe { hvprof_x86_trap::write_msr(msr, value) }
 }
 
+/// RDPMC of counter `ecx` (bit 30: the fixed counters); `Err` with the vector when it faulted
+/// (#GP: no such counter, no PMU, or CR4.PCE clear outside ring 0). Caught as `rdmsr_safe`'s
+/// faults are, through a `.fixup` entry.
+pub fn rdpmc_safe(ecx: u32) -> Result<u64, Fault> {
+    let (lo, hi, marker): (u32, u32, u64);
+    // SAFETY: RDPMC writes only EDX:EAX; a #GP is caught through the fixup entry and reported in
+    // R8 (the runtime's exception dispatcher calls `hvprof_x86_trap::resolve_fixup`).
+    unsafe {
+        core::arch::asm!(
+            "xor r8d, r8d",
+            "2: rdpmc",
+            "3:",
+            ".pushsection .fixup, \"a\"",
+            ".balign 8",
+            ".quad 2b, 3b",
+            ".popsection",
+            in("ecx") ecx,
+            out("eax") lo,
+            out("edx") hi,
+            out("r8") marker,
+            options(nostack),
+        );
+    }
+    hvprof_x86_trap::fault_from_marker(marker).map(|()| (u64::from(hi) << 32) | u64::from(lo))
+}
+
 /// CR0.
 pub fn read_cr0() -> u64 {
     let v: u64;

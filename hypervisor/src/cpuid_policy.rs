@@ -41,6 +41,8 @@ pub struct Seen {
     pub tsc_offsetting: bool,
     /// The TSC's frequency (leaves 15H and 16H).
     pub tsc_hz: u64,
+    /// Leaf 0AH of the vCPU's virtual PMU (`vpmu=`), or none.
+    pub pmu: Option<Regs>,
 }
 
 /// CR4.OSXSAVE and CR4.PKE (SDM Vol. 3A §2.5).
@@ -166,8 +168,9 @@ pub fn policy(leaf: u32, subleaf: u32, seen: &Seen, host: impl Fn(u32, u32) -> R
             }
             (a, b, c, d)
         }
-        // No PMU for guests: the hypervisor owns the counters (it samples with them).
-        0xa => (0, 0, 0, 0),
+        // A PMU only where the VM has a virtual one (`vpmu=`): the hypervisor owns the real
+        // counters (it samples with them).
+        0xa => seen.pmu.unwrap_or((0, 0, 0, 0)),
         // XSAVE state components: none (see leaf 1).
         0xd if linux => (0, 0, 0, 0),
         // Topology: not described (one core per vCPU), so Linux falls back to leaves 1 and 4; no
@@ -237,6 +240,7 @@ mod tests {
             rdtscp: true,
             tsc_offsetting: true,
             tsc_hz: 1_000_000_000,
+            pmu: None,
         }
     }
 
@@ -292,6 +296,15 @@ mod tests {
         let (_, _, _, d) = ask(7, &s);
         assert_eq!(d, 0, "speculation-control MSRs are #GP: their bits go");
         assert_eq!(ask(0xa, &s), (0, 0, 0, 0), "no PMU");
+        let with = Seen {
+            pmu: Some((0x0730_0402, 0x78, 0, 0x0603)),
+            ..seen()
+        };
+        assert_eq!(
+            ask(0xa, &with),
+            (0x0730_0402, 0x78, 0, 0x0603),
+            "the vPMU's"
+        );
         assert_eq!(ask(0x4000_0000, &s).1, SIGNATURE[0]);
     }
 

@@ -21,5 +21,6 @@ pub mod profiler;
 pub mod rate;
 pub mod spin_sites;
 pub mod string_io;
+pub mod vcpu_pmu;
 pub mod vm_config;
 pub mod vmcs_setup;

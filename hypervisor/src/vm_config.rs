@@ -61,6 +61,31 @@ pub enum Ple {
     Directed,
 }
 
+/// `vpmu=`: the guest's virtual PMU (docs/PROFILER.md, "A guest's own PMU"): Du et al.'s two
+/// ways of accounting a vCPU's counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Vpmu {
+    /// No PMU: CPUID leaf 0AH is all zeros, the counter MSRs and RDPMC are #GP.
+    #[default]
+    Off,
+    /// *CPU switch*: the counters run only while the vCPU executes guest code.
+    Cpu,
+    /// *Domain switch*: they also count the hypervisor's work on the vCPU's exits (as OS-mode
+    /// time: the hypervisor runs privileged).
+    Domain,
+}
+
+impl Vpmu {
+    /// The value as `vpmu=` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Vpmu::Off => "off",
+            Vpmu::Cpu => "cpu",
+            Vpmu::Domain => "domain",
+        }
+    }
+}
+
 impl Ple {
     /// The value as `ple=` takes it.
     pub fn as_str(self) -> &'static str {
@@ -121,6 +146,8 @@ pub struct VmConfig<'a> {
     pub output: u64,
     /// `ple=off|on|directed` (default off): pause-loop exiting and what a PLE exit does.
     pub ple: Ple,
+    /// `vpmu=off|cpu|domain` (default off): a virtual architectural PMU per vCPU.
+    pub vpmu: Vpmu,
     /// `testdev=on|off` (default off): QEMU's pc-testdev ports, which kvm-unit-tests' kernels
     /// drive (`devices::testdev`): a scratch register, a page flush, the ISA interrupt lines
     /// raised by hand, and 64 KiB of test memory at 0xff000000.
@@ -185,6 +212,7 @@ pub enum ConfigError<'a> {
     BadOutput(&'a str),
     BadPle(&'a str),
     BadTestdev(&'a str),
+    BadVpmu(&'a str),
     PinCount { pins: usize, vcpus: u16 },
     Repeated(&'a str),
 }
@@ -258,6 +286,7 @@ impl fmt::Display for ConfigError<'_> {
             ),
             ConfigError::BadPle(v) => write!(f, "ple={v:?}: expected off, on or directed"),
             ConfigError::BadTestdev(v) => write!(f, "testdev={v:?}: expected on or off"),
+            ConfigError::BadVpmu(v) => write!(f, "vpmu={v:?}: expected off, cpu or domain"),
             ConfigError::BadUnwind(v) => write!(
                 f,
                 "unwind={v:?}: expected 1 to {UNWIND_MAX} boot module names separated by commas"
@@ -301,6 +330,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
     let mut output = None;
     let mut ple = None;
     let mut testdev = None;
+    let mut vpmu = None;
     let positive = |v: &str| v.parse::<u64>().ok().filter(|&n| n > 0);
     for word in words {
         let Some((key, value)) = word.split_once('=') else {
@@ -377,6 +407,16 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
                     "on" => Ple::On,
                     "directed" => Ple::Directed,
                     _ => return Err(ConfigError::BadPle(value)),
+                },
+            )?,
+            "vpmu" => set(
+                &mut vpmu,
+                key,
+                match value {
+                    "off" => Vpmu::Off,
+                    "cpu" => Vpmu::Cpu,
+                    "domain" => Vpmu::Domain,
+                    _ => return Err(ConfigError::BadVpmu(value)),
                 },
             )?,
             "testdev" => set(
@@ -458,6 +498,7 @@ pub fn parse(cmdline: &str) -> Result<VmConfig<'_>, ConfigError<'_>> {
         apic_virtualization: apic.is_some_and(|(_, virtualized)| virtualized),
         output: output.unwrap_or(0),
         ple: ple.unwrap_or_default(),
+        vpmu: vpmu.unwrap_or_default(),
         testdev: testdev.unwrap_or(false),
         budget: budget.unwrap_or(BUDGET_DEFAULT),
         wall_budget: wall_budget.unwrap_or_else(|| {
@@ -491,7 +532,7 @@ fn parse_name(n: &str) -> Result<&str, ConfigError<'_>> {
 }
 
 /// The keys the hypervisor takes from a module's command line (the rest goes to the guest).
-pub const KEYS: [&str; 18] = [
+pub const KEYS: [&str; 19] = [
     "vm",
     "mem",
     "budget",
@@ -510,6 +551,7 @@ pub const KEYS: [&str; 18] = [
     "output",
     "ple",
     "testdev",
+    "vpmu",
 ];
 
 /// The module's arguments without the hypervisor's keys: a Linux guest's kernel command line.
@@ -592,6 +634,9 @@ mod tests {
         assert_eq!(parse("x.elf mem=6144K").unwrap().mem, 6 * MIB);
         assert_eq!(parse("x.elf").unwrap().format, Format::Elf64);
         assert_eq!(parse("x.elf").unwrap().vcpus, 1);
+        assert_eq!(parse("x.elf").unwrap().vpmu, Vpmu::Off);
+        assert_eq!(parse("x.elf vpmu=cpu").unwrap().vpmu, Vpmu::Cpu);
+        assert_eq!(parse("x.elf vpmu=domain").unwrap().vpmu, Vpmu::Domain);
         assert_eq!(parse("x.elf vcpus=2").unwrap().vcpus, 2);
         assert_eq!(parse("x.elf vcpus=0"), Err(ConfigError::BadVcpus("0")));
         assert_eq!(parse("x.elf vcpus=9"), Err(ConfigError::BadVcpus("9")));
@@ -633,6 +678,7 @@ mod tests {
         }
         assert_eq!(parse("x.elf ple=yes"), Err(ConfigError::BadPle("yes")));
         assert_eq!(parse("x.elf testdev=1"), Err(ConfigError::BadTestdev("1")));
+        assert_eq!(parse("x.elf vpmu=on"), Err(ConfigError::BadVpmu("on")));
         assert!(parse("x.elf testdev=on").unwrap().testdev);
         assert!(!parse("x.elf").unwrap().testdev);
         assert!(guest_args("testdev=on a=b").eq(["a=b"]));

@@ -25,6 +25,7 @@
 //! pin = [0]                    # optional pin=0,1: the pCPU of each vCPU (one per vCPU, < cpus)
 //! format = "elf64"             # optional format=: "elf64" or "real16"
 //! budget = 2000000000          # optional budget=: TSC ticks the VM may run
+//! vpmu = "cpu"                 # optional vpmu=: "off", "cpu" or "domain" (a virtual PMU)
 //! args = "mix=80,20 rounds=60" # optional: more arguments, passed to the guest as they are
 //!
 //! [[vm]]                       # a Linux VM: kernel instead of image (exactly one of the two)
@@ -113,7 +114,7 @@ use crate::EmulatorArg;
 pub const CPUS_MAX: u32 = 64;
 
 /// Module arguments the configuration sets itself, with the field that sets each.
-const RESERVED_ARGS: [(&str, &str); 13] = [
+const RESERVED_ARGS: [(&str, &str); 14] = [
     ("vm", "name"),
     ("mem", "memory"),
     ("vcpus", "vcpus"),
@@ -122,6 +123,7 @@ const RESERVED_ARGS: [(&str, &str); 13] = [
     ("budget", "budget"),
     ("initrd", "initrd"),
     ("apic", "apic"),
+    ("vpmu", "vpmu"),
     ("unwind", "unwind"),
     ("task-offsets", "vmlinux"),
     ("mm-layout", "vmlinux"),
@@ -174,6 +176,7 @@ struct VmTable {
     pin: Option<Vec<i64>>,
     format: Option<String>,
     budget: Option<i64>,
+    vpmu: Option<String>,
     args: Option<String>,
 }
 
@@ -751,6 +754,11 @@ fn plan_vm(
     {
         problems.value(&field("budget"), budget, p);
     }
+    if let Some(v) = &vm.vpmu
+        && let Err(p) = check_vm_value("vpmu", v, ConfigError::BadVpmu)
+    {
+        problems.value(&field("vpmu"), Quoted(v), p);
+    }
 
     // The kernel's command line: the kernel's words only (refused above without a kernel).
     let cmdline = match &vm.cmdline {
@@ -881,6 +889,9 @@ fn plan_vm(
     }
     if let Some(b) = vm.budget {
         keys.push(format!("budget={b}"));
+    }
+    if let Some(v) = &vm.vpmu {
+        keys.push(format!("vpmu={v}"));
     }
     let guest: Vec<&str> = [cmdline, args]
         .into_iter()

@@ -4,8 +4,8 @@
 use crate::profiler;
 use crate::tsc::rdtsc;
 use crate::vcpu::Vcpu;
-use crate::vm::virtual_interrupts;
 use crate::vm::{Stop, Vm, linux_tasks as tasks};
+use crate::vm::{virtual_interrupts, vpmu};
 use crate::vmexit;
 use alloc::format;
 use alloc::string::String;
@@ -186,6 +186,9 @@ struct Slice<'a> {
     other: u64,
     /// The timer of this entry was set for a sampling deadline that nothing else needed.
     timer_for_sampling: bool,
+    /// The VMX-preemption timer's value written for this entry (a virtual PMU measures the
+    /// guest's run by what the exit leaves of it).
+    timer_set: u32,
     /// The last exit's reason and TSC, booked in the exit statistics at the next entry.
     exit_at: Option<(u16, u64)>,
     /// An exit for a sampling deadline (its cost is the profiler's): the TSC it began at, moved
@@ -238,6 +241,7 @@ impl<'a> Slice<'a> {
             slice_or_budget,
             other: slice_or_budget,
             timer_for_sampling: false,
+            timer_set: 0,
             exit_at: None,
             sampling_exit: None,
             host_clock_armed: true,
@@ -263,6 +267,10 @@ impl<'a> Slice<'a> {
             vcpu.wait_for_sipi = true;
             vcpu.wake_at = None;
             return Err(SliceEnd::Halted);
+        }
+        // A virtual PMU's overflow interrupt, when one is due (`vm/vpmu.rs`).
+        if vcpu.pmu.is_some() && vpmu::deliver_pmi(vm, vcpu) {
+            self.devices_touched = true;
         }
         // With the CPU's APIC virtualization, the local APIC's state taken back at an exit goes
         // back to the CPU before the guest runs again (vm/virtual_apic.rs).
@@ -318,15 +326,21 @@ impl<'a> Slice<'a> {
         // The VMX-preemption timer stops the guest at the next sampling deadline, the end of the
         // slice, the end of the budget or its devices' next event, whichever comes first (SDM
         // Vol. 3C §26.5.1).
+        // A virtual PMU's next interrupting wrap is one more deadline.
         let tick = prof.next_tick();
-        self.timer_for_sampling = tick < self.other;
-        let mut until = tick.min(self.other).saturating_sub(now);
+        let other = match vpmu::ticks_to_next(vcpu) {
+            Some(n) => self.other.min(now.saturating_add(n)),
+            None => self.other,
+        };
+        self.timer_for_sampling = tick < other;
+        let mut until = tick.min(other).saturating_sub(now);
         // The guest runs at least a quarter of a period at each entry the sampling clock ends:
         // with a period shorter than the exits it causes, it would otherwise never run at all.
         if self.timer_for_sampling {
             until = until.max(prof.period() / 4);
         }
         let timer = (until >> self.shift).min(u32::MAX as u64) as u32;
+        self.timer_set = timer;
         if let Err(e) = vmcs.write32(Guest32::PreemptionTimerValue, timer) {
             return Err(SliceEnd::Stopped(Stop::Fault(format!(
                 "VMWRITE of the preemption timer failed: {e}"
@@ -351,6 +365,7 @@ impl<'a> Slice<'a> {
         self.prof.set_guest_rbp(vcpu.regs.rbp);
         if let Some((reason, t)) = last_exit {
             vcpu.stats.record(reason, t_entry - t);
+            vpmu::hypervisor_worked(vcpu, t_entry - t);
         }
         if let Some((t, inside)) = ending {
             self.prof.sampling_exit_done(t, t_entry, inside);
@@ -387,6 +402,9 @@ impl<'a> Slice<'a> {
             ))));
         }
         vcpu.launched = true;
+        if vcpu.pmu.is_some() {
+            vpmu::after_run(vcpu, vmcs, self.timer_set, self.shift);
+        }
         if vcpu.mode_switching {
             follow_long_mode(vcpu, vmcs);
         }
@@ -454,7 +472,11 @@ impl<'a> Slice<'a> {
         self.prof.arm_host_clock();
         self.host_clock_armed = true;
         x86_64::instructions::interrupts::enable();
+        let rip = vpmu::rip_before(vcpu, vmcs);
         let flow = vmexit::handle(vm, vcpu, vmcs, exit.reason);
+        if let Some(rip) = rip {
+            vpmu::after_handler(vcpu, vmcs, rip);
+        }
         x86_64::instructions::interrupts::disable();
         match flow {
             vmexit::Flow::Resume => {}
@@ -478,7 +500,9 @@ impl<'a> Slice<'a> {
         let prof = self.prof;
         x86_64::instructions::interrupts::disable();
         if let Some((reason, t)) = self.exit_at.take() {
-            vcpu.stats.record(reason, rdtsc() - t);
+            let ticks = rdtsc() - t;
+            vcpu.stats.record(reason, ticks);
+            vpmu::hypervisor_worked(vcpu, ticks);
         }
         if let Some((t, inside)) = self.sampling_exit.take() {
             prof.sampling_exit_done(t, rdtsc(), inside);

@@ -116,6 +116,8 @@ pub struct Vcpu {
     pub settled_range: Option<(u64, u64)>,
     /// Its guest's kernel-page translations, for reading the task at samples.
     pub tlb: hvprof_hypervisor::profiler::guest_walk::Tlb,
+    /// Its virtual PMU (`vpmu=`; `hvprof_hypervisor::vcpu_pmu`, driven by `vm/vpmu.rs`).
+    pub pmu: Option<hvprof_hypervisor::vcpu_pmu::VcpuPmu>,
 }
 
 /// Bitmaps shared by every VM: every I/O port and every MSR exits, except the MSRs passed
@@ -316,6 +318,7 @@ impl Vcpu {
             maps_process: None,
             settled_range: None,
             tlb: hvprof_hypervisor::profiler::guest_walk::Tlb::new(),
+            pmu: None,
         };
         Ok((vcpu, v))
     }

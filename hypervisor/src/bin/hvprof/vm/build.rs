@@ -452,6 +452,7 @@ fn build(
             Ple::Off
         }
     };
+    crate::vm::vpmu::describe(config.name, config.vpmu, apic);
     let eptp = ept.eptp(false);
     // No translation derived from this EPTP may survive from an earlier use of the same tables'
     // addresses (SDM Vol. 3C §29.4.3.1): invalidate before the first VM entry.
@@ -490,6 +491,12 @@ fn build(
         vcpu.index = i;
         // With local APICs, only vCPU 0 starts: the others wait for the guest's SIPI.
         vcpu.wait_for_sipi = apic && i > 0;
+        if config.vpmu != hvprof_hypervisor::vm_config::Vpmu::Off {
+            vcpu.pmu = Some(hvprof_hypervisor::vcpu_pmu::VcpuPmu::new(
+                config.vpmu,
+                crate::tsc::hz(),
+            ));
+        }
         vcpus.push(Mutex::new(vcpu));
     }
     Ok(Vm {

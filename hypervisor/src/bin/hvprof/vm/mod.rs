@@ -17,6 +17,7 @@ pub mod pause_loop;
 pub mod report;
 pub mod virtual_apic;
 pub mod virtual_interrupts;
+pub mod vpmu;
 
 use crate::memory;
 use crate::vcpu::Vcpu;

@@ -146,6 +146,7 @@ pub fn exit_stats(vm: &Vm) {
         exits.merge(&v.lock().stats);
     }
     print!("{}", exits.table(&vm.name, exit_name));
+    super::vpmu::print_stats(vm);
     // Each vCPU's spin sites, read once for the console and the end frame.
     let spins: alloc::vec::Vec<SpinSites> = if vm.ple == Ple::Off {
         alloc::vec::Vec::new()

@@ -192,8 +192,21 @@ fn handle_exit(
             None
         }
         Some(BasicExit::Rdpmc) => {
-            // The performance counters are the profiler's: no guest reads them.
-            vmcs.inject_exception(13, Some(0));
+            // The real performance counters are the profiler's: a guest reads only its virtual
+            // PMU's (`vpmu=`), as RDPMC allows at its CPL (SDM Vol. 2B, RDPMC), and without one
+            // RDPMC is #GP.
+            const CR4_PCE: u64 = 1 << 8;
+            let pce = cr_context(vmcs).cr4 & CR4_PCE != 0;
+            let cpl = vmcs.guest_cpl();
+            let ecx = vcpu.regs.rcx as u32;
+            match vcpu.pmu.as_ref().and_then(|p| p.rdpmc(ecx, cpl, pce)) {
+                Some(v) => {
+                    vcpu.regs.rax = v & 0xffff_ffff;
+                    vcpu.regs.rdx = v >> 32;
+                    vmcs.skip_instruction();
+                }
+                None => vmcs.inject_exception(13, Some(0)),
+            }
             None
         }
         Some(BasicExit::Xsetbv) => xsetbv(vcpu, vmcs),

@@ -6,6 +6,7 @@ use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::GuestOps;
 use crate::vm::{Stop, Vm};
 use hvprof_hypervisor::guest_acpi::LAPIC_BASE;
+use hvprof_pmu::virtual_pmu::VirtualPmu;
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::VmcsExt;
 
@@ -55,6 +56,18 @@ pub fn rdmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         IA32_PLATFORM_ID if vm.machine_exit => 0,
         IA32_BIOS_SIGN_ID if vm.machine_exit => MICROCODE_REVISION,
         IA32_MISC_ENABLE if vm.machine_exit => vcpu.misc_enable,
+        // The virtual PMU's MSRs (`vpmu=`; SDM Vol. 3B §21.2.2), none of them the real ones.
+        m if let Some(pmu) = &vcpu.pmu
+            && VirtualPmu::handles(m) =>
+        {
+            match pmu.model.read(m) {
+                Ok(v) => v,
+                Err(_) => {
+                    vmcs.inject_exception(13, Some(0));
+                    return None;
+                }
+            }
+        }
         _ => {
             vm.log_msr_once(msr, "read of unhandled");
             vmcs.inject_exception(13, Some(0));
@@ -116,6 +129,17 @@ pub fn wrmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
                 return None;
             }
             vcpu.misc_enable = value;
+        }
+        // A reserved bit, or a write to IA32_PERF_GLOBAL_STATUS, is #GP and changes nothing
+        // (`VirtualPmu::write`).
+        m if let Some(pmu) = &mut vcpu.pmu
+            && VirtualPmu::handles(m) =>
+        {
+            if pmu.model.write(m, value).is_err() {
+                vm.log_msr_once(m, "write of reserved bits to virtual PMU");
+                vmcs.inject_exception(13, Some(0));
+                return None;
+            }
         }
         _ => {
             vm.log_msr_once(msr, "write to unhandled");

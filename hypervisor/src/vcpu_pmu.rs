@@ -1,0 +1,294 @@
+//! A vCPU's virtual PMU as the run loop drives it (`vpmu=cpu|domain`, docs/PROFILER.md, "A
+//! guest's own PMU"): the guest-facing model (`hvprof_pmu::virtual_pmu`: CPUID leaf 0AH, the
+//! MSRs, overflow into IA32_PERF_GLOBAL_STATUS) fed by the *emulated* backend, which derives the
+//! three counted events from the vCPU's own time.
+//!
+//! - **Guest time** is what the VMX-preemption timer counted down between the VM entry and the
+//!   exit (the run loop writes its value at every entry and the exit saves what is left: SDM
+//!   Vol. 3C §26.5.1, §28.3.3 "save VMX-preemption timer value"). The timer counts only in VMX
+//!   non-root operation, so this is the guest's run and nothing of the hypervisor's. Unhalted
+//!   core cycles and reference cycles are these ticks (the TSC's rate); instructions retired are
+//!   too, which is exact where one tick is one instruction (Bochs with `clock: sync=none`) and an
+//!   estimate elsewhere (the boot log says which).
+//! - **An instruction the hypervisor emulates** (CPUID, RDMSR, WRMSR, an APIC access, ...)
+//!   retires in the guest when the hypervisor moves the guest's RIP past it: one instruction, in
+//!   the guest's mode, counted with the counters as they are after it (as KVM counts them; so
+//!   the WRMSR that enables a counter counts on it, the one that disables it does not).
+//! - **`vpmu=domain`** (Du et al.'s *domain switch*) also counts the hypervisor's handling of
+//!   the vCPU's exits, from each exit to the next entry (the figure the exit statistics keep), as
+//!   OS-mode work; `vpmu=cpu` (*CPU switch*) counts the guest's own run only.
+//!
+//! An overflow with its interrupt enabled asks for a PMI, which the run loop delivers through
+//! the vCPU's local APIC (`Lapic::performance_interrupt`). The guest is stopped near its next
+//! PMI-enabled wrap by the same VMX-preemption timer that takes the host's samples
+//! ([`VcpuPmu::ticks_to_next`]). A PMI is delivered only after the guest ran
+//! [`VcpuPmu::min_gap`] ticks of its own time since the last one: a guest that programs a period
+//! of 1 gets its PMIs at that rate and still moves on between them (counting in the guest's time,
+//! not the TSC's: its PMI handler's exits cost thousands of ticks each, and a limit in TSC time
+//! would let the next PMI in as soon as the handler returned). The overflows in between are held
+//! in IA32_PERF_GLOBAL_STATUS (the PMI is one line, as on hardware), and the storm's exits cost
+//! that vCPU's own slices and budget only.
+
+use crate::vm_config::Vpmu;
+use hvprof_pmu::virtual_pmu::{Slice, VirtualPmu};
+
+/// The most PMIs a vCPU gets per second of its own running time (one per 100 µs of guest time).
+pub const MAX_PMI_RATE: u64 = 10_000;
+
+/// The least a guest runs before the PMU stops it again (a PMI's skid, at most): a timer of a
+/// tick or two may expire before the guest's first instruction (Bochs counts the VM entry's own
+/// tick), and a guest stopped that way would never reach the wrap it waits for.
+pub const MIN_RUN: u64 = 64;
+
+/// What a vCPU's virtual PMU counted and delivered (the VM's report prints them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VpmuStats {
+    /// Guest ticks counted (the VMX-preemption timer's).
+    pub guest_ticks: u64,
+    /// Instructions the hypervisor emulated, counted as retired.
+    pub emulated: u64,
+    /// The hypervisor's ticks on the vCPU's exits, counted in `vpmu=domain`.
+    pub hypervisor_ticks: u64,
+    /// PMIs delivered to the local APIC.
+    pub pmis: u64,
+    /// PMIs that waited for the rate limit.
+    pub held: u64,
+    /// PMIs nobody took: no local APIC (`apic=off`), or its performance LVT masked or the APIC
+    /// software-disabled.
+    pub undelivered: u64,
+}
+
+/// One vCPU's virtual PMU and the state the run loop keeps for it.
+#[derive(Clone, Debug)]
+pub struct VcpuPmu {
+    pub model: VirtualPmu,
+    mode: Vpmu,
+    /// CPL > 0 at the last exit: the mode the guest resumes in.
+    user: bool,
+    /// An overflow asked for a PMI that is not delivered yet.
+    pending: bool,
+    /// That PMI was counted as held by the rate limit.
+    held_noted: bool,
+    /// Guest ticks run since the last PMI was delivered.
+    since_pmi: u64,
+    /// Guest ticks between two PMIs at least.
+    min_gap: u64,
+    pub stats: VpmuStats,
+}
+
+impl VcpuPmu {
+    /// A PMU after reset, accounting as `mode` (not `Off`), on a TSC of `tsc_hz`.
+    pub fn new(mode: Vpmu, tsc_hz: u64) -> VcpuPmu {
+        VcpuPmu {
+            model: VirtualPmu::new(),
+            mode,
+            user: false,
+            pending: false,
+            held_noted: false,
+            since_pmi: u64::MAX,
+            min_gap: (tsc_hz / MAX_PMI_RATE).max(1),
+            stats: VpmuStats::default(),
+        }
+    }
+
+    pub fn mode(&self) -> Vpmu {
+        self.mode
+    }
+
+    /// Guest ticks between two PMIs at least.
+    pub fn min_gap(&self) -> u64 {
+        self.min_gap
+    }
+
+    /// The guest ran `ticks` of its own time and exited in user mode (`user`) or not: the run
+    /// counts in the mode of its exit.
+    pub fn guest_ran(&mut self, ticks: u64, user: bool) {
+        self.user = user;
+        self.stats.guest_ticks += ticks;
+        self.since_pmi = self.since_pmi.saturating_add(ticks);
+        self.count(Slice {
+            user,
+            instructions: ticks,
+            core_cycles: ticks,
+            ref_cycles: ticks,
+        });
+    }
+
+    /// The hypervisor emulated one of the guest's instructions, which retired.
+    pub fn emulated_instruction(&mut self) {
+        self.stats.emulated += 1;
+        self.count(Slice {
+            user: self.user,
+            instructions: 1,
+            ..Slice::default()
+        });
+    }
+
+    /// The hypervisor worked `ticks` on one of the vCPU's exits: counted in `vpmu=domain`, as
+    /// OS-mode time.
+    pub fn hypervisor_worked(&mut self, ticks: u64) {
+        if self.mode != Vpmu::Domain {
+            return;
+        }
+        self.stats.hypervisor_ticks += ticks;
+        self.count(Slice {
+            user: false,
+            instructions: ticks,
+            core_cycles: ticks,
+            ref_cycles: ticks,
+        });
+    }
+
+    fn count(&mut self, slice: Slice) {
+        if self.model.count(&slice) {
+            self.pending = true;
+        }
+    }
+
+    /// Before a VM entry: whether a PMI is to be delivered now (the caller hands it to the local
+    /// APIC and says with [`VcpuPmu::undelivered`] if nobody took it).
+    pub fn take_pmi(&mut self) -> bool {
+        if !self.pending {
+            return false;
+        }
+        if self.since_pmi < self.min_gap {
+            if !self.held_noted {
+                self.held_noted = true;
+                self.stats.held += 1;
+            }
+            return false;
+        }
+        self.pending = false;
+        self.held_noted = false;
+        self.since_pmi = 0;
+        self.stats.pmis += 1;
+        true
+    }
+
+    /// The PMI [`VcpuPmu::take_pmi`] gave found no taker.
+    pub fn undelivered(&mut self) {
+        self.stats.pmis -= 1;
+        self.stats.undelivered += 1;
+    }
+
+    /// How many ticks the guest may run before the run loop must look at the PMU again: until
+    /// a held PMI may go, or until the first counter that interrupts on its wrap in the mode the
+    /// guest resumes in would wrap (a guest tick is one event of each kind), at least
+    /// [`MIN_RUN`]; `None`: nothing to wait for.
+    pub fn ticks_to_next(&self) -> Option<u64> {
+        if self.pending {
+            return Some((self.min_gap - self.since_pmi.min(self.min_gap)).max(MIN_RUN));
+        }
+        self.model.events_to_pmi(self.user).map(|n| n.max(MIN_RUN))
+    }
+
+    /// RDPMC at the guest's CPL `cpl` with its CR4.PCE `pce` (SDM Vol. 2B, RDPMC: "when CR4.PCE
+    /// is clear, RDPMC executes only at privilege level 0"; the CPU checks this before the VM
+    /// exit, §26.1.1, and the handler checks again rather than trust it). `None`: #GP(0).
+    pub fn rdpmc(&self, ecx: u32, cpl: u8, pce: bool) -> Option<u64> {
+        if cpl != 0 && !pce {
+            return None;
+        }
+        self.model.rdpmc(ecx).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hvprof_pmu::probe::msr;
+    use hvprof_pmu::{evtsel, fixed_ctrl};
+
+    const HZ: u64 = 4_000_000;
+
+    /// Fixed counter 0 (instructions) counting `os`/`usr` with a PMI, enabled globally.
+    fn instructions(p: &mut VcpuPmu, bits: u64) {
+        p.model.write(msr::IA32_FIXED_CTR_CTRL, bits).unwrap();
+        p.model.write(msr::IA32_PERF_GLOBAL_CTRL, 1 << 32).unwrap();
+    }
+
+    #[test]
+    fn guest_time_and_emulated_instructions_count_in_their_mode() {
+        let mut p = VcpuPmu::new(Vpmu::Cpu, HZ);
+        instructions(&mut p, fixed_ctrl::USR);
+        p.guest_ran(1000, false);
+        assert_eq!(
+            p.model.read(msr::IA32_FIXED_CTR0),
+            Ok(0),
+            "kernel time: USR only"
+        );
+        p.guest_ran(700, true);
+        p.emulated_instruction();
+        assert_eq!(p.model.read(msr::IA32_FIXED_CTR0), Ok(701));
+        // The hypervisor's work counts in domain mode only, and as OS time.
+        p.hypervisor_worked(500);
+        assert_eq!(p.model.read(msr::IA32_FIXED_CTR0), Ok(701));
+        assert_eq!(p.stats.hypervisor_ticks, 0);
+        let mut d = VcpuPmu::new(Vpmu::Domain, HZ);
+        instructions(&mut d, fixed_ctrl::OS);
+        d.guest_ran(100, false);
+        d.hypervisor_worked(500);
+        assert_eq!(d.model.read(msr::IA32_FIXED_CTR0), Ok(600));
+        assert_eq!((d.stats.guest_ticks, d.stats.hypervisor_ticks), (100, 500));
+    }
+
+    #[test]
+    fn a_wrap_asks_for_one_pmi_and_the_next_waits_for_the_guest_to_run_the_gap() {
+        let mut p = VcpuPmu::new(Vpmu::Cpu, HZ);
+        let gap = p.min_gap();
+        assert_eq!(gap, HZ / MAX_PMI_RATE);
+        assert!(gap > 2 * MIN_RUN);
+        instructions(&mut p, fixed_ctrl::OS | fixed_ctrl::PMI);
+        // 100 events before the wrap: the guest may run 100 ticks; 10 before it, `MIN_RUN`.
+        p.model
+            .write(msr::IA32_FIXED_CTR0, (1 << 48) - 100)
+            .unwrap();
+        assert_eq!(p.ticks_to_next(), Some(100));
+        p.model.write(msr::IA32_FIXED_CTR0, (1 << 48) - 10).unwrap();
+        assert_eq!(p.ticks_to_next(), Some(MIN_RUN));
+        assert!(!p.take_pmi());
+        p.guest_ran(12, false);
+        assert_eq!(p.model.read(msr::IA32_PERF_GLOBAL_STATUS), Ok(1 << 32));
+        assert!(p.take_pmi(), "the first PMI goes at once");
+        assert!(!p.take_pmi(), "one PMI for one wrap");
+        // A period of 1: the counter wraps at once, again and again (the handler's own emulated
+        // instructions wrap it); the next PMI waits until the guest ran the gap, however long
+        // the hypervisor took meanwhile.
+        p.model.write(msr::IA32_FIXED_CTR0, (1 << 48) - 1).unwrap();
+        p.emulated_instruction();
+        assert!(!p.take_pmi(), "held");
+        assert_eq!(p.ticks_to_next(), Some(gap));
+        p.guest_ran(gap / 2, false);
+        assert!(!p.take_pmi());
+        assert_eq!(p.ticks_to_next(), Some(gap - gap / 2));
+        p.model.write(msr::IA32_FIXED_CTR0, (1 << 48) - 1).unwrap();
+        p.guest_ran(gap - gap / 2, false);
+        assert!(p.take_pmi(), "one PMI for both wraps");
+        assert_eq!((p.stats.pmis, p.stats.held), (2, 1));
+        p.undelivered();
+        assert_eq!((p.stats.pmis, p.stats.undelivered), (1, 1));
+    }
+
+    #[test]
+    fn nothing_to_wait_for_without_an_interrupting_counter_in_the_mode() {
+        let mut p = VcpuPmu::new(Vpmu::Cpu, HZ);
+        assert_eq!(p.ticks_to_next(), None);
+        // General counter 0 counts user-mode instructions with INT; the guest is in the kernel.
+        let sel = evtsel::EN | evtsel::USR | evtsel::INT | 0xc0;
+        p.model.write(msr::IA32_PERFEVTSEL0, sel).unwrap();
+        p.model.write(msr::IA32_PERF_GLOBAL_CTRL, 1).unwrap();
+        assert_eq!(p.ticks_to_next(), None);
+        p.guest_ran(5, true);
+        assert_eq!(p.ticks_to_next(), Some((1 << 48) - 5));
+    }
+
+    #[test]
+    fn rdpmc_needs_cr4_pce_outside_ring_0() {
+        let mut p = VcpuPmu::new(Vpmu::Cpu, HZ);
+        p.model.write(msr::IA32_PMC0, 1234).unwrap();
+        assert_eq!(p.rdpmc(0, 0, false), Some(1234));
+        assert_eq!(p.rdpmc(0, 3, false), None);
+        assert_eq!(p.rdpmc(0, 3, true), Some(1234));
+        assert_eq!(p.rdpmc(9, 0, false), None, "no counter 9");
+    }
+}
