@@ -19,6 +19,7 @@ pub mod live_scenarios;
 pub mod log;
 pub mod process;
 pub mod profile;
+pub mod pmu_scenarios;
 pub mod profile_scenarios;
 pub mod runner;
 pub mod scenarios;

@@ -371,6 +371,7 @@ pub fn all() -> Vec<Scenario> {
     ]
     .into_iter()
     .chain(crate::vm_scenarios::all())
+    .chain(crate::pmu_scenarios::all())
     .chain(crate::profile_scenarios::all())
     .chain(crate::security_scenarios::all())
     .chain(crate::linux_scenarios::all())

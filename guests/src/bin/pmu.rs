@@ -3,7 +3,9 @@
 //!
 //! Arguments: `n=N` (iterations of the counted loop, default 1000000), `period=P` (events
 //! between PMIs in the interrupt test, default 100000), `pmi-loop=L` (its loop's iterations,
-//! default 1000000), `storm=S` (iterations of a loop run with a period of 1, default 0: none).
+//! default 1000000), `storm=S` (iterations of a loop run with a period of 1, default 0: none),
+//! `domain=1` (the VM has `vpmu=domain`: the counters also count the hypervisor's work on the
+//! guest's exits, so the counts are at least the loop's, not equal to it).
 //!
 //! Every counted loop is one `asm!` block: the WRMSR to IA32_PERF_GLOBAL_CTRL that enables the
 //! counters, `N` rounds of `dec`/`jnz`, two `xor`, and the WRMSR that disables them. A PMU that
@@ -13,12 +15,13 @@
 //! and exits with 0 when all passed, 1 otherwise.
 //!
 //! Without a virtual PMU (CPUID leaf 0AH all zero) it checks that the counters are out of reach
-//! (RDPMC and the counter MSRs are #GP) and exits with 0.
+//! (RDPMC and the counter MSRs are #GP) and exits with 0. The PMI tests run where the module line
+//! has `apic=on` (a local APIC at 0xfee00000).
 #![no_std]
 #![no_main]
 
 use core::sync::atomic::{AtomicU64, Ordering};
-use hvprof_guests::{arg_num, cpu, exit_code, idt, paging, println};
+use hvprof_guests::{arg, arg_num, cpu, exit_code, idt, paging, println};
 
 hvprof_guests::guest_entry!(main);
 
@@ -122,12 +125,13 @@ fn on_pmi(_: u8) {
 }
 
 fn main(args: &str) -> u8 {
-    let mut nums = [0u64; 4];
+    let mut nums = [0u64; 5];
     for (v, (key, default)) in nums.iter_mut().zip([
         ("n", 1_000_000),
         ("period", 100_000),
         ("pmi-loop", 1_000_000),
         ("storm", 0),
+        ("domain", 0),
     ]) {
         match arg_num(args, key, default) {
             Ok(x) => *v = x,
@@ -137,7 +141,10 @@ fn main(args: &str) -> u8 {
             }
         }
     }
-    let [n, period, pmi_loop, storm] = nums;
+    let [n, period, pmi_loop, storm, domain] = nums;
+    let domain = domain != 0;
+    // Equal to the loop's count, or (domain) at least it.
+    let counts = |got: u64, want: u64| if domain { got >= want } else { got == want };
     if n == 0 || period == 0 || period >= 1 << 31 || pmi_loop == 0 {
         println!("pmu: bad arguments: n, period (below 2^31) and pmi-loop must be at least 1");
         return exit_code::BAD_ARGS;
@@ -153,6 +160,7 @@ fn main(args: &str) -> u8 {
             leaf.eax
         );
         c.check(rdpmc && msr, format_args!("no PMU, yet a counter answered"));
+        println!("pmu: done failed={}", c.failed);
         return u8::from(c.failed != 0);
     }
     let (gp, width, fixed) = (
@@ -208,12 +216,12 @@ fn main(args: &str) -> u8 {
         gp[0], gp[1], gp[2], gp[3]
     );
     c.check(
-        fixed0 == expected,
+        counts(fixed0, expected),
         format_args!("fixed 0 counted {fixed0}, not {expected}"),
     );
     c.check(
-        gp[0] == expected,
-        format_args!("general 0 counted {}, not {expected}", gp[0]),
+        gp[0] == fixed0,
+        format_args!("general 0 counted {}, fixed 0 {fixed0}", gp[0]),
     );
     c.check(
         gp[1] == 0,
@@ -283,12 +291,14 @@ fn main(args: &str) -> u8 {
     let cleared = rd(GLOBAL_STATUS);
     println!("pmu: overflow status={status:#x} counter-after={after} cleared={cleared:#x}");
     c.check(
-        status == 1 << 32 && after == 2003 - 1000 && cleared == 0,
+        status == 1 << 32 && counts(after, 2003 - 1000) && cleared == 0,
         format_args!("overflow: status {status:#x}, counter {after}, after clearing {cleared:#x}"),
     );
 
     // PMIs through the local APIC's LVT performance counter entry, if there is a local APIC.
-    if cpu::cpuid(1, 0).edx & 1 << 9 != 0 {
+    // The VM has a local APIC where its module line says `apic=on` (the hypervisor's key; the
+    // guest sees its whole command line).
+    if arg(args, "apic") == Some("on") {
         // SAFETY: the local APIC's page is MMIO, mapped to itself; nothing else uses it.
         if unsafe { paging::map_identity(LAPIC) }.is_err() {
             println!("pmu: cannot map the local APIC");
@@ -321,7 +331,7 @@ fn main(args: &str) -> u8 {
                 // reloads it (a skid of a few hundred events is a small part of a period).
                 let most = (2 * rounds + 3) / p;
                 c.check(
-                    pmis <= most + 1 && pmis + 2 >= most * 9 / 10,
+                    (domain || pmis <= most + 1) && pmis + 2 >= most * 9 / 10,
                     format_args!(
                         "{pmis} PMIs for {} instructions at period {p}",
                         2 * rounds + 3
