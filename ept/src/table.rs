@@ -43,6 +43,8 @@ pub enum Error {
     },
     /// `EptCaps::phys_addr_bits` is not a plausible MAXPHYADDR (32..=52).
     BadCaps,
+    /// `gpa` is not mapped.
+    NotMapped { gpa: u64 },
 }
 
 impl fmt::Display for Error {
@@ -73,6 +75,7 @@ impl fmt::Display for Error {
                 )
             }
             Self::BadCaps => f.write_str("EPT: MAXPHYADDR outside 32..=52"),
+            Self::NotMapped { gpa } => write!(f, "EPT: GPA {gpa:#x} is not mapped"),
         }
     }
 }
@@ -566,6 +569,77 @@ impl<M: PhysMem + FrameSource> Ept<M> {
                     return Err(e);
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Grants or takes away execute permission on the 4 KiB page at `gpa`, read and write as they
+    /// were. A large page that holds it is first split into 512 pages of the next size with its
+    /// own permissions and memory type (recursively down to 4 KiB), so the rest of it keeps what
+    /// it had. Returns whether the page's permissions changed; `NotMapped` for a hole. On
+    /// `OutOfFrames` no permission changed (a split made before it stays: the same memory with
+    /// the same attributes in smaller pages).
+    ///
+    /// Taking execute away from a page of live tables needs INVEPT (single-context with this
+    /// EPTP) before the guest may rely on it, and so does a split (SDM Vol. 3C §29.4.3.1); a grant
+    /// may leave a stale not-executable translation, whose EPT violation then asks for the same
+    /// grant again (which changes nothing: the caller invalidates and retries).
+    pub fn set_execute(&mut self, gpa: u64, execute: bool) -> Result<bool, Error> {
+        let gpa = gpa & !(PAGE_4K - 1);
+        loop {
+            let (level, slot, leaf) = match self.locate(gpa) {
+                Slot::Leaf {
+                    level, slot, leaf, ..
+                } => (level, slot, leaf),
+                Slot::Hole { .. } => return Err(Error::NotMapped { gpa }),
+                Slot::Bad { level, reason } => return Err(Error::Corrupt { gpa, level, reason }),
+            };
+            if level == Level::Pt {
+                let mut perms = leaf.perms;
+                perms.set(Permissions::EXECUTE, execute);
+                if perms == leaf.perms {
+                    return Ok(false);
+                }
+                if perms == Permissions::EXECUTE && !self.caps.execute_only {
+                    return Err(Error::BadPermissions);
+                }
+                let raw = encode_leaf(level, &Leaf { perms, ..leaf })?;
+                self.mem.write_u64(slot, raw);
+                return Ok(true);
+            }
+            self.split(level, slot, leaf)?;
+        }
+    }
+
+    /// Replaces the large page `leaf` in the entry at `slot` of `level` by a table of 512 pages
+    /// of the next size covering the same memory with the same attributes.
+    fn split(&mut self, level: Level, slot: u64, leaf: Leaf) -> Result<(), Error> {
+        let (Some(next), Some(size)) = (level.next(), level.page_size()) else {
+            return Err(Error::BadPermissions);
+        };
+        let small = next.page_size().map_or(PAGE_4K, |p| p.bytes());
+        let frame = Self::frame(&mut self.mem, &self.caps)?;
+        for i in 0..512 {
+            let piece = Leaf {
+                addr: leaf.addr + i * small,
+                ..leaf
+            };
+            self.mem
+                .write_u64(frame + i * 8, encode_leaf(next, &piece)?);
+        }
+        let raw = encode_table(&TableRef {
+            addr: frame,
+            perms: Permissions::all(),
+            accessed: false,
+        })?;
+        // The small pages must be in memory before the CPU can reach them.
+        compiler_fence(Ordering::Release);
+        self.mem.write_u64(slot, raw);
+        self.stats.table_pages += 1;
+        self.stats.count(size, false);
+        let smaller = next.page_size().unwrap_or(PageSize::Size4K);
+        for _ in 0..512 {
+            self.stats.count(smaller, true);
         }
         Ok(())
     }

@@ -602,3 +602,49 @@ proptest! {
         prop_assert!(ok);
     }
 }
+
+#[test]
+fn execute_is_set_per_4k_page_splitting_what_holds_it() {
+    let mut e = ept(10_000, caps(true, true));
+    // 1 GiB + 2 MiB + 4 KiB of read/write memory: a 1 GiB page, a 2 MiB page, a 4 KiB page.
+    let len = GIB + MIB2 + K4;
+    e.map(0, 4 * GIB, len, Permissions::RW, MemoryType::WriteBack)
+        .unwrap();
+    let before = audit(&e);
+    assert_eq!(before, stats(1, 1, 1, 4));
+    let perms = |e: &Ept<FakeMem>, gpa: u64| e.translate(gpa).unwrap().perms;
+    // Inside the 1 GiB page: split to 2 MiB, then the 2 MiB piece to 4 KiB.
+    let page = 3 * MIB2 + 7 * K4;
+    assert_eq!(e.set_execute(page + 5, true), Ok(true));
+    assert_eq!(perms(&e, page), Permissions::RWX);
+    for other in [page - K4, page + K4, 0, GIB - K4, GIB + 8, GIB + MIB2] {
+        assert_eq!(perms(&e, other), Permissions::RW, "{other:#x}");
+        assert_eq!(e.translate(other).unwrap().hpa, 4 * GIB + other);
+    }
+    assert_eq!(e.translate(page).unwrap().hpa, 4 * GIB + page);
+    assert_eq!(
+        e.translate(page).unwrap().page_size,
+        PageSize::Size4K,
+        "split down to the page"
+    );
+    // 511 x 2 MiB and 512 x 4 KiB from the 1 GiB page, plus the others; two more tables.
+    assert_eq!(audit(&e), stats(0, 511 + 1, 512 + 1, 6));
+    // Again: nothing to change. Taken away: back to read/write, no more splits.
+    assert_eq!(e.set_execute(page, true), Ok(false));
+    assert_eq!(e.set_execute(page, false), Ok(true));
+    assert_eq!(perms(&e, page), Permissions::RW);
+    assert_eq!(audit(&e), stats(0, 512, 513, 6));
+    // The lone 4 KiB page, a hole, and memory types kept.
+    assert_eq!(e.set_execute(GIB + MIB2, true), Ok(true));
+    assert_eq!(perms(&e, GIB + MIB2), Permissions::RWX);
+    assert_eq!(e.set_execute(len, true), Err(Error::NotMapped { gpa: len }));
+    assert_eq!(e.translate(page).unwrap().memtype, MemoryType::WriteBack);
+    // Out of frames for the second split: no permission changes (the first split stays).
+    let mut tight = ept(3, caps(true, true));
+    tight
+        .map(0, 0, GIB, Permissions::RW, MemoryType::WriteBack)
+        .unwrap();
+    assert_eq!(tight.set_execute(0, true), Err(Error::OutOfFrames));
+    assert_eq!(tight.translate(0).unwrap().perms, Permissions::RW);
+    assert_eq!(audit(&tight), stats(0, 512, 0, 3));
+}

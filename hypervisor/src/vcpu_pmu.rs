@@ -18,6 +18,14 @@
 //!   the vCPU's exits, from each exit to the next entry (the figure the exit statistics keep), as
 //!   OS-mode work; `vpmu=cpu` (*CPU switch*) counts the guest's own run only.
 //!
+//! **The mode of a run.** Without more, a run counts in the privilege mode of its exit; a run
+//! that changes mode without an exit (a system call, an interrupt taken and returned from) is
+//! counted wholly in one. That does not matter while every enabled counter counts both modes.
+//! When one counts one mode only (`instructions:u`: [`VirtualPmu::mode_sensitive`]), the run
+//! loop makes every change of mode an exit (`vm/vpmu.rs`: the vCPU runs on one of two EPTs, each
+//! executable only on the code pages seen run in its mode), and [`VcpuPmu::set_split`] tells
+//! this model the mode, which is then exact.
+//!
 //! An overflow with its interrupt enabled asks for a PMI, which the run loop delivers through
 //! the vCPU's local APIC (`Lapic::performance_interrupt`). The guest is stopped near its next
 //! PMI-enabled wrap by the same VMX-preemption timer that takes the host's samples
@@ -73,6 +81,8 @@ pub struct VcpuPmu {
     since_pmi: u64,
     /// Guest ticks between two PMIs at least.
     min_gap: u64,
+    /// While every change of mode exits: the mode the guest runs in (user: true).
+    split: Option<bool>,
     pub stats: VpmuStats,
 }
 
@@ -87,6 +97,7 @@ impl VcpuPmu {
             held_noted: false,
             since_pmi: u64::MAX,
             min_gap: (tsc_hz / MAX_PMI_RATE).max(1),
+            split: None,
             stats: VpmuStats::default(),
         }
     }
@@ -101,8 +112,10 @@ impl VcpuPmu {
     }
 
     /// The guest ran `ticks` of its own time and exited in user mode (`user`) or not: the run
-    /// counts in the mode of its exit.
+    /// counts in the mode of its exit, or in the mode it ran in while every change of mode
+    /// exits ([`VcpuPmu::set_split`]).
     pub fn guest_ran(&mut self, ticks: u64, user: bool) {
+        let user = self.split.unwrap_or(user);
         self.user = user;
         self.stats.guest_ticks += ticks;
         self.since_pmi = self.since_pmi.saturating_add(ticks);
@@ -112,6 +125,26 @@ impl VcpuPmu {
             core_cycles: ticks,
             ref_cycles: ticks,
         });
+    }
+
+    /// Whether the counters need every change of mode to exit (an enabled counter counts in one
+    /// mode only).
+    pub fn wants_split(&self) -> bool {
+        self.model.mode_sensitive()
+    }
+
+    /// The mode the guest runs in while every change of mode exits, `None` when they do not.
+    pub fn split(&self) -> Option<bool> {
+        self.split
+    }
+
+    /// Every change of mode exits from now on, the guest being in user mode (`Some(true)`) or
+    /// not; or no longer (`None`).
+    pub fn set_split(&mut self, split: Option<bool>) {
+        self.split = split;
+        if let Some(user) = split {
+            self.user = user;
+        }
     }
 
     /// The hypervisor emulated one of the guest's instructions, which retired.
@@ -280,6 +313,28 @@ mod tests {
         assert_eq!(p.ticks_to_next(), None);
         p.guest_ran(5, true);
         assert_eq!(p.ticks_to_next(), Some((1 << 48) - 5));
+    }
+
+    #[test]
+    fn with_every_mode_change_an_exit_a_run_counts_in_the_mode_it_ran_in() {
+        let mut p = VcpuPmu::new(Vpmu::Cpu, HZ);
+        instructions(&mut p, fixed_ctrl::USR);
+        assert!(p.wants_split(), "instructions:u");
+        // A user run that ended at the first kernel instruction (the exit finds CPL 0): user.
+        p.set_split(Some(true));
+        p.guest_ran(500, false);
+        assert_eq!(p.model.read(msr::IA32_FIXED_CTR0), Ok(500));
+        // Then the kernel's run, whatever the exit's CPL.
+        p.set_split(Some(false));
+        p.guest_ran(300, true);
+        p.emulated_instruction();
+        assert_eq!(p.model.read(msr::IA32_FIXED_CTR0), Ok(500));
+        // Without the split, the exit's mode again.
+        p.set_split(None);
+        p.guest_ran(7, true);
+        assert_eq!(p.model.read(msr::IA32_FIXED_CTR0), Ok(507));
+        instructions(&mut p, fixed_ctrl::USR | fixed_ctrl::OS);
+        assert!(!p.wants_split(), "both modes");
     }
 
     #[test]

@@ -278,6 +278,23 @@ impl VirtualPmu {
         pmi
     }
 
+    /// Whether some enabled counter counts in one privilege mode and not the other (USR without
+    /// OS, or OS without USR): its count depends on where inside a run the guest changes mode,
+    /// which the backend must then see.
+    pub fn mode_sensitive(&self) -> bool {
+        let one_mode = |usr: bool, os: bool| usr != os;
+        let general = (0..GENERAL).any(|i| {
+            self.general_event(i)
+                .is_some_and(|(_, sel)| one_mode(sel & evtsel::USR != 0, sel & evtsel::OS != 0))
+        });
+        let fixed = (0..FIXED).any(|j| {
+            let field = self.fixed_ctrl >> (4 * j) & FIXED_ALLOWED;
+            self.global_ctrl & 1 << (32 + j) != 0
+                && one_mode(field & fixed_ctrl::USR != 0, field & fixed_ctrl::OS != 0)
+        });
+        general || fixed
+    }
+
     /// Of the counters that would ask for a PMI when they wrap and count in the mode `user`,
     /// the fewest events any of them needs to wrap: a backend that derives the events from
     /// guest time stops the guest there (as the host's sampling deadlines do). `None`: no such
@@ -368,6 +385,36 @@ mod tests {
         assert_eq!(ebx, 0b111_1000);
         assert_eq!(eax >> 24, 7);
         assert_eq!(ecx, 0);
+    }
+
+    #[test]
+    fn a_counter_of_one_mode_makes_the_pmu_mode_sensitive() {
+        let mut p = VirtualPmu::new();
+        assert!(!p.mode_sensitive(), "nothing enabled");
+        let sel = evtsel::EN | evtsel::USR | evtsel::OS | INSTRUCTIONS;
+        p.write(msr::IA32_PERFEVTSEL0, sel).unwrap();
+        assert!(!p.mode_sensitive(), "both modes");
+        p.write(msr::IA32_PERFEVTSEL0, sel & !evtsel::OS).unwrap();
+        assert!(p.mode_sensitive(), "instructions:u");
+        p.write(msr::IA32_PERF_GLOBAL_CTRL, 0).unwrap();
+        assert!(!p.mode_sensitive(), "globally off");
+        // An event the model does not count cannot depend on the mode.
+        p.write(msr::IA32_PERF_GLOBAL_CTRL, 1).unwrap();
+        p.write(msr::IA32_PERFEVTSEL0, evtsel::EN | evtsel::USR | 0x412e)
+            .unwrap();
+        assert!(!p.mode_sensitive());
+        // Fixed counter 1 counting ring 0 only.
+        p.write(msr::IA32_FIXED_CTR_CTRL, fixed_ctrl::OS << 4)
+            .unwrap();
+        assert!(!p.mode_sensitive(), "not enabled globally");
+        p.write(msr::IA32_PERF_GLOBAL_CTRL, 1 << 33).unwrap();
+        assert!(p.mode_sensitive());
+        p.write(
+            msr::IA32_FIXED_CTR_CTRL,
+            (fixed_ctrl::OS | fixed_ctrl::USR) << 4,
+        )
+        .unwrap();
+        assert!(!p.mode_sensitive());
     }
 
     #[test]

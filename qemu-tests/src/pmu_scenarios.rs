@@ -12,6 +12,7 @@
 
 use crate::emulator::Emulator;
 use crate::log::SerialLog;
+use crate::profile::ProfileRun;
 use crate::runner::{ModuleSource, Scenario};
 use crate::scenarios::HASWELL;
 use crate::vm_scenarios::check_exit_code;
@@ -106,7 +107,9 @@ fn check_domain(log: &SerialLog, vm: &str) -> Result<(), String> {
     let line = guest_line(log, vm, "exact")?;
     let n = field(line, "n")?;
     let (i, c) = (field(line, "instructions")?, field(line, "cycles")?);
-    let extra = i.checked_sub(2 * n + 3).ok_or("fewer instructions than the loop's")?;
+    let extra = i
+        .checked_sub(2 * n + 3)
+        .ok_or("fewer instructions than the loop's")?;
     if extra == 0 || c != 2 * n + 2 + extra {
         return Err(format!(
             "VM {vm}: the hypervisor's ticks inside the loop: {extra} in instructions, {} in \
@@ -142,6 +145,50 @@ fn check_storm(log: &SerialLog, vm: &str) -> Result<(), String> {
             "VM {vm}: {delivered} PMIs delivered ({held} held) over {guest} guest ticks: at \
              most {most} allowed, and a storm must be held ({storm:?})"
         ));
+    }
+    Ok(())
+}
+
+/// The analyzer's report says which mode each VM's virtual PMU ran in and what it counted (from
+/// the VM end frames), and nothing for the VM without one.
+fn check_report(run: &ProfileRun) -> Result<(), String> {
+    let report = run.report(None)?;
+    let log = SerialLog::from_bytes(&run.capture);
+    let vms = report["vms"].as_array().ok_or("no vms in the report")?;
+    for (vm, mode) in [
+        ("cpu", Some("cpu")),
+        ("domain", Some("domain")),
+        ("noapic", Some("cpu")),
+        ("off", None),
+    ] {
+        let r = vms
+            .iter()
+            .find(|v| v["name"] == vm)
+            .ok_or_else(|| format!("VM {vm} is not in the report"))?;
+        let vpmu = &r["vpmu"];
+        match mode {
+            None if vpmu.is_null() => {}
+            None => {
+                return Err(format!(
+                    "VM {vm} has no virtual PMU, yet the report shows {vpmu}"
+                ));
+            }
+            Some(m) => {
+                let [guest, emulated, hypervisor, pmis, held, _] = vpmu_stats(&log, vm)?;
+                let want = serde_json::json!({
+                    "mode": m, "guest_ticks": guest, "emulated": emulated,
+                    "hypervisor_ticks": hypervisor, "pmis": pmis, "held": held,
+                });
+                for (k, v) in want.as_object().into_iter().flatten() {
+                    if &vpmu[k] != v {
+                        return Err(format!(
+                            "VM {vm}: the report's vpmu.{k} is {}, the console's {v}",
+                            vpmu[k]
+                        ));
+                    }
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -185,10 +232,13 @@ pub fn all() -> Vec<Scenario> {
                 guest_line(log, "noapic", "pmi skipped")?;
                 let [.., delivered, _, _] = vpmu_stats(log, "noapic")?;
                 if delivered != 0 {
-                    return Err(format!("VM noapic got {delivered} PMIs without a local APIC"));
+                    return Err(format!(
+                        "VM noapic got {delivered} PMIs without a local APIC"
+                    ));
                 }
                 Ok(())
-            }),
+            })
+            .profile(check_report),
     ]
 }
 
@@ -209,12 +259,12 @@ mod tests {
              vm cpu: exit WRMSR                          69         414717      1331    100036      6010\n\
              [cpu] pmu: storm period=1 rounds=20000 instructions=40003 pmis=94 ticks=1793874\n",
         );
-        assert_eq!(
-            vpmu_stats(&log, "cpu"),
-            Ok([676273, 1494, 0, 114, 94, 0])
-        );
+        assert_eq!(vpmu_stats(&log, "cpu"), Ok([676273, 1494, 0, 114, 94, 0]));
         assert_eq!(exit_ticks(&log, "cpu"), Ok(5536027 + 414717));
         assert!(check_storm(&log, "cpu").is_ok());
-        assert_eq!(field(guest_line(&log, "cpu", "storm").unwrap(), "pmis"), Ok(94));
+        assert_eq!(
+            field(guest_line(&log, "cpu", "storm").unwrap(), "pmis"),
+            Ok(94)
+        );
     }
 }

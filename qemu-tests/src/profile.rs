@@ -27,7 +27,7 @@ pub const CAPTURE: &str = "capture.log";
 pub type ProfileCheck = Box<dyn Fn(&ProfileRun) -> Result<(), String> + Send + Sync>;
 
 /// The test guests whose symbols the analyzer is given.
-const GUESTS: [&str; 8] = [
+const GUESTS: [&str; 9] = [
     "hello",
     "probe",
     "busy",
@@ -36,6 +36,7 @@ const GUESTS: [&str; 8] = [
     "hostile",
     "stacks",
     "stackattack",
+    "pmu",
 ];
 
 impl ProfileRun {

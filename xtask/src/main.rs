@@ -46,7 +46,7 @@ enum Cmd {
     Demo,
     /// Profile one command in the Linux guest under hvprof, then print its report:
     /// `cargo xtask profile [OPTIONS] -- COMMAND [ARGS...]`.
-    Profile(profile::ProfileArgs),
+    Profile(Box<profile::ProfileArgs>),
     /// fmt, clippy, unit tests, hypervisor build, end-to-end scenarios.
     Test {
         /// Run only the scenarios whose name contains this.

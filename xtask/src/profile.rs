@@ -86,6 +86,10 @@ pub struct ProfileArgs {
     /// The VM's memory.
     #[arg(long, default_value = "256M")]
     pub memory: String,
+    /// A virtual PMU for the guest's own profiler (`perf` in the guest): off, cpu (its
+    /// counters count the guest's run) or domain (and the hypervisor's work on its exits).
+    #[arg(long, default_value = "off", value_parser = ["off", "cpu", "domain"])]
+    pub vpmu: String,
     /// Stop the VM after this many seconds of guest time (at the 1 GHz clock; boot included).
     #[arg(long, default_value_t = 100.0, value_name = "SECONDS")]
     pub budget: f64,
@@ -854,8 +858,9 @@ fn own_machine(args: &ProfileArgs, image: &Path, initrd: &Path) -> Result<Machin
         .join(" ");
     let budget = (args.budget * BOCHS_IPS_REALISTIC as f64) as u64;
     let kernel_args = format!(
-        "vm=linux mem={} budget={budget} initrd=linux.cpio apic=on vcpus={} pin={} output={OUTPUT_STORE} {keys} {} printk.devkmsg=on hvprof.run=@",
+        "vm=linux mem={} budget={budget} initrd=linux.cpio apic=on vpmu={} vcpus={} pin={} output={OUTPUT_STORE} {keys} {} printk.devkmsg=on hvprof.run=@",
         args.memory,
+        args.vpmu,
         args.vcpus,
         pin_list(args, cpus),
         KERNEL_CMDLINE.replace(" acpi=off nolapic", ""),

@@ -99,6 +99,19 @@ fn main() -> std::io::Result<()> {
                 });
                 p
             }),
+            vpmu: Some({
+                let mut p = hvprof_samplelog::VpmuEnd::new(false);
+                p.add(hvprof_samplelog::VpmuCounts {
+                    vcpu: 0,
+                    guest_ticks: 1_676_459,
+                    emulated: 1_466,
+                    hypervisor_ticks: 0,
+                    pmis: 100,
+                    held: 80,
+                    undelivered: 0,
+                });
+                p
+            }),
         };
         let mut big = vec![0u8; MAX_VM_END_FRAME_LEN];
         let len = encode_vm_end(&vm_end, &mut big).expect("VM end frame fits");

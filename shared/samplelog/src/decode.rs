@@ -16,8 +16,8 @@ use crate::encode::{
     MAX_OUTPUT_CHUNK,
 };
 use crate::stats::{
-    EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, MAX_SPIN_SITES, PauseLoop, PcpuCost,
-    ReasonStats, SpinSite, TaskOffsets, VmEnd,
+    EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, MAX_SPIN_SITES, MAX_VPMU_VCPUS,
+    PauseLoop, PcpuCost, ReasonStats, SpinSite, TaskOffsets, VmEnd, VpmuCounts, VpmuEnd,
 };
 use crate::types::{
     BUILD_ID_LEN, BlockHeader, BuildId, COMM_LEN, FixedStr, Header, MAX_VMS, Mapping, MappingKind,
@@ -687,6 +687,47 @@ fn parse_vm_end(body: &[u8], v: &mut VmEnd) -> Result<usize, Malformed> {
                     p.add(site);
                 }
                 p.others = r.varint()?;
+                Some(p)
+            }
+            _ => return Err(Malformed),
+        }
+    };
+    // A frame from before the virtual PMU ends here.
+    v.vpmu = if r.pos() == body.len() {
+        None
+    } else {
+        match r.u8()? {
+            0 => None,
+            mode @ (1 | 2) => {
+                let mut p = VpmuEnd::new(mode == 2);
+                let n = usize::from(r.u8()?);
+                if n == 0 || n > MAX_VPMU_VCPUS {
+                    return Err(Malformed);
+                }
+                for _ in 0..n {
+                    let vcpu = r.varint_u16()?;
+                    let mut f = [0u64; 6];
+                    for x in &mut f {
+                        *x = r.varint()?;
+                    }
+                    let [
+                        guest_ticks,
+                        emulated,
+                        hypervisor_ticks,
+                        pmis,
+                        held,
+                        undelivered,
+                    ] = f;
+                    p.add(VpmuCounts {
+                        vcpu,
+                        guest_ticks,
+                        emulated,
+                        hypervisor_ticks,
+                        pmis,
+                        held,
+                        undelivered,
+                    });
+                }
                 Some(p)
             }
             _ => return Err(Malformed),
@@ -1819,6 +1860,48 @@ mod stats_frame_tests {
         assert_eq!(v.exits.reason(10).histogram[0], 1);
         // A frame from before pause-loop exiting: none.
         assert_eq!(v.pause_loop, None);
+    }
+
+    #[test]
+    fn vm_end_vpmu_is_read_and_bad_ones_refused() {
+        // vm 0, lstar 0, no offsets, other 0, no rows, no ports, ports_other 0, no ple.
+        let head = [0u8, 0, 0, 0, 0, 0, 0, 0];
+        let frame = |tail: &[u8]| [&head[..], tail].concat();
+        let mut v = VmEnd::default();
+        // A frame from before the virtual PMU, and vpmu 0: none.
+        for body in [frame(&[]), frame(&[0])] {
+            assert_eq!(parse_vm_end(&body, &mut v), Ok(body.len()));
+            assert_eq!(v.vpmu, None);
+        }
+        // Domain, one vCPU (1): 300 guest ticks, 2 emulated, 5 hypervisor ticks, 1 PMI, 0, 0.
+        let body = frame(&[2, 1, 1, 0xac, 0x02, 2, 5, 1, 0, 0]);
+        assert_eq!(parse_vm_end(&body, &mut v), Ok(body.len()));
+        let p = v.vpmu.unwrap();
+        assert!(p.domain);
+        assert_eq!(
+            p.vcpus(),
+            &[VpmuCounts {
+                vcpu: 1,
+                guest_ticks: 300,
+                emulated: 2,
+                hypervisor_ticks: 5,
+                pmis: 1,
+                held: 0,
+                undelivered: 0
+            }]
+        );
+        // An unknown mode, no vCPU, too many, a cut frame.
+        for bad in [
+            frame(&[3, 1, 0, 0, 0, 0, 0, 0, 0]),
+            frame(&[1, 0]),
+            frame(&[1, 9]),
+            frame(&[1, 1, 0, 5]),
+        ] {
+            assert!(
+                parse_vm_end(&bad, &mut VmEnd::default()).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

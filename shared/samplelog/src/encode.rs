@@ -6,7 +6,9 @@ use core::fmt;
 use crate::bits::ByteWriter;
 use crate::cobs;
 use crate::codec;
-use crate::stats::{EXIT_PORTS, EXIT_REASONS, HISTOGRAM_BUCKETS, MAX_SPIN_SITES, PcpuCost, VmEnd};
+use crate::stats::{
+    EXIT_PORTS, EXIT_REASONS, HISTOGRAM_BUCKETS, MAX_SPIN_SITES, MAX_VPMU_VCPUS, PcpuCost, VmEnd,
+};
 use crate::types::{
     BUILD_ID_LEN, BlockHeader, COMM_LEN, Header, Mapping, Output, PATH_LEN, PcpuTotals, Record,
     Task,
@@ -127,6 +129,9 @@ pub const MAX_VM_END_FRAME_LEN: usize = frame_buffer_len(
         + 1
         + MAX_SPIN_SITES * (3 + 10 + 10)
         + 10
+        + 1
+        + 1
+        + MAX_VPMU_VCPUS * (3 + 6 * 10)
         + 4,
 );
 
@@ -377,6 +382,27 @@ pub fn encode_vm_end(v: &VmEnd, out: &mut [u8]) -> Result<usize, EncodeError> {
                     w.varint(s.exits);
                 }
                 w.varint(p.others);
+            }
+        }
+        match &v.vpmu {
+            None => w.u8(0),
+            Some(p) => {
+                w.u8(if p.domain { 2 } else { 1 });
+                // At most MAX_VPMU_VCPUS = 8.
+                w.u8(count_u8(p.vcpus().len()));
+                for c in p.vcpus() {
+                    w.varint(u64::from(c.vcpu));
+                    for n in [
+                        c.guest_ticks,
+                        c.emulated,
+                        c.hypervisor_ticks,
+                        c.pmis,
+                        c.held,
+                        c.undelivered,
+                    ] {
+                        w.varint(n);
+                    }
+                }
             }
         }
         finish(&w)

@@ -264,6 +264,10 @@
 //!   varint  gap, window    PLE_Gap and PLE_Window, TSC ticks (u32 each)
 //!   u8      sites          0..=64, then per site: varint vcpu (u16), rip, exits (≥ 1)
 //!   varint  others         exits at guest RIPs beyond the sites
+//! u8      vpmu             0 no virtual PMU, 1 `vpmu=cpu`, 2 `vpmu=domain` (a frame that ends
+//!                          before this byte: 0); then, for 1 and 2:
+//!   u8      vcpus          1..=8, then per vCPU: varint vcpu (u16), guest_ticks, emulated,
+//!                          hypervisor_ticks, pmis, held, undelivered ([`VpmuCounts`])
 //! ```
 //!
 //! Histogram bucket 0 counts costs below 64 ticks, bucket `b` in `1..=14` costs in
@@ -348,8 +352,9 @@ pub use encode::{
     max_end_frame_len,
 };
 pub use stats::{
-    EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, MAX_SPIN_SITES, PauseLoop, PcpuCost,
-    ReasonStats, SpinSite, Table, TaskOffsets, VmEnd, histogram_bucket, histogram_bucket_start,
+    EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, MAX_SPIN_SITES, MAX_VPMU_VCPUS,
+    PauseLoop, PcpuCost, ReasonStats, SpinSite, Table, TaskOffsets, VmEnd, VpmuCounts, VpmuEnd,
+    histogram_bucket, histogram_bucket_start,
 };
 pub use types::{
     BUILD_ID_LEN, BlockHeader, BuildId, COMM_LEN, CapacityError, Event, EventKind, FORMAT_VERSION,

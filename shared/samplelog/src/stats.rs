@@ -395,6 +395,74 @@ impl PauseLoop {
     }
 }
 
+/// The most vCPUs a VM end frame describes the virtual PMU of (a VM's vCPUs at most).
+pub const MAX_VPMU_VCPUS: usize = 8;
+
+/// What one vCPU's virtual PMU counted over the run (`hvprof_hypervisor::vcpu_pmu::VpmuStats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct VpmuCounts {
+    /// The vCPU.
+    pub vcpu: u16,
+    /// Ticks of the guest's own run its counters counted.
+    pub guest_ticks: u64,
+    /// Instructions the hypervisor emulated for it, counted as retired.
+    pub emulated: u64,
+    /// The hypervisor's ticks on its exits, counted in `vpmu=domain`.
+    pub hypervisor_ticks: u64,
+    /// PMIs delivered to its local APIC.
+    pub pmis: u64,
+    /// PMIs that waited for the rate limit.
+    pub held: u64,
+    /// PMIs with no taker (no local APIC, or its entry masked).
+    pub undelivered: u64,
+}
+
+/// A VM's virtual PMU (`vpmu=cpu|domain`) at its end: the accounting mode and each vCPU's
+/// counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VpmuEnd {
+    /// `vpmu=domain`: the counters also counted the hypervisor's work on the vCPU's exits.
+    pub domain: bool,
+    vcpus: [VpmuCounts; MAX_VPMU_VCPUS],
+    len: usize,
+}
+
+impl VpmuEnd {
+    /// No vCPU yet.
+    #[must_use]
+    pub const fn new(domain: bool) -> Self {
+        VpmuEnd {
+            domain,
+            vcpus: [VpmuCounts {
+                vcpu: 0,
+                guest_ticks: 0,
+                emulated: 0,
+                hypervisor_ticks: 0,
+                pmis: 0,
+                held: 0,
+                undelivered: 0,
+            }; MAX_VPMU_VCPUS],
+            len: 0,
+        }
+    }
+
+    /// Adds a vCPU's counts; false (nothing added) when `MAX_VPMU_VCPUS` are there.
+    pub fn add(&mut self, c: VpmuCounts) -> bool {
+        let Some(slot) = self.vcpus.get_mut(self.len) else {
+            return false;
+        };
+        *slot = c;
+        self.len += 1;
+        true
+    }
+
+    /// The vCPUs' counts, in the order added.
+    #[must_use]
+    pub fn vcpus(&self) -> &[VpmuCounts] {
+        &self.vcpus[..self.len]
+    }
+}
+
 /// What the hypervisor knows about a VM when it stops (frame type 5).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct VmEnd {
@@ -409,6 +477,8 @@ pub struct VmEnd {
     pub exits: ExitStats,
     /// Its pause-loop exiting, when on.
     pub pause_loop: Option<PauseLoop>,
+    /// Its virtual PMU, when it has one.
+    pub vpmu: Option<VpmuEnd>,
 }
 
 /// One pCPU's whole profiling cost over the run, in TSC ticks, in disjoint parts (frame type 6).

@@ -10,8 +10,8 @@ use hvprof_samplelog::{
 use hvprof_samplelog::{Chain, ChainEnd, MAX_CHAIN_DEPTH, chain_frames};
 use hvprof_samplelog::{
     EXIT_PORTS, EXIT_REASONS, ExitStats, HISTOGRAM_BUCKETS, MAX_PCPU_COST_FRAME_LEN,
-    MAX_SPIN_SITES, MAX_VM_END_FRAME_LEN, PauseLoop, PcpuCost, ReasonStats, SpinSite, TaskOffsets,
-    VmEnd, encode_pcpu_cost, encode_vm_end,
+    MAX_SPIN_SITES, MAX_VM_END_FRAME_LEN, MAX_VPMU_VCPUS, PauseLoop, PcpuCost, ReasonStats,
+    SpinSite, TaskOffsets, VmEnd, VpmuCounts, VpmuEnd, encode_pcpu_cost, encode_vm_end,
 };
 use hvprof_samplelog::{MAX_MAPPING_FRAME_LEN, Mapping, MappingKind, encode_mapping};
 use hvprof_samplelog::{
@@ -322,6 +322,7 @@ proptest! {
         ports in prop::collection::vec(0u16..24, 0..60),
         ple in prop::option::of((any::<bool>(), any::<u32>(), any::<u32>(), any::<u64>())),
         sites in prop::collection::vec((any::<u16>(), any::<u64>(), 1u64..u64::MAX), 0..80),
+        vpmu in prop::option::of((any::<bool>(), prop::collection::vec((any::<u16>(), any::<[u64; 6]>()), 1..12))),
     ) {
         let mut stats = ExitStats::new();
         for (reason, ticks) in exits {
@@ -342,6 +343,13 @@ proptest! {
                 p.others = others;
                 for (vcpu, rip, exits) in sites {
                     p.add(SpinSite { vcpu, rip, exits });
+                }
+                p
+            }),
+            vpmu: vpmu.map(|(domain, vcpus)| {
+                let mut p = VpmuEnd::new(domain);
+                for (vcpu, [guest_ticks, emulated, hypervisor_ticks, pmis, held, undelivered]) in vcpus {
+                    p.add(VpmuCounts { vcpu, guest_ticks, emulated, hypervisor_ticks, pmis, held, undelivered });
                 }
                 p
             }),
@@ -601,6 +609,21 @@ fn worst_case_vm_end_fits_the_advertised_bound() {
                 });
             }
             p.others = u64::MAX;
+            p
+        }),
+        vpmu: Some({
+            let mut p = VpmuEnd::new(true);
+            for i in 0..MAX_VPMU_VCPUS as u16 {
+                p.add(VpmuCounts {
+                    vcpu: u16::MAX - i,
+                    guest_ticks: u64::MAX,
+                    emulated: u64::MAX,
+                    hypervisor_ticks: u64::MAX,
+                    pmis: u64::MAX,
+                    held: u64::MAX,
+                    undelivered: u64::MAX,
+                });
+            }
             p
         }),
     };

@@ -45,10 +45,14 @@ pub fn run_slice(
     if here.enter_vm(vm.index) {
         crate::isolation::switch_vm(here.selectors().data);
     }
+    let moved = vcpu.last_cpu.is_some_and(|c| c != cpu);
     let mut vmcs = match activate(vcpu, cpu, caps) {
         Ok(v) => v,
         Err(e) => return SliceEnd::Stopped(Stop::Fault(e)),
     };
+    if moved && vcpu.pmu.is_some() {
+        vpmu::after_move(vm, vcpu);
+    }
     // From here to the end of the slice an IPI for this vCPU kicks this pCPU and no other.
     let index = usize::from(vcpu.index);
     vm.set_running_on(index, Some(cpu));
@@ -268,9 +272,16 @@ impl<'a> Slice<'a> {
             vcpu.wake_at = None;
             return Err(SliceEnd::Halted);
         }
-        // A virtual PMU's overflow interrupt, when one is due (`vm/vpmu.rs`).
-        if vcpu.pmu.is_some() && vpmu::deliver_pmi(vm, vcpu) {
-            self.devices_touched = true;
+        // A virtual PMU: its mode EPTs as its counters need them, and its overflow interrupt,
+        // when one is due (`vm/vpmu.rs`).
+        if vcpu.pmu.is_some() {
+            let single = self.caps.ept_cap(ept_cap::INVEPT_SINGLE);
+            if let Err(e) = vpmu::sync_split(vm, vcpu, vmcs, single) {
+                return Err(SliceEnd::Stopped(Stop::Fault(e)));
+            }
+            if vpmu::deliver_pmi(vm, vcpu) {
+                self.devices_touched = true;
+            }
         }
         // With the CPU's APIC virtualization, the local APIC's state taken back at an exit goes
         // back to the CPU before the guest runs again (vm/virtual_apic.rs).

@@ -89,7 +89,7 @@ fn section(out: &mut String, s: &Section, top: usize) {
     if let Some(e) = &s.exact {
         let _ = writeln!(out, "<p>{e}</p>");
     }
-    for line in [&s.steal_by, &s.pause_loop].into_iter().flatten() {
+    for line in [&s.steal_by, &s.pause_loop, &s.vpmu].into_iter().flatten() {
         let _ = writeln!(out, "<p>{}</p>", esc(line));
     }
     rows_table(out, s, top);

@@ -216,6 +216,57 @@ pub struct PauseLoopReport {
     pub others: u64,
 }
 
+/// A VM's virtual PMU (`vpmu=cpu|domain`): its accounting mode and what its vCPUs' counters
+/// counted, from its end frame.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct VpmuReport {
+    /// `cpu` or `domain`.
+    pub mode: &'static str,
+    pub guest_ticks: u64,
+    pub emulated: u64,
+    pub hypervisor_ticks: u64,
+    pub pmis: u64,
+    pub held: u64,
+    pub undelivered: u64,
+}
+
+impl VpmuReport {
+    fn of(vm_ends: &[hvprof_samplelog::VmEnd], vm: u16) -> Option<VpmuReport> {
+        let p = vm_ends.iter().rev().find(|e| e.vm == vm)?.vpmu?;
+        let sum = |f: fn(&hvprof_samplelog::VpmuCounts) -> u64| {
+            p.vcpus().iter().map(f).fold(0u64, u64::saturating_add)
+        };
+        Some(VpmuReport {
+            mode: if p.domain { "domain" } else { "cpu" },
+            guest_ticks: sum(|c| c.guest_ticks),
+            emulated: sum(|c| c.emulated),
+            hypervisor_ticks: sum(|c| c.hypervisor_ticks),
+            pmis: sum(|c| c.pmis),
+            held: sum(|c| c.held),
+            undelivered: sum(|c| c.undelivered),
+        })
+    }
+
+    /// One line: what the guest's own counters included.
+    pub fn describe(&self) -> String {
+        let what = if self.mode == "domain" {
+            format!(
+                "the guest's run ({} ticks) and the hypervisor's work on its exits ({} ticks)",
+                self.guest_ticks, self.hypervisor_ticks
+            )
+        } else {
+            format!(
+                "the guest's run only ({} ticks; not its steal, not the hypervisor's work)",
+                self.guest_ticks
+            )
+        };
+        format!(
+            "Virtual PMU (vpmu={}): the guest's counters counted {what}, and {} instructions the hypervisor emulated; {} PMIs delivered, {} held by the rate limit, {} with no taker",
+            self.mode, self.emulated, self.pmis, self.held, self.undelivered
+        )
+    }
+}
+
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct SpinRow {
     pub vcpu: u16,
@@ -297,6 +348,8 @@ pub struct VmReport {
     pub vcpus: Vec<VcpuReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pause_loop: Option<PauseLoopReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vpmu: Option<VpmuReport>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -353,6 +406,8 @@ pub struct Section<'a> {
     pub steal_by: Option<String>,
     /// A VM's pause-loop exiting and where it spun (`VmReport::pause_loop`), when on.
     pub pause_loop: Option<String>,
+    /// What a VM's virtual PMU counted (`VmReport::vpmu`), when it has one.
+    pub vpmu: Option<String>,
     pub rows: &'a [Row],
     /// Rows left out after `rows` ([`GuestTable::left_out`]).
     pub left_out: usize,
@@ -401,6 +456,7 @@ impl Report {
                 exact: None,
                 steal_by: None,
                 pause_loop: None,
+                vpmu: None,
                 rows: &self.host.rows,
                 left_out: 0,
                 processes: self.host.rows.iter().any(|r| r.process.is_some()),
@@ -415,6 +471,7 @@ impl Report {
                 .table
                 .section(Level::Vm, format!("VM {} ({})", vm.name, vm.image));
             section.pause_loop = vm.pause_loop.as_ref().map(PauseLoopReport::describe);
+            section.vpmu = vm.vpmu.as_ref().map(VpmuReport::describe);
             out.push(section);
             if vm.vcpus.len() > 1 {
                 for v in &vm.vcpus {
@@ -466,6 +523,7 @@ impl GuestTable {
                 )
             }),
             pause_loop: None,
+            vpmu: None,
             rows: &self.rows,
             left_out: self.left_out,
             processes: self.processes,
@@ -1358,6 +1416,7 @@ fn guest_level(
             table,
             vcpus,
             pause_loop,
+            vpmu: VpmuReport::of(vm_ends, v.id),
         });
     }
     let mut unknown: Vec<u16> = g.per_vm.keys().copied().collect();
@@ -1370,6 +1429,7 @@ fn guest_level(
             table: g.per_vm[&id].table(None, "?", keep, &g.rows),
             vcpus: Vec::new(),
             pause_loop: None,
+            vpmu: None,
         });
     }
     vms

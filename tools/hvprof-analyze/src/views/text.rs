@@ -54,7 +54,7 @@ pub fn render(r: &Report, top: usize, only_vm: Option<&str>) -> String {
         if let Some(e) = &section.exact {
             let _ = writeln!(out, "{e}");
         }
-        for line in [&section.steal_by, &section.pause_loop]
+        for line in [&section.steal_by, &section.pause_loop, &section.vpmu]
             .into_iter()
             .flatten()
         {

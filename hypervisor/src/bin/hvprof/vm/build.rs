@@ -523,6 +523,7 @@ fn build(
             .map(|_| core::sync::atomic::AtomicU16::new(0))
             .collect(),
         unwind: &[],
+        mode_epts: (0..config.vcpus).map(|_| Mutex::new(None)).collect(),
         maps: Mutex::new(Default::default()),
         output,
         name: String::from(config.name),

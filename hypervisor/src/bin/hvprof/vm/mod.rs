@@ -123,6 +123,9 @@ pub struct Vm {
     pub sipi: Vec<core::sync::atomic::AtomicU16>,
     /// Unwind tables of its programs built without frame pointers (`unwind=`).
     pub unwind: &'static [hvprof_linux_walk::UnwindTable<'static>],
+    /// Per vCPU: its two EPTs for telling its privilege modes apart, made when its virtual PMU
+    /// first needs them (`vm/vpmu.rs`).
+    pub mode_epts: Vec<Mutex<Option<vpmu::ModeEpts>>>,
     /// Its processes' executable file mappings, read once per process, sent at the end.
     pub maps: Mutex<hvprof_hypervisor::profiler::guest_maps::ProcessMaps>,
     /// What its programs hand over through the output leaf (`output=`), sent at the end.

@@ -161,6 +161,7 @@ pub fn exit_stats(vm: &Vm) {
         task_offsets: vm.task_offsets,
         exits,
         pause_loop: pause_loop(vm, &spins),
+        vpmu: super::vpmu::end_frame(vm),
     });
     if let Some(layout) = &vm.module_layout {
         // The list now, added to those read during the run (at samples in a module not known

@@ -2,13 +2,183 @@
 //! `hvprof_hypervisor::vcpu_pmu`'s): the guest's run measured at each exit, the instructions
 //! exit handlers emulate, and PMIs handed to the vCPU's local APIC. The MSRs are
 //! `vmexit/msr.rs`'s, RDPMC `vmexit/mod.rs`'s, CPUID leaf 0AH `vmexit/cpuid.rs`'s.
+//!
+//! **Telling the modes apart.** While an enabled counter counts one privilege mode only, every
+//! change of mode must exit, or a run that makes a system call or takes an interrupt would count
+//! wholly in one mode. The vCPU then runs on one of two EPTs of its own ([`ModeEpts`]), the VM's
+//! mappings with execute permission only on the code pages seen run in that mode, and a page
+//! executable in at most one of them: the first instruction fetched in the other mode is an EPT
+//! violation (SDM Vol. 3C §29.3.3.2), at which the vCPU moves to the other EPT (a VMWRITE of the
+//! EPTP: each EPT's cached translations are its own, tagged by its EP4TA, §29.4.1). A page seen
+//! run in a mode becomes executable in that mode's EPT and stops being so in the other's (which
+//! is then invalidated, §29.4.3.1). Each mode's code is learned once, page by page; after that a
+//! change of mode costs one exit.
 
 use crate::vcpu::Vcpu;
-use crate::vm::Vm;
+use crate::vcpu::guest_ops::GuestOps;
+use crate::vm::{HostPhys, Vm};
+use alloc::format;
+use alloc::string::String;
+use hvprof_ept::{Access, Ept, EptViolation, Permissions};
 use hvprof_hypervisor::vm_config::Vpmu;
 use hvprof_pmu::virtual_pmu;
-use hvprof_vmx::instructions::CurrentVmcs;
-use hvprof_vmx::vmcs::{Guest32, GuestNatural};
+use hvprof_vmx::instructions::{self, CurrentVmcs, InvEptType};
+use hvprof_vmx::vmcs::{Control64, Guest32, GuestNatural, VmcsExt};
+
+/// A vCPU's two EPTs for telling its modes apart: the VM's mappings without execute permission,
+/// but on the pages run in that mode.
+pub struct ModeEpts {
+    user: Ept<HostPhys>,
+    kernel: Ept<HostPhys>,
+    /// INVEPT's single-context type exists (else all-context).
+    single: bool,
+    /// Code pages learned, and changes of mode, so far.
+    pub pages: u64,
+    pub switches: u64,
+}
+
+impl ModeEpts {
+    fn new(vm: &Vm, single: bool) -> Result<ModeEpts, hvprof_ept::Error> {
+        let copy = || -> Result<Ept<HostPhys>, hvprof_ept::Error> {
+            let mut e = Ept::new(HostPhys, *vm.ept.caps())?;
+            let mut result = Ok(());
+            vm.ept.for_each_range(|r| {
+                if result.is_ok() {
+                    let mut perms = r.perms;
+                    perms.remove(Permissions::EXECUTE);
+                    let perms = if perms.is_empty() { r.perms } else { perms };
+                    result = e.map(r.gpa, r.hpa, r.len, perms, r.memtype);
+                }
+            });
+            result.map(|()| e)
+        };
+        let e = ModeEpts {
+            user: copy()?,
+            kernel: copy()?,
+            single,
+            pages: 0,
+            switches: 0,
+        };
+        // Fresh tables at addresses an earlier EPT may have used (§29.4.3.1).
+        e.invalidate(true);
+        e.invalidate(false);
+        Ok(e)
+    }
+
+    fn eptp(&self, user: bool) -> u64 {
+        if user { &self.user } else { &self.kernel }.eptp(false)
+    }
+
+    /// INVEPT of mode `user`'s EPT on this pCPU.
+    fn invalidate(&self, user: bool) {
+        let kind = if self.single {
+            InvEptType::SingleContext
+        } else {
+            InvEptType::AllContext
+        };
+        // SAFETY: VMX root operation (the run loop and exit handlers run in it); the VM's EPT
+        // setup checked that INVEPT exists with this type; invalidating cached translations
+        // cannot break memory safety.
+        let r = unsafe { instructions::invept(kind, self.eptp(user)) };
+        crate::vcpu::guest_ops::must(r, "INVEPT of a mode EPT");
+    }
+
+    /// Page `gpa` holds code of mode `user`: executable in its EPT, not in the other's.
+    fn learn(&mut self, gpa: u64, user: bool) -> Result<(), hvprof_ept::Error> {
+        let (this, other) = if user {
+            (&mut self.user, &mut self.kernel)
+        } else {
+            (&mut self.kernel, &mut self.user)
+        };
+        if this.set_execute(gpa, true)? {
+            self.pages += 1;
+        }
+        if other.set_execute(gpa, false)? {
+            self.invalidate(!user);
+        }
+        Ok(())
+    }
+}
+
+/// Before a VM entry of a vCPU with a virtual PMU: every change of mode exits while its counters
+/// need it ([`hvprof_hypervisor::vcpu_pmu::VcpuPmu::wants_split`]), and no longer after.
+pub fn sync_split(
+    vm: &Vm,
+    vcpu: &mut Vcpu,
+    vmcs: &mut CurrentVmcs,
+    single_invept: bool,
+) -> Result<(), String> {
+    let Some(pmu) = vcpu.pmu.as_mut() else {
+        return Ok(());
+    };
+    let eptp = match (pmu.wants_split(), pmu.split()) {
+        (true, None) => {
+            let mut slot = vm.mode_epts[usize::from(vcpu.index)].lock();
+            if slot.is_none() {
+                *slot = Some(
+                    ModeEpts::new(vm, single_invept)
+                        .map_err(|e| format!("the virtual PMU's mode EPTs: {e}"))?,
+                );
+            }
+            let user = vmcs.guest_cpl() != 0;
+            pmu.set_split(Some(user));
+            slot.as_ref().map_or(0, |e| e.eptp(user))
+        }
+        (false, Some(_)) => {
+            pmu.set_split(None);
+            vm.ept.eptp(false)
+        }
+        _ => return Ok(()),
+    };
+    vmcs.write64(Control64::EptPointer, eptp)
+        .map_err(|e| format!("VMWRITE of the EPTP: {e}"))
+}
+
+/// An EPT violation of a vCPU whose modes are told apart: an instruction fetch from a page the
+/// EPT of its mode does not let it run, where the VM's own EPT would. The guest changed mode (the
+/// vCPU moves to the other EPT), or ran a page of its mode's code the first time. Either way the
+/// page becomes code of the mode the guest is in, and the guest retries the fetch. `None`: not
+/// such a violation; `Some(Err)`: the tables could not be changed.
+pub fn on_fetch_violation(
+    vm: &Vm,
+    vcpu: &mut Vcpu,
+    vmcs: &mut CurrentVmcs,
+    v: &EptViolation,
+) -> Option<Result<(), String>> {
+    let pmu = vcpu.pmu.as_mut()?;
+    let active = pmu.split()?;
+    if !v.access().contains(Access::FETCH)
+        || !vm
+            .ept
+            .translate(v.gpa)
+            .is_some_and(|t| t.perms.contains(Permissions::EXECUTE))
+    {
+        return None;
+    }
+    let user = vmcs.guest_cpl() != 0;
+    let mut slot = vm.mode_epts[usize::from(vcpu.index)].lock();
+    let epts = slot.as_mut()?;
+    if user != active {
+        pmu.set_split(Some(user));
+        epts.switches += 1;
+        if let Err(e) = vmcs.write64(Control64::EptPointer, epts.eptp(user)) {
+            return Some(Err(format!("VMWRITE of the EPTP: {e}")));
+        }
+    }
+    Some(
+        epts.learn(v.gpa, user)
+            .map_err(|e| format!("the virtual PMU's mode EPTs at GPA {:#x}: {e}", v.gpa)),
+    )
+}
+
+/// The vCPU runs on this pCPU after it ran on another: its mode EPTs' translations cached here
+/// may be stale (the other pCPU took execute permissions away meanwhile).
+pub fn after_move(vm: &Vm, vcpu: &Vcpu) {
+    if let Some(e) = vm.mode_epts[usize::from(vcpu.index)].lock().as_ref() {
+        e.invalidate(true);
+        e.invalidate(false);
+    }
+}
 
 /// The timer ticks of a run that are not the guest's: the VM-entry instruction's own tick,
 /// which Bochs counts after it started the timer (with `clock: sync=none` every instruction
@@ -110,6 +280,29 @@ pub fn describe(name: &str, vpmu: Vpmu, apic: bool) {
     );
 }
 
+/// The VM's virtual PMU for its end frame: the mode and each vCPU's counts.
+pub fn end_frame(vm: &Vm) -> Option<hvprof_samplelog::VpmuEnd> {
+    let mut end: Option<hvprof_samplelog::VpmuEnd> = None;
+    for v in &vm.vcpus {
+        let v = v.lock();
+        let Some(pmu) = &v.pmu else {
+            continue;
+        };
+        let s = pmu.stats;
+        end.get_or_insert_with(|| hvprof_samplelog::VpmuEnd::new(pmu.mode() == Vpmu::Domain))
+            .add(hvprof_samplelog::VpmuCounts {
+                vcpu: v.index,
+                guest_ticks: s.guest_ticks,
+                emulated: s.emulated,
+                hypervisor_ticks: s.hypervisor_ticks,
+                pmis: s.pmis,
+                held: s.held,
+                undelivered: s.undelivered,
+            });
+    }
+    end
+}
+
 /// Each vCPU's virtual PMU at the end: what it counted and the PMIs it raised.
 pub fn print_stats(vm: &Vm) {
     for v in &vm.vcpus {
@@ -130,5 +323,14 @@ pub fn print_stats(vm: &Vm) {
             s.held,
             s.undelivered
         );
+        if let Some(e) = vm.mode_epts[usize::from(v.index)].lock().as_ref() {
+            crate::println!(
+                "vm {}: vCPU {} vpmu: modes told apart by two EPTs: {} changes of mode, {} code pages learned",
+                vm.name,
+                v.index,
+                e.switches,
+                e.pages
+            );
+        }
     }
 }

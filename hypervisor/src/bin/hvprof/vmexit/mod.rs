@@ -250,6 +250,12 @@ fn handle_exit(
                 vmcs.exit_qualification().unwrap_or(0),
                 vmcs.read64(ReadOnly64::GuestPhysicalAddress).unwrap_or(0),
             );
+            // A virtual PMU's change of mode, or a page of its mode's code met first.
+            match crate::vm::vpmu::on_fetch_violation(vm, vcpu, vmcs, &v) {
+                Some(Ok(())) => return None,
+                Some(Err(e)) => return Some(fatal(vcpu, vmcs, e)),
+                None => {}
+            }
             let mut what = format!("EPT violation: {v}");
             if v.linear_address_valid() {
                 let la = vmcs
