@@ -11,6 +11,7 @@ mod live;
 mod modgraph;
 mod profile;
 mod profile_debian;
+mod profile_vpmu;
 mod rules;
 mod run;
 mod spread;

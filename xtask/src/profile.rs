@@ -1089,7 +1089,10 @@ pub fn check() -> Result<()> {
     let debian = spawn(&mut crate::profile_debian::command(&xtask, &dir))?;
     let flood = flood.wait_with_output()?;
     let endless = endless.wait_with_output()?;
+    // The guest's own perf on its virtual PMU, once the short runs are done.
+    let vpmu = spawn(&mut crate::profile_vpmu::command(&xtask, &dir)?)?;
     let debian = debian.wait_with_output()?;
+    let vpmu = vpmu.wait_with_output()?;
     let output = |mut c: Command| c.output().context("cannot run cargo xtask profile");
     let missing = output(run("run-missing", &[], &["/no/such/program", "x"]))?;
     let arm_arg = format!("{}:/root/arm-program", arm.display());
@@ -1170,6 +1173,7 @@ pub fn check() -> Result<()> {
         errors.push(format!("run-budget: {e:#}"));
     }
     errors.extend(crate::profile_debian::check(&dir, &debian));
+    errors.extend(crate::profile_vpmu::check(&dir, &vpmu));
     let copies_out = String::from_utf8_lossy(&copies.stdout);
     for c in 0..2 {
         if !copies_out.contains(&format!("[copy {c}] argv[0]=")) {

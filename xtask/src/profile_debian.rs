@@ -136,11 +136,11 @@ fn callgrind(dir: &Path, r: &DebianProgram) -> Result<(Child, std::path::PathBuf
 
 /// A function's share of a program, keyed by name; code outside every symbol of a file by
 /// where it starts, `[unknown] FILE+0xADDR`.
-type Shares = BTreeMap<String, f64>;
+pub(crate) type Shares = BTreeMap<String, f64>;
 
 /// `callgrind_annotate` rows `1,234 (12.34%)  ???:function [/path/object]`: each function's
 /// share of the program's instructions.
-fn callgrind_shares(text: &str) -> Shares {
+pub(crate) fn callgrind_shares(text: &str) -> Shares {
     let mut shares = Shares::new();
     for line in text.lines() {
         let Some((_, rest)) = line.split_once('(') else {
@@ -178,7 +178,7 @@ fn callgrind_shares(text: &str) -> Shares {
 
 /// The report's rows of process `comm` in user mode: each function's share of its user-mode
 /// samples, and the samples.
-fn report_shares(report: &serde_json::Value, comm: &str) -> Result<(Shares, f64)> {
+pub(crate) fn report_shares(report: &serde_json::Value, comm: &str) -> Result<(Shares, f64)> {
     let rows = report_rows(report, "linux")?;
     let text = row_text;
     let prefix = format!("{comm}[");
@@ -208,7 +208,7 @@ fn report_shares(report: &serde_json::Value, comm: &str) -> Result<(Shares, f64)
 }
 
 /// Every function of at least `floor` % on either side, and the points between the two.
-fn compare(ours: &Shares, theirs: &Shares, floor: f64) -> Vec<(String, f64, f64)> {
+pub(crate) fn compare(ours: &Shares, theirs: &Shares, floor: f64) -> Vec<(String, f64, f64)> {
     let mut names: Vec<&String> = ours
         .iter()
         .chain(theirs.iter())
