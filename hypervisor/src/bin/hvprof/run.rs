@@ -56,7 +56,12 @@ pub fn run_slice(
     // From here to the end of the slice an IPI for this vCPU kicks this pCPU and no other.
     let index = usize::from(vcpu.index);
     vm.set_running_on(index, Some(cpu));
-    let end = run_loaded(vm, vcpu, &mut vmcs, caps, slice_end);
+    // A vCPU with a virtual PMU runs the loop that feeds it; the others one without any of it.
+    let end = if vcpu.pmu.is_some() {
+        run_loaded::<true>(vm, vcpu, &mut vmcs, caps, slice_end)
+    } else {
+        run_loaded::<false>(vm, vcpu, &mut vmcs, caps, slice_end)
+    };
     vm.set_running_on(index, None);
     if release {
         // SAFETY: VMX root operation; the VMCS is active on this CPU. VMCLEAR writes its state
@@ -110,7 +115,7 @@ fn activate(vcpu: &mut Vcpu, cpu: usize, caps: &VmxCaps) -> Result<CurrentVmcs, 
 /// The run loop of `run_slice`, with the VMCS current: each turn prepares the entry, enters the
 /// guest and gets its exit decoded, runs the profiler's hooks on the exit, then hands the exit to
 /// its handler (`vmexit::handle`), unless it was only the sampling clock's.
-fn run_loaded(
+fn run_loaded<const PMU: bool>(
     vm: &Vm,
     vcpu: &mut Vcpu,
     vmcs: &mut CurrentVmcs,
@@ -120,7 +125,7 @@ fn run_loaded(
     if let Some(end) = start_up(vm, vcpu, vmcs) {
         return end;
     }
-    let mut slice = Slice::begin(vm, vcpu, caps, slice_end);
+    let mut slice = Slice::<PMU>::begin(vm, vcpu, caps, slice_end);
     let end = loop {
         if let Err(end) = slice.prepare_entry(vm, vcpu, vmcs) {
             break end;
@@ -173,7 +178,8 @@ struct Exit {
 }
 
 /// One slice's state across the turns of the run loop.
-struct Slice<'a> {
+/// `PMU`: the vCPU has a virtual PMU (`vm/vpmu.rs`), which the loop then feeds.
+struct Slice<'a, const PMU: bool> {
     prof: &'static profiler::sampler::CpuProfiler,
     caps: &'a VmxCaps,
     shift: u8,
@@ -211,9 +217,9 @@ struct Slice<'a> {
     device_event: Option<u64>,
 }
 
-impl<'a> Slice<'a> {
+impl<'a, const PMU: bool> Slice<'a, PMU> {
     #[inline(always)]
-    fn begin(vm: &Vm, vcpu: &mut Vcpu, caps: &'a VmxCaps, slice_end: u64) -> Slice<'a> {
+    fn begin(vm: &Vm, vcpu: &mut Vcpu, caps: &'a VmxCaps, slice_end: u64) -> Self {
         let prof = profiler::this_cpu();
         vcpu.load_state();
         let start = rdtsc();
@@ -274,7 +280,7 @@ impl<'a> Slice<'a> {
         }
         // A virtual PMU: its mode EPTs as its counters need them, and its overflow interrupt,
         // when one is due (`vm/vpmu.rs`).
-        if vcpu.pmu.is_some() {
+        if PMU {
             let single = self.caps.ept_cap(ept_cap::INVEPT_SINGLE);
             if let Err(e) = vpmu::sync_split(vm, vcpu, vmcs, single) {
                 return Err(SliceEnd::Stopped(Stop::Fault(e)));
@@ -339,7 +345,7 @@ impl<'a> Slice<'a> {
         // Vol. 3C §26.5.1).
         // A virtual PMU's next interrupting wrap is one more deadline.
         let tick = prof.next_tick();
-        let other = match vpmu::ticks_to_next(vcpu) {
+        let other = match PMU.then(|| vpmu::ticks_to_next(vcpu)).flatten() {
             Some(n) => self.other.min(now.saturating_add(n)),
             None => self.other,
         };
@@ -351,7 +357,9 @@ impl<'a> Slice<'a> {
             until = until.max(prof.period() / 4);
         }
         let timer = (until >> self.shift).min(u32::MAX as u64) as u32;
-        self.timer_set = timer;
+        if PMU {
+            self.timer_set = timer;
+        }
         if let Err(e) = vmcs.write32(Guest32::PreemptionTimerValue, timer) {
             return Err(SliceEnd::Stopped(Stop::Fault(format!(
                 "VMWRITE of the preemption timer failed: {e}"
@@ -376,7 +384,9 @@ impl<'a> Slice<'a> {
         self.prof.set_guest_rbp(vcpu.regs.rbp);
         if let Some((reason, t)) = last_exit {
             vcpu.stats.record(reason, t_entry - t);
-            vpmu::hypervisor_worked(vcpu, t_entry - t);
+            if PMU {
+                vpmu::hypervisor_worked(vcpu, t_entry - t);
+            }
         }
         if let Some((t, inside)) = ending {
             self.prof.sampling_exit_done(t, t_entry, inside);
@@ -413,7 +423,7 @@ impl<'a> Slice<'a> {
             ))));
         }
         vcpu.launched = true;
-        if vcpu.pmu.is_some() {
+        if PMU {
             vpmu::after_run(vcpu, vmcs, self.timer_set, self.shift);
         }
         if vcpu.mode_switching {
@@ -483,7 +493,11 @@ impl<'a> Slice<'a> {
         self.prof.arm_host_clock();
         self.host_clock_armed = true;
         x86_64::instructions::interrupts::enable();
-        let rip = vpmu::rip_before(vcpu, vmcs);
+        let rip = if PMU {
+            vpmu::rip_before(vcpu, vmcs)
+        } else {
+            None
+        };
         let flow = vmexit::handle(vm, vcpu, vmcs, exit.reason);
         if let Some(rip) = rip {
             vpmu::after_handler(vcpu, vmcs, rip);
@@ -513,7 +527,9 @@ impl<'a> Slice<'a> {
         if let Some((reason, t)) = self.exit_at.take() {
             let ticks = rdtsc() - t;
             vcpu.stats.record(reason, ticks);
-            vpmu::hypervisor_worked(vcpu, ticks);
+            if PMU {
+                vpmu::hypervisor_worked(vcpu, ticks);
+            }
         }
         if let Some((t, inside)) = self.sampling_exit.take() {
             prof.sampling_exit_done(t, rdtsc(), inside);
