@@ -66,10 +66,14 @@ pub struct VpmuStats {
     pub undelivered: u64,
 }
 
-/// One vCPU's virtual PMU and the state the run loop keeps for it.
+/// One vCPU's virtual PMU and the state the run loop keeps for it. The model changes through
+/// [`VcpuPmu::write_msr`] (and counting), which keeps what the run loop asks at every exit.
 #[derive(Clone, Debug)]
 pub struct VcpuPmu {
-    pub model: VirtualPmu,
+    model: VirtualPmu,
+    /// `model.counting()` and `model.mode_sensitive()`, as of the last MSR write.
+    counting: bool,
+    wants_split: bool,
     mode: Vpmu,
     /// CPL > 0 at the last exit: the mode the guest resumes in.
     user: bool,
@@ -91,6 +95,8 @@ impl VcpuPmu {
     pub fn new(mode: Vpmu, tsc_hz: u64) -> VcpuPmu {
         VcpuPmu {
             model: VirtualPmu::new(),
+            counting: false,
+            wants_split: false,
             mode,
             user: false,
             pending: false,
@@ -104,6 +110,19 @@ impl VcpuPmu {
 
     pub fn mode(&self) -> Vpmu {
         self.mode
+    }
+
+    /// The guest-facing model (CPUID, RDMSR, RDPMC read it).
+    pub fn model(&self) -> &VirtualPmu {
+        &self.model
+    }
+
+    /// WRMSR of one of the model's MSRs.
+    pub fn write_msr(&mut self, index: u32, value: u64) -> Result<(), hvprof_pmu::virtual_pmu::Gp> {
+        self.model.write(index, value)?;
+        self.counting = self.model.counting();
+        self.wants_split = self.model.mode_sensitive();
+        Ok(())
     }
 
     /// Guest ticks between two PMIs at least.
@@ -130,7 +149,7 @@ impl VcpuPmu {
     /// Whether the counters need every change of mode to exit (an enabled counter counts in one
     /// mode only).
     pub fn wants_split(&self) -> bool {
-        self.model.mode_sensitive()
+        self.wants_split
     }
 
     /// The mode the guest runs in while every change of mode exits, `None` when they do not.
@@ -173,7 +192,7 @@ impl VcpuPmu {
     }
 
     fn count(&mut self, slice: Slice) {
-        if self.model.count(&slice) {
+        if self.counting && self.model.count(&slice) {
             self.pending = true;
         }
     }
@@ -212,6 +231,9 @@ impl VcpuPmu {
         if self.pending {
             return Some((self.min_gap - self.since_pmi.min(self.min_gap)).max(MIN_RUN));
         }
+        if !self.counting {
+            return None;
+        }
         self.model.events_to_pmi(self.user).map(|n| n.max(MIN_RUN))
     }
 
@@ -236,8 +258,8 @@ mod tests {
 
     /// Fixed counter 0 (instructions) counting `os`/`usr` with a PMI, enabled globally.
     fn instructions(p: &mut VcpuPmu, bits: u64) {
-        p.model.write(msr::IA32_FIXED_CTR_CTRL, bits).unwrap();
-        p.model.write(msr::IA32_PERF_GLOBAL_CTRL, 1 << 32).unwrap();
+        p.write_msr(msr::IA32_FIXED_CTR_CTRL, bits).unwrap();
+        p.write_msr(msr::IA32_PERF_GLOBAL_CTRL, 1 << 32).unwrap();
     }
 
     #[test]
@@ -273,11 +295,9 @@ mod tests {
         assert!(gap > 2 * MIN_RUN);
         instructions(&mut p, fixed_ctrl::OS | fixed_ctrl::PMI);
         // 100 events before the wrap: the guest may run 100 ticks; 10 before it, `MIN_RUN`.
-        p.model
-            .write(msr::IA32_FIXED_CTR0, (1 << 48) - 100)
-            .unwrap();
+        p.write_msr(msr::IA32_FIXED_CTR0, (1 << 48) - 100).unwrap();
         assert_eq!(p.ticks_to_next(), Some(100));
-        p.model.write(msr::IA32_FIXED_CTR0, (1 << 48) - 10).unwrap();
+        p.write_msr(msr::IA32_FIXED_CTR0, (1 << 48) - 10).unwrap();
         assert_eq!(p.ticks_to_next(), Some(MIN_RUN));
         assert!(!p.take_pmi());
         p.guest_ran(12, false);
@@ -287,14 +307,14 @@ mod tests {
         // A period of 1: the counter wraps at once, again and again (the handler's own emulated
         // instructions wrap it); the next PMI waits until the guest ran the gap, however long
         // the hypervisor took meanwhile.
-        p.model.write(msr::IA32_FIXED_CTR0, (1 << 48) - 1).unwrap();
+        p.write_msr(msr::IA32_FIXED_CTR0, (1 << 48) - 1).unwrap();
         p.emulated_instruction();
         assert!(!p.take_pmi(), "held");
         assert_eq!(p.ticks_to_next(), Some(gap));
         p.guest_ran(gap / 2, false);
         assert!(!p.take_pmi());
         assert_eq!(p.ticks_to_next(), Some(gap - gap / 2));
-        p.model.write(msr::IA32_FIXED_CTR0, (1 << 48) - 1).unwrap();
+        p.write_msr(msr::IA32_FIXED_CTR0, (1 << 48) - 1).unwrap();
         p.guest_ran(gap - gap / 2, false);
         assert!(p.take_pmi(), "one PMI for both wraps");
         assert_eq!((p.stats.pmis, p.stats.held), (2, 1));
@@ -308,8 +328,8 @@ mod tests {
         assert_eq!(p.ticks_to_next(), None);
         // General counter 0 counts user-mode instructions with INT; the guest is in the kernel.
         let sel = evtsel::EN | evtsel::USR | evtsel::INT | 0xc0;
-        p.model.write(msr::IA32_PERFEVTSEL0, sel).unwrap();
-        p.model.write(msr::IA32_PERF_GLOBAL_CTRL, 1).unwrap();
+        p.write_msr(msr::IA32_PERFEVTSEL0, sel).unwrap();
+        p.write_msr(msr::IA32_PERF_GLOBAL_CTRL, 1).unwrap();
         assert_eq!(p.ticks_to_next(), None);
         p.guest_ran(5, true);
         assert_eq!(p.ticks_to_next(), Some((1 << 48) - 5));
@@ -340,7 +360,7 @@ mod tests {
     #[test]
     fn rdpmc_needs_cr4_pce_outside_ring_0() {
         let mut p = VcpuPmu::new(Vpmu::Cpu, HZ);
-        p.model.write(msr::IA32_PMC0, 1234).unwrap();
+        p.write_msr(msr::IA32_PMC0, 1234).unwrap();
         assert_eq!(p.rdpmc(0, 0, false), Some(1234));
         assert_eq!(p.rdpmc(0, 3, false), None);
         assert_eq!(p.rdpmc(0, 3, true), Some(1234));

@@ -278,6 +278,20 @@ impl VirtualPmu {
         pmi
     }
 
+    /// Whether any counter counts anything now (enabled, in some mode, an event the model
+    /// counts): while none does, counting a slice changes nothing.
+    pub fn counting(&self) -> bool {
+        let general = (0..GENERAL).any(|i| {
+            self.general_event(i)
+                .is_some_and(|(_, sel)| sel & (evtsel::USR | evtsel::OS) != 0)
+        });
+        let fixed = (0..FIXED).any(|j| {
+            let field = self.fixed_ctrl >> (4 * j) & FIXED_ALLOWED;
+            self.global_ctrl & 1 << (32 + j) != 0 && field & (fixed_ctrl::USR | fixed_ctrl::OS) != 0
+        });
+        general || fixed
+    }
+
     /// Whether some enabled counter counts in one privilege mode and not the other (USR without
     /// OS, or OS without USR): its count depends on where inside a run the guest changes mode,
     /// which the backend must then see.

@@ -48,7 +48,7 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> 
         rdtscp: proc2 & proc2::ENABLE_RDTSCP != 0,
         tsc_offsetting: vcpu.proc1 & hvprof_vmx::caps::proc1::USE_TSC_OFFSETTING != 0,
         tsc_hz: crate::tsc::hz(),
-        pmu: vcpu.pmu.as_ref().map(|p| p.model.cpuid()),
+        pmu: vcpu.pmu.as_ref().map(|p| p.model().cpuid()),
     };
     let r = policy(leaf, subleaf, &seen, |l, s| {
         let r = raw_cpuid::native_cpuid::cpuid_count(l, s);

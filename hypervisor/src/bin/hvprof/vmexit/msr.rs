@@ -60,7 +60,7 @@ pub fn rdmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         m if let Some(pmu) = &vcpu.pmu
             && VirtualPmu::handles(m) =>
         {
-            match pmu.model.read(m) {
+            match pmu.model().read(m) {
                 Ok(v) => v,
                 Err(_) => {
                     vmcs.inject_exception(13, Some(0));
@@ -135,7 +135,7 @@ pub fn wrmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         m if let Some(pmu) = &mut vcpu.pmu
             && VirtualPmu::handles(m) =>
         {
-            if pmu.model.write(m, value).is_err() {
+            if pmu.write_msr(m, value).is_err() {
                 vm.log_msr_once(m, "write of reserved bits to virtual PMU");
                 vmcs.inject_exception(13, Some(0));
                 return None;
