@@ -1074,6 +1074,8 @@ pub fn check() -> Result<()> {
             .spawn()
             .context("cannot run cargo xtask profile")
     };
+    // The guest's own perf on its virtual PMU, the longest run, beside all the others.
+    let vpmu = spawn(&mut crate::profile_vpmu::command(&xtask, &dir)?)?;
     let (known, copies) = (spawn(&mut known)?, spawn(&mut copies)?);
     let known = known.wait_with_output()?;
     let copies = copies.wait_with_output()?;
@@ -1089,8 +1091,6 @@ pub fn check() -> Result<()> {
     let debian = spawn(&mut crate::profile_debian::command(&xtask, &dir))?;
     let flood = flood.wait_with_output()?;
     let endless = endless.wait_with_output()?;
-    // The guest's own perf on its virtual PMU, once the short runs are done.
-    let vpmu = spawn(&mut crate::profile_vpmu::command(&xtask, &dir)?)?;
     let debian = debian.wait_with_output()?;
     let vpmu = vpmu.wait_with_output()?;
     let output = |mut c: Command| c.output().context("cannot run cargo xtask profile");

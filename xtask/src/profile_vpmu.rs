@@ -109,13 +109,22 @@ int main(void) {
 }
 "#;
 
-/// `perf stat` (its CSV output on stderr), `perf record` and `perf report` of the same run, then
-/// the RDPMC program.
+/// `perf stat` (its CSV output on stderr); two at once, one on each vCPU of the one pCPU, their
+/// CSV lines on stdout marked `two vCPUs a:` and `b:`; `perf record` and `perf report` of the
+/// same program; then the RDPMC program.
 fn script() -> String {
+    let stat = "perf stat -x, -e instructions:u";
     format!(
-        "perf stat -x, -e instructions:u,cycles:u -- /bin/shor 35 2 1 && \
-         perf record -q -e instructions:u -c {PERIOD} -o /tmp/shor.data -- /bin/shor 35 2 1 && \
-         perf report -i /tmp/shor.data --stdio --sort sym && ./rdpmc"
+        "set -e\n\
+         {stat},cycles:u -- /bin/shor 35 2 1\n\
+         {stat} -o /tmp/a.csv -- /bin/shor 35 2 1 &\n\
+         {stat} -o /tmp/b.csv -- /bin/shor 35 2 1 &\n\
+         wait\n\
+         sed 's/^/two vCPUs a: /' /tmp/a.csv\n\
+         sed 's/^/two vCPUs b: /' /tmp/b.csv\n\
+         perf record -q -e instructions:u -c {PERIOD} -o /tmp/shor.data -- /bin/shor 35 2 1\n\
+         perf report -i /tmp/shor.data --stdio --sort sym\n\
+         ./rdpmc\n"
     )
 }
 
@@ -143,6 +152,13 @@ pub fn command(xtask: &Path, dir: &Path) -> Result<Command> {
         .args([
             "--emulator",
             "bochs",
+            // Two vCPUs on one pCPU; shor on one thread, as callgrind ran it.
+            "--vcpus",
+            "2",
+            "--cpus",
+            "1",
+            "--env",
+            "OMP_NUM_THREADS=1",
             "--vpmu",
             "cpu",
             // perf's libraries (Python, Perl) make a 135 MB initramfs.
@@ -271,6 +287,26 @@ fn check_run(dir: &Path, out: &Output) -> Result<()> {
         bail!(
             "cycles:u {cycles} against instructions:u {instructions}: one tick an instruction in Bochs"
         );
+    }
+    // Two at once on two vCPUs of one pCPU: each counts its own process.
+    for which in ["a", "b"] {
+        let prefix = format!("two vCPUs {which}: ");
+        let lines: String = stdout
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let n = stat_value(&lines, "instructions:u")
+            .with_context(|| format!("no instructions:u from the pair's perf stat {which}"))?;
+        let off = 100.0 * (n as f64 - total as f64) / total as f64;
+        println!(
+            "profile check: {OUT}: two at once on two vCPUs of one pCPU, {which}: instructions:u {n} ({off:+.4} %)"
+        );
+        if off.abs() > 1.0 {
+            bail!(
+                "two at once, {which}: instructions:u {n} is {off:+.3} % from callgrind's {total}"
+            );
+        }
     }
     let text = output(
         Command::new("callgrind_annotate")
