@@ -382,6 +382,11 @@ pub fn prepare(specs: &[String], cache: &Path, image_root: &Path) -> Result<Prep
     }
     let debs = cache.join("debs");
     std::fs::create_dir_all(&debs)?;
+    // One preparation at a time over the shared cache: two runs at once (`cargo xtask test`
+    // starts several) would download or unpack the same package into the same place.
+    let lock = std::fs::File::create(cache.join("prepare.lock"))?;
+    lock.lock()
+        .with_context(|| format!("cannot lock {}", cache.join("prepare.lock").display()))?;
     let mut lists = Lists {
         known: HashMap::new(),
     };
