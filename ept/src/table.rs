@@ -627,20 +627,29 @@ impl<M: PhysMem + FrameSource> Ept<M> {
             self.mem
                 .write_u64(frame + i * 8, encode_leaf(next, &piece)?);
         }
-        let raw = encode_table(&TableRef {
-            addr: frame,
-            perms: Permissions::all(),
-            accessed: false,
-        })?;
-        // The small pages must be in memory before the CPU can reach them.
-        compiler_fence(Ordering::Release);
-        self.mem.write_u64(slot, raw);
-        self.stats.table_pages += 1;
+        self.link_table(slot, frame)?;
         self.stats.count(size, false);
         let smaller = next.page_size().unwrap_or(PageSize::Size4K);
         for _ in 0..512 {
             self.stats.count(smaller, true);
         }
+        Ok(())
+    }
+
+    /// Points the entry at `slot` to the table in `frame` (read/write/execute), once the frame's
+    /// contents are written.
+    fn link_table(&mut self, slot: u64, frame: u64) -> Result<(), Error> {
+        let raw = encode_table(&TableRef {
+            addr: frame,
+            perms: Permissions::all(),
+            accessed: false,
+        })?;
+        // The frame's contents (zeroes, or the pages of a split) must be in memory before the
+        // CPU can reach the frame (x86 stores are not reordered with each other; keep the
+        // compiler from it).
+        compiler_fence(Ordering::Release);
+        self.mem.write_u64(slot, raw);
+        self.stats.table_pages += 1;
         Ok(())
     }
 
@@ -683,16 +692,7 @@ impl<M: PhysMem + FrameSource> Ept<M> {
                 Entry::Page(_) => return Err(Error::AlreadyMapped { gpa }),
                 Entry::NotPresent => {
                     let frame = Self::frame(&mut self.mem, &self.caps)?;
-                    let raw = encode_table(&TableRef {
-                        addr: frame,
-                        perms: Permissions::all(),
-                        accessed: false,
-                    })?;
-                    // The frame's zeroes must be in memory before the CPU can reach the frame
-                    // (x86 stores are not reordered with each other; keep the compiler from it).
-                    compiler_fence(Ordering::Release);
-                    self.mem.write_u64(slot, raw);
-                    self.stats.table_pages += 1;
+                    self.link_table(slot, frame)?;
                     frame
                 }
             };

@@ -48,23 +48,9 @@ pub const MAX_PMI_RATE: u64 = 10_000;
 /// tick), and a guest stopped that way would never reach the wrap it waits for.
 pub const MIN_RUN: u64 = 64;
 
-/// What a vCPU's virtual PMU counted and delivered (the VM's report prints them).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct VpmuStats {
-    /// Guest ticks counted (the VMX-preemption timer's).
-    pub guest_ticks: u64,
-    /// Instructions the hypervisor emulated, counted as retired.
-    pub emulated: u64,
-    /// The hypervisor's ticks on the vCPU's exits, counted in `vpmu=domain`.
-    pub hypervisor_ticks: u64,
-    /// PMIs delivered to the local APIC.
-    pub pmis: u64,
-    /// PMIs that waited for the rate limit.
-    pub held: u64,
-    /// PMIs nobody took: no local APIC (`apic=off`), or its performance LVT masked or the APIC
-    /// software-disabled.
-    pub undelivered: u64,
-}
+/// What a vCPU's virtual PMU counted and delivered (the VM's report prints them, its end frame
+/// carries them): the sample log's own type.
+pub use hvprof_samplelog::VpmuCounts as VpmuStats;
 
 /// One vCPU's virtual PMU and the state the run loop keeps for it. The model changes through
 /// [`VcpuPmu::write_msr`] (and counting), which keeps what the run loop asks at every exit.
@@ -87,6 +73,8 @@ pub struct VcpuPmu {
     min_gap: u64,
     /// While every change of mode exits: the mode the guest runs in (user: true).
     split: Option<bool>,
+    /// The exit being handled is the virtual PMU's ([`VcpuPmu::own_exit`]).
+    own_exit: bool,
     pub stats: VpmuStats,
 }
 
@@ -104,6 +92,7 @@ impl VcpuPmu {
             since_pmi: u64::MAX,
             min_gap: (tsc_hz / MAX_PMI_RATE).max(1),
             split: None,
+            own_exit: false,
             stats: VpmuStats::default(),
         }
     }
@@ -176,9 +165,19 @@ impl VcpuPmu {
         });
     }
 
+    /// The exit being handled is the virtual PMU's: an access to its MSRs, RDPMC, a stop for a
+    /// counter's wrap or a held PMI, a change of mode. Its ticks are booked as the vPMU's cost.
+    pub fn own_exit(&mut self) {
+        self.own_exit = true;
+    }
+
     /// The hypervisor worked `ticks` on one of the vCPU's exits: counted in `vpmu=domain`, as
-    /// OS-mode time.
+    /// OS-mode time; booked as the vPMU's cost if it was its own exit.
     pub fn hypervisor_worked(&mut self, ticks: u64) {
+        if core::mem::take(&mut self.own_exit) {
+            self.stats.exits += 1;
+            self.stats.exit_ticks += ticks;
+        }
         if self.mode != Vpmu::Domain {
             return;
         }
@@ -355,6 +354,16 @@ mod tests {
         assert_eq!(p.model.read(msr::IA32_FIXED_CTR0), Ok(507));
         instructions(&mut p, fixed_ctrl::USR | fixed_ctrl::OS);
         assert!(!p.wants_split(), "both modes");
+    }
+
+    #[test]
+    fn the_vpmus_own_exits_are_booked_as_its_cost() {
+        let mut p = VcpuPmu::new(Vpmu::Cpu, HZ);
+        p.hypervisor_worked(1000);
+        p.own_exit();
+        p.hypervisor_worked(700);
+        p.hypervisor_worked(300);
+        assert_eq!((p.stats.exits, p.stats.exit_ticks), (1, 700));
     }
 
     #[test]

@@ -36,8 +36,9 @@ fn guest_line<'a>(log: &'a SerialLog, vm: &str, what: &str) -> Result<&'a str, S
 }
 
 /// What the hypervisor says vCPU 0 of `vm`'s virtual PMU counted and delivered: guest ticks,
-/// emulated instructions, hypervisor ticks, PMIs delivered, held, with no taker.
-fn vpmu_stats(log: &SerialLog, vm: &str) -> Result<[u64; 6], String> {
+/// emulated instructions, hypervisor ticks, PMIs delivered, held, with no taker, its own exits
+/// and their ticks.
+fn vpmu_stats(log: &SerialLog, vm: &str) -> Result<[u64; 8], String> {
     let line = log.expect(&format!("vm {vm}: vCPU 0 vpmu="))?;
     let numbers: Vec<u64> = line
         .split_once(": ")
@@ -50,7 +51,7 @@ fn vpmu_stats(log: &SerialLog, vm: &str) -> Result<[u64; 6], String> {
         .collect();
     numbers
         .try_into()
-        .map_err(|n: Vec<u64>| format!("{} numbers in {line:?}, expected 6", n.len()))
+        .map_err(|n: Vec<u64>| format!("{} numbers in {line:?}, expected 8", n.len()))
 }
 
 /// The sum of the total column of `vm`'s exit statistics: the hypervisor's ticks on its exits.
@@ -138,7 +139,7 @@ fn check_storm(log: &SerialLog, vm: &str) -> Result<(), String> {
         .and_then(|h| h.parse().ok())
         .ok_or_else(|| format!("no frequency in {hz_line:?}"))?;
     let gap = hz / MAX_PMI_RATE;
-    let [guest, _, _, delivered, held, _] = vpmu_stats(log, vm)?;
+    let [guest, _, _, delivered, held, ..] = vpmu_stats(log, vm)?;
     let most = guest / gap + 1;
     if delivered > most || held == 0 || field(storm, "pmis")? < 2 {
         return Err(format!(
@@ -174,10 +175,20 @@ fn check_report(run: &ProfileRun) -> Result<(), String> {
                 ));
             }
             Some(m) => {
-                let [guest, emulated, hypervisor, pmis, held, _] = vpmu_stats(&log, vm)?;
+                let [
+                    guest,
+                    emulated,
+                    hypervisor,
+                    pmis,
+                    held,
+                    _,
+                    exits,
+                    exit_ticks,
+                ] = vpmu_stats(&log, vm)?;
                 let want = serde_json::json!({
                     "mode": m, "guest_ticks": guest, "emulated": emulated,
                     "hypervisor_ticks": hypervisor, "pmis": pmis, "held": held,
+                    "exits": exits, "exit_ticks": exit_ticks,
                 });
                 for (k, v) in want.as_object().into_iter().flatten() {
                     if &vpmu[k] != v {
@@ -230,7 +241,7 @@ pub fn all() -> Vec<Scenario> {
                     return Err(format!("VM off reached a counter: {none:?}"));
                 }
                 guest_line(log, "noapic", "pmi skipped")?;
-                let [.., delivered, _, _] = vpmu_stats(log, "noapic")?;
+                let [_, _, _, delivered, ..] = vpmu_stats(log, "noapic")?;
                 if delivered != 0 {
                     return Err(format!(
                         "VM noapic got {delivered} PMIs without a local APIC"
@@ -252,14 +263,17 @@ mod tests {
             "tsc: 4000439 Hz (PIT), invariant yes\n\
              vm cpu: vCPU 0 vpmu=cpu: 676273 guest ticks, 1494 emulated instructions, 0 \
              hypervisor ticks counted; 114 PMIs delivered, 94 held by the rate limit, 0 with no \
-             taker\n\
+             taker; 300 exits of its own, 700000 ticks\n\
              vm cpu: exits: 3 in all; handler cost in TSC ticks, VM exit to VM entry\n\
              vm cpu: exit reason                      count          total       min       max      mean\n\
              vm cpu: exit IO_INSTRUCTION               1657        5536027       617    100207      3340\n\
              vm cpu: exit WRMSR                          69         414717      1331    100036      6010\n\
              [cpu] pmu: storm period=1 rounds=20000 instructions=40003 pmis=94 ticks=1793874\n",
         );
-        assert_eq!(vpmu_stats(&log, "cpu"), Ok([676273, 1494, 0, 114, 94, 0]));
+        assert_eq!(
+            vpmu_stats(&log, "cpu"),
+            Ok([676273, 1494, 0, 114, 94, 0, 300, 700000])
+        );
         assert_eq!(exit_ticks(&log, "cpu"), Ok(5536027 + 414717));
         assert!(check_storm(&log, "cpu").is_ok());
         assert_eq!(

@@ -109,6 +109,8 @@ fn main() -> std::io::Result<()> {
                     pmis: 100,
                     held: 80,
                     undelivered: 0,
+                    exits: 58_318,
+                    exit_ticks: 95_000_000,
                 });
                 p
             }),

@@ -706,7 +706,7 @@ fn parse_vm_end(body: &[u8], v: &mut VmEnd) -> Result<usize, Malformed> {
                 }
                 for _ in 0..n {
                     let vcpu = r.varint_u16()?;
-                    let mut f = [0u64; 6];
+                    let mut f = [0u64; 8];
                     for x in &mut f {
                         *x = r.varint()?;
                     }
@@ -717,6 +717,8 @@ fn parse_vm_end(body: &[u8], v: &mut VmEnd) -> Result<usize, Malformed> {
                         pmis,
                         held,
                         undelivered,
+                        exits,
+                        exit_ticks,
                     ] = f;
                     p.add(VpmuCounts {
                         vcpu,
@@ -726,6 +728,8 @@ fn parse_vm_end(body: &[u8], v: &mut VmEnd) -> Result<usize, Malformed> {
                         pmis,
                         held,
                         undelivered,
+                        exits,
+                        exit_ticks,
                     });
                 }
                 Some(p)
@@ -1873,8 +1877,9 @@ mod stats_frame_tests {
             assert_eq!(parse_vm_end(&body, &mut v), Ok(body.len()));
             assert_eq!(v.vpmu, None);
         }
-        // Domain, one vCPU (1): 300 guest ticks, 2 emulated, 5 hypervisor ticks, 1 PMI, 0, 0.
-        let body = frame(&[2, 1, 1, 0xac, 0x02, 2, 5, 1, 0, 0]);
+        // Domain, one vCPU (1): 300 guest ticks, 2 emulated, 5 hypervisor ticks, 1 PMI, 0, 0;
+        // 3 exits of 9 ticks.
+        let body = frame(&[2, 1, 1, 0xac, 0x02, 2, 5, 1, 0, 0, 3, 9]);
         assert_eq!(parse_vm_end(&body, &mut v), Ok(body.len()));
         let p = v.vpmu.unwrap();
         assert!(p.domain);
@@ -1887,12 +1892,14 @@ mod stats_frame_tests {
                 hypervisor_ticks: 5,
                 pmis: 1,
                 held: 0,
-                undelivered: 0
+                undelivered: 0,
+                exits: 3,
+                exit_ticks: 9
             }]
         );
         // An unknown mode, no vCPU, too many, a cut frame.
         for bad in [
-            frame(&[3, 1, 0, 0, 0, 0, 0, 0, 0]),
+            frame(&[3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
             frame(&[1, 0]),
             frame(&[1, 9]),
             frame(&[1, 1, 0, 5]),

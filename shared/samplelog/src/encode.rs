@@ -131,7 +131,7 @@ pub const MAX_VM_END_FRAME_LEN: usize = frame_buffer_len(
         + 10
         + 1
         + 1
-        + MAX_VPMU_VCPUS * (3 + 6 * 10)
+        + MAX_VPMU_VCPUS * (3 + 8 * 10)
         + 4,
 );
 
@@ -399,6 +399,8 @@ pub fn encode_vm_end(v: &VmEnd, out: &mut [u8]) -> Result<usize, EncodeError> {
                         c.pmis,
                         c.held,
                         c.undelivered,
+                        c.exits,
+                        c.exit_ticks,
                     ] {
                         w.varint(n);
                     }

@@ -267,7 +267,8 @@
 //! u8      vpmu             0 no virtual PMU, 1 `vpmu=cpu`, 2 `vpmu=domain` (a frame that ends
 //!                          before this byte: 0); then, for 1 and 2:
 //!   u8      vcpus          1..=8, then per vCPU: varint vcpu (u16), guest_ticks, emulated,
-//!                          hypervisor_ticks, pmis, held, undelivered ([`VpmuCounts`])
+//!                          hypervisor_ticks, pmis, held, undelivered, exits, exit_ticks
+//!                          ([`VpmuCounts`])
 //! ```
 //!
 //! Histogram bucket 0 counts costs below 64 ticks, bucket `b` in `1..=14` costs in

@@ -415,6 +415,11 @@ pub struct VpmuCounts {
     pub held: u64,
     /// PMIs with no taker (no local APIC, or its entry masked).
     pub undelivered: u64,
+    /// Exits the virtual PMU caused or served (its MSRs, RDPMC, a stop for a counter's wrap, a
+    /// change of mode): part of what profiling costs.
+    pub exits: u64,
+    /// The hypervisor's ticks on those exits.
+    pub exit_ticks: u64,
 }
 
 /// A VM's virtual PMU (`vpmu=cpu|domain`) at its end: the accounting mode and each vCPU's
@@ -441,6 +446,8 @@ impl VpmuEnd {
                 pmis: 0,
                 held: 0,
                 undelivered: 0,
+                exits: 0,
+                exit_ticks: 0,
             }; MAX_VPMU_VCPUS],
             len: 0,
         }

@@ -322,7 +322,7 @@ proptest! {
         ports in prop::collection::vec(0u16..24, 0..60),
         ple in prop::option::of((any::<bool>(), any::<u32>(), any::<u32>(), any::<u64>())),
         sites in prop::collection::vec((any::<u16>(), any::<u64>(), 1u64..u64::MAX), 0..80),
-        vpmu in prop::option::of((any::<bool>(), prop::collection::vec((any::<u16>(), any::<[u64; 6]>()), 1..12))),
+        vpmu in prop::option::of((any::<bool>(), prop::collection::vec((any::<u16>(), any::<[u64; 8]>()), 1..12))),
     ) {
         let mut stats = ExitStats::new();
         for (reason, ticks) in exits {
@@ -348,8 +348,8 @@ proptest! {
             }),
             vpmu: vpmu.map(|(domain, vcpus)| {
                 let mut p = VpmuEnd::new(domain);
-                for (vcpu, [guest_ticks, emulated, hypervisor_ticks, pmis, held, undelivered]) in vcpus {
-                    p.add(VpmuCounts { vcpu, guest_ticks, emulated, hypervisor_ticks, pmis, held, undelivered });
+                for (vcpu, [guest_ticks, emulated, hypervisor_ticks, pmis, held, undelivered, exits, exit_ticks]) in vcpus {
+                    p.add(VpmuCounts { vcpu, guest_ticks, emulated, hypervisor_ticks, pmis, held, undelivered, exits, exit_ticks });
                 }
                 p
             }),
@@ -622,6 +622,8 @@ fn worst_case_vm_end_fits_the_advertised_bound() {
                     pmis: u64::MAX,
                     held: u64::MAX,
                     undelivered: u64::MAX,
+                    exits: u64::MAX,
+                    exit_ticks: u64::MAX,
                 });
             }
             p

@@ -196,6 +196,8 @@ struct Slice<'a, const PMU: bool> {
     other: u64,
     /// The timer of this entry was set for a sampling deadline that nothing else needed.
     timer_for_sampling: bool,
+    /// The timer of this entry was set for the virtual PMU (a counter's wrap, a held PMI).
+    timer_for_pmu: bool,
     /// The VMX-preemption timer's value written for this entry (a virtual PMU measures the
     /// guest's run by what the exit leaves of it).
     timer_set: u32,
@@ -251,6 +253,7 @@ impl<'a, const PMU: bool> Slice<'a, PMU> {
             slice_or_budget,
             other: slice_or_budget,
             timer_for_sampling: false,
+            timer_for_pmu: false,
             timer_set: 0,
             exit_at: None,
             sampling_exit: None,
@@ -346,8 +349,15 @@ impl<'a, const PMU: bool> Slice<'a, PMU> {
         // A virtual PMU's next interrupting wrap is one more deadline.
         let tick = prof.next_tick();
         let other = match PMU.then(|| vpmu::ticks_to_next(vcpu)).flatten() {
-            Some(n) => self.other.min(now.saturating_add(n)),
-            None => self.other,
+            Some(n) => {
+                let at = now.saturating_add(n);
+                self.timer_for_pmu = at < self.other && at <= tick;
+                self.other.min(at)
+            }
+            None => {
+                self.timer_for_pmu = false;
+                self.other
+            }
         };
         self.timer_for_sampling = tick < other;
         let mut until = tick.min(other).saturating_sub(now);
@@ -459,6 +469,13 @@ impl<'a, const PMU: bool> Slice<'a, PMU> {
                 .set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
         }
         self.exit_at = Some((basic, exit.tsc));
+        if PMU
+            && exit.preemption
+            && self.timer_for_pmu
+            && let Some(p) = vcpu.pmu.as_mut()
+        {
+            p.own_exit();
+        }
         if exit.preemption && self.timer_for_sampling {
             self.sampling_exit = Some((exit.tsc, inside));
         }

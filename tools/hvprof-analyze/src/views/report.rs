@@ -228,6 +228,9 @@ pub struct VpmuReport {
     pub pmis: u64,
     pub held: u64,
     pub undelivered: u64,
+    /// The virtual PMU's own exits and the hypervisor's ticks on them.
+    pub exits: u64,
+    pub exit_ticks: u64,
 }
 
 impl VpmuReport {
@@ -244,6 +247,8 @@ impl VpmuReport {
             pmis: sum(|c| c.pmis),
             held: sum(|c| c.held),
             undelivered: sum(|c| c.undelivered),
+            exits: sum(|c| c.exits),
+            exit_ticks: sum(|c| c.exit_ticks),
         })
     }
 
@@ -261,8 +266,14 @@ impl VpmuReport {
             )
         };
         format!(
-            "Virtual PMU (vpmu={}): the guest's counters counted {what}, and {} instructions the hypervisor emulated; {} PMIs delivered, {} held by the rate limit, {} with no taker",
-            self.mode, self.emulated, self.pmis, self.held, self.undelivered
+            "Virtual PMU (vpmu={}): the guest's counters counted {what}, and {} instructions the hypervisor emulated; {} PMIs delivered, {} held by the rate limit, {} with no taker; its own exits {} ({} ticks)",
+            self.mode,
+            self.emulated,
+            self.pmis,
+            self.held,
+            self.undelivered,
+            self.exits,
+            self.exit_ticks
         )
     }
 }

@@ -158,6 +158,7 @@ pub fn on_fetch_violation(
     let user = vmcs.guest_cpl() != 0;
     let mut slot = vm.mode_epts[usize::from(vcpu.index)].lock();
     let epts = slot.as_mut()?;
+    pmu.own_exit();
     if user != active {
         pmu.set_split(Some(user));
         epts.switches += 1;
@@ -288,16 +289,10 @@ pub fn end_frame(vm: &Vm) -> Option<hvprof_samplelog::VpmuEnd> {
         let Some(pmu) = &v.pmu else {
             continue;
         };
-        let s = pmu.stats;
         end.get_or_insert_with(|| hvprof_samplelog::VpmuEnd::new(pmu.mode() == Vpmu::Domain))
             .add(hvprof_samplelog::VpmuCounts {
                 vcpu: v.index,
-                guest_ticks: s.guest_ticks,
-                emulated: s.emulated,
-                hypervisor_ticks: s.hypervisor_ticks,
-                pmis: s.pmis,
-                held: s.held,
-                undelivered: s.undelivered,
+                ..pmu.stats
             });
     }
     end
@@ -312,7 +307,7 @@ pub fn print_stats(vm: &Vm) {
         };
         let s = pmu.stats;
         crate::println!(
-            "vm {}: vCPU {} vpmu={}: {} guest ticks, {} emulated instructions, {} hypervisor ticks counted; {} PMIs delivered, {} held by the rate limit, {} with no taker",
+            "vm {}: vCPU {} vpmu={}: {} guest ticks, {} emulated instructions, {} hypervisor ticks counted; {} PMIs delivered, {} held by the rate limit, {} with no taker; {} exits of its own, {} ticks",
             vm.name,
             v.index,
             pmu.mode().as_str(),
@@ -321,7 +316,9 @@ pub fn print_stats(vm: &Vm) {
             s.hypervisor_ticks,
             s.pmis,
             s.held,
-            s.undelivered
+            s.undelivered,
+            s.exits,
+            s.exit_ticks
         );
         if let Some(e) = vm.mode_epts[usize::from(v.index)].lock().as_ref() {
             crate::println!(

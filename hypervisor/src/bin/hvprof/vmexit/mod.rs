@@ -199,6 +199,9 @@ fn handle_exit(
             let pce = cr_context(vmcs).cr4 & CR4_PCE != 0;
             let cpl = vmcs.guest_cpl();
             let ecx = vcpu.regs.rcx as u32;
+            if let Some(p) = vcpu.pmu.as_mut() {
+                p.own_exit();
+            }
             match vcpu.pmu.as_ref().and_then(|p| p.rdpmc(ecx, cpl, pce)) {
                 Some(v) => {
                     vcpu.regs.rax = v & 0xffff_ffff;

@@ -57,9 +57,10 @@ pub fn rdmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         IA32_BIOS_SIGN_ID if vm.machine_exit => MICROCODE_REVISION,
         IA32_MISC_ENABLE if vm.machine_exit => vcpu.misc_enable,
         // The virtual PMU's MSRs (`vpmu=`; SDM Vol. 3B §21.2.2), none of them the real ones.
-        m if let Some(pmu) = &vcpu.pmu
+        m if let Some(pmu) = &mut vcpu.pmu
             && VirtualPmu::handles(m) =>
         {
+            pmu.own_exit();
             match pmu.model().read(m) {
                 Ok(v) => v,
                 Err(_) => {
@@ -135,6 +136,7 @@ pub fn wrmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         m if let Some(pmu) = &mut vcpu.pmu
             && VirtualPmu::handles(m) =>
         {
+            pmu.own_exit();
             if pmu.write_msr(m, value).is_err() {
                 vm.log_msr_once(m, "write of reserved bits to virtual PMU");
                 vmcs.inject_exception(13, Some(0));
