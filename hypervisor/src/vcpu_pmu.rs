@@ -40,8 +40,15 @@
 use crate::vm_config::Vpmu;
 use hvprof_pmu::virtual_pmu::{Slice, VirtualPmu};
 
-/// The most PMIs a vCPU gets per second of its own running time (one per 100 µs of guest time).
-pub const MAX_PMI_RATE: u64 = 10_000;
+/// The most PMIs a vCPU gets per second of its own running time (one per 10 µs of guest time):
+/// Linux's own default limit (`kernel.perf_event_max_sample_rate`).
+pub const MAX_PMI_RATE: u64 = 100_000;
+
+/// The fewest guest ticks between two PMIs, whatever the TSC's rate: room for a PMI handler of a
+/// few hundred instructions (on a slow clock, as Bochs' 4 MHz, a tenth of `MAX_PMI_RATE`'s gap
+/// would be shorter than the handler, and a period of 1 would leave the guest no time between
+/// one handler and the next).
+pub const MIN_PMI_GAP: u64 = 400;
 
 /// The least a guest runs before the PMU stops it again (a PMI's skid, at most): a timer of a
 /// tick or two may expire before the guest's first instruction (Bochs counts the VM entry's own
@@ -90,7 +97,7 @@ impl VcpuPmu {
             pending: false,
             held_noted: false,
             since_pmi: u64::MAX,
-            min_gap: (tsc_hz / MAX_PMI_RATE).max(1),
+            min_gap: (tsc_hz / MAX_PMI_RATE).max(MIN_PMI_GAP),
             split: None,
             own_exit: false,
             stats: VpmuStats::default(),
@@ -290,7 +297,12 @@ mod tests {
     fn a_wrap_asks_for_one_pmi_and_the_next_waits_for_the_guest_to_run_the_gap() {
         let mut p = VcpuPmu::new(Vpmu::Cpu, HZ);
         let gap = p.min_gap();
-        assert_eq!(gap, HZ / MAX_PMI_RATE);
+        assert_eq!(gap, MIN_PMI_GAP, "4 MHz: the floor");
+        assert_eq!(
+            VcpuPmu::new(Vpmu::Cpu, 3_000_000_000).min_gap(),
+            30_000,
+            "3 GHz: 10 µs"
+        );
         assert!(gap > 2 * MIN_RUN);
         instructions(&mut p, fixed_ctrl::OS | fixed_ctrl::PMI);
         // 100 events before the wrap: the guest may run 100 ticks; 10 before it, `MIN_RUN`.

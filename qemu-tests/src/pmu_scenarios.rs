@@ -19,8 +19,10 @@ use crate::vm_scenarios::check_exit_code;
 
 const PMU: ModuleSource = ModuleSource::Guest("pmu");
 
-/// PMIs a vCPU may get per second of its own running time (`vcpu_pmu::MAX_PMI_RATE`).
-const MAX_PMI_RATE: u64 = 10_000;
+/// PMIs a vCPU may get per second of its own running time, and the fewest guest ticks between
+/// two (`vcpu_pmu::MAX_PMI_RATE`, `MIN_PMI_GAP`).
+const MAX_PMI_RATE: u64 = 100_000;
+const MIN_PMI_GAP: u64 = 400;
 
 /// The `key=value` numbers of a line, by key.
 fn field(line: &str, key: &str) -> Result<u64, String> {
@@ -128,7 +130,8 @@ fn check_domain(log: &SerialLog, vm: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A period of 1 gets PMIs at most once per `hz / MAX_PMI_RATE` ticks of the vCPU's own time,
+/// A period of 1 gets PMIs at most once per `hz / MAX_PMI_RATE` ticks of the vCPU's own time
+/// (at least `MIN_PMI_GAP`),
 /// and the guest still finishes its loop (it printed the storm's line).
 fn check_storm(log: &SerialLog, vm: &str) -> Result<(), String> {
     let storm = guest_line(log, vm, "storm")?;
@@ -138,7 +141,7 @@ fn check_storm(log: &SerialLog, vm: &str) -> Result<(), String> {
         .nth(1)
         .and_then(|h| h.parse().ok())
         .ok_or_else(|| format!("no frequency in {hz_line:?}"))?;
-    let gap = hz / MAX_PMI_RATE;
+    let gap = (hz / MAX_PMI_RATE).max(MIN_PMI_GAP);
     let [guest, _, _, delivered, held, ..] = vpmu_stats(log, vm)?;
     let most = guest / gap + 1;
     if delivered > most || held == 0 || field(storm, "pmis")? < 2 {

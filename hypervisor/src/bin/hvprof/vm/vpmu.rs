@@ -272,12 +272,13 @@ pub fn describe(name: &str, vpmu: Vpmu, apic: bool) {
         "vm {name}: virtual PMU (vpmu={what}); version {}, {} general and {} fixed counters of {} \
          bits; emulated: instructions retired, core cycles and reference cycles from the vCPU's \
          own time, one TSC tick each (exact where a tick is an instruction, as in Bochs), the \
-         other architectural events count nothing; {pmi}, at most {} a second of the vCPU's own time",
+         other architectural events count nothing; {pmi}, at most {} a second of the vCPU's own time and one per {} of its ticks",
         virtual_pmu::VERSION,
         virtual_pmu::GENERAL,
         virtual_pmu::FIXED,
         virtual_pmu::WIDTH,
-        hvprof_hypervisor::vcpu_pmu::MAX_PMI_RATE
+        hvprof_hypervisor::vcpu_pmu::MAX_PMI_RATE,
+        hvprof_hypervisor::vcpu_pmu::MIN_PMI_GAP
     );
 }
 
