@@ -2,6 +2,7 @@
 //! (PMI-as-NMI) sampler. Pure parts build and test on the host.
 #![cfg_attr(not(test), no_std)]
 
+pub mod hardware_vpmu;
 pub mod percpu;
 pub mod probe;
 pub mod sampler;

@@ -238,8 +238,17 @@ impl VirtualPmu {
     /// for a PMI (a counter that wrapped with its INT or PMI bit set); every wrap sets its bit in
     /// IA32_PERF_GLOBAL_STATUS either way (§21.2.2).
     pub fn count(&mut self, slice: &Slice) -> bool {
+        self.count_except(slice, 0)
+    }
+
+    /// [`VirtualPmu::count`], leaving out the counters whose IA32_PERF_GLOBAL_CTRL bits are in
+    /// `real` (those a hardware backend runs on the real PMU, `hardware_vpmu`).
+    pub fn count_except(&mut self, slice: &Slice, real: u64) -> bool {
         let mut pmi = false;
         for i in 0..GENERAL {
+            if real & 1 << i != 0 {
+                continue;
+            }
             let Some((event, sel)) = self.general_event(i) else {
                 continue;
             };
@@ -260,7 +269,7 @@ impl VirtualPmu {
         .enumerate()
         {
             let field = self.fixed_ctrl >> (4 * j) & FIXED_ALLOWED;
-            if self.global_ctrl & 1 << (32 + j) == 0 {
+            if self.global_ctrl & 1 << (32 + j) == 0 || real & 1 << (32 + j) != 0 {
                 continue;
             }
             if !Self::in_mode(
@@ -276,6 +285,50 @@ impl VirtualPmu {
             }
         }
         pmi
+    }
+
+    /// General counter `i`'s IA32_PERFEVTSELx and value, fixed counter `j`'s value, and the
+    /// fixed counters' control and the global control: what a hardware backend loads into the
+    /// real PMU. (Panics on an index beyond [`GENERAL`] or [`FIXED`].)
+    pub fn evtsel(&self, i: usize) -> u64 {
+        self.evtsel[i]
+    }
+
+    pub fn general_counter(&self, i: usize) -> u64 {
+        self.general[i]
+    }
+
+    pub fn fixed_counter(&self, j: usize) -> u64 {
+        self.fixed[j]
+    }
+
+    pub fn fixed_ctrl(&self) -> u64 {
+        self.fixed_ctrl
+    }
+
+    pub fn global_ctrl(&self) -> u64 {
+        self.global_ctrl
+    }
+
+    /// What the real PMU counted on general counter `i` (and fixed counter `j`): saved back.
+    pub fn set_general_counter(&mut self, i: usize, value: u64) {
+        self.general[i] = value & MASK;
+    }
+
+    pub fn set_fixed_counter(&mut self, j: usize, value: u64) {
+        self.fixed[j] = value & MASK;
+    }
+
+    /// Counters with these IA32_PERF_GLOBAL_STATUS bits wrapped on the real PMU: their bits set
+    /// here. Whether one of them asks for a PMI (INT, or the fixed field's PMI).
+    pub fn overflowed(&mut self, bits: u64) -> bool {
+        let bits = bits & COUNTER_BITS;
+        self.global_status |= bits;
+        let general = (0..GENERAL).any(|i| bits & 1 << i != 0 && self.evtsel[i] & evtsel::INT != 0);
+        let fixed = (0..FIXED).any(|j| {
+            bits & 1 << (32 + j) != 0 && self.fixed_ctrl >> (4 * j) & fixed_ctrl::PMI != 0
+        });
+        general || fixed
     }
 
     /// Whether any counter counts anything now (enabled, in some mode, an event the model
