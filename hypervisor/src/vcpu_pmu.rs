@@ -38,6 +38,8 @@
 //! that vCPU's own slices and budget only.
 
 use crate::vm_config::Vpmu;
+use hvprof_pmu::hardware_vpmu::{self, Placement};
+use hvprof_pmu::probe::{MsrAccess, MsrFault};
 use hvprof_pmu::virtual_pmu::{Slice, VirtualPmu};
 
 /// The most PMIs a vCPU gets per second of its own running time (one per 10 µs of guest time):
@@ -82,6 +84,12 @@ pub struct VcpuPmu {
     split: Option<bool>,
     /// The exit being handled is the virtual PMU's ([`VcpuPmu::own_exit`]).
     own_exit: bool,
+    /// The hardware backend (`hvprof_pmu::hardware_vpmu`), where the PMU counts: the counters
+    /// placed on the real PMU and the profiler's IA32_PERF_GLOBAL_CTRL bits; whether they are
+    /// loaded there now; whether the last exit found one of them wrapped.
+    hardware: Option<(Placement, u64)>,
+    loaded: bool,
+    took_overflow: bool,
     pub stats: VpmuStats,
 }
 
@@ -100,6 +108,9 @@ impl VcpuPmu {
             min_gap: (tsc_hz / MAX_PMI_RATE).max(MIN_PMI_GAP),
             split: None,
             own_exit: false,
+            hardware: None,
+            loaded: false,
+            took_overflow: false,
             stats: VpmuStats::default(),
         }
     }
@@ -197,8 +208,79 @@ impl VcpuPmu {
         });
     }
 
+    /// The counters the real PMU counts (their IA32_PERF_GLOBAL_CTRL bits; 0: every counter is
+    /// emulated).
+    fn real_bits(&self) -> u64 {
+        self.hardware.map_or(0, |(p, _)| p.global_bits())
+    }
+
+    /// Runs the counters `p` places on the real PMU there (`host`: the profiler's
+    /// IA32_PERF_GLOBAL_CTRL bits, kept on).
+    pub fn set_hardware(&mut self, p: Placement, host: u64) {
+        self.hardware = Some((p, host));
+    }
+
+    /// Whether the hardware backend runs some of its counters.
+    pub fn hardware(&self) -> bool {
+        self.hardware.is_some()
+    }
+
+    /// IA32_PERF_GLOBAL_CTRL for the VM-entry and VM-exit load controls, with the hardware
+    /// backend.
+    pub fn global_ctrl(&self) -> Option<(u64, u64)> {
+        let (p, host) = self.hardware?;
+        Some(hardware_vpmu::global_ctrl(
+            &self.model,
+            p,
+            host,
+            self.mode == Vpmu::Domain,
+        ))
+    }
+
+    /// The vCPU is loaded on a pCPU: its placed counters onto the real PMU.
+    pub fn load_real(&mut self, msrs: &mut impl MsrAccess) -> Result<(), MsrFault> {
+        if let Some((p, _)) = self.hardware
+            && !self.loaded
+        {
+            hardware_vpmu::load(&self.model, p, msrs)?;
+            self.loaded = true;
+        }
+        Ok(())
+    }
+
+    /// The vCPU leaves its pCPU (or the model is about to be read or written): its placed
+    /// counters back from the real PMU.
+    pub fn save_real(&mut self, msrs: &mut impl MsrAccess) -> Result<(), MsrFault> {
+        if let Some((p, _)) = self.hardware
+            && self.loaded
+        {
+            self.loaded = false;
+            if hardware_vpmu::save(&mut self.model, p, msrs)? {
+                self.pending = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// At an exit: a placed counter that wrapped on the real PMU asks for its PMI.
+    pub fn take_real_overflow(&mut self, msrs: &mut impl MsrAccess) -> Result<(), MsrFault> {
+        if let Some((p, _)) = self.hardware
+            && self.loaded
+            && let Some(pmi) = hardware_vpmu::take_overflow(&mut self.model, p, msrs)?
+        {
+            self.took_overflow = true;
+            self.pending |= pmi;
+        }
+        Ok(())
+    }
+
+    /// Whether the last exit found a placed counter wrapped (its NMI was the guest's), once.
+    pub fn took_overflow(&mut self) -> bool {
+        core::mem::take(&mut self.took_overflow)
+    }
+
     fn count(&mut self, slice: Slice) {
-        if self.counting && self.model.count(&slice) {
+        if self.counting && self.model.count_except(&slice, self.real_bits()) {
             self.pending = true;
         }
     }
@@ -240,7 +322,9 @@ impl VcpuPmu {
         if !self.counting {
             return None;
         }
-        self.model.events_to_pmi(self.user).map(|n| n.max(MIN_RUN))
+        self.model
+            .events_to_pmi_except(self.user, self.real_bits())
+            .map(|n| n.max(MIN_RUN))
     }
 
     /// RDPMC at the guest's CPL `cpl` with its CR4.PCE `pce` (SDM Vol. 2B, RDPMC: "when CR4.PCE
@@ -376,6 +460,71 @@ mod tests {
         p.hypervisor_worked(700);
         p.hypervisor_worked(300);
         assert_eq!((p.stats.exits, p.stats.exit_ticks), (1, 700));
+    }
+
+    /// MSRs that keep what is written (IA32_A_PMCx read as IA32_PMCx) and count nothing.
+    #[derive(Default)]
+    struct Msrs(std::collections::HashMap<u32, u64>);
+
+    impl MsrAccess for Msrs {
+        fn read(&mut self, m: u32) -> Result<u64, MsrFault> {
+            Ok(self.0.get(&m).copied().unwrap_or(0))
+        }
+        fn write(&mut self, m: u32, v: u64) -> Result<(), MsrFault> {
+            let m = if (msr::IA32_A_PMC0..msr::IA32_A_PMC0 + 4).contains(&m) {
+                m - msr::IA32_A_PMC0 + msr::IA32_PMC0
+            } else {
+                m
+            };
+            if m == msr::IA32_PERF_GLOBAL_OVF_CTRL {
+                *self.0.entry(msr::IA32_PERF_GLOBAL_STATUS).or_default() &= !v;
+            } else {
+                self.0.insert(m, v);
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn with_the_hardware_backend_the_placed_counters_are_the_real_ones() {
+        let (eax, _, _, edx) = VirtualPmu::new().cpuid();
+        let info = hvprof_pmu::probe::PmuInfo::from_cpuid(eax, edx);
+        let placement = Placement::new(
+            &info,
+            true,
+            Some(hvprof_pmu::sampler::CounterChoice::Fixed(2)),
+        );
+        let mut p = VcpuPmu::new(Vpmu::Cpu, HZ);
+        p.set_hardware(placement, 1 << 34);
+        // Instructions (fixed 0, placed) and reference cycles (fixed 2, the host's: emulated).
+        p.write_msr(
+            msr::IA32_FIXED_CTR_CTRL,
+            fixed_ctrl::OS | fixed_ctrl::OS << 8,
+        )
+        .unwrap();
+        p.write_msr(msr::IA32_PERF_GLOBAL_CTRL, 0b101 << 32)
+            .unwrap();
+        assert_eq!(p.global_ctrl(), Some((1 << 34 | 1 << 32, 1 << 34)));
+        let mut real = Msrs::default();
+        p.load_real(&mut real).unwrap();
+        // The guest's run: the real counter moves by itself; the model counts only fixed 2.
+        real.0.insert(msr::IA32_FIXED_CTR0, 1234);
+        p.guest_ran(100, false);
+        // A real wrap of fixed 0, with its PMI bit clear: status, no PMI; taken once.
+        real.0
+            .insert(msr::IA32_PERF_GLOBAL_STATUS, 1 << 32 | 1 << 34);
+        p.take_real_overflow(&mut real).unwrap();
+        assert!(p.took_overflow() && !p.took_overflow());
+        assert_eq!(
+            real.0[&msr::IA32_PERF_GLOBAL_STATUS],
+            1 << 34,
+            "the host's bit stays"
+        );
+        p.save_real(&mut real).unwrap();
+        assert_eq!(p.model().read(msr::IA32_FIXED_CTR0), Ok(1234));
+        assert_eq!(p.model().read(msr::IA32_FIXED_CTR0 + 2), Ok(100));
+        assert_eq!(p.model().read(msr::IA32_PERF_GLOBAL_STATUS), Ok(1 << 32));
+        assert!(!p.take_pmi());
     }
 
     #[test]

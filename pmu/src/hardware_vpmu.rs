@@ -134,24 +134,24 @@ pub fn save(
     for j in p.fixeds() {
         guest.set_fixed_counter(j, msrs.read(msr::IA32_FIXED_CTR0 + j as u32)?);
     }
-    take_overflow(guest, p, msrs)
+    Ok(take_overflow(guest, p, msrs)?.unwrap_or(false))
 }
 
 /// At the host's PMI (an NMI) or a save: the guest's placed counters that wrapped, moved from
 /// the real IA32_PERF_GLOBAL_STATUS (cleared there through IA32_PERF_GLOBAL_OVF_CTRL, §21.2.2)
-/// to the model. Returns whether one asks the guest for a PMI. The host's bit is left for the
-/// host's sampler.
+/// to the model. `None`: none wrapped; else whether one asks the guest for a PMI. The host's bit
+/// is left for the host's sampler.
 pub fn take_overflow(
     guest: &mut VirtualPmu,
     p: Placement,
     msrs: &mut impl MsrAccess,
-) -> Result<bool, MsrFault> {
+) -> Result<Option<bool>, MsrFault> {
     let bits = msrs.read(msr::IA32_PERF_GLOBAL_STATUS)? & p.global_bits();
     if bits == 0 {
-        return Ok(false);
+        return Ok(None);
     }
     msrs.write(msr::IA32_PERF_GLOBAL_OVF_CTRL, bits)?;
-    Ok(guest.overflowed(bits))
+    Ok(Some(guest.overflowed(bits)))
 }
 
 #[cfg(test)]
@@ -383,8 +383,9 @@ mod tests {
         real.write(msr::IA32_PERF_GLOBAL_CTRL, entry).unwrap();
         real.run(true, 20);
         assert_eq!(real.get(msr::IA32_PERF_GLOBAL_STATUS), 1 << 32 | 1 << 34);
-        assert!(
+        assert_eq!(
             take_overflow(&mut g, p, &mut real).unwrap(),
+            Some(true),
             "a PMI for the guest"
         );
         assert_eq!(g.read(msr::IA32_PERF_GLOBAL_STATUS), Ok(1 << 32));
@@ -393,12 +394,16 @@ mod tests {
             1 << 34,
             "the host's bit stays"
         );
-        assert!(!take_overflow(&mut g, p, &mut real).unwrap(), "taken once");
+        assert_eq!(
+            take_overflow(&mut g, p, &mut real).unwrap(),
+            None,
+            "taken once"
+        );
         // A wrap of a counter without INT sets the status but asks for no PMI.
         g.write(msr::IA32_FIXED_CTR_CTRL, fixed_ctrl::USR).unwrap();
         real.write(msr::IA32_FIXED_CTR0, (1 << 48) - 1).unwrap();
         real.run(true, 5);
-        assert!(!take_overflow(&mut g, p, &mut real).unwrap());
+        assert_eq!(take_overflow(&mut g, p, &mut real).unwrap(), Some(false));
         assert_eq!(g.read(msr::IA32_PERF_GLOBAL_STATUS), Ok(1 << 32));
     }
 }

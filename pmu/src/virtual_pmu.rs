@@ -367,6 +367,12 @@ impl VirtualPmu {
     /// guest time stops the guest there (as the host's sampling deadlines do). `None`: no such
     /// counter.
     pub fn events_to_pmi(&self, user: bool) -> Option<u64> {
+        self.events_to_pmi_except(user, 0)
+    }
+
+    /// [`VirtualPmu::events_to_pmi`] of the counters whose IA32_PERF_GLOBAL_CTRL bits are not
+    /// in `real` (those a hardware backend runs on the real PMU wrap there by themselves).
+    pub fn events_to_pmi_except(&self, user: bool, real: u64) -> Option<u64> {
         let probe = Slice {
             user,
             ..Slice::default()
@@ -374,13 +380,15 @@ impl VirtualPmu {
         let left = |v: u64| (1 << WIDTH) - v;
         let general = (0..GENERAL).filter_map(|i| {
             let (_, sel) = self.general_event(i)?;
-            (sel & evtsel::INT != 0
+            (real & 1 << i == 0
+                && sel & evtsel::INT != 0
                 && Self::in_mode(&probe, sel & evtsel::USR != 0, sel & evtsel::OS != 0))
             .then(|| left(self.general[i]))
         });
         let fixed = (0..FIXED).filter_map(|j| {
             let field = self.fixed_ctrl >> (4 * j) & FIXED_ALLOWED;
             (self.global_ctrl & 1 << (32 + j) != 0
+                && real & 1 << (32 + j) == 0
                 && field & fixed_ctrl::PMI != 0
                 && Self::in_mode(
                     &probe,

@@ -133,6 +133,8 @@ pub mod proc2 {
 pub mod exit {
     pub const SAVE_DEBUG_CONTROLS: u32 = 1 << 2;
     pub const HOST_ADDRESS_SPACE_SIZE: u32 = 1 << 9;
+    /// Load IA32_PERF_GLOBAL_CTRL from the host-state area at VM exit (SDM Vol. 3C §25.7.1).
+    pub const LOAD_IA32_PERF_GLOBAL_CTRL: u32 = 1 << 12;
     pub const ACK_INTERRUPT_ON_EXIT: u32 = 1 << 15;
     pub const SAVE_IA32_PAT: u32 = 1 << 18;
     pub const LOAD_IA32_PAT: u32 = 1 << 19;
@@ -145,6 +147,8 @@ pub mod exit {
 pub mod entry {
     pub const LOAD_DEBUG_CONTROLS: u32 = 1 << 2;
     pub const IA32E_MODE_GUEST: u32 = 1 << 9;
+    /// Load IA32_PERF_GLOBAL_CTRL from the guest-state area at VM entry (SDM Vol. 3C §25.8.1).
+    pub const LOAD_IA32_PERF_GLOBAL_CTRL: u32 = 1 << 13;
     pub const LOAD_IA32_PAT: u32 = 1 << 14;
     pub const LOAD_IA32_EFER: u32 = 1 << 15;
 }

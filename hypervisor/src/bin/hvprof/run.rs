@@ -285,7 +285,9 @@ impl<'a, const PMU: bool> Slice<'a, PMU> {
         // when one is due (`vm/vpmu.rs`).
         if PMU {
             let single = self.caps.ept_cap(ept_cap::INVEPT_SINGLE);
-            if let Err(e) = vpmu::sync_split(vm, vcpu, vmcs, single) {
+            if let Err(e) = vpmu::sync_split(vm, vcpu, vmcs, single)
+                .and_then(|()| vpmu::load_hardware(vcpu, vmcs))
+            {
                 return Err(SliceEnd::Stopped(Stop::Fault(e)));
             }
             if vpmu::deliver_pmi(vm, vcpu) {
@@ -540,6 +542,18 @@ impl<'a, const PMU: bool> Slice<'a, PMU> {
     #[inline(always)]
     fn end(mut self, vm: &Vm, vcpu: &mut Vcpu, end: SliceEnd) -> SliceEnd {
         let prof = self.prof;
+        // With the hardware backend, the vCPU's counters leave the real PMU with it.
+        let end = match (PMU, end) {
+            (true, end @ SliceEnd::Stopped(_)) => {
+                let _ = vpmu::save_hardware(vcpu);
+                end
+            }
+            (true, end) => match vpmu::save_hardware(vcpu) {
+                Ok(()) => end,
+                Err(e) => SliceEnd::Stopped(Stop::Fault(e)),
+            },
+            (false, end) => end,
+        };
         x86_64::instructions::interrupts::disable();
         if let Some((reason, t)) = self.exit_at.take() {
             let ticks = rdtsc() - t;

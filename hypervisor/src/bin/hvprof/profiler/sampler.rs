@@ -832,6 +832,13 @@ impl CpuProfiler {
             l.disarm();
         }
     }
+
+    /// Writes a register of this pCPU's local APIC, if it has one.
+    pub fn write_lapic(&self, reg: u32, value: u32) {
+        if let Some(l) = self.lapic.get() {
+            l.write(reg, value);
+        }
+    }
 }
 
 impl CpuProfiler {

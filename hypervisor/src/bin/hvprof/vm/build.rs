@@ -492,10 +492,9 @@ fn build(
         // With local APICs, only vCPU 0 starts: the others wait for the guest's SIPI.
         vcpu.wait_for_sipi = apic && i > 0;
         if config.vpmu != hvprof_hypervisor::vm_config::Vpmu::Off {
-            vcpu.pmu = Some(hvprof_hypervisor::vcpu_pmu::VcpuPmu::new(
-                config.vpmu,
-                crate::tsc::hz(),
-            ));
+            let mut pmu = hvprof_hypervisor::vcpu_pmu::VcpuPmu::new(config.vpmu, crate::tsc::hz());
+            crate::vm::vpmu::choose_backend(&mut pmu, &mut vmcs, caps, config.name, i == 0)?;
+            vcpu.pmu = Some(pmu);
         }
         vcpus.push(Mutex::new(vcpu));
     }

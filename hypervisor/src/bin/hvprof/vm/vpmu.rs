@@ -202,6 +202,12 @@ pub fn after_run(vcpu: &mut Vcpu, vmcs: &CurrentVmcs, written: u32, shift: u8) {
     let ss = vmcs.read_fast(Guest32::SsAccessRights) as u32;
     let user = hvprof_vmx::guest::cpl_from_ss_access_rights(ss) != 0;
     pmu.guest_ran(ticks, user);
+    if pmu.hardware() {
+        // A real counter of the guest's that wrapped (its NMI, if it asked for one, was this
+        // exit or comes as one): its PMI is the guest's. A faulting RDMSR here would be a
+        // hypervisor bug on a PMU its probe found counting; the next exit looks again.
+        let _ = pmu.take_real_overflow(&mut crate::arch::msr::SafeMsrs);
+    }
 }
 
 /// The guest's RIP before an exit handler runs, for a vCPU with a virtual PMU.
@@ -251,6 +257,85 @@ pub fn deliver_pmi(vm: &Vm, vcpu: &mut Vcpu) -> bool {
 #[inline(always)]
 pub fn ticks_to_next(vcpu: &Vcpu) -> Option<u64> {
     vcpu.pmu.as_ref().and_then(|p| p.ticks_to_next())
+}
+
+/// The hardware backend for a vCPU's virtual PMU, where the profiler's PMU sampler runs (its
+/// probe found a counting PMU) and the CPU can load IA32_PERF_GLOBAL_CTRL at VM entry and exit
+/// (SDM Vol. 3C §25.7.1, §25.8.1): the controls set in the vCPU's VMCS (`vmcs`, current) and the
+/// counters placed. Elsewhere the emulated backend counts alone. `say`: print the boot-log line.
+pub fn choose_backend(
+    pmu: &mut hvprof_hypervisor::vcpu_pmu::VcpuPmu,
+    vmcs: &mut CurrentVmcs,
+    caps: &hvprof_vmx::caps::VmxCaps,
+    name: &str,
+    say: bool,
+) -> Result<(), String> {
+    use hvprof_vmx::caps::{entry, exit};
+    use hvprof_vmx::vmcs::Control32;
+    let Some((placement, host)) = crate::profiler::pmu::vpmu_backend() else {
+        return Ok(());
+    };
+    if !caps.entry().allows(entry::LOAD_IA32_PERF_GLOBAL_CTRL)
+        || !caps.exit().allows(exit::LOAD_IA32_PERF_GLOBAL_CTRL)
+    {
+        if say {
+            crate::println!(
+                "vm {name}: virtual PMU: emulated (the CPU cannot load IA32_PERF_GLOBAL_CTRL at VM entry and exit)"
+            );
+        }
+        return Ok(());
+    }
+    let w = |vmcs: &mut CurrentVmcs, f: Control32, bit: u32| -> Result<(), String> {
+        let v = vmcs.read32(f).map_err(|e| format!("VMREAD {f:?}: {e}"))?;
+        vmcs.write32(f, v | bit)
+            .map_err(|e| format!("VMWRITE {f:?}: {e}"))
+    };
+    w(
+        vmcs,
+        Control32::EntryControls,
+        entry::LOAD_IA32_PERF_GLOBAL_CTRL,
+    )?;
+    w(
+        vmcs,
+        Control32::ExitControls,
+        exit::LOAD_IA32_PERF_GLOBAL_CTRL,
+    )?;
+    pmu.set_hardware(placement, host);
+    if say {
+        crate::println!(
+            "vm {name}: virtual PMU: hardware backend: its counters with IA32_PERF_GLOBAL_CTRL bits {:#x} are the real ones while a vCPU runs, the profiler's ({host:#x}) stays its own and the guest's counter of that index is emulated",
+            placement.global_bits()
+        );
+    }
+    Ok(())
+}
+
+/// Before the vCPU's first entry of a slice, with the hardware backend: its counters onto the
+/// real PMU; and before each entry, IA32_PERF_GLOBAL_CTRL for the entry and the exit.
+pub fn load_hardware(vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Result<(), String> {
+    use hvprof_vmx::vmcs::{Guest64, Host64};
+    let Some(pmu) = vcpu.pmu.as_mut() else {
+        return Ok(());
+    };
+    let Some((entry, exit)) = pmu.global_ctrl() else {
+        return Ok(());
+    };
+    pmu.load_real(&mut crate::arch::msr::SafeMsrs)
+        .map_err(|e| format!("the virtual PMU's counters: {e}"))?;
+    vmcs.write64(Guest64::Ia32PerfGlobalCtrl, entry)
+        .and_then(|()| vmcs.write64(Host64::Ia32PerfGlobalCtrl, exit))
+        .map_err(|e| format!("VMWRITE of IA32_PERF_GLOBAL_CTRL: {e}"))
+}
+
+/// With the hardware backend: the vCPU's counters back from the real PMU (at the end of its
+/// slice, or before its MSRs are read or written).
+pub fn save_hardware(vcpu: &mut Vcpu) -> Result<(), String> {
+    match vcpu.pmu.as_mut() {
+        Some(pmu) if pmu.hardware() => pmu
+            .save_real(&mut crate::arch::msr::SafeMsrs)
+            .map_err(|e| format!("the virtual PMU's counters: {e}")),
+        _ => Ok(()),
+    }
 }
 
 /// The VM's boot-log line about its virtual PMU (`vpmu=`), if it has one.

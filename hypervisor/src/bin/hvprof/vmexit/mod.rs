@@ -162,7 +162,11 @@ fn handle_exit(
                     // A Linux guest's sample is followed by its task, as at a deadline's exit.
                     let prof = crate::profiler::this_cpu();
                     crate::vm::linux_tasks::after_guest_sample(prof, vm, vcpu, vmcs, &sampled);
-                } else {
+                } else if vcpu.pmu.as_mut().is_some_and(|p| p.took_overflow()) {
+                    // A guest counter's overflow on the real PMU (the hardware backend): its PMI
+                    // is the guest's; the host's LVT entry, which the PMI masked, opens again.
+                    crate::profiler::pmu::unmask_lvt();
+                } else if !crate::profiler::pmu::guest_overflow_nmi() {
                     crate::vm_report!(
                         vm,
                         "note: an NMI not from the profiler's counter hit the guest"
@@ -199,6 +203,9 @@ fn handle_exit(
             let pce = cr_context(vmcs).cr4 & CR4_PCE != 0;
             let cpl = vmcs.guest_cpl();
             let ecx = vcpu.regs.rcx as u32;
+            if let Err(e) = crate::vm::vpmu::save_hardware(vcpu) {
+                return Some(Stop::Fault(e));
+            }
             if let Some(p) = vcpu.pmu.as_mut() {
                 p.own_exit();
             }
