@@ -128,7 +128,7 @@ impl VcpuPmu {
     pub fn write_msr(&mut self, index: u32, value: u64) -> Result<(), hvprof_pmu::virtual_pmu::Gp> {
         self.model.write(index, value)?;
         self.counting = self.model.counting();
-        self.wants_split = self.model.mode_sensitive();
+        self.wants_split = self.model.mode_sensitive_except(self.real_bits());
         Ok(())
     }
 
@@ -505,6 +505,18 @@ mod tests {
         p.write_msr(msr::IA32_PERF_GLOBAL_CTRL, 0b101 << 32)
             .unwrap();
         assert_eq!(p.global_ctrl(), Some((1 << 34 | 1 << 32, 1 << 34)));
+        // Fixed 2, emulated, counts ring 0 only: changes of mode must exit for it; fixed 0 alone
+        // would not need it (the real counter tells the modes apart).
+        assert!(p.wants_split());
+        let mut alone = VcpuPmu::new(Vpmu::Cpu, HZ);
+        alone.set_hardware(placement, 1 << 34);
+        alone
+            .write_msr(msr::IA32_FIXED_CTR_CTRL, fixed_ctrl::OS)
+            .unwrap();
+        alone
+            .write_msr(msr::IA32_PERF_GLOBAL_CTRL, 1 << 32)
+            .unwrap();
+        assert!(!alone.wants_split());
         let mut real = Msrs::default();
         p.load_real(&mut real).unwrap();
         // The guest's run: the real counter moves by itself; the model counts only fixed 2.

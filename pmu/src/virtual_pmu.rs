@@ -349,12 +349,18 @@ impl VirtualPmu {
     /// OS, or OS without USR): its count depends on where inside a run the guest changes mode,
     /// which the backend must then see.
     pub fn mode_sensitive(&self) -> bool {
+        self.mode_sensitive_except(0)
+    }
+
+    /// [`VirtualPmu::mode_sensitive`] of the counters whose IA32_PERF_GLOBAL_CTRL bits are not
+    /// in `real` (a real counter tells the modes apart by itself).
+    pub fn mode_sensitive_except(&self, real: u64) -> bool {
         let one_mode = |usr: bool, os: bool| usr != os;
-        let general = (0..GENERAL).any(|i| {
+        let general = (0..GENERAL).filter(|i| real & 1 << i == 0).any(|i| {
             self.general_event(i)
                 .is_some_and(|(_, sel)| one_mode(sel & evtsel::USR != 0, sel & evtsel::OS != 0))
         });
-        let fixed = (0..FIXED).any(|j| {
+        let fixed = (0..FIXED).filter(|j| real & 1 << (32 + j) == 0).any(|j| {
             let field = self.fixed_ctrl >> (4 * j) & FIXED_ALLOWED;
             self.global_ctrl & 1 << (32 + j) != 0
                 && one_mode(field & fixed_ctrl::USR != 0, field & fixed_ctrl::OS != 0)
