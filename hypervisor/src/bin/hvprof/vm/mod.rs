@@ -53,6 +53,19 @@ impl PhysMem for HostPhys {
     }
 }
 
+/// A vCPU's two EPTs for telling its privilege modes apart (`vm/vpmu.rs`, which makes and
+/// changes them): the VM's mappings without execute permission, but on the pages run in that
+/// mode.
+pub struct ModeEpts {
+    pub(crate) user: Ept<HostPhys>,
+    pub(crate) kernel: Ept<HostPhys>,
+    /// INVEPT's single-context type exists (else all-context).
+    pub(crate) single: bool,
+    /// Code pages learned, and changes of mode, so far.
+    pub pages: u64,
+    pub switches: u64,
+}
+
 /// Why a VM stopped.
 pub enum Stop {
     /// The guest asked: exit port 0xf4 or the EXIT hypercall.
@@ -125,7 +138,7 @@ pub struct Vm {
     pub unwind: &'static [hvprof_linux_walk::UnwindTable<'static>],
     /// Per vCPU: its two EPTs for telling its privilege modes apart, made when its virtual PMU
     /// first needs them (`vm/vpmu.rs`).
-    pub mode_epts: Vec<Mutex<Option<vpmu::ModeEpts>>>,
+    pub mode_epts: Vec<Mutex<Option<ModeEpts>>>,
     /// Its processes' executable file mappings, read once per process, sent at the end.
     pub maps: Mutex<hvprof_hypervisor::profiler::guest_maps::ProcessMaps>,
     /// What its programs hand over through the output leaf (`output=`), sent at the end.

@@ -16,7 +16,7 @@
 
 use crate::vcpu::Vcpu;
 use crate::vcpu::guest_ops::GuestOps;
-use crate::vm::{HostPhys, Vm};
+use crate::vm::{HostPhys, ModeEpts, Vm};
 use alloc::format;
 use alloc::string::String;
 use hvprof_ept::{Access, Ept, EptViolation, Permissions};
@@ -24,18 +24,6 @@ use hvprof_hypervisor::vm_config::Vpmu;
 use hvprof_pmu::virtual_pmu;
 use hvprof_vmx::instructions::{self, CurrentVmcs, InvEptType};
 use hvprof_vmx::vmcs::{Control64, Guest32, GuestNatural, VmcsExt};
-
-/// A vCPU's two EPTs for telling its modes apart: the VM's mappings without execute permission,
-/// but on the pages run in that mode.
-pub struct ModeEpts {
-    user: Ept<HostPhys>,
-    kernel: Ept<HostPhys>,
-    /// INVEPT's single-context type exists (else all-context).
-    single: bool,
-    /// Code pages learned, and changes of mode, so far.
-    pub pages: u64,
-    pub switches: u64,
-}
 
 impl ModeEpts {
     fn new(vm: &Vm, single: bool) -> Result<ModeEpts, hvprof_ept::Error> {
