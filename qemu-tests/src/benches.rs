@@ -351,7 +351,7 @@ mod profile_tests {
 /// analyzer's report reads it.
 pub fn whole_costs(log: &SerialLog) -> Result<(Vec<PcpuCost>, f64), String> {
     let decoded = hvprof_samplelog::decode(log.raw());
-    let cost = hvprof_analyze::model::cost::from_frames(&decoded.costs)
+    let cost = hvprof_analyze::model::cost::from_frames(&decoded.costs, &decoded.vm_ends)
         .ok_or("no pCPU cost frame in the capture")?;
     Ok((cost.pcpus, cost.percent))
 }

@@ -159,6 +159,19 @@ fn check_report(run: &ProfileRun) -> Result<(), String> {
     let report = run.report(None)?;
     let log = SerialLog::from_bytes(&run.capture);
     let vms = report["vms"].as_array().ok_or("no vms in the report")?;
+    // The profiler's whole cost holds the virtual PMUs' own exits, all VMs'.
+    let mut own = (0, 0);
+    for vm in ["cpu", "domain", "noapic"] {
+        let [.., exits, ticks] = vpmu_stats(&log, vm)?;
+        own = (own.0 + exits, own.1 + ticks);
+    }
+    let whole = &report["whole_cost"]["vpmu"];
+    if whole["exits"] != own.0 || whole["ticks"] != own.1 {
+        return Err(format!(
+            "the whole cost's vPMU part is {whole}, the console's {} exits and {} ticks",
+            own.0, own.1
+        ));
+    }
     for (vm, mode) in [
         ("cpu", Some("cpu")),
         ("domain", Some("domain")),

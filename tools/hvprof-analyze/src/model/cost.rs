@@ -76,15 +76,27 @@ pub struct PcpuCost {
 /// The whole cost of a run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WholeCost {
-    /// All pCPUs together, percent of their time.
+    /// All pCPUs together, percent of their time (the guests' virtual PMUs' exits included).
     pub percent: f64,
     pub pcpus: Vec<PcpuCost>,
+    /// The exits the guests' virtual PMUs caused or served (`vpmu=`), from the VM end frames:
+    /// their count, the hypervisor's ticks on them and their share of the pCPUs' time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vpmu: Option<VpmuCost>,
+}
+
+/// The guests' virtual PMUs' part of the whole cost.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct VpmuCost {
+    pub exits: u64,
+    pub ticks: u64,
+    pub percent: f64,
 }
 
 /// The whole cost from a capture's pCPU cost frames (a pCPU's last frame counts); `None` when
 /// it has none (a log from a hypervisor older than format version 2, or one cut short before
 /// the end).
-pub fn from_frames(frames: &[CostFrame]) -> Option<WholeCost> {
+pub fn from_frames(frames: &[CostFrame], vm_ends: &[hvprof_samplelog::VmEnd]) -> Option<WholeCost> {
     let mut last: BTreeMap<u16, &CostFrame> = BTreeMap::new();
     for f in frames {
         last.insert(f.pcpu, f);
@@ -95,9 +107,30 @@ pub fn from_frames(frames: &[CostFrame]) -> Option<WholeCost> {
     let pcpus: Vec<PcpuCost> = last.values().map(|f| row(f)).collect();
     let whole: u64 = last.values().map(|f| f.whole()).sum();
     let span: u64 = last.values().map(|f| f.span_ticks.max(1)).sum();
+    // A VM's last end frame counts.
+    let mut ends: BTreeMap<u16, &hvprof_samplelog::VpmuEnd> = BTreeMap::new();
+    for e in vm_ends {
+        if let Some(p) = &e.vpmu {
+            ends.insert(e.vm, p);
+        }
+    }
+    let vpmu = (!ends.is_empty()).then(|| {
+        let counts = ends.values().flat_map(|p| p.vcpus());
+        let exits = counts
+            .clone()
+            .map(|c| c.exits)
+            .fold(0u64, u64::saturating_add);
+        let ticks = counts.map(|c| c.exit_ticks).fold(0u64, u64::saturating_add);
+        VpmuCost {
+            exits,
+            ticks,
+            percent: share(ticks, span),
+        }
+    });
     Some(WholeCost {
-        percent: share(whole, span),
+        percent: share(whole.saturating_add(vpmu.map_or(0, |v| v.ticks)), span),
         pcpus,
+        vpmu,
     })
 }
 
@@ -148,6 +181,43 @@ mod tests {
     }
 
     #[test]
+    fn the_guests_virtual_pmus_exits_are_part_of_the_whole_cost() {
+        let span = CostFrame {
+            pcpu: 0,
+            span_ticks: 10_000,
+            sampling_exit_ticks: 1_000,
+            sampling_exits: 1,
+            ..CostFrame::default()
+        };
+        let end = |vm: u16, exits: u64, ticks: u64| {
+            let mut p = hvprof_samplelog::VpmuEnd::new(false);
+            p.add(hvprof_samplelog::VpmuCounts {
+                exits,
+                exit_ticks: ticks,
+                ..Default::default()
+            });
+            hvprof_samplelog::VmEnd {
+                vm,
+                vpmu: Some(p),
+                ..Default::default()
+            }
+        };
+        // VM 0 sent twice: its last frame counts (a frame without a vPMU changes nothing).
+        let ends = [
+            end(0, 1, 99),
+            end(0, 4, 400),
+            hvprof_samplelog::VmEnd::default(),
+            end(2, 1, 100),
+        ];
+        let c = from_frames(&[span], &ends).unwrap();
+        let v = c.vpmu.unwrap();
+        assert_eq!((v.exits, v.ticks), (5, 500));
+        assert!((v.percent - 5.0).abs() < 1e-9);
+        assert!((c.percent - 15.0).abs() < 1e-9, "10 % sampling + 5 % vPMU");
+        assert_eq!(from_frames(&[span], &[]).unwrap().vpmu, None);
+    }
+
+    #[test]
     fn the_whole_cost_comes_from_the_frames() {
         let idle = CostFrame {
             pcpu: 1,
@@ -158,7 +228,7 @@ mod tests {
             ..CostFrame::default()
         };
         // pCPU 0 sent twice: its last frame counts.
-        let c = from_frames(&[frame(0, 1), idle, frame(0, 315_703_835)]).unwrap();
+        let c = from_frames(&[frame(0, 1), idle, frame(0, 315_703_835)], &[]).unwrap();
         assert_eq!(c.pcpus.len(), 2);
         let p = &c.pcpus[0];
         assert_eq!((p.pcpu, p.span_ticks, p.samples), (0, 315_703_835, 125_692));
@@ -177,6 +247,6 @@ mod tests {
 
     #[test]
     fn no_cost_frames_no_cost() {
-        assert_eq!(from_frames(&[]), None);
+        assert_eq!(from_frames(&[], &[]), None);
     }
 }

@@ -378,7 +378,7 @@ impl Profile {
             losses,
             integrity,
             cost,
-            whole_cost: crate::model::cost::from_frames(&decoded.costs),
+            whole_cost: crate::model::cost::from_frames(&decoded.costs, &decoded.vm_ends),
             warnings,
             time: options.time.filter(|_| !window.is_all()),
             blanks,

@@ -27,7 +27,8 @@
 //!         "sampling_exits", "sampling_exit_mean", "sampling_exit_percent", // it (crate::model::cost)
 //!         "timer_interrupts", "timer_interrupt_mean", "timer_percent",
 //!         "other_sample_ticks", "other_sample_percent", "export_ticks", "export_percent",
-//!         "task_reads", "task_read_mean" } ] },
+//!         "task_reads", "task_read_mean" } ],
+//!       "vpmu": { "exits", "ticks", "percent" } }, // the guests' virtual PMUs' exits (in "percent")
 //!   "host": { "hypervisor": f64, "vm": f64, "idle": f64,          // percentages
 //!             "rows": [ { "function", "module", "samples", "percent" } ] },
 //!   "vms": [ { "id": u16, "name", "image", "samples": u64,        // guest + steal samples

@@ -97,6 +97,13 @@ pub fn render(r: &Report, top: usize, only_vm: Option<&str>) -> String {
             }
             let _ = writeln!(out);
         }
+        if let Some(v) = &w.vpmu {
+            let _ = writeln!(
+                out,
+                "  the guests' virtual PMUs: {} exits, {} ticks ({:.2}%)",
+                v.exits, v.ticks, v.percent
+            );
+        }
     }
     let _ = writeln!(out, "{}", r.lost.line());
     out
