@@ -594,6 +594,10 @@ impl<M: PhysMem + FrameSource> Ept<M> {
                 Slot::Hole { .. } => return Err(Error::NotMapped { gpa }),
                 Slot::Bad { level, reason } => return Err(Error::Corrupt { gpa, level, reason }),
             };
+            if leaf.perms.contains(Permissions::EXECUTE) == execute {
+                // Already so, whatever the page's size: nothing to split.
+                return Ok(false);
+            }
             if level == Level::Pt {
                 let mut perms = leaf.perms;
                 perms.set(Permissions::EXECUTE, execute);

@@ -612,6 +612,9 @@ fn execute_is_set_per_4k_page_splitting_what_holds_it() {
         .unwrap();
     let before = audit(&e);
     assert_eq!(before, stats(1, 1, 1, 4));
+    // Taking away what a large page does not have changes nothing and splits nothing.
+    assert_eq!(e.set_execute(GIB + 5 * K4, false), Ok(false));
+    assert_eq!(audit(&e), before);
     let perms = |e: &Ept<FakeMem>, gpa: u64| e.translate(gpa).unwrap().perms;
     // Inside the 1 GiB page: split to 2 MiB, then the 2 MiB piece to 4 KiB.
     let page = 3 * MIB2 + 7 * K4;

@@ -239,9 +239,13 @@ impl VcpuPmu {
 
     /// The vCPU is loaded on a pCPU: its placed counters onto the real PMU.
     pub fn load_real(&mut self, msrs: &mut impl MsrAccess) -> Result<(), MsrFault> {
-        if let Some((p, _)) = self.hardware
+        if let Some((p, host)) = self.hardware
             && !self.loaded
         {
+            // The guest's counters off until the VM entry enables them (`load`'s contract; the
+            // profiler's sampler keeps the reset value's general enables, and a vCPU in domain
+            // mode leaves its own on).
+            msrs.write(hvprof_pmu::probe::msr::IA32_PERF_GLOBAL_CTRL, host)?;
             hardware_vpmu::load(&self.model, p, msrs)?;
             self.loaded = true;
         }
@@ -262,8 +266,10 @@ impl VcpuPmu {
         Ok(())
     }
 
-    /// At an exit: a placed counter that wrapped on the real PMU asks for its PMI.
+    /// At an exit: a placed counter that wrapped on the real PMU asks for its PMI. What the last
+    /// exit found is forgotten first ([`VcpuPmu::took_overflow`] answers for this exit only).
     pub fn take_real_overflow(&mut self, msrs: &mut impl MsrAccess) -> Result<(), MsrFault> {
+        self.took_overflow = false;
         if let Some((p, _)) = self.hardware
             && self.loaded
             && let Some(pmi) = hardware_vpmu::take_overflow(&mut self.model, p, msrs)?
@@ -303,6 +309,13 @@ impl VcpuPmu {
         self.since_pmi = 0;
         self.stats.pmis += 1;
         true
+    }
+
+    /// At a HLT: a PMI that waits (for the rate limit, which counts guest time a halted vCPU
+    /// does not run) is due now, or the vCPU would sleep through it.
+    pub fn take_pmi_at_halt(&mut self) -> bool {
+        self.since_pmi = self.since_pmi.max(self.min_gap);
+        self.take_pmi()
     }
 
     /// The PMI [`VcpuPmu::take_pmi`] gave found no taker.
@@ -415,6 +428,12 @@ mod tests {
         assert_eq!((p.stats.pmis, p.stats.held), (2, 1));
         p.undelivered();
         assert_eq!((p.stats.pmis, p.stats.undelivered), (1, 1));
+        // A PMI held by the limit goes at a HLT: the halted vCPU runs no guest time.
+        p.write_msr(msr::IA32_FIXED_CTR0, (1 << 48) - 1).unwrap();
+        p.guest_ran(1, false);
+        assert!(!p.take_pmi(), "held");
+        assert!(p.take_pmi_at_halt());
+        assert!(!p.take_pmi_at_halt(), "nothing more to give");
     }
 
     #[test]

@@ -350,26 +350,32 @@ impl<'a, const PMU: bool> Slice<'a, PMU> {
         // Vol. 3C §26.5.1).
         // A virtual PMU's next interrupting wrap is one more deadline.
         let tick = prof.next_tick();
-        let other = match PMU.then(|| vpmu::ticks_to_next(vcpu)).flatten() {
-            Some(n) => {
-                let at = now.saturating_add(n);
-                self.timer_for_pmu = at < self.other && at <= tick;
-                self.other.min(at)
-            }
-            None => {
-                self.timer_for_pmu = false;
-                self.other
-            }
+        let pmu_at = if PMU {
+            vpmu::ticks_to_next(vcpu).map(|n| now.saturating_add(n))
+        } else {
+            None
+        };
+        let other = match pmu_at {
+            Some(at) => self.other.min(at),
+            None => self.other,
         };
         self.timer_for_sampling = tick < other;
         let mut until = tick.min(other).saturating_sub(now);
         // The guest runs at least a quarter of a period at each entry the sampling clock ends:
         // with a period shorter than the exits it causes, it would otherwise never run at all.
+        // (Not past a virtual PMU's deadline, which keeps its own least run, `MIN_RUN`.)
         if self.timer_for_sampling {
             until = until.max(prof.period() / 4);
+            if let Some(at) = pmu_at {
+                until = until.min(at.saturating_sub(now));
+            }
         }
-        let timer = (until >> self.shift).min(u32::MAX as u64) as u32;
+        let mut timer = (until >> self.shift).min(u32::MAX as u64) as u32;
         if PMU {
+            self.timer_for_pmu = pmu_at.is_some_and(|at| at < self.other && at <= tick);
+            // A timer of 0 exits before the guest's first instruction: a deadline of a few
+            // ticks, below the timer's rate, would come back at every entry with nothing run.
+            timer = timer.max(1);
             self.timer_set = timer;
         }
         if let Err(e) = vmcs.write32(Guest32::PreemptionTimerValue, timer) {

@@ -22,6 +22,7 @@ use alloc::string::String;
 use hvprof_ept::{Access, Ept, EptViolation, Permissions};
 use hvprof_hypervisor::vm_config::Vpmu;
 use hvprof_pmu::virtual_pmu;
+use hvprof_vmx::exit::InterruptionInfo;
 use hvprof_vmx::instructions::{self, CurrentVmcs, InvEptType};
 use hvprof_vmx::vmcs::{Control64, Guest32, GuestNatural, VmcsExt};
 
@@ -143,7 +144,15 @@ pub fn on_fetch_violation(
     {
         return None;
     }
-    let user = vmcs.guest_cpl() != 0;
+    // A fetch that faulted while an event was being delivered (IDT-vectoring information
+    // valid, SDM Vol. 3C §28.2.4) is the handler's, in ring 0, though the saved CPL is still
+    // the interrupted code's.
+    let delivering = InterruptionInfo(
+        vmcs.read32(hvprof_vmx::vmcs::ReadOnly32::IdtVectoringInfo)
+            .unwrap_or(0),
+    )
+    .valid();
+    let user = !delivering && vmcs.guest_cpl() != 0;
     let mut slot = vm.mode_epts[usize::from(vcpu.index)].lock();
     let epts = slot.as_mut()?;
     pmu.own_exit();
@@ -220,6 +229,21 @@ pub fn after_handler(vcpu: &mut Vcpu, vmcs: &CurrentVmcs, rip: u64) {
 pub fn hypervisor_worked(vcpu: &mut Vcpu, ticks: u64) {
     if let Some(pmu) = vcpu.pmu.as_mut() {
         pmu.hypervisor_worked(ticks);
+    }
+}
+
+/// At a HLT: a PMI that waits for the rate limit goes to the local APIC now (`take_pmi_at_halt`).
+pub fn deliver_pmi_at_halt(vm: &Vm, vcpu: &mut Vcpu) {
+    let Some(pmu) = vcpu.pmu.as_mut() else {
+        return;
+    };
+    if !pmu.take_pmi_at_halt() {
+        return;
+    }
+    let taken =
+        vm.apic && vm.devices.lock().lapics[usize::from(vcpu.index)].performance_interrupt();
+    if !taken {
+        pmu.undelivered();
     }
 }
 

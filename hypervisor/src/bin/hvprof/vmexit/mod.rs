@@ -73,6 +73,9 @@ pub fn handle(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs, reason: ExitReas
         if hvprof_vmx::guest::single_step_pending(vmcs).unwrap_or(false) {
             return Flow::Resume;
         }
+        // A virtual PMU's PMI that waits for the rate limit goes now: a halted vCPU runs no
+        // guest time to let it through.
+        crate::vm::vpmu::deliver_pmi_at_halt(vm, vcpu);
         if vm.delivers_interrupts() {
             match virtual_interrupts::on_halt(vm, vcpu.index, vmcs, crate::tsc::rdtsc()) {
                 Ok(()) => return Flow::Resume,
