@@ -988,6 +988,26 @@ int main(int argc, char **argv)
 /// non-ASCII, a leading dash.
 const TEST_ARGS: [&str; 7] = ["a b", "", "x=y,z", "'\"", "back\\slash", "é ü", "-n"];
 
+/// Writes C `source` to `dir/NAME.c` and compiles it with `gcc -O1 FLAGS` into `dir/NAME`, a
+/// program the check puts into the guest.
+pub(crate) fn compile_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> Result<PathBuf> {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source)?;
+    let prog = dir.join(name);
+    let status = Command::new("gcc")
+        .arg("-O1")
+        .args(flags)
+        .arg("-o")
+        .arg(&prog)
+        .arg(&src)
+        .status()
+        .context("cannot run gcc")?;
+    if !status.success() {
+        bail!("gcc failed on {}", src.display());
+    }
+    Ok(prog)
+}
+
 /// `cargo xtask test`'s stage for `cargo xtask profile`: each run is a child `cargo xtask
 /// profile` (the two that boot at once, one per core), and each check reads what a user would
 /// see: its output, its exit status and its report.
@@ -1016,18 +1036,12 @@ pub fn check() -> Result<()> {
         std::fs::remove_dir_all(&dir)?;
     }
     std::fs::create_dir_all(&dir)?;
-    let src = dir.join("known.c");
-    std::fs::write(&src, TEST_PROGRAM)?;
-    let prog = dir.join("known");
-    let status = Command::new("gcc")
-        .args(["-O1", "-fPIE", "-pie", "-fomit-frame-pointer", "-o"])
-        .arg(&prog)
-        .arg(&src)
-        .status()
-        .context("cannot run gcc")?;
-    if !status.success() {
-        bail!("gcc failed on {}", src.display());
-    }
+    let prog = compile_c(
+        &dir,
+        "known",
+        TEST_PROGRAM,
+        &["-fPIE", "-pie", "-fomit-frame-pointer"],
+    )?;
     // An ELF header for AArch64 (e_machine 183), executable.
     let arm = dir.join("arm-program");
     let mut header = vec![0u8; 64];

@@ -131,18 +131,7 @@ fn script() -> String {
 /// The `cargo xtask profile` command of the run, its output in `dir/OUT`, with the RDPMC
 /// program compiled. In Bochs: elsewhere the emulated counters estimate instructions from ticks.
 pub fn command(xtask: &Path, dir: &Path) -> Result<Command> {
-    let src = dir.join("rdpmc.c");
-    std::fs::write(&src, RDPMC_PROGRAM)?;
-    let prog = dir.join("rdpmc");
-    let status = Command::new("gcc")
-        .args(["-O1", "-o"])
-        .arg(&prog)
-        .arg(&src)
-        .status()
-        .context("cannot run gcc")?;
-    if !status.success() {
-        bail!("gcc failed on {}", src.display());
-    }
+    let prog = crate::profile::compile_c(dir, "rdpmc", RDPMC_PROGRAM, &[])?;
     let mut c = Command::new(xtask);
     c.arg("profile")
         .arg("--out")

@@ -705,31 +705,17 @@ fn parse_vm_end(body: &[u8], v: &mut VmEnd) -> Result<usize, Malformed> {
                     return Err(Malformed);
                 }
                 for _ in 0..n {
-                    let vcpu = r.varint_u16()?;
-                    let mut f = [0u64; 8];
-                    for x in &mut f {
-                        *x = r.varint()?;
-                    }
-                    let [
-                        guest_ticks,
-                        emulated,
-                        hypervisor_ticks,
-                        pmis,
-                        held,
-                        undelivered,
-                        exits,
-                        exit_ticks,
-                    ] = f;
+                    // The fields in wire order (a struct literal evaluates in the order written).
                     p.add(VpmuCounts {
-                        vcpu,
-                        guest_ticks,
-                        emulated,
-                        hypervisor_ticks,
-                        pmis,
-                        held,
-                        undelivered,
-                        exits,
-                        exit_ticks,
+                        vcpu: r.varint_u16()?,
+                        guest_ticks: r.varint()?,
+                        emulated: r.varint()?,
+                        hypervisor_ticks: r.varint()?,
+                        pmis: r.varint()?,
+                        held: r.varint()?,
+                        undelivered: r.varint()?,
+                        exits: r.varint()?,
+                        exit_ticks: r.varint()?,
                     });
                 }
                 Some(p)

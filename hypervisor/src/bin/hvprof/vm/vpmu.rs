@@ -20,6 +20,7 @@ use crate::vm::{HostPhys, ModeEpts, Vm};
 use alloc::format;
 use alloc::string::String;
 use hvprof_ept::{Access, Ept, EptViolation, Permissions};
+use hvprof_hypervisor::vcpu_pmu::VcpuPmu;
 use hvprof_hypervisor::vm_config::Vpmu;
 use hvprof_pmu::virtual_pmu;
 use hvprof_vmx::exit::InterruptionInfo;
@@ -234,26 +235,23 @@ pub fn hypervisor_worked(vcpu: &mut Vcpu, ticks: u64) {
 
 /// At a HLT: a PMI that waits for the rate limit goes to the local APIC now (`take_pmi_at_halt`).
 pub fn deliver_pmi_at_halt(vm: &Vm, vcpu: &mut Vcpu) {
-    let Some(pmu) = vcpu.pmu.as_mut() else {
-        return;
-    };
-    if !pmu.take_pmi_at_halt() {
-        return;
-    }
-    let taken =
-        vm.apic && vm.devices.lock().lapics[usize::from(vcpu.index)].performance_interrupt();
-    if !taken {
-        pmu.undelivered();
-    }
+    deliver(vm, vcpu, VcpuPmu::take_pmi_at_halt);
 }
 
 /// Before a VM entry: a PMI that is due goes to the vCPU's local APIC. Returns whether one did
 /// (its devices then need a look before the entry).
 pub fn deliver_pmi(vm: &Vm, vcpu: &mut Vcpu) -> bool {
+    deliver(vm, vcpu, VcpuPmu::take_pmi)
+}
+
+/// The PMI `take` gives, if any, to the vCPU's local APIC (its LVT performance counter entry),
+/// counted as undelivered when nothing takes it (no local APIC, the entry masked). Whether it
+/// was taken.
+fn deliver(vm: &Vm, vcpu: &mut Vcpu, take: fn(&mut VcpuPmu) -> bool) -> bool {
     let Some(pmu) = vcpu.pmu.as_mut() else {
         return false;
     };
-    if !pmu.take_pmi() {
+    if !take(pmu) {
         return false;
     }
     let taken =
@@ -262,6 +260,18 @@ pub fn deliver_pmi(vm: &Vm, vcpu: &mut Vcpu) -> bool {
         pmu.undelivered();
     }
     taken
+}
+
+/// An exit that reads or writes the virtual PMU (its MSRs, RDPMC): the vCPU's PMU, with the
+/// hardware backend its counters back from the real PMU first (the next entry puts them back),
+/// and the exit booked as the vPMU's own. `Ok(None)`: the vCPU has none.
+pub fn access(vcpu: &mut Vcpu) -> Result<Option<&mut VcpuPmu>, String> {
+    save_hardware(vcpu)?;
+    if let Some(p) = vcpu.pmu.as_mut() {
+        p.own_exit();
+        return Ok(Some(p));
+    }
+    Ok(None)
 }
 
 /// Ticks the guest may run before the PMU needs the run loop (its next PMI-enabled wrap, or a

@@ -206,13 +206,11 @@ fn handle_exit(
             let pce = cr_context(vmcs).cr4 & CR4_PCE != 0;
             let cpl = vmcs.guest_cpl();
             let ecx = vcpu.regs.rcx as u32;
-            if let Err(e) = crate::vm::vpmu::save_hardware(vcpu) {
-                return Some(Stop::Fault(e));
-            }
-            if let Some(p) = vcpu.pmu.as_mut() {
-                p.own_exit();
-            }
-            match vcpu.pmu.as_ref().and_then(|p| p.rdpmc(ecx, cpl, pce)) {
+            let value = match crate::vm::vpmu::access(vcpu) {
+                Ok(pmu) => pmu.and_then(|p| p.rdpmc(ecx, cpl, pce)),
+                Err(e) => return Some(Stop::Fault(e)),
+            };
+            match value {
                 Some(v) => {
                     vcpu.regs.rax = v & 0xffff_ffff;
                     vcpu.regs.rdx = v >> 32;

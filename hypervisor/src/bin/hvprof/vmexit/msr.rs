@@ -58,13 +58,10 @@ pub fn rdmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         IA32_MISC_ENABLE if vm.machine_exit => vcpu.misc_enable,
         // The virtual PMU's MSRs (`vpmu=`; SDM Vol. 3B §21.2.2), none of them the real ones.
         m if vcpu.pmu.is_some() && VirtualPmu::handles(m) => {
-            // With the hardware backend the counters come back from the real PMU first (the
-            // next entry puts them back).
-            if let Err(e) = crate::vm::vpmu::save_hardware(vcpu) {
-                return Some(Stop::Fault(e));
-            }
-            let pmu = vcpu.pmu.as_mut()?;
-            pmu.own_exit();
+            let pmu = match crate::vm::vpmu::access(vcpu) {
+                Ok(pmu) => pmu?,
+                Err(e) => return Some(Stop::Fault(e)),
+            };
             match pmu.model().read(m) {
                 Ok(v) => v,
                 Err(_) => {
@@ -138,11 +135,10 @@ pub fn wrmsr(vm: &Vm, vcpu: &mut Vcpu, vmcs: &mut CurrentVmcs) -> Option<Stop> {
         // A reserved bit, or a write to IA32_PERF_GLOBAL_STATUS, is #GP and changes nothing
         // (`VirtualPmu::write`).
         m if vcpu.pmu.is_some() && VirtualPmu::handles(m) => {
-            if let Err(e) = crate::vm::vpmu::save_hardware(vcpu) {
-                return Some(Stop::Fault(e));
-            }
-            let pmu = vcpu.pmu.as_mut()?;
-            pmu.own_exit();
+            let pmu = match crate::vm::vpmu::access(vcpu) {
+                Ok(pmu) => pmu?,
+                Err(e) => return Some(Stop::Fault(e)),
+            };
             if pmu.write_msr(m, value).is_err() {
                 vm.log_msr_once(m, "write of reserved bits to virtual PMU");
                 vmcs.inject_exception(13, Some(0));
