@@ -107,6 +107,72 @@ pub struct Tlb {
     words: [(u64, u64); 2],
 }
 
+/// The task a vCPU ran at its last sample, as every next sample checks it: the per-CPU base
+/// and address space it was read under, and the two words [`read_task_ids`] read for it (the
+/// per-CPU `current_task` word and the task's pid and tgid), each kept as a `W` that reads it
+/// without a search or a bound check (the caller makes a `W` once, for a guest-physical address
+/// inside the VM's memory). The check of every sample of a Linux guest: two comparisons, two
+/// loads and their comparisons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SameTask<W> {
+    percpu_base: u64,
+    space: u64,
+    current: W,
+    ids_word: W,
+    task: u64,
+    ids: u64,
+}
+
+impl<W: Copy> SameTask<W> {
+    /// After [`read_task_ids`] found `ids` at `percpu_base` in address space `space` (CR3
+    /// without its low 12 bits): the check of the next samples, through the words `tlb` kept for
+    /// them, each made a `W` by `word` from its guest-physical address. `None` when `tlb` does
+    /// not keep both for this task (pid and tgid apart, or across a page: every sample then
+    /// reads the task in full), or when `word` refuses an address.
+    pub fn new(
+        tlb: &Tlb,
+        percpu_base: u64,
+        space: u64,
+        off: &TaskOffsets,
+        (task, pid, tgid): TaskIds,
+        word: impl Fn(u64) -> Option<W>,
+    ) -> Option<Self> {
+        let (current_va, current_gpa) = tlb.words[WORD_CURRENT];
+        let (ids_va, ids_gpa) = tlb.words[WORD_IDS];
+        if current_va == 0
+            || current_va != percpu_base.wrapping_add(off.current_task)
+            || off.tgid != off.pid.wrapping_add(4)
+            || ids_va != task.wrapping_add(u64::from(off.pid))
+        {
+            return None;
+        }
+        Some(SameTask {
+            percpu_base,
+            space,
+            current: word(current_gpa)?,
+            ids_word: word(ids_gpa)?,
+            task,
+            ids: u64::from(pid) | u64::from(tgid) << 32,
+        })
+    }
+
+    /// Whether the task running now, at `percpu_base` in `space`, is still this one, with the
+    /// same pid and tgid (a task structure freed and reused by a new task has the new pid), read
+    /// through `read`. `false` sends the caller to [`read_task_ids`].
+    #[inline(always)]
+    pub fn holds(&self, percpu_base: u64, space: u64, read: impl Fn(W) -> u64) -> bool {
+        self.percpu_base == percpu_base
+            && self.space == space
+            && read(self.current) == self.task
+            && read(self.ids_word) == self.ids
+    }
+
+    /// The task's address, pid and tgid.
+    pub fn ids(&self) -> TaskIds {
+        (self.task, self.ids as u32, (self.ids >> 32) as u32)
+    }
+}
+
 /// [`Tlb::words`]' slot of the per-CPU `current_task` word.
 const WORD_CURRENT: usize = 0;
 /// [`Tlb::words`]' slot of the running task's pid and tgid.
@@ -143,29 +209,6 @@ impl Tlb {
             self.next = (self.next + 1) % TLB_ENTRIES;
         }
         Some(gpa)
-    }
-
-    /// Whether the task running at this sample is still `last` (its address, pid and tgid, as
-    /// [`read_task_ids`] read them at an earlier sample), read through the two words this cache
-    /// keeps alone: the per-CPU `current_task` word at `percpu_base` and, for the same task, its
-    /// pid and tgid. `false` when the task or its ids differ, or when either word is not kept
-    /// (the caller then reads the task with [`read_task_ids`]). The check of every sample of a
-    /// Linux guest: two loads and their comparisons, no search and no page walk.
-    #[inline(always)]
-    pub fn still_running(
-        &self,
-        read_phys: &impl Fn(u64) -> Option<u64>,
-        percpu_base: u64,
-        off: &TaskOffsets,
-        (task, pid, tgid): TaskIds,
-    ) -> bool {
-        let (current_va, current_gpa) = self.words[WORD_CURRENT];
-        let (ids_va, ids_gpa) = self.words[WORD_IDS];
-        current_va != 0
-            && current_va == percpu_base.wrapping_add(off.current_task)
-            && ids_va == task.wrapping_add(u64::from(off.pid))
-            && read_phys(current_gpa) == Some(task)
-            && read_phys(ids_gpa) == Some(u64::from(pid) | u64::from(tgid) << 32)
     }
 
     /// The 8 bytes at kernel-half `gva` ([`read_kernel`] under `cr3`), through the word kept in
@@ -641,9 +684,11 @@ mod tests {
         let ids_now = |tlb: &mut Tlb, percpu: u64, off: &TaskOffsets| {
             read_task_ids(tlb, &read, &bytes, cr3, percpu, off)
         };
-        // `still_running`, the check of every sample, agrees with a full read each time.
+        // `SameTask`, the check of every sample, made after the read that found `last` (as the
+        // run loop makes it), agrees with a full read each time.
         let still = |tlb: &Tlb, percpu: u64, off: &TaskOffsets, last: TaskIds| {
-            tlb.still_running(&read, percpu, off, last)
+            SameTask::new(tlb, percpu, cr3, off, last, Some)
+                .is_some_and(|same| same.holds(percpu, cr3, |gpa| m.u64(gpa).unwrap_or(!0)))
         };
         assert!(
             !still(&tlb, percpu_a, &OFF, (task_a, 100, 100)),

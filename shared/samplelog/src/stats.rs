@@ -130,7 +130,8 @@ impl ExitStats {
         }
         s.max = s.max.max(ticks);
         s.count += 1;
-        s.total = s.total.saturating_add(ticks);
+        // (2^64 ticks are centuries at any TSC rate: the sum cannot wrap.)
+        s.total = s.total.wrapping_add(ticks);
         let h = &mut s.histogram[histogram_bucket(ticks)];
         *h = h.saturating_add(1);
     }

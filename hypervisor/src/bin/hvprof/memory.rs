@@ -136,6 +136,23 @@ unsafe fn next_table(table: *mut u64, index: u64) -> Result<*mut u64, &'static s
     Ok(new as *mut u64)
 }
 
+/// 8 bytes of a VM's memory, by their host address, found inside it once (`GuestRam::word`) and
+/// then read with no bound check: a word a Linux guest's every sample reads
+/// (`guest_walk::SameTask`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RamWord(u64);
+
+impl RamWord {
+    /// The word's value now (little-endian).
+    #[inline(always)]
+    pub fn read(self) -> u64 {
+        // SAFETY: `GuestRam::word` made this address inside a VM's memory, which is
+        // identity-mapped and never freed (its frames are that VM's for the hypervisor's life);
+        // guest vCPUs may write it meanwhile, and any bit pattern is a valid u64.
+        unsafe { core::ptr::read_unaligned(self.0 as *const u64) }
+    }
+}
+
 /// A VM's memory as the hypervisor reads it: guest-physical `[0, size)` at host-physical `hpa`,
 /// taken from the frame allocator for that VM alone and identity-mapped (the VM's EPT maps the
 /// same range, so a read through this is a read through the VM's own memory and nothing else).
@@ -165,6 +182,13 @@ impl GuestRam {
             };
         }
         fits
+    }
+
+    /// The 8 bytes at guest-physical `gpa` as a [`RamWord`], or `None` outside the VM's memory.
+    pub fn word(&self, gpa: u64) -> Option<RamWord> {
+        gpa.checked_add(8)
+            .is_some_and(|end| end <= self.size)
+            .then(|| RamWord(self.hpa + gpa))
     }
 
     /// The 8 bytes at guest-physical `gpa` (little-endian), or `None` outside the VM's memory.

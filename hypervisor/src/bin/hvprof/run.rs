@@ -298,12 +298,14 @@ impl<'a, const PMU: bool> Slice<'a, PMU> {
         // back to the CPU before the guest runs again (vm/virtual_apic.rs).
         let apic_taken = vcpu.virtual_apic != 0 && !vcpu.apic_handed;
         // A Linux guest's devices: raise what is due, inject what the guest can take now (with
-        // interrupts on, so the sampling clock sees this work for what it is).
+        // interrupts on, so the sampling clock sees this work for what it is). After a sampling
+        // exit's short path their next event is not looked for: the VMX-preemption timer was set
+        // for it too, so one that came meanwhile ends the next run at once, and its exit looks.
         if vm.delivers_interrupts()
             && (self.devices_touched
                 || kicked
                 || apic_taken
-                || self.device_event.is_some_and(|t| rdtsc() >= t))
+                || (!self.short_path && self.device_event.is_some_and(|t| rdtsc() >= t)))
         {
             if !self.host_clock_armed {
                 prof.arm_host_clock();

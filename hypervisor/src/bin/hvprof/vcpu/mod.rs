@@ -108,6 +108,10 @@ pub struct Vcpu {
         [u8; 16],
         hvprof_hypervisor::profiler::guest_walk::NameState,
     )>,
+    /// That task as the next sample checks it, while its name is settled (`None`: the next
+    /// sample reads the task in full).
+    pub same_task:
+        Option<hvprof_hypervisor::profiler::guest_walk::SameTask<crate::memory::RamWord>>,
     /// The process of that task in its VM's table of process maps (`None` before the first
     /// task, for a VM without `mm-layout=`, or when the table is full).
     pub maps_process: Option<hvprof_hypervisor::profiler::guest_maps::ProcessIndex>,
@@ -315,6 +319,7 @@ impl Vcpu {
             wait_for_sipi: false,
             mode_switching: false,
             last_task: None,
+            same_task: None,
             maps_process: None,
             settled_range: None,
             tlb: hvprof_hypervisor::profiler::guest_walk::Tlb::new(),

@@ -1,12 +1,13 @@
 //! Task tracking: after a sample of a Linux guest, the task its vCPU runs, read from guest memory
 //! (`hvprof_hypervisor::profiler::guest_walk`), and a task-change record when it is another one.
 
+use crate::memory::RamWord;
 use crate::profiler::sampler::{CpuProfiler, GuestSampled};
 use crate::tsc::rdtsc;
 use crate::vcpu::Vcpu;
 use crate::vm::Vm;
 use hvprof_hypervisor::profiler::guest_maps::ProcessIndex;
-use hvprof_hypervisor::profiler::guest_walk::{self, NameState};
+use hvprof_hypervisor::profiler::guest_walk::{self, NameState, SameTask};
 use hvprof_samplelog::TaskOffsets;
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::GuestNatural;
@@ -71,14 +72,10 @@ fn track_task(
     // it (a user-mode sample; a kernel thread, which never execs, at once).
     let space = cr3 & !0xfff;
     let user = cpl == 3;
-    let ram = vm.ram();
-    if let Some((ids, s, _, NameState::Settled)) = vcpu.last_task
-        && s == space
-        && vcpu
-            .tlb
-            .still_running(&|gpa| ram.read_u64(gpa), base, off, ids)
+    if let Some(same) = vcpu.same_task
+        && same.holds(base, space, RamWord::read)
     {
-        check_rip(vm, vcpu, rip, user, cr3, ids, tsc);
+        check_rip(vm, vcpu, rip, user, cr3, same.ids(), tsc);
         return;
     }
     task_seen(vm, vcpu, off, base, rip, cr3, user, tsc);
@@ -101,6 +98,7 @@ fn task_seen(
 ) {
     let read_phys = |gpa: u64| vm.read_guest_u64(gpa);
     let read_bytes = |gpa: u64, buf: &mut [u8]| vm.read_guest(gpa, buf);
+    vcpu.same_task = None;
     let Some(ids) = guest_walk::read_task_ids(
         &mut vcpu.tlb,
         &read_phys,
@@ -112,10 +110,15 @@ fn task_seen(
         return;
     };
     let space = cr3 & !0xfff;
+    let ram = vm.ram();
+    // The check of the next samples, from the words this read kept; theirs while the name is
+    // settled.
+    let same = SameTask::new(&vcpu.tlb, percpu_base, space, off, ids, |gpa| ram.word(gpa));
     if vcpu
         .last_task
         .is_some_and(|(i, s, _, state)| i == ids && s == space && state == NameState::Settled)
     {
+        vcpu.same_task = same;
         check_rip(vm, vcpu, rip, user, cr3, ids, tsc);
         return;
     }
@@ -142,6 +145,9 @@ fn task_seen(
     let state = guest_walk::name_state(vcpu.last_task, ids, space, user, kernel_thread);
     let moved = vcpu.last_task.is_some_and(|(_, s, _, _)| s != space);
     vcpu.last_task = Some((ids, space, comm, state));
+    if state == NameState::Settled {
+        vcpu.same_task = same;
+    }
     let (task, pid, tgid) = ids;
     // A new process, or one in a new address space (an exec, even of a program of the same
     // name): its map is read now (a re-read of the same task's name in the same space changes
