@@ -100,11 +100,12 @@ pub struct Tlb {
     /// (page, guest-physical page), most recently filled last.
     entries: [Option<(u64, u64)>; TLB_ENTRIES],
     next: usize,
-    /// The two words every sample of a Linux guest reads, each with the guest-physical address
-    /// it was last read at, by its virtual address (0: none yet): the per-CPU `current_task`
-    /// ([`WORD_CURRENT`]) and the running task's pid and tgid ([`WORD_IDS`]). Found here in one
-    /// comparison, a sample's read is two loads, not two searches of `entries`.
-    words: [(u64, u64); 2],
+    /// The words every sample of a Linux guest reads, each with the guest-physical address it
+    /// was last read at, by its virtual address (0: none yet): the per-CPU `current_task`
+    /// ([`WORD_CURRENT`]), the running task's pid and tgid ([`WORD_IDS`]) and the two halves of
+    /// its name ([`WORD_NAME`]). Found here in one comparison, a sample's read is a load, not a
+    /// search of `entries`.
+    words: [(u64, u64); WORDS],
 }
 
 /// The task a vCPU ran at its last sample, as every next sample checks it: the per-CPU base
@@ -112,7 +113,9 @@ pub struct Tlb {
 /// per-CPU `current_task` word and the task's pid and tgid), each kept as a `W` that reads it
 /// without a search or a bound check (the caller makes a `W` once, for a guest-physical address
 /// inside the VM's memory). The check of every sample of a Linux guest: two comparisons, two
-/// loads and their comparisons.
+/// loads and their comparisons. While the task's name is not settled (`NameState::UntilUser`:
+/// an exec may rename it), its two words too, and a user-mode sample (which settles it) does
+/// not hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SameTask<W> {
     percpu_base: u64,
@@ -121,6 +124,8 @@ pub struct SameTask<W> {
     ids_word: W,
     task: u64,
     ids: u64,
+    /// The name's two words and their values, while it is not settled.
+    name: Option<(W, W, [u64; 2])>,
 }
 
 impl<W: Copy> SameTask<W> {
@@ -128,13 +133,16 @@ impl<W: Copy> SameTask<W> {
     /// without its low 12 bits): the check of the next samples, through the words `tlb` kept for
     /// them, each made a `W` by `word` from its guest-physical address. `None` when `tlb` does
     /// not keep both for this task (pid and tgid apart, or across a page: every sample then
-    /// reads the task in full), or when `word` refuses an address.
+    /// reads the task in full), or when `word` refuses an address. `unsettled`: the name
+    /// [`read_task_comm`] read for it, when it is not settled; it is then checked too, through
+    /// the words `tlb` kept for it (`None` when it lies across a page).
     pub fn new(
         tlb: &Tlb,
         percpu_base: u64,
         space: u64,
         off: &TaskOffsets,
         (task, pid, tgid): TaskIds,
+        unsettled: Option<[u8; 16]>,
         word: impl Fn(u64) -> Option<W>,
     ) -> Option<Self> {
         let (current_va, current_gpa) = tlb.words[WORD_CURRENT];
@@ -146,6 +154,21 @@ impl<W: Copy> SameTask<W> {
         {
             return None;
         }
+        let name = match unsettled {
+            None => None,
+            Some(comm) => {
+                let at = task.wrapping_add(u64::from(off.comm));
+                let (lo_va, lo_gpa) = tlb.words[WORD_NAME];
+                let (hi_va, hi_gpa) = tlb.words[WORD_NAME + 1];
+                if lo_va != at || hi_va != at.wrapping_add(8) {
+                    return None;
+                }
+                let half = |i: usize| {
+                    u64::from_le_bytes(comm[8 * i..8 * i + 8].try_into().unwrap_or_default())
+                };
+                Some((word(lo_gpa)?, word(hi_gpa)?, [half(0), half(1)]))
+            }
+        };
         Some(SameTask {
             percpu_base,
             space,
@@ -153,18 +176,24 @@ impl<W: Copy> SameTask<W> {
             ids_word: word(ids_gpa)?,
             task,
             ids: u64::from(pid) | u64::from(tgid) << 32,
+            name,
         })
     }
 
     /// Whether the task running now, at `percpu_base` in `space`, is still this one, with the
-    /// same pid and tgid (a task structure freed and reused by a new task has the new pid), read
-    /// through `read`. `false` sends the caller to [`read_task_ids`].
+    /// same pid and tgid (a task structure freed and reused by a new task has the new pid) and,
+    /// while its name is not settled, the same name at a kernel-mode sample (`user`: the sample
+    /// is a user-mode one), read through `read`. `false` sends the caller to [`read_task_ids`].
     #[inline(always)]
-    pub fn holds(&self, percpu_base: u64, space: u64, read: impl Fn(W) -> u64) -> bool {
+    pub fn holds(&self, percpu_base: u64, space: u64, user: bool, read: impl Fn(W) -> u64) -> bool {
         self.percpu_base == percpu_base
             && self.space == space
             && read(self.current) == self.task
             && read(self.ids_word) == self.ids
+            && match self.name {
+                None => true,
+                Some((lo, hi, [a, b])) => !user && read(lo) == a && read(hi) == b,
+            }
     }
 
     /// The task's address, pid and tgid.
@@ -177,6 +206,9 @@ impl<W: Copy> SameTask<W> {
 const WORD_CURRENT: usize = 0;
 /// [`Tlb::words`]' slot of the running task's pid and tgid.
 const WORD_IDS: usize = 1;
+/// [`Tlb::words`]' slots of the running task's name, its first 8 bytes and its last.
+const WORD_NAME: usize = 2;
+const WORDS: usize = 4;
 
 /// Pages a vCPU's cache holds: the per-CPU page and two or three pages of each of the tasks it
 /// switches between most.
@@ -187,7 +219,7 @@ impl Tlb {
         Tlb {
             entries: [None; TLB_ENTRIES],
             next: 0,
-            words: [(0, 0); 2],
+            words: [(0, 0); WORDS],
         }
     }
 
@@ -295,7 +327,7 @@ pub struct GuestTask {
 }
 
 /// Lowest kernel-half address (a `task_struct` pointer below it is not one).
-const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
+pub const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
 
 /// The running task's identity without its name: (task address, pid, tgid).
 pub type TaskIds = (u64, u32, u32);
@@ -382,9 +414,19 @@ pub fn read_task_comm(
     task: u64,
     off: &TaskOffsets,
 ) -> Option<[u8; 16]> {
-    let mut comm = [0u8; 16];
     let at = task.wrapping_add(u64::from(off.comm));
-    read_kernel(tlb, read_phys, read_bytes, cr3, at, &mut comm).map(|_| comm)
+    let lo = tlb.read_word(WORD_NAME, read_phys, read_bytes, cr3, at)?;
+    let hi = tlb.read_word(
+        WORD_NAME + 1,
+        read_phys,
+        read_bytes,
+        cr3,
+        at.wrapping_add(8),
+    )?;
+    let mut comm = [0u8; 16];
+    comm[..8].copy_from_slice(&lo.to_le_bytes());
+    comm[8..].copy_from_slice(&hi.to_le_bytes());
+    Some(comm)
 }
 
 /// Reads kernel memory at `gva` into `buf` under a guest CR3, returning the page-table root that
@@ -687,8 +729,8 @@ mod tests {
         // `SameTask`, the check of every sample, made after the read that found `last` (as the
         // run loop makes it), agrees with a full read each time.
         let still = |tlb: &Tlb, percpu: u64, off: &TaskOffsets, last: TaskIds| {
-            SameTask::new(tlb, percpu, cr3, off, last, Some)
-                .is_some_and(|same| same.holds(percpu, cr3, |gpa| m.u64(gpa).unwrap_or(!0)))
+            SameTask::new(tlb, percpu, cr3, off, last, None, Some)
+                .is_some_and(|same| same.holds(percpu, cr3, false, |gpa| m.u64(gpa).unwrap_or(!0)))
         };
         assert!(
             !still(&tlb, percpu_a, &OFF, (task_a, 100, 100)),
@@ -736,6 +778,62 @@ mod tests {
             // Not kept, so never taken as unchanged: the caller reads them in full.
             assert!(!still(&tlb, percpu_b, &straddle, (task_b, 400, 401)));
         }
+    }
+
+    /// An unsettled name (a task seen in kernel mode, perhaps inside an exec) is checked too: a
+    /// kernel-mode sample holds while the name is unchanged, not once the exec renamed the task,
+    /// and a user-mode sample (which settles the name) never holds. A settled name is not read.
+    #[test]
+    fn an_unsettled_name_is_checked_at_each_sample() {
+        let m = Mem::new();
+        let cr3 = 0x20_0000;
+        let percpu = 0xffff_8880_0fa0_0000u64;
+        let task = 0xffff_8880_0123_4000u64;
+        m.map(cr3, (percpu + OFF.current_task) & !0xfff, 0x30_0000, false);
+        m.map(cr3, task & !0x1f_ffff, 0x40_0000, true);
+        let task_gpa = 0x40_0000 + (task & 0x1f_ffff);
+        m.put(
+            0x30_0000 + ((percpu + OFF.current_task) & 0xfff),
+            &task.to_le_bytes(),
+        );
+        m.put(task_gpa + u64::from(OFF.pid), &7u32.to_le_bytes());
+        m.put(task_gpa + u64::from(OFF.tgid), &7u32.to_le_bytes());
+        let name = |n: &[u8]| {
+            let mut comm = [0u8; 16];
+            comm[..n.len()].copy_from_slice(n);
+            m.put(task_gpa + u64::from(OFF.comm), &comm);
+            comm
+        };
+        let old = name(b"sh");
+        let read = |g| m.u64(g);
+        let bytes = |g, b: &mut [u8]| m.bytes(g, b);
+        let mut tlb = Tlb::new();
+        let ids = read_task_ids(&mut tlb, &read, &bytes, cr3, percpu, &OFF).unwrap();
+        let comm = read_task_comm(&mut tlb, &read, &bytes, cr3, task, &OFF).unwrap();
+        assert_eq!(comm, old);
+        let word = |gpa: u64| m.u64(gpa).unwrap_or(!0);
+        let unsettled = SameTask::new(&tlb, percpu, cr3, &OFF, ids, Some(comm), Some).unwrap();
+        let settled = SameTask::new(&tlb, percpu, cr3, &OFF, ids, None, Some).unwrap();
+        assert!(unsettled.holds(percpu, cr3, false, word));
+        assert!(
+            !unsettled.holds(percpu, cr3, true, word),
+            "a user-mode sample settles it"
+        );
+        assert!(settled.holds(percpu, cr3, true, word));
+        // The exec renames the task: the unsettled check fails, the settled one does not look.
+        name(b"w41-workload");
+        assert!(!unsettled.holds(percpu, cr3, false, word));
+        assert!(settled.holds(percpu, cr3, false, word));
+        // Nor does either hold in another address space.
+        assert!(!settled.holds(percpu, cr3 + 0x1000, false, word));
+        // A name whose first half lies across a page: that half is not kept, so no check is made
+        // with it (every sample reads the task in full, as before any was kept).
+        let straddle = TaskOffsets { comm: 0xffc, ..OFF };
+        let c = read_task_comm(&mut tlb, &read, &bytes, cr3, task, &straddle).unwrap();
+        assert_eq!(
+            SameTask::new(&tlb, percpu, cr3, &straddle, ids, Some(c), Some),
+            None
+        );
     }
 
     #[test]

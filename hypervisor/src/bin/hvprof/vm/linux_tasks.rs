@@ -73,9 +73,13 @@ fn track_task(
     let space = cr3 & !0xfff;
     let user = cpl == 3;
     if let Some(same) = vcpu.same_task
-        && same.holds(base, space, RamWord::read)
+        && same.holds(base, space, user, RamWord::read)
     {
         check_rip(vm, vcpu, rip, user, cr3, same.ids(), tsc);
+        return;
+    }
+    // No per-CPU area yet (the kernel's decompressor, its first steps): no task to read.
+    if base < guest_walk::KERNEL_HALF {
         return;
     }
     task_seen(vm, vcpu, off, base, rip, cr3, user, tsc);
@@ -110,15 +114,14 @@ fn task_seen(
         return;
     };
     let space = cr3 & !0xfff;
+    // The check of the next samples, from the words this read kept.
     let ram = vm.ram();
-    // The check of the next samples, from the words this read kept; theirs while the name is
-    // settled.
-    let same = SameTask::new(&vcpu.tlb, percpu_base, space, off, ids, |gpa| ram.word(gpa));
+    let word = |gpa| ram.word(gpa);
     if vcpu
         .last_task
         .is_some_and(|(i, s, _, state)| i == ids && s == space && state == NameState::Settled)
     {
-        vcpu.same_task = same;
+        vcpu.same_task = SameTask::new(&vcpu.tlb, percpu_base, space, off, ids, None, word);
         check_rip(vm, vcpu, rip, user, cr3, ids, tsc);
         return;
     }
@@ -145,9 +148,10 @@ fn task_seen(
     let state = guest_walk::name_state(vcpu.last_task, ids, space, user, kernel_thread);
     let moved = vcpu.last_task.is_some_and(|(_, s, _, _)| s != space);
     vcpu.last_task = Some((ids, space, comm, state));
-    if state == NameState::Settled {
-        vcpu.same_task = same;
-    }
+    // (An unsettled name is checked too: a kernel-mode sample that finds it unchanged, the same
+    // task in the same space, would change nothing here.)
+    let unsettled = (state == NameState::UntilUser).then_some(comm);
+    vcpu.same_task = SameTask::new(&vcpu.tlb, percpu_base, space, off, ids, unsettled, word);
     let (task, pid, tgid) = ids;
     // A new process, or one in a new address space (an exec, even of a program of the same
     // name): its map is read now (a re-read of the same task's name in the same space changes
