@@ -12,6 +12,7 @@ pub mod devices;
 pub mod escape;
 pub mod guest_acpi;
 pub mod guest_image;
+pub mod guest_ram;
 pub mod guest_tsc;
 pub mod linux_boot;
 pub mod mmio_decode;

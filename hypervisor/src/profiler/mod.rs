@@ -1,7 +1,8 @@
-//! The profiler's host-tested parts: the per-pCPU sample ring and its slots, the deadline clock's
+//! The profiler's host-tested parts: a guest sample's record from the VMCS (`guest_sample`), the
+//! per-pCPU sample ring and its slots, the deadline clock's
 //! arithmetic (`deadline`), the cost tallies (`costs`), kicks between pCPUs (`kicks`), the
 //! frame-pointer walk of call chains (`stack_walk`), the walks by unwind tables with their read
-//! budgets (`table_walk`), the walks' caches (`walk_cache`) and the walk of a Linux guest's memory
+//! budgets (`table_walk`), the walks' caches (`walk_cache`), the running vCPU's memory as those walks read it (`guest_stack`) and the walk of a Linux guest's memory
 //! that names its running task (`guest_walk`). The sample path, which reads the VMCS, the TSC and
 //! the hypervisor's own stack, the timers and the export are the binary's
 //! (`bin/hvprof/profiler/`).
@@ -9,6 +10,8 @@
 pub mod costs;
 pub mod deadline;
 pub mod guest_maps;
+pub mod guest_sample;
+pub mod guest_stack;
 pub mod guest_walk;
 pub mod kicks;
 pub mod ring;

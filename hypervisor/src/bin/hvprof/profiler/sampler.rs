@@ -6,22 +6,24 @@ use crate::percpu::MAX_CPUS;
 use crate::tsc::rdtsc;
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering, compiler_fence};
+use hvprof_hypervisor::guest_ram::GuestRam;
 pub use hvprof_hypervisor::profiler::costs::{BudgetUse, Costs, PathCost, Tally};
 use hvprof_hypervisor::profiler::deadline::DeadlineClock;
-use hvprof_hypervisor::profiler::guest_walk;
+use hvprof_hypervisor::profiler::guest_sample;
+use hvprof_hypervisor::profiler::guest_stack::{GuestStack, WalkMemory};
 use hvprof_hypervisor::profiler::kicks::KickState;
 use hvprof_hypervisor::profiler::ring::Ring;
 use hvprof_hypervisor::profiler::slots;
 use hvprof_hypervisor::profiler::stack_walk::{self, Bounds, FrameMemory};
 use hvprof_hypervisor::profiler::table_walk::{self, KERNEL_WALK_READS, USER_WALK_READS};
-use hvprof_hypervisor::profiler::walk_cache::{OrdinaryCodeSlots, WalkCache};
+use hvprof_hypervisor::profiler::walk_cache::WalkCache;
 use hvprof_linux_walk::UnwindTable;
 use hvprof_samplelog::{
     Chain, ChainEnd, Event, EventKind, MAX_CHAIN_DEPTH, NO_EXIT, NO_VCPU, NO_VM, OutReason,
     PcpuCost, Record, Sample, SampleKind,
 };
 use hvprof_vmx::instructions::CurrentVmcs;
-use hvprof_vmx::vmcs::{Guest32, Guest64, GuestNatural};
+use hvprof_vmx::vmcs::{Guest32, GuestNatural};
 
 pub use hvprof_hypervisor::profiler::slots::{Slot, Stamped};
 
@@ -116,11 +118,6 @@ pub struct CpuProfiler {
     pub kicks: KickState,
     pub kicks_sent: AtomicU64,
 }
-
-/// CR0.PE (SDM Vol. 3A §2.5): protected mode.
-const CR0_PE: u64 = 1 << 0;
-/// IA32_EFER.LMA (SDM Vol. 3A §2.2.1, Table 2-1 "IA32_EFER"): IA-32e mode active.
-const EFER_LMA: u64 = 1 << 10;
 
 impl CpuProfiler {
     pub const fn new() -> Self {
@@ -487,40 +484,9 @@ impl CpuProfiler {
     /// and mode.
     #[inline(always)]
     fn guest_sample(&self, vmcs: &CurrentVmcs, now: u64) -> (Sample, u8, u8) {
-        let (vm, vcpu, vpid, exit) = self.current();
         // The caller is the run loop right after a VM exit (or the NMI exit's handler), with this
-        // vCPU's VMCS current; every encoding below exists in every VMCS.
-        let rip = vmcs.read_fast(GuestNatural::Rip);
-        let cr3 = vmcs.read_fast(GuestNatural::Cr3);
-        let ss_ar = vmcs.read_fast(Guest32::SsAccessRights) as u32;
-        let cs_ar = vmcs.read_fast(Guest32::CsAccessRights) as u32;
-        let cr0 = vmcs.read_fast(GuestNatural::Cr0);
-        let efer = vmcs.read_fast(Guest64::Ia32Efer);
-        let cpl = hvprof_vmx::guest::cpl_from_ss_access_rights(ss_ar);
-        // Mode: real (CR0.PE = 0), long 64-bit (EFER.LMA and CS.L), else protected.
-        let mode = if cr0 & CR0_PE == 0 {
-            hvprof_samplelog::MODE_REAL
-        } else if efer & EFER_LMA != 0 && hvprof_vmx::guest::long_code(cs_ar) {
-            hvprof_samplelog::MODE_LONG
-        } else {
-            hvprof_samplelog::MODE_PROTECTED
-        };
-        let s = Sample {
-            tsc: now,
-            kind: SampleKind::Guest,
-            vm,
-            vcpu,
-            vpid,
-            guest_rip: rip,
-            guest_cr3: cr3,
-            guest_mode: hvprof_samplelog::guest_mode(cpl, mode),
-            exit_reason: exit,
-            host_rip: 0,
-            cost: 0,
-            host_chain: Chain::NOT_WALKED,
-            guest_chain: Chain::NOT_WALKED,
-        };
-        (s, cpl, mode)
+        // vCPU's VMCS current.
+        guest_sample::guest_sample(vmcs, self.current(), now)
     }
 
     /// The deadline clock's hypervisor sample, from the LAPIC timer's interrupt frame, or at a
@@ -620,11 +586,15 @@ impl CpuProfiler {
         depth: usize,
         out: &'a mut [MaybeUninit<u64>],
     ) -> (Chain, &'a [u64]) {
-        let ram = crate::memory::GuestRam {
-            hpa: self.guest_hpa.load(Ordering::Relaxed),
-            size: self.guest_size.load(Ordering::Relaxed),
+        // SAFETY: `set_guest_memory` stored these from the running VM's `GuestRam` (its own
+        // memory, readable for the hypervisor's life), or zeros (no memory: nothing is read).
+        let ram = unsafe {
+            GuestRam::new(
+                self.guest_hpa.load(Ordering::Relaxed),
+                self.guest_size.load(Ordering::Relaxed),
+            )
         };
-        if ram.size == 0 || !long {
+        if ram.size() == 0 || !long {
             return (Chain::NOT_WALKED, &[]);
         }
         let fp = self.guest_rbp.load(Ordering::Relaxed);
@@ -726,11 +696,11 @@ impl CpuProfiler {
     /// `KernelStacks::Orc`).
     pub fn set_guest_memory(
         &self,
-        ram: Option<(u16, crate::memory::GuestRam)>,
+        ram: Option<(u16, GuestRam)>,
         kernel: KernelStacks,
         orc: Option<hvprof_linux_walk::OrcLayout>,
     ) {
-        let (hpa, size) = ram.map_or((0, 0), |(_, r)| (r.hpa, r.size));
+        let (hpa, size) = ram.map_or((0, 0), |(_, r)| (r.hpa(), r.size()));
         // No walk reads the fields while the size is 0: a sample that interrupts this sees
         // either the old VM or the new one whole.
         self.guest_size.store(0, Ordering::Relaxed);
@@ -903,193 +873,6 @@ impl FrameMemory for HostStack {
         // life, and `offset` < 4096 keeps the 8-aligned word inside it. The code the sample
         // interrupted is stopped on this pCPU, and no other CPU writes this stack.
         unsafe { core::ptr::read_volatile((page + offset) as *const u64) }
-    }
-}
-
-/// The running vCPU's memory, as a frame walk reads it: a guest-virtual page through the guest's
-/// own page tables (`cr3`) to a guest-physical page wholly inside its memory.
-struct GuestStack<'a> {
-    ram: crate::memory::GuestRam,
-    cr3: u64,
-    /// This pCPU's walk caches (the running VM's).
-    cache: &'a WalkCache,
-    /// Where its page counts go.
-    costs: &'a Costs,
-}
-
-impl<'a> GuestStack<'a> {
-    fn new(ram: crate::memory::GuestRam, cr3: u64, cache: &'a WalkCache, costs: &'a Costs) -> Self {
-        GuestStack {
-            ram,
-            cr3,
-            cache,
-            costs,
-        }
-    }
-
-    /// The code addresses of this address space a frame-pointer walk need not look at.
-    fn ordinary_code(&self) -> OrdinaryCodeSlots<'a> {
-        self.cache.ordinary_code(self.cr3)
-    }
-}
-
-impl GuestStack<'_> {
-    /// The host address of the guest-virtual page `page`, if it maps to a page wholly inside
-    /// the VM's memory.
-    #[inline(always)]
-    fn host_page(&self, page: u64) -> Option<u64> {
-        let ram = self.ram;
-        let gpa = match self
-            .cache
-            .pages
-            .find(self.cr3, page, |gpa| ram.read_u64(gpa))
-        {
-            Some(gpa) => gpa,
-            None => {
-                self.costs.page_walks.fetch_add(1, Ordering::Relaxed);
-                let leaf = guest_walk::translate_leaf(&|gpa| ram.read_u64(gpa), self.cr3, page)?;
-                self.cache.pages.remember(self.cr3, page, leaf);
-                leaf.gpa & !0xfff
-            }
-        };
-        (gpa.checked_add(0x1000)? <= ram.size).then_some(ram.hpa + gpa)
-    }
-}
-
-impl FrameMemory for GuestStack<'_> {
-    /// The host address of the page.
-    type Page = u64;
-
-    #[inline(always)]
-    fn page(&mut self, page: u64) -> Option<u64> {
-        self.host_page(page)
-    }
-
-    #[inline(always)]
-    fn word(&self, page: u64, offset: u64) -> u64 {
-        // SAFETY: `page` is the host address of a guest page wholly inside the VM's memory
-        // (checked by `page`), identity-mapped and never freed; `offset` < 4096 keeps the
-        // 8-aligned word inside it. The guest may write it meanwhile: any value is valid.
-        unsafe { core::ptr::read_volatile((page + offset) as *const u64) }
-    }
-}
-
-/// A guest's memory as an unwinding walk reads it (the kernel's by ORC, a user's by unwind
-/// tables): any bytes, page by page, through the same translation as `GuestStack`'s, and the
-/// pages this walk translated remembered (guest-virtual page, host page; `u64::MAX`: none), with
-/// the next one to replace. Such a walk reads the same few pages (its stack's, the tables')
-/// over and over, and the vCPU whose memory it reads is stopped meanwhile. (A frame-pointer walk
-/// asks for each page once: it needs none of this.)
-struct WalkMemory<'s, 'a> {
-    stack: &'s GuestStack<'a>,
-    memo: [core::cell::Cell<(u64, u64)>; WALK_PAGES],
-    next: core::cell::Cell<usize>,
-}
-
-/// Pages an unwinding walk remembers (`WalkMemory::memo`).
-const WALK_PAGES: usize = 4;
-
-impl<'s, 'a> WalkMemory<'s, 'a> {
-    fn new(stack: &'s GuestStack<'a>) -> Self {
-        WalkMemory {
-            stack,
-            memo: [const { core::cell::Cell::new((u64::MAX, 0)) }; WALK_PAGES],
-            next: core::cell::Cell::new(0),
-        }
-    }
-
-    /// `GuestStack::host_page`, through this walk's memo.
-    #[inline(always)]
-    fn host_page(&self, page: u64) -> Option<u64> {
-        for m in &self.memo {
-            let (p, host) = m.get();
-            if p == page {
-                return Some(host);
-            }
-        }
-        let host = self.stack.host_page(page)?;
-        let i = self.next.get();
-        self.memo[i].set((page, host));
-        self.next.set((i + 1) % WALK_PAGES);
-        Some(host)
-    }
-}
-
-impl WalkMemory<'_, '_> {
-    /// The `T` (`u32` or `u64`) at `addr`, which must be aligned to its size: one translation,
-    /// one load.
-    #[inline(always)]
-    fn load<T: Copy>(&self, addr: u64) -> Option<T> {
-        debug_assert!(size_of::<T>() <= 8 && addr.is_multiple_of(size_of::<T>() as u64));
-        let page = self.host_page(addr & !0xfff)?;
-        // SAFETY: `page` is the host address of a guest page wholly inside the VM's memory
-        // (checked by `host_page`), identity-mapped and never freed; `addr` is aligned to the
-        // size of `T` (at most 8, a divisor of 4096), so the value at `addr & 0xfff` lies inside
-        // it, aligned. The guest may write it meanwhile: any value of a `u32` or `u64` is valid.
-        Some(unsafe { core::ptr::read_volatile((page + (addr & 0xfff)) as *const T) })
-    }
-}
-
-impl hvprof_linux_walk::GuestMemory for WalkMemory<'_, '_> {
-    #[inline(always)]
-    fn read_word(&self, addr: u64) -> Option<u64> {
-        if addr.is_multiple_of(8) {
-            return self.load(addr);
-        }
-        let mut b = [0u8; 8];
-        self.read(addr, &mut b).then(|| u64::from_le_bytes(b))
-    }
-
-    #[inline(always)]
-    fn read_half(&self, addr: u64) -> Option<u32> {
-        if addr.is_multiple_of(4) {
-            return self.load(addr);
-        }
-        let mut b = [0u8; 4];
-        self.read(addr, &mut b).then(|| u32::from_le_bytes(b))
-    }
-
-    fn read(&self, addr: u64, out: &mut [u8]) -> bool {
-        // The unwinder's reads (4, 6 and 8 bytes) inside one page: one translation, one load.
-        if out.len() <= 8 && (addr & 0xfff) + out.len() as u64 <= 0x1000 {
-            let Some(page) = self.host_page(addr & !0xfff) else {
-                return false;
-            };
-            let at = page + (addr & 0xfff);
-            // SAFETY: as below; `[u8; N]` has alignment 1, so any address is aligned for it.
-            unsafe {
-                match out.len() {
-                    8 => out.copy_from_slice(&core::ptr::read_volatile(at as *const [u8; 8])),
-                    6 => out.copy_from_slice(&core::ptr::read_volatile(at as *const [u8; 6])),
-                    4 => out.copy_from_slice(&core::ptr::read_volatile(at as *const [u8; 4])),
-                    _ => {
-                        for (i, b) in out.iter_mut().enumerate() {
-                            *b = core::ptr::read_volatile((at + i as u64) as *const u8);
-                        }
-                    }
-                }
-            }
-            return true;
-        }
-        let mut done = 0;
-        while done < out.len() {
-            let at = addr.wrapping_add(done as u64);
-            let Some(page) = self.host_page(at & !0xfff) else {
-                return false;
-            };
-            let n = (0x1000 - (at & 0xfff) as usize).min(out.len() - done);
-            for (i, b) in out[done..done + n].iter_mut().enumerate() {
-                // SAFETY: `page` is the host address of a guest page wholly inside the VM's
-                // memory (checked by `host_page`), identity-mapped and never freed, and
-                // `(at & 0xfff) + i` < 4096 stays inside it. The guest may write it meanwhile:
-                // any value is valid.
-                *b = unsafe {
-                    core::ptr::read_volatile((page + (at & 0xfff) + i as u64) as *const u8)
-                };
-            }
-            done += n;
-        }
-        true
     }
 }
 

@@ -110,8 +110,9 @@ pub struct Vcpu {
     )>,
     /// That task as the next sample checks it, while its name is settled (`None`: the next
     /// sample reads the task in full).
-    pub same_task:
-        Option<hvprof_hypervisor::profiler::guest_walk::SameTask<crate::memory::RamWord>>,
+    pub same_task: Option<
+        hvprof_hypervisor::profiler::guest_walk::SameTask<hvprof_hypervisor::guest_ram::RamWord>,
+    >,
     /// The process of that task in its VM's table of process maps (`None` before the first
     /// task, for a VM without `mm-layout=`, or when the table is full).
     pub maps_process: Option<hvprof_hypervisor::profiler::guest_maps::ProcessIndex>,

@@ -1,11 +1,11 @@
 //! Task tracking: after a sample of a Linux guest, the task its vCPU runs, read from guest memory
 //! (`hvprof_hypervisor::profiler::guest_walk`), and a task-change record when it is another one.
 
-use crate::memory::RamWord;
 use crate::profiler::sampler::{CpuProfiler, GuestSampled};
 use crate::tsc::rdtsc;
 use crate::vcpu::Vcpu;
 use crate::vm::Vm;
+use hvprof_hypervisor::guest_ram::RamWord;
 use hvprof_hypervisor::profiler::guest_maps::ProcessIndex;
 use hvprof_hypervisor::profiler::guest_walk::{self, NameState, SameTask};
 use hvprof_samplelog::TaskOffsets;

@@ -27,6 +27,7 @@ use core::fmt::{self, Write};
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use hvprof_ept::{Ept, FrameSource, PhysMem};
 use hvprof_hypervisor::devices::board::Board;
+use hvprof_hypervisor::guest_ram::GuestRam;
 use hvprof_hypervisor::rate::TokenBucket;
 use hvprof_hypervisor::vm_config::Pins;
 use hvprof_samplelog::TaskOffsets;
@@ -410,11 +411,11 @@ impl Vm {
     }
 
     /// Its memory, as the hypervisor reads it.
-    pub fn ram(&self) -> crate::memory::GuestRam {
-        crate::memory::GuestRam {
-            hpa: self.mem_hpa,
-            size: self.mem_size,
-        }
+    pub fn ram(&self) -> GuestRam {
+        // SAFETY: `[mem_hpa, mem_hpa + mem_size)` is this VM's memory, taken from the frame
+        // allocator for it alone, identity-mapped and never freed (the VM's EPT maps the same
+        // range, so a read through it is a read of the VM's own memory and nothing else).
+        unsafe { GuestRam::new(self.mem_hpa, self.mem_size) }
     }
 
     /// `vm_report!`'s work: a line about this VM, within its console rate.

@@ -242,11 +242,10 @@ struct Piece {
 /// The host address of `len` bytes at guest-physical `gpa`: in the VM's memory, or in
 /// pc-testdev's (`testdev::IOMEM`).
 fn host_address(vm: &Vm, gpa: u64, len: u64) -> Option<u64> {
-    let end = gpa.checked_add(len)?;
-    let ram = vm.ram();
-    if end <= ram.size {
-        return Some(ram.hpa + gpa);
+    if let Some(at) = vm.ram().host(gpa, len) {
+        return Some(at);
     }
+    let end = gpa.checked_add(len)?;
     let (base, size) = testdev::IOMEM;
     (vm.testdev_memory != 0 && gpa >= base && end <= base + size)
         .then(|| vm.testdev_memory + (gpa - base))
