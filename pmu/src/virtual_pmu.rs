@@ -67,8 +67,9 @@ pub struct Slice {
 }
 
 /// The architectural events the model counts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum Counted {
+    #[default]
     Instructions,
     CoreCycles,
     RefCycles,
@@ -84,15 +85,41 @@ impl Counted {
     }
 }
 
+/// A counter that counts something, as its control registers program it: made once at each
+/// write to them (`VirtualPmu::plan`), so that counting a slice, at every VM exit, decodes
+/// nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Active {
+    /// Its bit in IA32_PERF_GLOBAL_CTRL and _STATUS.
+    bit: u64,
+    /// Its value's index in `VirtualPmu::counters`.
+    slot: usize,
+    event: Counted,
+    /// Counts in user mode (USR), in kernel mode (OS).
+    user: bool,
+    kernel: bool,
+    /// Asks for a PMI when it wraps (INT, or the fixed field's PMI).
+    pmi: bool,
+}
+
+impl Active {
+    fn counts(&self, user: bool) -> bool {
+        if user { self.user } else { self.kernel }
+    }
+}
+
 /// One vCPU's virtual PMU.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct VirtualPmu {
     evtsel: [u64; GENERAL],
-    general: [u64; GENERAL],
-    fixed: [u64; FIXED],
+    /// The counters' values: the general ones, then the fixed ones (from [`GENERAL`]).
+    counters: [u64; GENERAL + FIXED],
     fixed_ctrl: u64,
     global_ctrl: u64,
     global_status: u64,
+    /// The counters that count something now, `active[..n_active]`, general ones first.
+    active: [Active; GENERAL + FIXED],
+    n_active: usize,
 }
 
 impl VirtualPmu {
@@ -100,10 +127,12 @@ impl VirtualPmu {
     /// IA32_PERF_GLOBAL_CTRL resets to the general counters' enable bits set, §21.2.2, which
     /// with every IA32_PERFEVTSELx clear counts nothing; Linux writes it before use either way.)
     pub fn new() -> Self {
-        VirtualPmu {
+        let mut pmu = VirtualPmu {
             global_ctrl: (1 << GENERAL) - 1,
             ..Self::default()
-        }
+        };
+        pmu.plan();
+        pmu
     }
 
     /// CPUID leaf 0AH as (EAX, EBX, ECX, EDX) (SDM Vol. 2A, CPUID, "Architectural Performance
@@ -145,8 +174,8 @@ impl VirtualPmu {
     pub fn read(&self, index: u32) -> Result<u64, Gp> {
         Ok(match Self::register(index).ok_or(Gp)? {
             Register::EventSelect(i) => self.evtsel[i],
-            Register::General(i) => self.general[i],
-            Register::Fixed(i) => self.fixed[i],
+            Register::General(i) => self.counters[i],
+            Register::Fixed(i) => self.counters[GENERAL + i],
             Register::FixedCtrl => self.fixed_ctrl,
             Register::GlobalStatus => self.global_status,
             Register::GlobalCtrl => self.global_ctrl,
@@ -157,7 +186,62 @@ impl VirtualPmu {
 
     /// WRMSR: `Err(Gp)` leaves the state as it was.
     pub fn write(&mut self, index: u32, value: u64) -> Result<(), Gp> {
-        match Self::register(index).ok_or(Gp)? {
+        let register = Self::register(index).ok_or(Gp)?;
+        self.write_register(register, value)?;
+        if matches!(
+            register,
+            Register::EventSelect(_) | Register::FixedCtrl | Register::GlobalCtrl
+        ) {
+            self.plan();
+        }
+        Ok(())
+    }
+
+    /// The counters that count something, as the control registers program them now.
+    fn plan(&mut self) {
+        let mut n = 0;
+        for i in 0..GENERAL {
+            let Some((event, sel)) = self.general_event(i) else {
+                continue;
+            };
+            self.active[n] = Active {
+                bit: 1 << i,
+                slot: i,
+                event,
+                user: sel & evtsel::USR != 0,
+                kernel: sel & evtsel::OS != 0,
+                pmi: sel & evtsel::INT != 0,
+            };
+            n += usize::from(self.active[n].user || self.active[n].kernel);
+        }
+        for (j, event) in [
+            Counted::Instructions,
+            Counted::CoreCycles,
+            Counted::RefCycles,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let field = self.fixed_ctrl >> (4 * j) & FIXED_ALLOWED;
+            if self.global_ctrl & 1 << (32 + j) == 0 {
+                continue;
+            }
+            self.active[n] = Active {
+                bit: 1 << (32 + j),
+                slot: GENERAL + j,
+                event,
+                user: field & fixed_ctrl::USR != 0,
+                kernel: field & fixed_ctrl::OS != 0,
+                pmi: field & fixed_ctrl::PMI != 0,
+            };
+            n += usize::from(self.active[n].user || self.active[n].kernel);
+        }
+        // The slots past the last stay as they were: never read.
+        self.n_active = n;
+    }
+
+    fn write_register(&mut self, register: Register, value: u64) -> Result<(), Gp> {
+        match register {
             Register::EventSelect(i) => {
                 if value & EVTSEL_RESERVED != 0 {
                     return Err(Gp);
@@ -166,9 +250,11 @@ impl VirtualPmu {
             }
             // IA32_PMCx takes bits 31:0 and sign-extends them (§21.2.6: full-width writes go
             // through IA32_A_PMCx, which needs IA32_PERF_CAPABILITIES.FW_WRITE).
-            Register::General(i) => self.general[i] = (value as u32 as i32 as i64 as u64) & MASK,
+            Register::General(i) => {
+                self.counters[i] = (value as u32 as i32 as i64 as u64) & MASK;
+            }
             // The fixed counters take the counter's width.
-            Register::Fixed(i) => self.fixed[i] = value & MASK,
+            Register::Fixed(i) => self.counters[GENERAL + i] = value & MASK,
             Register::FixedCtrl => {
                 let allowed = (0..FIXED).fold(0, |m, i| m | FIXED_ALLOWED << (4 * i));
                 if value & !allowed != 0 {
@@ -200,9 +286,9 @@ impl VirtualPmu {
     pub fn rdpmc(&self, ecx: u32) -> Result<u64, Gp> {
         let index = (ecx & 0x3fff_ffff) as usize;
         let counters: &[u64] = if ecx & 1 << 30 != 0 {
-            &self.fixed
+            &self.counters[GENERAL..]
         } else {
-            &self.general
+            &self.counters[..GENERAL]
         };
         if ecx & 1 << 31 != 0 {
             // The "fast read" bit of early processors: reserved here.
@@ -229,11 +315,6 @@ impl VirtualPmu {
         Some((event, sel))
     }
 
-    /// Whether a counter programmed with mode bits `usr` and `os` counts `slice`.
-    fn in_mode(slice: &Slice, usr: bool, os: bool) -> bool {
-        if slice.user { usr } else { os }
-    }
-
     /// Counts `slice` on every counter enabled for its mode. Returns whether an overflow asks
     /// for a PMI (a counter that wrapped with its INT or PMI bit set); every wrap sets its bit in
     /// IA32_PERF_GLOBAL_STATUS either way (§21.2.2).
@@ -245,43 +326,13 @@ impl VirtualPmu {
     /// `real` (those a hardware backend runs on the real PMU, `hardware_vpmu`).
     pub fn count_except(&mut self, slice: &Slice, real: u64) -> bool {
         let mut pmi = false;
-        for i in 0..GENERAL {
-            if real & 1 << i != 0 {
+        for a in &self.active[..self.n_active] {
+            if real & a.bit != 0 || !a.counts(slice.user) {
                 continue;
             }
-            let Some((event, sel)) = self.general_event(i) else {
-                continue;
-            };
-            if !Self::in_mode(slice, sel & evtsel::USR != 0, sel & evtsel::OS != 0) {
-                continue;
-            }
-            if add(&mut self.general[i], event.of(slice)) {
-                self.global_status |= 1 << i;
-                pmi |= sel & evtsel::INT != 0;
-            }
-        }
-        for (j, event) in [
-            Counted::Instructions,
-            Counted::CoreCycles,
-            Counted::RefCycles,
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let field = self.fixed_ctrl >> (4 * j) & FIXED_ALLOWED;
-            if self.global_ctrl & 1 << (32 + j) == 0 || real & 1 << (32 + j) != 0 {
-                continue;
-            }
-            if !Self::in_mode(
-                slice,
-                field & fixed_ctrl::USR != 0,
-                field & fixed_ctrl::OS != 0,
-            ) {
-                continue;
-            }
-            if add(&mut self.fixed[j], event.of(slice)) {
-                self.global_status |= 1 << (32 + j);
-                pmi |= field & fixed_ctrl::PMI != 0;
+            if add(&mut self.counters[a.slot], a.event.of(slice)) {
+                self.global_status |= a.bit;
+                pmi |= a.pmi;
             }
         }
         pmi
@@ -295,11 +346,11 @@ impl VirtualPmu {
     }
 
     pub fn general_counter(&self, i: usize) -> u64 {
-        self.general[i]
+        self.counters[..GENERAL][i]
     }
 
     pub fn fixed_counter(&self, j: usize) -> u64 {
-        self.fixed[j]
+        self.counters[GENERAL..][j]
     }
 
     pub fn fixed_ctrl(&self) -> u64 {
@@ -312,11 +363,11 @@ impl VirtualPmu {
 
     /// What the real PMU counted on general counter `i` (and fixed counter `j`): saved back.
     pub fn set_general_counter(&mut self, i: usize, value: u64) {
-        self.general[i] = value & MASK;
+        self.counters[..GENERAL][i] = value & MASK;
     }
 
     pub fn set_fixed_counter(&mut self, j: usize, value: u64) {
-        self.fixed[j] = value & MASK;
+        self.counters[GENERAL..][j] = value & MASK;
     }
 
     /// Counters with these IA32_PERF_GLOBAL_STATUS bits wrapped on the real PMU: their bits set
@@ -334,15 +385,7 @@ impl VirtualPmu {
     /// Whether any counter counts anything now (enabled, in some mode, an event the model
     /// counts): while none does, counting a slice changes nothing.
     pub fn counting(&self) -> bool {
-        let general = (0..GENERAL).any(|i| {
-            self.general_event(i)
-                .is_some_and(|(_, sel)| sel & (evtsel::USR | evtsel::OS) != 0)
-        });
-        let fixed = (0..FIXED).any(|j| {
-            let field = self.fixed_ctrl >> (4 * j) & FIXED_ALLOWED;
-            self.global_ctrl & 1 << (32 + j) != 0 && field & (fixed_ctrl::USR | fixed_ctrl::OS) != 0
-        });
-        general || fixed
+        self.n_active != 0
     }
 
     /// Whether some enabled counter counts in one privilege mode and not the other (USR without
@@ -355,17 +398,9 @@ impl VirtualPmu {
     /// [`VirtualPmu::mode_sensitive`] of the counters whose IA32_PERF_GLOBAL_CTRL bits are not
     /// in `real` (a real counter tells the modes apart by itself).
     pub fn mode_sensitive_except(&self, real: u64) -> bool {
-        let one_mode = |usr: bool, os: bool| usr != os;
-        let general = (0..GENERAL).filter(|i| real & 1 << i == 0).any(|i| {
-            self.general_event(i)
-                .is_some_and(|(_, sel)| one_mode(sel & evtsel::USR != 0, sel & evtsel::OS != 0))
-        });
-        let fixed = (0..FIXED).filter(|j| real & 1 << (32 + j) == 0).any(|j| {
-            let field = self.fixed_ctrl >> (4 * j) & FIXED_ALLOWED;
-            self.global_ctrl & 1 << (32 + j) != 0
-                && one_mode(field & fixed_ctrl::USR != 0, field & fixed_ctrl::OS != 0)
-        });
-        general || fixed
+        self.active[..self.n_active]
+            .iter()
+            .any(|a| real & a.bit == 0 && a.user != a.kernel)
     }
 
     /// Of the counters that would ask for a PMI when they wrap and count in the mode `user`,
@@ -379,39 +414,24 @@ impl VirtualPmu {
     /// [`VirtualPmu::events_to_pmi`] of the counters whose IA32_PERF_GLOBAL_CTRL bits are not
     /// in `real` (those a hardware backend runs on the real PMU wrap there by themselves).
     pub fn events_to_pmi_except(&self, user: bool, real: u64) -> Option<u64> {
-        let probe = Slice {
-            user,
-            ..Slice::default()
-        };
-        let left = |v: u64| (1 << WIDTH) - v;
-        let general = (0..GENERAL).filter_map(|i| {
-            let (_, sel) = self.general_event(i)?;
-            (real & 1 << i == 0
-                && sel & evtsel::INT != 0
-                && Self::in_mode(&probe, sel & evtsel::USR != 0, sel & evtsel::OS != 0))
-            .then(|| left(self.general[i]))
-        });
-        let fixed = (0..FIXED).filter_map(|j| {
-            let field = self.fixed_ctrl >> (4 * j) & FIXED_ALLOWED;
-            (self.global_ctrl & 1 << (32 + j) != 0
-                && real & 1 << (32 + j) == 0
-                && field & fixed_ctrl::PMI != 0
-                && Self::in_mode(
-                    &probe,
-                    field & fixed_ctrl::USR != 0,
-                    field & fixed_ctrl::OS != 0,
-                ))
-            .then(|| left(self.fixed[j]))
-        });
-        general.chain(fixed).min()
+        let mut fewest = None;
+        for a in &self.active[..self.n_active] {
+            if real & a.bit != 0 || !a.pmi || !a.counts(user) {
+                continue;
+            }
+            let left = (1 << WIDTH) - self.counters[a.slot];
+            fewest = Some(fewest.map_or(left, |f: u64| f.min(left)));
+        }
+        fewest
     }
 }
 
 /// Adds `n` to a `WIDTH`-bit counter; whether it wrapped.
 fn add(counter: &mut u64, n: u64) -> bool {
-    let sum = *counter as u128 + n as u128;
-    *counter = (sum as u64) & MASK;
-    sum >> WIDTH != 0
+    // `counter` < 2^WIDTH: the sum wraps u64 only past 2^64, which the second test sees.
+    let sum = counter.wrapping_add(n);
+    *counter = sum & MASK;
+    sum >> WIDTH != 0 || sum < n
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -661,14 +681,132 @@ mod tests {
                 prop_assert!(counters.iter().all(|&c| c <= MASK));
             }
         }
+
+        /// The counters planned at each write (`plan`) count, stop for PMIs and tell the modes
+        /// apart exactly as the control registers read at each slice say: any programming
+        /// (events counted and not, modes, INT and PMI bits, EDGE/INV/CMASK, enables), any
+        /// counters left to the real PMU (`real`), any slice.
+        #[test]
+        fn the_plan_is_what_the_registers_say(
+            sels in proptest::collection::vec(
+                (any::<bool>(), any::<bool>(), any::<bool>(), any::<bool>(), 0usize..6, any::<bool>()),
+                GENERAL,
+            ),
+            fixed_ctrl in 0u64..1 << 12,
+            global in any::<u64>(),
+            values in proptest::collection::vec(0u64..1 << WIDTH, GENERAL + FIXED),
+            real in any::<u64>(),
+            slices in proptest::collection::vec((any::<bool>(), 0u64..1 << 20), 1..8),
+        ) {
+            let mut p = VirtualPmu::new();
+            let events = [INSTRUCTIONS, CYCLES, REF_CYCLES, 0x2e, 0xc4, 0x013c | 0x4f << 24];
+            for (i, &(en, usr, os, int, event, edge)) in sels.iter().enumerate() {
+                let sel = events[event]
+                    | u64::from(en) * evtsel::EN
+                    | u64::from(usr) * evtsel::USR
+                    | u64::from(os) * evtsel::OS
+                    | u64::from(int) * evtsel::INT
+                    | u64::from(edge) * evtsel::EDGE;
+                p.write(msr::IA32_PERFEVTSEL0 + i as u32, sel).unwrap();
+            }
+            p.write(msr::IA32_FIXED_CTR_CTRL, fixed_ctrl & 0xbbb).unwrap();
+            p.write(msr::IA32_PERF_GLOBAL_CTRL, global & COUNTER_BITS).unwrap();
+            for i in 0..GENERAL {
+                p.set_general_counter(i, values[i]);
+            }
+            for j in 0..FIXED {
+                p.set_fixed_counter(j, values[GENERAL + j]);
+            }
+            let real = real & COUNTER_BITS;
+            let mut reference = p.clone();
+            for (user, n) in slices {
+                let slice = Slice { user, instructions: n, core_cycles: n + 1, ref_cycles: n + 2 };
+                prop_assert_eq!(p.counting(), reference.decoded_counting());
+                prop_assert_eq!(p.mode_sensitive_except(real), reference.decoded_mode_sensitive(real));
+                for mode in [false, true] {
+                    prop_assert_eq!(
+                        p.events_to_pmi_except(mode, real),
+                        reference.decoded_events_to_pmi(mode, real)
+                    );
+                }
+                let pmi = p.count_except(&slice, real);
+                prop_assert_eq!(pmi, reference.decoded_count(&slice, real));
+                prop_assert_eq!(p.status_and_counters(), reference.status_and_counters());
+            }
+        }
+    }
+
+    /// The counters each control register programs, decoded from the registers at each call:
+    /// the reference the plan is held against.
+    impl VirtualPmu {
+        fn decoded(&self) -> impl Iterator<Item = (u64, Counted, bool, bool, bool)> + '_ {
+            let general = (0..GENERAL).filter_map(|i| {
+                let (event, sel) = self.general_event(i)?;
+                Some((
+                    1 << i,
+                    event,
+                    sel & evtsel::USR != 0,
+                    sel & evtsel::OS != 0,
+                    sel & evtsel::INT != 0,
+                ))
+            });
+            let fixed = [
+                Counted::Instructions,
+                Counted::CoreCycles,
+                Counted::RefCycles,
+            ]
+            .into_iter()
+            .enumerate()
+            .filter(|&(j, _)| self.global_ctrl & 1 << (32 + j) != 0)
+            .map(|(j, event)| {
+                let field = self.fixed_ctrl >> (4 * j);
+                (
+                    1 << (32 + j),
+                    event,
+                    field & fixed_ctrl::USR != 0,
+                    field & fixed_ctrl::OS != 0,
+                    field & fixed_ctrl::PMI != 0,
+                )
+            });
+            general.chain(fixed)
+        }
+        fn value(&mut self, bit: u64) -> &mut u64 {
+            let i = bit.trailing_zeros() as usize;
+            &mut self.counters[if i >= 32 { GENERAL + i - 32 } else { i }]
+        }
+        fn decoded_counting(&self) -> bool {
+            self.decoded().any(|(_, _, u, k, _)| u || k)
+        }
+        fn decoded_mode_sensitive(&self, real: u64) -> bool {
+            self.decoded()
+                .any(|(bit, _, u, k, _)| real & bit == 0 && u != k)
+        }
+        fn decoded_events_to_pmi(&self, user: bool, real: u64) -> Option<u64> {
+            let mut me = self.clone();
+            self.decoded()
+                .filter(|&(bit, _, u, k, int)| real & bit == 0 && int && if user { u } else { k })
+                .map(|(bit, ..)| (1 << WIDTH) - *me.value(bit))
+                .min()
+        }
+        fn decoded_count(&mut self, slice: &Slice, real: u64) -> bool {
+            let mut pmi = false;
+            let counters: std::vec::Vec<_> = self.decoded().collect();
+            for (bit, event, u, k, int) in counters {
+                if real & bit != 0 || !(if slice.user { u } else { k }) {
+                    continue;
+                }
+                if add(self.value(bit), event.of(slice)) {
+                    self.global_status |= bit;
+                    pmi |= int;
+                }
+            }
+            pmi
+        }
     }
 
     impl VirtualPmu {
         fn status_and_counters(&self) -> (u64, [u64; GENERAL + FIXED]) {
-            let mut c = [0; GENERAL + FIXED];
-            c[..GENERAL].copy_from_slice(&self.general);
-            c[GENERAL..].copy_from_slice(&self.fixed);
-            (self.global_status, c)
+            (self.global_status, self.counters)
         }
     }
 }
