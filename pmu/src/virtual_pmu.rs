@@ -701,12 +701,13 @@ mod tests {
             let mut p = VirtualPmu::new();
             let events = [INSTRUCTIONS, CYCLES, REF_CYCLES, 0x2e, 0xc4, 0x013c | 0x4f << 24];
             for (i, &(en, usr, os, int, event, edge)) in sels.iter().enumerate() {
+                let bit = |on: bool, b: u64| if on { b } else { 0 };
                 let sel = events[event]
-                    | u64::from(en) * evtsel::EN
-                    | u64::from(usr) * evtsel::USR
-                    | u64::from(os) * evtsel::OS
-                    | u64::from(int) * evtsel::INT
-                    | u64::from(edge) * evtsel::EDGE;
+                    | bit(en, evtsel::EN)
+                    | bit(usr, evtsel::USR)
+                    | bit(os, evtsel::OS)
+                    | bit(int, evtsel::INT)
+                    | bit(edge, evtsel::EDGE);
                 p.write(msr::IA32_PERFEVTSEL0 + i as u32, sel).unwrap();
             }
             p.write(msr::IA32_FIXED_CTR_CTRL, fixed_ctrl & 0xbbb).unwrap();
