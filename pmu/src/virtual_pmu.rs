@@ -712,11 +712,12 @@ mod tests {
             }
             p.write(msr::IA32_FIXED_CTR_CTRL, fixed_ctrl & 0xbbb).unwrap();
             p.write(msr::IA32_PERF_GLOBAL_CTRL, global & COUNTER_BITS).unwrap();
-            for i in 0..GENERAL {
-                p.set_general_counter(i, values[i]);
-            }
-            for j in 0..FIXED {
-                p.set_fixed_counter(j, values[GENERAL + j]);
+            for (i, &v) in values.iter().enumerate() {
+                if i < GENERAL {
+                    p.set_general_counter(i, v);
+                } else {
+                    p.set_fixed_counter(i - GENERAL, v);
+                }
             }
             let real = real & COUNTER_BITS;
             let mut reference = p.clone();
