@@ -18,7 +18,7 @@ impl GuestRam {
     ///
     /// # Safety
     /// `[hpa, hpa + size)` must be memory this program may read for as long as the value, a copy
-    /// of it, or an address it gave (`host_page`, [`RamWord`]) is used; others may write it
+    /// of it, or an address it gave (`host`, [`RamWord`]) is used; others may write it
     /// meanwhile (the reads are of plain integers and bytes, and any value is valid).
     pub const unsafe fn new(hpa: u64, size: u64) -> Self {
         GuestRam { hpa, size }

@@ -234,9 +234,9 @@ fn callgrind_total(file: &Path) -> Result<u64> {
 }
 
 /// Checks the finished run: status 0; each of the two `perf stat`s' `instructions:u` within 1 %
-/// of callgrind's count, and the first's `cycles:u` one a tick of it (the process's own run: not
-/// the other vCPU's, whose steal `cpu` mode does not count); each function of 5 % or more in perf's report within 2 points
-/// of callgrind's share and of hvprof's own profile's.
+/// of callgrind's count, and the first's `cycles:u` one a tick of it (the process's own run:
+/// not the other vCPU's, whose steal `cpu` mode does not count); each function of 5 % or more in
+/// perf's report within 2 points of callgrind's share and of hvprof's own profile's.
 pub fn check(dir: &Path, out: &Output) -> Vec<String> {
     match check_run(dir, out) {
         Ok(()) => Vec::new(),

@@ -207,30 +207,42 @@ mod tests {
     const PRESENT_RW: u64 = 3;
 
     /// 2 MiB of guest memory in a leaked buffer, with a 4-level page-table builder (4 KiB pages).
+    /// The test writes it, and the code under test reads it, through the one raw pointer.
     struct Guest {
-        mem: &'static mut [u8],
+        base: *mut u8,
         ram: GuestRam,
         next_table: u64,
     }
 
     impl Guest {
         const CR3: u64 = 0x1000;
+        const SIZE: usize = 2 << 20;
 
         fn new() -> Self {
-            let mem: &'static mut [u8] = alloc::vec![0u8; 2 << 20].leak();
-            // SAFETY: a leaked buffer, readable for the program's life.
-            let ram = unsafe { GuestRam::new(mem.as_ptr() as u64, mem.len() as u64) };
+            let base = alloc::vec![0u8; Self::SIZE].leak().as_mut_ptr();
+            // SAFETY: a leaked buffer of `SIZE` bytes, readable for the program's life.
+            let ram = unsafe { GuestRam::new(base as u64, Self::SIZE as u64) };
             Guest {
-                mem,
+                base,
                 ram,
                 next_table: 0x2000,
             }
         }
         fn put(&mut self, gpa: u64, bytes: &[u8]) {
-            self.mem[gpa as usize..gpa as usize + bytes.len()].copy_from_slice(bytes);
+            assert!(gpa as usize + bytes.len() <= Self::SIZE);
+            // SAFETY: inside the leaked buffer (checked); nothing else accesses it meanwhile.
+            unsafe {
+                core::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    self.base.add(gpa as usize),
+                    bytes.len(),
+                )
+            };
         }
         fn get(&self, gpa: u64) -> u64 {
-            u64::from_le_bytes(self.mem[gpa as usize..gpa as usize + 8].try_into().unwrap())
+            assert!(gpa as usize + 8 <= Self::SIZE);
+            // SAFETY: as in `put`.
+            unsafe { core::ptr::read_unaligned(self.base.add(gpa as usize) as *const u64) }
         }
         /// Maps the 4 KiB page at `gva` to `gpa` (which may lie outside the memory).
         fn map(&mut self, gva: u64, gpa: u64) {

@@ -790,46 +790,60 @@ mod tests {
         let percpu = 0xffff_8880_0fa0_0000u64;
         let task = 0xffff_8880_0123_4000u64;
         m.map(cr3, (percpu + OFF.current_task) & !0xfff, 0x30_0000, false);
-        m.map(cr3, task & !0x1f_ffff, 0x40_0000, true);
-        let task_gpa = 0x40_0000 + (task & 0x1f_ffff);
+        // The task's pages in 4 KiB pages, the second below the first in guest-physical memory.
+        let (page0, page1) = (0x45_0000u64, 0x41_0000u64);
+        m.map(cr3, task, page0, false);
+        m.map(cr3, task + 0x1000, page1, false);
         m.put(
             0x30_0000 + ((percpu + OFF.current_task) & 0xfff),
             &task.to_le_bytes(),
         );
-        m.put(task_gpa + u64::from(OFF.pid), &7u32.to_le_bytes());
-        m.put(task_gpa + u64::from(OFF.tgid), &7u32.to_le_bytes());
+        m.put(page0 + u64::from(OFF.pid), &7u32.to_le_bytes());
+        m.put(page0 + u64::from(OFF.tgid), &9u32.to_le_bytes());
         let name = |n: &[u8]| {
             let mut comm = [0u8; 16];
             comm[..n.len()].copy_from_slice(n);
-            m.put(task_gpa + u64::from(OFF.comm), &comm);
+            m.put(page0 + u64::from(OFF.comm), &comm);
             comm
         };
-        let old = name(b"sh");
+        let old = name(b"workload-a");
         let read = |g| m.u64(g);
         let bytes = |g, b: &mut [u8]| m.bytes(g, b);
         let mut tlb = Tlb::new();
         let ids = read_task_ids(&mut tlb, &read, &bytes, cr3, percpu, &OFF).unwrap();
+        assert_eq!(ids, (task, 7, 9));
         let comm = read_task_comm(&mut tlb, &read, &bytes, cr3, task, &OFF).unwrap();
         assert_eq!(comm, old);
         let word = |gpa: u64| m.u64(gpa).unwrap_or(!0);
         let unsettled = SameTask::new(&tlb, percpu, cr3, &OFF, ids, Some(comm), Some).unwrap();
         let settled = SameTask::new(&tlb, percpu, cr3, &OFF, ids, None, Some).unwrap();
+        assert_eq!(
+            (unsettled.ids(), settled.ids()),
+            (ids, ids),
+            "pid and tgid in order"
+        );
         assert!(unsettled.holds(percpu, cr3, false, word));
         assert!(
             !unsettled.holds(percpu, cr3, true, word),
             "a user-mode sample settles it"
         );
         assert!(settled.holds(percpu, cr3, true, word));
-        // The exec renames the task: the unsettled check fails, the settled one does not look.
-        name(b"w41-workload");
+        // The exec renames the task, here in the name's last 8 bytes alone: the unsettled check
+        // fails, the settled one does not look.
+        name(b"workload-b");
         assert!(!unsettled.holds(percpu, cr3, false, word));
         assert!(settled.holds(percpu, cr3, false, word));
-        // Nor does either hold in another address space.
+        // Nor does either hold in another address space, or under another per-CPU base.
         assert!(!settled.holds(percpu, cr3 + 0x1000, false, word));
-        // A name whose first half lies across a page: that half is not kept, so no check is made
-        // with it (every sample reads the task in full, as before any was kept).
+        assert!(!settled.holds(percpu + 0x1000, cr3, false, word));
+        // A name whose first half lies across the task's two pages: read right through both
+        // translations, but that half is not kept, so no check is made with it (every sample
+        // reads the task in full, as before any was kept).
         let straddle = TaskOffsets { comm: 0xffc, ..OFF };
+        m.put(page0 + 0xffc, b"span");
+        m.put(page1, b"-the-page\0\0\0");
         let c = read_task_comm(&mut tlb, &read, &bytes, cr3, task, &straddle).unwrap();
+        assert_eq!(&c, b"span-the-page\0\0\0");
         assert_eq!(
             SameTask::new(&tlb, percpu, cr3, &straddle, ids, Some(c), Some),
             None

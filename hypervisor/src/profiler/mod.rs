@@ -1,11 +1,11 @@
 //! The profiler's host-tested parts: a guest sample's record from the VMCS (`guest_sample`), the
-//! per-pCPU sample ring and its slots, the deadline clock's
-//! arithmetic (`deadline`), the cost tallies (`costs`), kicks between pCPUs (`kicks`), the
-//! frame-pointer walk of call chains (`stack_walk`), the walks by unwind tables with their read
-//! budgets (`table_walk`), the walks' caches (`walk_cache`), the running vCPU's memory as those walks read it (`guest_stack`) and the walk of a Linux guest's memory
-//! that names its running task (`guest_walk`). The sample path, which reads the VMCS, the TSC and
-//! the hypervisor's own stack, the timers and the export are the binary's
-//! (`bin/hvprof/profiler/`).
+//! per-pCPU sample ring and its slots, the deadline clock's arithmetic (`deadline`), the cost
+//! tallies (`costs`), kicks between pCPUs (`kicks`), the frame-pointer walk of call chains
+//! (`stack_walk`), the walks by unwind tables with their read budgets (`table_walk`), the walks'
+//! caches (`walk_cache`), the running vCPU's memory as those walks read it (`guest_stack`) and
+//! the walk of a Linux guest's memory that names its running task (`guest_walk`). The sample
+//! path, which reads the VMCS, the TSC and the hypervisor's own stack, the timers and the export
+//! are the binary's (`bin/hvprof/profiler/`).
 
 pub mod costs;
 pub mod deadline;

@@ -704,6 +704,7 @@ impl CpuProfiler {
         // No walk reads the fields while the size is 0: a sample that interrupts this sees
         // either the old VM or the new one whole.
         self.guest_size.store(0, Ordering::Relaxed);
+        compiler_fence(Ordering::Release);
         if let Some((vm, _)) = ram {
             // What another VM's walks left here is not this one's (walk_cache.rs).
             self.walk_cache.enter_vm(vm);

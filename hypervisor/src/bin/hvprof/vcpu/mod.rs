@@ -108,8 +108,8 @@ pub struct Vcpu {
         [u8; 16],
         hvprof_hypervisor::profiler::guest_walk::NameState,
     )>,
-    /// That task as the next sample checks it, while its name is settled (`None`: the next
-    /// sample reads the task in full).
+    /// That task as the next sample checks it (`guest_walk::SameTask`: with its name's two words
+    /// while the name is not settled; `None`: the next sample reads the task in full).
     pub same_task: Option<
         hvprof_hypervisor::profiler::guest_walk::SameTask<hvprof_hypervisor::guest_ram::RamWord>,
     >,

@@ -39,9 +39,10 @@ pub fn after_guest_sample(
 /// The task's address, pid and name are compared, so a task structure reused by a new process
 /// (or a CR3 reused by one) still shows as a change, and so does an exec().
 ///
-/// Inlined: the common case, the same task as at the last sample, is the two words read through
-/// the addresses the vCPU keeps (`guest_walk::Tlb`), one comparison and the sample's address
-/// checked (`check_rip`); anything else is `task_seen`'s, out of line.
+/// Inlined: the common case, the same task as at the last sample, is the vCPU's
+/// `guest_walk::SameTask` check (the per-CPU base and CR3 compared, two words loaded through the
+/// host addresses it keeps and compared, two more while the name is not settled) and the
+/// sample's address checked (`check_rip`); anything else is `task_seen`'s, out of line.
 #[inline(always)]
 fn track_task(
     vm: &Vm,
@@ -68,8 +69,9 @@ fn track_task(
     // Same task, same ids, same address space: same name, so no need to read it again. Except
     // inside an exec: the kernel switches the address space (`exec_mmap`) before it renames the
     // task (`__set_task_comm`), so a kernel-mode sample that sees a task's new address space may
-    // still see its old name; the name is then read again until `guest_walk::name_state` settles
-    // it (a user-mode sample; a kernel thread, which never execs, at once).
+    // still see its old name; the name is then checked at each sample (its two words, in
+    // `SameTask`) until `guest_walk::name_state` settles it (a user-mode sample; a kernel thread,
+    // which never execs, at once).
     let space = cr3 & !0xfff;
     let user = cpl == 3;
     if let Some(same) = vcpu.same_task
