@@ -20,16 +20,19 @@ impl GuestRam {
     /// `[hpa, hpa + size)` must be memory this program may read for as long as the value, a copy
     /// of it, or an address it gave (`host`, [`RamWord`]) is used; others may write it
     /// meanwhile (the reads are of plain integers and bytes, and any value is valid).
+    #[inline]
     pub const unsafe fn new(hpa: u64, size: u64) -> Self {
         GuestRam { hpa, size }
     }
 
     /// Its host address.
+    #[inline]
     pub fn hpa(&self) -> u64 {
         self.hpa
     }
 
     /// Its size in bytes.
+    #[inline]
     pub fn size(&self) -> u64 {
         self.size
     }
@@ -38,11 +41,20 @@ impl GuestRam {
     #[inline(always)]
     pub fn host(&self, gpa: u64, len: u64) -> Option<u64> {
         let end = gpa.checked_add(len)?;
-        (end <= self.size).then_some(self.hpa + gpa)
+        (end <= self.size).then(|| self.hpa + gpa)
+    }
+
+    /// The host address of the 4 KiB page that holds guest-physical `gpa`, when it lies wholly
+    /// inside: a page walk's check, one comparison.
+    #[inline(always)]
+    pub fn host_page(&self, gpa: u64) -> Option<u64> {
+        let page = gpa & !0xfff;
+        (page < self.size & !0xfff).then(|| self.hpa + page)
     }
 
     /// Copies `buf.len()` bytes at guest-physical `gpa`; `false` (and nothing copied) when they
     /// are not all inside.
+    #[inline]
     pub fn read(&self, gpa: u64, buf: &mut [u8]) -> bool {
         let Some(at) = self.host(gpa, buf.len() as u64) else {
             return false;
@@ -54,12 +66,13 @@ impl GuestRam {
     }
 
     /// The 8 bytes at guest-physical `gpa` as a [`RamWord`], or `None` outside.
+    #[inline(always)]
     pub fn word(&self, gpa: u64) -> Option<RamWord> {
         self.host(gpa, 8).map(RamWord)
     }
 
     /// The 8 bytes at guest-physical `gpa` (little-endian), or `None` outside.
-    #[inline]
+    #[inline(always)]
     pub fn read_u64(&self, gpa: u64) -> Option<u64> {
         self.word(gpa).map(RamWord::read)
     }
@@ -103,6 +116,12 @@ mod tests {
         assert!(!ram.read(61, &mut b));
         assert_eq!(ram.word(3).map(RamWord::read), ram.read_u64(3));
         assert_eq!(ram.host(0, 65), None);
+        // Pages: only whole ones inside.
+        // SAFETY: as above.
+        let big = unsafe { GuestRam::new(0x10_0000, 0x2800) };
+        assert_eq!(big.host_page(0x1fff), Some(0x10_1000));
+        assert_eq!(big.host_page(0x2000), None, "half a page inside");
+        assert_eq!(big.host_page(u64::MAX), None);
         assert_eq!(GuestRam::NONE.read_u64(0), None);
     }
 }

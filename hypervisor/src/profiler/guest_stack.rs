@@ -23,6 +23,7 @@ pub struct GuestStack<'a> {
 }
 
 impl<'a> GuestStack<'a> {
+    #[inline]
     pub fn new(ram: GuestRam, cr3: u64, cache: &'a WalkCache, costs: &'a Costs) -> Self {
         GuestStack {
             ram,
@@ -33,6 +34,7 @@ impl<'a> GuestStack<'a> {
     }
 
     /// The code addresses of this address space a frame-pointer walk need not look at.
+    #[inline]
     pub fn ordinary_code(&self) -> OrdinaryCodeSlots<'a> {
         self.cache.ordinary_code(self.cr3)
     }
@@ -57,7 +59,7 @@ impl GuestStack<'_> {
                 leaf.gpa & !0xfff
             }
         };
-        ram.host(gpa, 0x1000)
+        ram.host_page(gpa)
     }
 }
 
@@ -96,6 +98,7 @@ pub struct WalkMemory<'s, 'a> {
 const WALK_PAGES: usize = 4;
 
 impl<'s, 'a> WalkMemory<'s, 'a> {
+    #[inline]
     pub fn new(stack: &'s GuestStack<'a>) -> Self {
         WalkMemory {
             stack,
@@ -155,6 +158,7 @@ impl hvprof_linux_walk::GuestMemory for WalkMemory<'_, '_> {
         self.read(addr, &mut b).then(|| u32::from_le_bytes(b))
     }
 
+    #[inline]
     fn read(&self, addr: u64, out: &mut [u8]) -> bool {
         // The unwinder's reads (4, 6 and 8 bytes) inside one page: one translation, one load.
         if out.len() <= 8 && (addr & 0xfff) + out.len() as u64 <= 0x1000 {
