@@ -363,14 +363,19 @@ impl<'a, const PMU: bool> Slice<'a, PMU> {
         };
         self.timer_for_sampling = tick < other;
         let mut until = tick.min(other).saturating_sub(now);
-        // The guest runs at least a quarter of a period at each entry the sampling clock ends:
+        // After a sampling exit, the guest runs at least a quarter of a period before the next:
         // with a period shorter than the exits it causes, it would otherwise never run at all.
-        // (Not past a virtual PMU's deadline, which keeps its own least run, `MIN_RUN`.)
-        if self.timer_for_sampling {
-            until = until.max(prof.period() / 4);
-            if let Some(at) = pmu_at {
-                until = until.min(at.saturating_sub(now));
-            }
+        // (Not past a virtual PMU's deadline, which keeps its own least run, `MIN_RUN`.) After
+        // any other exit the next sample comes at its deadline: a least run there would move
+        // the samples that fall soon after the guest's exits later, away from the code that
+        // caused them and onto code that runs long without an exit.
+        // (`until` is already within a virtual PMU's deadline: `other` holds it.)
+        let least = prof.period() / 4;
+        if until < least && self.timer_for_sampling && self.sampling_exit.is_some() {
+            until = match pmu_at {
+                Some(at) => least.min(at.saturating_sub(now)),
+                None => least,
+            };
         }
         let mut timer = (until >> self.shift).min(u32::MAX as u64) as u32;
         if PMU {
