@@ -66,8 +66,7 @@ pub use hvprof_samplelog::VpmuCounts as VpmuStats;
 #[derive(Clone, Debug)]
 pub struct VcpuPmu {
     model: VirtualPmu,
-    /// `model.counting()` and `model.mode_sensitive()`, as of the last MSR write.
-    counting: bool,
+    /// `model.mode_sensitive_except(..)`, as of the last MSR write.
     wants_split: bool,
     mode: Vpmu,
     /// CPL > 0 at the last exit: the mode the guest resumes in.
@@ -98,7 +97,6 @@ impl VcpuPmu {
     pub fn new(mode: Vpmu, tsc_hz: u64) -> VcpuPmu {
         VcpuPmu {
             model: VirtualPmu::new(),
-            counting: false,
             wants_split: false,
             mode,
             user: false,
@@ -127,7 +125,6 @@ impl VcpuPmu {
     /// WRMSR of one of the model's MSRs.
     pub fn write_msr(&mut self, index: u32, value: u64) -> Result<(), hvprof_pmu::virtual_pmu::Gp> {
         self.model.write(index, value)?;
-        self.counting = self.model.counting();
         self.wants_split = self.model.mode_sensitive_except(self.real_bits());
         Ok(())
     }
@@ -286,7 +283,7 @@ impl VcpuPmu {
     }
 
     fn count(&mut self, slice: Slice) {
-        if self.counting && self.model.count_except(&slice, self.real_bits()) {
+        if self.model.counting() && self.model.count_except(&slice, self.real_bits()) {
             self.pending = true;
         }
     }
@@ -332,7 +329,7 @@ impl VcpuPmu {
         if self.pending {
             return Some((self.min_gap - self.since_pmi.min(self.min_gap)).max(MIN_RUN));
         }
-        if !self.counting {
+        if !self.model.counting() {
             return None;
         }
         self.model

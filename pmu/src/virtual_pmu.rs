@@ -384,6 +384,7 @@ impl VirtualPmu {
 
     /// Whether any counter counts anything now (enabled, in some mode, an event the model
     /// counts): while none does, counting a slice changes nothing.
+    #[inline]
     pub fn counting(&self) -> bool {
         self.n_active != 0
     }

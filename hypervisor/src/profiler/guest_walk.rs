@@ -145,35 +145,28 @@ impl<W: Copy> SameTask<W> {
         unsettled: Option<[u8; 16]>,
         word: impl Fn(u64) -> Option<W>,
     ) -> Option<Self> {
-        let (current_va, current_gpa) = tlb.words[WORD_CURRENT];
-        let (ids_va, ids_gpa) = tlb.words[WORD_IDS];
-        if current_va == 0
-            || current_va != percpu_base.wrapping_add(off.current_task)
-            || off.tgid != off.pid.wrapping_add(4)
-            || ids_va != task.wrapping_add(u64::from(off.pid))
-        {
+        if off.tgid != off.pid.wrapping_add(4) {
             return None;
         }
+        let current = tlb.kept(WORD_CURRENT, percpu_base.wrapping_add(off.current_task))?;
+        let ids_at = tlb.kept(WORD_IDS, task.wrapping_add(u64::from(off.pid)))?;
         let name = match unsettled {
             None => None,
             Some(comm) => {
                 let at = task.wrapping_add(u64::from(off.comm));
-                let (lo_va, lo_gpa) = tlb.words[WORD_NAME];
-                let (hi_va, hi_gpa) = tlb.words[WORD_NAME + 1];
-                if lo_va != at || hi_va != at.wrapping_add(8) {
-                    return None;
-                }
+                let lo = tlb.kept(WORD_NAME, at)?;
+                let hi = tlb.kept(WORD_NAME + 1, at.wrapping_add(8))?;
                 let half = |i: usize| {
                     u64::from_le_bytes(comm[8 * i..8 * i + 8].try_into().unwrap_or_default())
                 };
-                Some((word(lo_gpa)?, word(hi_gpa)?, [half(0), half(1)]))
+                Some((word(lo)?, word(hi)?, [half(0), half(1)]))
             }
         };
         Some(SameTask {
             percpu_base,
             space,
-            current: word(current_gpa)?,
-            ids_word: word(ids_gpa)?,
+            current: word(current)?,
+            ids_word: word(ids_at)?,
             task,
             ids: u64::from(pid) | u64::from(tgid) << 32,
             name,
@@ -255,11 +248,17 @@ impl Tlb {
         cr3: u64,
         gva: u64,
     ) -> Option<u64> {
-        let (va, gpa) = self.words[slot];
-        if va == gva && va != 0 {
+        if let Some(gpa) = self.kept(slot, gva) {
             return read_phys(gpa);
         }
         self.read_word_again(slot, read_phys, read_bytes, cr3, gva)
+    }
+
+    /// The guest-physical address `slot` keeps, when it keeps the word at `gva`.
+    #[inline(always)]
+    fn kept(&self, slot: usize, gva: u64) -> Option<u64> {
+        let (va, gpa) = self.words[slot];
+        (va == gva && va != 0).then_some(gpa)
     }
 
     /// [`Tlb::read_word`] for a word not kept in `slot`: out of line, as it is seldom needed.
