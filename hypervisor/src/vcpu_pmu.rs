@@ -215,6 +215,8 @@ impl VcpuPmu {
     /// IA32_PERF_GLOBAL_CTRL bits, kept on).
     pub fn set_hardware(&mut self, p: Placement, host: u64) {
         self.hardware = Some((p, host));
+        // The placed counters tell the modes apart by themselves.
+        self.wants_split = self.model.mode_sensitive_except(self.real_bits());
     }
 
     /// Whether the hardware backend runs some of its counters.
