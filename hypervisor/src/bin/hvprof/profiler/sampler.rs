@@ -1,5 +1,8 @@
 //! One pCPU's profiler: its state (every field atomic: the run loop, the timer interrupt and the
-//! PMU's NMI of the same pCPU share it), the sample path, and the deadline clock's arithmetic.
+//! PMU's NMI of the same pCPU share it), and its samples: the guest's at VM exits, the
+//! hypervisor's from the timer, with their call chains. The path's core (the deadline clock, the
+//! push into the ring, the path's own cost) is `hvprof_hypervisor::profiler::sample_path`,
+//! host-tested, given the real processor here (`Cpu`).
 
 use crate::arch::host_apic::Lapic;
 use crate::percpu::MAX_CPUS;
@@ -7,13 +10,13 @@ use crate::tsc::rdtsc;
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering, compiler_fence};
 use hvprof_hypervisor::guest_ram::GuestRam;
-pub use hvprof_hypervisor::profiler::costs::{BudgetUse, Costs, PathCost, Tally};
-use hvprof_hypervisor::profiler::deadline::DeadlineClock;
+pub use hvprof_hypervisor::profiler::costs::{BudgetUse, Costs, Tally};
 use hvprof_hypervisor::profiler::guest_sample;
 use hvprof_hypervisor::profiler::guest_stack::{GuestStack, WalkMemory};
 use hvprof_hypervisor::profiler::kicks::KickState;
 use hvprof_hypervisor::profiler::ring::Ring;
-use hvprof_hypervisor::profiler::slots;
+pub use hvprof_hypervisor::profiler::sample_path::GuestSampled;
+use hvprof_hypervisor::profiler::sample_path::{Irqs, Processor, SamplePath};
 use hvprof_hypervisor::profiler::stack_walk::{self, Bounds, FrameMemory};
 use hvprof_hypervisor::profiler::table_walk::{self, KERNEL_WALK_READS, USER_WALK_READS};
 use hvprof_hypervisor::profiler::walk_cache::WalkCache;
@@ -25,7 +28,7 @@ use hvprof_samplelog::{
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::{Guest32, GuestNatural};
 
-pub use hvprof_hypervisor::profiler::slots::{Slot, Stamped};
+pub use hvprof_hypervisor::profiler::slots::Slot;
 
 /// Deepest call chain samples carry (`stacks=`; 0: none).
 static STACK_DEPTH: AtomicU8 = AtomicU8::new(0);
@@ -77,21 +80,17 @@ static RINGS: [Rings; MAX_CPUS] = [const {
 /// pCPU number of a profiler (`pcpu`, which finds its rings on the sample path) is a shift.
 #[repr(align(8192))]
 pub struct CpuProfiler {
-    /// The sampling deadlines (`DeadlineClock`: the one place that decides a deadline sample is
-    /// due).
-    clock: DeadlineClock,
+    /// The sample path: the deadline clock (the one place that decides a deadline sample is
+    /// due), the path's own cost, and the ring's producer (`SamplePath`).
+    sampling: SamplePath,
     /// (vm, vcpu, vpid, last exit reason) of what this pCPU runs, packed in 16-bit fields.
     current: AtomicU64,
-    /// The sample path's own cost: samples taken, total, smallest and largest (TSC ticks).
-    path: PathCost,
     lapic: spin::Once<Lapic>,
     /// This pCPU runs its idle loop.
     idle: AtomicBool,
     /// This pCPU is halted until its UART has sent what the console gave it
     /// (`halt_for_console`): its samples are `[idle]` too, as the CPU does nothing.
     console_wait: AtomicBool,
-    /// A push into `ring` is under way (see `offer`).
-    pushing: AtomicBool,
     /// What profiling cost this pCPU beyond the sample path itself.
     pub costs: Costs,
     /// TSC when sampling started and stopped on this pCPU (the span the costs are shares of).
@@ -122,15 +121,13 @@ pub struct CpuProfiler {
 impl CpuProfiler {
     pub const fn new() -> Self {
         CpuProfiler {
-            clock: DeadlineClock::new(),
+            sampling: SamplePath::new(),
             current: AtomicU64::new(pack(NO_VM, NO_VCPU, 0, NO_EXIT)),
-            path: PathCost::new(),
             lapic: spin::Once::new(),
             kicks: KickState::new(),
             kicks_sent: AtomicU64::new(0),
             idle: AtomicBool::new(false),
             console_wait: AtomicBool::new(false),
-            pushing: AtomicBool::new(false),
             costs: Costs::new(KERNEL_WALK_READS, USER_WALK_READS),
             started_at: AtomicU64::new(0),
             stopped_at: AtomicU64::new(0),
@@ -187,40 +184,18 @@ pub fn this_cpu() -> &'static CpuProfiler {
     &CPUS[crate::percpu::index()]
 }
 
-/// Whether a push's caller may run with interrupts on (the ring's producer then keeps the
-/// timer's interrupt out for the push), or runs with them off already (the guest sample path).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Irqs {
-    MayBeOn,
-    Off,
-}
+/// The processor the sample path runs on: its TSC and interrupt flag.
+struct Cpu;
 
-/// A guest sample just taken: its path's ticks, the TSC at its end, and the guest state it read
-/// that the task read after it needs (the same VMCS fields, not read twice).
-#[derive(Clone, Copy, Debug)]
-pub struct GuestSampled {
-    /// The sample's time (the exit's TSC).
-    pub tsc: u64,
-    /// TSC ticks from the sample path's start to its end, bookkeeping included.
-    pub cost: u64,
-    /// The TSC at the sample path's end.
-    pub end: u64,
-    pub rip: u64,
-    pub cr3: u64,
-    pub cpl: u8,
-}
-
-impl GuestSampled {
+impl Processor for Cpu {
     #[inline(always)]
-    fn new((tsc, rip, cr3, cpl): (u64, u64, u64, u8), t0: u64, end: u64) -> Self {
-        GuestSampled {
-            tsc,
-            rip,
-            cr3,
-            cost: end - t0,
-            end,
-            cpl,
-        }
+    fn tsc(&self) -> u64 {
+        rdtsc()
+    }
+
+    #[inline(always)]
+    fn without_interrupts<R>(&self, f: impl FnOnce() -> R) -> R {
+        x86_64::instructions::interrupts::without_interrupts(f)
     }
 }
 
@@ -305,7 +280,7 @@ impl CpuProfiler {
     /// The whole cost so far, in disjoint parts (as the pCPU cost frame carries it).
     pub fn cost_report(&self) -> PcpuCost {
         self.costs
-            .report(self.pcpu() as u16, self.span(), &self.path)
+            .report(self.pcpu() as u16, self.span(), &self.sampling.cost)
     }
 
     /// TSC ticks from the start of sampling on this pCPU to its end (or to now, while running).
@@ -318,18 +293,18 @@ impl CpuProfiler {
     }
 
     pub fn enabled(&self) -> bool {
-        self.clock.enabled()
+        self.sampling.clock.enabled()
     }
 
     /// The sampling period, TSC ticks.
     pub fn period(&self) -> u64 {
-        self.clock.period()
+        self.sampling.clock.period()
     }
 
     /// The next sampling deadline (u64::MAX when off).
     #[inline(always)]
     pub fn next_tick(&self) -> u64 {
-        self.clock.next_tick()
+        self.sampling.clock.next_tick()
     }
 
     /// Sets what this pCPU runs now (the run loop calls it on every VM exit).
@@ -348,88 +323,30 @@ impl CpuProfiler {
         )
     }
 
-    /// Puts a record into the ring. The ring has one producer, but on one pCPU that producer runs
-    /// in three contexts: the run loop and scheduler, the timer interrupt and the PMU's NMI. The
-    /// interrupt is kept out while the others push; an NMI that lands inside a push finds the
-    /// ring busy and its record is counted as a drop rather than corrupting the one in flight.
-    /// A sample's chain frames follow it (`offer_with_frames`, kept out of the common path).
-    /// `irqs`: whether the caller may run with interrupts on.
+    /// Puts a record into this pCPU's ring (`SamplePath::offer`).
     #[inline(always)]
     fn offer(&self, record: Record, frames: &[u64], irqs: Irqs) {
-        if !frames.is_empty() {
-            return self.offer_with_frames(record, frames, irqs);
-        }
-        // Built straight into the ring's slot (`push_with`), not copied through temporaries.
-        let ring = self.ring();
-        self.exclusive(ring, irqs, |drops| {
-            ring.push_with(1, |_| Slot::Record(Stamped { record, drops }))
-        });
+        self.sampling.offer(&Cpu, self.ring(), record, frames, irqs);
     }
 
-    #[inline(never)]
-    fn offer_with_frames(&self, record: Record, frames: &[u64], irqs: Irqs) {
-        let ring = self.ring();
-        self.exclusive(ring, irqs, |drops| {
-            let stamped = Stamped { record, drops };
-            ring.push_with(slots::slots_for(frames.len()), |i| {
-                slots::slot(stamped, frames, i)
-            })
-        });
-    }
-
-    /// Runs `push` (given the ring's drop count) as the ring's only producer on this pCPU: with
-    /// the timer's interrupt kept out (already, for `Irqs::Off`), and an NMI that lands inside
-    /// counted as a drop.
+    /// Records a sample taken since `t0` (`SamplePath::push`); returns the TSC at its end.
     #[inline(always)]
-    fn exclusive(
-        &self,
-        ring: &Ring<Slot, RING_RECORDS>,
-        irqs: Irqs,
-        push: impl FnOnce(u64) -> bool,
-    ) {
-        let produce = || {
-            if self.pushing.swap(true, Ordering::Acquire) {
-                ring.count_drop();
-                return;
-            }
-            push(ring.dropped());
-            self.pushing.store(false, Ordering::Release);
-        };
-        match irqs {
-            Irqs::Off => {
-                debug_assert!(!x86_64::instructions::interrupts::are_enabled());
-                produce()
-            }
-            Irqs::MayBeOn => x86_64::instructions::interrupts::without_interrupts(produce),
-        }
-    }
-
-    /// Records a sample taken since `t0`; returns the TSC at its end, bookkeeping included (the
-    /// `cost` the sample carries stops before the ring push).
-    /// Inlined: the sample is then built in registers and its cost read before any of it is
-    /// stored (the bench's sample path and sampling exit figures).
-    #[inline(always)]
-    fn push(&self, mut s: Sample, frames: &[u64], t0: u64, irqs: Irqs) -> u64 {
-        let cost = rdtsc() - t0;
-        s.cost = cost.min(u32::MAX as u64) as u32;
-        if self.clock.stretch(t0, cost) {
-            self.costs.stretched.fetch_add(1, Ordering::Relaxed);
-        }
-        self.offer(Record::Sample(s), frames, irqs);
-        self.path.record(cost);
-        rdtsc()
+    fn push(&self, s: Sample, frames: &[u64], t0: u64, irqs: Irqs) -> u64 {
+        self.sampling
+            .push(&Cpu, self.ring(), &self.costs, s, frames, t0, irqs)
     }
 
     /// (samples, mean, min, max) of the sample path's own cost in TSC ticks.
     pub fn cost(&self) -> (u64, u64, u64, u64) {
-        self.path.summary()
+        self.sampling.cost.summary()
     }
 
     /// The deadline clock's guest sample, at a VM exit taken at `now` (the VMX-preemption
     /// timer's, or any exit that finds the deadline passed), if it was due.
     #[inline(always)]
     pub fn sample_guest_if_due(&self, vmcs: &CurrentVmcs, now: u64) -> Option<GuestSampled> {
-        self.clock
+        self.sampling
+            .clock
             .take_due(now)
             .then(|| self.sample_guest(vmcs, now))
     }
@@ -439,18 +356,14 @@ impl CpuProfiler {
     /// NMI exit's handler turns them off around it).
     #[inline(always)]
     pub fn sample_guest(&self, vmcs: &CurrentVmcs, now: u64) -> GuestSampled {
-        let t0 = rdtsc();
         match stack_depth() {
             // Without a chain (the default): pushed where the compiler knows there are no
             // frames, so that the record goes straight into the ring (with a chain's frames
             // possible, it was built on the stack first and copied from there).
-            0 => {
-                let (s, cpl, _) = self.guest_sample(vmcs, now);
-                let read = (now, s.guest_rip, s.guest_cr3, cpl);
-                let end = self.push(s, &[], t0, Irqs::Off);
-                GuestSampled::new(read, t0, end)
-            }
-            depth => self.sample_guest_walked(vmcs, now, depth, t0),
+            0 => self
+                .sampling
+                .guest(&Cpu, vmcs, self.ring(), &self.costs, self.current(), now),
+            depth => self.sample_guest_walked(vmcs, now, depth, rdtsc()),
         }
     }
 
@@ -499,7 +412,8 @@ impl CpuProfiler {
 
     /// `sample_host_if_due` with the TSC already read (`now`).
     pub fn sample_host_at(&self, rip: u64, fp: u64, idle: bool, now: u64) -> Option<u64> {
-        self.clock
+        self.sampling
+            .clock
             .take_due(now)
             .then(|| self.sample_host(rip, fp, idle, now))
     }
@@ -1134,12 +1048,12 @@ impl CpuProfiler {
         }
         let now = rdtsc();
         self.started_at.store(now, Ordering::Relaxed);
-        self.clock.begin(period, now, deadline);
+        self.sampling.clock.begin(period, now, deadline);
     }
 
     /// Stops sampling on this pCPU.
     pub fn end(&self) {
-        self.clock.stop();
+        self.sampling.clock.stop();
         self.stopped_at.store(rdtsc(), Ordering::Relaxed);
         if let Some(l) = self.lapic.get() {
             l.disarm();
