@@ -7,6 +7,8 @@
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// A pCPU's sampling deadlines: every `period` TSC ticks from the start, skipping those missed.
+/// Stopped, its next deadline is `u64::MAX`, which no TSC reaches (2^64 ticks are centuries at
+/// any rate): the sample path's two questions (`take_due`, `next_tick`) need no other test.
 pub struct DeadlineClock {
     enabled: AtomicBool,
     period: AtomicU64,
@@ -40,8 +42,11 @@ impl DeadlineClock {
     }
 
     #[inline]
-    /// Stops: no sample is due any more.
+    /// Stops: no sample is due any more. Called on the clock's own pCPU, outside its timer
+    /// interrupt: no `take_due` is midway there, and one that interrupts this finds no deadline
+    /// from the first store on.
     pub fn stop(&self) {
+        self.next.store(u64::MAX, Ordering::Relaxed);
         self.enabled.store(false, Ordering::Release);
     }
 
@@ -59,11 +64,7 @@ impl DeadlineClock {
     /// The next deadline (`u64::MAX` when stopped).
     #[inline(always)]
     pub fn next_tick(&self) -> u64 {
-        if self.enabled() {
-            self.next.load(Ordering::Relaxed)
-        } else {
-            u64::MAX
-        }
+        self.next.load(Ordering::Relaxed)
     }
 
     /// Whether a sample is due at `now`; if so, moves the deadline past `now`. Deadlines missed
@@ -71,9 +72,7 @@ impl DeadlineClock {
     /// would fake time the CPU did not spend there.
     #[inline(always)]
     pub fn take_due(&self, now: u64) -> bool {
-        if !self.enabled() {
-            return false;
-        }
+        // Stopped, `next` is u64::MAX.
         let next = self.next.load(Ordering::Relaxed);
         if now < next {
             return false;
@@ -121,12 +120,16 @@ mod tests {
     #[test]
     fn nothing_is_due_before_the_start_or_after_the_stop() {
         let c = DeadlineClock::new();
-        assert!(!c.take_due(u64::MAX));
+        // (The TSC never reaches u64::MAX: centuries at any rate.)
+        assert!(!c.take_due(u64::MAX - 1));
         assert_eq!(c.next_tick(), u64::MAX);
         c.begin(1000, 5000, true);
         assert_eq!(c.next_tick(), 6000);
         c.stop();
         assert!(!c.take_due(10_000));
+        assert_eq!(c.next_tick(), u64::MAX);
+        // A long path after the stop does not bring a deadline back.
+        assert!(!c.stretch(10_000, 5_000));
         assert_eq!(c.next_tick(), u64::MAX);
     }
 

@@ -183,15 +183,19 @@ struct Slice<'a, const PMU: bool> {
     prof: &'static profiler::sampler::CpuProfiler,
     caps: &'a VmxCaps,
     shift: u8,
+    /// The vCPU's bit in the VM's kicks (`vm::kick_bit`; 0 without a local APIC, whose VM has
+    /// no IPIs).
+    kick_bit: u64,
+    /// The least run after a sampling exit: a quarter of the sampling period.
+    least_run: u64,
     start: u64,
-    slice_end: u64,
     /// The end of the VM's budget (its own running time, all its vCPUs') and the earlier of it
     /// and its wall budget.
     budget_end: u64,
     deadline: u64,
-    /// The end of the slice or the budget, and that or the devices' next event: the guest's run
-    /// ends there if no sampling deadline comes first (kept as they change, not made at each
-    /// entry).
+    /// The end of the slice or the budget (one test of both at each entry), and that or the
+    /// devices' next event: the guest's run ends there if no sampling deadline comes first (kept
+    /// as they change, not made at each entry).
     slice_or_budget: u64,
     other: u64,
     /// The timer of this entry was set for a sampling deadline that nothing else needed.
@@ -246,8 +250,13 @@ impl<'a, const PMU: bool> Slice<'a, PMU> {
             prof,
             caps,
             shift: caps.preemption_timer_shift(),
+            kick_bit: if vm.apic {
+                crate::vm::kick_bit(usize::from(vcpu.index))
+            } else {
+                0
+            },
+            least_run: prof.period() / 4,
             start,
-            slice_end,
             budget_end,
             deadline,
             slice_or_budget,
@@ -275,7 +284,7 @@ impl<'a, const PMU: bool> Slice<'a, PMU> {
     ) -> Result<(), SliceEnd> {
         let prof = self.prof;
         // Another vCPU's IPI for this one: its local APIC has something new.
-        let kicked = vm.apic && vm.take_kick(usize::from(vcpu.index));
+        let kicked = vm.take_kicks(self.kick_bit);
         if kicked && vm.take_init(usize::from(vcpu.index)) {
             vcpu.wait_for_sipi = true;
             vcpu.wake_at = None;
@@ -337,14 +346,14 @@ impl<'a, const PMU: bool> Slice<'a, PMU> {
         if vm.stopping.load(Ordering::Acquire) {
             return Err(SliceEnd::Stopped(Stop::WithVm));
         }
-        if now >= self.deadline {
-            return Err(SliceEnd::Stopped(if now >= self.budget_end {
-                Stop::Budget
-            } else {
-                Stop::WallBudget
-            }));
-        }
-        if now >= self.slice_end {
+        if now >= self.slice_or_budget {
+            if now >= self.deadline {
+                return Err(SliceEnd::Stopped(if now >= self.budget_end {
+                    Stop::Budget
+                } else {
+                    Stop::WallBudget
+                }));
+            }
             return Err(SliceEnd::Preempted);
         }
         // The VMX-preemption timer stops the guest at the next sampling deadline, the end of the
@@ -370,7 +379,7 @@ impl<'a, const PMU: bool> Slice<'a, PMU> {
         // the samples that fall soon after the guest's exits later, away from the code that
         // caused them and onto code that runs long without an exit.
         // (`until` is already within a virtual PMU's deadline: `other` holds it.)
-        let least = prof.period() / 4;
+        let least = self.least_run;
         if until < least && self.timer_for_sampling && self.sampling_exit.is_some() {
             until = match pmu_at {
                 Some(at) => least.min(at.saturating_sub(now)),

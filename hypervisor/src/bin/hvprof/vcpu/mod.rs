@@ -44,6 +44,9 @@ const _: () = assert!(SWITCHED_MSRS[LSTAR_SLOT] == 0xc000_0082);
 /// Vol. 4, Table 2-2). `vmexit::msr` says which bits the guest may change.
 pub const MISC_ENABLE_RESET: u64 = 1 | 1 << 11 | 1 << 12;
 
+/// An empty `Vcpu::settled_range`.
+pub const NO_RANGE: (u64, u64) = (0, 0);
+
 pub struct Vcpu {
     /// Host-physical address of the VMCS region.
     pub vmcs: u64,
@@ -117,8 +120,10 @@ pub struct Vcpu {
     /// task, for a VM without `mm-layout=`, or when the table is full).
     pub maps_process: Option<hvprof_hypervisor::profiler::guest_maps::ProcessIndex>,
     /// A known executable range of that process where it waits for no build id
-    /// (`ProcessMaps::settled_range`): its user-mode samples there need no look at the table.
-    pub settled_range: Option<(u64, u64)>,
+    /// (`ProcessMaps::settled_range`), `[start, end)`: its user-mode samples there need no look
+    /// at the table. Empty (`NO_RANGE`) when there is none: the sample path's test is then the
+    /// same two compares.
+    pub settled_range: (u64, u64),
     /// Its guest's kernel-page translations, for reading the task at samples.
     pub tlb: hvprof_hypervisor::profiler::guest_walk::Tlb,
     /// Its virtual PMU (`vpmu=`; `hvprof_hypervisor::vcpu_pmu`, driven by `vm/vpmu.rs`).
@@ -322,7 +327,7 @@ impl Vcpu {
             last_task: None,
             same_task: None,
             maps_process: None,
-            settled_range: None,
+            settled_range: NO_RANGE,
             tlb: hvprof_hypervisor::profiler::guest_walk::Tlb::new(),
             pmu: None,
         };

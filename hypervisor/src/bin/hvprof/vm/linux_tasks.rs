@@ -12,6 +12,9 @@ use hvprof_samplelog::TaskOffsets;
 use hvprof_vmx::instructions::CurrentVmcs;
 use hvprof_vmx::vmcs::GuestNatural;
 
+/// IA32_KERNEL_GS_BASE (SDM Vol. 4, Table 2-2).
+const KERNEL_GS_BASE: u32 = 0xc000_0102;
+
 /// After any guest sample (the deadline clock's, the PMU's) by `prof` (this pCPU's profiler): a
 /// Linux guest's task is tracked (`track_task`), its time counted as the profiler's
 /// (`task_reads`), from the sample path's end. Returns that time in ticks (0 for a guest whose
@@ -63,8 +66,10 @@ fn track_task(
         vmcs.read_fast(GuestNatural::GsBase)
     } else {
         // IA32_KERNEL_GS_BASE exists on every 64-bit processor (SDM Vol. 4, Table 2-2): a plain
-        // RDMSR.
-        x86_64::registers::model_specific::KernelGsBase::read().as_u64()
+        // RDMSR, its value taken as it is (only ever a guest address, read within the VM's
+        // memory, as above; not checked canonical as a `VirtAddr`).
+        // SAFETY: reading this MSR has no side effects, and it exists (above).
+        unsafe { x86_64::registers::model_specific::Msr::new(KERNEL_GS_BASE).read() }
     };
     // Same task, same ids, same address space: same name, so no need to read it again. Except
     // inside an exec: the kernel switches the address space (`exec_mmap`) before it renames the
@@ -160,7 +165,7 @@ fn task_seen(
     // nothing here).
     if (changed || moved) && (vm.mm_layout.is_some() || vm.module_layout.is_some()) {
         vcpu.maps_process = None;
-        vcpu.settled_range = None;
+        vcpu.settled_range = crate::vcpu::NO_RANGE;
         let entered = {
             let mut maps = vm.maps.lock();
             maps.kernel_cr3 = cr3;
@@ -218,10 +223,8 @@ fn check_rip(
     use hvprof_hypervisor::profiler::guest_maps::MODULE_AREA;
     if user {
         // Inside the range this vCPU keeps for its process: nothing to read (no lock taken).
-        if !vcpu
-            .settled_range
-            .is_some_and(|(start, end)| (start..end).contains(&rip))
-        {
+        let (start, end) = vcpu.settled_range;
+        if !(start..end).contains(&rip) {
             check_user_rip(vm, vcpu, rip, cr3, ids, tsc);
         }
     } else if let Some(layout) = &vm.module_layout
@@ -275,7 +278,9 @@ fn check_user_rip(
             maps.may_reread(process)
         };
         if !wanted {
-            vcpu.settled_range = maps.settled_range(process, rip);
+            vcpu.settled_range = maps
+                .settled_range(process, rip)
+                .unwrap_or(crate::vcpu::NO_RANGE);
             return;
         }
     }

@@ -271,6 +271,11 @@ const STARTED: u16 = 0x400;
 /// `Vm::running_on` of a vCPU no pCPU runs.
 pub const NOT_RUNNING: u8 = u8::MAX;
 
+/// vCPU `index`'s bit in a VM's kicks.
+pub const fn kick_bit(index: usize) -> u64 {
+    1 << (index % 64)
+}
+
 impl Vm {
     /// It has interrupt controllers whose interrupts the hypervisor delivers (a Linux guest's
     /// 8259 pair and PIT; with `apic=on`, local APICs and the I/O APIC): the run loop looks at
@@ -336,14 +341,20 @@ impl Vm {
     /// Whether something waits for vCPU `index` (an IPI, an interrupt; see `kicks`) that its run
     /// loop has not looked at yet; the kick stays.
     pub fn kicked(&self, index: usize) -> bool {
-        self.kicks.load(Ordering::Relaxed) & (1 << (index % 64)) != 0
+        self.kicks.load(Ordering::Relaxed) & kick_bit(index) != 0
     }
 
     /// Whether vCPU `index` was kicked since the last call (and clears it).
     pub fn take_kick(&self, index: usize) -> bool {
-        let bit = 1 << (index % 64);
-        self.kicks.load(Ordering::Relaxed) & bit != 0
-            && self.kicks.fetch_and(!bit, Ordering::Acquire) & bit != 0
+        self.take_kicks(kick_bit(index))
+    }
+
+    /// Whether a vCPU of `bits` (`kick_bit`s; none: never) was kicked since the last call (and
+    /// clears it): the run loop's `take_kick`, with its vCPU's bit made once per slice.
+    #[inline(always)]
+    pub fn take_kicks(&self, bits: u64) -> bool {
+        self.kicks.load(Ordering::Relaxed) & bits != 0
+            && self.kicks.fetch_and(!bits, Ordering::Acquire) & bits != 0
     }
 
     /// A SIPI with `vector` for vCPU `index` (the first one counts: SDM Vol. 3A, a processor
