@@ -12,12 +12,16 @@ use super::slots::{self, Slot, Stamped};
 use core::sync::atomic::{AtomicBool, Ordering};
 use hvprof_samplelog::{Record, Sample};
 
-/// What the sample path uses of the processor besides the VMCS.
+/// What the sample path and its walks use of the processor besides the VMCS.
 pub trait Processor {
     /// The time stamp counter (RDTSC).
     fn tsc(&self) -> u64;
     /// Runs `f` with maskable interrupts off, then restores RFLAGS.IF as it was.
     fn without_interrupts<R>(&self, f: impl FnOnce() -> R) -> R;
+    /// Model-specific register `msr` (RDMSR), `None` where reading it faults. The guest MSRs
+    /// the hypervisor loads with a vCPU (IA32_LSTAR among them) hold the guest's values while
+    /// that vCPU is loaded.
+    fn read_msr(&self, msr: u32) -> Option<u64>;
 }
 
 /// Whether a push's caller may run with interrupts on (the producer then keeps the timer's
@@ -239,6 +243,9 @@ mod tests {
             let r = f();
             self.masking.set(was);
             r
+        }
+        fn read_msr(&self, _: u32) -> Option<u64> {
+            None
         }
     }
 

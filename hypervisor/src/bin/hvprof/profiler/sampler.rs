@@ -8,18 +8,18 @@ use crate::arch::host_apic::Lapic;
 use crate::percpu::MAX_CPUS;
 use crate::tsc::rdtsc;
 use core::mem::MaybeUninit;
-use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering, compiler_fence};
+use core::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use hvprof_hypervisor::guest_ram::GuestRam;
 pub use hvprof_hypervisor::profiler::costs::{BudgetUse, Costs, Tally};
+pub use hvprof_hypervisor::profiler::guest_chain::KernelStacks;
+use hvprof_hypervisor::profiler::guest_chain::{GuestAt, GuestChains};
 use hvprof_hypervisor::profiler::guest_sample;
-use hvprof_hypervisor::profiler::guest_stack::{GuestStack, WalkMemory};
 use hvprof_hypervisor::profiler::kicks::KickState;
 use hvprof_hypervisor::profiler::ring::Ring;
 pub use hvprof_hypervisor::profiler::sample_path::GuestSampled;
 use hvprof_hypervisor::profiler::sample_path::{Irqs, Processor, SamplePath};
 use hvprof_hypervisor::profiler::stack_walk::{self, Bounds, FrameMemory};
-use hvprof_hypervisor::profiler::table_walk::{self, KERNEL_WALK_READS, USER_WALK_READS};
-use hvprof_hypervisor::profiler::walk_cache::WalkCache;
+use hvprof_hypervisor::profiler::table_walk::{KERNEL_WALK_READS, USER_WALK_READS};
 use hvprof_linux_walk::UnwindTable;
 use hvprof_samplelog::{
     Chain, ChainEnd, Event, EventKind, MAX_CHAIN_DEPTH, NO_EXIT, NO_VCPU, NO_VM, OutReason,
@@ -99,20 +99,9 @@ pub struct CpuProfiler {
     /// This pCPU's stack, `[lo, hi)`: where the hypervisor's frame records may lie.
     stack_lo: AtomicU64,
     stack_hi: AtomicU64,
-    /// The memory of the VM whose vCPU runs here (host-physical base and size; size 0: none),
-    /// and how its kernel-mode chains are walked (`KernelStacks`, as a `u8`: `kernel_mode`),
-    /// with its kernel's ORC tables where they are walked by those.
-    guest_hpa: AtomicU64,
-    guest_size: AtomicU64,
-    kernel_mode: AtomicU8,
-    kernel_orc: AtomicOrcTables,
-    /// ORC entries found by earlier kernel walks, and unwind-table entries by user walks.
-    orc_entries: OrcEntries,
-    /// That vCPU's RBP at its last VM exit.
-    guest_rbp: AtomicU64,
-    /// Guest pages translated and code found ordinary by earlier walks, of the VM this pCPU
-    /// runs (`walk_cache`).
-    walk_cache: WalkCache,
+    /// The guest this pCPU runs, as its walks see it (its memory, how its kernel-mode chains
+    /// are walked, its RBP at its last exit) and the walks' caches.
+    chains: GuestChains,
     /// Kicks for this pCPU (`kick_cpu`, `on_kick`), and kicks it sent others.
     pub kicks: KickState,
     pub kicks_sent: AtomicU64,
@@ -133,13 +122,7 @@ impl CpuProfiler {
             stopped_at: AtomicU64::new(0),
             stack_lo: AtomicU64::new(0),
             stack_hi: AtomicU64::new(0),
-            guest_hpa: AtomicU64::new(0),
-            guest_size: AtomicU64::new(0),
-            kernel_mode: AtomicU8::new(0),
-            kernel_orc: AtomicOrcTables::new(),
-            orc_entries: OrcEntries::new(),
-            guest_rbp: AtomicU64::new(0),
-            walk_cache: WalkCache::new(),
+            chains: GuestChains::new(),
         }
     }
 }
@@ -196,6 +179,10 @@ impl Processor for Cpu {
     #[inline(always)]
     fn without_interrupts<R>(&self, f: impl FnOnce() -> R) -> R {
         x86_64::instructions::interrupts::without_interrupts(f)
+    }
+
+    fn read_msr(&self, msr: u32) -> Option<u64> {
+        crate::arch::msr::read_safe(msr).ok()
     }
 }
 
@@ -385,7 +372,13 @@ impl CpuProfiler {
         // every VMCS); not through `vmcs`, so that the closure passed to the walk holds nothing.
         let rsp = || unsafe { hvprof_vmx::instructions::vmread_field_fast(GuestNatural::Rsp) };
         let (rip, cr3) = (s.guest_rip, s.guest_cr3);
-        let (chain, frames) = self.walk_guest(cr3, cpl, long, rip, rsp, depth, &mut buf);
+        let at = GuestAt {
+            cr3,
+            cpl,
+            long,
+            rip,
+        };
+        let (chain, frames) = self.walk_guest(at, rsp, depth, &mut buf);
         let c = &self.costs;
         walked_since(t, frames.len(), &c.guest_walks, &c.guest_frames);
         s.guest_chain = chain;
@@ -485,93 +478,33 @@ impl CpuProfiler {
         stack_walk::walk(&mut HostStack(bounds), fp, bounds, depth, out)
     }
 
-    /// The running vCPU's guest chain, through its own page tables (`cr3`) and its own memory:
-    /// 64-bit code only. In user mode, and in kernel mode where the guest keeps frame pointers
-    /// there, from its RBP at its last exit; in a Linux kernel, by the kernel's ORC tables from
-    /// `rip` and the RSP that `rsp` reads, through any `pt_regs` into the user's frame pointers.
-    #[allow(clippy::too_many_arguments)]
+    /// The running vCPU's guest chain from `at` (`GuestChains::walk`, with its VM's unwind
+    /// tables).
     fn walk_guest<'a>(
         &self,
-        cr3: u64,
-        cpl: u8,
-        long: bool,
-        rip: u64,
+        at: GuestAt,
         rsp: impl FnOnce() -> u64,
         depth: usize,
         out: &'a mut [MaybeUninit<u64>],
     ) -> (Chain, &'a [u64]) {
-        // SAFETY: `set_guest_memory` stored these from the running VM's `GuestRam` (its own
-        // memory, readable for the hypervisor's life), or zeros (no memory: nothing is read).
-        let ram = unsafe {
-            GuestRam::new(
-                self.guest_hpa.load(Ordering::Relaxed),
-                self.guest_size.load(Ordering::Relaxed),
-            )
-        };
-        if ram.size() == 0 || !long {
-            return (Chain::NOT_WALKED, &[]);
-        }
-        let fp = self.guest_rbp.load(Ordering::Relaxed);
-        let mut mem = GuestStack::new(ram, cr3, &self.walk_cache, &self.costs);
-        if cpl == 3 {
-            let (vm, ..) = self.current();
-            let max = depth.min(MAX_CHAIN_DEPTH).min(out.len());
-            let cache = VmOrcEntries {
-                entries: &self.orc_entries,
-                vm,
-                costs: &self.costs,
-            };
-            let (chain, n) = walk_user(
-                &mut mem,
-                unwind_tables(vm),
-                &cache,
-                (rip, rsp, fp),
-                &mut out[..max],
-            );
-            // SAFETY: `walk_user` wrote the first `n` slots; `MaybeUninit<u64>` has the layout
-            // of `u64`.
-            let frames = unsafe { &*(&out[..n] as *const [MaybeUninit<u64>] as *const [u64]) };
-            return (chain, frames);
-        }
-        match KernelStacks::from_u8(self.kernel_mode.load(Ordering::Relaxed)) {
-            KernelStacks::None => (Chain::NOT_WALKED, &[]),
-            KernelStacks::FramePointers => {
-                let known = mem.ordinary_code();
-                stack_walk::walk_from(
-                    &mut mem,
-                    (rip, rsp, fp),
-                    stack_walk::half_of(fp),
-                    depth,
-                    out,
-                    &known,
-                )
-            }
-            KernelStacks::Orc => {
-                let (vm, ..) = self.current();
-                let tables = unwind_tables(vm);
-                let Some(orc) = self.kernel_orc.tables() else {
-                    return (Chain::NOT_WALKED, &[]);
-                };
-                let start = hvprof_linux_walk::KernelRegs {
-                    ip: rip,
-                    sp: rsp(),
-                    bp: fp,
-                };
-                let cache = VmOrcEntries {
-                    entries: &self.orc_entries,
-                    vm,
-                    costs: &self.costs,
-                };
-                walk_kernel(&mut mem, &orc, &cache, tables, start, depth, out)
-            }
-        }
+        let (vm, ..) = self.current();
+        self.chains.walk(
+            &Cpu,
+            &self.costs,
+            vm,
+            || unwind_tables(vm),
+            at,
+            rsp,
+            depth,
+            out,
+        )
     }
 
     /// At a hypervisor sample during a vCPU's exit: the guest RIP of the exit, then the guest's
     /// callers (what guest code path this hypervisor time serves), written to the start of `out`;
     /// and the guest's CR3 (0 when none was read).
     fn walk_exit_cause(&self, depth: usize, out: &mut [MaybeUninit<u64>]) -> (Chain, u64) {
-        if self.guest_size.load(Ordering::Relaxed) == 0 {
+        if !self.chains.has_memory() {
             return (Chain::NOT_WALKED, 0);
         }
         // SAFETY: `current()` names a vCPU only between `set_current` after its VMPTRLD and
@@ -596,7 +529,13 @@ impl CpuProfiler {
         // SAFETY: as above.
         let rsp = || unsafe { hvprof_vmx::instructions::vmread_field_fast(GuestNatural::Rsp) };
         let long = hvprof_vmx::guest::long_code(cs_ar);
-        let (callers, _) = self.walk_guest(cr3, cpl, long, rip, rsp, depth - 1, rest);
+        let at = GuestAt {
+            cr3,
+            cpl,
+            long,
+            rip,
+        };
+        let (callers, _) = self.walk_guest(at, rsp, depth - 1, rest);
         let end = match callers.end() {
             // The exit's RIP is known even where its callers are not.
             ChainEnd::NotWalked => ChainEnd::Complete,
@@ -614,33 +553,13 @@ impl CpuProfiler {
         kernel: KernelStacks,
         orc: Option<hvprof_linux_walk::OrcLayout>,
     ) {
-        let (hpa, size) = ram.map_or((0, 0), |(_, r)| (r.hpa(), r.size()));
-        // No walk reads the fields while the size is 0: a sample that interrupts this sees
-        // either the old VM or the new one whole.
-        self.guest_size.store(0, Ordering::Relaxed);
-        compiler_fence(Ordering::Release);
-        if let Some((vm, _)) = ram {
-            // What another VM's walks left here is not this one's (walk_cache.rs).
-            self.walk_cache.enter_vm(vm);
-        }
-        let kernel = match (kernel, orc) {
-            (KernelStacks::Orc, Some(l)) => {
-                self.kernel_orc.store(&l);
-                KernelStacks::Orc
-            }
-            (KernelStacks::Orc, None) => KernelStacks::None,
-            (k, _) => k,
-        };
-        self.kernel_mode.store(kernel as u8, Ordering::Relaxed);
-        self.guest_hpa.store(hpa, Ordering::Relaxed);
-        compiler_fence(Ordering::Release);
-        self.guest_size.store(size, Ordering::Relaxed);
+        self.chains.set_memory(ram, kernel, orc);
     }
 
     /// The running vCPU's RBP at its VM exit (where its guest chain starts).
     #[inline(always)]
     pub fn set_guest_rbp(&self, rbp: u64) {
-        self.guest_rbp.store(rbp, Ordering::Relaxed);
+        self.chains.set_rbp(rbp);
     }
 
     /// This pCPU's stack, `[lo, hi)` (where hypervisor chains are walked).
@@ -789,230 +708,6 @@ impl FrameMemory for HostStack {
         // interrupted is stopped on this pCPU, and no other CPU writes this stack.
         unsafe { core::ptr::read_volatile((page + offset) as *const u64) }
     }
-}
-
-/// How a guest's kernel-mode call chains are walked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub enum KernelStacks {
-    /// Not at all (a Linux kernel without ORC tables given, or before it set IA32_LSTAR).
-    None = 0,
-    /// By frame pointers (the test guests keep them).
-    FramePointers = 1,
-    /// By the Linux kernel's ORC tables (`orc-layout=`).
-    Orc = 2,
-}
-
-impl KernelStacks {
-    fn from_u8(v: u8) -> Self {
-        match v {
-            1 => KernelStacks::FramePointers,
-            2 => KernelStacks::Orc,
-            _ => KernelStacks::None,
-        }
-    }
-}
-
-/// A kernel's ORC tables at link time (`OrcLayout`), each field atomic (see `set_guest_memory`
-/// for how they change), and the KASLR slide once known.
-struct AtomicOrcTables {
-    /// `entry_SYSCALL_64`, `_stext`, `_etext`, `_sinittext`, `_einittext`, `.orc_unwind_ip`,
-    /// `.orc_unwind`, `.orc_lookup`.
-    addrs: [AtomicU64; 8],
-    /// Slots, lookup blocks.
-    counts: [AtomicU32; 2],
-    /// The slide, or `NO_SLIDE` until a walk has read it from the guest's IA32_LSTAR.
-    slide: AtomicU64,
-}
-
-/// `AtomicOrcTables::slide` before it is known.
-const NO_SLIDE: u64 = u64::MAX;
-
-impl AtomicOrcTables {
-    const fn new() -> Self {
-        AtomicOrcTables {
-            addrs: [const { AtomicU64::new(0) }; 8],
-            counts: [const { AtomicU32::new(0) }; 2],
-            slide: AtomicU64::new(NO_SLIDE),
-        }
-    }
-
-    fn store(&self, l: &hvprof_linux_walk::OrcLayout) {
-        for (a, v) in self.addrs.iter().zip(l.addresses()) {
-            a.store(v, Ordering::Relaxed);
-        }
-        self.counts[0].store(l.count, Ordering::Relaxed);
-        self.counts[1].store(l.lookup_blocks, Ordering::Relaxed);
-        self.slide.store(NO_SLIDE, Ordering::Relaxed);
-    }
-
-    /// The running kernel's tables: the slide from its IA32_LSTAR (live on this CPU while its
-    /// vCPU is loaded; read at the first walk after `store`, as the kernel sets it early in its
-    /// boot, and kept); `None` while the kernel has not set it.
-    fn tables(&self) -> Option<hvprof_linux_walk::OrcLayout> {
-        let layout = hvprof_linux_walk::OrcLayout::from_addresses(
-            core::array::from_fn(|i| self.addrs[i].load(Ordering::Relaxed)),
-            self.counts[0].load(Ordering::Relaxed),
-            self.counts[1].load(Ordering::Relaxed),
-        );
-        let slide = self.slide.load(Ordering::Relaxed);
-        if slide != NO_SLIDE {
-            return layout.at(layout.entry_syscall_64.wrapping_add(slide));
-        }
-        let lstar = crate::arch::msr::read_safe(0xc000_0082).unwrap_or(0);
-        let tables = layout.at(lstar)?;
-        self.slide.store(
-            lstar.wrapping_sub(layout.entry_syscall_64),
-            Ordering::Relaxed,
-        );
-        Some(tables)
-    }
-}
-
-/// Entries of `OrcEntries` (a power of two).
-const ORC_ENTRIES: usize = 256;
-
-/// ORC entries found by earlier walks on this pCPU, by the IP they were found for and the VM
-/// (direct-mapped): the callers a profile sees repeat, so most frames of a kernel walk skip the
-/// search of the tables. User walks keep their unwind tables' entries here too (see
-/// `EntryCache for VmOrcEntries` for how their keys differ). A seqlock, as `StackPages`. A VM that rewrites its own tables can be
-/// walked by the entries it had: its own chains only, read from its own memory all the same.
-struct OrcEntries {
-    seq: AtomicU64,
-    /// Per entry: key (the IP's low 48 bits, the VM index above), the entry's 6 bytes.
-    entries: [[AtomicU64; 2]; ORC_ENTRIES],
-}
-
-impl OrcEntries {
-    const fn new() -> Self {
-        OrcEntries {
-            seq: AtomicU64::new(0),
-            entries: [const { [const { AtomicU64::new(u64::MAX) }; 2] }; ORC_ENTRIES],
-        }
-    }
-
-    fn key(vm: u16, ip: u64) -> (u64, usize) {
-        let key = (ip & 0xffff_ffff_ffff) | (u64::from(vm) << 48);
-        // Return addresses spread over the low bits; fold in a few higher ones.
-        (key, ((ip ^ (ip >> 7)) as usize) % ORC_ENTRIES)
-    }
-}
-
-/// `OrcEntries` for one VM's walk.
-struct VmOrcEntries<'a> {
-    entries: &'a OrcEntries,
-    vm: u16,
-    costs: &'a Costs,
-}
-
-impl hvprof_linux_walk::orc::OrcCache for VmOrcEntries<'_> {
-    fn get(&self, ip: u64) -> Option<hvprof_linux_walk::orc::OrcEntry> {
-        let (key, i) = OrcEntries::key(self.vm, ip);
-        let c = self.entries;
-        let before = c.seq.load(Ordering::Acquire);
-        if before % 2 == 1 {
-            return None;
-        }
-        let e = &c.entries[i];
-        let (k, v) = (e[0].load(Ordering::Relaxed), e[1].load(Ordering::Relaxed));
-        core::sync::atomic::fence(Ordering::Acquire);
-        if c.seq.load(Ordering::Relaxed) != before || k != key {
-            return None;
-        }
-        self.costs.orc_hits.fetch_add(1, Ordering::Relaxed);
-        let b = v.to_le_bytes();
-        Some(hvprof_linux_walk::orc::OrcEntry::from_bytes([
-            b[0], b[1], b[2], b[3], b[4], b[5],
-        ]))
-    }
-
-    fn put(&self, ip: u64, entry: hvprof_linux_walk::orc::OrcEntry) {
-        self.costs.orc_searches.fetch_add(1, Ordering::Relaxed);
-        let (key, i) = OrcEntries::key(self.vm, ip);
-        let c = self.entries;
-        let seq = c.seq.fetch_add(1, Ordering::Acquire);
-        if seq % 2 == 1 {
-            // Another write is under way below us (we interrupted it): leave it alone.
-            c.seq.fetch_sub(1, Ordering::Release);
-            return;
-        }
-        let [a, b, cc, d, e, f] = entry.to_bytes();
-        let v = u64::from_le_bytes([a, b, cc, d, e, f, 0, 0]);
-        c.entries[i][0].store(key, Ordering::Relaxed);
-        c.entries[i][1].store(v, Ordering::Relaxed);
-        c.seq.fetch_add(1, Ordering::Release);
-    }
-}
-
-/// A Linux guest's kernel chain by ORC (`start`: the interrupted kernel code), then, where it
-/// ends in user mode's `pt_regs`, the user's RIP and its callers (by the VM's unwind tables
-/// `user`, where they cover the code, else by frame pointers), into `out`
-/// (`hvprof_hypervisor::profiler::table_walk`).
-fn walk_kernel<'a>(
-    mem: &mut GuestStack<'_>,
-    tables: &hvprof_linux_walk::OrcLayout,
-    cache: &VmOrcEntries<'_>,
-    user_tables: &[UnwindTable<'_>],
-    start: hvprof_linux_walk::KernelRegs,
-    depth: usize,
-    out: &'a mut [MaybeUninit<u64>],
-) -> (Chain, &'a [u64]) {
-    let max = depth.min(MAX_CHAIN_DEPTH).min(out.len());
-    let reads = &cache.costs.kernel_walk_reads;
-    let kernel =
-        table_walk::kernel_frames(&WalkMemory::new(mem), tables, cache, start, reads, max, out);
-    let chain = table_walk::after_kernel(kernel, max, out, |(ip, sp, bp), rest| {
-        walk_user(mem, user_tables, cache, (ip, || sp, bp), rest)
-    });
-    let n = chain.depth();
-    // SAFETY: the first `n` slots of `out` were written (by the kernel walk, the user RIP and
-    // the user walk, which writes the start of the part it is given: `after_kernel`);
-    // `MaybeUninit<u64>` has the layout of `u64`.
-    let frames = unsafe { &*(&out[..n] as *const [MaybeUninit<u64>] as *const [u64]) };
-    (chain, frames)
-}
-
-/// The same cache for a user walk's unwind-table entries: keyed by the IP tagged with the
-/// table's place in the VM's list (`unwind=` takes at most 4) in bits 44-46, which no covered IP
-/// has (`cfi::TABLE_END`) and no kernel IP's low 48 bits lack (bit 47 is set in all of them).
-impl hvprof_linux_walk::cfi::EntryCache for VmOrcEntries<'_> {
-    fn get(&self, table: usize, ip: u64) -> Option<hvprof_linux_walk::orc::OrcEntry> {
-        hvprof_linux_walk::orc::OrcCache::get(self, user_key(table, ip))
-    }
-
-    fn put(&self, table: usize, ip: u64, entry: hvprof_linux_walk::orc::OrcEntry) {
-        hvprof_linux_walk::orc::OrcCache::put(self, user_key(table, ip), entry);
-    }
-}
-
-/// See `EntryCache for VmOrcEntries`.
-fn user_key(table: usize, ip: u64) -> u64 {
-    debug_assert!(table < hvprof_hypervisor::vm_config::UNWIND_MAX);
-    (ip & (hvprof_linux_walk::cfi::TABLE_END - 1)) | ((table as u64 + 1) & 7) << 44
-}
-
-/// A user chain from `(ip, sp, bp)` (RSP read only where a table is walked, or where the
-/// sampled function has no frame record: `stack_walk::walk_from`) by the unwind
-/// tables where they cover the code and the process runs their program, else by frame
-/// pointers (without tables, the frame-pointer walk alone): its return addresses written to the
-/// start of `out` (at most its length). Returns the chain and how many slots were written.
-fn walk_user(
-    mem: &mut GuestStack<'_>,
-    tables: &[UnwindTable<'_>],
-    cache: &VmOrcEntries<'_>,
-    (ip, sp, bp): (u64, impl FnOnce() -> u64, u64),
-    out: &mut [MaybeUninit<u64>],
-) -> (Chain, usize) {
-    let max = out.len().min(MAX_CHAIN_DEPTH);
-    if tables.is_empty() {
-        let known = mem.ordinary_code();
-        let (chain, _) =
-            stack_walk::walk_from(mem, (ip, sp, bp), stack_walk::LOWER_HALF, max, out, &known);
-        return (chain, chain.depth());
-    }
-    let start = hvprof_linux_walk::UserStart { ip, sp: sp(), bp };
-    let reads = &cache.costs.user_walk_reads;
-    table_walk::user_frames(&WalkMemory::new(mem), tables, cache, start, reads, max, out)
 }
 
 /// The LAPIC timer interrupt (vector `TIMER_VECTOR`): a hypervisor (or idle) sample at the
