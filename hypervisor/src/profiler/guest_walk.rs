@@ -106,6 +106,10 @@ pub struct Tlb {
     /// its name ([`WORD_NAME`]). Found here in one comparison, a sample's read is a load, not a
     /// search of `entries`.
     words: [(u64, u64); WORDS],
+    /// A kernel-half read found its page only through the kernel's PGD of a page-table
+    /// isolation pair, 4 KiB below the CR3 it was given ([`read_kernel`]): the guest isolates
+    /// its page tables.
+    isolation: bool,
 }
 
 /// The task a vCPU ran at its last sample, as every next sample checks it: the per-CPU base
@@ -213,7 +217,16 @@ impl Tlb {
             entries: [None; TLB_ENTRIES],
             next: 0,
             words: [(0, 0); WORDS],
+            isolation: false,
         }
+    }
+
+    /// Whether a read found the guest's kernel half only through the kernel's PGD of a
+    /// page-table isolation pair (CR3 bit 12 clear) while the CR3 was the user's of the pair:
+    /// without isolation every PGD maps the whole kernel half, so the guest isolates.
+    #[must_use]
+    pub fn isolation(&self) -> bool {
+        self.isolation
     }
 
     /// `translate`, through the cache for kernel-half addresses.
@@ -429,9 +442,11 @@ pub fn read_task_comm(
 }
 
 /// Reads kernel memory at `gva` into `buf` under a guest CR3, returning the page-table root that
-/// mapped it: the kernel's PGD of a page-table-isolation pair first (CR3 bit 12 clear: a user
-/// PGD may not map all of the kernel half), then the CR3 as it is (a kernel without the pair
-/// may have a PGD with bit 12 set); the low 12 bits (the PCID) masked in both.
+/// mapped it: the CR3 as it is (without page-table isolation every process's PGD maps the whole
+/// kernel half, and may have bit 12 set), else, for a CR3 with bit 12 set, the PGD 4 KiB below
+/// (with isolation that is the kernel's PGD of the pair, and the user's, the CR3 of user mode,
+/// maps little of the kernel half: a read that needed it marks the guest as isolating,
+/// [`Tlb::isolation`]); the low 12 bits (the PCID) masked in both.
 fn read_kernel(
     tlb: &mut Tlb,
     read_phys: &impl Fn(u64) -> Option<u64>,
@@ -440,9 +455,44 @@ fn read_kernel(
     gva: u64,
     buf: &mut [u8],
 ) -> Option<u64> {
-    [cr3 & ADDR_MASK & !0x1000, cr3 & ADDR_MASK]
-        .into_iter()
-        .find(|&root| read_virt(tlb, read_phys, read_bytes, root, gva, buf))
+    let root = cr3 & ADDR_MASK;
+    if read_virt(tlb, read_phys, read_bytes, root, gva, buf) {
+        return Some(root);
+    }
+    let kernel = isolation_pair_kernel(root)?;
+    if read_virt(tlb, read_phys, read_bytes, kernel, gva, buf) {
+        tlb.isolation = true;
+        return Some(kernel);
+    }
+    None
+}
+
+/// The kernel's PGD of the page-table isolation pair whose user PGD `root` (a CR3 without its
+/// PCID) would be: 4 KiB below, for a root with bit 12 set (Linux: `PTI_USER_PGTABLE_MASK`;
+/// the pair is 8 KiB aligned).
+fn isolation_pair_kernel(root: u64) -> Option<u64> {
+    (root & 0x1000 != 0).then_some(root & !0x1000)
+}
+
+/// Whether a user-mode CR3 shows page-table isolation: the kernel's word at `gva` (the per-CPU
+/// `current_task`, which every PGD of a kernel without isolation maps) is not mapped under it,
+/// and is under the kernel's PGD of the pair it would be the user half of. Two page walks,
+/// not cached: asked until the answer is yes, then not again.
+pub fn shows_isolation(read_phys: &impl Fn(u64) -> Option<u64>, cr3: u64, gva: u64) -> bool {
+    let root = cr3 & ADDR_MASK;
+    isolation_pair_kernel(root).is_some_and(|kernel| {
+        translate(read_phys, root, gva).is_none() && translate(read_phys, kernel, gva).is_some()
+    })
+}
+
+/// The address space of `cr3` as the task check and the process table key it: the CR3 without
+/// its PCID (low 12 bits) and, in a guest that isolates its page tables (`isolating`:
+/// [`Tlb::isolation`] found so), without bit 12, so that the user PGD of an isolation pair is
+/// the same space as the kernel's. Not without isolation: there a process's PGD may lie 4 KiB
+/// above another's.
+#[must_use]
+pub const fn space_mask(isolating: bool) -> u64 {
+    if isolating { !0x1fff } else { !0xfff }
 }
 
 /// One guest address space (a CR3) read through its own page tables and the VM's memory, as
@@ -475,15 +525,28 @@ where
     P: Fn(u64) -> Option<u64>,
     B: Fn(u64, &mut [u8]) -> bool,
 {
+    /// Through the CR3 given, else (a kernel-half address under the user PGD of a page-table
+    /// isolation pair) through the kernel's PGD of the pair ([`read_kernel`]).
     fn read(&self, addr: u64, out: &mut [u8]) -> bool {
         let Ok(mut tlb) = self.tlb.try_borrow_mut() else {
             return false;
         };
+        if addr >= KERNEL_HALF {
+            return read_kernel(
+                &mut tlb,
+                self.read_phys,
+                self.read_bytes,
+                self.cr3,
+                addr,
+                out,
+            )
+            .is_some();
+        }
         read_virt(
             &mut tlb,
             self.read_phys,
             self.read_bytes,
-            self.cr3,
+            self.cr3 & ADDR_MASK,
             addr,
             out,
         )
@@ -923,5 +986,112 @@ mod tests {
             name_state(kthread, other, 0x3000, false, no_mm),
             NameState::Settled
         );
+    }
+
+    /// A task at `task` (pid 4242, tgid 4240, named `name`) as the per-CPU word at `percpu`
+    /// names it, mapped under `root`: the per-CPU page at `percpu_gpa` and the task's at
+    /// `task_gpa` (4 KiB each).
+    fn put_task(
+        m: &Mem,
+        root: u64,
+        (percpu, percpu_gpa): (u64, u64),
+        task: u64,
+        task_gpa: u64,
+        name: &[u8; 4],
+    ) {
+        let word = percpu + OFF.current_task;
+        m.map(root, word & !0xfff, percpu_gpa, false);
+        m.put(percpu_gpa + (word & 0xfff), &task.to_le_bytes());
+        m.map(root, task & !0xfff, task_gpa, false);
+        let t = task_gpa + (task & 0xfff);
+        m.put(t + 2416, &4242u32.to_le_bytes());
+        m.put(t + 2420, &4240u32.to_le_bytes());
+        let mut comm = [0u8; 16];
+        comm[..4].copy_from_slice(name);
+        m.put(t + 2976, &comm);
+    }
+
+    /// Without page-table isolation a process's PGD may have bit 12 set: its task is read
+    /// through it, not through whatever page lies 4 KiB below (here another PGD that names
+    /// another task), and the guest is not taken for isolating.
+    #[test]
+    fn a_pgd_with_bit_12_set_is_read_as_it_is() {
+        let m = Mem::new();
+        let percpu = 0xffff_8880_0fa0_0000u64;
+        let (pgd, below) = (0x21_1000, 0x21_0000);
+        put_task(
+            &m,
+            pgd,
+            (percpu, 0x30_0000),
+            0xffff_8880_0123_4000,
+            0x40_0000,
+            b"real",
+        );
+        put_task(
+            &m,
+            below,
+            (percpu, 0x31_0000),
+            0xffff_8880_0999_9000,
+            0x41_0000,
+            b"fake",
+        );
+        let read = |g| m.u64(g);
+        let bytes = |g, b: &mut [u8]| m.bytes(g, b);
+        let mut tlb = Tlb::new();
+        let got = read_task(&mut tlb, &read, &bytes, pgd | 0x7, percpu, &OFF).unwrap();
+        assert_eq!(got.task, 0xffff_8880_0123_4000);
+        assert_eq!(&got.comm[..4], b"real");
+        assert!(!tlb.isolation());
+        assert!(!shows_isolation(&read, pgd, percpu + OFF.current_task));
+        assert_eq!(space_mask(tlb.isolation()), !0xfff);
+    }
+
+    /// With isolation, the user-mode CR3 is the user PGD of an 8 KiB-aligned pair, which maps
+    /// none of the kernel's data: the task is read through the kernel's PGD below it, the
+    /// guest is found isolating (by that read, and by a look at the user CR3), and both CR3s
+    /// are then one address space; the kernel-mode CR3 shows nothing.
+    #[test]
+    fn the_user_pgd_of_an_isolation_pair_is_read_through_the_kernels() {
+        let m = Mem::new();
+        let percpu = 0xffff_8880_0fa0_0000u64;
+        let kernel = 0x22_0000;
+        let user = kernel | 0x1000;
+        put_task(
+            &m,
+            kernel,
+            (percpu, 0x30_0000),
+            0xffff_8880_0123_4000,
+            0x40_0000,
+            b"w41\0",
+        );
+        // The user half: mapped in both PGDs of the pair (as Linux's are).
+        m.map(kernel, 0x40_1000, 0x50_0000, false);
+        m.map(user, 0x40_1000, 0x50_0000, false);
+        m.put(0x50_0010, &0x1234_5678u64.to_le_bytes());
+        let read = |g| m.u64(g);
+        let bytes = |g, b: &mut [u8]| m.bytes(g, b);
+        let word = percpu + OFF.current_task;
+        assert!(shows_isolation(&read, user | 0x805, word));
+        assert!(!shows_isolation(&read, kernel | 0x5, word));
+        let mut tlb = Tlb::new();
+        let got = read_task(&mut tlb, &read, &bytes, user | 0x805, percpu, &OFF).unwrap();
+        assert_eq!(
+            (got.task, got.pid, got.tgid),
+            (0xffff_8880_0123_4000, 4242, 4240)
+        );
+        assert!(tlb.isolation());
+        let mask = space_mask(tlb.isolation());
+        assert_eq!(user & mask, kernel & mask);
+        // A process's memory read through the user CR3: its own half through it, the kernel's
+        // through the kernel's PGD.
+        use hvprof_linux_walk::GuestMemory;
+        let space = AddressSpace::new(&read, &bytes, user | 0x805);
+        let mut buf = [0u8; 8];
+        assert!(space.read(0x40_1010, &mut buf));
+        assert_eq!(u64::from_le_bytes(buf), 0x1234_5678);
+        assert!(space.read(0xffff_8880_0123_4000 + 2416, &mut buf));
+        assert_eq!(u32::from_le_bytes(buf[..4].try_into().unwrap()), 4242);
+        // Not mapped in either: nothing.
+        assert!(!space.read(0xffff_8880_0777_0000, &mut buf));
     }
 }

@@ -126,6 +126,10 @@ pub struct Vcpu {
     pub settled_range: (u64, u64),
     /// Its guest's kernel-page translations, for reading the task at samples.
     pub tlb: hvprof_hypervisor::profiler::guest_walk::Tlb,
+    /// A CR3's address space to the task check and the process table
+    /// (`guest_walk::space_mask`: without bit 12 once the VM is found isolating its page
+    /// tables).
+    pub space_mask: u64,
     /// Its virtual PMU (`vpmu=`; `hvprof_hypervisor::vcpu_pmu`, driven by `vm/vpmu.rs`).
     pub pmu: Option<hvprof_hypervisor::vcpu_pmu::VcpuPmu>,
 }
@@ -329,6 +333,7 @@ impl Vcpu {
             maps_process: None,
             settled_range: NO_RANGE,
             tlb: hvprof_hypervisor::profiler::guest_walk::Tlb::new(),
+            space_mask: hvprof_hypervisor::profiler::guest_walk::space_mask(false),
             pmu: None,
         };
         Ok((vcpu, v))

@@ -5,6 +5,7 @@ use crate::profiler::sampler::{CpuProfiler, GuestSampled};
 use crate::tsc::rdtsc;
 use crate::vcpu::Vcpu;
 use crate::vm::Vm;
+use core::sync::atomic::Ordering;
 use hvprof_hypervisor::guest_ram::RamWord;
 use hvprof_hypervisor::profiler::guest_maps::ProcessIndex;
 use hvprof_hypervisor::profiler::guest_walk::{self, NameState, SameTask};
@@ -77,7 +78,7 @@ fn track_task(
     // still see its old name; the name is then checked at each sample (its two words, in
     // `SameTask`) until `guest_walk::name_state` settles it (a user-mode sample; a kernel thread,
     // which never execs, at once).
-    let space = cr3 & !0xfff;
+    let space = cr3 & vcpu.space_mask;
     let user = cpl == 3;
     if let Some(same) = vcpu.same_task
         && same.holds(base, space, user, RamWord::read)
@@ -120,7 +121,26 @@ fn task_seen(
     ) else {
         return;
     };
-    let space = cr3 & !0xfff;
+    // A guest isolating its page tables (KPTI) has two CR3s per address space: the user-mode
+    // one is the same space as the kernel-mode one. Found at a read that needed the kernel's
+    // PGD of the pair, or by a look at a user-mode sample (until found).
+    if !vm.isolating.load(Ordering::Relaxed)
+        && (vcpu.tlb.isolation()
+            || (user
+                && guest_walk::shows_isolation(
+                    &read_phys,
+                    cr3,
+                    percpu_base.wrapping_add(off.current_task),
+                )))
+        && !vm.isolating.swap(true, Ordering::Relaxed)
+    {
+        crate::vm_report!(
+            vm,
+            "the guest isolates its page tables (KPTI): a task's user-mode CR3 is taken as the address space of its kernel-mode one"
+        );
+    }
+    vcpu.space_mask = guest_walk::space_mask(vm.isolating.load(Ordering::Relaxed));
+    let space = cr3 & vcpu.space_mask;
     // The check of the next samples, from the words this read kept.
     let ram = vm.ram();
     let word = |gpa| ram.word(gpa);
@@ -168,7 +188,8 @@ fn task_seen(
         vcpu.settled_range = crate::vcpu::NO_RANGE;
         let entered = {
             let mut maps = vm.maps.lock();
-            maps.kernel_cr3 = cr3;
+            // (Under isolation, the kernel's PGD of the pair: it maps both halves.)
+            maps.kernel_cr3 = space;
             maps.enter(tgid, space)
         };
         if let Some((process, new)) = entered {
@@ -176,7 +197,7 @@ fn task_seen(
             if new && let Some(layout) = &vm.mm_layout {
                 // (Inside an exec the program may not be mapped yet: the first user-mode sample
                 // outside what this read found reads it again.)
-                read_mappings(vm, vcpu, layout, cr3, task, tgid, process, tsc);
+                read_mappings(vm, vcpu, layout, space, task, tgid, process, tsc);
             }
         }
     }
@@ -284,7 +305,8 @@ fn check_user_rip(
             return;
         }
     }
-    read_mappings(vm, vcpu, layout, cr3, task, tgid, process, tsc);
+    let space = cr3 & vcpu.space_mask;
+    read_mappings(vm, vcpu, layout, space, task, tgid, process, tsc);
     let mut maps = vm.maps.lock();
     if !maps.covers(process, rip) {
         maps.note_unmapped(process, rip);
@@ -292,14 +314,16 @@ fn check_user_rip(
 }
 
 /// Reads the executable file mappings of the process whose task is at `task` through its own
-/// address space, and keeps them in the VM's table for the end of the run (each mapping once).
+/// address space (`space`: its CR3 as `Vcpu::space_mask` keys it, under isolation the kernel's
+/// PGD of the pair, which maps both halves), and keeps them in the VM's table for the end of the
+/// run (each mapping once).
 /// Bounded by `guest_maps::WALK_READS` guest reads; a walk cut short keeps what it found.
 #[allow(clippy::too_many_arguments)]
 fn read_mappings(
     vm: &Vm,
     vcpu: &Vcpu,
     layout: &hvprof_linux_walk::MmLayout,
-    cr3: u64,
+    space: u64,
     task: u64,
     tgid: u32,
     process: ProcessIndex,
@@ -308,11 +332,11 @@ fn read_mappings(
     use hvprof_hypervisor::profiler::guest_maps::WALK_READS;
     let read_phys = |gpa: u64| vm.read_guest_u64(gpa);
     let read_bytes = |gpa: u64, buf: &mut [u8]| vm.read_guest(gpa, buf);
-    let space = guest_walk::AddressSpace::new(&read_phys, &read_bytes, cr3);
+    let memory = guest_walk::AddressSpace::new(&read_phys, &read_bytes, space);
     let mut budget = hvprof_linux_walk::Budget::new(WALK_READS);
     let pcpu = crate::percpu::index() as u16;
     let mut found = alloc::vec::Vec::new();
-    let walk = hvprof_linux_walk::exec_mappings(&space, layout, task, &mut budget, &mut |m| {
+    let walk = hvprof_linux_walk::exec_mappings(&memory, layout, task, &mut budget, &mut |m| {
         let path = core::str::from_utf8(m.path()).unwrap_or("?");
         found.push(hvprof_samplelog::Mapping {
             pcpu,
@@ -320,7 +344,7 @@ fn read_mappings(
             vm: vm.index,
             vcpu: vcpu.index,
             kind: hvprof_samplelog::MappingKind::Process,
-            cr3,
+            cr3: space,
             tgid,
             start: m.start,
             end: m.end,
