@@ -186,8 +186,6 @@ struct Slice<'a, const PMU: bool> {
     /// The vCPU's bit in the VM's kicks (`vm::kick_bit`; 0 without a local APIC, whose VM has
     /// no IPIs).
     kick_bit: u64,
-    /// The least run after a sampling exit: a quarter of the sampling period.
-    least_run: u64,
     start: u64,
     /// The end of the VM's budget (its own running time, all its vCPUs') and the earlier of it
     /// and its wall budget.
@@ -234,7 +232,6 @@ impl<'a, const PMU: bool> Slice<'a, PMU> {
                 .saturating_sub(vm.run_ticks.load(Ordering::Relaxed)),
         );
         let deadline = budget_end.min(vm.wall_deadline.load(Ordering::Relaxed));
-        prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
         // Test guests keep frame pointers in kernel mode; Linux's kernel does not: its chains
         // are walked by its ORC tables, where the host gave them (`orc-layout=`, which any VM
         // may be given), once the kernel has set IA32_LSTAR (which gives the KASLR slide).
@@ -244,7 +241,13 @@ impl<'a, const PMU: bool> Slice<'a, PMU> {
             profiler::KernelStacks::FramePointers
         };
         prof.set_guest_memory(Some((vm.index, vm.ram())), kernel_stacks, vm.orc_layout);
-        prof.event(EventKind::VcpuIn, OutReason::Preempted);
+        // The vCPU is this pCPU's from its in event on, and the samples say so from the same
+        // instant: no timer sample between the two carries the vCPU while its events say it is
+        // out (as the out event and `set_current(NO_VM, ..)` in `end`, with interrupts off).
+        x86_64::instructions::interrupts::without_interrupts(|| {
+            prof.set_current(vm.index, vcpu.index, vcpu.vpid, vcpu.last_exit);
+            prof.event(EventKind::VcpuIn, OutReason::Preempted);
+        });
         let slice_or_budget = deadline.min(slice_end);
         Slice {
             prof,
@@ -255,7 +258,6 @@ impl<'a, const PMU: bool> Slice<'a, PMU> {
             } else {
                 0
             },
-            least_run: prof.period() / 4,
             start,
             budget_end,
             deadline,
@@ -379,7 +381,8 @@ impl<'a, const PMU: bool> Slice<'a, PMU> {
         // the samples that fall soon after the guest's exits later, away from the code that
         // caused them and onto code that runs long without an exit.
         // (`until` is already within a virtual PMU's deadline: `other` holds it.)
-        let least = self.least_run;
+        // (The period as it is now: a slice may begin before the profiler does.)
+        let least = prof.period() / 4;
         if until < least && self.timer_for_sampling && self.sampling_exit.is_some() {
             until = match pmu_at {
                 Some(at) => least.min(at.saturating_sub(now)),
