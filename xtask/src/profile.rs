@@ -1366,7 +1366,8 @@ fn check_neighbour(dir: &Path) -> Result<()> {
         bail!("the Linux VM's steal is {steal:.2} %, want 20 % or more (the neighbour's time)");
     }
     // Its kernel keeps its default mitigations: it isolates its page tables (KPTI), and the
-    // hypervisor must have found so (the known program's shares, checked by name, need it).
+    // hypervisor must have found so (the known program's shares, checked by name, need it; the
+    // line is printed when the VM stops).
     let serial = std::fs::read_to_string(dir.join("serial.log"))?;
     if !serial.contains("the guest isolates its page tables (KPTI)") {
         bail!("the hypervisor did not find the Linux VM isolating its page tables (KPTI)");

@@ -67,9 +67,10 @@ impl DeadlineClock {
         self.next.load(Ordering::Relaxed)
     }
 
-    /// Whether a sample is due at `now`; if so, moves the deadline past `now`. Deadlines missed
-    /// while no sample could be taken are skipped, not bunched: one sample per elapsed deadline
-    /// would fake time the CPU did not spend there.
+    /// Whether a sample is due at `now`, a TSC value (below u64::MAX, the stopped clock's
+    /// deadline, which the TSC never reaches); if so, moves the deadline past `now`. Deadlines
+    /// missed while no sample could be taken are skipped, not bunched: one sample per elapsed
+    /// deadline would fake time the CPU did not spend there.
     #[inline(always)]
     pub fn take_due(&self, now: u64) -> bool {
         // Stopped, `next` is u64::MAX.

@@ -73,7 +73,13 @@ impl GuestChains {
     /// The VM whose vCPU this pCPU runs now and its memory (`None`: none), and how its
     /// kernel-mode chains are walked (`orc`: where its kernel's ORC tables are, for
     /// `KernelStacks::Orc`; without them, not at all).
-    pub fn set_memory(
+    ///
+    /// # Safety
+    /// No walk of this `GuestChains` may run on another CPU meanwhile: only on this one, in an
+    /// interrupt or NMI that lands inside this call (such a walk sees the size 0, which it reads
+    /// first, or the new memory whole). Else a walk could pair the old address with the new
+    /// size.
+    pub unsafe fn set_memory(
         &self,
         ram: Option<(u16, GuestRam)>,
         kernel: KernelStacks,
@@ -134,7 +140,8 @@ impl GuestChains {
     ) -> (Chain, &'a [u64]) {
         // SAFETY: `set_memory` stored these from a `GuestRam` (whose maker vouched for its
         // memory for as long as it or a copy is used: this is a copy), or zeros (no memory:
-        // nothing is read).
+        // nothing is read); its contract keeps a walk from pairing one memory's address with
+        // another's size (none runs on another CPU while it changes them).
         let ram = unsafe {
             GuestRam::new(
                 self.hpa.load(Ordering::Relaxed),
@@ -217,7 +224,7 @@ impl KernelStacks {
     }
 }
 
-/// A kernel's ORC tables at link time (`OrcLayout`), each field atomic (see `set_guest_memory`
+/// A kernel's ORC tables at link time (`OrcLayout`), each field atomic (see `set_memory`
 /// for how they change), and the KASLR slide once known.
 struct AtomicOrcTables {
     /// `entry_SYSCALL_64`, `_stext`, `_etext`, `_sinittext`, `_einittext`, `.orc_unwind_ip`,
@@ -251,8 +258,9 @@ impl AtomicOrcTables {
     }
 
     /// The running kernel's tables: the slide from its IA32_LSTAR (live on this CPU while its
-    /// vCPU is loaded; read at the first walk after `store`, as the kernel sets it early in its
-    /// boot, and kept); `None` while the kernel has not set it.
+    /// vCPU is loaded; read at the first walk after `store`, which each slice's `set_memory`
+    /// makes, as the kernel sets it early in its boot, and kept until then); `None` while the
+    /// kernel has not set it.
     fn tables(&self, cpu: &impl Processor) -> Option<hvprof_linux_walk::OrcLayout> {
         let layout = hvprof_linux_walk::OrcLayout::from_addresses(
             core::array::from_fn(|i| self.addrs[i].load(Ordering::Relaxed)),
@@ -279,8 +287,9 @@ const ORC_ENTRIES: usize = 256;
 /// ORC entries found by earlier walks on this pCPU, by the IP they were found for and the VM
 /// (direct-mapped): the callers a profile sees repeat, so most frames of a kernel walk skip the
 /// search of the tables. User walks keep their unwind tables' entries here too (see
-/// `EntryCache for VmOrcEntries` for how their keys differ). A seqlock, as `StackPages`. A VM that rewrites its own tables can be
-/// walked by the entries it had: its own chains only, read from its own memory all the same.
+/// `EntryCache for VmOrcEntries` for how their keys differ). A seqlock, as
+/// `walk_cache::StackPages`. A VM that rewrites its own tables can be walked by the entries it
+/// had: its own chains only, read from its own memory all the same.
 struct OrcEntries {
     seq: AtomicU64,
     /// Per entry: key (the IP's low 48 bits, the VM index above), the entry's 6 bytes.
@@ -450,6 +459,9 @@ mod tests {
         fn without_interrupts<R>(&self, f: impl FnOnce() -> R) -> R {
             f()
         }
+        fn interrupts_enabled(&self) -> bool {
+            false
+        }
         fn read_msr(&self, msr: u32) -> Option<u64> {
             assert_eq!(msr, IA32_LSTAR);
             self.reads.set(self.reads.get() + 1);
@@ -481,7 +493,8 @@ mod tests {
 
     fn chains_for(g: &Guest, kernel: KernelStacks, orc: Option<OrcLayout>) -> GuestChains {
         let c = GuestChains::new();
-        c.set_memory(Some((VM, g.ram)), kernel, orc);
+        // SAFETY: one thread.
+        unsafe { c.set_memory(Some((VM, g.ram)), kernel, orc) };
         c
     }
 
@@ -534,7 +547,8 @@ mod tests {
         let (chain, frames) = walk(&c, &cpu, at(3, false), USER_STACK + 0x100, 16);
         assert_eq!((chain, frames.len()), (Chain::NOT_WALKED, 0));
         // No VM's memory (the pCPU runs none).
-        c.set_memory(None, KernelStacks::FramePointers, None);
+        // SAFETY: one thread.
+        unsafe { c.set_memory(None, KernelStacks::FramePointers, None) };
         assert!(!c.has_memory());
         let (chain, _) = walk(&c, &cpu, at(3, true), USER_STACK + 0x100, 16);
         assert_eq!(chain, Chain::NOT_WALKED);
@@ -571,7 +585,7 @@ mod tests {
 
     /// The ORC tables move by the KASLR slide read from IA32_LSTAR once; before the kernel set
     /// it (0, or a read that faults) the kernel's chains are not walked and the next walk asks
-    /// again; a new layout (another VM's kernel) forgets the slide.
+    /// again; the layout set again (each slice, whichever VM's kernel) forgets the slide.
     #[test]
     fn the_kernel_tables_follow_lstar_read_once() {
         let g = guest_with_stacks(0x40_1000, 0xffff_ffff_8100_2000);
@@ -592,8 +606,9 @@ mod tests {
         let (chain, _) = walk(&c, &cpu, at(0, true), KERNEL_STACK + 0x100, 16);
         assert_ne!(chain, Chain::NOT_WALKED);
         assert_eq!(cpu.reads.get(), 3);
-        // Another VM: its kernel's slide is read anew.
-        c.set_memory(Some((VM + 1, g.ram)), KernelStacks::Orc, Some(layout()));
+        // The next slice (here another VM's): the slide is read anew.
+        // SAFETY: one thread.
+        unsafe { c.set_memory(Some((VM + 1, g.ram)), KernelStacks::Orc, Some(layout())) };
         assert_eq!(c.kernel_orc.tables(&cpu), Some(want));
         assert_eq!(cpu.reads.get(), 4);
     }

@@ -90,7 +90,8 @@ pub fn translate_leaf(read_phys: &impl Fn(u64) -> Option<u64>, cr3: u64, gva: u6
 }
 
 /// Translations of kernel-half pages, kept per vCPU between samples. Every Linux process's page
-/// tables map the kernel half the same way, and the kernel's mappings of its direct map and
+/// tables map the kernel half the same way (under page-table isolation, the kernel's PGD of
+/// every pair: the reads go through those, [`space_mask`]), and the kernel's mappings of its direct map and
 /// per-CPU areas do not change once made, so the cache is keyed by the page alone: reading the
 /// running task at a sample needs no page walk once its pages are known, whichever process runs.
 /// (A guest that maps its kernel half differently per process only misnames its own tasks: every
@@ -106,10 +107,6 @@ pub struct Tlb {
     /// its name ([`WORD_NAME`]). Found here in one comparison, a sample's read is a load, not a
     /// search of `entries`.
     words: [(u64, u64); WORDS],
-    /// A kernel-half read found its page only through the kernel's PGD of a page-table
-    /// isolation pair, 4 KiB below the CR3 it was given ([`read_kernel`]): the guest isolates
-    /// its page tables.
-    isolation: bool,
 }
 
 /// The task a vCPU ran at its last sample, as every next sample checks it: the per-CPU base
@@ -133,8 +130,8 @@ pub struct SameTask<W> {
 }
 
 impl<W: Copy> SameTask<W> {
-    /// After [`read_task_ids`] found `ids` at `percpu_base` in address space `space` (CR3
-    /// without its low 12 bits): the check of the next samples, through the words `tlb` kept for
+    /// After [`read_task_ids`] found `ids` at `percpu_base` in address space `space` (the CR3
+    /// as [`space_mask`] makes it): the check of the next samples, through the words `tlb` kept for
     /// them, each made a `W` by `word` from its guest-physical address. `None` when `tlb` does
     /// not keep both for this task (pid and tgid apart, or across a page: every sample then
     /// reads the task in full), or when `word` refuses an address. `unsettled`: the name
@@ -217,16 +214,7 @@ impl Tlb {
             entries: [None; TLB_ENTRIES],
             next: 0,
             words: [(0, 0); WORDS],
-            isolation: false,
         }
-    }
-
-    /// Whether a read found the guest's kernel half only through the kernel's PGD of a
-    /// page-table isolation pair (CR3 bit 12 clear) while the CR3 was the user's of the pair:
-    /// without isolation every PGD maps the whole kernel half, so the guest isolates.
-    #[must_use]
-    pub fn isolation(&self) -> bool {
-        self.isolation
     }
 
     /// `translate`, through the cache for kernel-half addresses.
@@ -345,9 +333,9 @@ pub const KERNEL_HALF: u64 = 0xffff_8000_0000_0000;
 pub type TaskIds = (u64, u32, u32);
 
 /// Reads the running task: `percpu_base` is the kernel's per-CPU base of this vCPU (GS base in
-/// kernel mode, IA32_KERNEL_GS_BASE in user mode), `cr3` the guest's CR3. Any process's page
-/// tables map the kernel half; with page-table isolation the user half of a pair of PGDs sits
-/// 4 KiB above the kernel's (CR3 bit 12) and the low 12 bits hold the PCID, so both are masked.
+/// kernel mode, IA32_KERNEL_GS_BASE in user mode), `cr3` the guest's CR3 as [`space_mask`]
+/// makes it a root that maps the kernel half (the PCID masked; under page-table isolation the
+/// kernel's PGD of the pair).
 pub fn read_task(
     tlb: &mut Tlb,
     read_phys: &impl Fn(u64) -> Option<u64>,
@@ -441,61 +429,72 @@ pub fn read_task_comm(
     Some(comm)
 }
 
-/// Reads kernel memory at `gva` into `buf` under a guest CR3, returning the page-table root that
-/// mapped it: the CR3 as it is (without page-table isolation every process's PGD maps the whole
-/// kernel half, and may have bit 12 set), else, for a CR3 with bit 12 set, the PGD 4 KiB below
-/// (with isolation that is the kernel's PGD of the pair, and the user's, the CR3 of user mode,
-/// maps little of the kernel half: a read that needed it marks the guest as isolating,
-/// [`Tlb::isolation`]); the low 12 bits (the PCID) masked in both.
+/// Reads kernel memory at `gva` into `buf` through the page tables at `root` (a CR3: its low 12
+/// bits, the PCID, masked), returning the root that mapped it. Under page-table isolation that
+/// must be the kernel's PGD of the pair ([`space_mask`]).
 fn read_kernel(
     tlb: &mut Tlb,
     read_phys: &impl Fn(u64) -> Option<u64>,
     read_bytes: &impl Fn(u64, &mut [u8]) -> bool,
-    cr3: u64,
+    root: u64,
     gva: u64,
     buf: &mut [u8],
 ) -> Option<u64> {
-    let root = cr3 & ADDR_MASK;
-    if read_virt(tlb, read_phys, read_bytes, root, gva, buf) {
-        return Some(root);
+    let root = root & ADDR_MASK;
+    read_virt(tlb, read_phys, read_bytes, root, gva, buf).then_some(root)
+}
+
+/// What a user-mode CR3 tells of its guest's page-table isolation (KPTI), from the per-CPU
+/// `current_task` word at `percpu_base` and the task it names. Without isolation every PGD maps
+/// the whole kernel half, both included: `Some(false)`. With it, user mode runs on the user PGD
+/// of an 8 KiB-aligned pair (Linux: CR3 bit 12, `PTI_USER_PGTABLE_MASK`), which maps little of
+/// the kernel (its entry code and per-CPU entry area; not the task structures): `Some(true)`
+/// when the CR3 misses either and the kernel's PGD 4 KiB below maps both. `None` when it cannot
+/// tell (no per-CPU base, no task yet, a word outside the VM's memory). Two or four page walks,
+/// not cached: asked until a guest has told.
+pub fn isolation_shown(
+    read_phys: &impl Fn(u64) -> Option<u64>,
+    cr3: u64,
+    percpu_base: u64,
+    off: &TaskOffsets,
+) -> Option<bool> {
+    if percpu_base < KERNEL_HALF {
+        return None;
     }
-    let kernel = isolation_pair_kernel(root)?;
-    if read_virt(tlb, read_phys, read_bytes, kernel, gva, buf) {
-        tlb.isolation = true;
-        return Some(kernel);
-    }
-    None
-}
-
-/// The kernel's PGD of the page-table isolation pair whose user PGD `root` (a CR3 without its
-/// PCID) would be: 4 KiB below, for a root with bit 12 set (Linux: `PTI_USER_PGTABLE_MASK`;
-/// the pair is 8 KiB aligned).
-fn isolation_pair_kernel(root: u64) -> Option<u64> {
-    (root & 0x1000 != 0).then_some(root & !0x1000)
-}
-
-/// Whether a user-mode CR3 shows page-table isolation: the kernel's word at `gva` (the per-CPU
-/// `current_task`, which every PGD of a kernel without isolation maps) is not mapped under it,
-/// and is under the kernel's PGD of the pair it would be the user half of. Two page walks,
-/// not cached: asked until the answer is yes, then not again.
-pub fn shows_isolation(read_phys: &impl Fn(u64) -> Option<u64>, cr3: u64, gva: u64) -> bool {
+    let word = percpu_base.wrapping_add(off.current_task);
+    // Whether `root` maps the word and the task it names (`None`: no task to tell by).
+    let reaches_task = |root: u64| -> Option<bool> {
+        let Some(gpa) = translate(read_phys, root, word) else {
+            return Some(false);
+        };
+        let task = read_phys(gpa)?;
+        if task < KERNEL_HALF {
+            return None;
+        }
+        Some(translate(read_phys, root, task).is_some())
+    };
     let root = cr3 & ADDR_MASK;
-    isolation_pair_kernel(root).is_some_and(|kernel| {
-        translate(read_phys, root, gva).is_none() && translate(read_phys, kernel, gva).is_some()
-    })
+    if reaches_task(root)? {
+        return Some(false);
+    }
+    if root & 0x1000 == 0 {
+        return None;
+    }
+    reaches_task(root & !0x1000)?.then_some(true)
 }
 
-/// The address space of `cr3` as the task check and the process table key it: the CR3 without
-/// its PCID (low 12 bits) and, in a guest that isolates its page tables (`isolating`:
-/// [`Tlb::isolation`] found so), without bit 12, so that the user PGD of an isolation pair is
-/// the same space as the kernel's. Not without isolation: there a process's PGD may lie 4 KiB
-/// above another's.
+/// The address space of a CR3 as the task check and the process table key it, and the root
+/// every read of the guest's kernel goes through: the CR3 without its PCID (low 12 bits) and,
+/// in a guest that isolates its page tables (`isolating`: [`isolation_shown`] said so), without
+/// bit 12, so that the user PGD of an isolation pair is the kernel's, which maps both halves.
+/// Not without isolation: there a PGD may lie at any page, and another process's 4 KiB below.
 #[must_use]
 pub const fn space_mask(isolating: bool) -> u64 {
     if isolating { !0x1fff } else { !0xfff }
 }
 
-/// One guest address space (a CR3) read through its own page tables and the VM's memory, as
+/// One guest address space (a CR3: under page-table isolation the kernel's PGD of the pair,
+/// [`space_mask`]) read through its own page tables and the VM's memory, as
 /// `hvprof_linux_walk`'s walkers read guest memory: every read bounded to the VM (`read_phys`,
 /// `read_bytes` fail outside it), kernel-half translations cached for the walk.
 pub struct AddressSpace<'a, P, B> {
@@ -525,28 +524,15 @@ where
     P: Fn(u64) -> Option<u64>,
     B: Fn(u64, &mut [u8]) -> bool,
 {
-    /// Through the CR3 given, else (a kernel-half address under the user PGD of a page-table
-    /// isolation pair) through the kernel's PGD of the pair ([`read_kernel`]).
     fn read(&self, addr: u64, out: &mut [u8]) -> bool {
         let Ok(mut tlb) = self.tlb.try_borrow_mut() else {
             return false;
         };
-        if addr >= KERNEL_HALF {
-            return read_kernel(
-                &mut tlb,
-                self.read_phys,
-                self.read_bytes,
-                self.cr3,
-                addr,
-                out,
-            )
-            .is_some();
-        }
         read_virt(
             &mut tlb,
             self.read_phys,
             self.read_bytes,
-            self.cr3 & ADDR_MASK,
+            self.cr3,
             addr,
             out,
         )
@@ -727,15 +713,25 @@ mod tests {
         m.put(t + 2416, &4242u32.to_le_bytes());
         m.put(t + 2420, &4240u32.to_le_bytes());
         m.put(t + 2976, b"w41\0\0\0\0\0\0\0\0\0\0\0\0\0");
-        // User mode under PTI: CR3 is the user PGD (bit 12) with a PCID.
+        // User mode under PTI: CR3 is the user PGD (bit 12) with a PCID; read through the
+        // kernel's PGD of the pair (`space_mask`).
+        let user = cr3 | 0x1000 | 0x5;
         let mut tlb = Tlb::new();
-        let got = read_task(&mut tlb, &read, &bytes, cr3 | 0x1000 | 0x5, percpu, &OFF).unwrap();
+        let got = read_task(
+            &mut tlb,
+            &read,
+            &bytes,
+            user & space_mask(true),
+            percpu,
+            &OFF,
+        )
+        .unwrap();
         assert_eq!((got.task, got.pid, got.tgid), (task, 4242, 4240));
         assert_eq!(&got.comm[..4], b"w41\0");
-        // A user-space GS base (not the kernel's per-CPU base) gives nothing.
         // Read again through the cache: the same.
-        let again = read_task(&mut tlb, &read, &bytes, cr3 | 0x1000, percpu, &OFF).unwrap();
+        let again = read_task(&mut tlb, &read, &bytes, cr3, percpu, &OFF).unwrap();
         assert_eq!(again, got);
+        // A user-space GS base (not the kernel's per-CPU base) gives nothing.
         assert_eq!(
             read_task(&mut tlb, &read, &bytes, cr3, 0x7fff_0000_0000, &OFF),
             None
@@ -1013,7 +1009,7 @@ mod tests {
 
     /// Without page-table isolation a process's PGD may have bit 12 set: its task is read
     /// through it, not through whatever page lies 4 KiB below (here another PGD that names
-    /// another task), and the guest is not taken for isolating.
+    /// another task), and its user-mode CR3 tells that the guest does not isolate.
     #[test]
     fn a_pgd_with_bit_12_set_is_read_as_it_is() {
         let m = Mem::new();
@@ -1037,61 +1033,72 @@ mod tests {
         );
         let read = |g| m.u64(g);
         let bytes = |g, b: &mut [u8]| m.bytes(g, b);
+        assert_eq!(isolation_shown(&read, pgd | 0x7, percpu, &OFF), Some(false));
+        let root = (pgd | 0x7) & space_mask(false);
         let mut tlb = Tlb::new();
-        let got = read_task(&mut tlb, &read, &bytes, pgd | 0x7, percpu, &OFF).unwrap();
+        let got = read_task(&mut tlb, &read, &bytes, root, percpu, &OFF).unwrap();
         assert_eq!(got.task, 0xffff_8880_0123_4000);
         assert_eq!(&got.comm[..4], b"real");
-        assert!(!tlb.isolation());
-        assert!(!shows_isolation(&read, pgd, percpu + OFF.current_task));
-        assert_eq!(space_mask(tlb.isolation()), !0xfff);
     }
 
     /// With isolation, the user-mode CR3 is the user PGD of an 8 KiB-aligned pair, which maps
-    /// none of the kernel's data: the task is read through the kernel's PGD below it, the
-    /// guest is found isolating (by that read, and by a look at the user CR3), and both CR3s
-    /// are then one address space; the kernel-mode CR3 shows nothing.
+    /// the kernel's entry area (here the per-CPU page) but not its task structures: its CR3
+    /// tells so, and from then on the kernel's PGD below it is the address space of both and
+    /// the root the task and the process's memory are read through.
     #[test]
     fn the_user_pgd_of_an_isolation_pair_is_read_through_the_kernels() {
         let m = Mem::new();
         let percpu = 0xffff_8880_0fa0_0000u64;
+        let task = 0xffff_8880_0123_4000u64;
         let kernel = 0x22_0000;
         let user = kernel | 0x1000;
-        put_task(
-            &m,
-            kernel,
-            (percpu, 0x30_0000),
-            0xffff_8880_0123_4000,
-            0x40_0000,
-            b"w41\0",
-        );
+        put_task(&m, kernel, (percpu, 0x30_0000), task, 0x40_0000, b"w41\0");
         // The user half: mapped in both PGDs of the pair (as Linux's are).
         m.map(kernel, 0x40_1000, 0x50_0000, false);
         m.map(user, 0x40_1000, 0x50_0000, false);
         m.put(0x50_0010, &0x1234_5678u64.to_le_bytes());
         let read = |g| m.u64(g);
         let bytes = |g, b: &mut [u8]| m.bytes(g, b);
-        let word = percpu + OFF.current_task;
-        assert!(shows_isolation(&read, user | 0x805, word));
-        assert!(!shows_isolation(&read, kernel | 0x5, word));
-        let mut tlb = Tlb::new();
-        let got = read_task(&mut tlb, &read, &bytes, user | 0x805, percpu, &OFF).unwrap();
+        // Neither the per-CPU word nor the task mapped in the user PGD: isolation.
         assert_eq!(
-            (got.task, got.pid, got.tgid),
-            (0xffff_8880_0123_4000, 4242, 4240)
+            isolation_shown(&read, user | 0x805, percpu, &OFF),
+            Some(true)
         );
-        assert!(tlb.isolation());
-        let mask = space_mask(tlb.isolation());
-        assert_eq!(user & mask, kernel & mask);
-        // A process's memory read through the user CR3: its own half through it, the kernel's
-        // through the kernel's PGD.
+        // The per-CPU page mapped there too (a kernel that maps it in its entry area): the task
+        // still is not.
+        m.map(user, (percpu + OFF.current_task) & !0xfff, 0x30_0000, false);
+        assert_eq!(
+            isolation_shown(&read, user | 0x805, percpu, &OFF),
+            Some(true)
+        );
+        // The kernel-mode CR3 maps both: it cannot be the user half of a pair.
+        assert_eq!(
+            isolation_shown(&read, kernel | 0x5, percpu, &OFF),
+            Some(false)
+        );
+        // A user PGD whose pair below maps nothing of it either tells nothing; nor does a
+        // per-CPU base in the user half.
+        assert_eq!(isolation_shown(&read, 0x61_3000, percpu, &OFF), None);
+        assert_eq!(isolation_shown(&read, user, 0x7fff_0000_0000, &OFF), None);
+        let root = (user | 0x805) & space_mask(true);
+        assert_eq!(root, kernel);
+        let mut tlb = Tlb::new();
+        let got = read_task(&mut tlb, &read, &bytes, root, percpu, &OFF).unwrap();
+        assert_eq!((got.task, got.pid, got.tgid), (task, 4242, 4240));
+        // Through the user PGD itself the task is not there.
+        let mut cold = Tlb::new();
+        assert_eq!(
+            read_task(&mut cold, &read, &bytes, user, percpu, &OFF),
+            None
+        );
+        // A process's memory, through the kernel's PGD: both halves.
         use hvprof_linux_walk::GuestMemory;
-        let space = AddressSpace::new(&read, &bytes, user | 0x805);
+        let space = AddressSpace::new(&read, &bytes, root);
         let mut buf = [0u8; 8];
         assert!(space.read(0x40_1010, &mut buf));
         assert_eq!(u64::from_le_bytes(buf), 0x1234_5678);
-        assert!(space.read(0xffff_8880_0123_4000 + 2416, &mut buf));
+        assert!(space.read(task + 2416, &mut buf));
         assert_eq!(u32::from_le_bytes(buf[..4].try_into().unwrap()), 4242);
-        // Not mapped in either: nothing.
         assert!(!space.read(0xffff_8880_0777_0000, &mut buf));
     }
 }

@@ -18,6 +18,8 @@ pub trait Processor {
     fn tsc(&self) -> u64;
     /// Runs `f` with maskable interrupts off, then restores RFLAGS.IF as it was.
     fn without_interrupts<R>(&self, f: impl FnOnce() -> R) -> R;
+    /// Whether maskable interrupts are on (RFLAGS.IF).
+    fn interrupts_enabled(&self) -> bool;
     /// Model-specific register `msr` (RDMSR), `None` where reading it faults. The guest MSRs
     /// the hypervisor loads with a vCPU (IA32_LSTAR among them) hold the guest's values while
     /// that vCPU is loaded.
@@ -150,7 +152,13 @@ impl SamplePath {
             self.pushing.store(false, Ordering::Release);
         };
         match irqs {
-            Irqs::Off => produce(),
+            Irqs::Off => {
+                debug_assert!(
+                    !cpu.interrupts_enabled(),
+                    "a push said Irqs::Off with IF set"
+                );
+                produce()
+            }
             Irqs::MayBeOn => cpu.without_interrupts(produce),
         }
     }
@@ -211,27 +219,34 @@ mod tests {
     use hvprof_vmx::fake::FakeVmcs;
     use hvprof_vmx::vmcs::{Guest32, Guest64, GuestNatural, VmcsExt};
 
-    /// A processor whose TSC moves on by `step` at each read, and that counts the pushes made
-    /// with interrupts kept out.
-    struct Scripted {
+    /// A processor whose TSC moves on by `step` at each read, with interrupts off (as after a
+    /// VM exit) unless `irqs_on`; it counts the times it kept them out and the slots that a
+    /// ring it watches gained meanwhile.
+    struct Scripted<'r> {
         tsc: Cell<u64>,
         step: u64,
+        irqs_on: bool,
         masked: Cell<u32>,
         masking: Cell<bool>,
+        watch: Option<&'r Ring<Slot, 8>>,
+        pushed_masked: Cell<usize>,
     }
 
-    impl Scripted {
+    impl Scripted<'_> {
         fn at(tsc: u64, step: u64) -> Self {
             Scripted {
                 tsc: Cell::new(tsc),
                 step,
+                irqs_on: false,
                 masked: Cell::new(0),
                 masking: Cell::new(false),
+                watch: None,
+                pushed_masked: Cell::new(0),
             }
         }
     }
 
-    impl Processor for Scripted {
+    impl Processor for Scripted<'_> {
         fn tsc(&self) -> u64 {
             let t = self.tsc.get() + self.step;
             self.tsc.set(t);
@@ -239,10 +254,17 @@ mod tests {
         }
         fn without_interrupts<R>(&self, f: impl FnOnce() -> R) -> R {
             self.masked.set(self.masked.get() + 1);
+            let before = self.watch.map_or(0, Ring::len);
             let was = self.masking.replace(true);
             let r = f();
             self.masking.set(was);
+            let after = self.watch.map_or(0, Ring::len);
+            self.pushed_masked
+                .set(self.pushed_masked.get() + after - before);
             r
+        }
+        fn interrupts_enabled(&self) -> bool {
+            self.irqs_on && !self.masking.get()
         }
         fn read_msr(&self, _: u32) -> Option<u64> {
             None
@@ -333,14 +355,35 @@ mod tests {
         assert_eq!(costs.stretched.load(Ordering::Relaxed), 1);
     }
 
+    /// A push from code that may run with interrupts on (the scheduler, the idle loop) puts
+    /// its record into the ring with them kept out.
     #[test]
     fn a_push_that_may_run_with_interrupts_on_keeps_them_out() {
         let path = SamplePath::new();
         let (ring, costs) = (Ring::<Slot, 8>::new(), Costs::new(1, 1));
-        let cpu = Scripted::at(0, 1);
+        let mut cpu = Scripted::at(0, 1);
+        cpu.irqs_on = true;
+        cpu.watch = Some(&ring);
         path.push(&cpu, &ring, &costs, sample(0), &[], 0, Irqs::MayBeOn);
         assert_eq!(cpu.masked.get(), 1);
+        assert_eq!(
+            cpu.pushed_masked.get(),
+            1,
+            "the record went in while masked"
+        );
         assert_eq!(records(&ring).len(), 1);
+    }
+
+    /// `Irqs::Off` is a promise (a VM exit cleared RFLAGS.IF): checked in debug builds.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "Irqs::Off with IF set")]
+    fn a_push_that_says_interrupts_are_off_while_they_are_on_is_caught() {
+        let path = SamplePath::new();
+        let (ring, costs) = (Ring::<Slot, 8>::new(), Costs::new(1, 1));
+        let mut cpu = Scripted::at(0, 1);
+        cpu.irqs_on = true;
+        path.push(&cpu, &ring, &costs, sample(0), &[], 0, Irqs::Off);
     }
 
     #[test]

@@ -181,6 +181,10 @@ impl Processor for Cpu {
         x86_64::instructions::interrupts::without_interrupts(f)
     }
 
+    fn interrupts_enabled(&self) -> bool {
+        x86_64::instructions::interrupts::are_enabled()
+    }
+
     fn read_msr(&self, msr: u32) -> Option<u64> {
         crate::arch::msr::read_safe(msr).ok()
     }
@@ -546,14 +550,22 @@ impl CpuProfiler {
 
     /// The VM whose vCPU this pCPU runs now and its memory (`None`: none), and how its
     /// kernel-mode chains are walked (`orc`: where its kernel's ORC tables are, for
-    /// `KernelStacks::Orc`).
+    /// `KernelStacks::Orc`). On this pCPU's own profiler only (checked).
     pub fn set_guest_memory(
         &self,
         ram: Option<(u16, GuestRam)>,
         kernel: KernelStacks,
         orc: Option<hvprof_linux_walk::OrcLayout>,
     ) {
-        self.chains.set_memory(ram, kernel, orc);
+        assert_eq!(
+            self.pcpu(),
+            crate::percpu::index(),
+            "another pCPU's guest memory set"
+        );
+        // SAFETY: this is this pCPU's profiler (checked above); its walks run on this pCPU
+        // only (its guest samples, its timer's and NMI's hypervisor samples: `walk_guest` is
+        // called on `this_cpu()` alone), so none runs on another CPU meanwhile.
+        unsafe { self.chains.set_memory(ram, kernel, orc) };
     }
 
     /// The running vCPU's RBP at its VM exit (where its guest chain starts).

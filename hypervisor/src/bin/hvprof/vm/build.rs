@@ -563,7 +563,7 @@ fn build(
         target,
         run_ticks: AtomicU64::new(0),
         stopping: AtomicBool::new(false),
-        isolating: AtomicBool::new(false),
+        isolation: spin::Once::new(),
         image: String::from(image_name),
         build_id: guest_image::build_id(image)
             .map(<[u8]>::to_vec)

@@ -5,7 +5,6 @@ use crate::profiler::sampler::{CpuProfiler, GuestSampled};
 use crate::tsc::rdtsc;
 use crate::vcpu::Vcpu;
 use crate::vm::Vm;
-use core::sync::atomic::Ordering;
 use hvprof_hypervisor::guest_ram::RamWord;
 use hvprof_hypervisor::profiler::guest_maps::ProcessIndex;
 use hvprof_hypervisor::profiler::guest_walk::{self, NameState, SameTask};
@@ -111,36 +110,28 @@ fn task_seen(
     let read_phys = |gpa: u64| vm.read_guest_u64(gpa);
     let read_bytes = |gpa: u64, buf: &mut [u8]| vm.read_guest(gpa, buf);
     vcpu.same_task = None;
+    // A guest that isolates its page tables (KPTI) runs user mode on the user PGD of a pair,
+    // which maps little of its kernel: the first user-mode sample that tells decides for the VM
+    // (`guest_walk::isolation_shown`); from then on the kernel's PGD of the pair is the address
+    // space of both modes and the root every read goes through (`guest_walk::space_mask`).
+    if user
+        && vm.isolation.get().is_none()
+        && let Some(isolating) = guest_walk::isolation_shown(&read_phys, cr3, percpu_base, off)
+    {
+        vm.isolation.call_once(|| isolating);
+    }
+    vcpu.space_mask = guest_walk::space_mask(vm.isolation.get() == Some(&true));
+    let space = cr3 & vcpu.space_mask;
     let Some(ids) = guest_walk::read_task_ids(
         &mut vcpu.tlb,
         &read_phys,
         &read_bytes,
-        cr3,
+        space,
         percpu_base,
         off,
     ) else {
         return;
     };
-    // A guest isolating its page tables (KPTI) has two CR3s per address space: the user-mode
-    // one is the same space as the kernel-mode one. Found at a read that needed the kernel's
-    // PGD of the pair, or by a look at a user-mode sample (until found).
-    if !vm.isolating.load(Ordering::Relaxed)
-        && (vcpu.tlb.isolation()
-            || (user
-                && guest_walk::shows_isolation(
-                    &read_phys,
-                    cr3,
-                    percpu_base.wrapping_add(off.current_task),
-                )))
-        && !vm.isolating.swap(true, Ordering::Relaxed)
-    {
-        crate::vm_report!(
-            vm,
-            "the guest isolates its page tables (KPTI): a task's user-mode CR3 is taken as the address space of its kernel-mode one"
-        );
-    }
-    vcpu.space_mask = guest_walk::space_mask(vm.isolating.load(Ordering::Relaxed));
-    let space = cr3 & vcpu.space_mask;
     // The check of the next samples, from the words this read kept.
     let ram = vm.ram();
     let word = |gpa| ram.word(gpa);
@@ -153,7 +144,7 @@ fn task_seen(
         return;
     }
     let Some(comm) =
-        guest_walk::read_task_comm(&mut vcpu.tlb, &read_phys, &read_bytes, cr3, ids.0, off)
+        guest_walk::read_task_comm(&mut vcpu.tlb, &read_phys, &read_bytes, space, ids.0, off)
     else {
         return;
     };
@@ -166,7 +157,7 @@ fn task_seen(
                 &mut vcpu.tlb,
                 &read_phys,
                 &read_bytes,
-                cr3,
+                space,
                 ids.0,
                 l.task_mm,
             ) == Some(0)

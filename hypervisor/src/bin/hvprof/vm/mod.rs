@@ -159,10 +159,10 @@ pub struct Vm {
     pub run_ticks: AtomicU64,
     /// The whole VM stops: its other vCPUs stop before their next VM entry.
     pub stopping: AtomicBool,
-    /// A Linux guest found isolating its page tables (KPTI: `guest_walk::Tlb::isolation`,
-    /// `guest_walk::shows_isolation`): its user-mode CR3 is the user half of a pair, the same
-    /// address space as the kernel half (`guest_walk::space_mask`).
-    pub isolating: AtomicBool,
+    /// Whether a Linux guest isolates its page tables (KPTI), once a user-mode sample's CR3 told
+    /// (`guest_walk::isolation_shown`): then a user-mode CR3 is the user PGD of a pair, the
+    /// same address space as the kernel's PGD below it (`guest_walk::space_mask`).
+    pub isolation: spin::Once<bool>,
     /// The module's image name and its GNU build id (for the sample log's VM table).
     pub image: String,
     pub build_id: Vec<u8>,

@@ -78,6 +78,12 @@ pub fn finish(vm: &Vm, stop: &Stop) {
         // slide (`entry_SYSCALL_64` moves with the kernel), for hvprof-analyze.
         let lstar = vm.vcpus[0].lock().msrs[LSTAR_SLOT];
         println!("vm {}: guest IA32_LSTAR {lstar:#018x}", vm.name);
+        if vm.isolation.get() == Some(&true) {
+            println!(
+                "vm {}: the guest isolates its page tables (KPTI): a user-mode CR3 was read as its kernel PGD's address space",
+                vm.name
+            );
+        }
     }
 }
 
