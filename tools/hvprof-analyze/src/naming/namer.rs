@@ -225,10 +225,20 @@ pub const fn address_space(cr3: u64) -> u64 {
     cr3 & !0x1fff
 }
 
+/// CR3 without its PCID bits only: the page-table root itself. Without KPTI two processes' roots
+/// may differ in bit 12 alone (an exec's new one 4 KiB from the old, say), so a sample's maps are
+/// those read under its own root first, and those of its KPTI pair (bit 12 apart) only where
+/// there are none.
+pub const fn own_space(cr3: u64) -> u64 {
+    cr3 & !0xfff
+}
+
 /// A process's executable file mapping, with the symbols found for its file.
 struct Mapped {
     /// When the hypervisor read it.
     tsc: u64,
+    /// The page-table root it was read under, without the PCID ([`own_space`]).
+    space: u64,
     start: u64,
     end: u64,
     pgoff: u64,
@@ -353,10 +363,12 @@ impl<'a> Namer<'a> {
             .mappings
             .get(&(vm, task_tgid(label)?, address_space(cr3)))?;
         // `max_by_key` keeps the last of equals: at one TSC, the later frame.
-        let m = list
-            .iter()
-            .filter(|m| (m.start..m.end).contains(&rip))
-            .max_by_key(|m| m.tsc)?;
+        let covering = || list.iter().filter(|m| (m.start..m.end).contains(&rip));
+        let own = own_space(cr3);
+        let m = covering()
+            .filter(|m| m.space == own)
+            .max_by_key(|m| m.tsc)
+            .or_else(|| covering().max_by_key(|m| m.tsc))?;
         let named = m.symbols.and_then(|r| {
             self.mapped_symbols(r)
                 .lookup_mapped_offset(rip, m.start, m.pgoff)
@@ -617,6 +629,7 @@ fn mappings(
         });
         let mapped = Mapped {
             tsc: m.tsc,
+            space: own_space(m.cr3),
             start: m.start,
             end: m.end,
             pgoff: m.pgoff,
@@ -890,6 +903,8 @@ mod mapping_tests {
                 // An exec: tgid 70 runs /bin/sh in 0x10000, then /bin/tar in a new space.
                 frame(10, 70, 0x1_0000, "/bin/sh"),
                 frame(20, 70, 0x1_2000 | 0x1000 | 5, "/bin/tar"),
+                frame(22, 75, 0x5_0000, "/bin/ls"),
+                frame(24, 75, 0x5_1000, "/bin/cat"),
                 // A reused PID: tgid 80 runs a `job` twice, each run its own space and file
                 // (two builds with other functions at one address).
                 Mapping {
@@ -930,6 +945,10 @@ mod mapping_tests {
         assert_eq!(file("tar[70]", 0x1_2000), "tar");
         // The KPTI user half and a PCID: the same space.
         assert_eq!(file("tar[70]", 0x1_3000 | 7), "tar");
+        // Without KPTI, an exec into a root 4 KiB from the old one: each sample its own root's
+        // file, though both read later than the other's.
+        assert_eq!(file("ls[75]", 0x5_0000), "ls");
+        assert_eq!(file("cat[75]", 0x5_1000 | 2), "cat");
         // Same label, same address: the functions of the sample's own space's file.
         let job = |cr3: u64| n.guest_function(0, true, 0x20_0484, cr3, Some("job[80]"));
         assert_eq!(job(0x2_0000), ("work_a".to_owned(), "job".to_owned()));
