@@ -76,9 +76,10 @@ impl GuestChains {
     ///
     /// # Safety
     /// No walk of this `GuestChains` may run on another CPU meanwhile: only on this one, in an
-    /// interrupt or NMI that lands inside this call (such a walk sees the size 0, which it reads
-    /// first, or the new memory whole). Else a walk could pair the old address with the new
-    /// size.
+    /// interrupt or NMI that lands inside this call. Such a walk runs whole between two of this
+    /// call's stores, which are in program order (compiler fences): it sees a size of 0 (no
+    /// memory: nothing read) until the new address is stored, then the new memory whole. On
+    /// another CPU a walk could pair the old address with the new size.
     pub unsafe fn set_memory(
         &self,
         ram: Option<(u16, GuestRam)>,

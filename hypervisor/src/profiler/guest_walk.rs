@@ -477,9 +477,7 @@ pub fn isolation_shown(
     if reaches_task(root)? {
         return Some(false);
     }
-    if root & 0x1000 == 0 {
-        return None;
-    }
+    // (For a root with bit 12 clear this asks the same root again: `None`.)
     reaches_task(root & !0x1000)?.then_some(true)
 }
 
@@ -1050,7 +1048,8 @@ mod tests {
         let m = Mem::new();
         let percpu = 0xffff_8880_0fa0_0000u64;
         let task = 0xffff_8880_0123_4000u64;
-        let kernel = 0x22_0000;
+        // (A pair 8 KiB aligned and no more, so that a mask wider than bit 12 would show.)
+        let kernel = 0x22_6000;
         let user = kernel | 0x1000;
         put_task(&m, kernel, (percpu, 0x30_0000), task, 0x40_0000, b"w41\0");
         // The user half: mapped in both PGDs of the pair (as Linux's are).
@@ -1080,6 +1079,15 @@ mod tests {
         // per-CPU base in the user half.
         assert_eq!(isolation_shown(&read, 0x61_3000, percpu, &OFF), None);
         assert_eq!(isolation_shown(&read, user, 0x7fff_0000_0000, &OFF), None);
+        // Nor a per-CPU word that names no task yet.
+        let other = 0xffff_8880_0fb0_0000u64;
+        m.map(
+            kernel,
+            (other + OFF.current_task) & !0xfff,
+            0x32_0000,
+            false,
+        );
+        assert_eq!(isolation_shown(&read, user, other, &OFF), None);
         let root = (user | 0x805) & space_mask(true);
         assert_eq!(root, kernel);
         let mut tlb = Tlb::new();

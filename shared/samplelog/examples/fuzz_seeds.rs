@@ -114,6 +114,7 @@ fn main() -> std::io::Result<()> {
                 });
                 p
             }),
+            page_table_isolation: Some(true),
         };
         let mut big = vec![0u8; MAX_VM_END_FRAME_LEN];
         let len = encode_vm_end(&vm_end, &mut big).expect("VM end frame fits");

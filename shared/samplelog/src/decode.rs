@@ -723,6 +723,17 @@ fn parse_vm_end(body: &[u8], v: &mut VmEnd) -> Result<usize, Malformed> {
             _ => return Err(Malformed),
         }
     };
+    // A frame from before the page-table isolation byte ends here.
+    v.page_table_isolation = if r.pos() == body.len() {
+        None
+    } else {
+        match r.u8()? {
+            0 => None,
+            1 => Some(false),
+            2 => Some(true),
+            _ => return Err(Malformed),
+        }
+    };
     Ok(r.pos())
 }
 
@@ -1883,8 +1894,20 @@ mod stats_frame_tests {
                 exit_ticks: 9
             }]
         );
-        // An unknown mode, no vCPU, too many, a cut frame.
+        // The page-table isolation byte after it: absent (a frame from before it), 0, 1, 2.
+        for (tail, want) in [
+            (&[][..], None),
+            (&[0][..], None),
+            (&[1][..], Some(false)),
+            (&[2][..], Some(true)),
+        ] {
+            let body = frame(&[&[0u8][..], tail].concat());
+            assert_eq!(parse_vm_end(&body, &mut v), Ok(body.len()));
+            assert_eq!(v.page_table_isolation, want, "{tail:?}");
+        }
+        // An unknown mode, no vCPU, too many, a cut frame, an unknown isolation value.
         for bad in [
+            frame(&[0, 3]),
             frame(&[3, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
             frame(&[1, 0]),
             frame(&[1, 9]),

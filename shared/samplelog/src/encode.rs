@@ -132,6 +132,7 @@ pub const MAX_VM_END_FRAME_LEN: usize = frame_buffer_len(
         + 1
         + 1
         + MAX_VPMU_VCPUS * (3 + 8 * 10)
+        + 1
         + 4,
 );
 
@@ -407,6 +408,11 @@ pub fn encode_vm_end(v: &VmEnd, out: &mut [u8]) -> Result<usize, EncodeError> {
                 }
             }
         }
+        w.u8(match v.page_table_isolation {
+            None => 0,
+            Some(false) => 1,
+            Some(true) => 2,
+        });
         finish(&w)
     })
 }

@@ -269,6 +269,8 @@
 //!   u8      vcpus          1..=8, then per vCPU: varint vcpu (u16), guest_ticks, emulated,
 //!                          hypervisor_ticks, pmis, held, undelivered, exits, exit_ticks
 //!                          ([`VpmuCounts`])
+//! u8      isolation        the Linux guest's page-table isolation (KPTI): 0 not found out,
+//!                          1 off, 2 on (a frame that ends before this byte: 0)
 //! ```
 //!
 //! Histogram bucket 0 counts costs below 64 ticks, bucket `b` in `1..=14` costs in

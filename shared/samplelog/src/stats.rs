@@ -491,6 +491,11 @@ pub struct VmEnd {
     pub pause_loop: Option<PauseLoop>,
     /// Its virtual PMU, when it has one.
     pub vpmu: Option<VpmuEnd>,
+    /// Whether its Linux guest isolates its page tables (KPTI), as the hypervisor found at a
+    /// user-mode sample: a user-mode CR3 is then the user PGD of a pair, bit 12 above the
+    /// kernel PGD the process's maps were read through. `None`: not found out (no Linux guest,
+    /// no user-mode sample, or a frame from before this field).
+    pub page_table_isolation: Option<bool>,
 }
 
 /// One pCPU's whole profiling cost over the run, in TSC ticks, in disjoint parts (frame type 6).

@@ -811,7 +811,9 @@ pub struct Mapping {
     pub vcpu: u16,
     /// Process mapping or module.
     pub kind: MappingKind,
-    /// Process: its CR3 when read (its address space; 0 for a module).
+    /// Process: the page-table root its maps were read through (its address space: the CR3
+    /// without the PCID, and under page-table isolation the kernel's PGD of the pair; 0 for a
+    /// module).
     pub cr3: u64,
     /// Process: its id (Linux `tgid`; 0 for a module).
     pub tgid: u32,

@@ -323,6 +323,7 @@ proptest! {
         ple in prop::option::of((any::<bool>(), any::<u32>(), any::<u32>(), any::<u64>())),
         sites in prop::collection::vec((any::<u16>(), any::<u64>(), 1u64..u64::MAX), 0..80),
         vpmu in prop::option::of((any::<bool>(), prop::collection::vec((any::<u16>(), any::<[u64; 8]>()), 1..12))),
+        isolation in prop::option::of(any::<bool>()),
     ) {
         let mut stats = ExitStats::new();
         for (reason, ticks) in exits {
@@ -353,6 +354,7 @@ proptest! {
                 }
                 p
             }),
+            page_table_isolation: isolation,
         };
         let mut buf = vec![0u8; MAX_VM_END_FRAME_LEN];
         let n = encode_vm_end(&v, &mut buf).unwrap();
@@ -628,6 +630,7 @@ fn worst_case_vm_end_fits_the_advertised_bound() {
             }
             p
         }),
+        page_table_isolation: Some(false),
     };
     let mut buf = vec![0u8; MAX_VM_END_FRAME_LEN];
     let n = encode_vm_end(&v, &mut buf).unwrap();

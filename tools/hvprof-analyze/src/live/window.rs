@@ -31,7 +31,7 @@ use hvprof_samplelog::{
 
 use crate::model::classify::{Key, classify};
 use crate::model::samples::What;
-use crate::naming::namer::{Namer, ProcessKey, Processes, TaskMemo, address_space};
+use crate::naming::namer::{Namer, ProcessKey, Processes, TaskMemo};
 use crate::naming::symbols::Images;
 
 /// What a stream held so far: counts of frames, records and damage, and the losses known so
@@ -721,7 +721,9 @@ impl Live {
                             vm: k.vm,
                             user,
                             addr,
-                            cr3: if user { address_space(k.cr3) } else { 0 },
+                            // The page-table root itself (PCID masked): a finer key than
+                            // the process's address space, so never two names under one.
+                            cr3: if user { k.cr3 & !0xfff } else { 0 },
                             process: k.process,
                         };
                         let (function, module) = guest_names.entry(at).or_insert_with(|| {

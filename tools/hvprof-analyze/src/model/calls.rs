@@ -15,7 +15,7 @@ use rustc_hash::FxHashMap as HashMap;
 
 use crate::model::interner::Interner;
 use crate::model::samples::{ChainEnd, Samples, Stack, What};
-use crate::naming::namer::{Namer, ProcessKey, address_space};
+use crate::naming::namer::{Namer, ProcessKey};
 
 /// A function of a call chain, named.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -160,7 +160,11 @@ fn site_keys(namer: &Namer, s: &Stack, samples: &Samples) -> (Vec<SiteKey>, Vec<
                     addr,
                     exact: s.exit_cause && i == 0,
                     process: if by_process { s.process } else { None },
-                    space: if by_process { address_space(s.cr3) } else { 0 },
+                    space: if by_process {
+                        namer.address_space(s.vm, s.cr3)
+                    } else {
+                        0
+                    },
                 }
             })
             .collect()

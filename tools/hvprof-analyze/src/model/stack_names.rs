@@ -24,13 +24,7 @@ impl Samples {
         let frame_key = |s: &Stack| -> (FrameContext, u64) {
             match s.what {
                 What::GuestUser => (
-                    (
-                        s.what,
-                        s.vm,
-                        0,
-                        s.process,
-                        crate::naming::namer::address_space(s.cr3),
-                    ),
+                    (s.what, s.vm, 0, s.process, namer.address_space(s.vm, s.cr3)),
                     s.addr,
                 ),
                 What::GuestKernel => ((s.what, s.vm, 0, s.process, 0), s.addr),

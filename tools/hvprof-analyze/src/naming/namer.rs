@@ -195,6 +195,8 @@ pub struct Namer<'a> {
     tasks: TaskTimeline,
     /// Linux processes' executable file mappings (mapping frames).
     mappings: ProcessMappings,
+    /// Whether each VM's Linux guest isolates its page tables (KPTI), where its end frame says.
+    isolation: Isolation,
     /// Files found under `--guest-root` for them.
     root_symbols: Vec<Symbols>,
     /// Linux kernel modules (module mapping frames) by VM.
@@ -219,17 +221,23 @@ struct LoadedModule {
 /// process; each has its own files. A sample is looked up with its task's tgid and its own CR3.
 type ProcessMappings = HashMap<(u16, u32, u64), Vec<Mapped>>;
 
-/// CR3 without its PCID bits and KPTI's user/kernel bit: the address space (as the hypervisor
-/// reads a process's maps through it).
-pub const fn address_space(cr3: u64) -> u64 {
-    cr3 & !0x1fff
+/// Each VM's page-table isolation (KPTI), as its end frame tells.
+type Isolation = HashMap<u16, bool>;
+
+/// The address space of CR3 `cr3` in VM `vm`, as a process's maps are keyed: the page-table
+/// root without its PCID, and without bit 12 where the VM isolates its page tables (a user-mode
+/// CR3 is the user PGD of a pair, bit 12 above the kernel's that the maps were read through) or
+/// did not say (a capture from before the end frame told: see [`Namer::mapped_function`]).
+/// Without isolation bit 12 stays: an exec's new root may lie 4 KiB from the old one.
+fn address_space(isolation: &Isolation, vm: u16, cr3: u64) -> u64 {
+    match isolation.get(&vm) {
+        Some(false) => own_space(cr3),
+        _ => cr3 & !0x1fff,
+    }
 }
 
-/// CR3 without its PCID bits only: the page-table root itself. Without KPTI two processes' roots
-/// may differ in bit 12 alone (an exec's new one 4 KiB from the old, say), so a sample's maps are
-/// those read under its own root first, and those of its KPTI pair (bit 12 apart) only where
-/// there are none.
-pub const fn own_space(cr3: u64) -> u64 {
+/// CR3 without its PCID bits only: the page-table root itself.
+const fn own_space(cr3: u64) -> u64 {
     cr3 & !0xfff
 }
 
@@ -330,7 +338,12 @@ impl<'a> Namer<'a> {
                 ));
             }
         }
-        let (mappings, root_symbols) = mappings(decoded, images, warnings);
+        let isolation: Isolation = decoded
+            .vm_ends
+            .iter()
+            .filter_map(|e| e.page_table_isolation.map(|on| (e.vm, on)))
+            .collect();
+        let (mappings, root_symbols) = mappings(decoded, &isolation, images, warnings);
         let (modules, module_symbols) = kernel_modules(decoded, images, warnings);
         Namer {
             images,
@@ -340,10 +353,17 @@ impl<'a> Namer<'a> {
             linux,
             tasks: TaskTimeline::new(&decoded.tasks),
             mappings,
+            isolation,
             root_symbols,
             modules,
             module_symbols,
         }
+    }
+
+    /// The address space of CR3 `cr3` in VM `vm`, as the processes' maps are keyed
+    /// ([`address_space`]).
+    pub fn address_space(&self, vm: u16, cr3: u64) -> u64 {
+        address_space(&self.isolation, vm, cr3)
     }
 
     fn mapped_symbols(&self, r: SymbolsRef) -> &Symbols {
@@ -361,14 +381,22 @@ impl<'a> Namer<'a> {
     fn mapped_function(&self, vm: u16, label: &str, cr3: u64, rip: u64) -> Option<Symbol> {
         let list = self
             .mappings
-            .get(&(vm, task_tgid(label)?, address_space(cr3)))?;
+            .get(&(vm, task_tgid(label)?, self.address_space(vm, cr3)))?;
         // `max_by_key` keeps the last of equals: at one TSC, the later frame.
         let covering = || list.iter().filter(|m| (m.start..m.end).contains(&rip));
-        let own = own_space(cr3);
-        let m = covering()
-            .filter(|m| m.space == own)
-            .max_by_key(|m| m.tsc)
-            .or_else(|| covering().max_by_key(|m| m.tsc))?;
+        let m = if self.isolation.contains_key(&vm) {
+            // The list is the sample's own address space's.
+            covering().max_by_key(|m| m.tsc)?
+        } else {
+            // A capture that does not say: the maps read under the sample's own root first
+            // (without KPTI an exec's new root may lie 4 KiB from the old one), then under its
+            // KPTI pair's.
+            let own = own_space(cr3);
+            covering()
+                .filter(|m| m.space == own)
+                .max_by_key(|m| m.tsc)
+                .or_else(|| covering().max_by_key(|m| m.tsc))?
+        };
         let named = m.symbols.and_then(|r| {
             self.mapped_symbols(r)
                 .lookup_mapped_offset(rip, m.start, m.pgoff)
@@ -581,6 +609,7 @@ fn task_tgid(label: &str) -> Option<u32> {
 /// same file name.
 fn mappings(
     decoded: &Decoded,
+    isolation: &Isolation,
     images: &Images,
     warnings: &mut Vec<String>,
 ) -> (ProcessMappings, Vec<Symbols>) {
@@ -636,7 +665,7 @@ fn mappings(
             file,
             symbols,
         };
-        out.entry((m.vm, m.tgid, address_space(m.cr3)))
+        out.entry((m.vm, m.tgid, address_space(isolation, m.vm, m.cr3)))
             .or_default()
             .push(mapped);
     }
@@ -896,6 +925,49 @@ mod mapping_tests {
         }
     }
 
+    /// A capture whose VM end frame tells the guest's page-table isolation: with KPTI the maps
+    /// were read through the kernel's PGD (bit 12 clear) and a user sample's root is its pair's
+    /// user PGD; without it each root is its own space, with no fallback to the one 4 KiB away.
+    #[test]
+    fn the_vm_end_frames_isolation_keys_the_maps() {
+        let decoded = |isolation: bool| Decoded {
+            mappings: vec![
+                frame(10, 70, 0x1_2000, "/bin/tar"),
+                frame(20, 75, 0x5_0000, "/bin/ls"),
+                frame(30, 75, 0x5_1000, "/bin/cat"),
+                Mapping {
+                    tsc: 40,
+                    cr3: 0x5_1000,
+                    ..mapping(75, 0x60_0000, 0x60_1000, 0, "/bin/cat")
+                },
+            ],
+            vm_ends: vec![hvprof_samplelog::VmEnd {
+                vm: 0,
+                page_table_isolation: Some(isolation),
+                ..Default::default()
+            }],
+            tasks: vec![Task::default()],
+            ..Decoded::default()
+        };
+        let images = Images::default();
+        let mut warnings = Vec::new();
+        let kpti = decoded(true);
+        let n = Namer::new(&kpti, &images, &mut warnings);
+        let file = |n: &Namer, label: &str, rip: u64, cr3: u64| {
+            n.guest_function(0, true, rip, cr3, Some(label)).1
+        };
+        // The user PGD of tar's pair, with a PCID: the kernel PGD's maps.
+        assert_eq!(file(&n, "tar[70]", 0x40_0123, 0x1_3000 | 5), "tar");
+        let plain = decoded(false);
+        let n = Namer::new(&plain, &images, &mut warnings);
+        assert_eq!(file(&n, "tar[70]", 0x40_0123, 0x1_3000 | 5), "[unknown]");
+        assert_eq!(file(&n, "ls[75]", 0x40_0123, 0x5_0000 | 3), "ls");
+        assert_eq!(file(&n, "cat[75]", 0x40_0123, 0x5_1000), "cat");
+        // Only cat's root maps 0x600000: ls's sample there is not named by it.
+        assert_eq!(file(&n, "ls[75]", 0x60_0010, 0x5_0000), "[unknown]");
+        assert_eq!(file(&n, "cat[75]", 0x60_0010, 0x5_1000), "cat");
+    }
+
     #[test]
     fn mappings_belong_to_a_process_instance() {
         let decoded = Decoded {
@@ -947,7 +1019,7 @@ mod mapping_tests {
         assert_eq!(file("tar[70]", 0x1_3000 | 7), "tar");
         // Without KPTI, an exec into a root 4 KiB from the old one: each sample its own root's
         // file, though both read later than the other's.
-        assert_eq!(file("ls[75]", 0x5_0000), "ls");
+        assert_eq!(file("ls[75]", 0x5_0000 | 3), "ls");
         assert_eq!(file("cat[75]", 0x5_1000 | 2), "cat");
         // Same label, same address: the functions of the sample's own space's file.
         let job = |cr3: u64| n.guest_function(0, true, 0x20_0484, cr3, Some("job[80]"));

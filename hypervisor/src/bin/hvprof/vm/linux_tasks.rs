@@ -43,9 +43,9 @@ pub fn after_guest_sample(
 /// (or a CR3 reused by one) still shows as a change, and so does an exec().
 ///
 /// Inlined: the common case, the same task as at the last sample, is the vCPU's
-/// `guest_walk::SameTask` check (the per-CPU base and CR3 compared, two words loaded through the
-/// host addresses it keeps and compared, two more while the name is not settled) and the
-/// sample's address checked (`check_rip`); anything else is `task_seen`'s, out of line.
+/// `guest_walk::SameTask` check (the per-CPU base and address space compared, two words loaded
+/// through the host addresses it keeps and compared, two more while the name is not settled)
+/// and the sample's address checked (`check_rip`); anything else is `task_seen`'s, out of line.
 #[inline(always)]
 fn track_task(
     vm: &Vm,

@@ -168,6 +168,7 @@ pub fn exit_stats(vm: &Vm) {
         exits,
         pause_loop: pause_loop(vm, &spins),
         vpmu: super::vpmu::end_frame(vm),
+        page_table_isolation: vm.isolation.get().copied(),
     });
     if let Some(layout) = &vm.module_layout {
         // The list now, added to those read during the run (at samples in a module not known
