@@ -177,6 +177,32 @@ pub fn profile_costs() -> Scenario {
         .check(|log| profile_figures(log).map(drop))
 }
 
+/// The virtual PMU's cost to the sampling exits: `bench-profile-costs`' run with an idle vPMU
+/// (`vpmu=cpu`, no counter enabled: the run loop's vPMU instance, counting skipped).
+pub fn vpmu_idle() -> Scenario {
+    Scenario::new("bench-vpmu-idle", Emulator::bochs(HASWELL))
+        .cmdline("export=end")
+        .module(
+            "mix.elf",
+            ModuleSource::Guest("mix"),
+            "vm=bench mix=80,20 rounds=100 vpmu=cpu",
+        )
+        .check(|log| whole_costs(log).map(drop))
+}
+
+/// The `pmu` guest's counted loop of 20,000,000 rounds with all seven of its virtual counters
+/// running (a PMI every 1,000 instructions of the loop): each exit adds the run to each counter.
+pub fn vpmu_counting() -> Scenario {
+    Scenario::new("bench-vpmu-counting", Emulator::bochs(HASWELL))
+        .cmdline("export=end")
+        .module(
+            "pmu.elf",
+            ModuleSource::Guest("pmu"),
+            "vm=p n=20000000 pmi-loop=1000 vpmu=cpu",
+        )
+        .check(|log| whole_costs(log).map(drop))
+}
+
 /// Figures of a finished `bench-profile-costs` run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProfileFigures {

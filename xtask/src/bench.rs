@@ -158,6 +158,39 @@ pub fn bench(host_only: bool, profile_only: bool) -> Result<ExitCode> {
     println!("{section}");
     record(&doc, "whole-cost", "The profiler's whole cost", &section)?;
 
+    // The virtual PMU's cost to the same sampling exits.
+    let mut vpmu_rows = format!(
+        "| the test guest `mix` 80/20, no vPMU (`bench-profile-costs`) | {} |\n",
+        exit_mean(&rows)
+    );
+    for (scenario, what) in [
+        (
+            benches::vpmu_idle(),
+            "the same with an idle vPMU (`vpmu=cpu`, no counter enabled)",
+        ),
+        (
+            benches::vpmu_counting(),
+            "the `pmu` guest's counted loop, its seven counters running (`n=20000000 pmi-loop=1000 vpmu=cpu`)",
+        ),
+    ] {
+        let log = run(&scenario, &config)?;
+        let (rows, _) = benches::whole_costs(&log).map_err(anyhow::Error::msg)?;
+        vpmu_rows.push_str(&format!(
+            "| {what} (`{}`) | {} |\n",
+            scenario.name,
+            exit_mean(&rows)
+        ));
+    }
+    let section = format!(
+        "Measured by `cargo xtask bench` (Bochs `corei7_haswell_4770`, one tick = one instruction, \
+         the default 1 ms period, `export=end`): the mean sampling exit, from the exit to the next \
+         VM entry, of a vCPU without a virtual PMU and with one (`vpmu=`, docs/PROFILER.md \
+         \"A guest's own PMU\").\n\n\
+         | run | sampling exits x mean ticks |\n|---|---:|\n{vpmu_rows}"
+    );
+    println!("{section}");
+    record(&doc, "vpmu-costs", "The guests' virtual PMU", &section)?;
+
     let section = channel_throughput(&config)?;
     println!("{section}");
     record(&doc, "channels", "Export channels", &section)?;
@@ -817,6 +850,13 @@ fn linux_cost_run(config: &RunnerConfig) -> Result<qemu_tests::SerialLog> {
         .find(|s| s.name == "bochs-linux-w41")
         .context("no bochs-linux-w41 scenario")?;
     run(&scenario, config)
+}
+
+/// pCPU 0's sampling exits, as "N x mean".
+fn exit_mean(rows: &[benches::PcpuCost]) -> String {
+    rows.first().map_or("—".to_owned(), |r| {
+        format!("{} x {}", r.sampling_exits, r.sampling_exit_mean)
+    })
 }
 
 /// Runs one benchmark scenario and returns its serial log.
