@@ -82,7 +82,7 @@ fn track_task(
     if let Some(same) = vcpu.same_task
         && same.holds(base, space, user, RamWord::read)
     {
-        check_rip(vm, vcpu, rip, user, cr3, same.ids(), tsc);
+        check_rip(vm, vcpu, rip, user, space, same.ids(), tsc);
         return;
     }
     // No per-CPU area yet (the kernel's decompressor, its first steps): no task to read.
@@ -140,7 +140,7 @@ fn task_seen(
         .is_some_and(|(i, s, _, state)| i == ids && s == space && state == NameState::Settled)
     {
         vcpu.same_task = SameTask::new(&vcpu.tlb, percpu_base, space, off, ids, None, word);
-        check_rip(vm, vcpu, rip, user, cr3, ids, tsc);
+        check_rip(vm, vcpu, rip, user, space, ids, tsc);
         return;
     }
     let Some(comm) =
@@ -192,7 +192,7 @@ fn task_seen(
             }
         }
     }
-    check_rip(vm, vcpu, rip, user, cr3, ids, tsc);
+    check_rip(vm, vcpu, rip, user, space, ids, tsc);
     if !changed {
         return;
     }
@@ -228,7 +228,7 @@ fn check_rip(
     vcpu: &mut Vcpu,
     rip: u64,
     user: bool,
-    cr3: u64,
+    space: u64,
     ids: guest_walk::TaskIds,
     tsc: u64,
 ) {
@@ -237,7 +237,7 @@ fn check_rip(
         // Inside the range this vCPU keeps for its process: nothing to read (no lock taken).
         let (start, end) = vcpu.settled_range;
         if !(start..end).contains(&rip) {
-            check_user_rip(vm, vcpu, rip, cr3, ids, tsc);
+            check_user_rip(vm, vcpu, rip, space, ids, tsc);
         }
     } else if let Some(layout) = &vm.module_layout
         && MODULE_AREA.contains(&rip)
@@ -269,13 +269,14 @@ fn check_module_rip(vm: &Vm, layout: &hvprof_linux_walk::ModuleLayout, rip: u64)
     }
 }
 
-/// [`check_rip`] for a user-mode sample.
+/// [`check_rip`] for a user-mode sample, in address space `space` (the CR3 as `Vcpu::space_mask`
+/// keys it).
 #[inline(never)]
 fn check_user_rip(
     vm: &Vm,
     vcpu: &mut Vcpu,
     rip: u64,
-    cr3: u64,
+    space: u64,
     (task, _, tgid): guest_walk::TaskIds,
     tsc: u64,
 ) {
@@ -296,7 +297,6 @@ fn check_user_rip(
             return;
         }
     }
-    let space = cr3 & vcpu.space_mask;
     read_mappings(vm, vcpu, layout, space, task, tgid, process, tsc);
     let mut maps = vm.maps.lock();
     if !maps.covers(process, rip) {
