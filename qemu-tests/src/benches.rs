@@ -164,30 +164,27 @@ mod tests {
     }
 }
 
-/// The profiler's own costs: the `mix` guest (80/20) profiled at the default 1 ms period, the log
-/// kept in memory and sent at the end.
-pub fn profile_costs() -> Scenario {
-    Scenario::new("bench-profile-costs", Emulator::bochs(HASWELL))
+/// The `mix` guest (80/20) profiled at the default 1 ms period, the log kept in memory and sent
+/// at the end; `extra`: more of the VM's arguments.
+fn mix_costs(name: &str, extra: &str) -> Scenario {
+    Scenario::new(name, Emulator::bochs(HASWELL))
         .cmdline("export=end")
         .module(
             "mix.elf",
             ModuleSource::Guest("mix"),
-            "vm=bench mix=80,20 rounds=100",
+            &format!("vm=bench mix=80,20 rounds=100{extra}"),
         )
-        .check(|log| profile_figures(log).map(drop))
+}
+
+/// The profiler's own costs: the `mix` run.
+pub fn profile_costs() -> Scenario {
+    mix_costs("bench-profile-costs", "").check(|log| profile_figures(log).map(drop))
 }
 
 /// The virtual PMU's cost to the sampling exits: `bench-profile-costs`' run with an idle vPMU
 /// (`vpmu=cpu`, no counter enabled: the run loop's vPMU instance, counting skipped).
 pub fn vpmu_idle() -> Scenario {
-    Scenario::new("bench-vpmu-idle", Emulator::bochs(HASWELL))
-        .cmdline("export=end")
-        .module(
-            "mix.elf",
-            ModuleSource::Guest("mix"),
-            "vm=bench mix=80,20 rounds=100 vpmu=cpu",
-        )
-        .check(|log| whole_costs(log).map(drop))
+    mix_costs("bench-vpmu-idle", " vpmu=cpu").check(|log| whole_costs(log).map(drop))
 }
 
 /// The `pmu` guest's counted loop of 20,000,000 rounds with all seven of its virtual counters
