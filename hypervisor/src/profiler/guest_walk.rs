@@ -237,7 +237,7 @@ impl Tlb {
         Some(gpa)
     }
 
-    /// The 8 bytes at kernel-half `gva` ([`read_kernel`] under `cr3`), through the word kept in
+    /// The 8 bytes at kernel-half `gva` ([`read_virt`] under `cr3`), through the word kept in
     /// `slot` when `gva` is its address. A word within one page is then kept there (a
     /// kernel-half translation does not change: see [`Tlb`]).
     #[inline]
@@ -274,10 +274,12 @@ impl Tlb {
         gva: u64,
     ) -> Option<u64> {
         let mut word = [0u8; 8];
-        let root = read_kernel(self, read_phys, read_bytes, cr3, gva, &mut word)?;
+        if !read_virt(self, read_phys, read_bytes, cr3, gva, &mut word) {
+            return None;
+        }
         if gva >= KERNEL_HALF
             && gva & 0xfff <= 0x1000 - 8
-            && let Some(gpa) = self.translate(read_phys, root, gva)
+            && let Some(gpa) = self.translate(read_phys, cr3, gva)
         {
             self.words[slot] = (gva, gpa);
         }
@@ -285,8 +287,10 @@ impl Tlb {
     }
 }
 
-/// Reads `buf.len()` bytes at `gva` (may cross pages). `read_bytes(gpa, buf)` copies guest-
-/// physical bytes and says whether they were all inside guest memory.
+/// Reads `buf.len()` bytes at `gva` (may cross pages) through the page tables at `cr3` (its low
+/// 12 bits, the PCID, ignored; for the kernel half under page-table isolation, the kernel's PGD
+/// of the pair: [`space_mask`]). `read_bytes(gpa, buf)` copies guest-physical bytes and says
+/// whether they were all inside guest memory.
 pub fn read_virt(
     tlb: &mut Tlb,
     read_phys: &impl Fn(u64) -> Option<u64>,
@@ -383,8 +387,8 @@ pub fn read_task_ids(
     } else {
         let mut ids = [0u8; 4];
         let mut read_u32 = |field: u32| {
-            read_kernel(tlb, read_phys, read_bytes, cr3, at(field), &mut ids)
-                .map(|_| u32::from_le_bytes(ids))
+            read_virt(tlb, read_phys, read_bytes, cr3, at(field), &mut ids)
+                .then(|| u32::from_le_bytes(ids))
         };
         (read_u32(off.pid)?, read_u32(off.tgid)?)
     };
@@ -402,7 +406,7 @@ pub fn read_task_u64(
 ) -> Option<u64> {
     let mut word = [0u8; 8];
     let at = task.wrapping_add(u64::from(offset));
-    read_kernel(tlb, read_phys, read_bytes, cr3, at, &mut word).map(|_| u64::from_le_bytes(word))
+    read_virt(tlb, read_phys, read_bytes, cr3, at, &mut word).then(|| u64::from_le_bytes(word))
 }
 
 /// The name (`comm`) of the task at `task`.
@@ -427,21 +431,6 @@ pub fn read_task_comm(
     comm[..8].copy_from_slice(&lo.to_le_bytes());
     comm[8..].copy_from_slice(&hi.to_le_bytes());
     Some(comm)
-}
-
-/// Reads kernel memory at `gva` into `buf` through the page tables at `root` (a CR3: its low 12
-/// bits, the PCID, masked), returning the root that mapped it. Under page-table isolation that
-/// must be the kernel's PGD of the pair ([`space_mask`]).
-fn read_kernel(
-    tlb: &mut Tlb,
-    read_phys: &impl Fn(u64) -> Option<u64>,
-    read_bytes: &impl Fn(u64, &mut [u8]) -> bool,
-    root: u64,
-    gva: u64,
-    buf: &mut [u8],
-) -> Option<u64> {
-    let root = root & ADDR_MASK;
-    read_virt(tlb, read_phys, read_bytes, root, gva, buf).then_some(root)
 }
 
 /// What a user-mode CR3 tells of its guest's page-table isolation (KPTI), from the per-CPU
