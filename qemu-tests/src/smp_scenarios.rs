@@ -314,8 +314,8 @@ fn check_lock_holder(run: &ProfileRun) -> Result<(), String> {
     // (waiting for a holder that cannot run), each followed by one slice out: a third of its
     // steal follows a preemption in critical_work, two thirds one in spin_wait. The window
     // starts at a sample, so the preemption that ends a vCPU's first slice in it may have no
-    // sample before it (`[no sample]`, once at most); the shares are of the rest. A preemption
-    // in the guest kernel's tick is allowed for (10 points, about three).
+    // sample before it (`[no sample]`, once at most); the shares are of the rest. Up to 10
+    // points (about three of a vCPU's 35 preemptions) may come in the guest kernel: its tick.
     let preemptions = report
         .get("preemptions")
         .and_then(Value::as_array)
