@@ -11,7 +11,7 @@ use crate::profiler::guest_stack::{GuestStack, WalkMemory};
 use crate::profiler::sample_path::Processor;
 use crate::profiler::stack_walk;
 use crate::profiler::table_walk;
-use crate::profiler::walk_cache::WalkCache;
+use crate::profiler::walk_cache::{SeqLock, WalkCache};
 use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering, compiler_fence};
 use hvprof_linux_walk::UnwindTable;
@@ -288,11 +288,11 @@ const ORC_ENTRIES: usize = 256;
 /// ORC entries found by earlier walks on this pCPU, by the IP they were found for and the VM
 /// (direct-mapped): the callers a profile sees repeat, so most frames of a kernel walk skip the
 /// search of the tables. User walks keep their unwind tables' entries here too (see
-/// `EntryCache for VmOrcEntries` for how their keys differ). A seqlock, as
-/// `walk_cache::StackPages`. A VM that rewrites its own tables can be walked by the entries it
+/// `EntryCache for VmOrcEntries` for how their keys differ). Under a `walk_cache::SeqLock`,
+/// as `walk_cache::StackPages`. A VM that rewrites its own tables can be walked by the entries it
 /// had: its own chains only, read from its own memory all the same.
 struct OrcEntries {
-    seq: AtomicU64,
+    seq: SeqLock,
     /// Per entry: key (the IP's low 48 bits, the VM index above), the entry's 6 bytes.
     entries: [[AtomicU64; 2]; ORC_ENTRIES],
 }
@@ -300,7 +300,7 @@ struct OrcEntries {
 impl OrcEntries {
     const fn new() -> Self {
         OrcEntries {
-            seq: AtomicU64::new(0),
+            seq: SeqLock::new(),
             entries: [const { [const { AtomicU64::new(u64::MAX) }; 2] }; ORC_ENTRIES],
         }
     }
@@ -322,15 +322,12 @@ struct VmOrcEntries<'a> {
 impl hvprof_linux_walk::orc::OrcCache for VmOrcEntries<'_> {
     fn get(&self, ip: u64) -> Option<hvprof_linux_walk::orc::OrcEntry> {
         let (key, i) = OrcEntries::key(self.vm, ip);
-        let c = self.entries;
-        let before = c.seq.load(Ordering::Acquire);
-        if before % 2 == 1 {
-            return None;
-        }
-        let e = &c.entries[i];
-        let (k, v) = (e[0].load(Ordering::Relaxed), e[1].load(Ordering::Relaxed));
-        core::sync::atomic::fence(Ordering::Acquire);
-        if c.seq.load(Ordering::Relaxed) != before || k != key {
+        let e = &self.entries.entries[i];
+        let (k, v) = self
+            .entries
+            .seq
+            .read(|| Some((e[0].load(Ordering::Relaxed), e[1].load(Ordering::Relaxed))))?;
+        if k != key {
             return None;
         }
         self.costs.orc_hits.fetch_add(1, Ordering::Relaxed);
@@ -343,18 +340,13 @@ impl hvprof_linux_walk::orc::OrcCache for VmOrcEntries<'_> {
     fn put(&self, ip: u64, entry: hvprof_linux_walk::orc::OrcEntry) {
         self.costs.orc_searches.fetch_add(1, Ordering::Relaxed);
         let (key, i) = OrcEntries::key(self.vm, ip);
-        let c = self.entries;
-        let seq = c.seq.fetch_add(1, Ordering::Acquire);
-        if seq % 2 == 1 {
-            // Another write is under way below us (we interrupted it): leave it alone.
-            c.seq.fetch_sub(1, Ordering::Release);
-            return;
-        }
-        let [a, b, cc, d, e, f] = entry.to_bytes();
-        let v = u64::from_le_bytes([a, b, cc, d, e, f, 0, 0]);
-        c.entries[i][0].store(key, Ordering::Relaxed);
-        c.entries[i][1].store(v, Ordering::Relaxed);
-        c.seq.fetch_add(1, Ordering::Release);
+        let [a, b, c, d, e, f] = entry.to_bytes();
+        let v = u64::from_le_bytes([a, b, c, d, e, f, 0, 0]);
+        let slot = &self.entries.entries[i];
+        self.entries.seq.write(|| {
+            slot[0].store(key, Ordering::Relaxed);
+            slot[1].store(v, Ordering::Relaxed);
+        });
     }
 }
 
@@ -661,10 +653,10 @@ mod tests {
             costs: &costs,
         };
         OrcCache::put(&c, 0x1000, entry(8));
-        entries.seq.fetch_add(1, Ordering::Relaxed);
-        assert_eq!(OrcCache::get(&c, 0x1000), None);
-        OrcCache::put(&c, 0x1000, entry(16));
-        entries.seq.fetch_add(1, Ordering::Relaxed);
+        entries.seq.write(|| {
+            assert_eq!(OrcCache::get(&c, 0x1000), None);
+            OrcCache::put(&c, 0x1000, entry(16));
+        });
         assert_eq!(OrcCache::get(&c, 0x1000), Some(entry(8)));
     }
 

@@ -26,6 +26,46 @@ const ANY_CR3: u64 = u64::MAX - 1;
 /// A slot or entry that holds nothing (no RIP, CR3 or tag is all ones).
 const EMPTY: u64 = u64::MAX;
 
+/// The sequence lock of a pCPU's walk cache (`StackPages`, `guest_chain`'s ORC entries): odd
+/// while an entry is written. A reader that interrupts a write (an NMI's sample inside the run
+/// loop's) or is interrupted by one gets nothing rather than half an entry; a write that
+/// interrupts another leaves it alone.
+pub(crate) struct SeqLock(AtomicU64);
+
+impl SeqLock {
+    pub const fn new() -> Self {
+        SeqLock(AtomicU64::new(0))
+    }
+
+    /// What `read` reads of the entries, if no write was under way before or during it.
+    #[inline(always)]
+    pub fn read<T>(&self, read: impl FnOnce() -> Option<T>) -> Option<T> {
+        let before = self.0.load(Ordering::Acquire);
+        if before % 2 == 1 {
+            return None;
+        }
+        let value = read();
+        core::sync::atomic::fence(Ordering::Acquire);
+        if self.0.load(Ordering::Relaxed) != before {
+            return None;
+        }
+        value
+    }
+
+    /// Runs `write` (stores to the entries), unless it interrupted another write.
+    #[inline(always)]
+    pub fn write(&self, write: impl FnOnce()) {
+        let seq = self.0.fetch_add(1, Ordering::Acquire);
+        if seq % 2 == 1 {
+            // Another write is under way below us (we interrupted it): leave it alone.
+            self.0.fetch_sub(1, Ordering::Release);
+            return;
+        }
+        write();
+        self.0.fetch_add(1, Ordering::Release);
+    }
+}
+
 /// The walk caches of one pCPU, for the VM it runs.
 pub struct WalkCache {
     /// The VM whose walks filled the caches (`EMPTY`: none yet).
@@ -115,10 +155,10 @@ impl OrdinaryCode for OrdinaryCodeSlots<'_> {
 /// image (its ORC tables) lies in a few 2 MiB pages. Kernel-half entries hold for every CR3
 /// (every process maps the kernel half alike, as `guest_walk::Tlb` assumes). (A guest that
 /// rewrites the levels above an entry, or maps its kernel half differently per process, can
-/// have one chain read from the page it mapped before: still its own memory.) A seqlock: `seq`
-/// is odd while an entry is written, and an NMI sample that lands then translates without it.
+/// have one chain read from the page it mapped before: still its own memory.) Under a
+/// [`SeqLock`]: an NMI sample that lands while an entry is written translates without it.
 pub struct StackPages {
-    seq: AtomicU64,
+    seq: SeqLock,
     next: AtomicU64,
     /// The entry the last lookup found, looked at first (a walk's lookups are mostly of one
     /// stack page): only a hint, any value of it is safe.
@@ -131,7 +171,7 @@ pub struct StackPages {
 impl StackPages {
     const fn new() -> Self {
         StackPages {
-            seq: AtomicU64::new(0),
+            seq: SeqLock::new(),
             next: AtomicU64::new(0),
             last: AtomicU64::new(0),
             entries: [const { [const { AtomicU64::new(EMPTY) }; 6] }; STACK_PAGES],
@@ -151,10 +191,6 @@ impl StackPages {
     /// and still holds (`read_u64` reads the guest's memory, for the paging entry).
     #[inline(always)]
     pub fn find(&self, cr3: u64, page: u64, read_u64: impl Fn(u64) -> Option<u64>) -> Option<u64> {
-        let before = self.seq.load(Ordering::Acquire);
-        if before % 2 == 1 {
-            return None;
-        }
         let tag = Self::tag(cr3, page);
         // The tag first: a walk's other entries are not loaded further.
         let entry = |e: &[AtomicU64; 6]| {
@@ -165,20 +201,18 @@ impl StackPages {
             let mask = v(2);
             (page & !mask == v(1)).then(|| (v(3), v(4), v(5) + (page & mask)))
         };
-        let last = self.last.load(Ordering::Relaxed) as usize % STACK_PAGES;
-        let hit = entry(&self.entries[last]).or_else(|| {
-            let (i, hit) = self
-                .entries
-                .iter()
-                .enumerate()
-                .find_map(|(i, e)| entry(e).map(|hit| (i, hit)))?;
-            self.last.store(i as u64, Ordering::Relaxed);
-            Some(hit)
+        let hit = self.seq.read(|| {
+            let last = self.last.load(Ordering::Relaxed) as usize % STACK_PAGES;
+            entry(&self.entries[last]).or_else(|| {
+                let (i, hit) = self
+                    .entries
+                    .iter()
+                    .enumerate()
+                    .find_map(|(i, e)| entry(e).map(|hit| (i, hit)))?;
+                self.last.store(i as u64, Ordering::Relaxed);
+                Some(hit)
+            })
         });
-        core::sync::atomic::fence(Ordering::Acquire);
-        if self.seq.load(Ordering::Relaxed) != before {
-            return None;
-        }
         let (entry_gpa, entry, gpa) = hit?;
         (read_u64(entry_gpa) == Some(entry)).then_some(gpa)
     }
@@ -208,22 +242,38 @@ impl StackPages {
     }
 
     fn write(&self, slot: usize, values: [u64; 6]) {
-        let seq = self.seq.fetch_add(1, Ordering::Acquire);
-        if seq % 2 == 1 {
-            // Another write is under way below us (we interrupted it): leave it alone.
-            self.seq.fetch_sub(1, Ordering::Release);
-            return;
-        }
-        for (e, v) in self.entries[slot].iter().zip(values) {
-            e.store(v, Ordering::Relaxed);
-        }
-        self.seq.fetch_add(1, Ordering::Release);
+        self.seq.write(|| {
+            for (e, v) in self.entries[slot].iter().zip(values) {
+                e.store(v, Ordering::Relaxed);
+            }
+        });
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lock's three interruptions: a read inside a write and a read that a write
+    /// interrupts get nothing; a write inside a write is not made.
+    #[test]
+    fn the_seqlock_keeps_readers_and_writers_apart() {
+        let (lock, word) = (SeqLock::new(), AtomicU64::new(1));
+        let read = || lock.read(|| Some(word.load(Ordering::Relaxed)));
+        assert_eq!(read(), Some(1));
+        lock.write(|| {
+            assert_eq!(read(), None);
+            lock.write(|| word.store(2, Ordering::Relaxed));
+            word.store(3, Ordering::Relaxed);
+        });
+        assert_eq!(read(), Some(3));
+        let interrupted = lock.read(|| {
+            lock.write(|| word.store(4, Ordering::Relaxed));
+            Some(word.load(Ordering::Relaxed))
+        });
+        assert_eq!(interrupted, None);
+        assert_eq!(read(), Some(4));
+    }
 
     /// A guest page table's leaf for the 2 MiB page at `gpa`, its entry at `entry_gpa`.
     fn leaf(gpa: u64, entry_gpa: u64) -> Leaf {
